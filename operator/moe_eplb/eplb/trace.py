@@ -1,0 +1,109 @@
+"""Expert-load traces: the one in-memory type every part of moe-eplb exchanges.
+
+A trace is a sequence of T time buckets. For each bucket it holds how many engine steps ran
+(``bucket_steps[t]``) and how many tokens were routed to each logical expert of each MoE layer
+during those steps (``load[t, l, e]``, counted once per (token, top-k slot) as vLLM counts).
+
+File format (JSON, or ``.npz`` with the same keys):
+
+=================  ========================  =============================================
+key                type                      meaning
+=================  ========================  =============================================
+``num_layers``     int > 0                   MoE layers L
+``num_experts``    int > 0                   logical experts per layer E
+``bucket_steps``   list[int], length T       engine steps in each bucket (>= 0)
+``load``           T x L x E numbers >= 0    tokens routed to each logical expert
+``bucket_seconds`` float > 0, optional       wall-clock length of one bucket
+``top_k``          int > 0, optional         experts per token
+``model``          str, optional             model name the load came from
+=================  ========================  =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TRACE_KEYS_REQUIRED = ("num_layers", "num_experts", "bucket_steps", "load")
+TRACE_KEYS_OPTIONAL = ("bucket_seconds", "top_k", "model")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names the key and the problem."""
+
+
+@dataclass(frozen=True)
+class LoadTrace:
+    """Per-bucket expert load.
+
+    Attributes:
+        load: float64 array ``[T, L, E]``, tokens routed to logical expert e of layer l in bucket t.
+        bucket_steps: int64 array ``[T]``, engine steps in bucket t.
+        bucket_seconds: wall-clock seconds per bucket, if known.
+        top_k: experts per token, if known.
+        model: model name, if known.
+    """
+
+    load: np.ndarray
+    bucket_steps: np.ndarray
+    bucket_seconds: float | None = None
+    top_k: int | None = None
+    model: str | None = None
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        load = np.asarray(self.load, dtype=np.float64)
+        steps = np.asarray(self.bucket_steps)
+        if load.ndim != 3:
+            raise TraceError(f"load: expected a T x L x E array, got {load.ndim} dimension(s)")
+        if load.shape[0] == 0:
+            raise TraceError("load: the trace is empty (0 buckets); record at least one bucket")
+        if load.shape[1] == 0 or load.shape[2] == 0:
+            raise TraceError(f"load: shape {load.shape} has no layers or no experts")
+        if not np.all(np.isfinite(load)):
+            raise TraceError("load: contains NaN or infinite values")
+        if np.any(load < 0):
+            t, l, e = np.argwhere(load < 0)[0]
+            raise TraceError(f"load: negative value {load[t, l, e]} at bucket {t}, layer {l}, expert {e}")
+        if steps.ndim != 1 or steps.shape[0] != load.shape[0]:
+            raise TraceError(
+                f"bucket_steps: length {steps.shape[0] if steps.ndim == 1 else steps.shape} "
+                f"does not match the {load.shape[0]} buckets of load"
+            )
+        if not np.all(np.isfinite(steps.astype(np.float64))) or np.any(steps < 0):
+            raise TraceError("bucket_steps: must be finite and >= 0")
+        if np.any(steps != np.round(steps)):
+            raise TraceError("bucket_steps: must be whole numbers of engine steps")
+        if self.bucket_seconds is not None and not (float(self.bucket_seconds) > 0):
+            raise TraceError(f"bucket_seconds: must be > 0, got {self.bucket_seconds}")
+        if self.top_k is not None and int(self.top_k) <= 0:
+            raise TraceError(f"top_k: must be > 0, got {self.top_k}")
+        object.__setattr__(self, "load", load)
+        object.__setattr__(self, "bucket_steps", steps.astype(np.int64))
+
+    @property
+    def num_buckets(self) -> int:
+        return int(self.load.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.load.shape[1])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.load.shape[2])
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.bucket_steps.sum())
+
+    def slice(self, start: int, stop: int) -> "LoadTrace":
+        """Buckets ``[start, stop)`` as a new trace."""
+        return LoadTrace(
+            load=self.load[start:stop],
+            bucket_steps=self.bucket_steps[start:stop],
+            bucket_seconds=self.bucket_seconds,
+            top_k=self.top_k,
+            model=self.model,
+        )
