@@ -1,0 +1,391 @@
+"""Workload generator: realistic expert-load traces for a target MoE shape, built from the expert
+popularity measured on real models (see :mod:`moe_eplb.eplb.profiles` and docs/traces.md).
+
+Method, in order (everything is drawn from one ``numpy`` generator seeded by ``seed``):
+
+1. **Expert layout** (depends only on the fit, the shape and the seed). For target MoE layer l at
+   relative depth ``l / (L - 1)``, interpolate the fitted sorted-popularity curves and the domain
+   correlation matrix between the two nearest sampled source layers. Draw a latent vector per expert
+   from a Gaussian copula with that correlation (one coordinate per domain); in each domain, the
+   expert with the r-th smallest coordinate gets the curve's value at ``r / (E - 1)``. So each
+   domain keeps the real max/mean and the shape of its popularity curve, and two domains share
+   their hot experts as much as they do in the real model (hence similar total-variation distances).
+2. **Domain mix over time**: the profile's phases with smooth (logistic) transitions, a slow
+   log-normal AR(1) drift per domain, and Poisson bursts that add requests from one domain.
+3. **Request rate and steps**: a day/night curve (trough 04:00, peak 16:00, ``night_ratio``) times
+   the bursts and ~5 % bucket-to-bucket noise gives the relative rate ``r``. Throughput in tokens
+   follows ``r``; the engine's step rate follows ``sqrt(r)`` up to its peak and the batch the rest:
+   ``bucket_steps = peak_steps_per_second * min(sqrt(r), 1) * bucket_seconds`` and
+   ``tokens_per_step = peak_tokens_per_step * r / min(sqrt(r), 1)``.
+4. **Per-bucket shares**: the mix-weighted sum of the domains' popularity, times log-normal noise
+   for the running requests' own preferences: ``Var = p (1 - p) / ((kappa' + 1) n)`` with ``n`` =
+   tokens per step (concurrent decoding requests) and ``kappa' = kappa * E / E_source`` (the fitted
+   per-request concentration, scaled to keep an average expert's relative spread), AR(1) over
+   buckets with ``exp(-bucket_steps / mean_request_tokens)`` (requests finishing and starting).
+5. **Counts**: ``load[t, l] ~ Multinomial(bucket_steps * tokens_per_step * top_k, shares)``, so
+   every layer's load sums exactly to tokens x top_k.
+
+Model shapes are :data:`MODEL_SHAPES`; profiles are
+:data:`moe_eplb.eplb.profiles.BUILTIN_PROFILES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from moe_eplb.eplb import profiles as _profiles
+from moe_eplb.eplb.profiles import (
+    DOMAIN_SOURCES,
+    QUANTILE_RANKS,
+    PopularityFit,
+    Profile,
+    TemporalFit,
+)
+from moe_eplb.eplb.trace import LoadTrace, TraceError
+
+# name -> (MoE layers, routed experts per layer, expert groups, top_k)
+MODEL_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "deepseek-v3": (58, 256, 8, 8),
+    "qwen3-vl-30b-a3b": (48, 128, 1, 8),
+}
+
+
+class SynthError(ValueError):
+    """A generator request that cannot be met; the message names the argument and the fix."""
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in profiles, sorted."""
+    return sorted(_profiles.BUILTIN_PROFILES)
+
+
+def get_profile(name: str) -> Profile:
+    """The built-in profile ``name``; unknown names list the valid ones."""
+    try:
+        return _profiles.BUILTIN_PROFILES[name]
+    except KeyError:
+        raise SynthError(f"profile: unknown profile {name!r}; choose one of: {', '.join(list_profiles())}") from None
+
+
+def resolve_shape(model_shape: str | Sequence[int]) -> tuple[str, tuple[int, int, int, int]]:
+    """``name`` or ``(layers, experts, groups, top_k)`` -> (label, shape)."""
+    if isinstance(model_shape, str):
+        if model_shape not in MODEL_SHAPES:
+            raise SynthError(f"model_shape: unknown shape {model_shape!r}; choose one of: {', '.join(MODEL_SHAPES)}")
+        return model_shape, MODEL_SHAPES[model_shape]
+    shape = tuple(int(x) for x in model_shape)
+    if len(shape) == 3:
+        shape = (shape[0], shape[1], 1, shape[2])
+    if len(shape) != 4 or min(shape) <= 0:
+        raise SynthError(f"model_shape: expected (layers, experts, groups, top_k) > 0, got {model_shape!r}")
+    layers, experts, groups, top_k = shape
+    if experts % groups:
+        raise SynthError(f"model_shape: {experts} experts do not split into {groups} groups")
+    if top_k > experts:
+        raise SynthError(f"model_shape: top_k {top_k} is more than {experts} experts")
+    return f"{layers}x{experts}-top{top_k}", shape  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources (shipped fits or the real files)
+# --------------------------------------------------------------------------------------------------
+
+
+def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None]:
+    """Turn ``source`` (path(s) to real routing files, DomainCounts / TokenRouting objects, or
+    fits) into a popularity fit and/or a temporal fit."""
+    from moe_eplb.eplb import tracefile
+
+    if source is None:
+        return None, None
+    items = list(source) if isinstance(source, (list, tuple)) else [source]
+    pop: PopularityFit | None = None
+    routings = []
+    temporal: TemporalFit | None = None
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            item = tracefile.read_routing_file(item)
+        if isinstance(item, tracefile.DomainCounts):
+            item = _profiles.fit_popularity(item)
+        if isinstance(item, PopularityFit):
+            if pop is not None:
+                raise SynthError("source: give at most one expert-counts file (popularity by domain)")
+            pop = item
+        elif isinstance(item, tracefile.TokenRouting):
+            routings.append(item)
+        elif isinstance(item, TemporalFit):
+            temporal = item
+        else:
+            raise SynthError(f"source: cannot use {type(item).__name__} as a source")
+    if routings:
+        temporal = _profiles.fit_temporal(routings)
+    return pop, temporal
+
+
+def _resolve_domains(fit: PopularityFit, wanted: Sequence[str]) -> dict[str, str]:
+    """Profile domain -> source domain of ``fit``."""
+    out = {}
+    for d in wanted:
+        if d in fit.domains:
+            out[d] = d
+            continue
+        for cand in DOMAIN_SOURCES.get(d, ()):
+            if cand in fit.domains:
+                out[d] = cand
+                break
+        else:
+            needs = DOMAIN_SOURCES.get(d, (d,))
+            raise SynthError(
+                f"profile: domain {d!r} needs source domain {' or '.join(needs)}, which {fit.source} "
+                f"does not have (it has: {', '.join(fit.domains)}); use another source or profile"
+            )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Step 1: expert layout
+# --------------------------------------------------------------------------------------------------
+
+
+def domain_popularity(
+    fit: PopularityFit, num_layers: int, num_experts: int, seed: int = 0
+) -> np.ndarray:
+    """Expert shares of every source domain mapped onto a target shape.
+
+    Returns:
+        float64 ``[D, L, E]`` (D = ``fit.domains``); each ``[d, l]`` row sums to 1.
+    """
+    rng = np.random.default_rng([seed, 1])
+    d_count = len(fit.domains)
+    depth = np.asarray(fit.depth)
+    target = np.linspace(0.0, 1.0, num_layers) if num_layers > 1 else np.zeros(1)
+    hi = np.clip(np.searchsorted(depth, target, side="right"), 1, len(depth) - 1) if len(depth) > 1 else np.zeros(num_layers, int)
+    lo = np.maximum(hi - 1, 0)
+    span = np.where(depth[hi] > depth[lo], depth[hi] - depth[lo], 1.0)
+    w = np.clip((target - depth[lo]) / span, 0.0, 1.0)[:, None]  # [L, 1]
+    logq = np.stack([fit.log_quantiles[d] for d in fit.domains])  # [D, K, Q]
+    logq_l = logq[:, lo] * (1 - w) + logq[:, hi] * w  # [D, L, Q]
+    corr = fit.corr[lo] * (1 - w[:, :, None]) + fit.corr[hi] * w[:, :, None]  # [L, D, D]
+    chol = np.linalg.cholesky(corr + 1e-9 * np.eye(d_count))
+    z = np.einsum("lij,lej->lie", chol, rng.standard_normal((num_layers, num_experts, d_count)))  # [L, D, E]
+    ranks = np.argsort(np.argsort(z, axis=-1, kind="stable"), axis=-1, kind="stable")
+    u = ranks / max(num_experts - 1, 1)  # [L, D, E]
+    xp = np.asarray(QUANTILE_RANKS)
+    j = np.clip(np.searchsorted(xp, u, side="right") - 1, 0, len(xp) - 2)
+    frac = (u - xp[j]) / (xp[j + 1] - xp[j])
+    lq = np.moveaxis(logq_l, 0, 1)  # [L, D, Q]
+    vals = np.exp(np.take_along_axis(lq, j, -1) * (1 - frac) + np.take_along_axis(lq, j + 1, -1) * frac)
+    shares = vals / vals.sum(axis=-1, keepdims=True)
+    return np.moveaxis(shares, 1, 0)  # [D, L, E]
+
+
+# --------------------------------------------------------------------------------------------------
+# Steps 2-3: mix, rate, steps
+# --------------------------------------------------------------------------------------------------
+
+
+def _ar1(rng: np.random.Generator, shape: tuple[int, ...], rho: np.ndarray | float) -> np.ndarray:
+    """Stationary unit-variance AR(1) along axis 0 (``rho`` per step, scalar or ``[T]``)."""
+    t = shape[0]
+    rho = np.broadcast_to(np.asarray(rho, dtype=np.float64), (t,))
+    eps = rng.standard_normal(shape)
+    out = np.empty(shape)
+    out[0] = eps[0]
+    scale = np.sqrt(1.0 - rho**2)
+    for i in range(1, t):
+        out[i] = rho[i] * out[i - 1] + scale[i] * eps[i]
+    return out
+
+
+def _boundaries(profile: Profile, shift_at: float | None) -> np.ndarray:
+    n = len(profile.phases)
+    if shift_at is not None:
+        if n < 2:
+            raise SynthError(
+                f"shift_at: profile {profile.name!r} has one phase (no mix shift); use a shifting profile "
+                f"({', '.join(p for p in list_profiles() if len(_profiles.BUILTIN_PROFILES[p].phases) > 1)})"
+            )
+        if not 0.0 < shift_at < 1.0:
+            raise SynthError(f"shift_at: must be a fraction of the trace in (0, 1), got {shift_at}")
+        rest = np.linspace(shift_at, 1.0, n)[:-1]
+        return rest
+    if profile.boundaries is not None:
+        b = np.asarray(profile.boundaries, dtype=np.float64)
+        if b.shape != (n - 1,) or np.any(np.diff(b) <= 0) or (n > 1 and (b[0] <= 0 or b[-1] >= 1)):
+            raise SynthError(f"profile.boundaries: need {n - 1} increasing fractions in (0, 1), got {profile.boundaries}")
+        return b
+    return np.arange(1, n) / n
+
+
+def _mix_schedule(profile, domains, times, duration, shift_at, rng) -> np.ndarray:
+    """``[T, D]`` share of each domain's requests (rows sum to 1), before bursts."""
+    d_index = {d: i for i, d in enumerate(domains)}
+    phases = np.zeros((len(profile.phases), len(domains)))
+    for p, mix in enumerate(profile.phases):
+        for d, wgt in mix.items():
+            if wgt < 0:
+                raise SynthError(f"profile.phases[{p}]: weight of {d!r} is negative")
+            phases[p, d_index[d]] += wgt
+        if phases[p].sum() <= 0:
+            raise SynthError(f"profile.phases[{p}]: all weights are 0")
+    phases /= phases.sum(axis=1, keepdims=True)
+    bounds = _boundaries(profile, shift_at) * duration
+    tau = max(profile.transition_seconds, 1e-6) / 4.4  # 10 % -> 90 % over transition_seconds
+    cdf = 1.0 / (1.0 + np.exp(-np.clip((times[:, None] - bounds[None, :]) / tau, -60, 60)))  # [T, P-1]
+    cum = np.concatenate([np.ones((times.size, 1)), cdf, np.zeros((times.size, 1))], axis=1)
+    weights = cum[:, :-1] - cum[:, 1:]  # [T, P]
+    mix = weights @ phases
+    if profile.mix_jitter > 0:
+        rho = np.exp(-(times[1] - times[0] if times.size > 1 else 1.0) / max(profile.mix_jitter_seconds, 1e-6))
+        jit = _ar1(rng, mix.shape, rho) * profile.mix_jitter
+        mix = mix * np.exp(jit - profile.mix_jitter**2 / 2)
+    return mix / mix.sum(axis=1, keepdims=True)
+
+
+def _bursts(profile, domains, active, times, bucket_seconds, duration, rng) -> np.ndarray:
+    """``[T, D]`` extra request rate (relative to the base rate) from bursts."""
+    extra = np.zeros((times.size, len(domains)))
+    b = profile.bursts
+    if b is None or b.per_hour <= 0:
+        return extra
+    count = rng.poisson(b.per_hour * duration / 3600.0)
+    starts = rng.uniform(0.0, duration, count)
+    lengths = rng.exponential(b.mean_seconds, count)
+    choice = rng.integers(0, len(active), count)
+    lo = times - bucket_seconds / 2
+    for s, ln, c in zip(starts, lengths, choice):
+        d = b.domain if b.domain is not None else active[c]
+        overlap = np.clip(np.minimum(lo + bucket_seconds, s + ln) - np.maximum(lo, s), 0, None) / bucket_seconds
+        extra[:, domains.index(d)] += (b.rate_multiplier - 1.0) * overlap
+    return extra
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def generate(
+    profile: str | Profile,
+    *,
+    model_shape: str | Sequence[int] | None = None,
+    hours: float = 1.0,
+    bucket_seconds: float = 15.0,
+    seed: int = 0,
+    shift_at: float | None = None,
+    source: Any = None,
+    peak_steps_per_second: float | None = None,
+    peak_tokens_per_step: float | None = None,
+) -> LoadTrace:
+    """Generate a synthetic load trace.
+
+    Args:
+        profile: a built-in profile name (:func:`list_profiles`) or a :class:`Profile`.
+        model_shape: a :data:`MODEL_SHAPES` name or ``(layers, experts, groups, top_k)``; default the
+            profile's.
+        hours: trace length; ``T = round(hours * 3600 / bucket_seconds)`` buckets.
+        bucket_seconds: seconds per bucket.
+        seed: everything random follows from it (same arguments + seed = identical trace). The
+            expert layout depends only on (source, shape, seed), so profiles generated with the
+            same seed put the same experts in the same places.
+        shift_at: for profiles with several phases, the fraction of the trace (0..1) where the first
+            mix shift happens (later phases evenly spaced after it).
+        source: real data instead of the shipped fits: a path (or list of paths) to
+            ``expert_counts_by_domain`` and/or ``token_routing_sequence`` JSON files, or the parsed
+            objects, or fitted :class:`PopularityFit` / :class:`TemporalFit`.
+        peak_steps_per_second, peak_tokens_per_step: override the profile's.
+
+    Returns:
+        :class:`LoadTrace` ``[T, L, E]`` with ``bucket_seconds``, ``top_k`` and ``model`` (the shape
+        name) set; ``meta`` holds ``profile``, ``seed``, ``domains``, ``mix`` ``[T, D]`` and
+        ``rate`` ``[T]`` (relative request rate).
+    """
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    if not isinstance(prof, Profile):
+        raise SynthError(f"profile: expected a name or a Profile, got {type(prof).__name__}")
+    shape_name, (num_layers, num_experts, _groups, top_k) = resolve_shape(model_shape or prof.model_shape)
+    if not (hours > 0) or not (bucket_seconds > 0):
+        raise SynthError(f"hours and bucket_seconds: must be > 0 (got {hours}, {bucket_seconds})")
+    num_buckets = int(round(hours * 3600.0 / bucket_seconds))
+    if num_buckets < 1:
+        raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")
+    peak_steps = float(peak_steps_per_second or prof.peak_steps_per_second)
+    peak_tokens = float(peak_tokens_per_step or prof.peak_tokens_per_step)
+    if peak_steps <= 0 or peak_tokens <= 0:
+        raise SynthError("peak_steps_per_second and peak_tokens_per_step: must be > 0")
+
+    pop_fit, temporal = _load_sources(source)
+    pop_fit = pop_fit or _profiles.builtin_popularity(prof.popularity)
+    temporal = temporal or _profiles.builtin_temporal()
+
+    wanted = list(dict.fromkeys(d for mix in prof.phases for d in mix))
+    if prof.bursts is not None and prof.bursts.domain is not None and prof.bursts.domain not in wanted:
+        wanted.append(prof.bursts.domain)
+    mapping = _resolve_domains(pop_fit, wanted)
+    layout = domain_popularity(pop_fit, num_layers, num_experts, seed)  # [D_src, L, E]
+    src_index = {d: i for i, d in enumerate(pop_fit.domains)}
+    dom_pop = layout[[src_index[mapping[d]] for d in wanted]]  # [D, L, E]
+
+    rng_mix, rng_burst, rng_rate, rng_noise, rng_count = (
+        np.random.default_rng([seed, 2, i]) for i in range(5)
+    )
+    duration = num_buckets * bucket_seconds
+    times = (np.arange(num_buckets) + 0.5) * bucket_seconds
+    mix = _mix_schedule(prof, wanted, times, duration, shift_at, rng_mix)  # [T, D]
+
+    # Request rate: day/night x noise, plus bursts.
+    if prof.diurnal:
+        hour = (prof.start_hour + times / 3600.0) % 24.0
+        base = prof.night_ratio + (1 - prof.night_ratio) * 0.5 * (1 - np.cos(2 * np.pi * (hour - 4.0) / 24.0))
+    else:
+        base = np.ones(num_buckets)
+    base = base * np.exp(0.05 * rng_rate.standard_normal(num_buckets) - 0.05**2 / 2)
+    active = [d for d in wanted if any(ph.get(d, 0) > 0 for ph in prof.phases)]
+    extra = _bursts(prof, wanted, active, times, bucket_seconds, duration, rng_burst)  # [T, D] relative
+    per_domain = mix * base[:, None] + extra * base[:, None]
+    rate = per_domain.sum(axis=1)
+    mix = per_domain / rate[:, None]
+
+    step_scale = np.minimum(np.sqrt(rate), 1.0)
+    bucket_steps = np.round(peak_steps * step_scale * bucket_seconds).astype(np.int64)
+    tokens_per_step = peak_tokens * rate / step_scale
+
+    # Per-bucket expert shares: mixture of domains x noise from the running requests' own preferences.
+    shares = np.einsum("td,dle->tle", mix, dom_pop)
+    kappa = temporal.kappa * num_experts / temporal.num_experts
+    rel_var = (1.0 - shares) / (shares * (kappa + 1.0) * np.maximum(tokens_per_step, 1.0)[:, None, None])
+    sigma = np.sqrt(np.minimum(rel_var, 4.0))
+    rho = np.exp(-bucket_steps / max(temporal.mean_request_tokens, 1.0))
+    z = _ar1(rng_noise, shares.shape, rho)
+    shares = shares * np.exp(sigma * z - sigma**2 / 2)
+    shares /= shares.sum(axis=-1, keepdims=True)
+
+    assignments = np.round(bucket_steps * tokens_per_step).astype(np.int64) * top_k  # [T]
+    n = np.broadcast_to(assignments[:, None], (num_buckets, num_layers))
+    load = rng_count.multinomial(n, shares).astype(np.float64)
+
+    return LoadTrace(
+        load=load,
+        bucket_steps=bucket_steps,
+        bucket_seconds=float(bucket_seconds),
+        top_k=top_k,
+        model=shape_name,
+        meta={
+            "profile": prof.name,
+            "seed": seed,
+            "source": pop_fit.source,
+            "domains": tuple(wanted),
+            "mix": mix,
+            "rate": rate,
+        },
+    )
+
+
+def with_phases(profile: str | Profile, phases: Sequence[Mapping[str, float]], **changes: Any) -> Profile:
+    """A copy of ``profile`` with other phases (and any other :class:`Profile` fields changed)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return dataclasses.replace(prof, phases=tuple(dict(p) for p in phases), boundaries=None, **changes)
