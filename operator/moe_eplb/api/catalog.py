@@ -1,0 +1,286 @@
+"""Built-in catalog of MoE models and of vLLM's EPLB support (data in code).
+
+Three tables:
+
+* :data:`ARCHITECTURES` — per vLLM architecture class: from which vLLM version the model class
+  implements ``MixtureOfExperts`` (so ``--enable-eplb`` works), and whether it is multimodal.
+* :data:`QUANTIZATIONS` — per MoE quantization method: bytes per weight (incl. scales) and from
+  which vLLM version its ``FusedMoE`` method has ``supports_eplb`` (None = never).
+* :data:`MODELS` — per model family: shape of the MoE part (experts, MoE layers, top-k, expert
+  groups, hidden and expert intermediate sizes) and the Hugging Face ids it covers.
+
+Shapes come from the models' Hugging Face ``config.json``; version thresholds from vLLM's source and
+release history (``/work/shared/notes/vllm-eplb.md``). Where the exact first release is not known,
+the threshold is the first release we are sure of (conservative: a later version, never an
+earlier one). docs/resource.md renders these tables for users.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from moe_eplb.api.versions import Version
+
+
+@dataclass(frozen=True)
+class ArchitectureInfo:
+    """A vLLM model class. ``eplb_since`` None = no EPLB in any vLLM release we know."""
+
+    name: str
+    eplb_since: Version | None
+    multimodal: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class QuantizationInfo:
+    """An MoE weight format: ``bytes_per_weight`` includes its scales (e.g. int4 + fp16 per 128)."""
+
+    name: str
+    bytes_per_weight: float | None
+    eplb_since: Version | None
+    vllm_method: str
+    note: str = ""
+
+
+ARCHITECTURES: dict[str, ArchitectureInfo] = {
+    a.name: a
+    for a in (
+        ArchitectureInfo("DeepseekV2ForCausalLM", (0, 9, 0), note="EPLB's first model (with V3)"),
+        ArchitectureInfo("DeepseekV3ForCausalLM", (0, 9, 0), note="also DeepSeek-R1"),
+        ArchitectureInfo("Qwen3MoeForCausalLM", (0, 10, 1)),
+        ArchitectureInfo(
+            "Qwen3VLMoeForConditionalGeneration",
+            (0, 12, 0),
+            multimodal=True,
+            note="vLLM PR #28849 (first release v0.12.0); earlier versions fail at load",
+        ),
+        ArchitectureInfo("Llama4ForConditionalGeneration", (0, 11, 1), multimodal=True, note="vLLM PR #25311"),
+        ArchitectureInfo("Llama4ForCausalLM", (0, 11, 1), note="vLLM PR #25311"),
+        ArchitectureInfo("Glm4MoeForCausalLM", (0, 10, 2), note="GLM-4.5 and GLM-4.5-Air"),
+        ArchitectureInfo(
+            "MixtralForCausalLM",
+            (0, 11, 0),
+            note="no EPLB before vLLM PR #22842 (Aug 2025); older engines reject --enable-eplb",
+        ),
+        ArchitectureInfo("Ernie4_5_MoeForCausalLM", (0, 11, 0)),
+    )
+}
+
+# int4 with one fp16 scale per 128 weights; fp4 with an fp8 scale per 16 (NVFP4) or 32 (MXFP4)
+_INT4_G128 = 0.5 + 2 / 128
+QUANTIZATIONS: dict[str, QuantizationInfo] = {
+    q.name: q
+    for q in (
+        QuantizationInfo("none", 2.0, (0, 9, 0), "UnquantizedFusedMoEMethod", "bf16/fp16 weights"),
+        QuantizationInfo("fp8", 1.0 + 4 / (128 * 128), (0, 9, 0), "Fp8MoEMethod", "fp8 with 128x128 block scales"),
+        QuantizationInfo(
+            "compressed-tensors-wna16",
+            _INT4_G128,
+            (0, 12, 0),
+            "CompressedTensorsWNA16MoEMethod",
+            "llm-compressor AWQ/GPTQ W4A16 checkpoints; vLLM PR #28849 (v0.12.0). "
+            "v0.11.x gave wrong outputs with int4 Marlin + EPLB (vLLM issue #32388)",
+        ),
+        QuantizationInfo("compressed-tensors-w8a8-fp8", 1.0, (0, 11, 0), "CompressedTensorsW8A8Fp8MoEMethod"),
+        QuantizationInfo("compressed-tensors-w4a8-fp8", _INT4_G128, (0, 12, 0), "CompressedTensorsW4A8Fp8MoEMethod"),
+        QuantizationInfo("compressed-tensors-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "CompressedTensorsW4A4Nvfp4MoEMethod"),
+        QuantizationInfo("compressed-tensors-mxfp4", 0.5 + 1 / 32, (0, 12, 0), "CompressedTensorsW4A4Mxfp4MoEMethod"),
+        QuantizationInfo("modelopt-fp8", 1.0, (0, 11, 0), "ModelOptFp8MoEMethod"),
+        QuantizationInfo("modelopt-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "ModelOptNvFp4FusedMoE"),
+        QuantizationInfo("mxfp4", 0.5 + 1 / 32, (0, 11, 0), "Mxfp4MoEMethod"),
+        QuantizationInfo("quark-mxfp4", 0.5 + 1 / 32, (0, 11, 0), "QuarkOCP_MX_MoEMethod"),
+        QuantizationInfo(
+            "awq",
+            _INT4_G128 + 0.5 / 128,
+            None,
+            "AWQMoEMethod",
+            "AutoAWQ-format checkpoints; llm-compressor AWQ checkpoints are compressed-tensors-wna16",
+        ),
+        QuantizationInfo("gptq", _INT4_G128 + 0.5 / 128, None, "GPTQMarlinMoEMethod"),
+        QuantizationInfo("bitsandbytes", 0.5 + 4 / 64, None, "BitsAndBytesMoEMethod"),
+        QuantizationInfo("gguf", None, None, "GGUFMoEMethod", "bytes depend on the GGUF type"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One MoE model family.
+
+    ``bytes_per_expert`` is the weight size of ONE routed expert in ONE MoE layer: gate, up and
+    down projections, ``3 * hidden_size * moe_intermediate_size`` weights.
+    """
+
+    key: str
+    display_name: str
+    architecture: str
+    num_experts: int
+    num_moe_layers: int
+    top_k: int
+    num_expert_groups: int
+    hidden_size: int
+    moe_intermediate_size: int
+    default_quantization: str = "none"
+    hf_ids: tuple[str, ...] = ()
+    name_patterns: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def weights_per_expert(self) -> int:
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def bytes_per_expert(self, quantization: str | None = None) -> int | None:
+        """Bytes of one expert in one MoE layer with ``quantization`` (default: the checkpoint's).
+
+        None when the format has no fixed size (gguf) or is unknown.
+        """
+        q = QUANTIZATIONS.get(quantization or self.default_quantization)
+        if q is None or q.bytes_per_weight is None:
+            return None
+        return int(round(self.weights_per_expert * q.bytes_per_weight))
+
+    @property
+    def architecture_info(self) -> ArchitectureInfo:
+        return ARCHITECTURES[self.architecture]
+
+
+MODELS: tuple[ModelInfo, ...] = (
+    ModelInfo(
+        "deepseek-v3", "DeepSeek-V3 / R1 (671B)", "DeepseekV3ForCausalLM",
+        num_experts=256, num_moe_layers=58, top_k=8, num_expert_groups=8,
+        hidden_size=7168, moe_intermediate_size=2048, default_quantization="fp8",
+        hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3.1",
+                "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528"),
+        name_patterns=(r"deepseek-v3", r"deepseek-r1(?!-distill)"),
+    ),
+    ModelInfo(
+        "deepseek-v2-lite", "DeepSeek-V2-Lite (16B)", "DeepseekV2ForCausalLM",
+        num_experts=64, num_moe_layers=26, top_k=6, num_expert_groups=1,
+        hidden_size=2048, moe_intermediate_size=1408,
+        hf_ids=("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
+        name_patterns=(r"deepseek-v2-lite",),
+    ),
+    ModelInfo(
+        "deepseek-v2", "DeepSeek-V2 / V2.5 (236B)", "DeepseekV2ForCausalLM",
+        num_experts=160, num_moe_layers=59, top_k=6, num_expert_groups=8,
+        hidden_size=5120, moe_intermediate_size=1536,
+        hf_ids=("deepseek-ai/DeepSeek-V2", "deepseek-ai/DeepSeek-V2-Chat", "deepseek-ai/DeepSeek-V2.5"),
+        name_patterns=(r"deepseek-v2",),
+    ),
+    ModelInfo(
+        "qwen3-vl-30b-a3b", "Qwen3-VL-30B-A3B", "Qwen3VLMoeForConditionalGeneration",
+        num_experts=128, num_moe_layers=48, top_k=8, num_expert_groups=1,
+        hidden_size=2048, moe_intermediate_size=768,
+        hf_ids=("Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-30B-A3B-Thinking"),
+        name_patterns=(r"qwen3-vl-30b-a3b",),
+    ),
+    ModelInfo(
+        "qwen3-vl-235b-a22b", "Qwen3-VL-235B-A22B", "Qwen3VLMoeForConditionalGeneration",
+        num_experts=128, num_moe_layers=94, top_k=8, num_expert_groups=1,
+        hidden_size=4096, moe_intermediate_size=1536,
+        hf_ids=("Qwen/Qwen3-VL-235B-A22B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Thinking"),
+        name_patterns=(r"qwen3-vl-235b-a22b",),
+    ),
+    ModelInfo(
+        "qwen3-30b-a3b", "Qwen3-30B-A3B", "Qwen3MoeForCausalLM",
+        num_experts=128, num_moe_layers=48, top_k=8, num_expert_groups=1,
+        hidden_size=2048, moe_intermediate_size=768,
+        hf_ids=("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B-Thinking-2507"),
+        name_patterns=(r"qwen3-30b-a3b",),
+    ),
+    ModelInfo(
+        "qwen3-235b-a22b", "Qwen3-235B-A22B", "Qwen3MoeForCausalLM",
+        num_experts=128, num_moe_layers=94, top_k=8, num_expert_groups=1,
+        hidden_size=4096, moe_intermediate_size=1536,
+        hf_ids=("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507"),
+        name_patterns=(r"qwen3-235b-a22b",),
+    ),
+    ModelInfo(
+        "llama4-scout", "Llama 4 Scout 17B-16E", "Llama4ForConditionalGeneration",
+        num_experts=16, num_moe_layers=48, top_k=1, num_expert_groups=1,
+        hidden_size=5120, moe_intermediate_size=8192,
+        hf_ids=("meta-llama/Llama-4-Scout-17B-16E", "meta-llama/Llama-4-Scout-17B-16E-Instruct"),
+        name_patterns=(r"llama-4-scout",),
+    ),
+    ModelInfo(
+        "llama4-maverick", "Llama 4 Maverick 17B-128E", "Llama4ForConditionalGeneration",
+        num_experts=128, num_moe_layers=24, top_k=1, num_expert_groups=1,
+        hidden_size=5120, moe_intermediate_size=8192,
+        hf_ids=("meta-llama/Llama-4-Maverick-17B-128E", "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+                "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"),
+        name_patterns=(r"llama-4-maverick",),
+    ),
+    ModelInfo(
+        "glm-4.5-air", "GLM-4.5-Air (106B)", "Glm4MoeForCausalLM",
+        num_experts=128, num_moe_layers=45, top_k=8, num_expert_groups=1,
+        hidden_size=4096, moe_intermediate_size=1408,
+        hf_ids=("zai-org/GLM-4.5-Air", "zai-org/GLM-4.5-Air-FP8"),
+        name_patterns=(r"glm-4\.5-air",),
+    ),
+    ModelInfo(
+        "glm-4.5", "GLM-4.5 (355B)", "Glm4MoeForCausalLM",
+        num_experts=160, num_moe_layers=89, top_k=8, num_expert_groups=1,
+        hidden_size=5120, moe_intermediate_size=1536,
+        hf_ids=("zai-org/GLM-4.5", "zai-org/GLM-4.5-FP8"),
+        name_patterns=(r"glm-4\.5(?!v)",),
+    ),
+    ModelInfo(
+        "mixtral-8x7b", "Mixtral 8x7B", "MixtralForCausalLM",
+        num_experts=8, num_moe_layers=32, top_k=2, num_expert_groups=1,
+        hidden_size=4096, moe_intermediate_size=14336,
+        hf_ids=("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+        name_patterns=(r"mixtral-8x7b",),
+    ),
+)
+
+_BY_ID = {hf_id.lower(): m for m in MODELS for hf_id in m.hf_ids}
+_QUANTIZED_NAME = re.compile(r"(awq|gptq|int4|w4a16|4bit|4-bit|bnb|nf4)", re.IGNORECASE)
+_FP8_NAME = re.compile(r"fp8", re.IGNORECASE)
+
+
+def lookup(model_name: str) -> ModelInfo | None:
+    """Catalog entry for an HF id or a path (case-insensitive).
+
+    Exact HF ids first; then the last path component against each family's name patterns, so
+    quantized re-uploads and local paths (``/models/Qwen3-VL-30B-A3B-Instruct-AWQ``) are found.
+    """
+    if not model_name:
+        return None
+    exact = _BY_ID.get(model_name.strip().lower())
+    if exact:
+        return exact
+    base = model_name.rstrip("/").rsplit("/", 1)[-1].lower()
+    for model in MODELS:
+        if any(re.search(p, base) for p in model.name_patterns):
+            return model
+    return None
+
+
+def lookup_architecture(name: str) -> ArchitectureInfo | None:
+    """Architecture entry by exact class name (e.g. ``Qwen3MoeForCausalLM``)."""
+    return ARCHITECTURES.get(name)
+
+
+def models_for_architecture(name: str) -> list[ModelInfo]:
+    """Catalog models of one architecture."""
+    return [m for m in MODELS if m.architecture == name]
+
+
+def guess_quantization(model_name: str, model: ModelInfo | None) -> str | None:
+    """The checkpoint's MoE quantization when the name and catalog say it clearly, else None.
+
+    ``...-FP8`` -> fp8; a name hinting at a 4-bit format (AWQ, GPTQ, int4, ...) -> None, because
+    such checkpoints come in formats with different EPLB support (ask the user); otherwise the
+    catalog's default (e.g. fp8 for DeepSeek-V3) or ``none``.
+    """
+    base = model_name.rstrip("/").rsplit("/", 1)[-1]
+    if _QUANTIZED_NAME.search(base):
+        return None
+    if _FP8_NAME.search(base):
+        return "fp8"
+    return model.default_quantization if model else "none"
+
+
+def name_suggests_4bit(model_name: str) -> bool:
+    return bool(_QUANTIZED_NAME.search(model_name.rstrip("/").rsplit("/", 1)[-1]))

@@ -1,0 +1,56 @@
+"""Evaluate the CRD's own CEL ``x-kubernetes-validations`` rules, as the apiserver does at apply time.
+
+Each rule is attached to a schema node; it runs with ``self`` bound to the object's value at that
+node, only when that value is present (after defaulting). A rule that evaluates to false yields a
+:class:`Problem` at the node's path plus the rule's ``fieldPath``, with the rule's ``message``.
+Transition rules (``oldSelf``) are skipped: there is no old object here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import cel
+
+from moe_eplb.api.problem import Problem
+from moe_eplb.api.schema import format_path
+
+Schema = dict[str, Any]
+
+
+@functools.lru_cache(maxsize=256)
+def _program(rule: str) -> Any:
+    return cel.compile(rule)
+
+
+def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
+    """Run every rule in ``schema`` (recursively) against ``obj``; one Problem per failed rule."""
+    problems: list[Problem] = []
+    for rule in schema.get("x-kubernetes-validations") or ():
+        expr = rule["rule"]
+        if "oldSelf" in expr:
+            continue
+        field = format_path(path) or "<root>"
+        if rule.get("fieldPath"):
+            sub = [p for p in rule["fieldPath"].lstrip(".").split(".") if p]
+            field = format_path(list(path) + sub)
+        try:
+            ok = _program(expr).execute({"self": obj})
+        except Exception as exc:  # the apiserver reports evaluation errors as invalid values too
+            problems.append(Problem(field, f"{rule.get('message', 'rule failed')} (rule error: {exc})"))
+            continue
+        if ok is not True:
+            problems.append(Problem(field, rule.get("message") or f"failed rule: {expr}"))
+    if isinstance(obj, dict):
+        props = schema.get("properties") or {}
+        addl = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if key in props:
+                problems += cel_problems(value, props[key], path + (key,))
+            elif isinstance(addl, dict):
+                problems += cel_problems(value, addl, path + (key,))
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            problems += cel_problems(item, schema["items"], path + (i,))
+    return problems

@@ -1,0 +1,20 @@
+"""``Problem``: one thing wrong with a resource, naming the field and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation finding.
+
+    ``field`` is a dotted path from the resource root (``spec.eplb.numRedundantExperts``,
+    ``spec.engine.extraArgs[2]``); ``message`` says what is wrong and how to fix it.
+    """
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"

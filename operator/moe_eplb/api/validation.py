@@ -1,0 +1,288 @@
+"""Validation of a MoEInference: ONE implementation for ``moe-eplb validate``, the operator and tests.
+
+:func:`validate` runs, in order:
+
+1. the apiserver's checks, using the CRD itself: unknown fields (strict field validation, with a
+   'did you mean'), the structural OpenAPI schema after defaulting, and the CRD's CEL
+   ``x-kubernetes-validations`` rules (evaluated with the ``cel`` package), so the CRD at apply
+   time and this function cannot disagree;
+2. checks that need the model catalog and the engine version, which the CRD cannot express:
+   EPLB support of the architecture and quantization for the vLLM version, unknown model without a
+   ``moe`` override, divisibility with the catalog's expert count (naming the nearest valid
+   values), image reference, extra args that clash with generated flags, etc.
+
+Every :class:`Problem` names the field and says how to fix it. An empty list means valid.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from moe_eplb import API_GROUP, API_VERSION, KIND
+from moe_eplb.api import catalog
+from moe_eplb.api.cel_rules import cel_problems
+from moe_eplb.api.crd import openapi_schema
+from moe_eplb.api.imageref import parse_image
+from moe_eplb.api.problem import Problem
+from moe_eplb.api.schema import apply_defaults, schema_problems, unknown_field_problems
+from moe_eplb.api.spec import MoEInference, parse
+from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
+
+__all__ = ["Problem", "validate", "apiserver_problems", "nearest_redundant_values"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_REDUNDANT = 1023
+
+# flags the operator generates from the spec: extraArgs must not repeat them
+_GENERATED_FLAGS = {
+    "--tensor-parallel-size": "spec.parallelism.tensor",
+    "-tp": "spec.parallelism.tensor",
+    "--data-parallel-size": "spec.parallelism.data",
+    "-dp": "spec.parallelism.data",
+    "--data-parallel-size-local": "spec.parallelism.dataLocal",
+    "--data-parallel-address": "spec.parallelism.nodes (the operator wires multi-node data parallel)",
+    "--data-parallel-start-rank": "spec.parallelism.nodes (the operator wires multi-node data parallel)",
+    "--data-parallel-rpc-port": "spec.parallelism.nodes (the operator wires multi-node data parallel)",
+    "--enable-expert-parallel": "spec.parallelism.expert",
+    "--enable-eplb": "spec.eplb.enabled",
+    "--eplb-config": "spec.eplb",
+    "--num-redundant-experts": "spec.eplb.numRedundantExperts",
+    "--eplb-window-size": "spec.eplb.windowSize",
+    "--eplb-step-interval": "spec.eplb.stepInterval",
+    "--eplb-log-balancedness": "spec.eplb.logBalancedness",
+    "--dtype": "spec.engine.dtype",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--limit-mm-per-prompt": "spec.engine.limitMmPerPrompt",
+    "--mm-encoder-tp-mode": "spec.engine.mmEncoderTpMode",
+    "--chat-template": "spec.engine.chatTemplate",
+    "--served-model-name": "spec.model.servedName",
+    "--port": "nothing (the API port is fixed at 8000)",
+    "--headless": "spec.parallelism.nodes",
+}
+
+
+def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
+    """What the apiserver itself would reject at apply time, using only the CRD (schema + CEL).
+
+    Strict unknown-field check, then defaults, structural schema and CEL rules.
+    """
+    schema = openapi_schema()
+    problems = unknown_field_problems(resource, schema)
+    defaulted = apply_defaults(resource, schema)
+    structural = schema_problems(defaulted, schema)
+    problems += structural
+    rules = cel_problems(defaulted, schema)
+    if structural:  # a rule over a mistyped value only adds noise
+        rules = [p for p in rules if "(rule error:" not in p.message]
+    return problems + rules
+
+
+def validate(resource: Any) -> list[Problem]:
+    """All problems with ``resource`` (a MoEInference as a dict); [] when it is valid."""
+    if not isinstance(resource, dict):
+        return [Problem("<root>", "expected a MoEInference object (a mapping), got " + type(resource).__name__)]
+    problems: list[Problem] = []
+    expected_api = f"{API_GROUP}/{API_VERSION}"
+    if resource.get("apiVersion") != expected_api:
+        problems.append(Problem("apiVersion", f"must be {expected_api} (got {resource.get('apiVersion')!r})"))
+    if resource.get("kind") != KIND:
+        problems.append(Problem("kind", f"must be {KIND} (got {resource.get('kind')!r})"))
+    name = (resource.get("metadata") or {}).get("name")
+    if not name:
+        problems.append(Problem("metadata.name", "required; set a name (lower-case letters, digits and '-')"))
+        return problems
+    if not _DNS_LABEL.match(str(name)):
+        problems.append(
+            Problem("metadata.name", f"{name!r} must be a DNS label: lower-case letters, digits and '-', "
+                    "starting and ending with a letter or digit")
+        )
+    base = apiserver_problems(resource)
+    problems += base
+    if _has_structural_problem(resource):
+        return problems
+    semantic = semantic_problems(parse(resource))
+    replaced = {p.field for p in semantic}
+    problems = [p for p in problems if not (p.field in replaced and p in base and _is_cel(p))] + semantic
+    return problems
+
+
+@functools.lru_cache(maxsize=1)
+def _cel_messages() -> frozenset[str]:
+    msgs: set[str] = set()
+
+    def walk(s: Any) -> None:
+        if isinstance(s, dict):
+            for r in s.get("x-kubernetes-validations") or ():
+                msgs.add(r.get("message", ""))
+            for v in s.values():
+                walk(v)
+        elif isinstance(s, list):
+            for v in s:
+                walk(v)
+
+    walk(openapi_schema())
+    return frozenset(msgs)
+
+
+def _is_cel(p: Problem) -> bool:
+    return p.message in _cel_messages() or "(rule error:" in p.message
+
+
+def _has_structural_problem(resource: dict[str, Any]) -> bool:
+    schema = openapi_schema()
+    return bool(schema_problems(apply_defaults(resource, schema), schema))
+
+
+def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> list[int]:
+    """Valid numRedundantExperts next to ``redundant`` (one below if >= 0, one above if <= 1023).
+
+    Valid means ``(num_experts + R) % ep_size == 0``; sorted ascending.
+    """
+    out = []
+    below = redundant - (num_experts + redundant) % ep_size
+    if below >= 0:
+        out.append(below)
+    above = below + ep_size
+    if above <= MAX_REDUNDANT:
+        out.append(above)
+    return out
+
+
+def semantic_problems(inf: MoEInference) -> list[Problem]:
+    """Checks needing the catalog or the engine version (resource already passes the schema)."""
+    problems: list[Problem] = []
+    engine, par, eplb = inf.engine, inf.parallelism, inf.eplb
+
+    if parse_image(engine.image) is None:
+        problems.append(
+            Problem("spec.engine.image", f"{engine.image!r} is not a valid image reference; use "
+                    "[registry/]repository[:tag][@sha256:digest] with a lower-case repository, "
+                    "e.g. vllm/vllm-openai:v0.12.0")
+        )
+    version = engine.version
+    if version is None and eplb.enabled:
+        source = f"spec.engine.version {engine.version_field!r}" if engine.version_field else f"the image tag of {engine.image!r}"
+        problems.append(
+            Problem("spec.engine.version", f"cannot tell the vLLM version from {source}; "
+                    "set spec.engine.version to the vLLM version in the image (e.g. 0.12.0)")
+        )
+
+    arch_name = inf.architecture
+    arch = catalog.lookup_architecture(arch_name) if arch_name else None
+    shape = inf.moe_shape
+    has_override = "numExperts" in inf.model.moe
+
+    if eplb.enabled:
+        if version is not None and version < EPLB_FIRST:
+            problems.append(_version_problem("spec.eplb.enabled", "EPLB", EPLB_FIRST, version))
+        if arch is None and not has_override:
+            what = f"architecture {arch_name!r} is not in the catalog" if arch_name else (
+                f"model {inf.model.name!r} is not in the catalog")
+            problems.append(
+                Problem("spec.model.moe", f"{what}, so EPLB cannot be checked: set spec.model.architecture "
+                        "(the vLLM class, e.g. Qwen3MoeForCausalLM) and spec.model.moe (numExperts, "
+                        "numMoeLayers, topK), or set spec.eplb.enabled: false")
+            )
+        if arch is not None:
+            if arch.eplb_since is None:
+                problems.append(
+                    Problem("spec.eplb.enabled", f"vLLM has no EPLB for {arch.name}; set spec.eplb.enabled: false")
+                )
+            elif version is not None and version < arch.eplb_since:
+                problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
+        problems += _quantization_problems(inf, version)
+        if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
+            problems.append(
+                Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
+                        f"the image has {format_version(version)}: remove spec.eplb.async or use a newer image")
+            )
+        if shape.num_experts:
+            total = shape.num_experts + eplb.num_redundant_experts
+            if total % par.ep_size:
+                near = nearest_redundant_values(shape.num_experts, eplb.num_redundant_experts, par.ep_size)
+                choices = " or ".join(map(str, near))
+                problems.append(
+                    Problem("spec.eplb.numRedundantExperts",
+                            f"experts ({shape.num_experts}) + numRedundantExperts ({eplb.num_redundant_experts}) "
+                            f"= {total} is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x "
+                            f"data {par.data}); use numRedundantExperts {choices}")
+                )
+            b = inf.autotune.num_redundant_experts
+            if b is not None and not any((shape.num_experts + r) % par.ep_size == 0 for r in range(b.min, b.max + 1)):
+                problems.append(
+                    Problem("spec.autotune.bounds.numRedundantExperts",
+                            f"no value in [{b.min}, {b.max}] makes experts ({shape.num_experts}) + R divisible by "
+                            f"the EP size {par.ep_size}; widen the bounds")
+                )
+        problems += _memory_problems(inf, shape)
+
+    if arch is not None and not arch.multimodal:
+        for fld, value in (("limitMmPerPrompt", engine.limit_mm_per_prompt), ("mmEncoderTpMode", engine.mm_encoder_tp_mode)):
+            if value is not None:
+                problems.append(
+                    Problem(f"spec.engine.{fld}", f"{arch.name} is not multimodal (vLLM rejects multimodal "
+                            "options for it); remove the field")
+                )
+
+    for i, arg in enumerate(engine.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in _GENERATED_FLAGS or flag.startswith("--eplb-config."):
+            source = _GENERATED_FLAGS.get(flag, "spec.eplb")
+            problems.append(
+                Problem(f"spec.engine.extraArgs[{i}]", f"{flag} is generated by the operator from {source}; "
+                        "set that field instead and remove the argument")
+            )
+    return problems
+
+
+def _version_problem(field: str, what: str, need: Version, have: Version) -> Problem:
+    return Problem(field, f"{what} needs vLLM >= {format_version(need)}, the image has {format_version(have)}: "
+                   f"use an image with vLLM >= {format_version(need)} (spec.engine.image) or set spec.eplb.enabled: false")
+
+
+def _quantization_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    quant = inf.quantization
+    if quant is None:
+        return [
+            Problem("spec.model.quantization",
+                    f"the name {inf.model.name!r} suggests a 4-bit checkpoint, whose formats differ in EPLB support: "
+                    "set spec.model.quantization (compressed-tensors-wna16 for llm-compressor AWQ/GPTQ W4A16 "
+                    "checkpoints, i.e. config.json quant_method 'compressed-tensors'; awq or gptq for AutoAWQ/AutoGPTQ)")
+        ]
+    info = catalog.QUANTIZATIONS[quant]
+    if info.eplb_since is None:
+        hint = ""
+        if quant in ("awq", "gptq"):
+            hint = (" If the checkpoint was made with llm-compressor (config.json quant_method "
+                    "'compressed-tensors'), set spec.model.quantization: compressed-tensors-wna16.")
+        return [
+            Problem("spec.model.quantization", f"vLLM's MoE method for {quant} ({info.vllm_method}) does not support "
+                    f"EPLB in any release; use another checkpoint format or set spec.eplb.enabled: false.{hint}")
+        ]
+    if version is not None and version < info.eplb_since:
+        return [
+            Problem("spec.model.quantization", f"EPLB with {quant} MoE weights needs vLLM >= "
+                    f"{format_version(info.eplb_since)}, the image has {format_version(version)}: use a newer image "
+                    "(spec.engine.image) or set spec.eplb.enabled: false")
+        ]
+    return []
+
+
+def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
+    budget = inf.autotune.memory_budget_per_gpu
+    if budget is None or inf.autotune.mode == "Off" or not shape.bytes_per_expert or not shape.num_moe_layers:
+        return []
+    r = inf.eplb.num_redundant_experts
+    ep = inf.parallelism.ep_size
+    cost = shape.num_moe_layers * shape.bytes_per_expert * r / ep
+    if cost > budget:
+        return [
+            Problem("spec.eplb.numRedundantExperts",
+                    f"{r} redundant experts cost {cost / 2**30:.2f} GiB per GPU ({shape.num_moe_layers} MoE layers x "
+                    f"{shape.bytes_per_expert / 2**20:.1f} MiB per expert x R / EP {ep}), more than "
+                    f"spec.autotune.memoryBudgetPerGpu ({budget / 2**30:.2f} GiB); lower R or raise the budget")
+        ]
+    return []

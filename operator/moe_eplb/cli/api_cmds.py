@@ -1,0 +1,83 @@
+"""``moe-eplb validate``, ``moe-eplb render`` and ``moe-eplb crd``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+
+def _load_documents(path: str) -> list[Any]:
+    import yaml
+
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise click.ClickException(f"{path} is not valid YAML: {exc}") from exc
+
+
+def _label(doc: Any, index: int) -> str:
+    name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
+    return f"document {index + 1}" + (f" ({name})" if name else "")
+
+
+def _check_all(path: str) -> tuple[list[Any], bool]:
+    """Validate every document; print problems on stderr. Returns (documents, all_valid)."""
+    from moe_eplb.api.validation import validate
+
+    docs = _load_documents(path)
+    if not docs:
+        click.echo(f"{path}: no MoEInference documents found", err=True)
+        return docs, False
+    ok = True
+    for i, doc in enumerate(docs):
+        problems = validate(doc)
+        if problems:
+            ok = False
+            prefix = f"{path}: {_label(doc, i)}" if len(docs) > 1 else path
+            for problem in problems:
+                click.echo(f"{prefix}: {problem.field}: {problem.message}", err=True)
+    return docs, ok
+
+
+def register(main: click.Group) -> None:
+    @main.command("validate")
+    @click.option("-f", "--filename", "path", required=True, help="MoEInference YAML file ('-' = stdin); multi-document allowed.")
+    def validate_cmd(path: str) -> None:
+        """Check MoEInference resources like the CRD and the operator do.
+
+        Exit status 0 and 'valid' when every document is valid; 1 and the problems on stderr otherwise.
+        """
+        _, ok = _check_all(path)
+        if not ok:
+            sys.exit(1)
+        click.echo("valid")
+
+    @main.command("render")
+    @click.option("-f", "--filename", "path", required=True, help="MoEInference YAML file ('-' = stdin); multi-document allowed.")
+    def render_cmd(path: str) -> None:
+        """Print the child objects the operator would apply, as a YAML stream."""
+        import yaml
+
+        from moe_eplb.render.objects import render_children
+
+        docs, ok = _check_all(path)
+        if not ok:
+            sys.exit(1)
+        children = [child for doc in docs for child in render_children(doc)]
+        click.echo(yaml.safe_dump_all(children, sort_keys=False), nl=False)
+
+    @main.command("crd")
+    def crd_cmd() -> None:
+        """Print the MoEInference CustomResourceDefinition (kubectl apply -f -)."""
+        from moe_eplb.api.crd import crd_text
+
+        click.echo(crd_text(), nl=False)

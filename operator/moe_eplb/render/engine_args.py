@@ -1,0 +1,109 @@
+"""vLLM command-line arguments for a MoEInference, per engine version (pure).
+
+EPLB flags by version (see /work/shared/notes/vllm-eplb.md):
+
+* < 0.10.2: ``--enable-eplb --num-redundant-experts N --eplb-window-size W --eplb-step-interval I
+  [--eplb-log-balancedness]``
+* >= 0.10.2: ``--enable-eplb --eplb-config '{"window_size":W,"step_interval":I,
+  "num_redundant_experts":N,"log_balancedness":B[,"use_async":A]}'`` (the flat flags are deprecated
+  there and gone from 0.12.0).
+"""
+
+from __future__ import annotations
+
+import json
+
+from moe_eplb.api.spec import EplbSettings, MoEInference
+from moe_eplb.api.versions import Version, uses_eplb_config_json
+
+API_PORT = 8000
+API_PORT_NAME = "http"
+DP_RPC_PORT = 13345
+CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
+# vLLM version assumed when none is known (EPLB off): the newest the project targets
+LATEST_KNOWN = (0, 32, 0)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def eplb_args(eplb: EplbSettings, version: Version) -> list[str]:
+    """EPLB flags for ``version``; [] when EPLB is off (vLLM then rejects redundant experts)."""
+    if not eplb.enabled:
+        return []
+    if uses_eplb_config_json(version):
+        config: dict[str, object] = {
+            "window_size": eplb.window_size,
+            "step_interval": eplb.step_interval,
+            "num_redundant_experts": eplb.num_redundant_experts,
+            "log_balancedness": eplb.log_balancedness,
+        }
+        if eplb.use_async is not None:
+            config["use_async"] = eplb.use_async
+        return ["--enable-eplb", "--eplb-config", _json(config)]
+    args = [
+        "--enable-eplb",
+        "--num-redundant-experts", str(eplb.num_redundant_experts),
+        "--eplb-window-size", str(eplb.window_size),
+        "--eplb-step-interval", str(eplb.step_interval),
+    ]
+    if eplb.log_balancedness:
+        args.append("--eplb-log-balancedness")
+    return args
+
+
+def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
+    """Arguments after ``vllm serve`` shared by every pod of a replica group (model first).
+
+    Multi-node data-parallel wiring is added by :func:`multinode_leader_args` /
+    :func:`multinode_worker_args`. ``spec.engine.extraArgs`` come last.
+    """
+    e, p = inf.engine, inf.parallelism
+    version = e.version or LATEST_KNOWN
+    args = [inf.model.name]
+    if inf.model.served_name:
+        args += ["--served-model-name", inf.model.served_name]
+    args += ["--port", str(API_PORT), "--tensor-parallel-size", str(p.tensor)]
+    if p.data > 1:
+        args += ["--data-parallel-size", str(p.data)]
+    if p.expert and p.ep_size > 1:
+        args.append("--enable-expert-parallel")
+    args += eplb_args(eplb, version)
+    if e.dtype:
+        args += ["--dtype", e.dtype]
+    if e.max_model_len:
+        args += ["--max-model-len", str(e.max_model_len)]
+    if e.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", repr(float(e.gpu_memory_utilization))]
+    if e.limit_mm_per_prompt is not None:
+        args += ["--limit-mm-per-prompt", _json(e.limit_mm_per_prompt)]
+    if e.mm_encoder_tp_mode:
+        args += ["--mm-encoder-tp-mode", e.mm_encoder_tp_mode]
+    if e.chat_template:
+        args += ["--chat-template", f"{CHAT_TEMPLATE_DIR}/{e.chat_template.key}"]
+    return args + list(e.extra_args)
+
+
+def _dp_args(inf: MoEInference) -> list[str]:
+    return ["--data-parallel-size-local", str(inf.parallelism.data_local), "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+
+
+def multinode_leader_args(inf: MoEInference) -> list[str]:
+    """Extra args of the LeaderWorkerSet leader (rank 0 pod): it serves the API.
+
+    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes from the env LeaderWorkerSet injects.
+    """
+    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)", "--data-parallel-start-rank", "0"]
+
+
+def multinode_worker_args(inf: MoEInference) -> list[str]:
+    """Extra args of a LeaderWorkerSet worker (headless). Shell syntax: run under ``sh -c``.
+
+    Its first DP rank is ``LWS_WORKER_INDEX x dataLocal``.
+    """
+    return _dp_args(inf) + [
+        "--data-parallel-address", "$LWS_LEADER_ADDRESS",
+        "--data-parallel-start-rank", f"$((LWS_WORKER_INDEX * {inf.parallelism.data_local}))",
+        "--headless",
+    ]

@@ -1,0 +1,318 @@
+"""Child objects of a MoEInference: exactly what the operator applies (pure, no I/O).
+
+:func:`render_children` returns, in apply order: Service, the workload (a Deployment when
+``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel),
+PodDisruptionBudget, and a PodMonitor when ``monitoring.podMonitor.enabled``. No ConfigMap is
+created: the chat template is mounted from the user's ConfigMap.
+
+Every child carries the pinned labels, ``metadata.namespace`` (when the resource has one) and an
+ownerReference to the MoEInference (when ``metadata.uid`` is present). The pod template carries
+the annotation ``eplb.ai/eplb-config-hash`` of the effective EPLB settings, so a change of those
+settings rolls the pods while a change of ``replicas`` does not.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from moe_eplb import API_GROUP, API_VERSION, KIND
+from moe_eplb.api.spec import EplbSettings, MoEInference, effective_eplb, parse
+from moe_eplb.exporter import names
+from moe_eplb.render.engine_args import (
+    API_PORT,
+    API_PORT_NAME,
+    CHAT_TEMPLATE_DIR,
+    engine_args,
+    multinode_leader_args,
+    multinode_worker_args,
+)
+from moe_eplb.render.labels import CONFIG_HASH_ANNOTATION, LWS_WORKER_INDEX_LABEL, labels, selector_labels
+
+# the vLLM general plugin of the exporter; same name as the entry point in pyproject.toml
+EXPORTER_PLUGIN = "moe_eplb_exporter"
+GPU_RESOURCE = "nvidia.com/gpu"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
+HEALTH_PATH = "/health"
+PROBE_PERIOD_SECONDS = 10
+SCRAPE_INTERVAL = "15s"
+
+
+def render_children(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    """All child objects of a (valid) MoEInference dict, in apply order.
+
+    Uses :func:`moe_eplb.api.spec.effective_eplb` (the tuner's override when it applies).
+    """
+    inf = parse(resource)
+    eplb = effective_eplb(resource)
+    owner = owner_reference(resource)
+    children: list[dict[str, Any]] = [service(inf)]
+    children.append(deployment(inf, eplb) if inf.parallelism.nodes == 1 else leader_worker_set(inf, eplb))
+    children.append(pod_disruption_budget(inf))
+    if inf.monitoring.pod_monitor:
+        children.append(pod_monitor(inf))
+    for child in children:
+        if inf.namespace:
+            child["metadata"]["namespace"] = inf.namespace
+        if owner:
+            child["metadata"]["ownerReferences"] = [dict(owner)]
+    return children
+
+
+def owner_reference(resource: dict[str, Any]) -> dict[str, Any] | None:
+    """Controller ownerReference to the MoEInference, or None without ``metadata.uid``."""
+    meta = resource.get("metadata") or {}
+    if not meta.get("uid"):
+        return None
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def endpoint(resource: dict[str, Any]) -> str:
+    """In-cluster URL of the OpenAI-compatible API (for ``status.endpoint``)."""
+    meta = resource.get("metadata") or {}
+    ns = meta.get("namespace") or "default"
+    return f"http://{meta['name']}.{ns}.svc:{API_PORT}"
+
+
+def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:
+    return {"name": name or inf.name, "labels": labels(inf.name)}
+
+
+# --- pods -----------------------------------------------------------------------------------------
+
+
+def _env(inf: MoEInference) -> list[dict[str, Any]]:
+    user = [dict(e) for e in inf.engine.env]
+    plugins = [EXPORTER_PLUGIN]
+    for e in user:
+        if e.get("name") == "VLLM_PLUGINS" and e.get("value"):
+            plugins = [p for p in e["value"].split(",") if p and p != EXPORTER_PLUGIN] + plugins
+    env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}]
+    tok = inf.model.hf_token_secret
+    if tok:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": tok.name, "key": tok.key}}})
+    pvc = inf.model.pvc
+    if pvc and not inf.model.name.startswith("/"):
+        env.append({"name": "HF_HOME", "value": pvc.mount_path})
+    return env + [e for e in user if e.get("name") != "VLLM_PLUGINS"]
+
+
+def _resources(inf: MoEInference) -> dict[str, Any]:
+    gpus = inf.parallelism.gpus_per_pod
+    res = {k: dict(v) for k, v in (inf.engine.resources or {}).items() if isinstance(v, dict)}
+    limits = res.setdefault("limits", {})
+    limits[GPU_RESOURCE] = gpus
+    if "requests" in res:
+        res["requests"][GPU_RESOURCE] = gpus
+    return res
+
+
+def _probes(serves_api: bool, startup_timeout: int) -> dict[str, Any]:
+    if not serves_api:
+        return {}
+    get = {"path": HEALTH_PATH, "port": API_PORT_NAME}
+    return {
+        # model loading can take most of an hour for the largest models: the startup probe holds off
+        # liveness until /health answers once, for up to spec.engine.startupTimeoutSeconds
+        "startupProbe": {
+            "httpGet": dict(get),
+            "periodSeconds": PROBE_PERIOD_SECONDS,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(startup_timeout / PROBE_PERIOD_SECONDS),
+        },
+        "readinessProbe": {"httpGet": dict(get), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": dict(get), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 5},
+    }
+
+
+def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if inf.engine.shm_size is not None:
+        shm["sizeLimit"] = inf.engine.shm_size
+    volumes = [{"name": "dshm", "emptyDir": shm}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    pvc = inf.model.pvc
+    if pvc:
+        volumes.append({"name": "model-storage", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": pvc.read_only}})
+        mount = {"name": "model-storage", "mountPath": pvc.mount_path, "readOnly": pvc.read_only}
+        if pvc.sub_path:
+            mount["subPath"] = pvc.sub_path
+        mounts.append(mount)
+    tmpl = inf.engine.chat_template
+    if tmpl:
+        volumes.append(
+            {"name": "chat-template", "configMap": {"name": tmpl.name, "items": [{"key": tmpl.key, "path": tmpl.key}]}}
+        )
+        mounts.append({"name": "chat-template", "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_template(
+    inf: MoEInference, eplb: EplbSettings, *, command: list[str], args: list[str] | None, serves_api: bool = True
+) -> dict[str, Any]:
+    """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports)."""
+    volumes, mounts = _volumes(inf)
+    ports = [{"name": names.EXPORTER_PORT_NAME, "containerPort": names.EXPORTER_PORT, "protocol": "TCP"}]
+    if serves_api:
+        ports.insert(0, {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"})
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": inf.engine.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        **({"args": args} if args is not None else {}),
+        "ports": ports,
+        "env": _env(inf),
+        "resources": _resources(inf),
+        "volumeMounts": mounts,
+        **_probes(serves_api, inf.engine.startup_timeout_seconds),
+    }
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,
+    }
+    if inf.engine.node_selector:
+        spec["nodeSelector"] = dict(inf.engine.node_selector)
+    if inf.engine.tolerations:
+        spec["tolerations"] = [dict(t) for t in inf.engine.tolerations]
+    return {
+        "metadata": {"labels": labels(inf.name), "annotations": {CONFIG_HASH_ANNOTATION: eplb.config_hash()}},
+        "spec": spec,
+    }
+
+
+# --- workloads ------------------------------------------------------------------------------------
+
+
+def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
+    """Single-node replica groups: one Deployment, one pod per replica group."""
+    template = pod_template(inf, eplb, command=["vllm", "serve"], args=engine_args(inf, eplb))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(inf),
+        "spec": {
+            "replicas": inf.replicas,
+            "selector": {"matchLabels": selector_labels(inf.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": inf.rollout.max_surge, "maxUnavailable": inf.rollout.max_unavailable},
+            },
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": inf.engine.startup_timeout_seconds + 600,
+            "template": template,
+        },
+    }
+
+
+def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
+    """Multi-node replica groups: a LeaderWorkerSet; each group is ``nodes`` pods running one vLLM
+    data-parallel engine (leader serves the API, workers run ``--headless``)."""
+    common = engine_args(inf, eplb)
+    leader = pod_template(inf, eplb, command=["vllm", "serve"], args=common + multinode_leader_args(inf))
+    script = "exec vllm serve " + shlex.join(common) + " " + " ".join(
+        f'"{a}"' if a.startswith("$LWS") else a for a in multinode_worker_args(inf)
+    )
+    worker = pod_template(inf, eplb, command=["/bin/sh", "-c", script], args=None, serves_api=False)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(inf),
+        "spec": {
+            "replicas": inf.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {
+                    "maxSurge": inf.rollout.max_surge,
+                    "maxUnavailable": inf.rollout.max_unavailable,
+                },
+            },
+            "leaderWorkerTemplate": {
+                "size": inf.parallelism.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+# --- networking, disruption, monitoring -----------------------------------------------------------
+
+
+def service(inf: MoEInference) -> dict[str, Any]:
+    """ClusterIP Service for the API (leaders only for multi-node) and the exporter port."""
+    selector = selector_labels(inf.name)
+    if inf.parallelism.nodes > 1:
+        selector[LWS_WORKER_INDEX_LABEL] = "0"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(inf),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [
+                {"name": API_PORT_NAME, "port": API_PORT, "targetPort": API_PORT_NAME, "protocol": "TCP"},
+                {
+                    "name": names.EXPORTER_PORT_NAME,
+                    "port": names.EXPORTER_PORT,
+                    "targetPort": names.EXPORTER_PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(inf: MoEInference) -> dict[str, Any]:
+    """At most ``rollout.maxUnavailable`` replica groups voluntarily disrupted at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(inf),
+        "spec": {
+            "maxUnavailable": max(1, inf.rollout.max_unavailable) * inf.parallelism.nodes,
+            "selector": {"matchLabels": selector_labels(inf.name)},
+        },
+    }
+
+
+def pod_monitor(inf: MoEInference) -> dict[str, Any]:
+    """PodMonitor scraping the exporter (``eplb-metrics``) and vLLM's own ``/metrics`` (``http``).
+
+    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name``.
+    """
+    relabel = [
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(names.POD_NAME_LABEL)],
+            "targetLabel": names.MOEINFERENCE_LABEL,
+            "action": "replace",
+        }
+    ]
+    endpoints = [
+        {"port": names.EXPORTER_PORT_NAME, "path": names.EXPORTER_PATH, "interval": SCRAPE_INTERVAL,
+         "relabelings": [dict(r) for r in relabel]},
+        {"port": API_PORT_NAME, "path": "/metrics", "interval": SCRAPE_INTERVAL,
+         "relabelings": [dict(r) for r in relabel]},
+    ]
+    spec: dict[str, Any] = {"selector": {"matchLabels": selector_labels(inf.name)}, "podMetricsEndpoints": endpoints}
+    if inf.namespace:
+        spec["namespaceSelector"] = {"matchNames": [inf.namespace]}
+    return {"apiVersion": PODMONITOR_API_VERSION, "kind": "PodMonitor", "metadata": _meta(inf), "spec": spec}
+
+
+def _prom_label(k8s_label: str) -> str:
+    """Kubernetes label name as Prometheus service discovery spells it (``eplb.ai/name`` -> ``eplb_ai_name``)."""
+    return "".join(c if c.isalnum() else "_" for c in k8s_label)
