@@ -172,6 +172,12 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
+def _heaviest_first(weight: np.ndarray) -> np.ndarray:
+    """Row-wise item order, heaviest first; ties as NumPy's default (unstable) sort leaves them,
+    which is what vLLM gets."""
+    return np.argsort(-weight, axis=-1)
+
+
 def _balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
     """Pack the n items of each row into ``num_packs`` packs of n / num_packs items each.
 
@@ -191,7 +197,7 @@ def _balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, n
         pack_index = np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
         return pack_index, np.zeros((rows, n), dtype=np.int64)
 
-    order = np.argsort(-weight, axis=-1)
+    order = _heaviest_first(weight)
     row_ids = np.arange(rows)
     # Column k (made contiguous) = each row's k-th heaviest item.
     sorted_w = np.ascontiguousarray(np.take_along_axis(weight, order, axis=1).T)  # [n, X]
@@ -260,8 +266,9 @@ def _rebalance_rows(w32: np.ndarray, layout: Layout) -> np.ndarray:
     experts_per_node = num_experts // nodes
     slots_per_node = layout.num_replicas // nodes
 
-    # Step 1: groups -> nodes. mlog (node-major logical order) -> logical expert.
-    if nodes == 1:
+    # Step 1: groups -> nodes. mlog (node-major logical order) -> logical expert. With one node
+    # but several groups vLLM still sorts the groups heaviest first, which reorders the experts.
+    if groups == 1:
         mlog2log = np.broadcast_to(np.arange(num_experts, dtype=np.int64), (rows, num_experts))
         tokens_per_mlog = w32
     else:
