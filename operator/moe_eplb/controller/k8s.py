@@ -1,0 +1,272 @@
+"""A small async Kubernetes client for the controller: get, list, create, merge-patch, delete, Events.
+
+Why aiohttp and not the official ``kubernetes`` client: kopf already runs on aiohttp in the same
+event loop, so this adds no dependency and no threads; objects stay plain dicts (what the pure
+renderer produces and the emulator stores) with no model (de)serialisation; and an async client
+keeps a hundred concurrent reconciles cheap in memory (the operator's RSS target is < 150 MB).
+``kubernetes_asyncio`` is not a dependency, and the official client is blocking (it would need
+``asyncio.to_thread`` for every call). Credentials come from kopf's own login (a
+``kopf.ConnectionInfo`` from the service account or the kubeconfig), so kopf and this client always
+talk to the same server as the same user.
+
+Every call is recorded in :attr:`KubeClient.calls` as ``(verb, group, plural, subresource)``, the
+same shape as the RBAC rules in :mod:`moe_eplb.controller.rbac`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the API: ``group`` ('' for core), ``version``, ``plural``."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:  # no namespace: all namespaces (lists and watches)
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+#: Every kind the controller reads or writes, by (apiVersion, kind).
+KINDS: dict[tuple[str, str], Kind] = {
+    (f"{API_GROUP}/{API_VERSION}", KIND): Kind(API_GROUP, API_VERSION, PLURAL),
+    ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+    ("v1", "Service"): Kind("", "v1", "services"),
+    ("v1", "ConfigMap"): Kind("", "v1", "configmaps"),
+    ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets"),
+    ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
+    ("v1", "Event"): Kind("", "v1", "events"),
+}
+
+#: The child kinds the renderer may produce (listed when pruning children no longer rendered).
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+)
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    """The :class:`Kind` for an object's ``apiVersion``/``kind``; ``KeyError`` names unknown ones."""
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise KeyError(f"the controller does not know {kind} ({api_version}); add it to controller.k8s.KINDS "
+                       "and controller.rbac.RBAC_RULES") from None
+
+
+class ApiError(Exception):
+    """A Kubernetes API error: ``status`` (HTTP code), ``reason`` (e.g. Conflict), ``message``."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class Connection:
+    """Where and how to connect: built from a ``kopf.ConnectionInfo`` (duck-typed, same fields)."""
+
+    server: str
+    token: str | None = None
+    scheme: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_path: str | None = None
+    ca_data: str | bytes | None = None
+    insecure: bool | None = None
+    certificate_path: str | None = None
+    certificate_data: str | bytes | None = None
+    private_key_path: str | None = None
+    private_key_data: str | bytes | None = None
+
+    @classmethod
+    def from_info(cls, info: Any) -> "Connection":
+        fields = cls.__dataclass_fields__
+        return cls(**{k: getattr(info, k, None) for k in fields})
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return False
+        if self.insecure:
+            return False
+        ctx = ssl.create_default_context(cafile=self.ca_path or None,
+                                         cadata=_pem(self.ca_data) if self.ca_data else None)
+        if self.certificate_path or self.certificate_data:
+            cert = self.certificate_path or _tmpfile(_pem(self.certificate_data))
+            key = self.private_key_path or (_tmpfile(_pem(self.private_key_data)) if self.private_key_data else None)
+            ctx.load_cert_chain(cert, key)
+        return ctx
+
+    def headers(self) -> dict[str, str]:
+        if self.token:
+            return {"Authorization": f"{self.scheme or 'Bearer'} {self.token}"}
+        if self.username and self.password:
+            raw = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+            return {"Authorization": f"Basic {raw}"}
+        return {}
+
+
+def _pem(data: str | bytes | None) -> str:
+    """kopf passes certificate data either as PEM text or base64 of it (as in kubeconfigs)."""
+    text = data.decode() if isinstance(data, bytes) else (data or "")
+    return text if "-----BEGIN" in text else base64.b64decode(text).decode()
+
+
+def _tmpfile(text: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="moe-eplb-", suffix=".pem")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+class KubeClient:
+    """Async calls against one API server. Use as ``async with KubeClient(conn) as client``."""
+
+    def __init__(self, connection: Connection, *, field_manager: str = "moe-eplb",
+                 timeout_s: float = 30.0) -> None:
+        self.connection = connection
+        self.field_manager = field_manager
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.calls: list[tuple[str, str, str, str | None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "KubeClient":
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self.connection.ssl_context(), limit=64)
+            self._session = aiohttp.ClientSession(base_url=None, connector=connector, timeout=self.timeout,
+                                                  headers=self.connection.headers())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, verb: str, method: str, kind: Kind, path: str, *, subresource: str | None = None,
+                    body: Any = None, params: Mapping[str, str] | None = None,
+                    content_type: str = "application/json") -> Any:
+        await self.open()
+        assert self._session is not None
+        self.calls.append((verb, kind.group, kind.plural, subresource))
+        data = None if body is None else json.dumps(body)
+        async with self._session.request(method, self.connection.server.rstrip("/") + path, data=data,
+                                         params=dict(params or {}),
+                                         headers={"Content-Type": content_type}) as resp:
+            text = await resp.text()
+            try:
+                payload = json.loads(text) if text else {}
+            except json.JSONDecodeError:
+                payload = {"message": text}
+            if resp.status >= 400:
+                raise ApiError(resp.status, str(payload.get("reason", resp.reason)),
+                               str(payload.get("message", text))[:2000])
+            return payload
+
+    # ---- verbs ----------------------------------------------------------------------------------
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or ``None`` when it does not exist."""
+        k = kind_of(api_version, kind)
+        try:
+            return await self._call("get", "GET", k, k.path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(self, api_version: str, kind: str, namespace: str | None,
+                   label_selector: str | None = None) -> list[dict[str, Any]]:
+        """Objects of a kind in a namespace (all namespaces with ``None``), filtered by labels."""
+        k = kind_of(api_version, kind)
+        params = {"labelSelector": label_selector} if label_selector else {}
+        result = await self._call("list", "GET", k, k.path(namespace), params=params)
+        return list(result.get("items") or [])
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST the object; ``ApiError`` with status 409 if it already exists."""
+        k = kind_of(obj["apiVersion"], obj["kind"])
+        ns = obj.get("metadata", {}).get("namespace")
+        return await self._call("create", "POST", k, k.path(ns), body=dict(obj),
+                                params={"fieldManager": self.field_manager})
+
+    async def patch(self, api_version: str, kind: str, namespace: str | None, name: str,
+                    patch: Mapping[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386). Put ``metadata.resourceVersion`` in the patch to make it
+        conditional (409 Conflict when the object changed meanwhile)."""
+        k = kind_of(api_version, kind)
+        return await self._call("patch", "PATCH", k, k.path(namespace, name, subresource), subresource=subresource,
+                                body=dict(patch), content_type="application/merge-patch+json",
+                                params={"fieldManager": self.field_manager})
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
+                     *, propagation: str = "Background") -> bool:
+        """Delete (dependents by ``propagation``); ``False`` if it was already gone."""
+        k = kind_of(api_version, kind)
+        try:
+            await self._call("delete", "DELETE", k, k.path(namespace, name),
+                             body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def post_event(self, involved: Mapping[str, Any], *, type: str, reason: str, message: str,
+                         component: str = "moe-eplb") -> None:
+        """Post a core/v1 Event about ``involved`` (shown by ``kubectl describe``)."""
+        meta = involved.get("metadata", {})
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ns = meta.get("namespace") or "default"
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{time.time_ns():x}", "namespace": ns},
+            "involvedObject": {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                               "name": meta.get("name"), "namespace": ns, "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": type, "reason": reason, "message": message[:1024],
+            "source": {"component": component}, "reportingComponent": component,
+            "reportingInstance": os.environ.get("HOSTNAME", component),
+            "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1, "action": reason,
+        }
+        await self.create(event)

@@ -1,0 +1,91 @@
+"""Run the operator: kopf embedded in an asyncio loop, with the project's settings.
+
+:func:`run_operator` is what ``moe-eplb run``, ``moe-eplb demo``, the tests and the benchmark call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+import kopf
+
+from moe_eplb import API_GROUP
+from moe_eplb.controller.handlers import Controller, register
+
+PEERING_NAME = "moe-eplb"
+
+
+def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
+                   standalone: bool = False, clusterwide: bool = True) -> kopf.OperatorSettings:
+    """kopf settings: our finalizer and annotation prefix, peering, and no log-to-Event spam."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-configuration")
+    settings.posting.reporting_component = "moe-eplb"
+    settings.posting.level = logging.WARNING
+    settings.peering.name = peering_name
+    settings.peering.priority = priority
+    settings.peering.standalone = standalone
+    settings.peering.clusterwide = clusterwide
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    return settings
+
+
+@functools.cache
+def _reconcile_counter() -> Callable[[str], None]:
+    from prometheus_client import Counter
+
+    from moe_eplb.exporter import names
+
+    counter = Counter(names.RECONCILES.removesuffix("_total"), "MoEInference reconciles by result (ok, invalid, error)",
+                      ["result"])
+    return lambda result: counter.labels(result=result).inc()
+
+
+def start_metrics_server(port: int, host: str = "0.0.0.0") -> None:
+    """Serve the operator's Prometheus metrics (classic text format) on ``host:port``/metrics."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr=host)
+
+
+async def run_operator(controller: Controller | None = None, *, registry: kopf.OperatorRegistry | None = None,
+                       settings: kopf.OperatorSettings | None = None, clusterwide: bool = True,
+                       namespaces: Collection[str] = (), standalone: bool = False,
+                       peering_name: str = PEERING_NAME, priority: int = 0, liveness_endpoint: str | None = None,
+                       stop_flag: Any = None, ready_flag: Any = None, metrics: bool = False) -> None:
+    """Run kopf with the moe-eplb handlers until ``stop_flag`` is set or the task is cancelled.
+
+    ``clusterwide`` serves all namespaces, else only ``namespaces``; peering (several replicas, one
+    active) uses kopf's ``ClusterKopfPeering`` (clusterwide) or ``KopfPeering`` named
+    ``peering_name`` when that CRD is installed, unless ``standalone``; ``liveness_endpoint`` like ``http://0.0.0.0:8081/healthz``.
+    """
+    controller = controller or Controller(counter=_reconcile_counter() if metrics else None)
+    if metrics and controller._counter is None:
+        controller._counter = _reconcile_counter()
+    registry = registry or kopf.OperatorRegistry()
+    register(registry, controller)
+    settings = settings or build_settings(peering_name=peering_name, priority=priority, standalone=standalone,
+                                          clusterwide=clusterwide)
+    await kopf.operator(
+        registry=registry, settings=settings,
+        clusterwide=clusterwide and not namespaces, namespaces=list(namespaces),
+        # peering_name goes through the settings: passed here, kopf would make peering mandatory
+        # (and pause everything until the peering CRD exists, even when standalone).
+        standalone=standalone, priority=priority,
+        liveness_endpoint=liveness_endpoint, stop_flag=stop_flag, ready_flag=ready_flag,
+        memo=kopf.Memo(controller=controller),
+    )
+
+
+def main(**kwargs: Any) -> None:
+    """Blocking entry point (``moe-eplb run``)."""
+    asyncio.run(run_operator(**kwargs))

@@ -1,0 +1,371 @@
+"""Reconcile one MoEInference: validate, render, create-or-patch the children, prune, write status.
+
+The flow (one resource at a time, serialised per resource by :class:`Reconciler`):
+
+1. ``validate`` the resource. Problems -> status ``SpecValid=False`` (reason ``InvalidSpec``, the
+   problems in the message), phase ``Invalid``, a Warning Event (once per generation and message),
+   and **no child is created, changed or deleted** (what runs keeps running).
+2. ``apply_defaults`` and ``render_children`` (pure; every child in apply order). A render error is
+   handled like an invalid spec (nothing applied).
+3. For each child, in order: GET it; absent -> POST (a 409 from a concurrent creator falls through
+   to patching, so a re-run never fails with AlreadyExists); present -> compute the minimal merge
+   patch that makes the live object cover the desired one (:func:`merge_diff`) and PATCH only that.
+   Changing only ``spec.replicas`` therefore patches only ``spec.replicas`` of the workload (no pod
+   restart), while changed EPLB settings change the pod template (its config-hash annotation and
+   args), which rolls the pods. A child edited by hand (drift) is put back the same way.
+4. On spec changes (not on status refreshes), delete children with this resource's labels and
+   ownerReference that are no longer rendered (e.g. a disabled PodMonitor).
+5. Compute the status from the live children (:mod:`moe_eplb.controller.status`) and write it to
+   the status subresource only when something other than timestamps changed, conditional on the
+   resourceVersion (retried on 409, so other writers' keys such as ``status.autotune`` survive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_eplb import API_GROUP, API_VERSION, KIND
+from moe_eplb.controller import status as status_mod
+from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
+
+log = logging.getLogger("moe_eplb.controller")
+
+PARENT_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+NAME_LABEL = "eplb.ai/name"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "moe-eplb")
+HTTP_PORT_NAME = "http"
+
+# metadata keys of a child that the controller manages (others are the server's or other tools')
+_MANAGED_METADATA = ("labels", "annotations", "ownerReferences")
+
+
+# --------------------------------------------------------------------------------------------------
+# pure helpers
+# --------------------------------------------------------------------------------------------------
+
+def covers(live: Any, desired: Any) -> bool:
+    """Whether ``live`` already holds everything ``desired`` says: dicts by key (extra live keys,
+    such as server defaults, are fine), lists element by element with equal length, scalars equal
+    (``4`` and ``"4"`` count as equal: the apiserver prints quantities as strings)."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(covers(live.get(k), v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(
+            covers(a, b) for a, b in zip(live, desired))
+    if live == desired:
+        return True
+    return isinstance(live, (str, int, float)) and isinstance(desired, (str, int, float)) \
+        and not isinstance(live, bool) and not isinstance(desired, bool) and str(live) == str(desired)
+
+
+def merge_diff(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The smallest JSON merge patch (RFC 7386) after which ``live`` covers ``desired``.
+
+    Dicts recurse; a list or scalar that differs is sent whole (merge patches replace lists).
+    Only ``metadata.labels/annotations/ownerReferences`` of the metadata are compared, and
+    ``status`` never (it belongs to the workload controllers). Keys only in ``live`` are kept.
+    """
+    patch: dict[str, Any] = {}
+    for key, want in desired.items():
+        if key in ("status", "apiVersion", "kind"):
+            continue
+        have = live.get(key)
+        if key == "metadata" and isinstance(want, Mapping):
+            sub = {k: v for k, v in want.items() if k in _MANAGED_METADATA}
+            meta_patch = merge_diff(sub, have or {})
+            if meta_patch:
+                patch["metadata"] = meta_patch
+        elif isinstance(want, Mapping) and isinstance(have, Mapping):
+            sub_patch = merge_diff(want, have)
+            if sub_patch:
+                patch[key] = sub_patch
+        elif not covers(have, want):
+            patch[key] = want
+    return patch
+
+
+def _child_id(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+
+
+def endpoint_of(children: Sequence[Mapping[str, Any]], namespace: str) -> str | None:
+    """``http://<service>.<namespace>.svc:<port>`` of the first Service's port named ``http``."""
+    for child in children:
+        if child.get("kind") != "Service":
+            continue
+        for port in (child.get("spec") or {}).get("ports") or []:
+            if port.get("name") == HTTP_PORT_NAME:
+                return f"http://{child['metadata']['name']}.{namespace}.svc:{port.get('port')}"
+    return None
+
+
+def selector_of(name: str) -> str:
+    """Label selector string of the engine pods (/scale's ``labelSelectorPath``)."""
+    from moe_eplb.render.labels import selector_string
+
+    return selector_string(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# the reconciler
+# --------------------------------------------------------------------------------------------------
+
+EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did: ``created``/``patched``/``deleted`` child ids ("Kind/name"),
+    ``valid``, the ``phase`` written, and whether the status was written."""
+
+    valid: bool = True
+    created: list[str] = field(default_factory=list)
+    patched: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    phase: str | None = None
+    status_written: bool = False
+
+
+class SpecError(Exception):
+    """Rendering failed for a resource that passed validation (reported like an invalid spec)."""
+
+
+def _api_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """The pure parts this controller calls (imported lazily: they pull the CRD and the catalog)."""
+    from moe_eplb.api.spec import apply_defaults, effective_eplb, parse
+    from moe_eplb.api.validation import validate
+    from moe_eplb.render.objects import render_children
+    return validate, apply_defaults, render_children, effective_eplb, parse
+
+
+class Reconciler:
+    """Reconciles MoEInference resources through a :class:`KubeClient`.
+
+    ``counter`` (optional) is called as ``counter(result)`` once per reconcile with
+    ``ok | invalid | error`` (the operator's ``moe_eplb_reconciles_total``).
+    """
+
+    def __init__(self, client: KubeClient, *, counter: Callable[[str], None] | None = None,
+                 refresh_delay_s: float = 0.1) -> None:
+        self.client = client
+        self.counter = counter or (lambda result: None)
+        self.refresh_delay_s = refresh_delay_s
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._dirty: set[tuple[str, str]] = set()
+
+    # ---- entry points ---------------------------------------------------------------------------
+    async def reconcile(self, resource: Mapping[str, Any], *, prune: bool = True) -> Outcome:
+        """Bring the children and status of ``resource`` (a full object) in line with its spec."""
+        meta = resource["metadata"]
+        key = (meta["namespace"], meta["name"])
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            try:
+                outcome = await self._reconcile(resource, prune=prune)
+            except Exception:
+                self.counter("error")
+                raise
+            self.counter("ok" if outcome.valid else "invalid")
+            return outcome
+
+    def request_refresh(self, namespace: str, name: str) -> None:
+        """Schedule a reconcile of ``namespace/name`` (fresh GET) soon; bursts coalesce into one."""
+        key = (namespace, name)
+        if key in self._pending:
+            self._dirty.add(key)
+            return
+        self._pending[key] = asyncio.get_running_loop().create_task(self._refresh_loop(key))
+
+    async def _refresh_loop(self, key: tuple[str, str]) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                await asyncio.sleep(self.refresh_delay_s)
+                try:
+                    parent = await self.client.get(PARENT_API_VERSION, KIND, *key)
+                    if parent is not None and not parent["metadata"].get("deletionTimestamp"):
+                        await self.reconcile(parent, prune=False)
+                except ApiError as exc:
+                    log.warning("refresh of %s/%s failed: %s", key[0], key[1], exc)
+                except SpecError as exc:  # pragma: no cover - reported by the main handlers
+                    log.warning("refresh of %s/%s: %s", key[0], key[1], exc)
+                if key not in self._dirty:
+                    return
+        finally:
+            self._pending.pop(key, None)
+
+    async def stop(self) -> None:
+        """Cancel scheduled refreshes (operator shutdown)."""
+        tasks = list(self._pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def cleanup(self, resource: Mapping[str, Any]) -> list[str]:
+        """Delete every child of ``resource`` (by labels and ownerReference uid); returns their ids.
+        The API server's garbage collector would do the same through ownerReferences; doing it
+        here makes deletion complete even where garbage collection lags or is disabled."""
+        meta = resource["metadata"]
+        deleted = []
+        for api_version, kind, name in await self._owned_children(resource):
+            if await self.client.delete(api_version, kind, meta["namespace"], name):
+                deleted.append(f"{kind}/{name}")
+        self._locks.pop((meta["namespace"], meta["name"]), None)
+        if deleted:
+            await self._event(resource, "Normal", "Deleted", "deleted " + ", ".join(deleted))
+        return deleted
+
+    # ---- the work -------------------------------------------------------------------------------
+    async def _reconcile(self, resource: Mapping[str, Any], *, prune: bool) -> Outcome:
+        validate, apply_defaults, render_children, effective_eplb, parse = _api_functions()
+        ns = resource["metadata"]["namespace"]
+        problems = list(validate(dict(resource)))
+        desired: list[dict[str, Any]] = []
+        if not problems:
+            try:
+                defaulted = apply_defaults(dict(resource))
+                desired = list(render_children(defaulted))
+                eplb = effective_eplb(defaulted)
+                ep_size = parse(defaulted).parallelism.ep_size
+            except Exception as exc:  # a bug or a case validation missed: apply nothing
+                log.exception("rendering %s/%s failed", ns, resource["metadata"]["name"])
+                problems = [_RenderProblem("spec", f"cannot render the children: {exc}")]
+        if problems:
+            return await self._report_invalid(resource, problems)
+
+        outcome = Outcome()
+        drift = int((resource.get("status") or {}).get("observedGeneration", -1)) == \
+            int(resource["metadata"].get("generation", 1))
+        live_children: list[dict[str, Any]] = []
+        for child in desired:
+            live, action = await self._apply_child(child)
+            if live is not None:
+                live_children.append(live)
+            cid = f"{child['kind']}/{child['metadata']['name']}"
+            if action == "created":
+                outcome.created.append(cid)
+            elif action == "patched":
+                outcome.patched.append(cid)
+        if prune:
+            keep = {_child_id(c) for c in desired}
+            for api_version, kind, name in await self._owned_children(resource):
+                if (api_version, kind, name) not in keep:
+                    if await self.client.delete(api_version, kind, ns, name):
+                        outcome.deleted.append(f"{kind}/{name}")
+
+        if outcome.created:
+            await self._event(resource, "Normal", "Created", "created " + ", ".join(outcome.created))
+        if outcome.patched:
+            reason, verb = ("DriftCorrected", "restored") if drift else ("Updated", "updated")
+            await self._event(resource, "Normal" if not drift else "Warning", reason,
+                              f"{verb} " + ", ".join(outcome.patched))
+        if outcome.deleted:
+            await self._event(resource, "Normal", "Pruned", "deleted " + ", ".join(outcome.deleted))
+
+        eplb_status = eplb.to_status() if hasattr(eplb, "to_status") else dict(eplb)
+        new_status = status_mod.ready_status(
+            resource, live_children, eplb=eplb_status, ep_size=ep_size,
+            selector=selector_of(resource["metadata"]["name"]), endpoint=endpoint_of(desired, ns))
+        outcome.phase = new_status["phase"]
+        outcome.status_written = await self._write_status(resource, new_status,
+                                                          lambda fresh: status_mod.ready_status(
+                                                              fresh, live_children, eplb=eplb_status, ep_size=ep_size,
+                                                              selector=new_status["selector"],
+                                                              endpoint=new_status.get("endpoint")))
+        return outcome
+
+    async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> Outcome:
+        old_status = resource.get("status") or {}
+        new_status = status_mod.invalid_status(resource, problems)
+        old_cond = next((c for c in old_status.get("conditions") or [] if c.get("type") == "SpecValid"), {})
+        new_cond = next(c for c in new_status["conditions"] if c["type"] == "SpecValid")
+        if (old_cond.get("status"), old_cond.get("message"), old_cond.get("observedGeneration")) != \
+                ("False", new_cond["message"], new_cond["observedGeneration"]):
+            await self._event(resource, "Warning", "InvalidSpec", new_cond["message"])
+        written = await self._write_status(resource, new_status,
+                                           lambda fresh: status_mod.invalid_status(fresh, problems))
+        return Outcome(valid=False, phase="Invalid", status_written=written)
+
+    async def _apply_child(self, desired: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Create or patch one child; returns (live object, 'created'|'patched'|'unchanged'|'skipped')."""
+        api_version, kind, name = _child_id(desired)
+        ns = desired["metadata"].get("namespace")
+        live = await self.client.get(api_version, kind, ns, name)
+        if live is None:
+            try:
+                return await self.client.create(desired), "created"
+            except ApiError as exc:
+                if exc.status == 404:  # the kind is not installed (e.g. no PodMonitor CRD)
+                    log.warning("cannot create %s/%s: %s", kind, name, exc)
+                    return None, "skipped"
+                if exc.status != 409:
+                    raise
+            live = await self.client.get(api_version, kind, ns, name)
+            if live is None:  # created and deleted meanwhile: try once more next time
+                raise ApiError(409, "Conflict", f"{kind}/{name} changed while being created")
+        patch = merge_diff(desired, live)
+        if not patch:
+            return live, "unchanged"
+        log.info("patching %s/%s: %s", kind, name, sorted(patch.get("spec", {}) or patch))
+        return await self.client.patch(api_version, kind, ns, name, patch), "patched"
+
+    async def _owned_children(self, resource: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        meta = resource["metadata"]
+        selector = f"{NAME_LABEL}={meta['name']},{MANAGED_BY[0]}={MANAGED_BY[1]}"
+        found = []
+        for api_version, kind in CHILD_KINDS:
+            try:
+                items = await self.client.list(api_version, kind, meta["namespace"], selector)
+            except ApiError as exc:
+                if exc.status == 404:  # kind not installed in this cluster
+                    continue
+                raise
+            for item in items:
+                owners = item["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == meta.get("uid") for o in owners):
+                    found.append((api_version, kind, item["metadata"]["name"]))
+        return found
+
+    async def _write_status(self, resource: Mapping[str, Any], new_status: dict[str, Any],
+                            recompute: Callable[[Mapping[str, Any]], dict[str, Any]]) -> bool:
+        """Merge-patch the status subresource if it changed, conditional on resourceVersion."""
+        meta = resource["metadata"]
+        current = resource
+        for attempt in range(4):
+            patch = status_mod.status_patch(current.get("status"), new_status)
+            if patch is None:
+                return False
+            try:
+                await self.client.patch(PARENT_API_VERSION, KIND, meta["namespace"], meta["name"],
+                                        {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                         "status": patch}, subresource="status")
+                return True
+            except ApiError as exc:
+                if exc.status == 404:
+                    return False
+                if exc.status != 409 or attempt == 3:
+                    raise
+            fresh = await self.client.get(PARENT_API_VERSION, KIND, meta["namespace"], meta["name"])
+            if fresh is None:
+                return False
+            if fresh["metadata"].get("generation") != meta.get("generation"):
+                return False  # the spec changed meanwhile: the next reconcile writes its status
+            current = fresh
+            new_status = recompute(fresh)
+        return False
+
+    async def _event(self, resource: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            await self.client.post_event(resource, type=type_, reason=reason, message=message)
+        except ApiError as exc:  # events are best effort
+            log.warning("could not post event %s: %s", reason, exc)
+
+
+@dataclass(frozen=True)
+class _RenderProblem:
+    field: str
+    message: str

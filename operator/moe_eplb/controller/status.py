@@ -1,0 +1,179 @@
+"""MoEInference status from the children's readiness: phase, conditions and the /scale fields.
+
+Pure functions over plain dicts (no I/O). The controller owns these status keys:
+``observedGeneration, phase, message, endpoint, replicas, readyReplicas, selector, epSize, eplb``
+and the conditions ``SpecValid, Ready, Progressing, Degraded``. Other keys (``autotune``,
+``balancedness``) and other condition types (``MetricsAvailable``, ``Tuned``) belong to other
+loops and are carried over untouched.
+
+Phases, first match wins:
+``Invalid`` (SpecValid False) > ``Degraded`` > ``Running`` (Ready True) > ``Pending`` (no workload
+has reported a status yet) > ``Progressing``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+OWNED_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded")
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet", "StatefulSet")
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """Readiness summed over the workload children (Deployments / LeaderWorkerSets).
+
+    ``desired``: sum of spec.replicas; ``replicas``/``ready``/``updated``: sums of the status
+    counters (LWS counts groups); ``reported``: every workload has a status.observedGeneration;
+    ``rolled_out``: every workload observed its generation and runs only updated replicas;
+    ``failure``: a message when a workload reports it cannot progress (else '').
+    """
+
+    desired: int
+    replicas: int
+    ready: int
+    updated: int
+    reported: bool
+    rolled_out: bool
+    failure: str = ""
+
+
+def summarize_workloads(children: Iterable[Mapping[str, Any]]) -> Workloads:
+    """Sum the readiness of the workload objects among ``children`` (live objects from the API)."""
+    desired = replicas = ready = updated = 0
+    reported = rolled = True
+    failure = ""
+    for child in children:
+        if child.get("kind") not in WORKLOAD_KINDS:
+            continue
+        spec, st, meta = child.get("spec") or {}, child.get("status") or {}, child.get("metadata") or {}
+        want = int(spec.get("replicas", 1))
+        desired += want
+        replicas += int(st.get("replicas", 0))
+        ready += int(st.get("readyReplicas", 0))
+        upd = int(st.get("updatedReplicas", 0))
+        updated += upd
+        if "observedGeneration" not in st:
+            reported = False
+        if int(st.get("observedGeneration", 0)) < int(meta.get("generation", 1)) or upd < want \
+                or int(st.get("replicas", 0)) > want:
+            rolled = False
+        for cond in st.get("conditions") or []:
+            if cond.get("type") == "Progressing" and cond.get("status") == "False":
+                failure = f"{child.get('kind')} {meta.get('name')}: {cond.get('reason')}: {cond.get('message', '')}"
+    return Workloads(desired, replicas, ready, updated, reported, rolled, failure)
+
+
+def condition(type_: str, status: bool, reason: str, message: str, generation: int,
+              previous: Sequence[Mapping[str, Any]], now: str) -> dict[str, Any]:
+    """A condition dict; ``lastTransitionTime`` is kept from ``previous`` while the status holds."""
+    value = "True" if status else "False"
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime", now) if old is not None and old.get("status") == value else now
+    return {"type": type_, "status": value, "reason": reason, "message": message,
+            "lastTransitionTime": since, "observedGeneration": generation}
+
+
+def _merge_conditions(previous: Sequence[Mapping[str, Any]], mine: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ours replaced in place, others' kept, new ones appended (stable order for clean diffs)."""
+    by_type = {c["type"]: c for c in mine}
+    out: list[dict[str, Any]] = []
+    for cond in previous:
+        out.append(by_type.pop(cond.get("type"), None) or dict(cond))
+    out.extend(c for c in mine if c["type"] in by_type)
+    return out
+
+
+def invalid_status(resource: Mapping[str, Any], problems: Sequence[Any], now: str | None = None) -> dict[str, Any]:
+    """The status for a spec that fails validation (``problems``: objects with ``field``/``message``).
+    Only SpecValid, phase, message and observedGeneration change; the rest stays as it was."""
+    now = now or now_rfc3339()
+    current = dict(resource.get("status") or {})
+    generation = int(resource.get("metadata", {}).get("generation", 1))
+    text = "; ".join(f"{p.field}: {p.message}" for p in problems)
+    previous = current.get("conditions") or []
+    spec_valid = condition("SpecValid", False, "InvalidSpec", text, generation, previous, now)
+    current.update(observedGeneration=generation, phase="Invalid", message=f"invalid spec: {text}",
+                   conditions=_merge_conditions(previous, [spec_valid]))
+    return current
+
+
+def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
+                 ep_size: int, selector: str, endpoint: str | None, now: str | None = None) -> dict[str, Any]:
+    """The status of a valid resource whose children are applied; ``children`` are the live objects."""
+    now = now or now_rfc3339()
+    current = dict(resource.get("status") or {})
+    generation = int(resource.get("metadata", {}).get("generation", 1))
+    previous = current.get("conditions") or []
+    w = summarize_workloads(children)
+    counts = f"{w.ready}/{w.desired} replicas ready"
+    all_ready = w.rolled_out and w.ready >= w.desired
+    was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
+    lost = w.rolled_out and w.ready < w.desired and was_ready
+    degraded = bool(w.failure) or lost
+    if w.failure:
+        degraded_reason, degraded_msg = "ProgressDeadlineExceeded", w.failure
+    elif lost:
+        degraded_reason, degraded_msg = "ReplicasUnavailable", counts
+    else:
+        degraded_reason, degraded_msg = "AsExpected", ""
+    if all_ready:
+        progressing = ("Complete", False, counts)
+    elif not w.rolled_out:
+        progressing = ("RollingOut", True, f"rolling out generation {generation}: {w.updated}/{w.desired} updated")
+    else:
+        progressing = ("WaitingForReady", True, counts)
+    mine = [
+        condition("SpecValid", True, "Valid", "", generation, previous, now),
+        condition("Ready", all_ready, "AllReplicasReady" if all_ready else "ReplicasNotReady", counts,
+                  generation, previous, now),
+        condition("Progressing", progressing[1], progressing[0], progressing[2], generation, previous, now),
+        condition("Degraded", degraded, degraded_reason, degraded_msg, generation, previous, now),
+    ]
+    if degraded:
+        phase = "Degraded"
+    elif all_ready:
+        phase = "Running"
+    elif not w.reported:
+        phase = "Pending"
+    else:
+        phase = "Progressing"
+    current.update(
+        observedGeneration=generation, phase=phase,
+        message=degraded_msg if degraded else progressing[2],
+        replicas=w.replicas, readyReplicas=w.ready, selector=selector, epSize=ep_size,
+        eplb={k: eplb[k] for k in ("enabled", "windowSize", "stepInterval", "numRedundantExperts") if k in eplb},
+        conditions=_merge_conditions(previous, mine),
+    )
+    if endpoint:
+        current["endpoint"] = endpoint
+    return current
+
+
+def _strip_times(status: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                         for c in status.get("conditions") or []]
+    return out
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch of ``status`` that turns ``old`` into ``new`` (top-level keys only),
+    or ``None`` when nothing but timestamps would change."""
+    old = old or {}
+    if _strip_times(old) == _strip_times(new):
+        return None
+    patch = {k: v for k, v in new.items() if old.get(k) != v}
+    return patch or None
+
+
+def selector_string(labels: Mapping[str, str]) -> str:
+    """``{'a': '1', 'b': '2'}`` -> ``'a=1,b=2'`` (the form /scale's labelSelectorPath wants)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

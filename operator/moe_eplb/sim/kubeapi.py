@@ -1,0 +1,747 @@
+"""An emulated Kubernetes API server over real HTTP, for tests, benchmarks and ``moe-eplb demo``.
+
+It extends kmock's ``KubernetesEmulator`` (kmock 0.8, by kopf's author) with the apiserver behaviour
+that a real kopf operator depends on and that kmock 0.8 lacks:
+
+- server-set metadata: ``uid``, ``resourceVersion`` (one global counter, increasing with every
+  write), ``generation`` (1 on create, +1 only when something outside ``metadata``/``status``
+  changes), ``creationTimestamp``, ``apiVersion``/``kind``, ``namespace``, ``generateName``;
+- PATCH as JSON patch (RFC 6902, via ``jsonpatch``; a failed ``test`` answers 422 like the
+  apiserver), JSON merge patch (RFC 7386) and strategic merge patch (approximated as a merge patch:
+  lists are replaced, not merged by key); PUT (replace); server-side apply answers 415;
+- optimistic concurrency: a write that carries ``metadata.resourceVersion`` different from the
+  stored one answers 409 Conflict;
+- LIST and WATCH with label selectors (equality- and set-based) and ``metadata.name`` /
+  ``metadata.namespace`` field selectors; LIST returns the current resourceVersion; WATCH resumes
+  after a given resourceVersion (410 Gone when it is older than the kept history) and honours
+  ``timeoutSeconds``;
+- the status subresource isolated from the main resource (writes to one ignore the other);
+- finalizers and ``deletionTimestamp``; garbage collection of dependents through
+  ``ownerReferences`` (background cascade; ``propagationPolicy: Orphan`` keeps them);
+- the resources the moe-eplb operator uses: the bundled built-ins (Deployments, Services,
+  ConfigMaps, PodDisruptionBudgets, Pods, Events, ...), the MoEInference CRD (from ``crds/`` when
+  the file exists, else a minimal declaration), LeaderWorkerSet, PodMonitor and kopf's peering CRDs;
+- optionally, a stand-in for the workload controllers: ``workload_ready_delay`` seconds after a
+  Deployment/StatefulSet/LeaderWorkerSet spec change, its status reports all replicas updated and
+  ready (there are no pods or GPUs here).
+
+Not emulated: admission/validation against schemas, ``limit``/``continue`` paging, watch bookmarks,
+watch events for objects that move in or out of a label selector, server-side apply, ``/scale``.
+
+Public entry point: ``async with emulated_cluster() as cluster: ...`` (see :class:`EmulatedCluster`),
+or ``python -m moe_eplb.sim.kubeapi --port 8001 --kubeconfig kubeconfig.yaml`` as a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import datetime
+import json
+import os
+import pathlib
+import re
+import secrets
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import aiohttp
+import attrs
+import jsonpatch
+import kmock
+import yaml
+from kmock._internal import apps as _kmock_apps  # RawHandler._handle: the DSL dispatch without kmock's own state
+
+from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+
+__all__ = [
+    "KubeAPIEmulator",
+    "EmulatedCluster",
+    "emulated_cluster",
+    "parse_label_selector",
+    "label_selector_matches",
+]
+
+ResourceRef = kmock.resource
+Key = tuple[Any, str | None, str]  # (kmock.resource, namespace or None, name)
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
+HISTORY_LIMIT = 20_000  # watch events kept per resource for resuming a watch
+
+#: (group, version, plural, kind, namespaced, subresources) of the non-built-in resources served.
+EXTRA_RESOURCES: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = (
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", True, ("status", "scale")),
+    ("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", True, ()),
+    ("kopf.dev", "v1", "kopfpeerings", "KopfPeering", True, ()),
+    ("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", False, ()),
+)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _error(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> kmock.KubernetesError:
+    return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or {})
+
+
+# --------------------------------------------------------------------------------------------------
+# label selectors
+# --------------------------------------------------------------------------------------------------
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    """Split at commas that are not inside parentheses."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_label_selector(text: str) -> list[tuple[str, str, frozenset[str]]]:
+    """Parse a label selector string into ``[(key, op, values)]``; op is one of
+    ``= != in notin exists !exists``. Raises ``ValueError`` on a malformed selector."""
+    result: list[tuple[str, str, frozenset[str]]] = []
+    for part in _split_selector(text or ""):
+        if m := _SET_RE.match(part):
+            values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
+            result.append((m.group(1), m.group(2), values))
+        elif "!=" in part:
+            k, v = part.split("!=", 1)
+            result.append((k.strip(), "!=", frozenset([v.strip()])))
+        elif "==" in part or "=" in part:
+            k, v = part.split("==", 1) if "==" in part else part.split("=", 1)
+            result.append((k.strip(), "=", frozenset([v.strip()])))
+        elif part.startswith("!"):
+            result.append((part[1:].strip(), "!exists", frozenset()))
+        elif re.fullmatch(r"[A-Za-z0-9./_-]+", part):
+            result.append((part, "exists", frozenset()))
+        else:
+            raise ValueError(f"unable to parse requirement: {part!r}")
+    return result
+
+
+def label_selector_matches(selector: list[tuple[str, str, frozenset[str]]], labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` satisfy every requirement of a parsed selector."""
+    for key, op, values in selector:
+        present = key in labels
+        value = labels.get(key)
+        if op == "=" and not (present and value in values):
+            return False
+        if op in ("!=", "notin") and present and value in values:
+            return False
+        if op == "in" and not (present and value in values):
+            return False
+        if op == "exists" and not present:
+            return False
+        if op == "!exists" and present:
+            return False
+    return True
+
+
+def _field_selector_matches(text: str | None, obj: Mapping[str, Any]) -> bool:
+    if not text:
+        return True
+    meta = obj.get("metadata", {})
+    for part in _split_selector(text):
+        neg = "!=" in part
+        key, value = part.split("!=" if neg else ("==" if "==" in part else "="), 1)
+        key, value = key.strip(), value.strip()
+        if key == "metadata.name":
+            actual = meta.get("name")
+        elif key == "metadata.namespace":
+            actual = meta.get("namespace")
+        else:
+            raise _error(400, "BadRequest", f"field label not supported by the emulator: {key}")
+        if (actual == value) == neg:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# patches
+# --------------------------------------------------------------------------------------------------
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``None`` removes a key; lists and scalars replace)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything that bumps ``generation`` when it changes: all but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+# --------------------------------------------------------------------------------------------------
+# the emulator
+# --------------------------------------------------------------------------------------------------
+
+@attrs.define(kw_only=True)
+class KubeAPIEmulator(kmock.KubernetesEmulator):
+    """kmock's Kubernetes emulator with apiserver semantics the operator relies on (module doc).
+
+    Objects live in :attr:`store`: ``{(resource, namespace|None, name): object dict}``.
+    Every write appends to :attr:`writes` (``(verb, resource.plural, namespace, name, subresource)``),
+    which tests use to prove that nothing was written (e.g. after an operator restart).
+    """
+
+    workload_ready_delay: float | None = None  # seconds; None: nothing makes workloads ready
+    store: dict[Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    writes: list[tuple[str, str, str | None, str, str | None]] = attrs.field(factory=list, init=False)
+    _rv: int = attrs.field(default=0, init=False)
+    _history: dict[Any, list[tuple[int, dict[str, Any]]]] = attrs.field(factory=dict, init=False)
+    _first_rv: dict[Any, int] = attrs.field(factory=dict, init=False)
+    _watchers: dict[Any, set[asyncio.Queue[tuple[int, dict[str, Any]]]]] = attrs.field(factory=dict, init=False)
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.fallback[kmock.method.PUT] << self._serve_replace
+        self.resources.load_bundled()
+        for group, version, plural, kind, namespaced, subresources in EXTRA_RESOURCES:
+            self.declare(group, version, plural, kind=kind, namespaced=namespaced, subresources=subresources)
+
+    # ---- declarations ---------------------------------------------------------------------------
+    def declare(self, group: str, version: str, plural: str, *, kind: str, namespaced: bool = True,
+                subresources: Iterable[str] = (), singular: str | None = None,
+                shortnames: Iterable[str] = ()) -> None:
+        """Serve a resource (shown in discovery, CRUD + watch)."""
+        self.resources[f"{group}/{version}/{plural}" if group else f"{version}/{plural}"] = kmock.ResourceInfo(
+            kind=kind, singular=singular or kind.lower(), namespaced=namespaced,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
+            shortnames=set(shortnames), subresources=set(subresources),
+        )
+
+    def install_crd(self, crd: Mapping[str, Any]) -> None:
+        """Serve every version of a CustomResourceDefinition and store the CRD object itself."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for ver in spec["versions"]:
+            if not ver.get("served", True):
+                continue
+            self.declare(spec["group"], ver["name"], names["plural"], kind=names["kind"],
+                         namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                         subresources=tuple(ver.get("subresources", {}) or {}),
+                         singular=names.get("singular"), shortnames=names.get("shortNames", ()))
+        res = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        body = copy.deepcopy(dict(crd))
+        self._create_object(res, None, body)
+
+    def _info(self, res: Any) -> kmock.ResourceInfo | None:
+        try:
+            return self.resources[res]
+        except KeyError:
+            return None
+
+    # ---- dispatching ----------------------------------------------------------------------------
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # Bypass KubernetesEmulator._handle (which mutates its own store before dispatching):
+        # the user's DSL reactions still come first, and our _serve_* fallbacks keep the state.
+        return await _kmock_apps.RawHandler._handle(self, request)
+
+    def _require(self, request: kmock.Request) -> kmock.ResourceInfo:
+        info = self._info(request.resource) if request.resource is not None else None
+        if info is None or request.resource.plural is None:
+            raise kmock.KubernetesResourceNotFoundError()
+        return info
+
+    def _key(self, request: kmock.Request, name: str | None = None) -> Key:
+        info = self._require(request)
+        namespace = request.namespace if info.namespaced else None
+        if info.namespaced and namespace is None:
+            raise _error(400, "BadRequest", "a namespaced resource needs a namespace in the URL")
+        return (request.resource, namespace, name or request.name)
+
+    # ---- writes (all under the lock) ------------------------------------------------------------
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _emit(self, res: Any, kind: str, obj: dict[str, Any]) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        event = {"type": kind, "object": copy.deepcopy(obj)}
+        hist = self._history.setdefault(res, [])
+        hist.append((rv, event))
+        if len(hist) > HISTORY_LIMIT:
+            dropped = hist[: len(hist) - HISTORY_LIMIT]
+            del hist[: len(hist) - HISTORY_LIMIT]
+            self._first_rv[res] = dropped[-1][0]
+        for queue in self._watchers.get(res, ()):
+            queue.put_nowait((rv, event))
+
+    def _create_object(self, res: Any, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        info = self._info(res)
+        if info is None:
+            raise kmock.KubernetesResourceNotFoundError()
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = meta["generateName"] + secrets.token_hex(3)[:5]
+        if not name:
+            raise _error(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        ns = (namespace or meta.get("namespace")) if info.namespaced else None
+        if info.namespaced and not ns:
+            raise _error(400, "BadRequest", "a namespaced resource needs a namespace")
+        if namespace and meta.get("namespace") and meta["namespace"] != namespace:
+            raise _error(400, "BadRequest", "the namespace of the object does not match the URL")
+        key = (res, ns, name)
+        if key in self.store:
+            raise _error(409, "AlreadyExists", f'{res.plural} "{name}" already exists',
+                         {"name": name, "kind": res.plural})
+        if "status" in info.subresources:
+            obj.pop("status", None)
+        meta.update(name=name, uid=str(uuid.uuid4()), resourceVersion=str(self._next_rv()),
+                    generation=1, creationTimestamp=_now())
+        meta.pop("deletionTimestamp", None)
+        if ns:
+            meta["namespace"] = ns
+        obj["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+        obj["kind"] = info.kind
+        self.store[key] = obj
+        self.writes.append(("create", res.plural, ns, name, None))
+        self._emit(res, "ADDED", obj)
+        self._after_write(key, None, obj)
+        return obj
+
+    def _write_object(self, key: Key, new: dict[str, Any], subresource: str | None, verb: str) -> dict[str, Any]:
+        res, ns, name = key
+        info = self._info(res)
+        old = self.store[key]
+        sent_rv = (new.get("metadata") or {}).get("resourceVersion")
+        if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
+            raise _error(409, "Conflict",
+                         f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                         "modified; please apply your changes to the latest version and try again")
+        if subresource == "status":
+            obj = copy.deepcopy(old)
+            if "status" in new:
+                obj["status"] = copy.deepcopy(new["status"])
+            else:
+                obj.pop("status", None)
+        elif subresource is None:
+            obj = copy.deepcopy(new)
+            obj["metadata"] = dict(obj.get("metadata") or {})
+            if info is not None and "status" in info.subresources:
+                if "status" in old:
+                    obj["status"] = copy.deepcopy(old["status"])
+                else:
+                    obj.pop("status", None)
+            for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp", "name", "namespace"):
+                if field in old["metadata"]:
+                    obj["metadata"][field] = old["metadata"][field]
+                else:
+                    obj["metadata"].pop(field, None)
+            obj["apiVersion"], obj["kind"] = old["apiVersion"], old["kind"]
+        else:
+            raise _error(404, "NotFound", f"subresource {subresource!r} is not emulated")
+        obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if obj == old:
+            return old  # a no-op write changes nothing, not even the resourceVersion
+        if _spec_part(obj) != _spec_part(old):
+            obj["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        obj["metadata"]["resourceVersion"] = str(self._next_rv())
+        self.writes.append((verb, res.plural, ns, name, subresource))
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self.store[key] = obj
+            self._delete_now(key)
+            return obj
+        self.store[key] = obj
+        self._emit(res, "MODIFIED", obj)
+        self._after_write(key, old, obj)
+        return obj
+
+    def _delete_now(self, key: Key, orphan: bool = False) -> None:
+        res, ns, name = key
+        obj = self.store.pop(key)
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self._next_rv())
+        self.writes.append(("delete", res.plural, ns, name, None))
+        self._emit(res, "DELETED", obj)
+        if not orphan:
+            self._collect_garbage(obj["metadata"]["uid"])
+
+    def _request_delete(self, key: Key, orphan: bool = False) -> dict[str, Any]:
+        obj = self.store[key]
+        meta = obj["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                new = copy.deepcopy(obj)
+                new["metadata"]["deletionTimestamp"] = _now()
+                new["metadata"]["resourceVersion"] = str(self._next_rv())
+                self.store[key] = new
+                self.writes.append(("delete", key[0].plural, key[1], key[2], None))
+                self._emit(key[0], "MODIFIED", new)
+                return new
+            return obj
+        self._delete_now(key, orphan=orphan)
+        return obj
+
+    def _collect_garbage(self, owner_uid: str) -> None:
+        """Background cascade: delete objects whose every owner is gone."""
+        live_uids = {o["metadata"]["uid"] for o in self.store.values()}
+        for key, obj in list(self.store.items()):
+            if key not in self.store:
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == owner_uid for r in refs) and not any(r.get("uid") in live_uids for r in refs):
+                self._request_delete(key)
+
+    # ---- the workload-controller stand-in -------------------------------------------------------
+    def _after_write(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        if self.workload_ready_delay is None or new.get("kind") not in WORKLOAD_KINDS:
+            return
+        if old is not None and old["metadata"].get("generation") == new["metadata"].get("generation"):
+            return
+        task = asyncio.get_running_loop().create_task(self._make_ready(key, new["metadata"]["generation"]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _make_ready(self, key: Key, generation: int) -> None:
+        await asyncio.sleep(self.workload_ready_delay or 0)
+        async with self._lock:
+            obj = self.store.get(key)
+            if obj is None or obj["metadata"].get("generation") != generation:
+                return
+            self._write_object(key, {"status": self.ready_status(obj)}, "status", "controller")
+
+    @staticmethod
+    def ready_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The status a workload controller reports once every replica is updated and ready."""
+        n = int((obj.get("spec") or {}).get("replicas", 1))
+        gen = obj["metadata"].get("generation", 1)
+        status: dict[str, Any] = {"observedGeneration": gen, "replicas": n, "readyReplicas": n,
+                                  "updatedReplicas": n}
+        if obj.get("kind") == "Deployment":
+            status["availableReplicas"] = n
+            status["conditions"] = [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            ]
+        elif obj.get("kind") == "LeaderWorkerSet":
+            status["conditions"] = [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}]
+        else:
+            status["currentReplicas"] = n
+            status["availableReplicas"] = n
+        return status
+
+    # ---- HTTP verbs (kmock fallbacks) -----------------------------------------------------------
+    def _selected(self, request: kmock.Request) -> list[dict[str, Any]]:
+        self._require(request)
+        try:
+            selector = parse_label_selector(request.params.get("labelSelector", ""))
+        except ValueError as exc:
+            raise _error(400, "BadRequest", f"labelSelector: {exc}")
+        fields = request.params.get("fieldSelector")
+        out = []
+        for (res, ns, _), obj in self.store.items():
+            if res != request.resource or (request.namespace is not None and ns != request.namespace):
+                continue
+            if label_selector_matches(selector, obj["metadata"].get("labels") or {}) \
+                    and _field_selector_matches(fields, obj):
+                out.append(obj)
+        return out
+
+    async def _serve_list(self, request: kmock.Request) -> dict[str, Any]:
+        async with self._lock:
+            info = self._require(request)
+            items = copy.deepcopy(self._selected(request))
+            return {"apiVersion": f"{request.resource.group}/{request.resource.version}".lstrip("/"),
+                    "kind": f"{info.kind}List", "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items}
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        yield b""  # send the headers now, even if no event comes
+        res = request.resource
+        queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+        since = request.params.get("resourceVersion") or "0"
+        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        async with self._lock:
+            self._require(request)
+            try:
+                selector = parse_label_selector(request.params.get("labelSelector", ""))
+            except ValueError as exc:
+                raise _error(400, "BadRequest", f"labelSelector: {exc}")
+            fields = request.params.get("fieldSelector")
+            if since == "0":
+                initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in self._selected(request)]
+            elif int(since) < self._first_rv.get(res, 0):
+                initial = [{"type": "ERROR", "object": {
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 410,
+                    "reason": "Expired", "message": f"too old resource version: {since}"}}]
+            else:
+                initial = [e for rv, e in self._history.get(res, []) if rv > int(since)]
+            self._watchers.setdefault(res, set()).add(queue)
+
+        def wanted(event: dict[str, Any]) -> bool:
+            obj = event["object"]
+            if event["type"] == "ERROR":
+                return True
+            ns = obj.get("metadata", {}).get("namespace")
+            if request.namespace is not None and ns != request.namespace:
+                return False
+            return label_selector_matches(selector, obj["metadata"].get("labels") or {}) \
+                and _field_selector_matches(fields, obj)
+
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            for event in initial:
+                if wanted(event):
+                    yield event
+                if event["type"] == "ERROR":
+                    return
+            while True:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return
+                try:
+                    _, event = await asyncio.wait_for(queue.get(), left)
+                except asyncio.TimeoutError:
+                    return
+                if wanted(event):
+                    yield event
+        finally:
+            self._watchers.get(res, set()).discard(queue)
+
+    async def _serve_fetch(self, request: kmock.Request) -> dict[str, Any]:
+        async with self._lock:
+            key = self._key(request)
+            if key not in self.store:
+                raise _error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found',
+                             {"name": request.name, "kind": request.resource.plural})
+            return copy.deepcopy(self.store[key])
+
+    async def _serve_create(self, request: kmock.Request) -> Any:
+        if not isinstance(request.data, dict):
+            raise _error(400, "BadRequest", "the body must be a JSON object")
+        async with self._lock:
+            self._require(request)
+            obj = self._create_object(request.resource, request.namespace, request.data)
+            return kmock.Response(status=201, payload=copy.deepcopy(obj))
+
+    async def _serve_update(self, request: kmock.Request) -> dict[str, Any]:
+        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        async with self._lock:
+            key = self._existing(request)
+            current = self.store[key]
+            if ctype == "application/json-patch+json":
+                if not isinstance(request.data, list):
+                    raise _error(400, "BadRequest", "a JSON patch must be a list of operations")
+                try:
+                    new = jsonpatch.apply_patch(current, request.data)
+                except jsonpatch.JsonPatchTestFailed as exc:
+                    raise _error(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                    raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}")
+                new.setdefault("metadata", {}).pop("resourceVersion", None)
+            elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
+                if not isinstance(request.data, dict):
+                    raise _error(400, "BadRequest", "a merge patch must be a JSON object")
+                new = merge_patch(current, request.data)
+                sent_rv = (request.data.get("metadata") or {}).get("resourceVersion")
+                new["metadata"]["resourceVersion"] = sent_rv
+            else:
+                raise _error(415, "UnsupportedMediaType",
+                             f"the emulator does not support PATCH with {ctype!r} (no server-side apply)")
+            return copy.deepcopy(self._write_object(key, new, request.subresource, "patch"))
+
+    async def _serve_replace(self, request: kmock.Request) -> dict[str, Any]:
+        if not isinstance(request.data, dict):
+            raise _error(400, "BadRequest", "the body must be a JSON object")
+        async with self._lock:
+            key = self._existing(request)
+            return copy.deepcopy(self._write_object(key, request.data, request.subresource, "update"))
+
+    async def _serve_delete(self, request: kmock.Request) -> dict[str, Any]:
+        body = request.data if isinstance(request.data, dict) else {}
+        orphan = (body.get("propagationPolicy") or request.params.get("propagationPolicy")) == "Orphan"
+        async with self._lock:
+            key = self._existing(request)
+            return copy.deepcopy(self._request_delete(key, orphan=orphan))
+
+    def _existing(self, request: kmock.Request) -> Key:
+        key = self._key(request)
+        if request.name is None:
+            raise _error(405, "MethodNotAllowed", "collection writes are not emulated")
+        if key not in self.store:
+            raise _error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found',
+                         {"name": request.name, "kind": request.resource.plural})
+        return key
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await super().__aexit__(*exc)
+
+
+# --------------------------------------------------------------------------------------------------
+# the public helper
+# --------------------------------------------------------------------------------------------------
+
+def _find_crd_file() -> pathlib.Path | None:
+    here = pathlib.Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "crds" / f"{PLURAL}.{API_GROUP}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def minimal_moeinference_crd() -> dict[str, Any]:
+    """A CRD with the MoEInference names, served version and subresources, without a schema."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {"group": API_GROUP, "scope": "Namespaced",
+                 "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(), "shortNames": ["moe"]},
+                 "versions": [{"name": API_VERSION, "served": True, "storage": True,
+                               "subresources": {"status": {}, "scale": {
+                                   "specReplicasPath": ".spec.replicas",
+                                   "statusReplicasPath": ".status.replicas",
+                                   "labelSelectorPath": ".status.selector"}}}]},
+    }
+
+
+def moeinference_crd() -> dict[str, Any]:
+    """The project's CRD (``crds/moeinferences.eplb.ai.yaml``) when present, else the minimal one."""
+    path = _find_crd_file()
+    if path is not None:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        if docs:
+            return docs[0]
+    return minimal_moeinference_crd()
+
+
+def write_kubeconfig(path: str | os.PathLike[str], server: str, namespace: str = "default") -> None:
+    """Write a kubeconfig that points at ``server`` (no TLS, a dummy token)."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulated",
+        "clusters": [{"name": "emulated", "cluster": {"server": server}}],
+        "users": [{"name": "emulated", "user": {"token": "emulated"}}],
+        "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "emulated",
+                                                         "namespace": namespace}}],
+    }
+    pathlib.Path(path).write_text(yaml.safe_dump(config))
+
+
+@attrs.define
+class EmulatedCluster:
+    """A running emulated API server: ``url``, ``kubeconfig`` (path), the ``api`` emulator itself,
+    and a few async convenience calls over real HTTP (paths like ``/apis/apps/v1/namespaces/ns/deployments``).
+    Errors raise :class:`aiohttp.ClientResponseError`."""
+
+    api: KubeAPIEmulator
+    url: str
+    kubeconfig: str
+    session: aiohttp.ClientSession
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      content_type: str = "application/json", params: Mapping[str, str] | None = None) -> Any:
+        data = None if body is None else json.dumps(body)
+        async with self.session.request(method, self.url + path, data=data, params=params,
+                                        headers={"Content-Type": content_type}) as resp:
+            payload = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
+                                                  message=json.dumps(payload))
+            return payload
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", path, dict(body))
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return await self.request("GET", path)
+
+    async def get_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await self.get(path)
+        except aiohttp.ClientResponseError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        return (await self.request("GET", path, params=params))["items"]
+
+    async def patch(self, path: str, patch: Any, *, json_patch: bool = False) -> dict[str, Any]:
+        ctype = "application/json-patch+json" if json_patch else "application/merge-patch+json"
+        return await self.request("PATCH", path, patch, content_type=ctype)
+
+    async def delete(self, path: str) -> dict[str, Any]:
+        return await self.request("DELETE", path)
+
+    def moeinference_path(self, namespace: str, name: str | None = None) -> str:
+        base = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
+        return f"{base}/{name}" if name else base
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster(*, workload_ready_delay: float | None = None, port: int | None = None,
+                           host: str = "127.0.0.1", crd: Mapping[str, Any] | None = None,
+                           namespaces: Iterable[str] = ("default",)) -> AsyncIterator[EmulatedCluster]:
+    """Start the emulated API server on ``host:port`` (a free port by default) with the MoEInference
+    CRD installed and the given namespaces created; yield an :class:`EmulatedCluster`."""
+    api = KubeAPIEmulator(workload_ready_delay=workload_ready_delay)
+    api.install_crd(dict(crd) if crd is not None else moeinference_crd())
+    ns_res = kmock.resource("", "v1", "namespaces")
+    for ns in namespaces:
+        api._create_object(ns_res, None, {"metadata": {"name": ns}})
+    with tempfile.TemporaryDirectory(prefix="moe-eplb-kubeapi-") as tmp:
+        async with api, kmock.Server(api, host=host, port=port) as server:
+            url = str(server.url).rstrip("/")
+            kubeconfig = os.path.join(tmp, "kubeconfig.yaml")
+            write_kubeconfig(kubeconfig, url)
+            async with aiohttp.ClientSession() as session:
+                yield EmulatedCluster(api=api, url=url, kubeconfig=kubeconfig, session=session)
+
+
+async def _serve_forever(port: int, kubeconfig: str | None, ready_delay: float | None) -> None:
+    async with emulated_cluster(port=port, workload_ready_delay=ready_delay) as cluster:
+        if kubeconfig:
+            write_kubeconfig(kubeconfig, cluster.url)
+        print(f"emulated Kubernetes API at {cluster.url}" + (f", kubeconfig {kubeconfig}" if kubeconfig else ""),
+              flush=True)
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m moe_eplb.sim.kubeapi [--port N] [--kubeconfig PATH] [--ready-delay S]``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the emulator here")
+    parser.add_argument("--ready-delay", type=float, default=None,
+                        help="seconds after which workloads report all replicas ready (default: never)")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever(args.port or None, args.kubeconfig, args.ready_delay))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Shared fixtures: an emulated Kubernetes API server, and the real operator running against it.
+
+- ``kube``: a fresh :class:`moe_eplb.sim.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
+  loopback, MoEInference CRD installed, namespace ``default``) per test.
+- ``running_operator(cluster, **kw)``: an async context manager that runs the real kopf operator
+  (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) inside the test's event
+  loop until the block exits; yields the :class:`~moe_eplb.controller.handlers.Controller`.
+- ``eventually(check, timeout)``: poll an async or sync check until it returns truthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+kopf = pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+
+from moe_eplb.sim.kubeapi import EmulatedCluster, emulated_cluster  # noqa: E402
+
+
+@pytest.fixture()
+async def kube() -> AsyncIterator[EmulatedCluster]:
+    async with emulated_cluster() as cluster:
+        yield cluster
+
+
+@contextlib.asynccontextmanager
+async def running_operator(cluster: EmulatedCluster, *, resync_seconds: float = 3600.0,
+                           refresh_delay_s: float = 0.02, clusterwide: bool = True,
+                           standalone: bool = True, peering_name: str = "moe-eplb") -> AsyncIterator[Any]:
+    """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds)."""
+    from moe_eplb.controller.handlers import Controller
+    from moe_eplb.controller.main import build_settings, run_operator
+
+    controller = Controller(connection=kopf.ConnectionInfo(server=cluster.url, token="emulated"),
+                            resync_seconds=resync_seconds, refresh_delay_s=refresh_delay_s, retry_delay_s=0.2)
+    settings = build_settings(standalone=standalone, peering_name=peering_name,
+                              clusterwide=clusterwide)
+    ready = asyncio.Event()
+    task = asyncio.create_task(run_operator(controller, settings=settings, standalone=standalone,
+                                            peering_name=peering_name, clusterwide=clusterwide, ready_flag=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        yield controller
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Await ``check()`` (sync or async) until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+            if inspect.isawaitable(last):
+                last = await last
+            if last:
+                return last
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last: {last!r})")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture()
+def operator_runner(kube: EmulatedCluster) -> Callable[..., Any]:
+    """``async with operator_runner(**kw) as controller:`` runs the real operator against ``kube``."""
+    return lambda **kw: running_operator(kube, **kw)
+
+
+@pytest.fixture(name="eventually")
+def eventually_fixture() -> Callable[..., Any]:
+    """The :func:`eventually` poller, as a fixture (``await eventually(check, timeout=5)``)."""
+    return eventually
