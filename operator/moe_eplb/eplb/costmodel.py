@@ -1,0 +1,131 @@
+"""Predicted throughput of an EPLB configuration: the cost model the simulator and tuner share.
+
+Everything here is relative: ``1.0`` is an engine whose MoE layers are perfectly balanced, that
+never rearranges and that spends no memory on redundant experts. Three factors multiply:
+
+1. **Imbalance.** A step's MoE time is set by the busiest GPU of each MoE layer. With ``f`` the MoE
+   share of a perfectly balanced step (``moe_time_share``), a bucket of ``n`` steps takes
+   ``n * s0 * ((1 - f) + f * sum_l max_gpu(load) / sum_l mean_gpu(load))`` seconds, ``s0`` the
+   balanced step time (``seconds_per_step``). Ideal time is ``n * s0``.
+2. **Rearrangement overhead**, added to the time: sync mode (``use_async=False``) stalls every GPU
+   for ``sync_stall_s`` per rearrangement; async mode (vLLM >= 0.24 default) copies weights in the
+   background and costs ``async_s_per_moved_expert`` per expert replica moved, divided over the
+   EP ranks (they copy in parallel).
+3. **KV-cache memory.** Each GPU holds ``R / ep`` extra experts in every MoE layer,
+   ``L * bytes_per_expert * R / ep`` bytes taken from the KV cache (``kv_cache_bytes_per_gpu``).
+   Fewer concurrent sequences cost throughput: the factor is
+   ``1 - kv_throughput_elasticity * redundant_bytes / kv_cache_bytes_per_gpu``.
+
+Default parameters and where they come from (numbers from ``shared/notes/vllm-eplb.md``):
+
+- ``moe_time_share = 0.35``: the value that makes this model reproduce SGLang's reported 1.49x
+  prefill gain from EPLB on DeepSeek-V3 given TensorRT-LLM's measured per-rank imbalance on
+  DeepSeek-R1 ((max-mean)/mean 1.564 without EPLB, 0.109 with it):
+  ``(1 + 1.564 f) / (1 + 0.109 f) = 1.49`` gives ``f = 0.35``.
+- ``sync_stall_s = 0.91``: mean sync rearrangement stall, DeepSeek-R1 NVFP4 on 32 GB200
+  (0.65-1.70 s reported).
+- ``async_s_per_moved_expert = 0.0017`` per moved replica per rank: the sync stall spread over the
+  replicas such a rearrangement moves per rank (about half of 58 layers x 9 slots, i.e. ~260, so
+  ~3.5 ms each), halved because async copies overlap compute. An assumption, not a measurement.
+- ``seconds_per_step = 0.05`` (20 engine steps/s, the issue's one-hour DeepSeek-V3 trace) when the
+  trace does not say (``bucket_seconds / bucket_steps``).
+- ``bytes_per_expert``: per MoE layer per expert. DeepSeek-V3 (58 x 256, FP8): 3 x 7168 x 2048 B
+  = 44 MB, i.e. ~2.5 GB per redundant expert per rank over 58 layers, matching vLLM's "about
+  2.4 GB". Qwen3-VL-30B-A3B (48 x 128, BF16): 3 x 2048 x 768 x 2 B = 9.4 MB. Other shapes: give it
+  (unknown -> no memory penalty, reported as such).
+- ``kv_cache_bytes_per_gpu = 40 GiB`` and ``kv_throughput_elasticity = 0.5`` (losing 10 % of the
+  KV cache loses 5 % throughput: decode throughput grows sub-linearly with batch size).
+  Assumptions; set them from the deployment when known.
+- ``restart_s = 300`` (a new engine pod: schedule, load weights, warm up) and ``horizon_s = 6 h``
+  (how long a new configuration is expected to stay): a change must gain more than
+  ``restart_s / horizon_s`` of throughput to pay for itself. Assumptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+#: (num_layers, num_experts) -> bytes per expert per MoE layer, for the shapes the project ships.
+KNOWN_BYTES_PER_EXPERT = {
+    (58, 256): 3 * 7168 * 2048,  # DeepSeek-V3/R1, FP8: 44.0 MB
+    (48, 128): 3 * 2048 * 768 * 2,  # Qwen3-VL-30B-A3B / Qwen3-30B-A3B, BF16: 9.4 MB
+}
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Parameters of the throughput model (see the module docstring for sources)."""
+
+    moe_time_share: float = 0.35
+    seconds_per_step: float | None = None
+    use_async: bool = True
+    sync_stall_s: float = 0.91
+    async_s_per_moved_expert: float = 0.0017
+    bytes_per_expert: float | None = None
+    kv_cache_bytes_per_gpu: float = 40 * GIB
+    kv_throughput_elasticity: float = 0.5
+    restart_s: float = 300.0
+    horizon_s: float = 6 * 3600.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "moe_time_share": 0 <= self.moe_time_share <= 1,
+            "seconds_per_step": self.seconds_per_step is None or self.seconds_per_step > 0,
+            "sync_stall_s": self.sync_stall_s >= 0,
+            "async_s_per_moved_expert": self.async_s_per_moved_expert >= 0,
+            "bytes_per_expert": self.bytes_per_expert is None or self.bytes_per_expert >= 0,
+            "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu > 0,
+            "kv_throughput_elasticity": self.kv_throughput_elasticity >= 0,
+            "restart_s": self.restart_s >= 0,
+            "horizon_s": self.horizon_s > 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"CostModel.{name}: invalid value {getattr(self, name)!r}")
+
+    def with_(self, **changes) -> "CostModel":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # --- the three factors -------------------------------------------------------------------
+
+    def resolve_bytes_per_expert(self, num_layers: int, num_experts: int) -> float | None:
+        """Bytes per expert per MoE layer: the given value, else the known shape's, else None."""
+        if self.bytes_per_expert is not None:
+            return float(self.bytes_per_expert)
+        known = KNOWN_BYTES_PER_EXPERT.get((num_layers, num_experts))
+        return float(known) if known is not None else None
+
+    def redundant_bytes_per_gpu(
+        self, num_layers: int, num_experts: int, num_redundant: int, ep_size: int
+    ) -> float:
+        """Memory each GPU spends on redundant experts: ``L * bytes_per_expert * R / ep``."""
+        per_expert = self.resolve_bytes_per_expert(num_layers, num_experts) or 0.0
+        return num_layers * per_expert * num_redundant / ep_size
+
+    def kv_factor(self, redundant_bytes_per_gpu: float) -> float:
+        """Throughput factor (<= 1) from KV-cache memory taken by redundant experts."""
+        share = redundant_bytes_per_gpu / self.kv_cache_bytes_per_gpu
+        return max(0.0, 1.0 - self.kv_throughput_elasticity * share)
+
+    def overhead_seconds(self, rearrangements: int, moved_experts: int, ep_size: int) -> float:
+        """Time lost to rearrangements (sync stall, or async copy overhead per moved replica)."""
+        if self.use_async:
+            return self.async_s_per_moved_expert * moved_experts / ep_size
+        return self.sync_stall_s * rearrangements
+
+    def step_seconds(self, bucket_seconds: float | None, mean_steps_per_bucket: float) -> float:
+        """Balanced step time s0: given, else from the trace, else 0.05 s (20 steps/s)."""
+        if self.seconds_per_step is not None:
+            return float(self.seconds_per_step)
+        if bucket_seconds and mean_steps_per_bucket > 0:
+            return float(bucket_seconds) / mean_steps_per_bucket
+        return 0.05
+
+    def change_threshold(self, min_gain: float) -> float:
+        """Relative gain a new configuration needs before a restart is worth it."""
+        return min_gain + self.restart_s / self.horizon_s
