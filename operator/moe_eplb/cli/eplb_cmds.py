@@ -14,6 +14,7 @@ import click
 
 def register(main: click.Group) -> None:
     _add_rebalance(main)
+    _add_trace(main)
 
 
 # --- rebalance (policy) ------------------------------------------------------------------------
@@ -85,3 +86,161 @@ def _add_rebalance(main: click.Group) -> None:
             raise click.BadParameter(reason, param_hint=hint)
         json.dump({"phy2log": phy2log.tolist(), "logcnt": logcnt.tolist()}, sys.stdout)
         sys.stdout.write("\n")
+
+
+# --- trace (load traces and the workload generator) ---------------------------------------------
+
+
+def _trace_error(exc: Exception, hint: str | None = None) -> click.ClickException:
+    if hint:
+        return click.BadParameter(str(exc), param_hint=hint)
+    return click.ClickException(str(exc))
+
+
+def _add_trace(main: click.Group) -> None:
+    @main.group("trace")
+    def trace_group() -> None:
+        """Load traces: generate realistic ones, and inspect trace files."""
+
+    @trace_group.command("profiles")
+    def trace_profiles_cmd() -> None:
+        """List the generator's built-in profiles and model shapes."""
+        from moe_eplb.eplb import synth
+
+        for name in synth.list_profiles():
+            prof = synth.get_profile(name)
+            click.echo(f"{name:<34} {prof.description}")
+        click.echo("")
+        for name, (layers, experts, groups, top_k) in synth.MODEL_SHAPES.items():
+            click.echo(f"{name:<34} {layers} MoE layers x {experts} experts, {groups} group(s), top-{top_k}")
+
+    @trace_group.command("synth")
+    @click.option("--profile", "profile_name", required=True, metavar="NAME",
+                  help="Built-in workload profile (see `moe-eplb trace profiles`).")
+    @click.option("--model-shape", metavar="SHAPE", default=None,
+                  help="Target shape: deepseek-v3 or qwen3-vl-30b-a3b (default: the profile's).")
+    @click.option("--hours", type=float, default=1.0, show_default=True, help="Trace length.")
+    @click.option("--bucket-seconds", type=float, default=15.0, show_default=True, help="Seconds per bucket.")
+    @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same trace.")
+    @click.option("--shift-at", type=float, default=None, metavar="FRACTION",
+                  help="Where the first domain-mix shift happens, as a fraction of the trace (shifting profiles).")
+    @click.option("--from", "sources", multiple=True, metavar="FILE",
+                  help="Real routing data to fit on instead of the shipped fits: an expert_counts_by_domain "
+                       "JSON (popularity) and/or token_routing_sequence JSON (time structure). Repeatable.")
+    @click.option("-o", "--output", required=True, metavar="OUT.json|.json.gz|.npz", help="Trace file to write.")
+    def trace_synth_cmd(profile_name, model_shape, hours, bucket_seconds, seed, shift_at, sources, output) -> None:
+        """Generate a load trace from real expert popularity (see docs/traces.md)."""
+        from moe_eplb.eplb import synth, tracefile
+        from moe_eplb.eplb.trace import TraceError
+
+        if profile_name not in synth.list_profiles():
+            raise click.BadParameter(
+                f"unknown profile {profile_name!r}; choose one of: {', '.join(synth.list_profiles())}",
+                param_hint="--profile",
+            )
+        if model_shape is not None and model_shape not in synth.MODEL_SHAPES:
+            raise click.BadParameter(
+                f"unknown shape {model_shape!r}; choose one of: {', '.join(synth.MODEL_SHAPES)}",
+                param_hint="--model-shape",
+            )
+        try:
+            tracefile.trace_suffix(output)
+        except TraceError as exc:
+            raise _trace_error(exc, "--output")
+        try:
+            trace = synth.generate(
+                profile_name, model_shape=model_shape, hours=hours, bucket_seconds=bucket_seconds,
+                seed=seed, shift_at=shift_at, source=list(sources) or None,
+            )
+        except synth.SynthError as exc:
+            msg = str(exc)
+            hint = {"shift_at": "--shift-at", "hours": "--hours", "bucket_seconds": "--bucket-seconds",
+                 "model_shape": "--model-shape"}.get(
+                msg.split(":", 1)[0], "--from" if sources and msg.startswith("profile: domain") else None)
+            raise _trace_error(exc, hint)
+        except TraceError as exc:
+            raise _trace_error(exc, "--from" if sources else None)
+        tracefile.save_trace(trace, output)
+        s = trace.summary()
+        click.echo(
+            f"wrote {output}: {s['num_buckets']} buckets x {s['num_layers']} layers x {s['num_experts']} experts, "
+            f"{s['total_steps']} steps, max/mean per layer {s['imbalance_per_layer']['min']:.2f}"
+            f"-{s['imbalance_per_layer']['max']:.2f}",
+            err=True,
+        )
+
+    @trace_group.command("info")
+    @click.argument("path", metavar="FILE")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    def trace_info_cmd(path: str, as_json: bool) -> None:
+        """Shape, steps and expert imbalance of a trace file (.json, .json.gz, .npz) or of a real
+        routing data file (expert counts by domain, token routing)."""
+        from moe_eplb.eplb import tracefile
+        from moe_eplb.eplb.trace import TraceError
+
+        try:
+            if path.lower().endswith((".json", ".json.gz")) and _is_routing_file(path):
+                info = _routing_info(tracefile.read_routing_file(path))
+            else:
+                info = tracefile.load_trace(path).summary()
+        except TraceError as exc:
+            raise _trace_error(exc, "FILE")
+        if as_json:
+            json.dump(info, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        for key, value in info.items():
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+            elif isinstance(value, float):
+                value = f"{value:.6g}"
+            click.echo(f"{key:<22} {value}")
+
+
+def _is_routing_file(path: str) -> bool:
+    import gzip
+
+    try:
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return '"kind"' in head and ("expert_counts_by_domain" in head or "token_routing_sequence" in head)
+
+
+def _routing_info(data) -> dict:
+    """Summary of a real routing data file (plain numbers)."""
+    import numpy as np
+
+    from moe_eplb.eplb import profiles, tracefile
+
+    if isinstance(data, tracefile.DomainCounts):
+        fit = profiles.fit_popularity(data)
+        return {
+            "kind": tracefile.KIND_EXPERT_COUNTS,
+            "model": data.model,
+            "num_experts": data.num_experts,
+            "top_k": data.top_k,
+            "layers": list(data.layers),
+            "domains": list(data.domains),
+            "max_over_mean": {d: [round(float(x), 3) for x in v] for d, v in fit.max_over_mean.items()},
+            "tv_between_domains": {
+                f"layer {layer}": [round(float(fit.tv[i][np.triu_indices(len(data.domains), 1)].min()), 3),
+                                   round(float(fit.tv[i][np.triu_indices(len(data.domains), 1)].max()), 3)]
+                if len(data.domains) > 1 else None
+                for i, layer in enumerate(data.layers)
+            },
+        }
+    temporal = profiles.fit_temporal([data])
+    return {
+        "kind": tracefile.KIND_TOKEN_ROUTING,
+        "model": data.model,
+        "num_experts": data.num_experts,
+        "top_k": data.top_k,
+        "num_layers": data.num_layers,
+        "tokens": int(data.choices.shape[0]),
+        "requests": int(len(np.unique(data.sequence_id))),
+        "lag1_autocorrelation": round(temporal.lag1, 4),
+        "kappa": round(temporal.kappa, 2),
+    }

@@ -308,8 +308,10 @@ def generate(
     if not isinstance(prof, Profile):
         raise SynthError(f"profile: expected a name or a Profile, got {type(prof).__name__}")
     shape_name, (num_layers, num_experts, _groups, top_k) = resolve_shape(model_shape or prof.model_shape)
-    if not (hours > 0) or not (bucket_seconds > 0):
-        raise SynthError(f"hours and bucket_seconds: must be > 0 (got {hours}, {bucket_seconds})")
+    if not hours > 0:
+        raise SynthError(f"hours: must be > 0, got {hours}")
+    if not bucket_seconds > 0:
+        raise SynthError(f"bucket_seconds: must be > 0, got {bucket_seconds}")
     num_buckets = int(round(hours * 3600.0 / bucket_seconds))
     if num_buckets < 1:
         raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")

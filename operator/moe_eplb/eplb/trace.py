@@ -98,6 +98,63 @@ class LoadTrace:
     def total_steps(self) -> int:
         return int(self.bucket_steps.sum())
 
+    @property
+    def duration_seconds(self) -> float | None:
+        """Wall-clock length ``T * bucket_seconds``, if ``bucket_seconds`` is known."""
+        return None if self.bucket_seconds is None else self.num_buckets * float(self.bucket_seconds)
+
+    def popularity(self) -> np.ndarray:
+        """float64 ``[L, E]``: each expert's share of its layer's load over the whole trace
+        (rows sum to 1; a layer without load gets equal shares)."""
+        total = self.load.sum(axis=0)
+        sums = total.sum(axis=1, keepdims=True)
+        return np.divide(total, sums, out=np.full_like(total, 1.0 / self.num_experts), where=sums > 0)
+
+    def imbalance(self) -> np.ndarray:
+        """float64 ``[T, L]``: max over experts / mean over experts of each bucket's load
+        (1 = perfectly even; NaN where a layer has no load in that bucket)."""
+        mean = self.load.mean(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(mean > 0, self.load.max(axis=2) / np.where(mean > 0, mean, 1.0), np.nan)
+
+    def summary(self) -> dict:
+        """Plain-number overview: shape, steps, tokens, and the expert imbalance (max/mean over
+        experts) per layer, over the whole trace and per bucket."""
+        per_layer = self.popularity().max(axis=1) * self.num_experts  # [L]
+        per_bucket = self.imbalance()
+        tokens = float(self.load.sum(axis=2).mean(axis=1).sum())  # (token, top-k slot) pairs per layer
+        out: dict = {
+            "model": self.model,
+            "num_buckets": self.num_buckets,
+            "num_layers": self.num_layers,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "bucket_seconds": self.bucket_seconds,
+            "duration_seconds": self.duration_seconds,
+            "total_steps": self.total_steps,
+            "steps_per_bucket": {
+                "min": int(self.bucket_steps.min()),
+                "mean": float(self.bucket_steps.mean()),
+                "max": int(self.bucket_steps.max()),
+            },
+            "routed_per_layer": tokens,
+            "tokens_per_step": (tokens / self.top_k / self.total_steps)
+            if self.top_k and self.total_steps
+            else None,
+            "imbalance_per_layer": {
+                "min": float(per_layer.min()),
+                "median": float(np.median(per_layer)),
+                "max": float(per_layer.max()),
+                "argmax_layer": int(per_layer.argmax()),
+            },
+            "imbalance_per_bucket": {
+                "median": float(np.nanmedian(per_bucket)) if np.any(np.isfinite(per_bucket)) else None,
+                "p95": float(np.nanpercentile(per_bucket, 95)) if np.any(np.isfinite(per_bucket)) else None,
+                "max": float(np.nanmax(per_bucket)) if np.any(np.isfinite(per_bucket)) else None,
+            },
+        }
+        return out
+
     def slice(self, start: int, stop: int) -> "LoadTrace":
         """Buckets ``[start, stop)`` as a new trace."""
         return LoadTrace(

@@ -156,7 +156,9 @@ def trace_to_dict(trace: LoadTrace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _suffix(path: Path) -> str:
+def trace_suffix(path: str | os.PathLike) -> str:
+    """The trace format ``path`` names (one of :data:`TRACE_SUFFIXES`); anything else raises."""
+    path = Path(path)
     name = path.name.lower()
     for suffix in TRACE_SUFFIXES:
         if name.endswith(suffix):
@@ -167,7 +169,7 @@ def _suffix(path: Path) -> str:
 def load_trace(path: str | os.PathLike) -> LoadTrace:
     """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix)."""
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = trace_suffix(path)
     if not path.exists():
         raise TraceError(f"{path}: no such file")
     try:
@@ -199,7 +201,7 @@ def save_trace(trace: LoadTrace, path: str | os.PathLike) -> Path:
     The file is written to a temporary name and renamed, so a failed write leaves nothing behind.
     """
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = trace_suffix(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         if suffix == ".npz":
