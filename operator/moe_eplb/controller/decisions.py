@@ -349,7 +349,7 @@ def _tuner_says_change(rec: dict) -> bool:
 
 
 def _gain(rec: dict) -> float | None:
-    for key in ("predicted_gain", "gain", "predicted_relative_gain"):
+    for key in ("gain_vs_current", "predicted_gain", "gain", "predicted_relative_gain"):
         v = rec.get(key)
         if isinstance(v, (int, float)):
             return float(v)

@@ -1,0 +1,565 @@
+"""The closed tuning loop: a kopf timer per MoEInference (thin), and the I/O around the pure parts.
+
+Every ``tick_seconds`` (wall) the timer of each MoEInference runs :func:`tick`:
+
+1. a rollout in progress (``status.autotune.rollout``) is advanced (:mod:`.rollout`): the child
+   Deployments and Pods are read into a :class:`~.rollout.WorkloadView`, the new pods' measured
+   balancedness is read when the rollout is ready to be judged;
+2. otherwise, when ``spec.autotune.mode`` is not ``Off`` and ``evaluationIntervalSeconds`` have
+   passed since the last evaluation: the recent load is read (Prometheus range queries, or the pods
+   directly when ``spec.monitoring.prometheusUrl`` is unset), the tuner searches within the spec's
+   bounds and memory budget (bytes per expert from the catalog or ``spec.model.moe``), and
+   :func:`~.decisions.evaluate` decides (Keep / Recommend / Apply / Defer / NoData / Error);
+3. the result is written to ``status.autotune`` (and the ``MetricsAvailable`` / ``Tuned``
+   conditions) in ONE status patch conditional on the resource's ``resourceVersion``: a concurrent
+   spec edit makes it fail with 409 and the tick is simply redone on fresh data. Events and the
+   operator metrics (:mod:`.opmetrics`) follow a successful write only.
+
+An operator restart therefore resumes from the resource alone. kopf peering makes only one of
+several operator replicas run handlers, so only one acts.
+
+The clock may be accelerated for the demo and tests (``AutotuneRuntime.clock``, e.g. a
+:class:`moe_eplb.sim.engine.SimClock`): spec durations are in the clock's seconds, Prometheus is
+queried in wall time (``clock.to_wall``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.controller import decisions as dec
+from moe_eplb.controller import opmetrics
+from moe_eplb.controller import rollout as ro
+from moe_eplb.exporter import names
+
+log = logging.getLogger("moe_eplb.autotune")
+
+CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
+API = f"{API_GROUP}/{API_VERSION}"
+
+#: The operator's search (a reduced ladder of the tuner's, sized so one core tunes >= 200
+#: resources every 5 minutes; see bench/bench_autotune.py). Override with MOE_EPLB_AUTOTUNE_SEARCH=full.
+OPERATOR_SEARCH: dict[str, Any] = {
+    "windows": (250, 1000, 4000),
+    "intervals": (500, 2000, 8000),
+    "max_redundancy_levels": 3,
+    "segments": 4,
+}
+
+
+class LoadUnavailable(Exception):
+    """The load could not be read or is not enough to tune on; ``reason`` is a condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason, self.message = reason, message
+
+
+class WallClock:
+    """The real clock (POSIX seconds); the default."""
+
+    scale = 1.0
+
+    @staticmethod
+    def now() -> float:
+        return time.time()
+
+    @staticmethod
+    def to_wall(t: float) -> float:
+        return t
+
+
+LoadSource = Callable[[dict, float, float], Awaitable[tuple[Any, dict]]]
+Measure = Callable[[dict, list[dict], float, float], Awaitable[dict | None]]
+
+
+@dataclass
+class AutotuneRuntime:
+    """Process-wide settings of the loop (the demo and tests replace parts of it).
+
+    Attributes:
+        clock: ``now()`` and ``to_wall(t)``; spec durations are in its seconds.
+        tick_seconds: wall seconds between two ticks of one resource's timer.
+        lookback_seconds: how much load history (clock seconds) the tuner sees.
+        min_steps: fewer engine steps than this in the history -> ``NoData`` (too little data).
+        search: keyword arguments for the tuner's search ladder.
+        read_load: ``await read_load(resource, start, end) -> (LoadTrace, window_info)``; raises
+            :class:`LoadUnavailable`. Default: :func:`read_load_default`.
+        measure: ``await measure(resource, pods, start, end) -> {"balancedness": ...} | None``.
+        crashloop_restarts: restarts of a pod of the new template that count as a crash loop.
+        observer: called with ``(kind, resource, payload)`` after each successful write
+            (``evaluation`` with lastEvaluation, ``history`` with a finished rollout entry,
+            ``rollout`` with a phase change) -- the demo prints these.
+        http_timeout: seconds for a Prometheus or pod scrape request.
+    """
+
+    clock: Any = field(default_factory=WallClock)
+    tick_seconds: float = 15.0
+    lookback_seconds: float = 3600.0
+    min_steps: int = 2000
+    search: dict = field(default_factory=lambda: dict(OPERATOR_SEARCH))
+    read_load: LoadSource | None = None
+    measure: Measure | None = None
+    crashloop_restarts: int = 3
+    observer: Callable[[str, dict, dict], None] | None = None
+    http_timeout: float = 10.0
+    _direct_snapshots: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_env(cls) -> "AutotuneRuntime":
+        """Defaults, with ``MOE_EPLB_AUTOTUNE_TICK_SECONDS``, ``MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS``
+        and ``MOE_EPLB_AUTOTUNE_SEARCH=full`` (the tuner's full ladder) applied."""
+        rt = cls()
+        if os.environ.get("MOE_EPLB_AUTOTUNE_TICK_SECONDS"):
+            rt.tick_seconds = float(os.environ["MOE_EPLB_AUTOTUNE_TICK_SECONDS"])
+        if os.environ.get("MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS"):
+            rt.lookback_seconds = float(os.environ["MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS"])
+        if os.environ.get("MOE_EPLB_AUTOTUNE_SEARCH") == "full":
+            rt.search = {}
+        return rt
+
+
+_RUNTIME: AutotuneRuntime | None = None
+
+
+def configure(runtime: AutotuneRuntime | None) -> None:
+    """Set the runtime that :func:`register` uses when given none (demo, tests); None resets."""
+    global _RUNTIME
+    _RUNTIME = runtime
+
+
+def runtime() -> AutotuneRuntime:
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = AutotuneRuntime.from_env()
+    return _RUNTIME
+
+
+# --- the kopf part (thin) ------------------------------------------------------------------------
+
+
+def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None = None) -> None:
+    """Add the autotune timer to a ``kopf.OperatorRegistry``.
+
+    ``controller``: the object holding the operator's client (``.client``, a
+    :class:`~moe_eplb.controller.k8s.KubeClient`); default ``memo.controller``.
+    """
+    import kopf
+
+    rt = rt or runtime()
+
+    @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="autotune", interval=rt.tick_seconds,
+                initial_delay=min(rt.tick_seconds, 1.0), registry=registry)
+    async def autotune_timer(body: Any, memo: Any, **_: Any) -> None:
+        ctl = controller if controller is not None else getattr(memo, "controller", None)
+        client = getattr(ctl, "client", None)
+        if client is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        import copy
+
+        await tick(copy.deepcopy(dict(body)), client, rt, actor=f"{os.environ.get('HOSTNAME', 'operator')}/{id(memo):x}")
+
+
+# --- one tick ------------------------------------------------------------------------------------
+
+
+async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str = "") -> str | None:
+    """One tick of the loop for one MoEInference. Returns what happened (for tests and logs):
+    ``rollout:<phase or action>``, ``evaluation:<decision>``, ``conflict`` or None (nothing)."""
+    meta = resource.get("metadata") or {}
+    ns, name = meta.get("namespace") or "default", meta.get("name")
+    status = resource.get("status") or {}
+    state = dict(status.get("autotune") or {})
+    now = rt.clock.now()
+    generation = int(meta.get("generation") or 1)
+    try:
+        cfg = dec.autotune_config(resource)
+    except dec.AutotuneSpecError as exc:
+        if state.get("rollout") is None and _condition(status, "Tuned") != ("False", "InvalidAutotune"):
+            await _write(client, resource, state, {"Tuned": ("False", "InvalidAutotune", str(exc))}, now)
+        return None
+
+    if state.get("rollout"):
+        return await _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name)
+    if cfg.mode == "Off" or not dec.due(cfg, state, now):
+        return None
+    return await _evaluate(resource, client, rt, cfg, state, now, generation, ns, name, actor)
+
+
+async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name) -> str | None:
+    view, pods = await workload_view(client, resource, rt)
+    measured = None
+    window = ro.measurement_window(cfg, state, now)
+    if window is not None and not view.crashlooping:
+        measured = await _measure(rt, resource, pods, *window)
+    step = ro.advance(cfg, state, view, now=now, measured=measured)
+    if not step.changed:
+        return None
+    if not await _write(client, resource, step.autotune, step.conditions, now):
+        return "conflict"
+    for etype, reason, message in step.events:
+        await _event(client, resource, etype, reason, message)
+    if step.rollback_reason:
+        opmetrics.record_rollback(ns, name, step.rollback_reason)
+    new_ro = step.autotune.get("rollout")
+    if new_ro and new_ro.get("phase") == ro.OBSERVING and rt.measure is None \
+            and not ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl"):
+        await _measure(rt, resource, pods, now, now)  # direct scraping: counters at the start of observation
+    if rt.observer:
+        if new_ro is None:
+            rt.observer("history", resource, (step.autotune.get("history") or [{}])[-1])
+        else:
+            rt.observer("rollout", resource, new_ro)
+    return f"rollout:{new_ro['phase'] if new_ro else step.autotune['history'][-1]['action']}"
+
+
+async def _evaluate(resource, client, rt, cfg, state, now, generation, ns, name, actor) -> str | None:
+    from moe_eplb.api.spec import effective_eplb, parse
+
+    eplb = effective_eplb(resource)
+    current = {"windowSize": eplb.window_size, "stepInterval": eplb.step_interval,
+               "numRedundantExperts": eplb.num_redundant_experts}
+    if not eplb.enabled:
+        new = dict(state)
+        new["lastEvaluation"] = {"time": dec.iso(now), "decision": dec.KEEP, "current": current,
+                                 "reason": "spec.eplb.enabled is false: nothing to tune (enable EPLB to tune it)"}
+        if await _write(client, resource, new, {"Tuned": ("False", "EplbDisabled", new["lastEvaluation"]["reason"])}, now):
+            return f"evaluation:{dec.KEEP}"
+        return "conflict"
+
+    view, pods = await workload_view(client, resource, rt)
+    blocker = None
+    if view.template_hash is None:
+        blocker = "the workload does not exist yet"
+    elif not view.settled:
+        blocker = "pods are rolling or not all ready"
+    elif view.crashlooping:
+        blocker = f"pods are crash-looping ({', '.join(view.crashlooping[:3])})"
+
+    start = now - rt.lookback_seconds
+    load_error = tune = tune_error = None
+    data_window = None
+    tuner_seconds = None
+    trace = None
+    try:
+        trace, data_window = await _read_load(rt, resource, start, now)
+        if trace.total_steps < rt.min_steps:
+            raise LoadUnavailable("TooLittleData", f"{trace.total_steps} engine steps in the last "
+                                  f"{rt.lookback_seconds:.0f}s; need at least {rt.min_steps}")
+    except LoadUnavailable as exc:
+        load_error = (exc.reason, exc.message)
+    if load_error is None:
+        inf = parse(resource)
+        t0 = time.process_time()
+        try:
+            tune = await asyncio.to_thread(run_tuner, trace, inf, cfg, current, rt.search)
+        except Exception as exc:  # TuneError or a bug in the search: no change, say why
+            tune_error = f"{type(exc).__name__}: {exc}"
+        tuner_seconds = time.process_time() - t0
+    baseline = None
+    if tune is not None and cfg.mode == "Apply" and blocker is None:
+        baseline = await _measure(rt, resource, pods, max(start, now - cfg.evaluation_interval_s), now)
+    out = dec.evaluate(cfg, state, now=now, generation=generation, current=current,
+                       current_override=state.get("override"), data_window=data_window,
+                       load_error=load_error, tune=tune, tune_error=tune_error, workload_blocker=blocker,
+                       baseline=baseline, from_hash=view.template_hash)
+    out.autotune["lastEvaluation"]["evaluatedBy"] = actor
+    if tuner_seconds is not None:
+        out.autotune["lastEvaluation"]["tunerCpuSeconds"] = round(tuner_seconds, 3)
+    if out.decision == dec.APPLY and baseline is None:
+        # Without a baseline a regression cannot be judged; the rollout still has crash/timeout guards.
+        out.autotune["rollout"]["baseline"] = None
+    if not await _write(client, resource, out.autotune, out.conditions, now):
+        return "conflict"
+    for etype, reason, message in out.events:
+        await _event(client, resource, etype, reason, message)
+    opmetrics.record_evaluation(ns, name, decision=out.decision, predicted_gain=out.predicted_gain,
+                                tuner_seconds=tuner_seconds, now=now)
+    if rt.observer:
+        rt.observer("evaluation", resource, out.autotune["lastEvaluation"])
+    return f"evaluation:{out.decision}"
+
+
+def run_tuner(trace: Any, inf: Any, cfg: dec.AutotuneConfig, current: dict, search: dict) -> dict:
+    """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread). Returns
+    ``TuneResult.to_dict()`` without the candidate list (status stays small)."""
+    from moe_eplb.eplb.simulator import Knobs
+    from moe_eplb.eplb.tuner import Bounds, tune
+
+    shape = inf.moe_shape
+    b = cfg.bounds
+    bounds = Bounds(window=b.get("windowSize", (None, None)), interval=b.get("stepInterval", (None, None)),
+                    redundant=b.get("numRedundantExperts", (None, None)))
+    result = tune(
+        trace,
+        ep_size=inf.parallelism.ep_size,
+        num_nodes=max(1, int(inf.parallelism.nodes or 1)),
+        num_groups=int(shape.num_expert_groups or 1),
+        memory_budget_bytes=cfg.memory_budget_bytes,
+        bytes_per_expert=shape.bytes_per_expert,
+        bounds=bounds,
+        current=Knobs(current["windowSize"], current["stepInterval"], current["numRedundantExperts"]),
+        min_gain=cfg.min_gain,
+        workers=1,
+        **search,
+    )
+    d = result.to_dict()
+    d.pop("candidates", None)
+    return d
+
+
+# --- reading the cluster -------------------------------------------------------------------------
+
+
+async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime) -> tuple[ro.WorkloadView, list[dict]]:
+    """The child Deployments and Pods of a MoEInference -> (WorkloadView, pods)."""
+    meta = resource["metadata"]
+    ns, name = meta.get("namespace") or "default", meta["name"]
+    selector = f"{names.POD_NAME_LABEL}={name}"
+    deps = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
+    pods = await client.list("v1", "Pod", ns, label_selector=selector)
+    generation = int(meta.get("generation") or 1)
+    if not deps:
+        return ro.WorkloadView(generation, False, None), pods
+    hashes = sorted({((d["spec"].get("template") or {}).get("metadata") or {}).get("annotations", {}).get(
+        CONFIG_HASH_ANNOTATION, "") for d in deps})
+    template_hash = ",".join(hashes)
+    settled = all(_deployment_settled(d) for d in deps)
+    bad = []
+    for p in pods:
+        ann = (p.get("metadata") or {}).get("annotations") or {}
+        if ann.get(CONFIG_HASH_ANNOTATION) not in hashes or (p["metadata"].get("deletionTimestamp")):
+            continue
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+            if waiting == "CrashLoopBackOff" or int(cs.get("restartCount") or 0) >= rt.crashloop_restarts:
+                bad.append(p["metadata"]["name"])
+                break
+    return ro.WorkloadView(generation, settled, template_hash, tuple(sorted(bad))), pods
+
+
+def _deployment_settled(d: dict) -> bool:
+    spec, st = d.get("spec") or {}, d.get("status") or {}
+    want = int(spec.get("replicas", 1))
+    return (int(st.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 1)
+            and int(st.get("updatedReplicas") or 0) == want
+            and int(st.get("readyReplicas") or 0) >= want
+            and int(st.get("availableReplicas") or 0) >= want
+            and int(st.get("replicas") or 0) == want)
+
+
+def _condition(status: dict, ctype: str) -> tuple[str, str] | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == ctype:
+            return c.get("status"), c.get("reason")
+    return None
+
+
+async def _write(client: Any, resource: dict, autotune: dict, conditions: dict, now: float) -> bool:
+    """One conditional status patch; False on a 409 (the resource changed: redo on fresh data)."""
+    from moe_eplb.controller.k8s import ApiError
+
+    meta = resource["metadata"]
+    status = resource.get("status") or {}
+    body: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                            "status": {"autotune": dec.merge_patch(status.get("autotune") or {}, autotune)}}
+    if conditions:
+        body["status"]["conditions"] = dec.set_conditions(status.get("conditions"), conditions, now=now,
+                                                          generation=meta.get("generation"))
+    try:
+        await client.patch(API, KIND, meta.get("namespace"), meta["name"], body, subresource="status")
+    except ApiError as exc:
+        if exc.status in (409, 404):
+            log.info("autotune: %s/%s changed meanwhile (%s); retrying next tick", meta.get("namespace"),
+                     meta["name"], exc.status)
+            return False
+        raise
+    return True
+
+
+async def _event(client: Any, resource: dict, etype: str, reason: str, message: str) -> None:
+    try:
+        await client.post_event(resource, type=etype, reason=reason, message=message)
+    except Exception as exc:  # an Event is best effort
+        log.warning("autotune: could not post event %s: %s", reason, exc)
+
+
+# --- load and measurements -----------------------------------------------------------------------
+
+
+async def _read_load(rt: AutotuneRuntime, resource: dict, start: float, end: float):
+    fn = rt.read_load or read_load_default
+    try:
+        return await fn(resource, start, end)
+    except LoadUnavailable:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        raise LoadUnavailable(str(reason) if str(reason).isidentifier() else "LoadReadError", str(exc)) from exc
+
+
+async def read_load_default(resource: dict, start: float, end: float, *, rt: AutotuneRuntime | None = None):
+    """Read the load with the exporter issue's reader (``moe_eplb.metrics.reader``)."""
+    from moe_eplb.metrics import reader
+
+    rt = rt or runtime()
+    return await reader_adapter(reader, resource, start, end, rt)
+
+
+async def reader_adapter(reader: Any, resource: dict, start: float, end: float, rt: AutotuneRuntime):
+    """Call ``reader.read_load_trace`` for a MoEInference over clock seconds ``[start, end]``."""
+    meta = resource["metadata"]
+    spec = resource.get("spec") or {}
+    url = ((spec.get("monitoring") or {}).get("prometheusUrl")) or None
+    w0, w1 = rt.clock.to_wall(start), rt.clock.to_wall(end)
+    kwargs = dict(namespace=meta.get("namespace") or "default", name=meta["name"], start=w0, end=w1)
+    fn = reader.read_load_trace
+    if asyncio.iscoroutinefunction(fn):
+        trace = await fn(prometheus_url=url, **kwargs)
+    else:
+        trace = await asyncio.to_thread(fn, prometheus_url=url, **kwargs)
+    info = {"start": dec.iso(start), "end": dec.iso(end), "buckets": trace.num_buckets,
+            "steps": trace.total_steps, "source": "prometheus" if url else "pods"}
+    return trace, info
+
+
+async def _measure(rt: AutotuneRuntime, resource: dict, pods: list[dict], start: float, end: float) -> dict | None:
+    fn = rt.measure or measure_default
+    try:
+        return await fn(resource, pods, start, end, rt=rt) if fn is measure_default else await fn(resource, pods, start, end)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("autotune: measuring balancedness failed: %s", exc)
+        return None
+
+
+def balancedness_from_rank_tokens(per_pod: dict[str, np.ndarray]) -> float | None:
+    """``sum_{pod,l} mean_rank / sum_{pod,l} max_rank`` of tokens per (layer, rank) ``[L, P]``
+    arrays, one per pod (None when no tokens)."""
+    num = den = 0.0
+    for arr in per_pod.values():
+        if arr.size == 0:
+            continue
+        num += float(arr.mean(axis=1).sum())
+        den += float(arr.max(axis=1).sum())
+    return num / den if den > 0 else None
+
+
+async def measure_default(resource: dict, pods: list[dict], start: float, end: float, *,
+                          rt: AutotuneRuntime | None = None) -> dict | None:
+    """Measured balancedness of the running pods over clock seconds ``[start, end]``.
+
+    From Prometheus (``increase`` of ``moe_eplb_rank_tokens_total`` per pod, layer and rank over
+    the window) when ``spec.monitoring.prometheusUrl`` is set; else by scraping the pods' exporter
+    port and differencing against the counters seen at the previous call (kept in memory; the
+    first call of a process, or a pod set that changed, returns None).
+    """
+    rt = rt or runtime()
+    meta = resource["metadata"]
+    url = ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl")
+    if url:
+        return await _measure_prometheus(url, meta.get("namespace") or "default", meta["name"], start, end, rt)
+    return await _measure_direct(resource, pods, end, rt)
+
+
+async def _measure_prometheus(url: str, ns: str, name: str, start: float, end: float, rt: AutotuneRuntime) -> dict | None:
+    import math
+
+    import aiohttp
+
+    w0, w1 = rt.clock.to_wall(start), rt.clock.to_wall(end)
+    rng = max(1, int(math.ceil(w1 - w0)))
+    q = (f'sum by (pod, layer, rank) (increase({names.RANK_TOKENS}{{namespace="{ns}",'
+         f'{names.MOEINFERENCE_LABEL}="{name}"}}[{rng}s]))')
+    timeout = aiohttp.ClientTimeout(total=rt.http_timeout)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        async with s.get(url.rstrip("/") + "/api/v1/query", params={"query": q, "time": f"{w1:.3f}"}) as resp:
+            payload = await resp.json(content_type=None)
+    if payload.get("status") != "success":
+        return None
+    per_pod: dict[str, dict[tuple[int, int], float]] = {}
+    for item in payload["data"]["result"]:
+        m = item["metric"]
+        per_pod.setdefault(m.get("pod", ""), {})[(int(m["layer"]), int(m["rank"]))] = float(item["value"][1])
+    arrays = {}
+    for pod, cells in per_pod.items():
+        L = 1 + max(k[0] for k in cells)
+        P = 1 + max(k[1] for k in cells)
+        a = np.zeros((L, P))
+        for (l, r), v in cells.items():
+            a[l, r] = v
+        arrays[pod] = a
+    b = balancedness_from_rank_tokens(arrays)
+    if b is None:
+        return None
+    tokens = sum(float(a.sum()) for a in arrays.values())
+    return {"balancedness": round(b, 6), "tokensPerSecond": round(tokens / max(end - start, 1e-9), 3),
+            "pods": len(arrays), "source": "prometheus"}
+
+
+async def scrape_rank_tokens(pod: dict, timeout: float) -> np.ndarray | None:
+    """``[L, P]`` counters of ``moe_eplb_rank_tokens_total`` scraped from a pod's exporter port."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ip = (pod.get("status") or {}).get("podIP")
+    port = None
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == names.EXPORTER_PORT_NAME:
+                port = p.get("containerPort")
+    if not ip or not port:
+        return None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        async with s.get(f"http://{ip}:{port}{names.EXPORTER_PATH}") as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+    cells = {}
+    want = names.RANK_TOKENS.removesuffix("_total")
+    for fam in text_string_to_metric_families(text):
+        if fam.name != want:
+            continue
+        for s in fam.samples:
+            if s.name == names.RANK_TOKENS:
+                cells[(int(s.labels["layer"]), int(s.labels["rank"]))] = s.value
+    if not cells:
+        return None
+    a = np.zeros((1 + max(k[0] for k in cells), 1 + max(k[1] for k in cells)))
+    for (l, r), v in cells.items():
+        a[l, r] = v
+    return a
+
+
+async def _measure_direct(resource: dict, pods: list[dict], end: float, rt: AutotuneRuntime) -> dict | None:
+    meta = resource["metadata"]
+    key = (meta.get("namespace") or "default", meta["name"])
+    ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                    for c in (p.get("status") or {}).get("conditions") or [])]
+    now_counts = {}
+    for p in ready:
+        a = await scrape_rank_tokens(p, rt.http_timeout)
+        if a is not None:
+            now_counts[p["metadata"]["name"]] = a
+    prev = rt._direct_snapshots.get(key)
+    rt._direct_snapshots[key] = (end, now_counts)
+    if not prev or set(prev[1]) != set(now_counts):
+        return None
+    deltas = {p: np.maximum(now_counts[p] - prev[1][p], 0.0) for p in now_counts if now_counts[p].shape == prev[1][p].shape}
+    b = balancedness_from_rank_tokens(deltas)
+    if b is None:
+        return None
+    tokens = sum(float(a.sum()) for a in deltas.values())
+    return {"balancedness": round(b, 6), "tokensPerSecond": round(tokens / max(end - prev[0], 1e-9), 3),
+            "pods": len(deltas), "source": "pods"}
