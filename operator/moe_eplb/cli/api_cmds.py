@@ -29,11 +29,29 @@ def _label(doc: Any, index: int) -> str:
     return f"document {index + 1}" + (f" ({name})" if name else "")
 
 
+def _is_ours(doc: Any) -> bool:
+    """Documents of the eplb.ai API group are checked; others (a Secret next to it) are skipped."""
+    from moe_eplb import API_GROUP
+
+    if not isinstance(doc, dict):
+        return True
+    return str(doc.get("apiVersion", "")).split("/")[0] in (API_GROUP, "")
+
+
 def _check_all(path: str) -> tuple[list[Any], bool]:
-    """Validate every document; print problems on stderr. Returns (documents, all_valid)."""
+    """Validate every eplb.ai document; print problems on stderr. Returns (documents, all_valid).
+
+    Documents of other API groups are skipped (with a note on stderr).
+    """
     from moe_eplb.api.validation import validate
 
-    docs = _load_documents(path)
+    docs = []
+    for i, doc in enumerate(_load_documents(path)):
+        if _is_ours(doc):
+            docs.append(doc)
+        else:
+            click.echo(f"{path}: {_label(doc, i)}: {doc.get('kind')} ({doc.get('apiVersion')}) is not a "
+                       "MoEInference, skipped", err=True)
     if not docs:
         click.echo(f"{path}: no MoEInference documents found", err=True)
         return docs, False

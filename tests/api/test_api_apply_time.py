@@ -1,0 +1,121 @@
+"""The apply-time path: the CRD's own schema + CEL rules alone, as the apiserver would run them
+(``apiserver_problems``: strict unknown fields, defaults, OpenAPI schema, CEL via ``cel``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api_helpers import DELETE, EXAMPLES, load_moeinferences
+from moe_eplb.api.validation import apiserver_problems
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+
+
+def fields(problems: list[Any]) -> list[str]:
+    return [p.field for p in problems]
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.name for p in EXAMPLE_FILES])
+def test_examples_pass_the_crd(path) -> None:
+    docs = load_moeinferences(path)
+    assert docs
+    for doc in docs:
+        assert apiserver_problems(doc) == []
+
+
+def test_minimal_resource_passes(variant) -> None:
+    minimal = {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": "m"},
+               "spec": {"model": {"name": "Qwen/Qwen3-30B-A3B"}}}
+    assert apiserver_problems(minimal) == []
+
+
+# (changes to the seed, field the apiserver names, words the message must contain)
+BAD = {
+    "eplb-with-ep-1": ({"spec.parallelism.tensor": 1}, "spec.eplb.enabled", "expert-parallel size > 1"),
+    "eplb-without-expert-parallel": ({"spec.parallelism.expert": False}, "spec.parallelism.expert", "expert: true"),
+    "redundant-over-1023": ({"spec.eplb.numRedundantExperts": 1024}, "spec.eplb.numRedundantExperts", "maximum"),
+    "redundant-negative": ({"spec.eplb.numRedundantExperts": -1}, "spec.eplb.numRedundantExperts", "minimum"),
+    "window-0": ({"spec.eplb.windowSize": 0}, "spec.eplb.windowSize", "minimum"),
+    "interval-0": ({"spec.eplb.stepInterval": 0}, "spec.eplb.stepInterval", "minimum"),
+    "not-divisible-with-moe-override": (
+        {"spec.model.moe": {"numExperts": 128}, "spec.eplb.numRedundantExperts": 7},
+        "spec.eplb.numRedundantExperts", "divisible by the EP size"),
+    "gpu-limit-mismatch": ({"spec.engine.resources": {"limits": {"nvidia.com/gpu": 2}}},
+                           "spec.engine.resources.limits", "tensor x dataLocal"),
+    "gpu-limit-mismatch-string": ({"spec.engine.resources": {"limits": {"nvidia.com/gpu": "8"}}},
+                                  "spec.engine.resources.limits", "tensor x dataLocal"),
+    "gpu-request-mismatch": ({"spec.engine.resources": {"requests": {"nvidia.com/gpu": 1}}},
+                             "spec.engine.resources.requests", "tensor x dataLocal"),
+    "data-local-inconsistent": ({"spec.parallelism.data": 4, "spec.parallelism.nodes": 2, "spec.parallelism.dataLocal": 1},
+                                "spec.parallelism.dataLocal", "data / spec.parallelism.nodes"),
+    "data-not-multiple-of-nodes": ({"spec.parallelism.data": 3, "spec.parallelism.nodes": 2},
+                                   "spec.parallelism.data", "multiple of spec.parallelism.nodes"),
+    "typo-field": ({"spec.eplb.windowsize": 10}, "spec.eplb.windowsize", "did you mean 'windowSize'"),
+    "typo-top-level": ({"spec.eplbb": {}}, "spec.eplbb", "did you mean 'eplb'"),
+    "bounds-min-over-max": ({"spec.autotune.bounds": {"windowSize": {"min": 5000, "max": 1000}}},
+                            "spec.autotune.bounds.windowSize", "min must be <= max"),
+    "bounds-exclude-window": ({"spec.autotune.bounds": {"windowSize": {"min": 10, "max": 100}}},
+                              "spec.autotune.bounds.windowSize", "contain the current spec.eplb.windowSize"),
+    "bounds-exclude-interval": ({"spec.autotune.bounds": {"stepInterval": {"min": 2000, "max": 9000}}},
+                                "spec.autotune.bounds.stepInterval", "contain the current spec.eplb.stepInterval"),
+    "bounds-exclude-redundant": ({"spec.autotune.bounds": {"numRedundantExperts": {"min": 16, "max": 32}}},
+                                 "spec.autotune.bounds.numRedundantExperts", "contain the current"),
+    "bounds-missing-max": ({"spec.autotune.bounds": {"windowSize": {"min": 10}}},
+                           "spec.autotune.bounds.windowSize.max", "required"),
+    "malformed-image": ({"spec.engine.image": "ghcr.io/Moe/VLLM:v1"}, "spec.engine.image", "image reference"),
+    "image-with-space": ({"spec.engine.image": "vllm openai"}, "spec.engine.image", "image reference"),
+    "bad-version": ({"spec.engine.version": "latest"}, "spec.engine.version", "like 0.12.0"),
+    "autotune-without-eplb": ({"spec.eplb.enabled": False, "spec.autotune.mode": "Apply"},
+                              "spec.autotune.mode", "spec.eplb.enabled: true"),
+    "autotune-mode-typo": ({"spec.autotune.mode": "apply"}, "spec.autotune.mode", "'Apply'"),
+    "rollout-both-zero": ({"spec.rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "spec.rollout", "cannot both be 0"),
+    "topk-over-experts": ({"spec.model.moe": {"numExperts": 8, "topK": 9}}, "spec.model.moe.topK", "must not exceed"),
+    "groups-do-not-divide": ({"spec.model.moe": {"numExperts": 10, "numExpertGroups": 4}},
+                             "spec.model.moe.numExpertGroups", "must divide"),
+    "gpu-memory-utilization-0": ({"spec.engine.gpuMemoryUtilization": 0}, "spec.engine.gpuMemoryUtilization", "minimum"),
+    "gpu-memory-utilization-over-1": ({"spec.engine.gpuMemoryUtilization": 1.5}, "spec.engine.gpuMemoryUtilization", "maximum"),
+    "mm-encoder-mode": ({"spec.engine.mmEncoderTpMode": "tensor"}, "spec.engine.mmEncoderTpMode", "'data', 'weights'"),
+    "negative-mm-limit": ({"spec.engine.limitMmPerPrompt": {"image": -1}}, "spec.engine.limitMmPerPrompt.image", "minimum"),
+    "quantization-unknown": ({"spec.model.quantization": "int3"}, "spec.model.quantization", "is not one of"),
+    "memory-budget-not-a-quantity": ({"spec.autotune.memoryBudgetPerGpu": "lots"}, "spec.autotune.memoryBudgetPerGpu",
+                                     "quantity"),
+    "missing-model-name": ({"spec.model.name": DELETE}, "spec.model.name", "required"),
+    "replicas-negative": ({"spec.replicas": -1}, "spec.replicas", "minimum"),
+    "window-wrong-type": ({"spec.eplb.windowSize": "big"}, "spec.eplb.windowSize", "not of type 'integer'"),
+    "prometheus-url": ({"spec.monitoring.prometheusUrl": "prometheus:9090"}, "spec.monitoring.prometheusUrl", "http"),
+    "name-too-long": ({"metadata.name": "x" * 46}, "<root>", "at most 45 characters"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_crd_rejects(case: str, variant) -> None:
+    changes, field, words = BAD[case]
+    problems = apiserver_problems(variant(changes))
+    matching = [p for p in problems if p.field == field]
+    assert matching, f"{case}: expected a problem at {field}, got {problems}"
+    assert any(words in p.message for p in matching), matching
+
+
+def test_good_variants_pass(variant) -> None:
+    good = [
+        {"spec.engine.resources": {"limits": {"nvidia.com/gpu": 4, "memory": "64Gi"}}},
+        {"spec.engine.resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": 4}}},
+        {"spec.autotune.bounds": {"windowSize": {"min": 3000, "max": 3000}}},
+        {"spec.model.moe": {"numExperts": 128, "numMoeLayers": 48, "topK": 8}},
+        {"spec.eplb.enabled": False, "spec.parallelism.tensor": 1},
+        {"spec.parallelism": {"tensor": 2, "data": 4, "nodes": 2, "dataLocal": 2},
+         "spec.engine.resources": {"limits": {"nvidia.com/gpu": 4}}},
+        {"spec.engine.image": "registry.local:5000/team/vllm@sha256:" + "a" * 64},
+        {"spec.engine.image": "vllm/vllm-openai:v0.12.0-cu130", "spec.autotune.memoryBudgetPerGpu": "8Gi"},
+        {"spec.autotune.memoryBudgetPerGpu": 8589934592},
+    ]
+    for changes in good:
+        assert apiserver_problems(variant(changes)) == [], changes
+
+
+def test_defaults_make_nested_rules_evaluable(variant) -> None:
+    """A resource without eplb/parallelism/autotune gets their defaults before CEL runs (no rule errors)."""
+    res = variant({"spec": {"model": {"name": "Qwen/Qwen3-30B-A3B"}}})
+    assert apiserver_problems(res) == []

@@ -1,0 +1,158 @@
+"""``validate()``: the one implementation behind ``moe-eplb validate`` and the operator.
+
+It must reject everything the CRD rejects (same messages) and, in addition, what needs the catalog
+and the engine version.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from api_helpers import DELETE, EXAMPLES, load_moeinferences
+from moe_eplb.api.validation import Problem, apiserver_problems, nearest_redundant_values, validate
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.name for p in EXAMPLE_FILES])
+def test_examples_are_valid(path) -> None:
+    for doc in load_moeinferences(path):
+        assert validate(doc) == []
+
+
+def only(problems: list[Problem], field: str) -> list[Problem]:
+    return [p for p in problems if p.field == field]
+
+
+def test_not_a_mapping() -> None:
+    assert validate(["x"])[0].field == "<root>"
+
+
+def test_wrong_kind_and_api_version(variant) -> None:
+    problems = validate(variant({"apiVersion": "eplb.ai/v1", "kind": "MoeInference"}))
+    assert only(problems, "apiVersion") and "eplb.ai/v1alpha1" in only(problems, "apiVersion")[0].message
+    assert only(problems, "kind") and "MoEInference" in only(problems, "kind")[0].message
+
+
+def test_name_required_and_dns_label(variant) -> None:
+    assert only(validate(variant({"metadata.name": DELETE})), "metadata.name")
+    assert "DNS label" in only(validate(variant({"metadata.name": "Qwen_VL"})), "metadata.name")[0].message
+
+
+def test_everything_the_crd_rejects_is_rejected(variant) -> None:
+    """Same cases as the apply-time test: validate() reports at least the apiserver's fields."""
+    from test_api_apply_time import BAD
+
+    for case, (changes, field, _words) in BAD.items():
+        res = variant(changes)
+        crd_fields = {p.field for p in apiserver_problems(res)}
+        ours = {p.field for p in validate(res)}
+        assert field in ours, (case, validate(res))
+        assert crd_fields <= ours | {"<root>"}, case
+
+
+def test_divisibility_names_nearest_values_from_the_catalog(variant) -> None:
+    problems = only(validate(variant({"spec.eplb.numRedundantExperts": 7})), "spec.eplb.numRedundantExperts")
+    assert len(problems) == 1
+    msg = problems[0].message
+    assert "128" in msg and "135" in msg and "EP size 4" in msg and "use numRedundantExperts 4 or 8" in msg
+
+
+def test_divisibility_with_override_reports_once_with_nearest_values(variant) -> None:
+    res = variant({"spec.model.moe": {"numExperts": 60}, "spec.model.architecture": "Qwen3MoeForCausalLM",
+                   "spec.model.name": "acme/custom-moe", "spec.eplb.numRedundantExperts": 1})
+    problems = only(validate(res), "spec.eplb.numRedundantExperts")
+    assert len(problems) == 1 and "use numRedundantExperts 0 or 4" in problems[0].message
+
+
+def test_nearest_redundant_values() -> None:
+    assert nearest_redundant_values(128, 7, 4) == [4, 8]
+    assert nearest_redundant_values(256, 1, 16) == [0, 16]
+    assert nearest_redundant_values(60, 0, 7) == [3]  # (60 + 3) = 63; nothing below 0
+    assert nearest_redundant_values(1, 1022, 1000) == [999]  # above would exceed 1023
+    for e, r, ep in [(128, 7, 4), (256, 5, 12), (160, 3, 6)]:
+        for v in nearest_redundant_values(e, r, ep):
+            assert (e + v) % ep == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        # architecture needs a newer engine: Qwen3-VL-MoE has EPLB from vLLM 0.12.0
+        ({"spec.engine.version": "0.11.2"}, "spec.eplb.enabled", "needs vLLM >= 0.12.0, the image has 0.11.2"),
+        # the seed's quantization (compressed-tensors WNA16) also needs 0.12.0
+        ({"spec.engine.image": "vllm/vllm-openai:v0.11.0"}, "spec.model.quantization", ">= 0.12.0"),
+        # AutoAWQ format has no EPLB at all: hint at compressed-tensors
+        ({"spec.model.quantization": "awq"}, "spec.model.quantization", "compressed-tensors-wna16"),
+        ({"spec.model.quantization": "gguf"}, "spec.model.quantization", "does not support EPLB"),
+        # unknown model and architecture, EPLB on, no moe override
+        ({"spec.model.name": "acme/secret-moe", "spec.model.architecture": DELETE}, "spec.model.moe", "not in the catalog"),
+        ({"spec.model.name": "acme/secret-moe", "spec.model.architecture": "AcmeMoeForCausalLM"},
+         "spec.model.moe", "architecture 'AcmeMoeForCausalLM' is not in the catalog"),
+        # version cannot be told from the tag
+        ({"spec.engine.image": "vllm/vllm-openai:latest"}, "spec.engine.version", "set spec.engine.version"),
+        ({"spec.engine.image": "vllm/vllm-openai"}, "spec.engine.version", "set spec.engine.version"),
+        # EPLB itself is older than 0.9.0
+        ({"spec.engine.version": "0.8.5", "spec.model.quantization": "none", "spec.model.name": "deepseek-ai/DeepSeek-V3",
+          "spec.model.architecture": DELETE, "spec.engine.limitMmPerPrompt": DELETE, "spec.engine.mmEncoderTpMode": DELETE},
+         "spec.eplb.enabled", "EPLB needs vLLM >= 0.9.0"),
+        # async needs --eplb-config
+        ({"spec.engine.version": "0.10.1", "spec.eplb.async": True, "spec.model.quantization": "none",
+          "spec.model.name": "deepseek-ai/DeepSeek-V2-Lite", "spec.model.architecture": DELETE,
+          "spec.engine.limitMmPerPrompt": DELETE, "spec.engine.mmEncoderTpMode": DELETE},
+         "spec.eplb.async", "needs --eplb-config"),
+        # 4-bit name without quantization
+        ({"spec.model.quantization": DELETE}, "spec.model.quantization", "suggests a 4-bit checkpoint"),
+        # multimodal options on a text model
+        ({"spec.model.name": "Qwen/Qwen3-30B-A3B", "spec.model.architecture": DELETE, "spec.model.quantization": DELETE},
+         "spec.engine.limitMmPerPrompt", "not multimodal"),
+        # extra args that the operator generates
+        ({"spec.engine.extraArgs": ["--trust-remote-code", "--num-redundant-experts=16"]}, "spec.engine.extraArgs[1]",
+         "spec.eplb.numRedundantExperts"),
+        ({"spec.engine.extraArgs": ["--eplb-config.window_size", "5"]}, "spec.engine.extraArgs[0]", "spec.eplb"),
+        ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]", "spec.parallelism.tensor"),
+        # memory budget for redundant experts (Recommend mode): 8 x 48 x ~5 MB / 4 > 64Mi
+        ({"spec.autotune.mode": "Recommend", "spec.autotune.memoryBudgetPerGpu": "64Mi"},
+         "spec.eplb.numRedundantExperts", "more than spec.autotune.memoryBudgetPerGpu"),
+        # tuner bounds with no divisible value
+        ({"spec.autotune.bounds": {"numRedundantExperts": {"min": 5, "max": 7}}, "spec.eplb.numRedundantExperts": 8},
+         "spec.autotune.bounds.numRedundantExperts", "no value in [5, 7]"),
+    ],
+)
+def test_catalog_and_version_checks(variant, changes, field, words) -> None:
+    problems = validate(variant(changes))
+    matching = only(problems, field)
+    assert matching, f"expected a problem at {field}, got {problems}"
+    assert any(words in p.message for p in matching), matching
+
+
+def test_mixtral_eplb_depends_on_engine_version(variant) -> None:
+    base = {"spec.model.name": "mistralai/Mixtral-8x7B-Instruct-v0.1", "spec.model.architecture": DELETE,
+            "spec.model.quantization": DELETE, "spec.engine.limitMmPerPrompt": DELETE,
+            "spec.engine.mmEncoderTpMode": DELETE, "spec.eplb.numRedundantExperts": 0}
+    old = only(validate(variant({**base, "spec.engine.version": "0.10.2"})), "spec.eplb.enabled")
+    assert old and "MixtralForCausalLM" in old[0].message
+    assert validate(variant({**base, "spec.engine.version": "0.12.0"})) == []
+
+
+def test_unknown_model_with_moe_override_is_accepted(variant) -> None:
+    res = variant({"spec.model.name": "/models/my-moe", "spec.model.architecture": "MyMoeForCausalLM",
+                   "spec.model.quantization": "none", "spec.engine.limitMmPerPrompt": DELETE,
+                   "spec.engine.mmEncoderTpMode": DELETE,
+                   "spec.model.moe": {"numExperts": 64, "numMoeLayers": 24, "topK": 4}})
+    assert validate(res) == []
+
+
+def test_eplb_off_needs_no_version_or_catalog(variant) -> None:
+    res = variant({"spec.eplb.enabled": False, "spec.engine.image": "vllm/vllm-openai:latest",
+                   "spec.model.name": "acme/unknown", "spec.model.architecture": DELETE, "spec.model.quantization": DELETE})
+    assert validate(res) == []
+
+
+def test_problems_always_name_a_field_and_a_fix(variant) -> None:
+    res = variant({"spec.eplb.numRedundantExperts": 7, "spec.engine.version": "0.11.0", "spec.eplb.windowSiz": 5})
+    problems = validate(res)
+    assert len(problems) >= 3
+    for p in problems:
+        assert p.field and p.field[0].isalpha()
+        assert len(p.message) > 20
