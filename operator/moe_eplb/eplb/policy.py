@@ -165,11 +165,10 @@ def _as_load(weight: object, ndim: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(w32)
 
 
-def _inverse(perm: np.ndarray) -> np.ndarray:
-    """Row-wise inverse of permutations ``perm[X, n]``."""
-    inv = np.empty_like(perm)
-    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
-    return inv
+def _gather(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Row-wise ``arr[x, idx[x, j]]`` for 2-D arrays (``np.take_along_axis``, without overhead)."""
+    offsets = (np.arange(idx.shape[0]) * arr.shape[1])[:, None]
+    return arr.reshape(-1)[idx + offsets]
 
 
 def _heaviest_first(weight: np.ndarray) -> np.ndarray:
@@ -178,50 +177,45 @@ def _heaviest_first(weight: np.ndarray) -> np.ndarray:
     return np.argsort(-weight, axis=-1)
 
 
-def _balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+def _balanced_packing(weight: np.ndarray, num_packs: int) -> np.ndarray:
     """Pack the n items of each row into ``num_packs`` packs of n / num_packs items each.
 
     Items go heaviest first (``argsort(-weight)``, vLLM's order) into the lightest pack that is not
-    full (lowest pack index on a tie). Pack loads accumulate in float64 in that order.
+    full (lowest pack index on a tie). Pack loads accumulate in float64 in that order, as in vLLM.
 
     Args:
         weight: ``[X, n]`` item weights (float32 or float64, as vLLM passes them).
         num_packs: packs per row; divides n.
 
     Returns:
-        pack_index ``[X, n]`` and rank_in_pack ``[X, n]``, int64.
+        ``[X, n]`` int64: the item at position ``pack * (n / num_packs) + rank_in_pack`` -- the
+        inverse of vLLM's ``pack_index * per_pack + rank_in_pack``.
     """
     rows, n = weight.shape
     per_pack = n // num_packs
     if per_pack == 1:
-        pack_index = np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
-        return pack_index, np.zeros((rows, n), dtype=np.int64)
+        return np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
 
     order = _heaviest_first(weight)
-    row_ids = np.arange(rows)
     # Column k (made contiguous) = each row's k-th heaviest item.
-    sorted_w = np.ascontiguousarray(np.take_along_axis(weight, order, axis=1).T)  # [n, X]
+    sorted_w = np.ascontiguousarray(_gather(weight, order).T)  # [n, X]
     pack_w = np.zeros((rows, num_packs), dtype=np.float64)
     pack_w_flat = pack_w.reshape(-1)
     pack_n = np.zeros(rows * num_packs, dtype=np.int64)
-    packs = np.empty((n, rows), dtype=np.int64)  # pack of the k-th heaviest item
-    ranks = np.empty((n, rows), dtype=np.int64)  # its rank in that pack
-    base = row_ids * num_packs
+    position = np.empty((n, rows), dtype=np.int64)  # where the k-th heaviest item goes
+    base = np.arange(rows) * num_packs
     for k in range(n):
         pack = pack_w.argmin(axis=1)
-        packs[k] = pack
         slot = base + pack
         count = pack_n[slot]
-        ranks[k] = count
+        position[k] = pack * per_pack + count
         pack_w_flat[slot] += sorted_w[k]
         count += 1
         pack_n[slot] = count
         pack_w_flat[slot[count == per_pack]] = np.inf
-    pack_index = np.empty((rows, n), dtype=np.int64)
-    rank_in_pack = np.empty((rows, n), dtype=np.int64)
-    np.put_along_axis(pack_index, order, packs.T, axis=1)
-    np.put_along_axis(rank_in_pack, order, ranks.T, axis=1)
-    return pack_index, rank_in_pack
+    out = np.empty((rows, n), dtype=np.int64)
+    out.reshape(-1)[position.T + (np.arange(rows) * n)[:, None]] = order
+    return out
 
 
 def _replicate(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray]:
@@ -273,25 +267,23 @@ def _rebalance_rows(w32: np.ndarray, layout: Layout) -> np.ndarray:
         tokens_per_mlog = w32
     else:
         tokens_per_group = w32.reshape(rows, groups, group_size).sum(axis=-1)
-        g_pack, g_rank = _balanced_packing(tokens_per_group, nodes)
-        log2mlog = (
-            ((g_pack * groups_per_node + g_rank) * group_size)[..., None]
-            + np.arange(group_size, dtype=np.int64)
+        # node-major group position -> group; experts keep their order inside a group
+        pos2group = _balanced_packing(tokens_per_group, nodes)
+        mlog2log = (
+            (pos2group * group_size)[..., None] + np.arange(group_size, dtype=np.int64)
         ).reshape(rows, num_experts)
-        mlog2log = _inverse(log2mlog)
-        tokens_per_mlog = np.take_along_axis(w32, mlog2log, axis=1)
+        tokens_per_mlog = _gather(w32, mlog2log)
     tokens_per_mlog = tokens_per_mlog.reshape(rows * nodes, experts_per_node)
 
     # Step 2: replicas inside each node.
     phy2mlog, mlogcnt = _replicate(tokens_per_mlog, slots_per_node)
 
-    # Step 3: each node's replicas -> its GPUs.
-    tokens_per_phy = np.take_along_axis(tokens_per_mlog / mlogcnt, phy2mlog, axis=1)
-    pack, rank = _balanced_packing(tokens_per_phy, layout.num_gpus // nodes)
-    pphy2phy = _inverse(pack * layout.slots_per_gpu + rank)
-    pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1).reshape(rows, nodes, slots_per_node)
+    # Step 3: each node's replicas -> its GPUs (float32 load / int64 count -> float64, as vLLM).
+    tokens_per_phy = _gather(tokens_per_mlog / mlogcnt, phy2mlog)
+    pphy2phy = _balanced_packing(tokens_per_phy, layout.num_gpus // nodes)
+    pphy2mlog = _gather(phy2mlog, pphy2phy).reshape(rows, nodes, slots_per_node)
     pphy2mlog = pphy2mlog + (np.arange(nodes, dtype=np.int64) * experts_per_node)[None, :, None]
-    return np.take_along_axis(mlog2log, pphy2mlog.reshape(rows, -1), axis=1)
+    return _gather(np.ascontiguousarray(mlog2log), pphy2mlog.reshape(rows, -1))
 
 
 def _preserve_intragpu_slots(new: np.ndarray, old: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -361,11 +353,10 @@ def logical_to_physical(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarr
     sorted_ids = np.take_along_axis(ids, order, axis=1)
     starts = np.cumsum(counts, axis=1) - counts  # first sorted position of each expert
     rank = np.arange(num_slots)[None, :] - np.take_along_axis(starts, sorted_ids, axis=1)
-    out = np.full((rows, num_experts + 1, max_rep), -1, dtype=np.int64)
+    log2phy = np.full((rows, num_experts, max_rep), -1, dtype=np.int64)
     keep = (sorted_ids < num_experts).reshape(-1)
-    dest = ((row_base + sorted_ids) * max_rep + rank).reshape(-1)
-    out.reshape(-1)[dest[keep]] = order.reshape(-1)[keep]
-    log2phy = out[:, :num_experts]
+    dest = (((np.arange(rows) * num_experts)[:, None] + sorted_ids) * max_rep + rank).reshape(-1)
+    log2phy.reshape(-1)[dest[keep]] = order.reshape(-1)[keep]
     return log2phy.reshape(*lead, num_experts, max_rep), logcnt.reshape(*lead, num_experts)
 
 
