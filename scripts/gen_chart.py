@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Generate the Grafana dashboards shipped in charts/moe-eplb-operator/dashboards/.
+"""Generate the chart's derived files from their single sources:
 
-The JSON files are committed (Grafana and the chart read them as they are); this script is their
-source, so that every metric name comes from ``moe_eplb.exporter.names`` and
-``moe_eplb.exporter.vllm_metric_names`` instead of being retyped. ``tests/chart`` checks that the
-committed files equal this script's output, that they are valid Grafana JSON, and that every query
-runs against a real Prometheus.
+- ``charts/moe-eplb-operator/dashboards/*.json``: the Grafana dashboards, built below, with every
+  metric name from ``moe_eplb.exporter.names`` / ``moe_eplb.exporter.vllm_metric_names``;
+- ``charts/moe-eplb-operator/crds/<file>``: byte copies of the top-level ``crds/`` (the CRD's
+  source of truth, written by ``moe-eplb crd``);
+- ``charts/moe-eplb-operator/files/rbac-rules.yaml``: the operator's RBAC rules from
+  ``moe_eplb.controller.rbac.RBAC_RULES``, as-is for cluster-wide mode and split into a
+  ClusterRole part and a per-namespace Role part for namespaced mode.
 
-    python scripts/gen_dashboards.py           # write the files
-    python scripts/gen_dashboards.py --check   # exit 1 if the committed files are stale
+The outputs are committed (Helm and Grafana read them as they are); ``tests/chart`` fails when
+they differ from what this script writes.
+
+    python scripts/gen_chart.py           # write the files
+    python scripts/gen_chart.py --check   # exit 1 if a committed file is stale
 
 Conventions follow vLLM's own dashboards (examples/observability): a ``datasource`` variable, rates
 over ``$__rate_interval``, the served model in ``model_name`` and the DP engine in ``engine``.
@@ -22,11 +27,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from moe_eplb.controller import decisions
 from moe_eplb.exporter import names as n
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD_DIR = ROOT / "charts" / "moe-eplb-operator" / "dashboards"
+CHART = ROOT / "charts" / "moe-eplb-operator"
+DASHBOARD_DIR = CHART / "dashboards"
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -325,6 +333,14 @@ def expert_load() -> dict[str, Any]:
         "are counted in steps, so this converts them to seconds.",
         [target(f"sum by (pod) (rate({n.ENGINE_STEPS}{{{SEL}}}{RATE}))", "{{pod}}")], w=8,
         unit="short"))
+    panels.append(_stat(
+        lay, "EP ranks reporting", "EP ranks whose load the exporters serve, over all pods; it "
+        "should equal the EP size (tensor x data) times the replicas.",
+        f"sum(max by (pod) ({n.EXPORTER_RANKS}{{{SEL}}}))", unit="none", decimals=0, w=12))
+    panels.append(_stat(
+        lay, "Exporter restarts in range", "Times an exporter restarted (its counters start again "
+        "at 0) in the dashboard's time range: an engine restart, e.g. after an applied change.",
+        f"sum(changes({n.EXPORTER_START_TIME}{{{SEL}}}[$__range]))", unit="none", decimals=0, w=12))
 
     panels.append(row(lay, "Serving (vLLM)"))
     for metric, title in (("vllm:time_to_first_token_seconds", "Time to first token"),
@@ -471,18 +487,68 @@ DASHBOARDS = {
 }
 
 
-def render_all() -> dict[str, str]:
-    """File name -> JSON text (sorted keys, 2-space indent, trailing newline)."""
-    return {name: json.dumps(build(), indent=2, sort_keys=True) + "\n" for name, build in DASHBOARDS.items()}
+def render_dashboards() -> dict[Path, str]:
+    """Dashboard path -> JSON text (sorted keys, 2-space indent, trailing newline)."""
+    return {DASHBOARD_DIR / name: json.dumps(build(), indent=2, sort_keys=True) + "\n"
+            for name, build in DASHBOARDS.items()}
+
+
+def render_crds() -> dict[Path, str]:
+    """The chart's copies of the top-level CRDs (the chart also ships kopf's peering CRDs)."""
+    return {CHART / "crds" / p.name: p.read_text() for p in sorted((ROOT / "crds").glob("*.yaml"))}
+
+
+# Cluster-scoped resources among RBAC_RULES: they stay in a ClusterRole in namespaced mode.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("kopf.dev", "clusterkopfpeerings")}
+# In namespaced mode kopf meets its peers in a KopfPeering per namespace instead.
+NAMESPACED_PEERING = {("kopf.dev", "clusterkopfpeerings"): ("kopf.dev", "kopfpeerings")}
+
+
+def split_rules(rules: list[dict[str, list[str]]]) -> dict[str, list[dict[str, list[str]]]]:
+    """RBAC_RULES -> ``{"clusterWide": rules, "namespacedCluster": [...], "namespaced": [...]}``.
+
+    ``namespacedCluster`` holds the rules on cluster-scoped resources that namespaced mode still
+    needs (kopf's CRD discovery); ``namespaced`` is the Role for each watched namespace, with the
+    ClusterKopfPeering rule turned into the same verbs on KopfPeering. Nothing is added.
+    """
+    cluster, namespaced = [], []
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            parts: dict[str, list[str]] = {"cluster": [], "namespaced": [], "peering": []}
+            for res in rule["resources"]:
+                key = (group, res.split("/")[0])
+                kind = "peering" if key in NAMESPACED_PEERING else "cluster" if key in CLUSTER_SCOPED else "namespaced"
+                parts[kind].append(NAMESPACED_PEERING[key][1] if kind == "peering" else res)
+            verbs = list(rule["verbs"])
+            if parts["cluster"]:
+                cluster.append({"apiGroups": [group], "resources": parts["cluster"], "verbs": verbs})
+            if parts["namespaced"]:
+                namespaced.append({"apiGroups": [group], "resources": parts["namespaced"], "verbs": verbs})
+            if parts["peering"]:
+                namespaced.append({"apiGroups": [group], "resources": parts["peering"], "verbs": verbs})
+    return {"clusterWide": [dict(r) for r in rules], "namespacedCluster": cluster, "namespaced": namespaced}
+
+
+def render_rbac() -> dict[Path, str]:
+    from moe_eplb.controller.rbac import RBAC_RULES
+
+    header = ("# GENERATED by scripts/gen_chart.py from moe_eplb.controller.rbac.RBAC_RULES; do not edit.\n"
+              "# clusterWide: the ClusterRole of cluster-wide mode (operator.watchNamespaces empty).\n"
+              "# namespacedCluster + namespaced: namespaced mode's ClusterRole and per-namespace Role.\n")
+    body = yaml.safe_dump(split_rules(RBAC_RULES), sort_keys=False, default_flow_style=None, width=100)
+    return {CHART / "files" / "rbac-rules.yaml": header + body}
+
+
+def render_all() -> dict[Path, str]:
+    return {**render_dashboards(), **render_crds(), **render_rbac()}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if the committed files are stale")
+    ap.add_argument("--check", action="store_true", help="fail if a committed file is stale")
     args = ap.parse_args(argv)
     stale = []
-    for name, text in render_all().items():
-        path = DASHBOARD_DIR / name
+    for path, text in render_all().items():
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path.relative_to(ROOT)))
@@ -491,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
     if stale:
-        print("stale: " + ", ".join(stale) + " (run: python scripts/gen_dashboards.py)", file=sys.stderr)
+        print("stale: " + ", ".join(stale) + " (run: python scripts/gen_chart.py)", file=sys.stderr)
         return 1
     return 0
 

@@ -1,0 +1,297 @@
+"""Test support for tests/chart: the catalog of every metric the project exports (type + labels),
+a small HTTP server that exposes all of them with changing sample values in Prometheus' classic
+text format, and a real Prometheus server (``/usr/bin/prometheus``) scraping it on loopback.
+
+The sample values are chosen so that the shipped alerts have something to find: one MoEInference
+(``team-a/demo``) is badly balanced and was rolled back, one (``team-a/noexporter``) serves vLLM
+metrics but no exporter metrics, one (``team-a/failing``) only ever fails to tune and one
+(``team-a/stale``) has not tuned successfully for a long time.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from moe_eplb.exporter import names as n
+from moe_eplb.exporter import vllm_metric_names as v
+
+# --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------
+# (names.py states these in comments; tests/chart/test_chart_promql.py checks this covers it)
+EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    n.EXPERT_TOKENS: ("counter", ("model", "layer", "expert")),
+    n.RANK_TOKENS: ("counter", ("model", "layer", "rank")),
+    n.EXPERT_REPLICAS: ("gauge", ("model", "layer", "expert")),
+    n.REARRANGEMENTS: ("counter", ("model",)),
+    n.REARRANGEMENT_SECONDS: ("histogram", ("model",)),
+    n.ENGINE_STEPS: ("counter", ("model",)),
+    n.BALANCEDNESS: ("gauge", ("model", "layer")),
+    n.CONFIG_INFO: ("gauge", ("model", "window_size", "step_interval", "num_redundant_experts", "ep_size")),
+    n.EXPORTER_START_TIME: ("gauge", ("model",)),
+    n.EXPORTER_RANKS: ("gauge", ("model",)),
+}
+OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    n.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
+    n.TUNER_DECISIONS: ("counter", ("namespace", "name", "decision")),
+    n.TUNER_PREDICTED_GAIN: ("gauge", ("namespace", "name")),
+    n.TUNER_DURATION_SECONDS: ("histogram", ()),
+    n.TUNER_LAST_SUCCESS: ("gauge", ("namespace", "name")),
+    n.ROLLBACKS: ("counter", ("namespace", "name", "reason")),
+    n.RECONCILES: ("counter", ("result",)),
+}
+# Series Prometheus makes itself for every target.
+PROMETHEUS_BUILTIN = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+
+
+def _series(name: str, kind: str) -> tuple[str, ...]:
+    if kind == "counter":
+        return (name,) if name.endswith("_total") else (name + "_total",)
+    if kind == "histogram":
+        return (name + "_bucket", name + "_sum", name + "_count")
+    return (name,)
+
+
+def known_series() -> frozenset[str]:
+    """Every series name a dashboard or alert may use: exporter, operator, vLLM, Prometheus."""
+    ours = {s for cat in (EXPORTER_METRICS, OPERATOR_METRICS) for name, (kind, _) in cat.items()
+            for s in _series(name, kind)}
+    return frozenset(ours) | v.all_exposed_series() | PROMETHEUS_BUILTIN
+
+
+# --- sample values ------------------------------------------------------------------------------
+MODEL = "Qwen/Qwen3-30B-A3B"
+LAYERS, EXPERTS, RANKS = 4, 16, 4
+NS, OP_NS, OP_JOB = "team-a", "moe-system", "moe-eplb-metrics"
+DEMO, NOEXPORTER, FAILING, STALE = "demo", "noexporter", "failing", "stale"
+BALANCEDNESS = (0.55, 0.6, 0.65, 0.62)  # per layer; mean 0.605 < the default threshold 0.7
+BUCKETS = (0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
+    base = name[: -len("_total")] if name.endswith("_total") else name
+    return CounterMetricFamily(base, doc, labels=list(labels))
+
+
+def _hist(fam: HistogramMetricFamily, labels: list[str], count: float, mean: float) -> None:
+    """Add one histogram child with ``count`` observations spread around ``mean``."""
+    buckets = [(str(b), count * (1.0 if b >= 2 * mean else 0.6 if b >= mean else 0.2)) for b in BUCKETS]
+    fam.add_metric(labels, buckets + [("+Inf", count)], sum_value=count * mean)
+
+
+class SampleCollector:
+    """A prometheus_client collector whose counters grow with wall time (so rates are > 0)."""
+
+    def __init__(self, part: str, t0: float) -> None:
+        self.part, self.t0 = part, t0
+
+    def collect(self) -> Iterable[Any]:
+        dt = time.time() - self.t0 + 1.0
+        return {"exporter": self._exporter, "vllm": self._vllm, "operator": self._operator}[self.part](dt)
+
+    def _exporter(self, dt: float) -> list[Any]:
+        tok = _counter(n.EXPERT_TOKENS, "tokens per expert", ["model", "layer", "expert"])
+        rep = GaugeMetricFamily(n.EXPERT_REPLICAS, "replicas", labels=["model", "layer", "expert"])
+        for layer in range(LAYERS):
+            for e in range(EXPERTS):
+                rate = 1000.0 / (1 + e + layer)  # expert 0 is hot
+                tok.add_metric([MODEL, str(layer), str(e)], rate * dt)
+                rep.add_metric([MODEL, str(layer), str(e)], 2.0 if e < 2 else 1.0)
+        rank = _counter(n.RANK_TOKENS, "tokens per rank", ["model", "layer", "rank"])
+        for layer in range(LAYERS):
+            for r in range(RANKS):
+                rank.add_metric([MODEL, str(layer), str(r)], (800.0 if r == 0 else 400.0) * dt)
+        bal = GaugeMetricFamily(n.BALANCEDNESS, "balancedness", labels=["model", "layer"])
+        for layer, b in enumerate(BALANCEDNESS):
+            bal.add_metric([MODEL, str(layer)], b)
+        rea = _counter(n.REARRANGEMENTS, "rearrangements", ["model"])
+        rea.add_metric([MODEL], dt / 2)
+        steps = _counter(n.ENGINE_STEPS, "steps", ["model"])
+        steps.add_metric([MODEL], 20.0 * dt)
+        dur = HistogramMetricFamily(n.REARRANGEMENT_SECONDS, "rearrangement duration", labels=["model"])
+        _hist(dur, [MODEL], dt / 2, 0.3)
+        info = GaugeMetricFamily(n.CONFIG_INFO, "config", labels=list(EXPORTER_METRICS[n.CONFIG_INFO][1]))
+        info.add_metric([MODEL, "1000", "3000", "4", "4"], 1.0)
+        start = GaugeMetricFamily(n.EXPORTER_START_TIME, "start time", labels=["model"])
+        start.add_metric([MODEL], self.t0)
+        ranks = GaugeMetricFamily(n.EXPORTER_RANKS, "ranks", labels=["model"])
+        ranks.add_metric([MODEL], float(RANKS))
+        return [tok, rep, rank, bal, rea, steps, dur, info, start, ranks]
+
+    def _vllm(self, dt: float) -> list[Any]:
+        out: list[Any] = []
+        labels = list(v.VLLM_LABELS)
+        for name, kind in v.VLLM_METRICS.items():
+            extra = list(v.VLLM_EXTRA_LABELS.get(name, ()))
+            values = [MODEL, "0"] + ["stop"] * len(extra)
+            if kind == v.COUNTER:
+                fam = CounterMetricFamily(name, name, labels=labels + extra)
+                fam.add_metric(values, 50.0 * dt)
+            elif kind == v.GAUGE:
+                fam = GaugeMetricFamily(name, name, labels=labels + extra)
+                fam.add_metric(values, 0.4 if "perc" in name else 3.0)
+            else:
+                fam = HistogramMetricFamily(name, name, labels=labels + extra)
+                _hist(fam, values, dt * 5, 0.08)
+            out.append(fam)
+        return out
+
+    def _operator(self, dt: float) -> list[Any]:
+        now = time.time()
+        ev = _counter(n.TUNER_EVALUATIONS, "evaluations", ["namespace", "name", "result"])
+        dec = _counter(n.TUNER_DECISIONS, "decisions", ["namespace", "name", "decision"])
+        gain = GaugeMetricFamily(n.TUNER_PREDICTED_GAIN, "gain", labels=["namespace", "name"])
+        last = GaugeMetricFamily(n.TUNER_LAST_SUCCESS, "last success", labels=["namespace", "name"])
+        for name, decision, result in ((DEMO, "Recommend", "ok"), (DEMO, "Apply", "ok"),
+                                       (FAILING, "Error", "error"), (STALE, "Defer", "ok")):
+            ev.add_metric([NS, name, result], dt)
+            dec.add_metric([NS, name, decision], dt)
+        for name, age in ((DEMO, 10.0), (STALE, 5000.0)):
+            gain.add_metric([NS, name], 0.08)
+            last.add_metric([NS, name], now - age)
+        rb = _counter(n.ROLLBACKS, "rollbacks", ["namespace", "name", "reason"])
+        rb.add_metric([NS, DEMO, "regression"], dt / 4)
+        rec = _counter(n.RECONCILES, "reconciles", ["result"])
+        rec.add_metric(["success"], 3 * dt)
+        rec.add_metric(["error"], dt / 10)
+        dur = HistogramMetricFamily(n.TUNER_DURATION_SECONDS, "tuner duration", labels=[])
+        _hist(dur, [], dt, 0.2)
+        return [ev, dec, gain, last, rb, rec, dur]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    registries: dict[str, CollectorRegistry] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        reg = self.registries.get(self.path.strip("/"))
+        if reg is None:
+            self.send_error(404)
+            return
+        body = generate_latest(reg)  # classic text format keeps vLLM's colon names
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_sample_server() -> tuple[http.server.ThreadingHTTPServer, int]:
+    """Serve /exporter, /vllm and /operator on a free loopback port, in a daemon thread."""
+    t0 = time.time()
+    regs = {}
+    for part in ("exporter", "vllm", "operator"):
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(SampleCollector(part, t0))
+        regs[part] = reg
+    handler = type("Handler", (_Handler,), {"registries": regs})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+def prometheus_config(target_port: int, rule_files: list[str]) -> dict[str, Any]:
+    """Scrape jobs labelled as the PodMonitor / ServiceMonitor would label them."""
+    tgt = f"127.0.0.1:{target_port}"
+
+    def job(name: str, path: str, labels: dict[str, str], honor: bool = False) -> dict[str, Any]:
+        return {"job_name": name, "metrics_path": path, "honor_labels": honor,
+                "static_configs": [{"targets": [tgt], "labels": labels}]}
+
+    pod = {"namespace": NS, "moeinference": DEMO, "pod": "demo-0"}
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": rule_files,
+        "scrape_configs": [
+            job(f"{NS}/demo-exporter", "/exporter", {**pod, "endpoint": n.EXPORTER_PORT_NAME}),
+            job(f"{NS}/demo-vllm", "/vllm", {**pod, "endpoint": "http"}),
+            job(f"{NS}/noexporter-vllm", "/vllm",
+                {"namespace": NS, "moeinference": NOEXPORTER, "pod": "noexporter-0", "endpoint": "http"}),
+            job(OP_JOB, "/operator", {"namespace": OP_NS, "pod": "moe-eplb-0"}, honor=True),
+        ],
+    }
+
+
+@dataclass
+class PrometheusServer:
+    """A running Prometheus on loopback and a tiny client for its HTTP API."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def api(self, path: str, **params: str) -> Any:
+        q = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{q}", timeout=10) as r:
+            body = json.load(r)
+        if body.get("status") != "success":
+            raise AssertionError(f"Prometheus answered {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        res = data["result"]
+        return res if isinstance(res, list) else [res]
+
+    def query_range(self, expr: str, seconds: float = 30, step: str = "1s") -> list[dict[str, Any]]:
+        end = time.time()
+        return self.api("query_range", query=expr, start=str(end - seconds), end=str(end), step=step)["result"]
+
+    def wait_for(self, expr: str, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30) -> None:
+        deadline = time.time() + timeout
+        last: Any = None
+        while time.time() < deadline:
+            try:
+                last = self.query(expr)
+                if pred(last):
+                    return
+            except (OSError, AssertionError) as exc:
+                last = exc
+            time.sleep(0.3)
+        raise TimeoutError(f"Prometheus: {expr!r} not ready after {timeout}s (last: {last})")
+
+
+def start_prometheus(workdir: Path, config: dict[str, Any]) -> PrometheusServer:
+    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    cfg = workdir / "prometheus.yml"
+    cfg.write_text(json.dumps(config))  # JSON is YAML
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=(workdir / "prometheus.log").open("wb"))
+    server = PrometheusServer(f"http://127.0.0.1:{port}", proc)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"{server.url}/-/ready", timeout=1).read()
+            return server
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("prometheus did not become ready in 20 s")

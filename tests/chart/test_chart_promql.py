@@ -1,0 +1,183 @@
+"""Every PromQL expression in the shipped dashboards and alerts parses, names only metrics the
+project or vLLM exports, and runs against a real Prometheus that scrapes those metrics."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+import yaml
+
+import chart_queries as cq
+import chart_samples as samples
+from conftest import FAST_ALERTS, render_chart, rule_groups
+
+from moe_eplb.exporter import names as n
+
+promql_parser = pytest.importorskip(
+    "promql_parser", reason="promql-parser is not installed (pip install promql-parser==0.11.0)")
+
+
+@pytest.fixture(scope="module")
+def alert_groups(chart):
+    return rule_groups(render_chart(chart))
+
+
+@pytest.fixture(scope="module")
+def queries(alert_groups):
+    return cq.dashboard_queries() + cq.alert_queries(alert_groups)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names of every vector selector in a PromQL expression (parsed, not pattern-matched)."""
+    found: set[str] = set()
+
+    def visit(node: object) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                found.add(node.name)
+            for m in node.matchers.matchers:
+                if m.name == "__name__":
+                    found.add(m.value)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def test_catalog_covers_every_pinned_metric():
+    pinned = {v for k, v in vars(n).items() if isinstance(v, str) and k.isupper()
+              and v.startswith(n.PREFIX) and v != n.PREFIX}
+    catalog = set(samples.EXPORTER_METRICS) | set(samples.OPERATOR_METRICS)
+    assert pinned == catalog, f"names.py and the test catalog differ: {pinned ^ catalog}"
+
+
+def test_every_alert_of_the_issue_is_shipped(alert_groups):
+    alerts = {r["alert"] for g in alert_groups for r in g["rules"]}
+    assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBTuningFailing",
+            "MoEEPLBTuningStale", "MoEEPLBRollback", "MoEEPLBOperatorDown"} == alerts
+
+
+def test_every_query_parses_and_names_known_metrics(queries):
+    known = samples.known_series()
+    assert len(queries) > 40
+    unknown = {}
+    for q in queries:
+        try:
+            names = metric_names(q.promql)
+        except ValueError as exc:
+            pytest.fail(f"{q.where}: does not parse: {exc}\n{q.promql}")
+        assert names, f"{q.where}: names no metric"
+        if names - known:
+            unknown[q.where] = sorted(names - known)
+    assert not unknown, f"metrics neither the exporter, the operator nor vLLM export: {unknown}"
+
+
+def test_metric_name_extraction_sees_every_selector():
+    assert metric_names('a_total / on (x) group_left b{c="1"} or {__name__="d"} unless absent(up)') == {
+        "a_total", "b", "d", "up"}
+    with pytest.raises(ValueError):
+        metric_names("sum(rate(x[5m])")  # unclosed parenthesis
+
+
+def test_dashboards_use_every_exporter_metric():
+    used = set().union(*(metric_names(q.promql) for q in cq.dashboard_queries()))
+    for name, (kind, _) in samples.EXPORTER_METRICS.items():
+        assert set(samples._series(name, kind)) & used, f"no dashboard panel shows {name}"
+    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert name in used, f"the serving view misses {name}"
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="no promtool binary (Debian package prometheus)")
+def test_promtool_accepts_the_rules(chart, tmp_path):
+    for label, values in (("default", {}), ("fast", FAST_ALERTS)):
+        path = tmp_path / f"rules-{label}.yml"
+        path.write_text(yaml.safe_dump({"groups": rule_groups(render_chart(chart, values))}))
+        res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "SUCCESS: 6 rules found" in res.stdout, res.stdout
+
+
+# --- against a real Prometheus ------------------------------------------------------------------
+
+
+@pytest.mark.prometheus
+def test_dashboard_queries_return_data(prometheus):
+    empty, errors = [], []
+    for q in cq.dashboard_queries():
+        if q.kind == "variable":
+            continue
+        try:
+            res = prometheus.query(q.promql)
+        except Exception as exc:  # noqa: BLE001 (reported below with the query)
+            errors.append(f"{q.where}: {exc}")
+            continue
+        if not res:
+            empty.append(q.where)
+    assert not errors, "\n".join(errors)
+    assert not empty, "queries that found no series in the sample data: " + "; ".join(empty)
+
+
+@pytest.mark.prometheus
+def test_dashboard_variables_find_values(prometheus):
+    for q in cq.dashboard_queries():
+        if q.kind != "variable":
+            continue
+        label = q.where.rsplit("-> ", 1)[1]
+        values = prometheus.api(f"label/{label}/values", **{"match[]": q.promql})
+        assert values, f"{q.where}: no values for {q.promql}"
+    ns = prometheus.api("label/moeinference/values", **{"match[]": n.CONFIG_INFO})
+    assert ns == [samples.DEMO]
+
+
+@pytest.mark.prometheus
+def test_heatmap_and_balance_values(prometheus):
+    hot = prometheus.query(cq.substitute(
+        f'topk(1, sum by (layer, expert) (rate({n.EXPERT_TOKENS}{{layer=~"$layer"}}[3s])))'))  # a full window
+    assert hot[0]["metric"]["expert"] == "0"
+    assert float(hot[0]["value"][1]) == pytest.approx(1000.0, rel=0.15)
+    bal = prometheus.query(f"avg({n.BALANCEDNESS})")
+    assert float(bal[0]["value"][1]) == pytest.approx(sum(samples.BALANCEDNESS) / 4)
+
+
+@pytest.mark.prometheus
+def test_alert_rules_evaluate_without_errors(prometheus):
+    deadline = time.time() + 15
+    while True:
+        groups = prometheus.api("rules")["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        if rules and all(r.get("lastEvaluation", "").startswith("2") and
+                         not r["lastEvaluation"].startswith("0001") for r in rules):
+            break
+        assert time.time() < deadline, f"rules not evaluated yet: {rules}"
+        time.sleep(0.5)
+    assert len(rules) == 6
+    for r in rules:
+        assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
+
+
+@pytest.mark.prometheus
+def test_alerts_fire_on_the_sample_data(prometheus):
+    expected = {
+        ("MoEEPLBBalancednessLow", samples.DEMO): "firing",
+        ("MoEEPLBExporterMissing", samples.NOEXPORTER): "firing",
+        ("MoEEPLBTuningFailing", samples.FAILING): "firing",
+        ("MoEEPLBTuningStale", samples.STALE): "pending",  # for: 5m
+        ("MoEEPLBRollback", samples.DEMO): "firing",
+    }
+    deadline = time.time() + 20
+    while True:
+        alerts = prometheus.api("alerts")["alerts"]
+        got = {(a["labels"]["alertname"], a["labels"].get("moeinference") or a["labels"].get("name")): a["state"]
+               for a in alerts}
+        if got == expected or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert got == expected  # and nothing else: the operator is up, demo's exporter is there
+    firing = next(a for a in alerts if a["labels"]["alertname"] == "MoEEPLBBalancednessLow")
+    assert firing["labels"]["severity"] == "warning"
+    assert "team-a/demo" in firing["annotations"]["summary"]

