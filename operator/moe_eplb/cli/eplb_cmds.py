@@ -15,6 +15,8 @@ import click
 def register(main: click.Group) -> None:
     _add_rebalance(main)
     _add_trace(main)
+    _add_simulate(main)
+    _add_tune(main)
 
 
 # --- rebalance (policy) ------------------------------------------------------------------------
@@ -244,3 +246,140 @@ def _routing_info(data) -> dict:
         "lag1_autocorrelation": round(temporal.lag1, 4),
         "kappa": round(temporal.kappa, 2),
     }
+
+
+# --- simulate and tune (simulator, tuner) ------------------------------------------------------
+
+
+def _load_trace_arg(path: str):
+    from moe_eplb.eplb.trace import TraceError
+    from moe_eplb.eplb.tracefile import load_trace
+
+    try:
+        return load_trace(path)
+    except TraceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trace")
+
+
+def _topology_options(fn):
+    fn = click.option("--groups", type=int, default=1, show_default=True,
+                      help="Expert groups (DeepSeek-V3: 8; 1 for models without groups).")(fn)
+    fn = click.option("--nodes", type=int, default=1, show_default=True,
+                      help="Nodes the EP ranks span (hierarchical policy when groups % nodes == 0).")(fn)
+    fn = click.option("--ep-size", type=int, required=True, help="Expert-parallel size (GPUs).")(fn)
+    fn = click.option("--trace", "trace_path", required=True, metavar="FILE",
+                      help="Load trace (.json, .json.gz or .npz; see docs/traces.md).")(fn)
+    return fn
+
+
+def _cost_options(fn):
+    fn = click.option("--bytes-per-expert", type=float, default=None,
+                      help="Bytes of one expert in one MoE layer (default: known for DeepSeek-V3 and "
+                           "Qwen3-VL-30B-A3B shapes).")(fn)
+    fn = click.option("--sync", "sync_mode", is_flag=True,
+                      help="Model sync rearrangement (stall per rearrangement) instead of async.")(fn)
+    return fn
+
+
+def _add_simulate(main: click.Group) -> None:
+    @main.command("simulate")
+    @_topology_options
+    @click.option("--window", type=int, required=True, help="EPLB window_size (steps).")
+    @click.option("--interval", type=int, required=True, help="EPLB step_interval (steps).")
+    @click.option("--redundant", type=int, required=True, help="EPLB num_redundant_experts.")
+    @_cost_options
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+    @click.option("--report", "report_dir", default=None, metavar="DIR",
+                  help="Write plots and summary.md to DIR.")
+    def simulate_cmd(trace_path, ep_size, nodes, groups, window, interval, redundant,
+                     bytes_per_expert, sync_mode, as_json, report_dir) -> None:
+        """Replay vLLM's EPLB over a load trace and predict balancedness and throughput.
+
+        Rearranges every --interval steps from the last --window steps of load (first after
+        interval/4 steps, as vLLM does) with vLLM's default policy, and compares with no EPLB.
+        """
+        from moe_eplb.cli.tune_output import bad_parameter, print_simulation
+        from moe_eplb.eplb.costmodel import CostModel
+        from moe_eplb.eplb.simulator import Knobs, Replay, SimError, Topology
+
+        trace = _load_trace_arg(trace_path)
+        try:
+            cost = CostModel(use_async=not sync_mode, bytes_per_expert=bytes_per_expert)
+            replay = Replay(trace, Topology(ep_size, nodes, groups), cost)
+            eplb = replay.run(Knobs(window, interval, redundant))
+            static = replay.run_static()
+        except (SimError, ValueError) as exc:
+            raise bad_parameter(exc)
+        if report_dir:
+            from moe_eplb.eplb.report import write_simulation_report
+
+            write_simulation_report(report_dir, trace, eplb, static)
+        if as_json:
+            gain = eplb.throughput.relative / static.throughput.relative - 1
+            json.dump({"eplb": eplb.to_dict(), "no_eplb": static.to_dict(),
+                       "gain_vs_no_eplb": gain, "cost_model": cost.to_dict()}, sys.stdout)
+            sys.stdout.write("\n")
+            return
+        from rich.console import Console
+
+        print_simulation(Console(), trace, eplb, static)
+        if report_dir:
+            click.echo(f"Report written to {report_dir}/summary.md")
+
+
+def _add_tune(main: click.Group) -> None:
+    @main.command("tune")
+    @_topology_options
+    @click.option("--memory-budget", default=None, metavar="BYTES_PER_GPU",
+                  help="Memory each GPU may spend on redundant experts: bytes or 8Gi / 500M.")
+    @click.option("--bounds", "bounds_text", default=None,
+                  metavar="window=LO:HI,interval=LO:HI,redundant=LO:HI",
+                  help="Search ranges, e.g. window=500:5000,interval=500:10000,redundant=0:32.")
+    @click.option("--current", "current_text", default=None, metavar="W,I,R",
+                  help="The running window,interval,redundant; changed only if the gain pays a restart.")
+    @_cost_options
+    @click.option("--min-gain", type=float, default=0.005, show_default=True,
+                  help="Extra relative gain required before recommending a change.")
+    @click.option("--workers", type=int, default=1, show_default=True,
+                  help="Processes for policy calls.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+    @click.option("--report", "report_dir", default=None, metavar="DIR",
+                  help="Write plots and summary.md to DIR.")
+    def tune_cmd(trace_path, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
+                 bytes_per_expert, sync_mode, min_gain, workers, as_json, report_dir) -> None:
+        """Search window x interval x redundancy for the best drift-robust predicted throughput.
+
+        Prints the recommendation (keep or change), every evaluated candidate ranked, and the
+        baselines (no EPLB, vLLM defaults 1000/3000/0, current).
+        """
+        from moe_eplb.cli.tune_output import bad_parameter, print_tune, progress_bar
+        from moe_eplb.eplb.costmodel import CostModel
+        from moe_eplb.eplb.simulator import SimError
+        from moe_eplb.eplb.tuner import Bounds, TuneError, parse_bounds, parse_bytes, parse_knobs, tune
+
+        trace = _load_trace_arg(trace_path)
+        try:
+            budget = parse_bytes(memory_budget) if memory_budget is not None else None
+            bounds = parse_bounds(bounds_text) if bounds_text else Bounds()
+            current = parse_knobs(current_text) if current_text else None
+            cost = CostModel(use_async=not sync_mode)
+            with progress_bar(not as_json and sys.stderr.isatty(), "tuning") as progress:
+                result = tune(trace, ep_size=ep_size, num_nodes=nodes, num_groups=groups,
+                              memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
+                              bounds=bounds, current=current, cost=cost, min_gain=min_gain,
+                              progress=progress, workers=workers)
+        except (TuneError, SimError, ValueError) as exc:
+            raise bad_parameter(exc)
+        if report_dir:
+            from moe_eplb.eplb.report import write_tune_report
+
+            write_tune_report(report_dir, trace, result)
+        if as_json:
+            json.dump(result.to_dict(), sys.stdout)
+            sys.stdout.write("\n")
+            return
+        from rich.console import Console
+
+        print_tune(Console(), result)
+        if report_dir:
+            click.echo(f"Report written to {report_dir}/summary.md")

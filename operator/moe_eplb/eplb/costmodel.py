@@ -9,8 +9,8 @@ never rearranges and that spends no memory on redundant experts. Three factors m
    balanced step time (``seconds_per_step``). Ideal time is ``n * s0``.
 2. **Rearrangement overhead**, added to the time: sync mode (``use_async=False``) stalls every GPU
    for ``sync_stall_s`` per rearrangement; async mode (vLLM >= 0.24 default) copies weights in the
-   background and costs ``async_s_per_moved_expert`` per expert replica moved, divided over the
-   EP ranks (they copy in parallel).
+   background and costs ``async_s_per_moved_byte`` per byte of expert weights a GPU receives
+   (moved replicas / ep x bytes_per_expert; the ranks copy in parallel).
 3. **KV-cache memory.** Each GPU holds ``R / ep`` extra experts in every MoE layer,
    ``L * bytes_per_expert * R / ep`` bytes taken from the KV cache (``kv_cache_bytes_per_gpu``).
    Fewer concurrent sequences cost throughput: the factor is
@@ -24,9 +24,10 @@ Default parameters and where they come from (numbers from ``shared/notes/vllm-ep
   ``(1 + 1.564 f) / (1 + 0.109 f) = 1.49`` gives ``f = 0.35``.
 - ``sync_stall_s = 0.91``: mean sync rearrangement stall, DeepSeek-R1 NVFP4 on 32 GB200
   (0.65-1.70 s reported).
-- ``async_s_per_moved_expert = 0.0017`` per moved replica per rank: the sync stall spread over the
-  replicas such a rearrangement moves per rank (about half of 58 layers x 9 slots, i.e. ~260, so
-  ~3.5 ms each), halved because async copies overlap compute. An assumption, not a measurement.
+- ``async_s_per_moved_byte = 3.9e-11`` (0.0017 s per 44 MB DeepSeek expert): the sync stall
+  spread over the replicas such a rearrangement moves per rank (about half of 58 layers x 9 slots,
+  i.e. ~260, so ~3.5 ms each), halved because async copies overlap compute. An assumption, not a
+  measurement. When the expert size is unknown a moved replica counts as a DeepSeek one.
 - ``seconds_per_step = 0.05`` (20 engine steps/s, the issue's one-hour DeepSeek-V3 trace) when the
   trace does not say (``bucket_seconds / bucket_steps``).
 - ``bytes_per_expert``: per MoE layer per expert. DeepSeek-V3 (58 x 256, FP8): 3 x 7168 x 2048 B
@@ -62,7 +63,7 @@ class CostModel:
     seconds_per_step: float | None = None
     use_async: bool = True
     sync_stall_s: float = 0.91
-    async_s_per_moved_expert: float = 0.0017
+    async_s_per_moved_byte: float = 0.0017 / (3 * 7168 * 2048)
     bytes_per_expert: float | None = None
     kv_cache_bytes_per_gpu: float = 40 * GIB
     kv_throughput_elasticity: float = 0.5
@@ -74,7 +75,7 @@ class CostModel:
             "moe_time_share": 0 <= self.moe_time_share <= 1,
             "seconds_per_step": self.seconds_per_step is None or self.seconds_per_step > 0,
             "sync_stall_s": self.sync_stall_s >= 0,
-            "async_s_per_moved_expert": self.async_s_per_moved_expert >= 0,
+            "async_s_per_moved_byte": self.async_s_per_moved_byte >= 0,
             "bytes_per_expert": self.bytes_per_expert is None or self.bytes_per_expert >= 0,
             "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu > 0,
             "kv_throughput_elasticity": self.kv_throughput_elasticity >= 0,
@@ -112,10 +113,16 @@ class CostModel:
         share = redundant_bytes_per_gpu / self.kv_cache_bytes_per_gpu
         return max(0.0, 1.0 - self.kv_throughput_elasticity * share)
 
-    def overhead_seconds(self, rearrangements: int, moved_experts: int, ep_size: int) -> float:
-        """Time lost to rearrangements (sync stall, or async copy overhead per moved replica)."""
+    def overhead_seconds(
+        self, rearrangements, moved_experts, ep_size: int, num_layers: int, num_experts: int
+    ):
+        """Time lost to rearrangements (scalars or arrays): the sync stall per rearrangement, or in
+        async mode the copy overhead of the bytes each GPU receives."""
         if self.use_async:
-            return self.async_s_per_moved_expert * moved_experts / ep_size
+            per_expert = self.resolve_bytes_per_expert(num_layers, num_experts)
+            if per_expert is None:
+                per_expert = KNOWN_BYTES_PER_EXPERT[(58, 256)]
+            return self.async_s_per_moved_byte * per_expert * moved_experts / ep_size
         return self.sync_stall_s * rearrangements
 
     def step_seconds(self, bucket_seconds: float | None, mean_steps_per_bucket: float) -> float:

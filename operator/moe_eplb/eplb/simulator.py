@@ -440,8 +440,8 @@ class Replay:
         overhead = np.zeros(self.T)
         if len(ks):
             b = np.clip(np.searchsorted(self.S, ks, side="right") - 1, 0, self.T - 1)
-            per = (np.full(len(ks), cost.sync_stall_s) if not cost.use_async
-                   else cost.async_s_per_moved_expert * moved / self.G)
+            per = cost.overhead_seconds(np.ones(len(ks)), np.asarray(moved, dtype=np.float64),
+                                        self.G, self.L_full, self.E)
             np.add.at(overhead, b, per)
         red_bytes = cost.redundant_bytes_per_gpu(self.L_full, self.E, num_redundant, self.G)
         kv = cost.kv_factor(red_bytes)

@@ -47,6 +47,7 @@ __all__ = [
     "tune",
     "parse_bounds",
     "parse_knobs",
+    "parse_bytes",
     "VLLM_DEFAULTS",
     "SEED_CONFIG",
     "DEFAULT_WINDOWS",
@@ -68,7 +69,7 @@ class TuneError(ValueError):
 class Bounds:
     """Inclusive ranges for the search; ``None`` ends mean "the ladder's own end".
 
-    ``redundant`` defaults to ``0 .. E // 2``.
+    ``redundant`` defaults to ``0 .. min(E // 2, 2 * ep)`` (at most two extra experts per GPU).
     """
 
     window: tuple[int | None, int | None] = (None, None)
@@ -111,6 +112,28 @@ def parse_bounds(text: str) -> Bounds:
             raise TuneError(f"bounds.{key}: {rng!r} is not LO:HI with whole numbers") from None
         values[key] = pair  # type: ignore[assignment]
     return Bounds(**values)
+
+
+_BYTE_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes from plain digits (``8589934592``), a Kubernetes quantity (``8Gi``, ``500M``) or those
+    with a trailing ``B`` (``8GiB``, ``8GB``)."""
+    import re
+
+    raw = str(text).strip()
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([kMGTPE]i?)?B?", raw)
+    if not m or (m.group(2) is None and raw.endswith("B") and not raw[:-1].strip()):
+        raise TuneError(
+            f"memory_budget: {text!r} is not a byte count; use plain bytes or a quantity such as "
+            "8Gi, 512Mi, 10G"
+        )
+    value = float(m.group(1)) * _BYTE_SUFFIXES[m.group(2) or ""]
+    return int(round(value))
 
 
 def parse_knobs(text: str) -> Knobs:
@@ -255,7 +278,7 @@ def _redundancy_levels(
     the constraint that leaves nothing."""
     ep = topology.ep_size
     lo = bound[0] if bound[0] is not None else 0
-    hi = bound[1] if bound[1] is not None else max(num_experts // 2, lo)
+    hi = bound[1] if bound[1] is not None else max(min(num_experts // 2, 2 * ep), lo)
     hi = min(hi, MAX_REDUNDANT)
     in_bounds = list(range(lo, hi + 1))
     if not in_bounds:
@@ -322,6 +345,7 @@ def tune(
     workers: int | None = None,
     screen_layers: int | None = 16,
     finalists: int = 12,
+    prior_margin: float = 0.002,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -346,6 +370,8 @@ def tune(
             replay the ``finalists`` best (plus defaults, seed and current) on all layers; None
             or a model with few layers: every candidate on all layers.
         finalists: candidates re-scored on all layers after screening.
+        prior_margin: a searched configuration must beat the best known one (vLLM defaults,
+            the seed's 3000/1000/8, current; when valid and in bounds) by this relative score.
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -472,27 +498,43 @@ def tune(
         cur = exact_by.get(current) or extra.get(current)
     current_valid = cur
     threshold = cost.change_threshold(min_gain)
+
+    # The prior: well-known configurations (vLLM's defaults, the seed's, the running one) win
+    # unless a searched one beats the best of them by more than prior_margin (model error).
+    anchors = [c for c in (exact_by.get(k) or extra.get(k)
+                           for k in (VLLM_DEFAULTS, SEED_CONFIG, current) if k is not None)
+               if c is not None and allowed(c.knobs)]
+    pick = best
+    pick_note = f"best drift-robust score ({best.score:.4f}) of {len(candidates)} candidates"
+    if anchors:
+        anchor = max(anchors, key=lambda c: (c.score, c.mean))
+        if anchor.knobs != best.knobs and best.score <= anchor.score * (1 + prior_margin):
+            pick = anchor
+            pick_note = (f"{anchor.knobs.label} (a known configuration) is within the prior margin "
+                         f"{prior_margin:.2%} of the best searched {best.knobs.label} "
+                         f"({anchor.score:.4f} vs {best.score:.4f})")
+
     if current is None:
-        decision, chosen = "change", best
-        reason = "no current configuration given: recommending the best-scoring candidate"
+        decision, chosen = "change", pick
+        reason = f"no current configuration given; {pick_note}"
     elif cur is None:
-        decision, chosen = "change", best
+        decision, chosen = "change", pick
         reason = (f"current {current.label} is not a configuration vLLM accepts here "
-                  f"((E + R) % ep != 0 or topology): change is required")
+                  f"((E + R) % ep != 0 or topology), so a change is required; {pick_note}")
     else:
-        gain = best.score / cur.score - 1.0 if cur.score > 0 else math.inf
-        if best.knobs == cur.knobs:
+        gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
+        if pick.knobs == cur.knobs:
             decision, chosen = "keep", cur
-            reason = "current configuration is already the best candidate"
+            reason = f"current configuration is the pick: {pick_note}"
         elif gain > threshold:
-            decision, chosen = "change", best
-            reason = (f"predicted gain {gain:+.2%} over current beats the threshold {threshold:.2%} "
-                      f"(min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s / horizon "
-                      f"{cost.horizon_s:.0f} s)")
+            decision, chosen = "change", pick
+            reason = (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
+                      f"{threshold:.2%} (min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s "
+                      f"/ horizon {cost.horizon_s:.0f} s)")
         else:
             decision, chosen = "keep", cur
-            reason = (f"best candidate {best.knobs.label} gains only {gain:+.2%} over current, "
-                      f"below the threshold {threshold:.2%} that pays for a restart")
+            reason = (f"{pick.knobs.label} would gain only {gain:+.2%} over current, below the "
+                      f"threshold {threshold:.2%} that pays for a restart")
     return TuneResult(
         recommendation=chosen.knobs,
         decision=decision,

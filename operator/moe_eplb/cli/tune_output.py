@@ -1,0 +1,118 @@
+"""Human output for ``moe-eplb simulate`` and ``moe-eplb tune``: rich tables and the progress bar,
+plus the mapping from library errors to the command's flags."""
+
+from __future__ import annotations
+
+import contextlib
+
+import click
+
+#: library argument / error prefix -> the command-line flag that sets it
+FLAG_OF = {
+    "trace": "--trace",
+    "load": "--trace",
+    "bucket_steps": "--trace",
+    "ep_size": "--ep-size",
+    "num_nodes": "--nodes",
+    "num_groups": "--groups",
+    "window_size": "--window",
+    "step_interval": "--interval",
+    "num_redundant_experts": "--redundant",
+    "bounds": "--bounds",
+    "memory_budget": "--memory-budget",
+    "bytes_per_expert": "--bytes-per-expert",
+    "current": "--current",
+    "topology": "--ep-size/--nodes/--groups",
+}
+
+
+def bad_parameter(exc: Exception, default_hint: str | None = None) -> click.ClickException:
+    """A click error whose hint names the flag the message's leading ``name:`` refers to."""
+    msg = str(exc)
+    head = msg.split(":", 1)[0].split(".", 1)[0].strip()
+    hint = FLAG_OF.get(head, default_hint)
+    if hint:
+        return click.BadParameter(msg, param_hint=hint)
+    return click.ClickException(msg)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2%}"
+
+
+def print_simulation(console, trace, eplb, static) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"EPLB simulation: W/I/R = {eplb.knobs.label}, ep {eplb.topology.ep_size}, "
+                        f"{trace.num_buckets} buckets, {trace.total_steps} steps")
+    for col in ("", "balancedness", "predicted throughput", "imbalance", "overhead", "KV memory",
+                "rearrangements", "experts moved"):
+        table.add_column(col, justify="right" if col else "left")
+    for label, r in (("no EPLB", static), ("EPLB", eplb)):
+        t = r.throughput
+        table.add_row(label, f"{r.balancedness:.4f}", f"{t.relative:.4f}",
+                      f"{t.imbalance_factor:.4f}", f"{t.overhead_factor:.4f}",
+                      f"{t.kv_factor:.4f}", str(r.rearrangements), str(r.experts_moved))
+    console.print(table)
+    gain = eplb.throughput.relative / static.throughput.relative - 1
+    worst = int(eplb.balancedness_per_layer.argmin()) if eplb.balancedness_per_layer.size else 0
+    console.print(f"Predicted gain over no EPLB: [bold]{gain:+.2%}[/bold]. Least balanced layer: "
+                  f"{worst} ({eplb.balancedness_per_layer[worst]:.4f}).")
+    if not eplb.throughput.memory_penalty_known:
+        console.print("[yellow]Expert size unknown for this shape: no KV-cache penalty counted; "
+                      "pass --bytes-per-expert.[/yellow]")
+
+
+def print_tune(console, result, top: int = 10) -> None:
+    from rich.table import Table
+
+    d = result.to_dict()
+    rec = d["recommendation"]
+    table = Table(title=f"EPLB tuning: {len(result.candidates)} candidates, "
+                        f"{result.policy_windows} policy windows, {result.seconds:.1f} s")
+    for col in ("rank", "W/I/R", "score", "throughput", "balancedness", "rearr.", "moved"):
+        table.add_column(col, justify="right")
+    for i, c in enumerate(result.candidates[:top]):
+        style = "bold green" if c.knobs == result.chosen.knobs else None
+        table.add_row(str(i + 1), c.knobs.label, f"{c.score:.4f}", f"{c.mean:.4f}",
+                      f"{c.result.balancedness:.4f}", str(c.result.rearrangements),
+                      str(c.result.experts_moved), style=style)
+    console.print(table)
+    base = Table(title="Baselines")
+    for col in ("", "W/I/R", "score", "throughput", "balancedness"):
+        base.add_column(col, justify="right" if col else "left")
+    no = result.no_eplb
+    base.add_row("no EPLB", "-", f"{d['baselines']['no_eplb']['score']:.4f}",
+                 f"{no.throughput.relative:.4f}", f"{no.balancedness:.4f}")
+    for label, c in (("vLLM defaults", result.defaults), ("current", result.current),
+                     ("recommended", result.chosen)):
+        if c is not None:
+            base.add_row(label, c.knobs.label, f"{c.score:.4f}", f"{c.mean:.4f}",
+                         f"{c.result.balancedness:.4f}")
+    console.print(base)
+    console.print(
+        f"[bold]{rec['decision'].upper()}[/bold]: window_size={rec['window_size']} "
+        f"step_interval={rec['step_interval']} num_redundant_experts={rec['num_redundant_experts']}"
+        f"  (gain vs no EPLB {_pct(rec['gain_vs_no_eplb'])}, vs vLLM defaults "
+        f"{_pct(rec['gain_vs_vllm_defaults'])}, vs current {_pct(rec['gain_vs_current'])})"
+    )
+    console.print(f"Reason: {rec['reason']}")
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, description: str = "replaying"):
+    """Yield a ``progress(done, total)`` callback drawing a rich bar on stderr (or None)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
