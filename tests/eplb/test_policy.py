@@ -55,6 +55,13 @@ def test_fixtures_cover_what_the_issue_asks():
     assert sum(not c["tie_sensitive"] for c in CASES) >= 40  # checked on every machine
 
 
+def test_tie_sensitivity_flags_are_right():
+    """A case flagged tie-insensitive must give the same placement whatever order ties take (it is
+    then checked on every machine); the flags were computed when recording."""
+    flags = [regen.tie_sensitive(c) for c in CASES]
+    assert flags == [c["tie_sensitive"] for c in CASES]
+
+
 def test_deepseek_readme_example():
     """The worked example from DeepSeek's EPLB README (see the project notes)."""
     w = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
