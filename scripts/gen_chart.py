@@ -211,6 +211,13 @@ def expert_load() -> dict[str, Any]:
     tok = f"rate({n.EXPERT_TOKENS}{{{SEL_LAYER}}}{RATE})"
     rank = f"rate({n.RANK_TOKENS}{{{SEL_LAYER}}}{RATE})"
     replicas = f"max by (layer, expert) ({n.EXPERT_REPLICAS}{{{SEL_LAYER}}})"
+    # replica count with the exporter's "reduced" mode in mind: an absent gauge means 1 replica
+    replicas_or_one = f"({replicas} or on (layer, expert) (sum by (layer, expert) ({tok}) * 0 + 1))"
+    # per-layer balancedness: the exporter's gauge where it has every rank of the engine, else
+    # computed from the per-rank counters (engines spanning pods)
+    rank_by = f"sum by (layer, rank) ({rank})"
+    bal = (f"(min by (layer) ({n.BALANCEDNESS}{{{SEL_LAYER}}}) or "
+           f"avg by (layer) ({rank_by}) / max by (layer) ({rank_by}))")
     panels: list[dict[str, Any]] = []
 
     panels.append(row(lay, "Overview"))
@@ -218,18 +225,18 @@ def expert_load() -> dict[str, Any]:
         _stat(lay, "Balancedness (mean of layers)",
               "Mean over the selected MoE layers of the exporter's per-layer balancedness "
               "(mean / max of the tokens each EP rank processes; 1 = perfectly balanced).",
-              f"avg(min by (layer) ({n.BALANCEDNESS}{{{SEL_LAYER}}}))", unit="percentunit",
+              f"avg({bal})", unit="percentunit",
               decimals=1, minmax=(0, 1)),
         _stat(lay, "Worst layer balancedness", "Lowest per-layer balancedness among the selected layers.",
-              f"min({n.BALANCEDNESS}{{{SEL_LAYER}}})", unit="percentunit", decimals=1, minmax=(0, 1)),
+              f"min({bal})", unit="percentunit", decimals=1, minmax=(0, 1)),
         _stat(lay, "Routed tokens/s", "Expert activations per second: each token counts once per "
               "top-k expert it is routed to (tokens × top-k), summed over the selected layers.",
               f"sum({tok})", unit="short"),
         _stat(lay, "Rearrangements in range", "EPLB rearrangements (expert weight moves) in the "
               "dashboard's time range, over all pods.",
               f"sum(increase({n.REARRANGEMENTS}{{{SEL}}}[$__range]))", unit="none", decimals=0),
-        _stat(lay, "Tuner predicted gain", "Relative gain in balancedness the autotune loop predicts "
-              "for its current recommendation over the running settings.",
+        _stat(lay, "Tuner predicted gain", "Relative throughput gain the autotune loop predicts "
+              "for its last recommendation over the running settings.",
               f"max({n.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", unit="percentunit", decimals=1),
         _stat(lay, "Generation tokens/s", "Output tokens per second from vLLM (all pods).",
               f"sum(rate(vllm:generation_tokens_total{{{SEL_VLLM}}}{RATE}))", unit="short"),
@@ -270,7 +277,7 @@ def expert_load() -> dict[str, Any]:
     panels.append(panel(
         lay, "bargauge", "Top $topk load per replica", "Tokens/s per physical replica for the "
         "hottest experts (expert load / replica count): what EPLB evens out across ranks.",
-        [target(f"topk($topk, sum by (layer, expert) ({tok}) / on (layer, expert) {replicas})",
+        [target(f"topk($topk, sum by (layer, expert) ({tok}) / on (layer, expert) {replicas_or_one})",
                 "layer {{layer}} expert {{expert}}", instant=True)],
         w=8, h=10, unit="short",
         options={"displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,
@@ -295,7 +302,8 @@ def expert_load() -> dict[str, Any]:
         [target(f"sum by (pod, rank) ({rank})", "{{pod}} rank {{rank}}")], unit="short"))
     panels.append(_ts(
         lay, "Balancedness per layer (exporter)", "Per-layer balancedness reported by the exporter "
-        "(mean over ranks / max over ranks of tokens processed; 1 = balanced).",
+        "(mean over ranks / max over ranks of tokens processed; 1 = balanced). Exported only by pods "
+        "that hold every EP rank of their engine; see the panel computed from rank rates otherwise.",
         [target(f"min by (layer) ({n.BALANCEDNESS}{{{SEL_LAYER}}})", "layer {{layer}}")],
         unit="percentunit", minmax=(0, 1)))
     panels.append(_ts(
@@ -379,8 +387,8 @@ def expert_load() -> dict[str, Any]:
         [target(f"sum by (decision) (increase({n.TUNER_DECISIONS}{{{SEL_TUNER}}}{RATE}))", "{{decision}}")],
         w=8, unit="none"))
     panels.append(_ts(
-        lay, "Predicted gain and rollbacks", "Predicted relative gain of the recommendation, and "
-        "rollbacks of applied settings.",
+        lay, "Predicted gain and rollbacks", "Predicted relative throughput gain of the last "
+        "recommendation, and rollbacks of applied settings by reason.",
         [target(f"max({n.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", "predicted gain"),
          target(f"sum by (reason) (increase({n.ROLLBACKS}{{{SEL_TUNER}}}{RATE}))",
                 "rollback: {{reason}}")],
@@ -395,7 +403,7 @@ def expert_load() -> dict[str, Any]:
                   f'label_values({n.CONFIG_INFO}{{namespace="$namespace", moeinference="$moeinference"}}, model)',
                   include_all=True),
         query_var("layer", "MoE layer",
-                  f'label_values({n.BALANCEDNESS}{{{SEL}}}, layer)', multi=True, include_all=True,
+                  f'label_values({n.RANK_TOKENS}{{{SEL}}}, layer)', multi=True, include_all=True,
                   sort=3),
         query_var("engine", "DP engine",
                   f'label_values(vllm:num_requests_running{{namespace="$namespace", '
@@ -434,8 +442,9 @@ def operator_overview() -> dict[str, Any]:
         _stat(lay, "Operator replicas up", "Operator pods Prometheus scrapes successfully "
               "(one leads via kopf peering, the others stand by).",
               'sum(up{job=~"$job"})', unit="none", decimals=0, w=6),
-        _stat(lay, "Reconcile errors (1h)", "Failed reconciles in the last hour.",
-              f'sum(increase({n.RECONCILES}{{job=~"$job", result!="success"}}[1h]))', unit="none",
+        _stat(lay, "Reconcile errors (1h)", "Reconciles that failed in the last hour (result=error; "
+              "result=invalid counts specs the validation rejected).",
+              f'sum(increase({n.RECONCILES}{{job=~"$job", result="error"}}[1h]))', unit="none",
               decimals=0, w=6),
         _stat(lay, "Tuner evaluations (1h)", "Autotune evaluations in the last hour.",
               f"sum(increase({n.TUNER_EVALUATIONS}{{{sel}}}[1h]))", unit="none", decimals=0, w=6),
@@ -459,7 +468,8 @@ def operator_overview() -> dict[str, Any]:
                       [target(f"sum by (namespace, name, decision) "
                               f"(increase({n.TUNER_DECISIONS}{{{sel}}}{RATE}))",
                               "{{namespace}}/{{name}} {{decision}}")], unit="none"))
-    panels.append(_ts(lay, "Predicted gain", "Predicted relative gain of each recommendation.",
+    panels.append(_ts(lay, "Predicted gain", "Predicted relative throughput gain of each MoEInference's "
+                      "last recommendation.",
                       [target(f"max by (namespace, name) ({n.TUNER_PREDICTED_GAIN}{{{sel}}})",
                               "{{namespace}}/{{name}}")], unit="percentunit"))
     panels.append(_ts(lay, "Time since last successful evaluation", "Age of the last successful "

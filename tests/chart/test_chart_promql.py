@@ -3,6 +3,7 @@ project or vLLM exports, and runs against a real Prometheus that scrapes those m
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -181,3 +182,32 @@ def test_alerts_fire_on_the_sample_data(prometheus):
     firing = next(a for a in alerts if a["labels"]["alertname"] == "MoEEPLBBalancednessLow")
     assert firing["labels"]["severity"] == "warning"
     assert "team-a/demo" in firing["annotations"]["summary"]
+
+
+def doc_queries() -> list[str]:
+    """The PromQL examples in docs/metrics.md (one per non-comment line or indented group)."""
+    text = (cq.DASHBOARD_DIR.parents[2] / "docs" / "metrics.md").read_text()
+    out = []
+    for block in re.findall(r"```promql\n(.*?)```", text, flags=re.S):
+        current: list[str] = []
+        for line in block.splitlines() + [""]:
+            if not line.strip() or line.startswith("#"):
+                if current:
+                    out.append(" ".join(current))
+                current = []
+            elif line.startswith((" ", "/")) and current:
+                current.append(line.strip())
+            else:
+                if current:
+                    out.append(" ".join(current))
+                current = [line.strip()]
+    return out
+
+
+@pytest.mark.prometheus
+def test_doc_examples_run(prometheus):
+    queries = doc_queries()
+    assert len(queries) >= 5
+    for q in queries:
+        assert metric_names(q) <= samples.known_series(), q
+        assert prometheus.query(q.replace("[5m]", "[10s]").replace("[1h]", "[30s]")), f"no data: {q}"

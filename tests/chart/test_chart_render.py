@@ -99,7 +99,7 @@ def test_deployment_is_hardened_and_highly_available(render):
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
-    assert c["image"] == "moe-eplb/operator:0.1.0"
+    assert c["image"] == "ghcr.io/moe-eplb/operator:0.1.0"
     pdb = one(objs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     assert spec["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]

@@ -1,0 +1,92 @@
+"""docs/reference.md is generated from the CRD and up to date; the Dockerfile's default target is
+the operator image the chart points at; docs/metrics.md covers every metric."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+import yaml
+
+from conftest import CHART_DIR, ROOT
+
+import moe_eplb
+from moe_eplb.exporter import names as n
+from moe_eplb.exporter import vllm_metric_names as v
+
+import chart_queries as cq
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reference_doc_is_generated_from_the_crd_and_up_to_date():
+    gen = _load_script("gen_reference")
+    if not gen.CRD.exists():
+        pytest.skip("crds/moeinferences.eplb.ai.yaml not there yet")
+    crd = yaml.safe_load(gen.CRD.read_text())
+    text = gen.render(crd)
+    assert (ROOT / "docs" / "reference.md").read_text() == text, "run python scripts/gen_reference.py"
+    # every field of the schema is in it, with its description
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for section in ("spec", "status"):
+        for path, sub, _ in gen.walk(schema["properties"][section], section):
+            assert f"| `{path}`" in text, path
+    for must in ("spec.eplb.windowSize", "spec.autotune.mode", "spec.parallelism.tensor", "status.conditions"):
+        assert f"`{must}`" in text
+    for r in schema.get("x-kubernetes-validations", []):
+        assert gen._text(r["message"]) in text
+
+
+def test_reference_types_and_constraints():
+    gen = _load_script("gen_reference")
+    assert gen.type_of({"x-kubernetes-int-or-string": True}) == "int or string"
+    assert gen.type_of({"type": "array", "items": {"type": "string"}}) == "[]string"
+    assert gen.type_of({"type": "object", "additionalProperties": {"type": "integer"}}) == "map[string]integer"
+    assert gen.constraints({"minimum": 0, "exclusiveMinimum": True, "maximum": 1}) == "> 0; ≤ 1"
+    assert gen.constraints({"enum": ["Off", "Apply"]}) == "one of `Off`, `Apply`"
+
+
+def _stages(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, flags=re.M | re.I)
+
+
+def test_operator_is_the_default_and_last_dockerfile_stage():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = _stages(text)
+    assert stages[-1][1] == "operator", "the operator stage must be the last (default) target"
+    op = text[text.rindex("AS operator\n"):]
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.M))
+    base = args.get("OPERATOR_PYTHON", stages[-1][0])
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", base), f"pin a slim Python base: {base}"
+    assert re.search(r"^USER\s+10001(:10001)?$", op, flags=re.M), "run as the non-root user 10001"
+    assert re.search(r'^ENTRYPOINT \["moe-eplb"\]$', op, flags=re.M)
+    assert re.search(r'^CMD \["run"\]$', op, flags=re.M)
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    exposed = {int(p) for p in re.findall(r"^EXPOSE\s+(.+)$", op, flags=re.M)[0].split()}
+    assert exposed == {n.OPERATOR_PORT, values["operator"]["healthPort"]}
+    assert "/healthz" in op and '".[operator]"' in text
+    # the chart's default image is this target, tagged with the package version
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["appVersion"] == moe_eplb.__version__
+    assert f"-t {values['image']['repository']}:{chart['appVersion']}" in text
+    assert values["image"]["tag"] == ""  # -> appVersion
+
+
+def test_metrics_doc_covers_every_metric_and_every_dashboard_vllm_metric():
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    pinned = [val for key, val in vars(n).items() if key.isupper() and isinstance(val, str)
+              and val.startswith(n.PREFIX) and val != n.PREFIX]
+    missing = [m for m in pinned if f"`{m}`" not in text]
+    assert not missing, f"docs/metrics.md does not explain {missing}"
+    missing = [m for m in v.VLLM_METRICS if f"`{m}" not in text]
+    assert not missing, f"docs/metrics.md does not list {missing}"
+    alerts = [q.where.split()[-1] for q in cq.alert_queries(
+        [{"rules": [{"alert": a, "expr": "x"}]} for a in re.findall(r"- alert: (\w+)", (
+            CHART_DIR / "templates" / "prometheusrule.yaml").read_text())])]
+    assert alerts and all(a in text for a in alerts)
