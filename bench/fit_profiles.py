@@ -41,7 +41,8 @@ def fit_all(traces: Path) -> dict:
         out["popularity"][name] = profiles.fit_popularity(counts).to_dict()
         out["sources"][name] = fname
     routings = [tracefile.read_routing_file(traces / f) for f in ROUTING_FILES]
-    out["temporal"] = profiles.fit_temporal(routings).to_dict()
+    mixtral = profiles.PopularityFit.from_dict(out["popularity"]["mixtral"])  # same model as the routings
+    out["temporal"] = profiles.fit_temporal(routings, same_model_popularity=mixtral).to_dict()
     out["sources"]["temporal"] = list(ROUTING_FILES)
     return out
 
@@ -60,6 +61,10 @@ def show(fits: dict) -> None:
     print(
         f"temporal ({t['source']}): kappa {t['kappa']:.1f} (E={t['num_experts']}), lag-1 autocorrelation "
         f"{t['lag1']:.3f}, mean request {t['mean_request_tokens']:.0f} tokens, dispersion {t['dispersion']}"
+    )
+    print(
+        f"request vs domain spread (Mixtral): one request lies TV {t['request_tv']:.3f} from the mean, "
+        f"two domains TV {t['domain_tv']:.3f} apart: ratio {t['request_tv'] / t['domain_tv']:.2f}"
     )
 
 

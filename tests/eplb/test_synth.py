@@ -74,8 +74,10 @@ def test_generated_single_domain_traces_match_the_real_statistics():
         want = _real_at_depth(FIT.max_over_mean[src], layers)
         assert np.all(np.abs(mm / want - 1) < 0.15)
         assert 2.5 * 0.95 < mm.min() and mm.max() < 7.8 * 1.1
-        # per bucket, the noise of the running requests stays modest
-        assert np.nanmax(trace.imbalance()) < 1.25 * mm.max()
+        # per bucket, the requests' own preferences add noise around the domain's curve, not a new shape
+        per_bucket = np.median(trace.imbalance(), axis=0)  # [L]
+        assert np.all((per_bucket / mm > 0.95) & (per_bucket / mm < 1.25)), np.round(per_bucket / mm, 2)
+        assert np.nanmax(trace.imbalance()) < 1.5 * mm.max()
     tv = total_variation(code.popularity(), math.popularity())
     a, b = FIT.domains.index("github"), FIT.domains.index("arxiv")
     want = _real_at_depth(FIT.tv[:, a, b], layers)

@@ -76,6 +76,15 @@ def test_temporal_fit_on_both_generations():
     assert 10 < t.kappa < 1000
     assert 0.05 < t.lag1 < 0.3  # neighbouring tokens share experts more than chance
     assert t.mean_request_tokens == pytest.approx((168 + 79 + 83 + 255) / 4)
+    assert t.request_tv is not None and t.domain_tv is None  # no expert counts given
+    mixtral = profiles.fit_popularity(tracefile.read_routing_file(TRACES / "mistral_expert_counts.json"))
+    t = profiles.fit_temporal(routings, same_model_popularity=mixtral)
+    # one request strays further from the mean than one text domain from another
+    assert 0.08 < t.request_tv < 0.12 and 0.04 < t.domain_tv < 0.06
+    assert 1.3 < t.request_to_domain_tv < 2.5
+    # the Dirichlet TV helpers invert each other
+    p = np.array([0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.03, 0.02])
+    assert profiles.dirichlet_tv(p, profiles.kappa_for_tv(p, 0.1)) == pytest.approx(0.1)
 
 
 def test_shipped_fit_matches_a_fresh_fit():

@@ -147,6 +147,11 @@ class TemporalFit:
         lag1: lag-1 autocorrelation of a token's expert choices with the previous token's.
         mean_request_tokens: mean generated tokens per request.
         dispersion: ``{window_tokens: observed / multinomial variance}`` the fit used.
+        request_tv: mean total-variation distance between one request's expert shares and the
+            mean shares (Dirichlet with ``kappa`` around the source's mean shares).
+        domain_tv: mean TV distance between two text domains of the same source model (from its
+            expert counts, if known): ``request_tv / domain_tv`` says how much more requests differ
+            from each other than domains do, which the generator carries over to other models.
     """
 
     source: str
@@ -156,10 +161,21 @@ class TemporalFit:
     lag1: float
     mean_request_tokens: float
     dispersion: dict[int, float] = field(default_factory=dict)
+    request_tv: float | None = None
+    domain_tv: float | None = None
+
+    @property
+    def request_to_domain_tv(self) -> float | None:
+        """``request_tv / domain_tv``, if both are known."""
+        if self.request_tv is None or not self.domain_tv:
+            return None
+        return self.request_tv / self.domain_tv
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kappa"] = round(self.kappa, 3)
+        d["request_tv"] = None if self.request_tv is None else round(self.request_tv, 4)
+        d["domain_tv"] = None if self.domain_tv is None else round(self.domain_tv, 4)
         d["lag1"] = round(self.lag1, 4)
         d["mean_request_tokens"] = round(self.mean_request_tokens, 2)
         d["dispersion"] = {str(k): round(v, 4) for k, v in self.dispersion.items()}
@@ -175,6 +191,8 @@ class TemporalFit:
             lag1=float(d["lag1"]),
             mean_request_tokens=float(d["mean_request_tokens"]),
             dispersion={int(k): float(v) for k, v in d.get("dispersion", {}).items()},
+            request_tv=None if d.get("request_tv") is None else float(d["request_tv"]),
+            domain_tv=None if d.get("domain_tv") is None else float(d["domain_tv"]),
         )
 
 
@@ -223,6 +241,30 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return 0.5 * np.abs(p - q).sum(axis=-1)
 
 
+def dirichlet_tv(share: np.ndarray, kappa: float) -> np.ndarray:
+    """Mean TV distance between ``q ~ Dirichlet(kappa * share)`` and ``share`` (normal
+    approximation ``E|q_e - p_e| = sqrt(2 / pi) * sd_e``), along the last axis."""
+    p = np.asarray(share, dtype=np.float64)
+    return 0.5 * np.sqrt(2 / np.pi) * np.sqrt(p * (1 - p) / (kappa + 1.0)).sum(axis=-1)
+
+
+def kappa_for_tv(share: np.ndarray, tv: float) -> float:
+    """The concentration whose Dirichlet draws lie ``tv`` (mean TV) from ``share`` (rows ``[..., E]``
+    averaged): the inverse of :func:`dirichlet_tv`."""
+    p = np.asarray(share, dtype=np.float64)
+    spread = float(np.mean(0.5 * np.sqrt(2 / np.pi) * np.sqrt(p * (1 - p)).sum(axis=-1)))
+    return max((spread / tv) ** 2 - 1.0, 0.0)
+
+
+def mean_domain_tv(fit: "PopularityFit") -> float | None:
+    """Mean TV distance between two domains, over all pairs and sampled layers (None if < 2)."""
+    d = len(fit.domains)
+    if d < 2:
+        return None
+    upper = np.triu_indices(d, 1)
+    return float(np.mean([fit.tv[k][upper] for k in range(len(fit.depth))]))
+
+
 def fit_popularity(counts) -> PopularityFit:
     """Fit a :class:`PopularityFit` from a :class:`~moe_eplb.eplb.tracefile.DomainCounts`."""
     domains = counts.domains
@@ -247,9 +289,13 @@ def fit_popularity(counts) -> PopularityFit:
     )
 
 
-def fit_temporal(routings: Sequence[Any], windows: Sequence[int] = (4, 8, 16, 32, 64)) -> TemporalFit:
+def fit_temporal(
+    routings: Sequence[Any],
+    windows: Sequence[int] = (4, 8, 16, 32, 64),
+    same_model_popularity: "PopularityFit | None" = None,
+) -> TemporalFit:
     """Fit a :class:`TemporalFit` from :class:`~moe_eplb.eplb.tracefile.TokenRouting` objects of
-    one source model.
+    one source model (and, for ``domain_tv``, that model's :class:`PopularityFit`).
 
     ``kappa``: inside each request, count each expert's choices in consecutive windows of n tokens;
     with per-request shares ``q ~ Dirichlet(kappa * p)`` the variance of a window count is the
@@ -263,6 +309,7 @@ def fit_temporal(routings: Sequence[Any], windows: Sequence[int] = (4, 8, 16, 32
     ratios: dict[int, float] = {}
     lag_num = lag_den = 0.0
     lengths: list[int] = []
+    mean_shares = []
     for n in windows:
         obs = mult = 0.0
         for r in routings:
@@ -282,6 +329,7 @@ def fit_temporal(routings: Sequence[Any], windows: Sequence[int] = (4, 8, 16, 32
     for r in routings:
         hot = r.onehot()
         p = hot.mean(0)
+        mean_shares.append(p / np.maximum(p.sum(axis=1, keepdims=True), 1e-12))
         for sid in np.unique(r.sequence_id):
             z = hot[r.sequence_id == sid] - p
             lengths.append(int(z.shape[0]))
@@ -294,14 +342,17 @@ def fit_temporal(routings: Sequence[Any], windows: Sequence[int] = (4, 8, 16, 32
     ys = np.array([ratios[int(n)] for n in ns])
     slope, _intercept = np.polyfit(ns - 1, ys - 1, 1)
     slope = float(np.clip(slope, 1e-4, 1.0))  # kappa in [0, 1e4]
+    kappa = 1.0 / slope - 1.0
     return TemporalFit(
         source=routings[0].model,
         num_experts=e,
         top_k=k,
-        kappa=1.0 / slope - 1.0,
+        kappa=kappa,
         lag1=lag_num / lag_den if lag_den > 0 else 0.0,
         mean_request_tokens=float(np.mean(lengths)),
         dispersion={int(n): float(v) for n, v in ratios.items()},
+        request_tv=float(np.mean(dirichlet_tv(np.concatenate(mean_shares), kappa))),
+        domain_tv=mean_domain_tv(same_model_popularity) if same_model_popularity is not None else None,
     )
 
 
@@ -375,6 +426,8 @@ class Profile:
         peak_steps_per_second: engine steps per second at peak request rate.
         peak_tokens_per_step: tokens per engine step over the whole EP group at peak (the load
             EPLB sums over its window).
+        request_tokens: mean tokens (prompt + output) of one request; a bucket's tokens come
+            from about ``tokens / request_tokens`` requests, whose own preferences add noise.
         popularity: name of the shipped popularity fit to use.
     """
 
@@ -392,11 +445,12 @@ class Profile:
     night_ratio: float = 0.3
     peak_steps_per_second: float = 20.0
     peak_tokens_per_step: float = 4096.0
+    request_tokens: float = 2048.0
     popularity: str = "olmoe"
 
 
 _DSV3 = dict(model_shape="deepseek-v3", peak_tokens_per_step=4096.0)
-_QWEN = dict(model_shape="qwen3-vl-30b-a3b", peak_tokens_per_step=256.0)
+_QWEN = dict(model_shape="qwen3-vl-30b-a3b", peak_tokens_per_step=256.0, request_tokens=1024.0)
 _STEADY_MIX = {"chat": 0.6, "code": 0.25, "math": 0.15}
 _CCM = ({"chat": 0.8, "code": 0.1, "math": 0.1}, {"chat": 0.2, "code": 0.7, "math": 0.1}, {"chat": 0.2, "code": 0.1, "math": 0.7})
 
