@@ -549,8 +549,59 @@ def render_rbac() -> dict[Path, str]:
     return {CHART / "files" / "rbac-rules.yaml": header + body}
 
 
+def values_rows(values_yaml: str) -> list[tuple[str, str, str]]:
+    """``(dotted key, default, comment)`` for every leaf of values.yaml, in file order.
+
+    The comment is the ``#`` block right above the key (``-- `` prefix dropped); a leaf without
+    one (inside a Kubernetes-typed block such as ``resources``) is reported under its parent.
+    """
+    rows: list[tuple[str, str, str]] = []
+    stack: list[tuple[int, str]] = []
+    comment: list[str] = []
+    covered: set[str] = set()
+    for line in values_yaml.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment.append(stripped.lstrip("#").strip().removeprefix("-- ").strip())
+            continue
+        if not stripped or stripped.startswith("- ") or ":" not in stripped:
+            comment = []
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, _, rest = stripped.partition(":")
+        stack = [(i, k) for i, k in stack if i < indent]
+        path = ".".join([k for _, k in stack] + [key])
+        text = " ".join(c for c in comment if c)
+        if rest.strip() and not any(path.startswith(c + ".") for c in covered):
+            rows.append((path, rest.strip(), text))
+        if not rest.strip():
+            stack.append((indent, key))
+            if text and path in {"resources", "podSecurityContext", "securityContext"}:
+                rows.append((path, "(see values.yaml)", text))
+                covered.add(path)
+        comment = []
+    return rows
+
+
+VALUES_START, VALUES_END = "<!-- values:start -->", "<!-- values:end -->"
+
+
+def render_chart_doc() -> dict[Path, str]:
+    """docs/chart.md with its values table regenerated from values.yaml (between the markers)."""
+    doc = ROOT / "docs" / "chart.md"
+    if not doc.exists():
+        return {}
+    text = doc.read_text()
+    head, _, rest = text.partition(VALUES_START)
+    _, _, tail = rest.partition(VALUES_END)
+    rows = ["| Value | Default | Meaning |", "| --- | --- | --- |"]
+    for key, default, comment in values_rows((CHART / "values.yaml").read_text()):
+        rows.append(f"| `{key}` | `{default}` | {comment.replace('|', '/')} |")
+    return {doc: head + VALUES_START + "\n" + "\n".join(rows) + "\n" + VALUES_END + tail}
+
+
 def render_all() -> dict[Path, str]:
-    return {**render_dashboards(), **render_crds(), **render_rbac()}
+    return {**render_dashboards(), **render_crds(), **render_rbac(), **render_chart_doc()}
 
 
 def main(argv: list[str] | None = None) -> int:

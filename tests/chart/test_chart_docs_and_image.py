@@ -90,3 +90,22 @@ def test_metrics_doc_covers_every_metric_and_every_dashboard_vllm_metric():
         [{"rules": [{"alert": a, "expr": "x"}]} for a in re.findall(r"- alert: (\w+)", (
             CHART_DIR / "templates" / "prometheusrule.yaml").read_text())])]
     assert alerts and all(a in text for a in alerts)
+
+
+def test_chart_doc_explains_every_rbac_rule_and_env_var(render):
+    from moe_eplb.controller.rbac import RBAC_RULES
+
+    text = (ROOT / "docs" / "chart.md").read_text()
+    for rule in RBAC_RULES:
+        for res in rule["resources"]:
+            assert f"`{res}`" in text, f"docs/chart.md does not explain the RBAC rule on {res}"
+    dep = next(o for o in render() if o["kind"] == "Deployment")
+    for env in dep["spec"]["template"]["spec"]["containers"][0]["env"]:
+        assert f"`{env['name']}`" in text, f"docs/chart.md does not explain {env['name']}"
+
+
+def test_notes_point_at_an_existing_example(chart):
+    notes = chart.render({}, name="moe-eplb", namespace="moe-system")["moe-eplb-operator/templates/NOTES.txt"]
+    examples = re.findall(r"examples/[\w.-]+\.yaml", notes)
+    assert examples and all((ROOT / e).exists() for e in examples)
+    assert "kubectl get crd moeinferences.eplb.ai" in notes
