@@ -19,6 +19,14 @@ REARRANGEMENT_SECONDS = "moe_eplb_rearrangement_duration_seconds"  # histogram {
 ENGINE_STEPS = "moe_eplb_engine_steps_total"  # counter {model}
 BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model, layer}
 CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model, window_size, step_interval, num_redundant_experts, ep_size}
+EXPORTER_START_TIME = "moe_eplb_exporter_start_time_seconds"  # gauge {model}: unix time the counters started at 0
+EXPORTER_RANKS = "moe_eplb_exporter_ranks"  # gauge {model}: EP ranks whose counters this pod serves
+
+# Label names of the exporter's series.
+LABEL_MODEL = "model"
+LABEL_LAYER = "layer"  # MoE layer index 0..L-1 (vLLM's moe_layers order)
+LABEL_EXPERT = "expert"  # logical expert index 0..E-1
+LABEL_RANK = "rank"  # EP rank that processes the tokens (destination), 0..EP-1
 
 # --- exported by the operator (its own /metrics) --------------------------------------------------
 OPERATOR_PORT = 8080

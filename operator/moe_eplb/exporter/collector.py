@@ -1,0 +1,208 @@
+"""Pod side: turn the workers' snapshot files into Prometheus series (one process per pod serves them).
+
+Aggregation over the pod's workers (one per EP rank), per model:
+
+* ``expert_tokens`` and ``rank_tokens`` are **summed**: each worker counts only the tokens its own
+  router dispatched, so the sum over workers (and, in PromQL, over pods) is the engine's load with
+  nothing counted twice;
+* engine steps, rearrangements, their durations, the replica map and the config are the same
+  engine-wide quantity on every rank, so they are taken from the pod's lowest EP rank (never summed);
+* balancedness per layer = mean over ranks / max over ranks of the tokens each rank processed in the
+  last ``window`` seconds. It is exported only when this pod holds every EP rank (then its
+  rank counters are complete); for engines spanning pods use the PromQL in docs/exporter.md.
+
+Modes: ``full`` exports one replica gauge per (layer, expert); ``reduced`` exports the replica gauge
+only for experts with more than one replica (absent = 1), which keeps a DeepSeek-V3 pod
+(58 x 256, EP 32, 32 redundant) under 20 000 series.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from moe_eplb.exporter import names
+from moe_eplb.exporter import snapshot as snap
+
+log = logging.getLogger("moe_eplb.exporter")
+
+
+@dataclass
+class PodModel:
+    """One model's counters summed over the pod's workers."""
+
+    name: str
+    ep_size: int
+    ranks: set[int]
+    expert_tokens: np.ndarray  # float64 [L, E]
+    rank_tokens: np.ndarray  # float64 [L, EP]
+    replicas: np.ndarray  # int64 [L, E]
+    steps: int
+    rearrangements: int
+    duration_buckets: np.ndarray  # int64 [B+1], per bucket (not cumulative)
+    duration_sum: float
+    window_size: int | None
+    step_interval: int | None
+    num_redundant_experts: int | None
+    start_time: float
+    balancedness: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """True when this pod serves every EP rank of the engine."""
+        return self.ranks == set(range(self.ep_size))
+
+
+def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
+    """Sum the per-rank load over workers; take engine-wide values from the lowest rank."""
+    by_model: dict[str, list[snap.ModelSnapshot]] = {}
+    for ws in snapshots:
+        for m in ws.models:
+            by_model.setdefault(m.name, []).append(m)
+    out = {}
+    for name, parts in by_model.items():
+        parts.sort(key=lambda m: m.ep_rank)
+        first = parts[0]
+        same = [m for m in parts if m.expert_tokens.shape == first.expert_tokens.shape
+                and m.rank_tokens.shape == first.rank_tokens.shape and m.ep_size == first.ep_size]
+        if len(same) != len(parts):
+            log.warning("moe-eplb exporter: model %s: %d worker(s) disagree on shapes; ignoring them",
+                        name, len(parts) - len(same))
+        out[name] = PodModel(
+            name=name,
+            ep_size=first.ep_size,
+            ranks={m.ep_rank for m in same},
+            expert_tokens=np.sum([m.expert_tokens for m in same], axis=0),
+            rank_tokens=np.sum([m.rank_tokens for m in same], axis=0),
+            replicas=first.replicas,
+            steps=first.steps,
+            rearrangements=first.rearrangements,
+            duration_buckets=first.duration_buckets,
+            duration_sum=first.duration_sum,
+            window_size=first.window_size,
+            step_interval=first.step_interval,
+            num_redundant_experts=first.num_redundant_experts,
+            start_time=min(m.start_time for m in same),
+        )
+    return out
+
+
+def balancedness(rank_tokens: np.ndarray) -> dict[int, float]:
+    """Per layer ``mean_r / max_r`` of tokens per rank (``rank_tokens``: [L, EP]); layers without
+    tokens are left out. 1.0 = perfectly balanced, 1/EP = everything on one rank."""
+    rt = np.asarray(rank_tokens, np.float64)
+    mx = rt.max(axis=1)
+    mean = rt.mean(axis=1)
+    return {int(l): float(mean[l] / mx[l]) for l in np.nonzero(mx > 0)[0]}
+
+
+class BalancednessWindow:
+    """Remembers recent rank-token totals so the gauge covers the last ``seconds`` only."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._history: dict[str, deque] = {}
+
+    def update(self, now: float, model: PodModel) -> dict[int, float]:
+        hist = self._history.setdefault(model.name, deque())
+        if hist and hist[-1][1].shape != model.rank_tokens.shape:
+            hist.clear()
+        hist.append((now, model.rank_tokens.copy()))
+        # keep one sample at or before now - seconds as the baseline
+        while len(hist) > 2 and hist[1][0] <= now - self.seconds:
+            hist.popleft()
+        base = hist[0][1] if len(hist) > 1 else np.zeros_like(model.rank_tokens)
+        delta = model.rank_tokens - base
+        if np.any(delta < 0):  # a worker restarted: start the window again
+            hist.clear()
+            hist.append((now, model.rank_tokens.copy()))
+            delta = model.rank_tokens
+        return balancedness(delta)
+
+
+def families(models: dict[str, PodModel], mode: str = "full") -> list:
+    """Prometheus metric families for the pod (names from :mod:`moe_eplb.exporter.names`)."""
+    M, LY, EX, RK = names.LABEL_MODEL, names.LABEL_LAYER, names.LABEL_EXPERT, names.LABEL_RANK
+    expert = CounterMetricFamily(names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
+                                 "(one per token and top-k slot), counted by the routing rank.", labels=[M, LY, EX])
+    rank = CounterMetricFamily(names.RANK_TOKENS, "Tokens dispatched to the experts held by each EP rank, "
+                               "per MoE layer.", labels=[M, LY, RK])
+    replicas = GaugeMetricFamily(names.EXPERT_REPLICAS, "Physical replicas of each logical expert in the current "
+                                 "EPLB map" + (" (only experts with more than one; absent = 1)." if mode == "reduced"
+                                               else "."), labels=[M, LY, EX])
+    rearr = CounterMetricFamily(names.REARRANGEMENTS, "EPLB rearrangements started.", labels=[M])
+    steps = CounterMetricFamily(names.ENGINE_STEPS, "Engine steps seen by EPLB (dummy steps included).", labels=[M])
+    bal = GaugeMetricFamily(names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
+                            "per MoE layer, over the balancedness window.", labels=[M, LY])
+    info = GaugeMetricFamily(names.CONFIG_INFO, "Running EPLB configuration (value 1).",
+                             labels=[M, "window_size", "step_interval", "num_redundant_experts", "ep_size"])
+    start = GaugeMetricFamily(names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
+                              labels=[M])
+    ranks = GaugeMetricFamily(names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
+    hist = HistogramMetricFamily(names.REARRANGEMENT_SECONDS,
+                                 "Duration of EPLB rearrangements (sync: the call; async: until the last "
+                                 "layer is committed).", labels=[M])
+    for pm in models.values():
+        L, E = pm.expert_tokens.shape
+        layer_s = [str(l) for l in range(L)]
+        expert_s = [str(e) for e in range(E)]
+        et = pm.expert_tokens
+        for l in range(L):
+            ls = layer_s[l]
+            row = et[l]
+            for e in range(E):
+                expert.add_metric([pm.name, ls, expert_s[e]], row[e])
+        for l in range(L):
+            for r in range(pm.rank_tokens.shape[1]):
+                rank.add_metric([pm.name, layer_s[l], str(r)], pm.rank_tokens[l, r])
+        if mode == "reduced":
+            for l, e in zip(*np.nonzero(pm.replicas != 1)):
+                replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
+        else:
+            for l in range(L):
+                for e in range(E):
+                    replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
+        rearr.add_metric([pm.name], pm.rearrangements)
+        steps.add_metric([pm.name], pm.steps)
+        for l, b in sorted(pm.balancedness.items()):
+            bal.add_metric([pm.name, layer_s[l]], b)
+        info.add_metric([pm.name, _s(pm.window_size), _s(pm.step_interval), _s(pm.num_redundant_experts),
+                         str(pm.ep_size)], 1.0)
+        start.add_metric([pm.name], pm.start_time)
+        ranks.add_metric([pm.name], float(len(pm.ranks)))
+        cum = np.cumsum(pm.duration_buckets)
+        bounds = [repr(float(b)) for b in snap.DURATION_BUCKETS] + ["+Inf"]
+        hist.add_metric([pm.name], list(zip(bounds, [float(c) for c in cum])), sum_value=pm.duration_sum)
+    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks]
+
+
+def _s(v) -> str:
+    return "" if v is None else str(v)
+
+
+class PodCollector:
+    """prometheus_client collector reading the pod's exporter directory at each scrape."""
+
+    def __init__(self, directory: str, mode: str = "full", balancedness_window_seconds: float = 60.0,
+                 clock=time.monotonic):
+        self.directory = directory
+        self.mode = mode
+        self.window = BalancednessWindow(balancedness_window_seconds)
+        self.clock = clock
+
+    def models(self) -> dict[str, PodModel]:
+        models = aggregate(snap.read_all(self.directory))
+        now = self.clock()
+        for pm in models.values():
+            bal = self.window.update(now, pm)
+            pm.balancedness = bal if pm.complete else {}
+        return models
+
+    def collect(self):
+        yield from families(self.models(), self.mode)

