@@ -26,7 +26,11 @@ def _load_regen():
 
 regen = _load_regen()
 _MISSING = regen.vllm_missing_reason()
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING)),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # torch.jit noise on vLLM import
+]
 
 
 @pytest.fixture(scope="module")
