@@ -55,6 +55,9 @@ MODEL_SHAPES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+_CHUNK = 64  # buckets generated at a time
+
+
 class SynthError(ValueError):
     """A generator request that cannot be met; the message names the argument and the fix."""
 
@@ -189,16 +192,19 @@ def domain_popularity(
 # --------------------------------------------------------------------------------------------------
 
 
-def _ar1(rng: np.random.Generator, shape: tuple[int, ...], rho: np.ndarray | float) -> np.ndarray:
-    """Stationary unit-variance AR(1) along axis 0 (``rho`` per step, scalar or ``[T]``)."""
+def _ar1(
+    rng: np.random.Generator, shape: tuple[int, ...], rho: np.ndarray | float, prev: np.ndarray | None = None
+) -> np.ndarray:
+    """Stationary unit-variance AR(1) along axis 0 (``rho`` per step, scalar or ``[T]``),
+    continuing from ``prev`` (the value before the first step) if given."""
     t = shape[0]
     rho = np.broadcast_to(np.asarray(rho, dtype=np.float64), (t,))
-    eps = rng.standard_normal(shape)
-    out = np.empty(shape)
-    out[0] = eps[0]
+    out = rng.standard_normal(shape)
     scale = np.sqrt(1.0 - rho**2)
+    if prev is not None:
+        out[0] = rho[0] * prev + scale[0] * out[0]
     for i in range(1, t):
-        out[i] = rho[i] * out[i - 1] + scale[i] * eps[i]
+        out[i] = rho[i] * out[i - 1] + scale[i] * out[i]
     return out
 
 
@@ -331,6 +337,8 @@ def generate(
         raise SynthError(f"hours: must be > 0, got {hours}")
     if not bucket_seconds > 0:
         raise SynthError(f"bucket_seconds: must be > 0, got {bucket_seconds}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SynthError(f"seed: must be an integer >= 0, got {seed!r}")
     num_buckets = int(round(hours * 3600.0 / bucket_seconds))
     if num_buckets < 1:
         raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")
@@ -376,19 +384,24 @@ def generate(
     tokens_per_step = peak_tokens * rate / step_scale
 
     # Per-bucket expert shares: mixture of domains x noise from the running requests' own preferences.
-    shares = np.einsum("td,dle->tle", mix, dom_pop)
     kappa = request_concentration(pop_fit, temporal, dom_pop)
     requests = np.maximum(bucket_steps * tokens_per_step / max(prof.request_tokens, 1.0), 1.0)  # [T]
-    rel_var = (1.0 - shares) / (shares * (kappa + 1.0) * requests[:, None, None])
-    sigma = np.sqrt(np.minimum(rel_var, 1.0))  # log-normal tails: cap so a cold expert cannot turn hot
-    rho = np.exp(-bucket_steps / max(temporal.mean_request_tokens, 1.0))
-    z = _ar1(rng_noise, shares.shape, rho)
-    shares = shares * np.exp(sigma * z - sigma**2 / 2)
-    shares /= shares.sum(axis=-1, keepdims=True)
-
+    rho = np.exp(-bucket_steps / max(temporal.mean_request_tokens, 1.0))  # [T]
     assignments = np.round(bucket_steps * tokens_per_step).astype(np.int64) * top_k  # [T]
-    n = np.broadcast_to(assignments[:, None], (num_buckets, num_layers))
-    load = rng_count.multinomial(n, shares).astype(np.float64)
+    # Buckets in chunks (same draws whatever T), so a long trace needs memory for its load only.
+    load = np.empty((num_buckets, num_layers, num_experts), dtype=np.float64)
+    z_prev = None
+    for start in range(0, num_buckets, _CHUNK):
+        sl = slice(start, min(start + _CHUNK, num_buckets))
+        shares = np.einsum("td,dle->tle", mix[sl], dom_pop)
+        rel_var = (1.0 - shares) / (shares * (kappa + 1.0) * requests[sl, None, None])
+        sigma = np.sqrt(np.minimum(rel_var, 1.0))  # log-normal tails: cap so a cold expert cannot turn hot
+        z = _ar1(rng_noise, shares.shape, rho[sl], z_prev)
+        z_prev = z[-1]
+        shares *= np.exp(sigma * z - sigma**2 / 2)
+        shares /= shares.sum(axis=-1, keepdims=True)
+        n = np.broadcast_to(assignments[sl, None], shares.shape[:2])
+        load[sl] = rng_count.multinomial(n, shares)
 
     return LoadTrace(
         load=load,

@@ -303,7 +303,8 @@ def trace_from_prometheus(
     Args:
         expert_tokens: JSON body (or its ``data``) of ``/api/v1/query_range`` for e.g.
             ``sum by (layer, expert) (increase(moe_eplb_expert_tokens_total{...}[15s]))`` with
-            ``step=15s``: one series per (layer, expert) with labels ``layer`` and ``expert``
+            ``step=15s``: one series per (layer, expert) with labels
+            :data:`~moe_eplb.exporter.names.LABEL_LAYER` and ``LABEL_EXPERT``
             (:data:`moe_eplb.exporter.names.EXPERT_TOKENS`). Several series with the same
             (layer, expert) (e.g. one per pod) are added up.
         engine_steps: the same for ``increase(moe_eplb_engine_steps_total[15s])``
@@ -334,7 +335,7 @@ def trace_from_prometheus(
     if not expert_series:
         raise TraceError(f"{what_e}: no series; is the exporter scraped (metric {names.EXPERT_TOKENS})?")
 
-    models = {s.get("metric", {}).get("model") for s in list(expert_series) + list(step_series)} - {None}
+    models = {s.get("metric", {}).get(names.LABEL_MODEL) for s in list(expert_series) + list(step_series)} - {None}
     if len(models) > 1:
         raise TraceError(
             f"model: the results mix {len(models)} models ({', '.join(sorted(models))}); "
@@ -369,8 +370,8 @@ def trace_from_prometheus(
     keyed: list[tuple[int, int, np.ndarray, np.ndarray]] = []
     for s in expert_series:
         metric = s.get("metric", {})
-        layer = _int_label(metric, "layer", what_e)
-        expert = _int_label(metric, "expert", what_e)
+        layer = _int_label(metric, names.LABEL_LAYER, what_e)
+        expert = _int_label(metric, names.LABEL_EXPERT, what_e)
         ts, vs = _points(s, what_e)
         keyed.append((layer, expert, ts, vs))
     max_layer = max(k[0] for k in keyed)
