@@ -111,6 +111,8 @@ def test_nearest_redundant_values() -> None:
          "spec.eplb.numRedundantExperts"),
         ({"spec.engine.extraArgs": ["--eplb-config.window_size", "5"]}, "spec.engine.extraArgs[0]", "spec.eplb"),
         ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]", "spec.parallelism.tensor"),
+        # WNA16 + EPLB needs the Triton MoE backend in current vLLM
+        ({"spec.engine.extraArgs": ["--moe-backend", "marlin"]}, "spec.engine.extraArgs", "only on the triton backend"),
         # memory budget for redundant experts (Recommend mode): 8 x 48 x ~5 MB / 4 > 64Mi
         ({"spec.autotune.mode": "Recommend", "spec.autotune.memoryBudgetPerGpu": "64Mi"},
          "spec.eplb.numRedundantExperts", "more than spec.autotune.memoryBudgetPerGpu"),

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 
 from moe_eplb.api.versions import Version
 
+# vLLM PR #33807 added --moe-backend (Feb 2026); PR #44570 (Jun 2026) made WNA16 EPLB depend on the
+# Triton backend. Estimated first release where the flag is both accepted and needed for WNA16 + EPLB.
+MOE_BACKEND_FLAG_SINCE: Version = (0, 26, 0)
+
 
 @dataclass(frozen=True)
 class ArchitectureInfo:
@@ -42,6 +46,7 @@ class QuantizationInfo:
     eplb_since: Version | None
     vllm_method: str
     note: str = ""
+    eplb_moe_backend: str | None = None  # MoE kernel backend EPLB needs (passed as --moe-backend)
 
 
 ARCHITECTURES: dict[str, ArchitectureInfo] = {
@@ -81,13 +86,19 @@ QUANTIZATIONS: dict[str, QuantizationInfo] = {
             (0, 12, 0),
             "CompressedTensorsWNA16MoEMethod",
             "llm-compressor AWQ/GPTQ W4A16 checkpoints; vLLM PR #28849 (v0.12.0). "
-            "v0.11.x gave wrong outputs with int4 Marlin + EPLB (vLLM issue #32388)",
+            "v0.11.x gave wrong outputs with int4 Marlin + EPLB (vLLM issue #32388). In current vLLM "
+            "supports_eplb holds only for the Triton MoE backend while auto-selection prefers Marlin, "
+            "so the operator adds --moe-backend triton (see MOE_BACKEND_FLAG_SINCE)",
+            eplb_moe_backend="triton",
         ),
         QuantizationInfo("compressed-tensors-w8a8-fp8", 1.0, (0, 11, 0), "CompressedTensorsW8A8Fp8MoEMethod"),
-        QuantizationInfo("compressed-tensors-w4a8-fp8", _INT4_G128, (0, 12, 0), "CompressedTensorsW4A8Fp8MoEMethod"),
-        QuantizationInfo("compressed-tensors-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "CompressedTensorsW4A4Nvfp4MoEMethod"),
-        QuantizationInfo("compressed-tensors-mxfp4", 0.5 + 1 / 32, (0, 12, 0), "CompressedTensorsW4A4Mxfp4MoEMethod"),
-        QuantizationInfo("modelopt-fp8", 1.0, (0, 11, 0), "ModelOptFp8MoEMethod"),
+        QuantizationInfo("compressed-tensors-w4a8-fp8", _INT4_G128, None, "CompressedTensorsW4A8Fp8MoEMethod",
+                         "supports_eplb is False (vLLM 0.32)"),
+        QuantizationInfo("compressed-tensors-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "CompressedTensorsW4A4Nvfp4MoEMethod",
+                         "EPLB only with the NVFP4 MoE backends vLLM lists as EPLB-capable (backend-dependent)"),
+        QuantizationInfo("compressed-tensors-mxfp4", 0.5 + 1 / 32, (0, 12, 0), "CompressedTensorsW4A4Mxfp4MoEMethod",
+                         "EPLB only with FlashInfer MoE-EP MXFP4 backends (backend-dependent)"),
+        QuantizationInfo("modelopt-fp8", 1.0, None, "ModelOptFp8MoEMethod", "supports_eplb is False (vLLM 0.32)"),
         QuantizationInfo("modelopt-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "ModelOptNvFp4FusedMoE"),
         QuantizationInfo("mxfp4", 0.5 + 1 / 32, (0, 11, 0), "Mxfp4MoEMethod"),
         QuantizationInfo("quark-mxfp4", 0.5 + 1 / 32, (0, 11, 0), "QuarkOCP_MX_MoEMethod"),
@@ -95,10 +106,11 @@ QUANTIZATIONS: dict[str, QuantizationInfo] = {
             "awq",
             _INT4_G128 + 0.5 / 128,
             None,
-            "AWQMoEMethod",
+            "AutoAWQMoEMethod",
             "AutoAWQ-format checkpoints; llm-compressor AWQ checkpoints are compressed-tensors-wna16",
         ),
-        QuantizationInfo("gptq", _INT4_G128 + 0.5 / 128, None, "GPTQMarlinMoEMethod"),
+        QuantizationInfo("gptq", _INT4_G128 + 0.5 / 128, None, "AutoGPTQMoEMethod",
+                         "AutoGPTQ-format checkpoints; llm-compressor GPTQ checkpoints are compressed-tensors-wna16"),
         QuantizationInfo("bitsandbytes", 0.5 + 4 / 64, None, "BitsAndBytesMoEMethod"),
         QuantizationInfo("gguf", None, None, "GGUFMoEMethod", "bytes depend on the GGUF type"),
     )

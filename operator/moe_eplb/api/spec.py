@@ -79,6 +79,17 @@ class Engine:
     tolerations: tuple[dict[str, Any], ...]
 
     @property
+    def moe_backend_arg(self) -> str | None:
+        """The value of ``--moe-backend`` given in ``extraArgs``, if any."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            if arg.startswith("--moe-backend="):
+                return arg.split("=", 1)[1]
+            if arg == "--moe-backend" and i + 1 < len(args):
+                return args[i + 1]
+        return None
+
+    @property
     def version(self) -> Version | None:
         """vLLM version: ``spec.engine.version``, else parsed from the image tag, else None."""
         if self.version_field:

@@ -253,6 +253,14 @@ def _quantization_problems(inf: MoEInference, version: Version | None) -> list[P
                     "checkpoints, i.e. config.json quant_method 'compressed-tensors'; awq or gptq for AutoAWQ/AutoGPTQ)")
         ]
     info = catalog.QUANTIZATIONS[quant]
+    if info.eplb_moe_backend and version is not None and version >= catalog.MOE_BACKEND_FLAG_SINCE:
+        chosen = inf.engine.moe_backend_arg
+        if chosen is not None and chosen != info.eplb_moe_backend:
+            return [
+                Problem("spec.engine.extraArgs", f"--moe-backend {chosen}: vLLM supports EPLB with {quant} MoE weights "
+                        f"only on the {info.eplb_moe_backend} backend; remove the argument (the operator sets "
+                        f"--moe-backend {info.eplb_moe_backend}) or set spec.eplb.enabled: false")
+            ]
     if info.eplb_since is None:
         hint = ""
         if quant in ("awq", "gptq"):

