@@ -223,10 +223,12 @@ def _cli(tmp_path, weights, *flags):
     return CliRunner().invoke(main, ["rebalance", "--weights", str(path), *flags])
 
 
-def test_cli_prints_vllm_placement(tmp_path):
-    case = CASES[0]
-    result = _cli(tmp_path, case["weight"], "--replicas", "16", "--groups", "4", "--nodes", "2",
-                  "--gpus", "8")
+@pytest.mark.parametrize("name", ["deepseek-readme", "deepseek-v3-ep32"])
+def test_cli_prints_vllm_placement(tmp_path, name):
+    case = next(c for c in CASES if c["name"] == name)
+    result = _cli(tmp_path, case["weight"], "--replicas", str(case["num_replicas"]),
+                  "--groups", str(case["num_groups"]), "--nodes", str(case["num_nodes"]),
+                  "--gpus", str(case["num_gpus"]))
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert set(out) == {"phy2log", "logcnt"}
