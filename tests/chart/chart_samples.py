@@ -80,6 +80,7 @@ MODEL = "Qwen/Qwen3-30B-A3B"
 LAYERS, EXPERTS, RANKS = 4, 16, 4
 NS, OP_NS, OP_JOB = "team-a", "moe-system", "moe-eplb-metrics"
 DEMO, NOEXPORTER, FAILING, STALE = "demo", "noexporter", "failing", "stale"
+MULTINODE = "multinode"  # an engine spanning pods: the exporter has no balancedness gauge
 BALANCEDNESS = (0.55, 0.6, 0.65, 0.62)  # per layer; mean 0.605 < the default threshold 0.7
 BUCKETS = (0.05, 0.1, 0.5, 1.0, 5.0)
 
@@ -103,6 +104,8 @@ class SampleCollector:
 
     def collect(self) -> Iterable[Any]:
         dt = time.time() - self.t0 + 1.0
+        if self.part == "exporter-multinode":
+            return [f for f in self._exporter(dt) if f.name != n.BALANCEDNESS]
         return {"exporter": self._exporter, "vllm": self._vllm, "operator": self._operator}[self.part](dt)
 
     def _exporter(self, dt: float) -> list[Any]:
@@ -202,10 +205,10 @@ def free_port() -> int:
 
 
 def start_sample_server() -> tuple[http.server.ThreadingHTTPServer, int]:
-    """Serve /exporter, /vllm and /operator on a free loopback port, in a daemon thread."""
+    """Serve /exporter, /exporter-multinode, /vllm and /operator on a free loopback port."""
     t0 = time.time()
     regs = {}
-    for part in ("exporter", "vllm", "operator"):
+    for part in ("exporter", "exporter-multinode", "vllm", "operator"):
         reg = CollectorRegistry(auto_describe=False)
         reg.register(SampleCollector(part, t0))
         regs[part] = reg
@@ -230,6 +233,9 @@ def prometheus_config(target_port: int, rule_files: list[str]) -> dict[str, Any]
         "scrape_configs": [
             job(f"{NS}/demo-exporter", "/exporter", {**pod, "endpoint": n.EXPORTER_PORT_NAME}),
             job(f"{NS}/demo-vllm", "/vllm", {**pod, "endpoint": "http"}),
+            job(f"{NS}/multinode-exporter", "/exporter-multinode",
+                {"namespace": NS, "moeinference": MULTINODE, "pod": "multinode-0",
+                 "endpoint": n.EXPORTER_PORT_NAME}),
             job(f"{NS}/noexporter-vllm", "/vllm",
                 {"namespace": NS, "moeinference": NOEXPORTER, "pod": "noexporter-0", "endpoint": "http"}),
             job(OP_JOB, "/operator", {"namespace": OP_NS, "pod": "moe-eplb-0"}, honor=True),

@@ -132,17 +132,28 @@ def test_dashboard_variables_find_values(prometheus):
         values = prometheus.api(f"label/{label}/values", **{"match[]": q.promql})
         assert values, f"{q.where}: no values for {q.promql}"
     ns = prometheus.api("label/moeinference/values", **{"match[]": n.CONFIG_INFO})
-    assert ns == [samples.DEMO]
+    assert ns == sorted([samples.DEMO, samples.MULTINODE])
 
 
 @pytest.mark.prometheus
 def test_heatmap_and_balance_values(prometheus):
     hot = prometheus.query(cq.substitute(
-        f'topk(1, sum by (layer, expert) (rate({n.EXPERT_TOKENS}{{layer=~"$layer"}}[3s])))'))  # a full window
+        f'topk(1, sum by (layer, expert) (rate({n.EXPERT_TOKENS}{{moeinference="$moeinference", layer=~"$layer"}}[3s])))'))  # a full window
     assert hot[0]["metric"]["expert"] == "0"
     assert float(hot[0]["value"][1]) == pytest.approx(1000.0, rel=0.15)
-    bal = prometheus.query(f"avg({n.BALANCEDNESS})")
+    bal = prometheus.query(f'avg({n.BALANCEDNESS}{{moeinference="{samples.DEMO}"}})')
     assert float(bal[0]["value"][1]) == pytest.approx(sum(samples.BALANCEDNESS) / 4)
+
+
+@pytest.mark.prometheus
+def test_dashboard_balancedness_falls_back_to_rank_counters(prometheus):
+    """The overview stats show balancedness for an engine whose exporter has no gauge."""
+    stat = next(q for q in cq.dashboard_queries() if "Balancedness (mean of layers)" in q.where)
+    res = prometheus.query(stat.promql.replace(f'moeinference="{samples.DEMO}"',
+                                               f'moeinference="{samples.MULTINODE}"'))
+    assert float(res[0]["value"][1]) == pytest.approx(500 / 800, rel=0.05)
+    res = prometheus.query(stat.promql)  # the gauge wins where it exists ($layer = "0")
+    assert float(res[0]["value"][1]) == pytest.approx(samples.BALANCEDNESS[0])
 
 
 @pytest.mark.prometheus
@@ -165,6 +176,7 @@ def test_alert_rules_evaluate_without_errors(prometheus):
 def test_alerts_fire_on_the_sample_data(prometheus):
     expected = {
         ("MoEEPLBBalancednessLow", samples.DEMO): "firing",
+        ("MoEEPLBBalancednessLow", samples.MULTINODE): "firing",  # from the rank counters
         ("MoEEPLBExporterMissing", samples.NOEXPORTER): "firing",
         ("MoEEPLBTuningFailing", samples.FAILING): "firing",
         ("MoEEPLBTuningStale", samples.STALE): "pending",  # for: 5m
@@ -179,7 +191,12 @@ def test_alerts_fire_on_the_sample_data(prometheus):
             break
         time.sleep(0.5)
     assert got == expected  # and nothing else: the operator is up, demo's exporter is there
-    firing = next(a for a in alerts if a["labels"]["alertname"] == "MoEEPLBBalancednessLow")
+    firing = next(a for a in alerts if a["labels"]["alertname"] == "MoEEPLBBalancednessLow"
+                  and a["labels"]["moeinference"] == samples.DEMO)
+    assert float(firing["value"]) == pytest.approx(sum(samples.BALANCEDNESS) / 4)
+    multinode = next(a for a in alerts if a["labels"]["alertname"] == "MoEEPLBBalancednessLow"
+                     and a["labels"]["moeinference"] == samples.MULTINODE)
+    assert float(multinode["value"]) == pytest.approx(500 / 800, rel=0.02)  # mean / max of 800,400,400,400
     assert firing["labels"]["severity"] == "warning"
     assert "team-a/demo" in firing["annotations"]["summary"]
 
