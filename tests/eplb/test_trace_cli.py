@@ -98,14 +98,22 @@ def test_profiles_lists_everything():
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"real routing data not found at {TRACES}")
 def test_synth_from_real_files_and_info_on_them(tmp_path):
     out = tmp_path / "t.npz"
+    files = ["olmoe_expert_counts.json", "mistral_expert_counts.json",
+             "mixtral_gsm8k_token_routing.json", "mixtral_humaneval_token_routing.json"]
     r = _run("trace", "synth", "--profile", "deepseek-v3-chat-code-math", "--hours", "0.1",
-             "--from", str(TRACES / "olmoe_expert_counts.json"),
-             "--from", str(TRACES / "mixtral_humaneval_token_routing.json"), "-o", str(out))
+             *[x for f in files for x in ("--from", str(TRACES / f))], "-o", str(out))
     assert r.exit_code == 0, r.output
     from_files = load_trace(out)
     shipped = synth.generate("deepseek-v3-chat-code-math", hours=0.1, seed=0)
-    # the shipped fit is the fit of these files: only the temporal part (one file of two) differs
-    np.testing.assert_allclose(from_files.popularity(), shipped.popularity(), atol=2e-3)
+    # the shipped fit is the fit of these files, rounded: the same trace up to that rounding
+    # (a rounded correlation can swap two experts of nearly equal latent rank, nothing more)
+    close = np.isclose(from_files.load, shipped.load, rtol=0.03, atol=50)
+    assert close.mean() > 0.98
+    np.testing.assert_allclose(from_files.popularity(), shipped.popularity(), atol=1e-3)
+    np.testing.assert_array_equal(from_files.bucket_steps, shipped.bucket_steps)
+    r = CliRunner().invoke(main, ["trace", "synth", "--profile", "deepseek-v3-steady", "-o", str(tmp_path / "y.json"),
+                                  *[x for f in files[:2] for x in ("--from", str(TRACES / f))]])
+    assert r.exit_code == 2 and "give one expert-counts file" in r.output
     r = CliRunner().invoke(main, ["trace", "synth", "--profile", "deepseek-v3-steady",
                                   "--from", str(TRACES / "olmoe_sft_expert_counts.json"), "-o", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "--from" in r.output and "it has: tulu" in r.output

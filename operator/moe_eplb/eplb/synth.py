@@ -101,13 +101,19 @@ def resolve_shape(model_shape: str | Sequence[int]) -> tuple[str, tuple[int, int
 
 def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None]:
     """Turn ``source`` (path(s) to real routing files, DomainCounts / TokenRouting objects, or
-    fits) into a popularity fit and/or a temporal fit."""
+    fits) into a popularity fit and/or a temporal fit.
+
+    Token-routing files of one model give the temporal fit. Expert-counts files: with one, it is
+    the popularity source; with two, the one with the routing model's expert count and top-k (e.g.
+    Mixtral's, next to Mixtral's routing) measures that model's domain spread for the
+    request/domain ratio (:func:`request_concentration`) and the other is the popularity source.
+    """
     from moe_eplb.eplb import tracefile
 
     if source is None:
         return None, None
     items = list(source) if isinstance(source, (list, tuple)) else [source]
-    pop: PopularityFit | None = None
+    pops: list[PopularityFit] = []
     routings = []
     temporal: TemporalFit | None = None
     for item in items:
@@ -116,17 +122,33 @@ def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None
         if isinstance(item, tracefile.DomainCounts):
             item = _profiles.fit_popularity(item)
         if isinstance(item, PopularityFit):
-            if pop is not None:
-                raise SynthError("source: give at most one expert-counts file (popularity by domain)")
-            pop = item
+            pops.append(item)
         elif isinstance(item, tracefile.TokenRouting):
             routings.append(item)
         elif isinstance(item, TemporalFit):
             temporal = item
         else:
             raise SynthError(f"source: cannot use {type(item).__name__} as a source")
+    if len(pops) > 2 or (len(pops) == 2 and not routings):
+        raise SynthError(
+            "source: give one expert-counts file (the popularity), or two together with token-routing "
+            "files (the popularity, and the counts of the routing's own model)"
+        )
+    pop, same_model = (pops[0] if pops else None), None
     if routings:
-        temporal = _profiles.fit_temporal(routings)
+        shape = (routings[0].num_experts, routings[0].top_k)
+        matching = [p for p in pops if (p.num_experts, p.top_k) == shape]
+        if len(pops) == 2:
+            if len(matching) != 1:
+                raise SynthError(
+                    f"source: of two expert-counts files exactly one must match the routing model "
+                    f"({shape[0]} experts, top-{shape[1]}); {len(matching)} do"
+                )
+            same_model = matching[0]
+            pop = pops[0] if pops[1] is same_model else pops[1]
+        elif matching:
+            same_model = matching[0]
+        temporal = _profiles.fit_temporal(routings, same_model_popularity=same_model)
     return pop, temporal
 
 
