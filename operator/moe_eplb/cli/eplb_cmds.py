@@ -157,7 +157,7 @@ def _add_trace(main: click.Group) -> None:
         except synth.SynthError as exc:
             msg = str(exc)
             hint = {"shift_at": "--shift-at", "hours": "--hours", "bucket_seconds": "--bucket-seconds",
-                 "model_shape": "--model-shape"}.get(
+                 "model_shape": "--model-shape", "seed": "--seed", "source": "--from"}.get(
                 msg.split(":", 1)[0], "--from" if sources and msg.startswith("profile: domain") else None)
             raise _trace_error(exc, hint)
         except TraceError as exc:
