@@ -41,18 +41,27 @@ def _pct(x: float | None) -> str:
 
 
 def print_simulation(console, trace, eplb, static) -> None:
+    from rich import box
     from rich.table import Table
 
     table = Table(title=f"EPLB simulation: W/I/R = {eplb.knobs.label}, ep {eplb.topology.ep_size}, "
-                        f"{trace.num_buckets} buckets, {trace.total_steps} steps")
-    for col in ("", "balancedness", "predicted throughput", "imbalance", "overhead", "KV memory",
-                "rearrangements", "experts moved"):
-        table.add_column(col, justify="right" if col else "left")
-    for label, r in (("no EPLB", static), ("EPLB", eplb)):
-        t = r.throughput
-        table.add_row(label, f"{r.balancedness:.4f}", f"{t.relative:.4f}",
-                      f"{t.imbalance_factor:.4f}", f"{t.overhead_factor:.4f}",
-                      f"{t.kv_factor:.4f}", str(r.rearrangements), str(r.experts_moved))
+                        f"{trace.num_buckets} buckets, {trace.total_steps} steps",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("")
+    table.add_column("no EPLB", justify="right")
+    table.add_column(f"EPLB {eplb.knobs.label}", justify="right")
+    rows = (
+        ("balancedness", lambda r: f"{r.balancedness:.4f}"),
+        ("predicted throughput", lambda r: f"{r.throughput.relative:.4f}"),
+        ("  x imbalance", lambda r: f"{r.throughput.imbalance_factor:.4f}"),
+        ("  x rearrangement overhead", lambda r: f"{r.throughput.overhead_factor:.4f}"),
+        ("  x KV-cache memory", lambda r: f"{r.throughput.kv_factor:.4f}"),
+        ("rearrangements", lambda r: str(r.rearrangements)),
+        ("experts moved", lambda r: str(r.experts_moved)),
+        ("redundant GiB per GPU", lambda r: f"{r.throughput.redundant_bytes_per_gpu / 2**30:.2f}"),
+    )
+    for label, fmt in rows:
+        table.add_row(label, fmt(static), fmt(eplb))
     console.print(table)
     gain = eplb.throughput.relative / static.throughput.relative - 1
     worst = int(eplb.balancedness_per_layer.argmin()) if eplb.balancedness_per_layer.size else 0
@@ -64,21 +73,23 @@ def print_simulation(console, trace, eplb, static) -> None:
 
 
 def print_tune(console, result, top: int = 10) -> None:
+    from rich import box
     from rich.table import Table
 
     d = result.to_dict()
     rec = d["recommendation"]
     table = Table(title=f"EPLB tuning: {len(result.candidates)} candidates, "
-                        f"{result.policy_windows} policy windows, {result.seconds:.1f} s")
+                        f"{result.policy_windows} policy windows, {result.seconds:.1f} s",
+                  box=box.SIMPLE_HEAD)
     for col in ("rank", "W/I/R", "score", "throughput", "balancedness", "rearr.", "moved"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for i, c in enumerate(result.candidates[:top]):
         style = "bold green" if c.knobs == result.chosen.knobs else None
         table.add_row(str(i + 1), c.knobs.label, f"{c.score:.4f}", f"{c.mean:.4f}",
                       f"{c.result.balancedness:.4f}", str(c.result.rearrangements),
                       str(c.result.experts_moved), style=style)
     console.print(table)
-    base = Table(title="Baselines")
+    base = Table(title="Baselines", box=box.SIMPLE_HEAD)
     for col in ("", "W/I/R", "score", "throughput", "balancedness"):
         base.add_column(col, justify="right" if col else "left")
     no = result.no_eplb
