@@ -16,14 +16,21 @@ most ``max_redundancy_levels`` values (smallest and largest kept). vLLM's defaul
 (1000/3000/0), the seed's hand-picked 3000/1000/8 and ``current`` are always evaluated when they
 are valid and within bounds and budget.
 
-Leaving ``current`` costs a restart, so the tuner recommends a change only when the best score
-beats current's by more than ``min_gain + restart_s / horizon_s`` (see
+Known configurations are the prior: a searched configuration is picked only when its score beats
+the best of vLLM's defaults, the seed's 3000/1000/8 and ``current`` (when valid and in bounds) by
+more than ``prior_margin``. Leaving ``current`` costs a restart, so the tuner recommends a change
+only when the pick's score beats current's by more than ``min_gain + restart_s / horizon_s`` (see
 :class:`~moe_eplb.eplb.costmodel.CostModel`); otherwise it recommends keeping ``current``.
+
+Screening: all candidates are first replayed on every k-th MoE layer (about ``screen_layers``),
+then the ``finalists`` best plus the known configurations on all layers; the finalists' exact
+scores decide. See docs/tuner.md.
 
 Speed: every rearrangement of every candidate needs a policy call. They are collected first,
 deduplicated by ``(window start, window end, R)`` (e.g. interval 5000's rearrangements are a subset
 of interval 1000's), run in batches (the policy is vectorised over windows x layers), optionally in
-worker processes, and each candidate's replay then reads the cache.
+worker processes (``workers > 1`` uses spawned processes: scripts need the usual
+``if __name__ == "__main__":`` guard), and each candidate's replay then reads the cache.
 """
 
 from __future__ import annotations
