@@ -4,7 +4,10 @@ A trace is a sequence of T time buckets. For each bucket it holds how many engin
 (``bucket_steps[t]``) and how many tokens were routed to each logical expert of each MoE layer
 during those steps (``load[t, l, e]``, counted once per (token, top-k slot) as vLLM counts).
 
-File format (JSON, or ``.npz`` with the same keys):
+Reading and writing files, Prometheus results and the real routing data: :mod:`moe_eplb.eplb.tracefile`
+(``load_trace``, ``save_trace``, ``trace_from_dict``, ``trace_to_dict``, ``trace_from_prometheus``).
+Synthetic traces: :mod:`moe_eplb.eplb.synth`. File format (JSON, gzip JSON, or ``.npz`` with the same
+keys):
 
 =================  ========================  =============================================
 key                type                      meaning
