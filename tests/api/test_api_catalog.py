@@ -93,3 +93,12 @@ def test_catalog_enum_matches_crd() -> None:
 
     enum = openapi_schema()["properties"]["spec"]["properties"]["model"]["properties"]["quantization"]["enum"]
     assert sorted(enum) == sorted(QUANTIZATIONS)
+
+
+def test_docs_embed_the_current_catalog() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "resource.md").read_text()
+    start = docs.index("<!-- BEGIN catalog")
+    block = docs[docs.index("\n", start) + 1: docs.index("<!-- END catalog -->")]
+    assert block == catalog.markdown_tables(), "regenerate the catalog block in docs/resource.md"

@@ -296,3 +296,28 @@ def guess_quantization(model_name: str, model: ModelInfo | None) -> str | None:
 
 def name_suggests_4bit(model_name: str) -> bool:
     return bool(_QUANTIZED_NAME.search(model_name.rstrip("/").rsplit("/", 1)[-1]))
+
+
+def _v(version: Version | None) -> str:
+    return "no" if version is None else "≥ " + ".".join(map(str, version))
+
+
+def markdown_tables() -> str:
+    """The catalog as Markdown tables (docs/resource.md embeds this text; a test keeps them equal)."""
+    lines = ["| model family | Hugging Face ids | architecture | experts | MoE layers | top-k | groups "
+             "| MiB/expert (bf16) | checkpoint |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for m in MODELS:
+        ids = "<br>".join(f"`{i}`" for i in m.hf_ids)
+        mib = m.bytes_per_expert("none") / 2**20
+        lines.append(f"| {m.display_name} | {ids} | `{m.architecture}` | {m.num_experts} | {m.num_moe_layers} "
+                     f"| {m.top_k} | {m.num_expert_groups} | {mib:.1f} | {m.default_quantization} |")
+    lines += ["", "| architecture | EPLB in vLLM | multimodal | note |", "| --- | --- | --- | --- |"]
+    for a in ARCHITECTURES.values():
+        lines.append(f"| `{a.name}` | {_v(a.eplb_since)} | {'yes' if a.multimodal else 'no'} | {a.note} |")
+    lines += ["", "| `quantization` | vLLM MoE method | bytes/weight | EPLB in vLLM | note |",
+              "| --- | --- | ---: | --- | --- |"]
+    for q in QUANTIZATIONS.values():
+        bpw = "varies" if q.bytes_per_weight is None else f"{q.bytes_per_weight:.4g}"
+        lines.append(f"| `{q.name}` | `{q.vllm_method}` | {bpw} | {_v(q.eplb_since)} | {q.note} |")
+    return "\n".join(lines) + "\n"
