@@ -196,3 +196,17 @@ def test_bad_requests(kwargs, pattern):
     profile = kwargs.pop("profile")
     with pytest.raises(synth.SynthError, match=pattern):
         synth.generate(profile, **kwargs)
+
+
+@pytest.mark.parametrize("steps_per_second", [1.0, 4.0, 20.0])
+def test_bucket_noise_decorrelates_as_requests_turn_over(steps_per_second):
+    """The requests' own preferences persist while they run: the noise's lag-1 autocorrelation is
+    exp(-steps per bucket / mean request length), with the fitted 146-token requests."""
+    prof = synth.with_phases("qwen3-vl-30b-a3b-steady", [{"chat": 1.0}], bursts=None, mix_jitter=0.0, diurnal=False)
+    t = synth.generate(prof, hours=2, seed=0, peak_steps_per_second=steps_per_second, peak_tokens_per_step=64)
+    expected = np.exp(-t.bucket_steps.mean() / profiles.builtin_temporal().mean_request_tokens)
+    x = np.log(t.load + 1)
+    r = (x - x.mean(axis=0))[:, t.popularity() > 2 / t.num_experts]  # [T, hot experts]
+    a, b = r[1:], r[:-1]
+    lag1 = (a * b).sum(0) / np.sqrt((a * a).sum(0) * (b * b).sum(0))
+    assert abs(np.median(lag1) - expected) < 0.06, (np.median(lag1), expected)
