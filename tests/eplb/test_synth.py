@@ -165,6 +165,13 @@ def test_deterministic_by_seed():
     assert overlap >= 2  # both start chat-heavy on the same layout
 
 
+def test_flat_control_profile():
+    t = synth.generate("deepseek-v3-flat", hours=0.25, seed=0)
+    mm = t.popularity().max(axis=1) * t.num_experts
+    real = np.concatenate(list(profiles.builtin_popularity("mixtral").max_over_mean.values()))  # 1.08-1.33
+    assert mm.max() < 1.15 * real.max() and mm.min() > 0.95 * real.min()
+
+
 def test_custom_shape_and_real_files_as_source(tmp_path):
     t = synth.generate("deepseek-v3-steady", model_shape=(4, 32, 4, 2), hours=0.1, seed=0)
     assert t.load.shape == (24, 4, 32) and t.top_k == 2 and t.model == "4x32-top2"
@@ -184,6 +191,7 @@ def test_custom_shape_and_real_files_as_source(tmp_path):
         (dict(profile="deepseek-v3-chat-to-code", shift_at=1.5), r"^shift_at: must be a fraction"),
         (dict(profile="deepseek-v3-steady", hours=0), r"^hours: must be > 0"),
         (dict(profile="deepseek-v3-steady", seed=-1), r"^seed: must be an integer >= 0"),
+        (dict(profile="deepseek-v3-steady", peak_steps_per_second=0), r"^peak_steps_per_second: must be > 0"),
         (dict(profile="deepseek-v3-steady", source=[FIT, FIT, FIT]), r"^source: give one expert-counts file"),
         (dict(profile="deepseek-v3-steady", source=[object()]), r"^source: cannot use object as a source"),
         (dict(profile="deepseek-v3-steady", bucket_seconds=-5), r"^bucket_seconds: must be > 0"),

@@ -490,6 +490,13 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             **_DSV3,
         ),
         Profile(
+            name="deepseek-v3-flat",
+            description="DeepSeek-V3 shape with Mixtral-8x7B's nearly even popularity (a control where EPLB gains little)",
+            phases=(_STEADY_MIX,),
+            popularity="mixtral",
+            **_DSV3,
+        ),
+        Profile(
             name="qwen3-vl-30b-a3b-steady",
             description="Qwen3-VL-30B-A3B shape; a steady chat-heavy mix (80/10/10) with bursts",
             phases=({"chat": 0.8, "code": 0.1, "math": 0.1},),

@@ -364,10 +364,12 @@ def generate(
     num_buckets = int(round(hours * 3600.0 / bucket_seconds))
     if num_buckets < 1:
         raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")
-    peak_steps = float(peak_steps_per_second or prof.peak_steps_per_second)
-    peak_tokens = float(peak_tokens_per_step or prof.peak_tokens_per_step)
-    if peak_steps <= 0 or peak_tokens <= 0:
-        raise SynthError("peak_steps_per_second and peak_tokens_per_step: must be > 0")
+    peak_steps = float(prof.peak_steps_per_second if peak_steps_per_second is None else peak_steps_per_second)
+    peak_tokens = float(prof.peak_tokens_per_step if peak_tokens_per_step is None else peak_tokens_per_step)
+    if not peak_steps > 0:
+        raise SynthError(f"peak_steps_per_second: must be > 0, got {peak_steps}")
+    if not peak_tokens > 0:
+        raise SynthError(f"peak_tokens_per_step: must be > 0, got {peak_tokens}")
 
     pop_fit, temporal = _load_sources(source)
     pop_fit = pop_fit or _profiles.builtin_popularity(prof.popularity)
