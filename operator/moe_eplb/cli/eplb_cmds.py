@@ -148,7 +148,7 @@ def _add_trace(main: click.Group) -> None:
         try:
             tracefile.trace_suffix(output)
         except TraceError as exc:
-            raise _trace_error(exc, "--output")
+            raise _trace_error(exc, "--output") from None
         try:
             trace = synth.generate(
                 profile_name, model_shape=model_shape, hours=hours, bucket_seconds=bucket_seconds,
@@ -159,10 +159,13 @@ def _add_trace(main: click.Group) -> None:
             hint = {"shift_at": "--shift-at", "hours": "--hours", "bucket_seconds": "--bucket-seconds",
                  "model_shape": "--model-shape", "seed": "--seed", "source": "--from"}.get(
                 msg.split(":", 1)[0], "--from" if sources and msg.startswith("profile: domain") else None)
-            raise _trace_error(exc, hint)
+            raise _trace_error(exc, hint) from None
         except TraceError as exc:
-            raise _trace_error(exc, "--from" if sources else None)
-        tracefile.save_trace(trace, output)
+            raise _trace_error(exc, "--from" if sources else None) from None
+        try:
+            tracefile.save_trace(trace, output)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output") from None
         s = trace.summary()
         click.echo(
             f"wrote {output}: {s['num_buckets']} buckets x {s['num_layers']} layers x {s['num_experts']} experts, "
@@ -186,7 +189,7 @@ def _add_trace(main: click.Group) -> None:
             else:
                 info = tracefile.load_trace(path).summary()
         except TraceError as exc:
-            raise _trace_error(exc, "FILE")
+            raise _trace_error(exc, "FILE") from None
         if as_json:
             json.dump(info, sys.stdout, indent=1)
             sys.stdout.write("\n")

@@ -46,7 +46,7 @@ from moe_eplb.eplb.profiles import (
     Profile,
     TemporalFit,
 )
-from moe_eplb.eplb.trace import LoadTrace, TraceError
+from moe_eplb.eplb.trace import LoadTrace
 
 # name -> (MoE layers, routed experts per layer, expert groups, top_k)
 MODEL_SHAPES: dict[str, tuple[int, int, int, int]] = {
