@@ -1,9 +1,12 @@
 """Evaluation without peeking: tune on the first half of each workload, score on the second half.
 
     python bench/bench_tuner.py [--hours 2] [--seed 0] [--only NAME] [--json OUT.json]
+                                [--from-real [DIR]]
 
 Workloads (built by ``moe_eplb.eplb.synth`` from the built-in profiles, whose parameters are
-fitted to the real routing data in ../shared/traces; nothing here reads that folder):
+fitted to the real routing data in ../shared/traces; by default nothing here reads that folder;
+``--from-real`` re-fits the popularity and time structure from the real files at run time:
+``olmoe_expert_counts.json`` plus the two Mixtral token-routing files):
 
 - ``deepseek-steady``   DeepSeek-V3 (58 x 256, 8 groups), steady chat, EP 8 on one node
 - ``deepseek-shift``    DeepSeek-V3, chat -> code -> math domain mix, EP 8 on one node
@@ -31,6 +34,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 from moe_eplb.eplb import synth  # noqa: E402
 from moe_eplb.eplb.holdout import ROWS, evaluate_holdout  # noqa: E402
 
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
+REAL_FILES = ("olmoe_expert_counts.json", "mixtral_humaneval_token_routing.json",
+              "mixtral_gsm8k_token_routing.json")
+
 WORKLOADS = {
     "deepseek-steady": ("deepseek-v3-steady", dict(ep_size=8, num_nodes=1, num_groups=8)),
     "deepseek-shift": ("deepseek-v3-chat-code-math", dict(ep_size=8, num_nodes=1, num_groups=8)),
@@ -45,7 +52,17 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=sorted(WORKLOADS), action="append")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
+    ap.add_argument("--from-real", nargs="?", const=str(SHARED), default=None, metavar="DIR",
+                    help=f"fit the workloads on the real routing files in DIR (default {SHARED})")
     args = ap.parse_args()
+    source = None
+    if args.from_real:
+        source = [os.path.join(args.from_real, f) for f in REAL_FILES]
+        missing = [f for f in source if not os.path.exists(f)]
+        if missing:
+            print(f"--from-real: missing {', '.join(missing)}")
+            return 2
+        print(f"workloads fitted on the real files in {args.from_real}: {', '.join(REAL_FILES)}")
 
     failures, dump = [], {}
     header = f"{'workload':<16} {'row':<14} {'W/I/R':<14} {'balancedness':>12} {'throughput':>10} {'vs hindsight':>12}  note"
@@ -53,7 +70,7 @@ def main() -> int:
     print("-" * len(header))
     for name in args.only or WORKLOADS:
         profile, topo = WORKLOADS[name]
-        trace = synth.generate(profile, hours=args.hours, seed=args.seed)
+        trace = synth.generate(profile, hours=args.hours, seed=args.seed, source=source)
         t0 = time.perf_counter()
         ho = evaluate_holdout(trace, **topo)
         secs = time.perf_counter() - t0

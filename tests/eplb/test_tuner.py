@@ -4,6 +4,8 @@ screening stage, and the done-when property on a workload derived from real rout
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,13 +168,29 @@ def test_progress_reaches_the_total():
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
 
 
-def test_holdout_property_on_real_data_derived_workload():
-    """Done-when on one small workload built from the real-data fits (Qwen3-VL shape, a
-    chat -> math shift): tuned on the first half only, scored on the second."""
+SHARED = Path(os.environ.get("MOE_EPLB_SHARED_TRACES",
+                             Path(__file__).resolve().parents[3] / "shared" / "traces"))
+REAL_FILES = ("olmoe_expert_counts.json", "mixtral_humaneval_token_routing.json",
+              "mixtral_gsm8k_token_routing.json")
+
+
+def _real_source():
+    files = [SHARED / f for f in REAL_FILES]
+    if not all(f.is_file() for f in files):
+        pytest.skip(f"real routing data not found at {SHARED} (set MOE_EPLB_SHARED_TRACES)")
+    return [str(f) for f in files]
+
+
+@pytest.mark.parametrize("source", ["shipped-fits", pytest.param("real-files", marks=pytest.mark.traces)])
+def test_holdout_property_on_real_data_derived_workload(source):
+    """Done-when on one small workload built from real routing data (the generator's shipped
+    fits, or fitted now on the files in ../shared/traces): Qwen3-VL shape, a chat -> math shift,
+    tuned on the first half only, scored on the second."""
     from moe_eplb.eplb import synth
     from moe_eplb.eplb.holdout import evaluate_holdout
 
-    trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", hours=1.0, seed=7)
+    src = _real_source() if source == "real-files" else None
+    trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", hours=1.0, seed=7, source=src)
     ho = evaluate_holdout(trace, ep_size=4)
     rows = ho.rows
     assert rows["seed"].result is not None and rows["vllm_defaults"].result is not None
