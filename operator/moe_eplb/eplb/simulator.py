@@ -369,6 +369,8 @@ class Replay:
         for j in range(1, S):
             found |= n == o[:, j : j + 1]
         kept = int(np.count_nonzero(found))
+        if P == self.E:  # no redundancy: an expert is on one GPU once, nothing to correct
+            return L * P - kept
         ns = np.sort(n, axis=1)
         dup = np.flatnonzero((ns[:, 1:] == ns[:, :-1]).any(axis=1))
         if dup.size:  # an expert twice on one GPU: count min(copies in new, copies in old)
