@@ -29,7 +29,8 @@ FLAG_OF = {
 def bad_parameter(exc: Exception, default_hint: str | None = None) -> click.ClickException:
     """A click error whose hint names the flag the message's leading ``name:`` refers to."""
     msg = str(exc)
-    head = msg.split(":", 1)[0].split(".", 1)[0].strip()
+    head = msg.split(":", 1)[0].strip()
+    head = head.split(".", 1)[1] if head.startswith("CostModel.") else head.split(".", 1)[0]
     hint = FLAG_OF.get(head, default_hint)
     if hint:
         return click.BadParameter(msg, param_hint=hint)
