@@ -36,7 +36,6 @@ worker processes (``workers > 1`` uses spawned processes: scripts need the usual
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -503,7 +502,6 @@ def tune(
     cur = None
     if current is not None and runnable(current):
         cur = exact_by.get(current) or extra.get(current)
-    current_valid = cur
     threshold = cost.change_threshold(min_gain)
 
     # The prior: well-known configurations (vLLM's defaults, the seed's, the running one) win
