@@ -1,7 +1,7 @@
 """Fixtures for the chart, dashboard and alert tests (tests/chart).
 
-- ``render(values)``: the chart rendered offline with helm-python-sdk (Helm's Go engine, no helm
-  binary), as a list of Kubernetes objects.
+- ``chart`` / ``render(values)``: the chart loaded and rendered offline with helm-python-sdk, as a
+  list of Kubernetes objects (helpers in chart_support.py).
 - ``prometheus``: a real Prometheus (``/usr/bin/prometheus``) on a free loopback port, scraping a
   sample server that exposes every pinned exporter/operator metric and the checked vLLM metrics,
   with the chart's alert rules loaded. Skipped with a reason when the binary is absent.
@@ -12,32 +12,13 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART_DIR = ROOT / "charts" / "moe-eplb-operator"
-RELEASE, RELEASE_NS = "moe-eplb", "moe-system"
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chart_samples as samples  # noqa: E402
-
-# The value sets the chart is rendered, linted and validated with.
-VALUE_SETS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "namespaced": {"operator": {"watchNamespaces": ["team-a", "team-b"]}},
-    "monitoring-off": {
-        "metrics": {"serviceMonitor": {"enabled": False}},
-        "prometheusRule": {"enabled": False},
-        "dashboards": {"enabled": False},
-    },
-}
-
-
-def helm():
-    return pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (pip install helm-python-sdk)")
+from chart_support import CHART_DIR, FAST_ALERTS, helm, render_chart, rule_groups  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -45,28 +26,9 @@ def chart():
     return helm().Chart.load(str(CHART_DIR))
 
 
-def render_chart(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Render like ``helm template moe-eplb charts/moe-eplb-operator -n moe-system``; objects only."""
-    out = chart.render(values or {}, name=RELEASE, namespace=RELEASE_NS, is_install=True)
-    objs: list[dict[str, Any]] = []
-    for path, text in sorted(out.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        objs += [o for o in yaml.safe_load_all(text) if o]
-    return objs
-
-
 @pytest.fixture(scope="session")
 def render(chart):
     return lambda values=None: render_chart(chart, values)
-
-
-def rule_groups(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [g for o in objs if o["kind"] == "PrometheusRule" for g in o["spec"]["groups"]]
-
-
-# Alert "for" durations cut to zero so that the rules fire within the test's seconds.
-FAST_ALERTS = {"prometheusRule": {"balancednessFor": "0s", "exporterMissingFor": "0s", "operatorDownFor": "0s"}}
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from conftest import CHART_DIR, ROOT
+from chart_support import CHART_DIR, ROOT
 
 import moe_eplb
 from moe_eplb.exporter import names as n

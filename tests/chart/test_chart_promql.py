@@ -13,7 +13,7 @@ import yaml
 
 import chart_queries as cq
 import chart_samples as samples
-from conftest import FAST_ALERTS, render_chart, rule_groups
+from chart_support import FAST_ALERTS, render_chart, rule_groups
 
 from moe_eplb.exporter import names as n
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import CHART_DIR, RELEASE, RELEASE_NS, ROOT, VALUE_SETS, helm, render_chart
+from chart_support import CHART_DIR, RELEASE, RELEASE_NS, ROOT, VALUE_SETS, helm, render_chart
 
 from moe_eplb.controller.rbac import RBAC_RULES, grants
 from moe_eplb.exporter import names as n
