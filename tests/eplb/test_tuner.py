@@ -58,6 +58,8 @@ def test_every_candidate_is_valid_ranked_and_reported():
     assert set(rec) >= {"window_size", "step_interval", "num_redundant_experts", "decision",
                         "reason", "predicted_throughput", "breakdown", "gain_vs_no_eplb"}
     assert rec["decision"] == "change"  # no current given
+    assert rec["predicted_gain_vs"] == "vllm_defaults"
+    assert rec["predicted_gain"] == pytest.approx(res.chosen.score / res.defaults.score - 1)
     assert d["baselines"]["no_eplb"]["balancedness"] < rec["balancedness"]
     assert d["baselines"]["vllm_defaults"]["window_size"] == 1000
     # The recommendation is replayable and gives the reported numbers.
@@ -90,6 +92,8 @@ def test_keep_or_change_accounts_for_the_restart():
     assert dear.decision == "keep" and dear.recommendation == bad
     assert "restart" in dear.reason
     assert dear.to_dict()["baselines"]["current"]["window_size"] == 200
+    assert dear.to_dict()["recommendation"]["predicted_gain"] == 0.0  # keep: current vs current
+    assert cheap.to_dict()["recommendation"]["predicted_gain"] == pytest.approx(gain)
     best = tune(trace, cost=cost, **{**common, "current": cheap.best.knobs})
     assert best.decision == "keep"
 

@@ -223,8 +223,15 @@ class TuneResult:
             "gain_vs_vllm_defaults": self.gain_over(self.defaults),
             "gain_vs_current": self.gain_over(self.current),
             "change_threshold": self.threshold,
-            "breakdown": ch.result.throughput.to_dict(),
         }
+        # The headline gain: over the running config, else vLLM's defaults, else no EPLB.
+        for ref in ("current", "vllm_defaults", "no_eplb"):
+            if rec[f"gain_vs_{ref}"] is not None:
+                rec["predicted_gain"], rec["predicted_gain_vs"] = rec[f"gain_vs_{ref}"], ref
+                break
+        else:
+            rec["predicted_gain"], rec["predicted_gain_vs"] = None, None
+        rec["breakdown"] = ch.result.throughput.to_dict()
         baselines = {
             "no_eplb": {
                 "score": no_score,
