@@ -255,7 +255,8 @@ def expert_load() -> dict[str, Any]:
         "Tokens per second routed to each logical expert of this layer over time (one row per "
         "expert). Hot rows are the experts EPLB replicates.",
         [target(f'sum by (expert) (rate({n.EXPERT_TOKENS}{{{SEL}, layer="$layer"}}{RATE}))',
-                "{{expert}}", fmt="heatmap")],
+                "{{expert}}")],  # one series per expert = one heatmap row (not "heatmap"
+                                 # format, which would de-cumulate them like histogram buckets)
         w=12, h=9, unit="short",
         extra={"repeat": "layer", "repeatDirection": "h", "maxPerRow": 2},
         options={"calculate": False, "yAxis": {"axisPlacement": "left", "unit": "none"},

@@ -74,6 +74,9 @@ def test_expert_load_dashboard_has_what_the_issue_asks_for():
         by_type.setdefault(p["type"], []).append(p)
     heat = by_type["heatmap"][0]
     assert heat["repeat"] == "layer" and n.EXPERT_TOKENS in heat["targets"][0]["expr"]
+    # rows = experts as plain series; Grafana's "heatmap" format would de-cumulate them as if
+    # they were histogram buckets
+    assert heat["targets"][0]["format"] == "time_series" and heat["options"]["calculate"] is False
     exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
     assert "topk($topk" in exprs
     for name in (n.RANK_TOKENS, n.BALANCEDNESS, n.EXPERT_REPLICAS, n.REARRANGEMENTS,
