@@ -86,6 +86,17 @@ BAD = {
     "window-wrong-type": ({"spec.eplb.windowSize": "big"}, "spec.eplb.windowSize", "not of type 'integer'"),
     "prometheus-url": ({"spec.monitoring.prometheusUrl": "prometheus:9090"}, "spec.monitoring.prometheusUrl", "http"),
     "name-too-long": ({"metadata.name": "x" * 46}, "<root>", "at most 45 characters"),
+    # generated from the catalog (moe_eplb.api.cel_catalog)
+    "arch-too-old-for-eplb": ({"spec.engine.version": "0.11.2"}, "spec.eplb.enabled",
+                              "Qwen3VLMoeForConditionalGeneration needs vLLM >= 0.12.0"),
+    "quantization-without-eplb": ({"spec.model.quantization": "awq"}, "spec.model.quantization", "no EPLB"),
+    "unknown-model-without-moe": ({"spec.model.name": "acme/x", "spec.model.architecture": DELETE}, "spec.model.moe",
+                                  "not in the catalog"),
+    "unknown-architecture-without-moe": ({"spec.model.architecture": "AcmeMoe"}, "spec.model.moe", "not in the catalog"),
+    "catalog-divisibility": ({"spec.eplb.numRedundantExperts": 7}, "spec.eplb.numRedundantExperts", "128 experts"),
+    "version-unknown": ({"spec.engine.image": "vllm/vllm-openai:latest"}, "spec.engine.version", "set spec.engine.version"),
+    "multimodal-option-on-text-model": ({"spec.model.architecture": "Qwen3MoeForCausalLM"},
+                                        "spec.engine.limitMmPerPrompt", "not multimodal"),
 }
 
 
@@ -107,7 +118,8 @@ def test_good_variants_pass(variant) -> None:
         {"spec.eplb.enabled": False, "spec.parallelism.tensor": 1},
         {"spec.parallelism": {"tensor": 2, "data": 4, "nodes": 2, "dataLocal": 2},
          "spec.engine.resources": {"limits": {"nvidia.com/gpu": 4}}},
-        {"spec.engine.image": "registry.local:5000/team/vllm@sha256:" + "a" * 64},
+        {"spec.engine.image": "registry.local:5000/team/vllm@sha256:" + "a" * 64, "spec.engine.version": "0.12.0"},
+        {"spec.engine.image": "registry.local:5000/team/vllm@sha256:" + "a" * 64, "spec.eplb.enabled": False},
         {"spec.engine.image": "vllm/vllm-openai:v0.12.0-cu130", "spec.autotune.memoryBudgetPerGpu": "8Gi"},
         {"spec.autotune.memoryBudgetPerGpu": 8589934592},
     ]

@@ -136,7 +136,17 @@ class ModelInfo:
     moe_intermediate_size: int
     default_quantization: str = "none"
     hf_ids: tuple[str, ...] = ()
+    # RE2-compatible regexes (no look-around) searched in the lower-cased last path component;
+    # the same regexes appear in the CRD's generated CEL rules (moe_eplb.api.cel_catalog)
     name_patterns: tuple[str, ...] = field(default=(), repr=False)
+    exclude_patterns: tuple[str, ...] = field(default=(), repr=False)
+
+    def matches_name(self, model_name: str) -> bool:
+        """Whether ``model_name`` (HF id or path) is this family by its last path component."""
+        base = model_name.rstrip("/").rsplit("/", 1)[-1].lower()
+        return any(re.search(p, base) for p in self.name_patterns) and not any(
+            re.search(p, base) for p in self.exclude_patterns
+        )
 
     @property
     def weights_per_expert(self) -> int:
@@ -164,7 +174,8 @@ MODELS: tuple[ModelInfo, ...] = (
         hidden_size=7168, moe_intermediate_size=2048, default_quantization="fp8",
         hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3.1",
                 "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528"),
-        name_patterns=(r"deepseek-v3", r"deepseek-r1(?!-distill)"),
+        name_patterns=(r"deepseek-v3", r"deepseek-r1"),
+        exclude_patterns=(r"distill",),
     ),
     ModelInfo(
         "deepseek-v2-lite", "DeepSeek-V2-Lite (16B)", "DeepseekV2ForCausalLM",
@@ -228,14 +239,15 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=45, top_k=8, num_expert_groups=1,
         hidden_size=4096, moe_intermediate_size=1408,
         hf_ids=("zai-org/GLM-4.5-Air", "zai-org/GLM-4.5-Air-FP8"),
-        name_patterns=(r"glm-4\.5-air",),
+        name_patterns=(r"glm-4[.]5-air",),
     ),
     ModelInfo(
         "glm-4.5", "GLM-4.5 (355B)", "Glm4MoeForCausalLM",
         num_experts=160, num_moe_layers=89, top_k=8, num_expert_groups=1,
         hidden_size=5120, moe_intermediate_size=1536,
         hf_ids=("zai-org/GLM-4.5", "zai-org/GLM-4.5-FP8"),
-        name_patterns=(r"glm-4\.5(?!v)",),
+        name_patterns=(r"glm-4[.]5",),
+        exclude_patterns=(r"glm-4[.]5v",),
     ),
     ModelInfo(
         "mixtral-8x7b", "Mixtral 8x7B", "MixtralForCausalLM",
@@ -262,9 +274,8 @@ def lookup(model_name: str) -> ModelInfo | None:
     exact = _BY_ID.get(model_name.strip().lower())
     if exact:
         return exact
-    base = model_name.rstrip("/").rsplit("/", 1)[-1].lower()
     for model in MODELS:
-        if any(re.search(p, base) for p in model.name_patterns):
+        if model.matches_name(model_name):
             return model
     return None
 

@@ -27,6 +27,7 @@ def _program(rule: str) -> Any:
 def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
     """Run every rule in ``schema`` (recursively) against ``obj``; one Problem per failed rule."""
     problems: list[Problem] = []
+    context = None  # built once per node: converting the object to CEL values is the costly part
     for rule in schema.get("x-kubernetes-validations") or ():
         expr = rule["rule"]
         if "oldSelf" in expr:
@@ -36,7 +37,9 @@ def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
             sub = [p for p in rule["fieldPath"].lstrip(".").split(".") if p]
             field = format_path(list(path) + sub)
         try:
-            ok = _program(expr).execute({"self": obj})
+            if context is None:
+                context = cel.Context(variables={"self": obj})
+            ok = _program(expr).execute(context)
         except Exception as exc:  # the apiserver reports evaluation errors as invalid values too
             problems.append(Problem(field, f"{rule.get('message', 'rule failed')} (rule error: {exc})"))
             continue

@@ -27,6 +27,9 @@ _IMAGE_RE = re.compile(
 )
 
 
+_TAG_VERSION_RE = re.compile(r"^v?[0-9]+[.][0-9]+[.][0-9]+([^0-9].*)?$")
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """A parsed image reference. ``registry`` is None for Docker Hub short names."""
@@ -38,7 +41,11 @@ class ImageRef:
 
     @property
     def version(self) -> Version | None:
-        """vLLM version from the tag (``v0.12.0``, ``0.12.0-cu129``, ``vllm0.11.1``), else None."""
+        """vLLM version from a tag that starts with it (``v0.12.0``, ``0.12.0-cu129``,
+        ``v0.11.1rc1``), else None (``latest``, ``nightly-0.12.0``: set ``spec.engine.version``).
+        The CRD's CEL rules read the tag the same way."""
+        if not self.tag or not _TAG_VERSION_RE.match(self.tag):
+            return None
         return parse_version(self.tag)
 
 

@@ -101,7 +101,7 @@ def validate(resource: Any) -> list[Problem]:
         )
     base = apiserver_problems(resource)
     problems += base
-    if _has_structural_problem(resource):
+    if any(p in base for p in problems) and _has_structural_problem(resource):
         return problems
     semantic = semantic_problems(parse(resource))
     replaced = {p.field for p in semantic}
@@ -191,7 +191,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                 problems.append(
                     Problem("spec.eplb.enabled", f"vLLM has no EPLB for {arch.name}; set spec.eplb.enabled: false")
                 )
-            elif version is not None and version < arch.eplb_since:
+            elif version is not None and EPLB_FIRST < arch.eplb_since and version < arch.eplb_since:
                 problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
         problems += _quantization_problems(inf, version)
         if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
@@ -270,7 +270,7 @@ def _quantization_problems(inf: MoEInference, version: Version | None) -> list[P
             Problem("spec.model.quantization", f"vLLM's MoE method for {quant} ({info.vllm_method}) does not support "
                     f"EPLB in any release; use another checkpoint format or set spec.eplb.enabled: false.{hint}")
         ]
-    if version is not None and version < info.eplb_since:
+    if version is not None and EPLB_FIRST < info.eplb_since and version < info.eplb_since:
         return [
             Problem("spec.model.quantization", f"EPLB with {quant} MoE weights needs vLLM >= "
                     f"{format_version(info.eplb_since)}, the image has {format_version(version)}: use a newer image "
