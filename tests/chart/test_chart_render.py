@@ -259,3 +259,15 @@ def test_generated_chart_files_are_up_to_date():
     stale = [str(p.relative_to(ROOT)) for p, text in gen.render_all().items()
              if not p.exists() or p.read_text() != text]
     assert not stale, f"stale generated files {stale}: run python scripts/gen_chart.py"
+
+
+def test_image_digest_and_existing_service_account(render, chart):
+    objs = render({"image": {"digest": "sha256:" + "a" * 64},
+                   "serviceAccount": {"create": False, "name": "my-sa"}, "peering": {"create": False}})
+    spec = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert spec["containers"][0]["image"] == "ghcr.io/moe-eplb/operator@sha256:" + "a" * 64
+    assert spec["serviceAccountName"] == "my-sa"
+    assert not by_kind(objs, "ServiceAccount") and not by_kind(objs, "ClusterKopfPeering")
+    assert one(objs, "ClusterRoleBinding")["subjects"][0]["name"] == "my-sa"
+    with pytest.raises(helm().HelmError, match="serviceAccount.name is required"):
+        render_chart(chart, {"serviceAccount": {"create": False}})
