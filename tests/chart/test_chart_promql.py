@@ -60,6 +60,47 @@ def test_catalog_covers_every_pinned_metric():
     assert pinned == catalog, f"names.py and the test catalog differ: {pinned ^ catalog}"
 
 
+def _family_name(name: str, kind: str) -> str:
+    return name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
+
+
+def test_catalog_matches_the_real_exporter():
+    """The dashboards' assumptions (names, types, labels) hold for what the exporter really emits."""
+    np = pytest.importorskip("numpy")
+    try:
+        from moe_eplb.exporter import snapshot as snap
+        from moe_eplb.exporter.collector import aggregate, families
+    except ImportError as exc:
+        pytest.skip(f"exporter collector not importable: {exc}")
+    L, E, EP = 2, 4, 2
+    snaps = [snap.WorkerSnapshot(pid=r, time=0.0, models=[snap.ModelSnapshot(
+        name="m", ep_rank=r, ep_size=EP, expert_tokens=np.ones((L, E)), rank_tokens=np.ones((L, EP)),
+        replicas=np.ones((L, E), np.int64), steps=5, window_size=1000, step_interval=3000,
+        num_redundant_experts=0)]) for r in range(EP)]
+    got = {}
+    for fam in families(aggregate(snaps)):
+        labels = {tuple(k for k in smp.labels if k != "le") for smp in fam.samples}
+        got[fam.name] = (fam.type, labels)
+    for name, (kind, labels) in samples.EXPORTER_METRICS.items():
+        fam = _family_name(name, kind)
+        assert fam in got, f"the exporter does not emit {name}"
+        assert got[fam][0] == kind, f"{name}: exporter type {got[fam][0]}, dashboards assume {kind}"
+        assert got[fam][1] <= {tuple(labels)}, f"{name}: exporter labels {got[fam][1]}, assumed {labels}"
+
+
+def test_catalog_matches_the_operators_metrics():
+    try:
+        from moe_eplb.controller import opmetrics
+    except ImportError as exc:
+        pytest.skip(f"operator metrics not importable: {exc}")
+    m = opmetrics.metrics()
+    for obj in vars(m).values():
+        name = obj._name if obj._type != "counter" else obj._name + "_total"
+        kind, labels = samples.OPERATOR_METRICS[name]
+        assert obj._type == kind, name
+        assert tuple(obj._labelnames) == labels, name
+
+
 def test_every_alert_of_the_issue_is_shipped(alert_groups):
     alerts = {r["alert"] for g in alert_groups for r in g["rules"]}
     assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBTuningFailing",
