@@ -48,8 +48,10 @@ __all__ = [
     "simulate_clairvoyant",
 ]
 
-# Windows per policy call: big enough to amortise the per-call Python loop, small enough for memory.
-_POLICY_CHUNK = 48
+# Rows (windows x layers) per policy call: big enough to amortise the policy's per-item Python
+# loop, small enough for memory (~6 MB of float32 load for 256 experts).
+_POLICY_ROWS = 48 * 58
+_POLICY_CHUNK = 48  # buckets per call in the clairvoyant replay
 
 
 class SimError(ValueError):
@@ -299,9 +301,10 @@ class Replay:
         for start, end, r in todo:
             by_r.setdefault(r, []).append((start, end))
         jobs = []
+        chunk = max(1, _POLICY_ROWS // self.L)
         for r, wins in by_r.items():
-            for i in range(0, len(wins), _POLICY_CHUNK):
-                jobs.append((r, wins[i : i + _POLICY_CHUNK]))
+            for i in range(0, len(wins), chunk):
+                jobs.append((r, wins[i : i + chunk]))
         total = len(todo)
         done = 0
         tp = self.topology
