@@ -34,13 +34,16 @@ async def kube() -> AsyncIterator[EmulatedCluster]:
 @contextlib.asynccontextmanager
 async def running_operator(cluster: EmulatedCluster, *, resync_seconds: float = 3600.0,
                            refresh_delay_s: float = 0.02, clusterwide: bool = True,
-                           standalone: bool = True, peering_name: str = "moe-eplb") -> AsyncIterator[Any]:
-    """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds)."""
+                           standalone: bool = True, peering_name: str = "moe-eplb",
+                           counter: Callable[[str], None] | None = None) -> AsyncIterator[Any]:
+    """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds).
+    ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``error``)."""
     from moe_eplb.controller.handlers import Controller
     from moe_eplb.controller.main import build_settings, run_operator
 
     controller = Controller(connection=kopf.ConnectionInfo(server=cluster.url, token="emulated"),
-                            resync_seconds=resync_seconds, refresh_delay_s=refresh_delay_s, retry_delay_s=0.2)
+                            resync_seconds=resync_seconds, refresh_delay_s=refresh_delay_s, retry_delay_s=0.2,
+                            counter=counter)
     settings = build_settings(standalone=standalone, peering_name=peering_name,
                               clusterwide=clusterwide)
     ready = asyncio.Event()

@@ -28,7 +28,9 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL, __version__
+
+USER_AGENT = f"moe-eplb/{__version__}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ class KubeClient:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self.connection.ssl_context(), limit=64)
             self._session = aiohttp.ClientSession(base_url=None, connector=connector, timeout=self.timeout,
-                                                  headers=self.connection.headers())
+                                                  headers={"User-Agent": USER_AGENT, **self.connection.headers()})
 
     async def close(self) -> None:
         if self._session is not None:

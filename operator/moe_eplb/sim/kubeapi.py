@@ -718,7 +718,10 @@ async def emulated_cluster(*, workload_ready_delay: float | None = None, port: i
             url = str(server.url).rstrip("/")
             kubeconfig = os.path.join(tmp, "kubeconfig.yaml")
             write_kubeconfig(kubeconfig, url)
-            async with aiohttp.ClientSession() as session:
+            # force_close: no keep-alive, so a connection is never reused across an operator that
+            # was cancelled mid-flight in the same loop (seen to leave a pooled connection hanging).
+            async with aiohttp.ClientSession(headers={"User-Agent": "emulated-cluster-client"},
+                                             connector=aiohttp.TCPConnector(force_close=True)) as session:
                 yield EmulatedCluster(api=api, url=url, kubeconfig=kubeconfig, session=session)
 
 

@@ -1,0 +1,62 @@
+"""Every API call the operator makes, as Kubernetes RBAC ``PolicyRule`` data (a ClusterRole's rules).
+
+The Helm chart renders its ClusterRole from :data:`RBAC_RULES`. ``tests/controller/test_rbac.py``
+runs the real operator (kopf included, with peering) against the emulated API server, records
+every request it sends, and proves both directions: each request is allowed by these rules, and
+each (group, resource, verb) granted here is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from moe_eplb import API_GROUP, PLURAL
+
+#: ClusterRole rules: kopf's own needs (resource discovery via CRDs, peering, Events, its
+#: finalizer/annotation patches on MoEInference) plus the controller's child management.
+RBAC_RULES: list[dict[str, list[str]]] = [
+    # MoEInference: kopf watches and patches (finalizer, progress annotations); the controller
+    # reads one for coalesced refreshes and writes the status subresource.
+    {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
+    # Children: created, patched back to the rendered spec, deleted; watched for readiness/drift.
+    {"apiGroups": ["apps"], "resources": ["deployments"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["services", "configmaps"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # Events on MoEInference (controller and kopf).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # kopf: discovers served resources by watching CRDs (cluster-wide mode).
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    # kopf peering (one active operator replica among several).
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"], "verbs": ["list", "watch", "patch"]},
+]
+
+
+def grants(rules: Iterable[dict[str, list[str]]] = RBAC_RULES) -> Iterator[tuple[str, str, str]]:
+    """Every ``(apiGroup, resource, verb)`` the rules grant (``resource`` may be ``x/status``)."""
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    yield (group, resource, verb)
+
+
+def allows(group: str, resource: str, verb: str, rules: Iterable[dict[str, list[str]]] = RBAC_RULES) -> bool:
+    """Whether ``verb`` on ``group``/``resource`` (``x`` or ``x/sub``) is granted."""
+    return (group, resource, verb) in set(grants(rules))
+
+
+def request_verb(method: str, *, named: bool, watch: bool) -> str:
+    """The RBAC verb of an HTTP request to a resource URL."""
+    method = method.upper()
+    if method == "GET":
+        return "watch" if watch else ("get" if named else "list")
+    return {"POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete" if named else "deletecollection"}[method]

@@ -1,0 +1,314 @@
+"""Operator-in-the-loop: the real kopf operator (fresh registry, embedded in the test's loop) against
+the emulated API server (``moe_eplb.sim.kubeapi``) over real HTTP, with the real validation and
+rendering. Each test applies resources like a user would and asserts what lands in the API."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import pytest
+import yaml
+
+from moe_eplb.render.labels import CONFIG_HASH_ANNOTATION
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml"
+NS = "default"
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+CHILD_PATHS = (
+    "/apis/apps/v1/namespaces/default/deployments",
+    "/apis/leaderworkerset.x-k8s.io/v1/namespaces/default/leaderworkersets",
+    "/api/v1/namespaces/default/services",
+    "/api/v1/namespaces/default/configmaps",
+    "/apis/policy/v1/namespaces/default/poddisruptionbudgets",
+    "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors",
+)
+PLURALS = {"Deployment": "deployments", "LeaderWorkerSet": "leaderworkersets", "Service": "services",
+           "ConfigMap": "configmaps", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors"}
+
+
+def example(name: str | None = None) -> dict:
+    res = yaml.safe_load(EXAMPLE.read_text())
+    res["metadata"]["namespace"] = NS
+    if name:
+        res["metadata"]["name"] = name
+    return res
+
+
+def cond(obj: dict, type_: str) -> dict:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+async def children(kube, name: str) -> dict[str, dict]:
+    """Every child of ``name`` found by its label, keyed "Kind/name"."""
+    out = {}
+    for path in CHILD_PATHS:
+        for item in await kube.list(path, f"eplb.ai/name={name}"):
+            out[f"{item['kind']}/{item['metadata']['name']}"] = item
+    return out
+
+
+def workloads(kids: dict[str, dict]) -> dict[str, dict]:
+    return {k: v for k, v in kids.items() if v["kind"] in WORKLOAD_KINDS}
+
+
+def pod_template(obj: dict) -> dict:
+    spec = obj["spec"]
+    return spec["template"] if obj["kind"] == "Deployment" else spec["leaderWorkerTemplate"]
+
+
+def child_path(obj: dict) -> str:
+    api = obj["apiVersion"]
+    base = f"/apis/{api}" if "/" in api else f"/api/{api}"
+    return f"{base}/namespaces/{obj['metadata']['namespace']}/{PLURALS[obj['kind']]}/{obj['metadata']['name']}"
+
+
+async def observed(kube, name: str, generation: int) -> dict | None:
+    obj = await kube.get(kube.moeinference_path(NS, name))
+    return obj if (obj.get("status") or {}).get("observedGeneration") == generation else None
+
+
+async def events_for(kube, name: str) -> list[dict]:
+    return [e for e in await kube.list("/api/v1/namespaces/default/events")
+            if e.get("involvedObject", {}).get("name") == name]
+
+
+async def make_ready(kube, kids: dict[str, dict]) -> None:
+    """Play the workload controllers: every workload reports all replicas updated and ready."""
+    for obj in workloads(kids).values():
+        live = await kube.get(child_path(obj))
+        await kube.patch(child_path(obj) + "/status", {"status": kube.api.ready_status(live)})
+
+
+async def test_create_makes_children_and_status(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        created = await kube.create(kube.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+
+        # children: a workload, a Service with the http port, owned by the resource, labelled
+        assert workloads(kids), kids.keys()
+        assert any(k.startswith("Service/") for k in kids)
+        assert "PodMonitor/" + name in kids  # the example enables it
+        for child in kids.values():
+            owners = child["metadata"]["ownerReferences"]
+            assert [o["uid"] for o in owners] == [created["metadata"]["uid"]]
+            assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "moe-eplb"
+            assert child["metadata"]["labels"]["eplb.ai/name"] == name
+        for w in workloads(kids).values():
+            assert CONFIG_HASH_ANNOTATION in pod_template(w)["metadata"]["annotations"]
+
+        st = obj["status"]
+        assert cond(obj, "SpecValid")["status"] == "True"
+        assert cond(obj, "Ready")["status"] == "False"
+        assert cond(obj, "Progressing")["status"] == "True"
+        assert st["phase"] == "Pending"
+        assert st["epSize"] == 4
+        assert st["eplb"] == {"enabled": True, "windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}
+        assert st["endpoint"].startswith(f"http://") and f".{NS}.svc:" in st["endpoint"]
+        assert f"eplb.ai/name={name}" in st["selector"]
+        assert st["readyReplicas"] == 0
+
+        # the workload controllers report ready -> the child watch refreshes the status
+        await make_ready(kube, kids)
+        obj = await eventually(lambda: _phase(kube, name, "Running"))
+        assert cond(obj, "Ready")["status"] == "True"
+        assert cond(obj, "Progressing")["status"] == "False"
+        assert cond(obj, "Degraded")["status"] == "False"
+        assert obj["status"]["readyReplicas"] == res["spec"]["replicas"]
+        assert obj["status"]["replicas"] == res["spec"]["replicas"]
+
+        reasons = [e["reason"] for e in await events_for(kube, name)]
+        assert "Created" in reasons
+
+
+async def _phase(kube, name, phase):
+    obj = await kube.get(kube.moeinference_path(NS, name))
+    return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+
+async def test_eplb_change_rolls_the_pod_template(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        before = workloads(await children(kube, name))
+        hashes = {k: pod_template(v)["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for k, v in before.items()}
+
+        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 2000}}})
+        obj = await eventually(lambda: observed(kube, name, 2))
+        after = workloads(await children(kube, name))
+
+    assert obj["status"]["eplb"]["windowSize"] == 2000
+    assert set(after) == set(before)
+    for key, w in after.items():
+        assert pod_template(w)["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] != hashes[key]
+        assert w["metadata"]["generation"] == before[key]["metadata"]["generation"] + 1
+        assert "2000" in yaml.safe_dump(pod_template(w))  # the new window reaches the engine args
+
+
+async def test_scale_changes_replicas_only(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        before = workloads(await children(kube, name))
+        first = len(list(kube.api))
+
+        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 3}})
+        await eventually(lambda: observed(kube, name, 2))
+        after = workloads(await children(kube, name))
+        reasons = [e["reason"] for e in await events_for(kube, name)]
+
+    assert sum(w["spec"].get("replicas", 1) for w in after.values()) >= 3
+    for key, w in after.items():
+        if key in before:  # the same pod template: no pod restarts
+            assert pod_template(w) == pod_template(before[key])
+    # what the operator sent to the workloads: replicas and nothing else
+    workload_patches = [r.data for r in list(kube.api)[first:]
+                        if r.method == "PATCH" and r.resource is not None
+                        and r.resource.plural in ("deployments", "leaderworkersets") and r.subresource is None]
+    assert workload_patches and all(p == {"spec": {"replicas": p["spec"]["replicas"]}} for p in workload_patches)
+    assert "Scaled" in reasons
+
+
+async def test_invalid_spec_is_reported_and_applies_nothing(kube, operator_runner, eventually):
+    res = example("bad")
+    res["spec"]["eplb"]["numRedundantExperts"] = 7  # 128 + 7 is not divisible by EP size 4
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(kube, "bad", 1))
+        kids = await children(kube, "bad")
+        events = await events_for(kube, "bad")
+
+    assert kids == {}
+    assert obj["status"]["phase"] == "Invalid"
+    spec_valid = cond(obj, "SpecValid")
+    assert spec_valid["status"] == "False" and spec_valid["reason"] == "InvalidSpec"
+    assert "spec.eplb.numRedundantExperts" in spec_valid["message"]
+    warnings = [e for e in events if e["type"] == "Warning" and e["reason"] == "InvalidSpec"]
+    assert len(warnings) == 1 and "numRedundantExperts" in warnings[0]["message"]
+
+
+async def test_invalid_update_leaves_running_children_untouched(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        before = await children(kube, name)
+
+        await kube.patch(kube.moeinference_path(NS, name),
+                         {"spec": {"eplb": {"numRedundantExperts": 5}, "replicas": 2}})
+        obj = await eventually(lambda: observed(kube, name, 2))
+        after = await children(kube, name)
+
+    assert cond(obj, "SpecValid")["status"] == "False"
+    assert obj["status"]["phase"] == "Invalid"
+    assert {k: v["metadata"]["resourceVersion"] for k, v in after.items()} == \
+        {k: v["metadata"]["resourceVersion"] for k, v in before.items()}
+
+
+async def test_hand_edits_are_put_back(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+        key, workload = next(iter(workloads(kids).items()))
+        template = pod_template(workload)
+        path = child_path(workload)
+
+        # someone edits the pod template and the replicas by hand
+        broken = copy.deepcopy(template)
+        broken["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "edited-by-hand"
+        field = "template" if workload["kind"] == "Deployment" else "leaderWorkerTemplate"
+        await kube.patch(path, {"spec": {field: broken, "replicas": 7}})
+
+        async def restored():
+            live = await kube.get(path)
+            return live if pod_template(live) == template and live["spec"]["replicas"] == workload["spec"]["replicas"] \
+                else None
+        await eventually(restored)
+
+        # someone deletes the Service: it comes back
+        svc = next(v for v in kids.values() if v["kind"] == "Service")
+        await kube.delete(child_path(svc))
+        back = await eventually(lambda: kube.get_or_none(child_path(svc)))
+        assert back["metadata"]["uid"] != svc["metadata"]["uid"]
+        assert back["spec"]["ports"] == svc["spec"]["ports"]
+        reasons = [e["reason"] for e in await events_for(kube, name)]
+    assert "DriftCorrected" in reasons
+
+
+async def test_timer_restores_drift_without_child_events(kube, operator_runner, eventually):
+    """The periodic resync also puts hand edits back (here the child watch cannot see the edit:
+    it is written straight into the emulator's store, without a watch event)."""
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner(resync_seconds=0.3):
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+        svc = next(v for v in kids.values() if v["kind"] == "Service")
+        key = next(k for k in kube.api.store if k[0].plural == "services" and k[2] == svc["metadata"]["name"])
+        kube.api.store[key]["spec"]["ports"] = [{"name": "http", "port": 9999}]
+        fixed = await eventually(lambda: _ports_are(kube, child_path(svc), svc["spec"]["ports"]))
+    assert fixed
+
+
+async def _ports_are(kube, path, ports):
+    live = await kube.get(path)
+    return live if live["spec"]["ports"] == ports else None
+
+
+async def test_delete_removes_children_and_the_resource(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(kube, name, 1))
+        assert "eplb.ai/finalizer" in obj["metadata"]["finalizers"]
+        assert await children(kube, name)
+
+        await kube.delete(kube.moeinference_path(NS, name))
+        await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
+        assert await children(kube, name) == {}
+    deletes = [w for w in kube.api.writes if w[0] == "delete" and w[3] == name and w[1] != "moeinferences"]
+    assert {w[1] for w in deletes} >= {"services"}
+
+
+async def _gone(kube, path):
+    return await kube.get_or_none(path) is None
+
+
+async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+        await make_ready(kube, kids)
+        await eventually(lambda: _phase(kube, name, "Running"))
+    before = {k: v["metadata"]["resourceVersion"] for k, v in (await children(kube, name)).items()}
+    parent_before = await kube.get(kube.moeinference_path(NS, name))
+    writes_before = len(kube.api.writes)
+
+    results: list[str] = []
+    async with operator_runner(counter=results.append):
+        await eventually(lambda: "ok" in results, timeout=10)  # the resume handler ran
+        after_kids = await children(kube, name)
+    after = {k: v["metadata"]["resourceVersion"] for k, v in after_kids.items()}
+    parent_after = await kube.get(kube.moeinference_path(NS, name))
+
+    assert after == before
+    child_writes = [w for w in kube.api.writes[writes_before:] if w[1] != "moeinferences"]
+    assert child_writes == []
+    assert parent_after["status"] == parent_before["status"]
