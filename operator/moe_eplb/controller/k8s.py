@@ -64,7 +64,6 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments"),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     ("v1", "Service"): Kind("", "v1", "services"),
-    ("v1", "ConfigMap"): Kind("", "v1", "configmaps"),
     ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets"),
     ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
     ("v1", "Event"): Kind("", "v1", "events"),
@@ -75,7 +74,6 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "Deployment"),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
     ("v1", "Service"),
-    ("v1", "ConfigMap"),
     ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
 )

@@ -24,7 +24,7 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["services", "configmaps"],
+    {"apiGroups": [""], "resources": ["services"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},

@@ -37,7 +37,6 @@ log = logging.getLogger("moe_eplb.controller")
 PARENT_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 NAME_LABEL = "eplb.ai/name"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "moe-eplb")
-HTTP_PORT_NAME = "http"
 
 # metadata keys of a child that the controller manages (others are the server's or other tools')
 _MANAGED_METADATA = ("labels", "annotations", "ownerReferences")
@@ -92,17 +91,6 @@ def _child_id(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def endpoint_of(children: Sequence[Mapping[str, Any]], namespace: str) -> str | None:
-    """``http://<service>.<namespace>.svc:<port>`` of the first Service's port named ``http``."""
-    for child in children:
-        if child.get("kind") != "Service":
-            continue
-        for port in (child.get("spec") or {}).get("ports") or []:
-            if port.get("name") == HTTP_PORT_NAME:
-                return f"http://{child['metadata']['name']}.{namespace}.svc:{port.get('port')}"
-    return None
-
-
 def selector_of(name: str) -> str:
     """Label selector string of the engine pods (/scale's ``labelSelectorPath``)."""
     from moe_eplb.render.labels import selector_string
@@ -134,12 +122,12 @@ class SpecError(Exception):
     """Rendering failed for a resource that passed validation (reported like an invalid spec)."""
 
 
-def _api_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+def _api_functions() -> tuple[Callable[..., Any], ...]:
     """The pure parts this controller calls (imported lazily: they pull the CRD and the catalog)."""
     from moe_eplb.api.spec import apply_defaults, effective_eplb, parse
     from moe_eplb.api.validation import validate
-    from moe_eplb.render.objects import render_children
-    return validate, apply_defaults, render_children, effective_eplb, parse
+    from moe_eplb.render.objects import endpoint, render_children
+    return validate, apply_defaults, render_children, effective_eplb, parse, endpoint
 
 
 class Reconciler:
@@ -221,7 +209,7 @@ class Reconciler:
 
     # ---- the work -------------------------------------------------------------------------------
     async def _reconcile(self, resource: Mapping[str, Any], *, prune: bool) -> Outcome:
-        validate, apply_defaults, render_children, effective_eplb, parse = _api_functions()
+        validate, apply_defaults, render_children, effective_eplb, parse, endpoint = _api_functions()
         ns = resource["metadata"]["namespace"]
         problems = list(validate(dict(resource)))
         desired: list[dict[str, Any]] = []
@@ -269,7 +257,7 @@ class Reconciler:
         eplb_status = eplb.to_status() if hasattr(eplb, "to_status") else dict(eplb)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size,
-            selector=selector_of(resource["metadata"]["name"]), endpoint=endpoint_of(desired, ns))
+            selector=selector_of(resource["metadata"]["name"]), endpoint=endpoint(defaulted))
         outcome.phase = new_status["phase"]
         outcome.status_written = await self._write_status(resource, new_status,
                                                           lambda fresh: status_mod.ready_status(

@@ -563,7 +563,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
                 if not isinstance(request.data, dict):
                     raise _error(400, "BadRequest", "a merge patch must be a JSON object")
-                new = merge_patch(current, request.data)
+                new = merge_patch(copy.deepcopy(current), request.data)
                 sent_rv = (request.data.get("metadata") or {}).get("resourceVersion")
                 new["metadata"]["resourceVersion"] = sent_rv
             else:

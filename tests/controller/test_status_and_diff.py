@@ -1,0 +1,92 @@
+"""Pure parts of the controller: the minimal child patch and the status from children readiness."""
+
+from __future__ import annotations
+
+from moe_eplb.api.problem import Problem
+from moe_eplb.controller.reconcile import covers, merge_diff
+from moe_eplb.controller.status import (invalid_status, ready_status, status_patch, summarize_workloads)
+
+EPLB = {"enabled": True, "windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}
+
+
+def deploy(replicas=2, generation=1, status=None):
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "generation": generation},
+            "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"name": "vllm", "image": "a"}]}}},
+            "status": status or {}}
+
+
+def resource(generation=1, status=None):
+    return {"metadata": {"name": "m", "namespace": "ns", "generation": generation}, "spec": {}, "status": status or {}}
+
+
+def test_merge_diff_replicas_only_and_server_defaults_ignored():
+    desired = deploy(replicas=3)
+    live = deploy(replicas=2)
+    live["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"  # server default
+    live["metadata"]["resourceVersion"] = "9"
+    assert merge_diff(desired, live) == {"spec": {"replicas": 3}}
+    assert merge_diff(deploy(replicas=2), live) == {}
+
+
+def test_merge_diff_replaces_changed_lists_whole_and_restores_metadata():
+    desired = deploy()
+    desired["metadata"]["labels"] = {"a": "1"}
+    live = deploy()
+    live["metadata"]["labels"] = {"a": "2", "extra": "kept"}
+    live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar"})
+    patch = merge_diff(desired, live)
+    assert patch == {"metadata": {"labels": {"a": "1"}},
+                     "spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a"}]}}}}
+
+
+def test_covers_treats_quantities_as_strings_but_not_bools():
+    assert covers({"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": 4})
+    assert not covers({"x": "True"}, {"x": True})
+    assert not covers([1, 2], [1])
+
+
+def test_workload_summary_and_phases():
+    rolling = deploy(replicas=2, generation=2, status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
+                                                       "updatedReplicas": 0})
+    w = summarize_workloads([rolling])
+    assert (w.desired, w.ready, w.rolled_out, w.reported) == (2, 2, False, True)
+
+    pending = ready_status(resource(), [deploy()], eplb=EPLB, ep_size=4, selector="s", endpoint="http://m.ns.svc:8000",
+                           now="t0")
+    assert pending["phase"] == "Pending" and pending["observedGeneration"] == 1
+    assert pending["eplb"] == EPLB and pending["epSize"] == 4 and pending["endpoint"] == "http://m.ns.svc:8000"
+
+    ready = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2})
+    running = ready_status(resource(status=pending), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None,
+                           now="t1")
+    conds = {c["type"]: c for c in running["conditions"]}
+    assert running["phase"] == "Running" and conds["Ready"]["status"] == "True"
+    assert conds["Ready"]["lastTransitionTime"] == "t1" and conds["SpecValid"]["lastTransitionTime"] == "t0"
+    assert running["readyReplicas"] == 2 and running["replicas"] == 2
+
+    lost = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2})
+    degraded = ready_status(resource(status=running), [lost], eplb=EPLB, ep_size=4, selector="s", endpoint=None,
+                            now="t2")
+    conds = {c["type"]: c for c in degraded["conditions"]}
+    assert degraded["phase"] == "Degraded" and conds["Degraded"]["reason"] == "ReplicasUnavailable"
+
+    stuck = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 0, "updatedReplicas": 2,
+                           "conditions": [{"type": "Progressing", "status": "False",
+                                           "reason": "ProgressDeadlineExceeded", "message": "too slow"}]})
+    failed = ready_status(resource(), [stuck], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
+    assert failed["phase"] == "Degraded" and "ProgressDeadlineExceeded" in failed["message"]
+
+
+def test_invalid_status_keeps_other_conditions_and_status_patch():
+    before = {"phase": "Running", "autotune": {"x": 1},
+              "conditions": [{"type": "Tuned", "status": "True"}, {"type": "SpecValid", "status": "True",
+                                                                   "lastTransitionTime": "t0"}]}
+    st = invalid_status(resource(generation=3, status=before), [Problem("spec.eplb.windowSize", "must be >= 1")],
+                        now="t1")
+    assert st["phase"] == "Invalid" and st["observedGeneration"] == 3 and st["autotune"] == {"x": 1}
+    types = [c["type"] for c in st["conditions"]]
+    assert types == ["Tuned", "SpecValid"]
+    assert "spec.eplb.windowSize: must be >= 1" in st["conditions"][1]["message"]
+    patch = status_patch(before, st)
+    assert set(patch) == {"phase", "message", "observedGeneration", "conditions"}
+    assert status_patch(st, st) is None
