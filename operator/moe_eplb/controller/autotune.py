@@ -154,6 +154,10 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
     """
     import kopf
 
+    from moe_eplb.controller import k8s
+
+    # The loop reads the pods (readiness, crash loops, exporter ports); the RBAC needs get/list pods.
+    k8s.KINDS.setdefault(("v1", "Pod"), k8s.Kind("", "v1", "pods"))
     rt = rt or runtime()
 
     @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="autotune", interval=rt.tick_seconds,
@@ -165,15 +169,30 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
             return
         import copy
 
-        await tick(copy.deepcopy(dict(body)), client, rt, actor=f"{os.environ.get('HOSTNAME', 'operator')}/{id(memo):x}")
+        resource = copy.deepcopy(dict(body))
+
+        async def rerender() -> None:
+            # A status change does not trigger kopf's update handlers: have the reconciler render the
+            # new override now (idempotent; resume and resync would also do it).
+            meta = resource["metadata"]
+            fresh = await client.get(API, KIND, meta.get("namespace"), meta["name"])
+            if fresh is not None and hasattr(ctl, "reconcile"):
+                await ctl.reconcile(fresh)
+
+        await tick(resource, client, rt, actor=f"{os.environ.get('HOSTNAME', 'operator')}/{id(memo):x}",
+                   rerender=rerender)
 
 
 # --- one tick ------------------------------------------------------------------------------------
 
 
-async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str = "") -> str | None:
+async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str = "",
+               rerender: Callable[[], Awaitable[None]] | None = None) -> str | None:
     """One tick of the loop for one MoEInference. Returns what happened (for tests and logs):
-    ``rollout:<phase or action>``, ``evaluation:<decision>``, ``conflict`` or None (nothing)."""
+    ``rollout:<phase or action>``, ``evaluation:<decision>``, ``conflict`` or None (nothing).
+
+    ``rerender()`` makes the reconciler render the children from the resource as stored now
+    (called after the override changed, and while a rollout waits for its template)."""
     meta = resource.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", meta.get("name")
     status = resource.get("status") or {}
@@ -188,14 +207,24 @@ async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str =
         return None
 
     if state.get("rollout"):
-        return await _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name)
-    if cfg.mode == "Off" or not dec.due(cfg, state, now):
+        result = await _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name, rerender)
+    elif cfg.mode == "Off" or not dec.due(cfg, state, now):
         return None
-    return await _evaluate(resource, client, rt, cfg, state, now, generation, ns, name, actor)
+    else:
+        result = await _evaluate(resource, client, rt, cfg, state, now, generation, ns, name, actor)
+    if rerender is not None and result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded"):
+        await rerender()
+    return result
 
 
-async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name) -> str | None:
+async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name, rerender) -> str | None:
     view, pods = await workload_view(client, resource, rt)
+    cur = state["rollout"]
+    stale = (cur.get("phase") == ro.ROLLING and view.template_hash == cur.get("fromHash")) or (
+        cur.get("phase") == ro.ROLLING_BACK and cur.get("toHash") and view.template_hash == cur.get("toHash"))
+    if stale and rerender is not None and int(cur.get("specGeneration") or 0) == generation:
+        await rerender()  # the template still shows the settings before the change: render it again
+        view, pods = await workload_view(client, resource, rt)
     measured = None
     window = ro.measurement_window(cfg, state, now)
     if window is not None and not view.crashlooping:

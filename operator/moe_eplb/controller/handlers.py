@@ -27,6 +27,7 @@ from typing import Any
 import kopf
 
 from moe_eplb import API_GROUP, API_VERSION, PLURAL
+from moe_eplb.controller import autotune
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
 from moe_eplb.controller.reconcile import MANAGED_BY, NAME_LABEL, Outcome, Reconciler
 
@@ -156,3 +157,5 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         k = KINDS[(api_version, kind)]
         kopf.on.event(k.group, k.version, k.plural, id=f"child-{k.plural}", labels={MANAGED_BY[0]: MANAGED_BY[1]},
                       registry=registry)(child_event)
+
+    autotune.register(registry, controller)  # the tuning loop's timer (controller/autotune.py)

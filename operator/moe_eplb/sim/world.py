@@ -1,0 +1,242 @@
+"""A whole SIMULATED cluster in one event loop, for ``moe-eplb demo`` and the autotune tests.
+
+:class:`SimWorld` starts, in order:
+
+1. the emulated Kubernetes API (:mod:`moe_eplb.sim.kubeapi`, kmock over real HTTP);
+2. the fake kubelet (:mod:`moe_eplb.sim.kubelet`), which runs a simulated engine
+   (:mod:`moe_eplb.sim.engine`) per pod of every moe-eplb Deployment, replaying one workload trace
+   on an accelerated :class:`~moe_eplb.sim.engine.SimClock`;
+3. optionally a real Prometheus (``/usr/bin/prometheus``) on loopback, scraping the engine pods
+   found by the kubelet (file-based service discovery, with the labels a PodMonitor would add:
+   ``namespace``, ``pod``, ``moeinference``);
+4. the real operator(s) (``moe_eplb.controller.main.run_operator``) with the autotune loop on the
+   same clock.
+
+Nothing here talks to a real cluster or GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
+
+PROMETHEUS_BIN = "/usr/bin/prometheus"
+
+
+def prometheus_binary() -> str | None:
+    """Path of a Prometheus server binary, or None."""
+    if os.path.exists(PROMETHEUS_BIN):
+        return PROMETHEUS_BIN
+    return shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalPrometheus:
+    """A real Prometheus server on 127.0.0.1 scraping targets listed in a file (file_sd).
+
+    ``update(targets)`` rewrites the target file (``[{namespace, pod, moeinference, port}]``);
+    Prometheus notices within a second. ``scrape_interval`` in wall seconds.
+    """
+
+    def __init__(self, binary: str, *, scrape_interval: float = 1.0, workdir: str | None = None) -> None:
+        self.binary = binary
+        self.scrape_interval = scrape_interval
+        self._tmp = tempfile.TemporaryDirectory(prefix="moe-eplb-prom-") if workdir is None else None
+        self.dir = workdir or self._tmp.name
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.targets_file = os.path.join(self.dir, "targets.json")
+        self.proc: subprocess.Popen | None = None
+
+    def update(self, targets: list[dict]) -> None:
+        groups = [{"targets": [f"127.0.0.1:{t['port']}"],
+                   "labels": {"namespace": t["namespace"], "pod": t["pod"], "moeinference": t["moeinference"]}}
+                  for t in targets]
+        tmp = self.targets_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(groups, f)
+        os.replace(tmp, self.targets_file)
+
+    async def start(self) -> None:
+        self.update([])
+        interval = f"{max(1, int(round(self.scrape_interval * 1000)))}ms"
+        config = os.path.join(self.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write(
+                "global:\n"
+                f"  scrape_interval: {interval}\n"
+                f"  scrape_timeout: {interval}\n"
+                "scrape_configs:\n"
+                "  - job_name: moe-eplb-sim\n"
+                "    metrics_path: /metrics\n"
+                "    file_sd_configs:\n"
+                f"      - files: ['{self.targets_file}']\n"
+                "        refresh_interval: 1s\n"
+            )
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "prometheus.log"), "w"),
+        )
+        import aiohttp
+
+        deadline = time.monotonic() + 15
+        async with aiohttp.ClientSession() as s:
+            while True:
+                try:
+                    async with s.get(self.url + "/-/ready") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Prometheus did not start (see {self.dir}/prometheus.log)")
+                await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+@dataclass
+class SimWorld:
+    """Configuration and handles of a simulated cluster (use ``async with world.run(): ...``).
+
+    Attributes (configuration):
+        workload: the trace all engines replay (``bucket_seconds`` set).
+        scale: simulated seconds per wall second.
+        startup_seconds: simulated model-loading time of an engine pod.
+        prometheus: start a real Prometheus (needs the binary) -- else the operator scrapes pods.
+        tick_seconds: wall seconds between autotune ticks.
+        lookback_seconds, min_steps: the autotune loop's data window (simulated seconds) and floor.
+        crash_if, faults_for: fault injection for the fake kubelet (tests).
+        num_groups: expert groups of the model.
+        observer: autotune observer (see ``AutotuneRuntime.observer``).
+    """
+
+    workload: LoadTrace
+    scale: float = 100.0
+    startup_seconds: float = 120.0
+    prometheus: bool = False
+    scrape_interval: float = 0.5
+    tick_seconds: float = 0.2
+    lookback_seconds: float = 3600.0
+    min_steps: int = 2000
+    search: dict | None = None
+    crash_if: Callable[[EngineSettings], bool] | None = None
+    faults_for: Callable[[EngineSettings], EngineFaults] | None = None
+    num_groups: int = 1
+    observer: Callable[[str, dict, dict], None] | None = None
+    engine_tick: float = 0.05
+    # handles, set by run()
+    cluster: Any = None
+    clock: SimClock | None = None
+    kubelet: Any = None
+    prom: LocalPrometheus | None = None
+    runtime: Any = None
+    operators: list = field(default_factory=list)
+
+    @property
+    def prometheus_url(self) -> str | None:
+        return self.prom.url if self.prom else None
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator["SimWorld"]:
+        from moe_eplb.controller import autotune
+        from moe_eplb.sim.kubeapi import emulated_cluster
+        from moe_eplb.sim.kubelet import FakeKubelet
+
+        self.clock = SimClock.started_now(self.scale)
+        rt = autotune.AutotuneRuntime(clock=self.clock, tick_seconds=self.tick_seconds,
+                                      lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
+                                      observer=self.observer, http_timeout=5.0)
+        if self.search is not None:
+            rt.search = dict(self.search)
+        self.runtime = rt
+        autotune.configure(rt)
+        try:
+            async with emulated_cluster() as cluster:
+                self.cluster = cluster
+                if self.prometheus:
+                    binary = prometheus_binary()
+                    if binary is None:
+                        raise RuntimeError("no Prometheus binary (apt-get install prometheus), or run without it")
+                    self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval)
+                    await self.prom.start()
+                self.kubelet = FakeKubelet(cluster.url, self.workload, self.clock,
+                                           startup_seconds=self.startup_seconds, crash_if=self.crash_if,
+                                           faults_for=self.faults_for, num_groups=self.num_groups,
+                                           engine_tick=self.engine_tick,
+                                           on_change=self.prom.update if self.prom else None)
+                await self.kubelet.start()
+                try:
+                    yield self
+                finally:
+                    for op in list(self.operators):
+                        await self.stop_operator(op)
+                    await self.kubelet.stop()
+                    if self.prom:
+                        self.prom.stop()
+                        self.prom = None
+        finally:
+            autotune.configure(None)
+
+    async def start_operator(self, *, standalone: bool = True, priority: int = 0,
+                             peering_name: str = "moe-eplb") -> dict:
+        """Start the real operator in this loop; returns a handle for :meth:`stop_operator`."""
+        import kopf
+
+        from moe_eplb.controller.handlers import Controller
+        from moe_eplb.controller.main import build_settings, run_operator
+
+        controller = Controller(connection=kopf.ConnectionInfo(server=self.cluster.url, token="emulated"),
+                                resync_seconds=3600.0, refresh_delay_s=0.02, retry_delay_s=0.2)
+        settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority)
+        if not standalone:
+            settings.peering.lifetime = 5  # seconds a peer is considered alive without a heartbeat
+        ready = asyncio.Event()
+        task = asyncio.create_task(run_operator(controller, settings=settings, standalone=standalone,
+                                                peering_name=peering_name, priority=priority, ready_flag=ready))
+        await asyncio.wait_for(ready.wait(), 15)
+        handle = {"task": task, "controller": controller, "priority": priority}
+        self.operators.append(handle)
+        return handle
+
+    async def stop_operator(self, handle: dict) -> None:
+        """Kill an operator at once (task cancelled: like a killed pod, no graceful shutdown)."""
+        handle["task"].cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await handle["task"]
+        if handle in self.operators:
+            self.operators.remove(handle)
+
+    async def apply(self, resource: dict) -> dict:
+        ns = resource["metadata"].get("namespace", "default")
+        return await self.cluster.create(self.cluster.moeinference_path(ns), resource)
+
+    async def get(self, name: str, namespace: str = "default") -> dict:
+        return await self.cluster.get(self.cluster.moeinference_path(namespace, name))
