@@ -116,6 +116,9 @@ def test_nearest_redundant_values() -> None:
         # memory budget for redundant experts (Recommend mode): 8 x 48 x ~5 MB / 4 > 64Mi
         ({"spec.autotune.mode": "Recommend", "spec.autotune.memoryBudgetPerGpu": "64Mi"},
          "spec.eplb.numRedundantExperts", "more than spec.autotune.memoryBudgetPerGpu"),
+        # quantities that pass the CRD's loose pattern but do not parse
+        ({"spec.engine.shmSize": "1.2.3"}, "spec.engine.shmSize", "not a Kubernetes quantity"),
+        ({"spec.autotune.memoryBudgetPerGpu": "8..5Gi"}, "spec.autotune.memoryBudgetPerGpu", "not a Kubernetes quantity"),
         # tuner bounds with no divisible value
         ({"spec.autotune.bounds": {"numRedundantExperts": {"min": 5, "max": 7}}, "spec.eplb.numRedundantExperts": 8},
          "spec.autotune.bounds.numRedundantExperts", "no value in [5, 7]"),

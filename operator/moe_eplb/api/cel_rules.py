@@ -24,6 +24,12 @@ def _program(rule: str) -> Any:
     return cel.compile(rule)
 
 
+def _field(path: tuple, rule: dict[str, Any]) -> str:
+    """Dotted path of the node plus the rule's ``fieldPath``."""
+    sub = [p for p in (rule.get("fieldPath") or "").lstrip(".").split(".") if p]
+    return format_path(list(path) + sub) or "<root>"
+
+
 def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
     """Run every rule in ``schema`` (recursively) against ``obj``; one Problem per failed rule."""
     problems: list[Problem] = []
@@ -32,19 +38,15 @@ def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
         expr = rule["rule"]
         if "oldSelf" in expr:
             continue
-        field = format_path(path) or "<root>"
-        if rule.get("fieldPath"):
-            sub = [p for p in rule["fieldPath"].lstrip(".").split(".") if p]
-            field = format_path(list(path) + sub)
         try:
             if context is None:
                 context = cel.Context(variables={"self": obj})
             ok = _program(expr).execute(context)
         except Exception as exc:  # the apiserver reports evaluation errors as invalid values too
-            problems.append(Problem(field, f"{rule.get('message', 'rule failed')} (rule error: {exc})"))
+            problems.append(Problem(_field(path, rule), f"{rule.get('message', 'rule failed')} (rule error: {exc})"))
             continue
         if ok is not True:
-            problems.append(Problem(field, rule.get("message") or f"failed rule: {expr}"))
+            problems.append(Problem(_field(path, rule), rule.get("message") or f"failed rule: {expr}"))
     if isinstance(obj, dict):
         props = schema.get("properties") or {}
         addl = schema.get("additionalProperties")

@@ -161,6 +161,7 @@ class Autotune:
     step_interval: Bound | None
     num_redundant_experts: Bound | None
     memory_budget_per_gpu: int | None  # bytes
+    raw_memory_budget: str | int | None  # as written
     evaluation_interval_seconds: int
     cooldown_seconds: int
     max_restarts_per_day: int
@@ -237,12 +238,16 @@ def _bound(d: dict[str, Any] | None) -> Bound | None:
     return Bound(int(d["min"]), int(d["max"])) if d else None
 
 
-def _quantity_bytes(value: Any) -> int | None:
+def quantity_bytes(value: Any) -> int | None:
+    """A Kubernetes quantity (``8Gi``, ``500M``, 1024) as an int; None when absent or malformed."""
     if value is None:
         return None
     from kubernetes.utils.quantity import parse_quantity  # maintained parser of k8s quantities
 
-    return int(parse_quantity(value))
+    try:
+        return int(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return None
 
 
 def parse(resource: dict[str, Any]) -> MoEInference:
@@ -300,7 +305,8 @@ def parse(resource: dict[str, Any]) -> MoEInference:
             window_size=_bound(bounds.get("windowSize")),
             step_interval=_bound(bounds.get("stepInterval")),
             num_redundant_experts=_bound(bounds.get("numRedundantExperts")),
-            memory_budget_per_gpu=_quantity_bytes(at.get("memoryBudgetPerGpu")),
+            memory_budget_per_gpu=quantity_bytes(at.get("memoryBudgetPerGpu")),
+            raw_memory_budget=at.get("memoryBudgetPerGpu"),
             evaluation_interval_seconds=at["evaluationIntervalSeconds"],
             cooldown_seconds=at["cooldownSeconds"],
             max_restarts_per_day=at["maxRestartsPerDay"],

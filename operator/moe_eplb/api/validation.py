@@ -27,7 +27,7 @@ from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import Problem
 from moe_eplb.api.schema import apply_defaults, schema_problems, unknown_field_problems
-from moe_eplb.api.spec import MoEInference, parse
+from moe_eplb.api.spec import MoEInference, parse, quantity_bytes
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
 
 __all__ = ["Problem", "validate", "apiserver_problems", "nearest_redundant_values"]
@@ -162,6 +162,10 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                     "[registry/]repository[:tag][@sha256:digest] with a lower-case repository, "
                     "e.g. vllm/vllm-openai:v0.12.0")
         )
+    for fld, value in (("spec.engine.shmSize", engine.shm_size),
+                       ("spec.autotune.memoryBudgetPerGpu", inf.autotune.raw_memory_budget)):
+        if value is not None and quantity_bytes(value) is None:
+            problems.append(Problem(fld, f"{value!r} is not a Kubernetes quantity; use e.g. 16Gi or 500M"))
     version = engine.version
     if version is None and eplb.enabled:
         source = f"spec.engine.version {engine.version_field!r}" if engine.version_field else f"the image tag of {engine.image!r}"
