@@ -18,7 +18,9 @@ are valid and within bounds and budget.
 
 Known configurations are the prior: a searched configuration is picked only when its score beats
 the best of vLLM's defaults, the seed's 3000/1000/8 and ``current`` (when valid and in bounds) by
-more than ``prior_margin``. Leaving ``current`` costs a restart, so the tuner recommends a change
+``prior_margin`` consistently: the lower bound (mean - 1 standard error) of its paired
+per-segment gain over that configuration must exceed ``prior_margin``, so one lucky stretch of
+history cannot buy a change. Leaving ``current`` costs a restart, so the tuner recommends a change
 only when the pick's score beats current's by more than ``min_gain + restart_s / horizon_s`` (see
 :class:`~moe_eplb.eplb.costmodel.CostModel`); otherwise it recommends keeping ``current``.
 
@@ -261,6 +263,16 @@ def _cvar(values: np.ndarray) -> float:
     return float(v[:k].mean())
 
 
+def _gain_lower_bound(c: Candidate, anchor: Candidate) -> float:
+    """Lower bound (mean - 1 standard error) of c's paired per-segment relative gain over
+    ``anchor``: large only when c is better through most of the history, not thanks to one
+    lucky stretch."""
+    gains = c.segment_throughput / np.maximum(anchor.segment_throughput, 1e-12) - 1.0
+    if gains.size < 2:
+        return float(gains.mean())
+    return float(gains.mean() - gains.std(ddof=1) / math.sqrt(gains.size))
+
+
 def segment_edges(num_buckets: int, segments: int) -> np.ndarray:
     """Bucket indices cutting ``[0, T)`` into ``min(segments, T)`` near-equal contiguous pieces."""
     k = max(1, min(segments, num_buckets))
@@ -384,7 +396,8 @@ def tune(
             or a model with few layers: every candidate on all layers.
         finalists: candidates re-scored on all layers after screening.
         prior_margin: a searched configuration must beat the best known one (vLLM defaults,
-            the seed's 3000/1000/8, current; when valid and in bounds) by this relative score.
+            the seed's 3000/1000/8, current; when valid and in bounds) by this much: the lower
+            bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it.
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -520,11 +533,22 @@ def tune(
     pick_note = f"best drift-robust score ({best.score:.4f}) of {len(candidates)} candidates"
     if anchors:
         anchor = max(anchors, key=lambda c: (c.score, c.mean))
-        if anchor.knobs != best.knobs and best.score <= anchor.score * (1 + prior_margin):
-            pick = anchor
-            pick_note = (f"{anchor.knobs.label} (a known configuration) is within the prior margin "
-                         f"{prior_margin:.2%} of the best searched {best.knobs.label} "
-                         f"({anchor.score:.4f} vs {best.score:.4f})")
+        pick, pick_note = anchor, (
+            f"{anchor.knobs.label} (a known configuration): no searched configuration beats it "
+            f"consistently by more than {prior_margin:.2%} per time segment "
+            f"(best searched {best.knobs.label}: score {best.score:.4f} vs {anchor.score:.4f})")
+        for c in candidates:
+            if c.knobs == anchor.knobs:
+                break  # everything below ranks lower than the anchor itself
+            if c.knobs not in exact_by:
+                continue  # screened only: not a finalist
+            if c.score > anchor.score and _gain_lower_bound(c, anchor) > prior_margin:
+                pick = c
+                pick_note = (f"{c.knobs.label}: best drift-robust score ({c.score:.4f}) that beats "
+                             f"the best known configuration {anchor.knobs.label} "
+                             f"({anchor.score:.4f}) consistently: paired per-segment gain "
+                             f"{_gain_lower_bound(c, anchor):+.2%} (mean - 1 s.e.) > {prior_margin:.2%}")
+                break
 
     if current is None:
         decision, chosen = "change", pick
