@@ -161,3 +161,18 @@ def test_problems_always_name_a_field_and_a_fix(variant) -> None:
     for p in problems:
         assert p.field and p.field[0].isalpha()
         assert len(p.message) > 20
+
+
+def test_tuner_override_is_checked_when_it_runs(seed) -> None:
+    import copy
+
+    res = copy.deepcopy(seed)
+    res["metadata"]["generation"] = 2
+    res["status"] = {"autotune": {"override": {"numRedundantExperts": 6, "specGeneration": 2}}}
+    problems = validate(res)
+    assert [p.field for p in problems] == ["status.autotune.override.numRedundantExperts"]
+    assert "choose 4 or 8" in problems[0].message
+    res["metadata"]["generation"] = 3  # stale override: the spec runs, nothing to report
+    assert validate(res) == []
+    res["status"]["autotune"]["override"] = {"numRedundantExperts": 12, "windowSize": 500, "specGeneration": 3}
+    assert validate(res) == []
