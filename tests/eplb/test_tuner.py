@@ -15,12 +15,14 @@ from moe_eplb.eplb.simulator import Knobs, Replay, Topology
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import (
     SEED_CONFIG,
+    Candidate,
     VLLM_DEFAULTS,
     Bounds,
     TuneError,
     parse_bounds,
     parse_bytes,
     parse_knobs,
+    _gain_lower_bound,
     tune,
 )
 
@@ -76,7 +78,21 @@ def test_prior_keeps_a_known_configuration_unless_clearly_beaten():
     best_known = max((c for c in res.candidates if c.knobs in known), key=lambda c: c.score)
     assert res.recommendation == best_known.knobs
     res0 = tune(trace, ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.0, **SMALL)
-    assert res0.recommendation == res0.candidates[0].knobs
+    anchor = max((c for c in res0.candidates if c.knobs in known), key=lambda c: c.score)
+    if res0.recommendation != anchor.knobs:  # a searched config won: it beat the anchor consistently
+        pick = next(c for c in res0.candidates if c.knobs == res0.recommendation)
+        assert pick.score > anchor.score and _gain_lower_bound(pick, anchor) > 0.0
+
+
+def test_one_lucky_segment_does_not_beat_a_known_configuration():
+    def cand(seg):
+        seg = np.asarray(seg, dtype=float)
+        return Candidate(Knobs(1, 1, 0), None, seg, float(np.sort(seg)[:3].mean()), float(seg.mean()))
+
+    anchor = cand([0.95] * 6)
+    lucky = cand([0.95 * 1.10, 0.949, 0.949, 0.949, 0.949, 0.95])  # +10 % once, worse 4 times
+    steady = cand([0.95 * 1.01] * 5 + [0.95 * 1.008])  # ~+1 % everywhere
+    assert _gain_lower_bound(lucky, anchor) < 0.002 < _gain_lower_bound(steady, anchor)
 
 
 def test_keep_or_change_accounts_for_the_restart():
