@@ -140,6 +140,7 @@ class SnapshotWriter:
     def submit(self, snapshot: snap.WorkerSnapshot) -> None:
         try:
             self._queue.get_nowait()  # drop an unwritten older snapshot: only the newest matters
+            self._queue.task_done()
         except queue.Empty:
             pass
         try:

@@ -42,11 +42,14 @@ class _Handler(BaseHTTPRequestHandler):
             body, status, ctype = b"moe-eplb exporter: see /metrics\n", 200, "text/plain"
         else:
             body, status, ctype = b"not found\n", 404, "text/plain"
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the scraper gave up (timeout); nothing to do
 
     def log_message(self, fmt, *args):  # keep vLLM's log clean
         pass

@@ -1,19 +1,23 @@
-"""Exact per-bucket increments of counters sampled on a time grid (pure NumPy, no I/O).
+"""Exact per-bucket increments of counters from their raw samples (pure NumPy, no I/O).
 
 Why not PromQL ``increase()``: it extrapolates to the window edges, so its per-bucket values are
-neither whole numbers nor exact, and a bucket boundary between two scrapes loses or double-counts
-part of the load. Here a counter's value at grid time ``g_i`` is its last scraped value at or before
-``g_i`` (what a Prometheus range query of the raw counter returns, or a direct scrape), and bucket
-``k`` gets ``value(g_{k+1}) - value(g_k)``: every routed token lands in exactly one bucket.
+neither whole numbers nor exact; and why not sampling the counter at bucket edges: the last samples
+of a pod that dies between two edges would be lost. Here each increment between two consecutive
+raw samples of a series is put in the bucket that contains the *later* sample: every routed token
+lands in exactly one bucket (the first scrape that saw it), none is lost or counted twice.
+
+Buckets: ``grid`` [T+1] edges; bucket k holds samples with ``grid[k] < t <= grid[k+1]``. Samples at
+or before ``grid[0]`` are baselines only.
 
 Rules, per series (one counter of one pod):
 
-* a drop in value is a counter reset (the pod restarted): the bucket gets the new value;
-* a series first seen after the start of the grid is a pod that joined: it started at 0, so the
-  bucket where it appears gets its first value (``joined_from_zero``), unless told otherwise;
-* a series that stops is a pod that left: no more increments;
-* a series that stops and comes back *higher* than it left cannot be told apart from a scrape gap
-  that hides when the load happened: :class:`GapError`.
+* the exporter's start time (``moe_eplb_exporter_start_time_seconds``, scraped with the counter)
+  changed, or the value dropped: the pod restarted, the increment is the new value;
+* the first sample lies inside the grid and the pod started after ``grid[0]`` (or its start time is
+  unknown and ``joined_from_zero``): the pod joined, the increment is the first value;
+* a series that stops (pod left) just adds nothing more;
+* two consecutive samples further apart than ``max_gap`` with a rising value and no restart: the
+  load happened somewhere in between and cannot be put in a bucket: :class:`GapError`.
 """
 
 from __future__ import annotations
@@ -22,38 +26,50 @@ import numpy as np
 
 
 class GapError(ValueError):
-    """A series has a hole in the middle that makes per-bucket attribution ambiguous."""
+    """A series has a hole that makes per-bucket attribution ambiguous."""
 
 
-def on_grid(grid: np.ndarray, ts: np.ndarray, vs: np.ndarray, tol: float = 1e-3) -> np.ndarray:
-    """Values at each grid time (NaN where the series has no point there). ``grid`` [G], ``ts``/``vs`` [n]."""
-    out = np.full(grid.shape[0], np.nan)
+def bucket_of(grid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Bucket index of each sample time (``grid[k] < t <= grid[k+1]`` -> k; -1 or T outside)."""
+    return np.searchsorted(grid, ts, side="left") - 1
+
+
+def sample_increments(
+    grid: np.ndarray,
+    ts: np.ndarray,
+    vs: np.ndarray,
+    start_times: np.ndarray | None = None,
+    joined_from_zero: bool = True,
+    max_gap: float | None = None,
+) -> np.ndarray:
+    """Per-bucket increments ``[T]`` of one counter from its raw samples ``ts``/``vs`` ``[n]``
+    (sorted by time). ``start_times`` ``[n]``: the pod's exporter start time at each sample (NaN
+    where unknown)."""
+    grid = np.asarray(grid, np.float64)
+    T = grid.shape[0] - 1
+    out = np.zeros(T)
+    ts = np.asarray(ts, np.float64)
+    vs = np.asarray(vs, np.float64)
     if ts.size == 0:
         return out
-    idx = np.searchsorted(grid, ts)
-    idx_c = np.clip(idx, 0, grid.shape[0] - 1)
-    ok = np.abs(grid[idx_c] - ts) <= tol
-    out[idx_c[ok]] = vs[ok]
-    return out
-
-
-def increments(values: np.ndarray, joined_from_zero: bool = True) -> np.ndarray:
-    """Per-bucket increments ``[G-1]`` of one counter given its values ``[G]`` on the grid (NaN = no
-    sample). Raises :class:`GapError` for an ambiguous hole (see module docstring)."""
-    v = np.asarray(values, np.float64)
-    out = np.zeros(max(v.shape[0] - 1, 0))
-    idx = np.flatnonzero(~np.isnan(v))
-    if idx.size == 0:
-        return out
-    pv = v[idx]
-    if idx[0] > 0 and joined_from_zero:
-        out[idx[0] - 1] = pv[0]
-    if idx.size > 1:
-        d = np.diff(pv)
-        reset = d < 0
-        gap = (np.diff(idx) > 1) & ~reset
-        if gap.any():
-            j = int(np.argmax(gap))
-            raise GapError(f"no samples between grid points {idx[j]} and {idx[j + 1]}, and the counter did not reset")
-        out[idx[1:] - 1] = np.where(reset, pv[1:], d)
+    st = np.full(ts.shape, np.nan) if start_times is None else np.asarray(start_times, np.float64)
+    b = bucket_of(grid, ts)
+    # first sample: a pod that joined inside the grid started from zero
+    if 0 <= b[0] < T:
+        joined = st[0] > grid[0] if not np.isnan(st[0]) else joined_from_zero
+        if joined:
+            out[b[0]] += vs[0]
+    if ts.size > 1:
+        d = np.diff(vs)
+        restarted = (d < 0) | (np.abs(np.diff(st)) > 1e-6)  # NaN comparisons are False
+        inc = np.where(restarted, vs[1:], d)
+        if max_gap is not None:
+            gap = (np.diff(ts) > max_gap) & ~restarted & (d > 0)
+            inside = (b[1:] >= 0) & (b[1:] < T)
+            if np.any(gap & inside):
+                j = int(np.argmax(gap & inside))
+                raise GapError(f"no samples between t={ts[j]:.3f} and t={ts[j + 1]:.3f} while the counter rose "
+                               f"by {d[j]:g}; the load cannot be placed in a bucket")
+        ok = (b[1:] >= 0) & (b[1:] < T)
+        np.add.at(out, b[1:][ok], inc[ok])
     return out

@@ -2,12 +2,13 @@
 
 Two sources:
 
-* **Prometheus** (``prometheus_url`` set): two range queries of the *raw* counters
-  ``moe_eplb_expert_tokens_total`` and ``moe_eplb_engine_steps_total`` selected by
-  ``namespace`` and ``moeinference`` (the label the PodMonitor copies from ``eplb.ai/name``), with
-  ``step = bucket_seconds`` on a grid aligned to multiples of ``bucket_seconds``. Each series (one
-  pod's counter) is differenced exactly on the grid (:mod:`moe_eplb.metrics.increments`: counter
-  resets, pods joining and leaving), summed over pods, and assembled by
+* **Prometheus** (``prometheus_url`` set): three instant queries of range vectors, which return
+  the *raw samples* of ``moe_eplb_expert_tokens_total``, ``moe_eplb_engine_steps_total`` and
+  ``moe_eplb_exporter_start_time_seconds`` selected by ``namespace`` and ``moeinference`` (the
+  label the PodMonitor copies from ``eplb.ai/name``), over the window plus 5 minutes for baselines.
+  Buckets are aligned to multiples of ``bucket_seconds``. Each series (one pod's counter) is
+  differenced sample by sample (:mod:`moe_eplb.metrics.increments`: restarts, pods joining and
+  leaving, scrape gaps), summed over pods, and assembled by
   :func:`moe_eplb.eplb.tracefile.trace_from_prometheus` (shape and completeness checks).
 * **Direct scraping** (no URL): a :class:`~moe_eplb.metrics.scrape.PodScraper` the caller keeps
   across calls scrapes every pod once per call; successive rounds are differenced the same way
@@ -37,7 +38,7 @@ from moe_eplb.metrics.errors import (
     NO_DATA,
     LoadReadError,
 )
-from moe_eplb.metrics.increments import GapError, increments, on_grid
+from moe_eplb.metrics.increments import GapError, sample_increments
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, Round, Target
 
@@ -91,6 +92,49 @@ def _result(body: Mapping[str, Any], what: str) -> list:
     return data["result"]
 
 
+BASELINE_LOOKBACK_SECONDS = 300.0  # how far before the first bucket to look for a baseline sample
+
+
+def _start_lookup(start_body: Mapping[str, Any] | None) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    if start_body is None:
+        return out
+    for s in _result(start_body, names.EXPORTER_START_TIME):
+        ts, vs = _series_points(s)
+        out[_pod_key(s.get("metric", {}))] = (ts, vs)
+    return out
+
+
+def _starts_at(lookup, key, ts: np.ndarray) -> np.ndarray | None:
+    """The pod's exporter start time at each sample time (same scrape, same timestamp)."""
+    if key not in lookup:
+        return None
+    sts, svs = lookup[key]
+    out = np.full(ts.shape, np.nan)
+    if sts.size:
+        idx = np.clip(np.searchsorted(sts, ts), 0, sts.size - 1)
+        hit = np.abs(sts[idx] - ts) < 1e-3
+        out[hit] = svs[idx[hit]]
+    return out
+
+
+def _increments(grid, series, lookup, what) -> tuple[tuple, np.ndarray, int]:
+    metric = series.get("metric", {})
+    ts, vs = _series_points(series)
+    order = np.argsort(ts, kind="stable")
+    ts, vs = ts[order], vs[order]
+    key = _pod_key(metric)
+    spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
+    bucket = float(grid[1] - grid[0])
+    try:
+        inc = sample_increments(grid, ts, vs, _starts_at(lookup, key, ts), max_gap=max(bucket, 3 * spacing))
+    except GapError as exc:
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what} {dict(metric)}: {exc} (scrapes were missing; "
+                            "wait until the gap leaves the window)") from None
+    inside = int(np.sum(ts > grid[0]))
+    return key, inc, inside
+
+
 def trace_from_raw_counters(
     expert_body: Mapping[str, Any],
     steps_body: Mapping[str, Any],
@@ -101,12 +145,16 @@ def trace_from_raw_counters(
     num_experts: int | None = None,
     model: str | None = None,
     what: str = "",
+    start_body: Mapping[str, Any] | None = None,
 ) -> LoadTrace:
-    """Pure: range-query bodies of the raw counters sampled on ``grid`` [T+1] -> trace of T buckets.
+    """Pure: raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
-    ``load[t]`` is the sum over pods of each expert counter's exact increment between ``grid[t]``
-    and ``grid[t+1]``; ``bucket_steps[t]`` the sum over pods of the step counter's increment divided
-    by ``pods_per_engine``.
+    The bodies are Prometheus answers (matrix) holding raw samples, e.g. of the instant query
+    ``moe_eplb_expert_tokens_total{...}[<window + 300>s]`` at ``grid[-1]``. Per series the exact
+    increments are bucketed by :func:`~moe_eplb.metrics.increments.sample_increments`;
+    ``load[t]`` sums them over pods, ``bucket_steps[t]`` is the sum over pods of the step counter's
+    increments divided by ``pods_per_engine``. ``start_body`` (the same for
+    ``moe_eplb_exporter_start_time_seconds``) tells restarts and joins apart from scrape gaps.
     """
     expert_series = _result(expert_body, names.EXPERT_TOKENS)
     step_series = _result(steps_body, names.ENGINE_STEPS)
@@ -123,47 +171,37 @@ def trace_from_raw_counters(
     if len(models) > 1 and model is None:
         raise LoadReadError(INCONSISTENT_SERIES, f"series of {len(models)} models ({', '.join(sorted(models))}){what}; "
                             "pass the model to read (e.g. the main model, not the MTP drafter)")
-    # engine steps
-    step_pods = {}
+    lookup = _start_lookup(start_body)
     total_steps = np.zeros(T)
-    seen_points = 0
+    step_pods = set()
+    most_inside = 0
     for s in step_series:
-        ts, vs = _series_points(s)
-        values = on_grid(grid, ts, vs)
-        seen_points = max(seen_points, int(np.sum(~np.isnan(values))))
-        try:
-            total_steps += increments(values)
-        except GapError as exc:
-            raise LoadReadError(INCONSISTENT_SERIES, f"{names.ENGINE_STEPS} {s.get('metric')}: {exc}; "
-                                "scrapes were missing for longer than Prometheus' lookback") from None
-        step_pods[_pod_key(s.get("metric", {}))] = True
-    if seen_points < 2:
-        raise LoadReadError(INSUFFICIENT_DATA, f"fewer than 2 samples per series in the last {T * bucket_seconds:g}s"
-                            f"{what}; wait for at least one full bucket ({bucket_seconds:g}s) of scrapes")
-    # expert tokens, summed per (layer, expert)
+        key, inc, inside = _increments(grid, s, lookup, names.ENGINE_STEPS)
+        total_steps += inc
+        step_pods.add(key)
+        most_inside = max(most_inside, inside)
+    if most_inside < 1:
+        raise LoadReadError(INSUFFICIENT_DATA, f"no samples in the last {T * bucket_seconds:g}s{what}; wait for "
+                            f"at least one full bucket ({bucket_seconds:g}s) of scrapes")
     summed: dict[tuple[str, str], np.ndarray] = {}
     for s in expert_series:
         metric = s.get("metric", {})
         if _pod_key(metric) not in step_pods:
             raise LoadReadError(INCONSISTENT_SERIES, f"{names.EXPERT_TOKENS} series {metric} has no matching "
                                 f"{names.ENGINE_STEPS} series (same pod labels)")
-        ts, vs = _series_points(s)
-        try:
-            inc = increments(on_grid(grid, ts, vs))
-        except GapError as exc:
-            raise LoadReadError(INCONSISTENT_SERIES, f"{names.EXPERT_TOKENS} {metric}: {exc}") from None
+        _, inc, _ = _increments(grid, s, lookup, names.EXPERT_TOKENS)
         key = (metric.get(names.LABEL_LAYER, "?"), metric.get(names.LABEL_EXPERT, "?"))
         if key in summed:
             summed[key] += inc
         else:
             summed[key] = inc
     steps = total_steps / max(1, pods_per_engine)
-    stamps = grid[1:]
+    stamps = grid[1:].tolist()
     e_body = {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {names.LABEL_LAYER: l, names.LABEL_EXPERT: e}, "values": [[t, repr(v)] for t, v in zip(stamps, inc)]}
+        {"metric": {names.LABEL_LAYER: l, names.LABEL_EXPERT: e}, "values": list(zip(stamps, inc.tolist()))}
         for (l, e), inc in summed.items()]}}
     s_body = {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {}, "values": [[t, repr(v)] for t, v in zip(stamps, steps)]}]}}
+        {"metric": {}, "values": list(zip(stamps, steps.tolist()))}]}}
     from moe_eplb.eplb.tracefile import trace_from_prometheus
 
     try:
@@ -276,10 +314,13 @@ def read_load_trace(
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
-        expert_body = client.query_range(f"{names.EXPERT_TOKENS}{sel}", grid[0], grid[-1], bucket_seconds)
-        steps_body = client.query_range(f"{names.ENGINE_STEPS}{sel}", grid[0], grid[-1], bucket_seconds)
+        rng = f"[{int(math.ceil(grid[-1] - grid[0] + BASELINE_LOOKBACK_SECONDS))}s]"
+        expert_body = client.query(f"{names.EXPERT_TOKENS}{sel}{rng}", time=grid[-1])
+        steps_body = client.query(f"{names.ENGINE_STEPS}{sel}{rng}", time=grid[-1])
+        start_body = client.query(f"{names.EXPORTER_START_TIME}{sel}{rng}", time=grid[-1])
         return trace_from_raw_counters(expert_body, steps_body, grid, pods_per_engine=pods_per_engine,
-                                       num_layers=num_layers, num_experts=num_experts, model=model, what=what)
+                                       num_layers=num_layers, num_experts=num_experts, model=model, what=what,
+                                       start_body=start_body)
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
                             "set a Prometheus URL or keep a PodScraper per MoEInference")

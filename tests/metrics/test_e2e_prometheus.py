@@ -1,0 +1,213 @@
+"""End to end: known load -> real exporter processes -> REAL Prometheus -> load reader -> the same load.
+
+Pods (``exporter_driver.py`` processes running the real plugin, server and recorder) are driven
+phase by phase; each phase runs just after a bucket boundary and is scraped (every 0.5 s) well before
+the next one, so the reader must return exactly the phase's load in that bucket. Phases cover a pod
+restart (counter reset), a pod joining and a pod leaving. The direct-scrape reader is checked on the
+same pods.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from moe_eplb.exporter import names
+from moe_eplb.metrics.promclient import PrometheusClient
+from moe_eplb.metrics.reader import read_load_trace, trace_from_rounds
+from moe_eplb.metrics.scrape import PodScraper, Target
+
+pytestmark = pytest.mark.prometheus
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+B = 3.0  # bucket seconds
+L, E = 3, 5
+HERE = os.path.dirname(__file__)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pod:
+    def __init__(self, name, port, tmp, wait=False):
+        self.name, self.port = name, port
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_")}
+        env.update(MOE_EPLB_EXPORTER_PORT=str(port), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1",
+                   MOE_EPLB_EXPORTER_FLUSH_SECONDS="0", MOE_EPLB_EXPORTER_DIR=str(tmp / f"{name}-{time.time_ns()}"),
+                   DRIVER_LAYERS=str(L), DRIVER_EXPERTS=str(E), DRIVER_WAIT="1" if wait else "")
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "exporter_driver.py")], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def go(self):
+        """Start the exporter of a pre-warmed pod (imports already done)."""
+        assert self.proc.stdout.readline().strip() == "warm"
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self.wait_ready()
+
+    def wait_ready(self):
+        line = self.proc.stdout.readline()
+        assert line.startswith("ready"), f"pod {self.name} did not start: {line!r}"
+
+    def run(self, steps, load):
+        self.proc.stdin.write(json.dumps({"steps": steps, "load": load.tolist()}) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    if not os.path.exists(PROMETHEUS):
+        pytest.skip("no Prometheus binary (apt-get install prometheus); CI installs it")
+    ports = {n: _free_port() for n in ("a", "b", "c")}
+    pods = {n: Pod(n, ports[n], tmp_path) for n in ("a", "b")}
+    # the restarted a and the joining c import torch now, and start their exporters when told
+    spare = {"a2": Pod("a", ports["a"], tmp_path, wait=True), "c": Pod("c", ports["c"], tmp_path, wait=True)}
+    cfg = {"global": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
+           "scrape_configs": [{"job_name": "eplb", "metrics_path": names.EXPORTER_PATH, "static_configs": [
+               {"targets": [f"127.0.0.1:{ports[n]}"],
+                "labels": {"namespace": "ns", names.MOEINFERENCE_LABEL: "moe", "pod": n}} for n in ports]}]}
+    (tmp_path / "prom.yml").write_text(json.dumps(cfg))
+    prom_port = _free_port()
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = PrometheusClient(f"http://127.0.0.1:{prom_port}", timeout=5)
+    try:
+        for p in pods.values():
+            p.wait_ready()
+        yield {"pods": pods, "spare": spare, "ports": ports, "client": client, "tmp": tmp_path, "url": client.url}
+    finally:
+        prom.kill()
+        for p in list(pods.values()) + list(spare.values()):
+            p.kill()
+
+
+def _steps_sample(client, pod):
+    """(value, timestamp) of the pod's last scraped engine-steps sample, or None."""
+    try:
+        body = client.query(f'{names.ENGINE_STEPS}{{pod="{pod}"}}')
+    except Exception:  # noqa: BLE001 - Prometheus still starting
+        return None
+    res = body["data"]["result"]
+    return (float(res[0]["value"][1]), float(res[0]["value"][0])) if res else None
+
+
+def _wait_scraped(client, pod, steps, deadline):
+    """Wait until Prometheus has scraped ``steps`` for ``pod``; return the sample's timestamp."""
+    while time.time() < deadline:
+        sel = f'{names.ENGINE_STEPS}{{pod="{pod}"}}'
+        body = client.query(f"timestamp({sel}) and on(pod) ({sel} == {steps})")
+        if body["data"]["result"]:
+            return float(body["data"]["result"][0]["value"][1])
+        time.sleep(0.1)
+    raise AssertionError(f"Prometheus did not scrape pod {pod} at {steps} steps in time "
+                         f"(last sample: {_steps_sample(client, pod)}, now {time.time()})")
+
+
+def _next_boundary(margin=0.25):
+    t = time.time()
+    g = math.floor(t / B) * B + B
+    time.sleep(g + margin - t)
+    return g
+
+
+def test_known_load_in_same_load_out(cluster):
+    client, pods = cluster["client"], cluster["pods"]
+    deadline = time.time() + 30
+    while not all(_steps_sample(client, p) for p in ("a", "b")):
+        assert time.time() < deadline, "Prometheus never scraped the pods"
+        time.sleep(0.2)
+    rng = np.random.default_rng(42)
+    steps_seen = {"a": 0, "b": 0}
+    expected: dict[float, tuple[np.ndarray, int]] = {}
+    scraper = PodScraper(timeout=5)
+
+    def targets():
+        return [Target(pod=n, url=f"http://127.0.0.1:{cluster['ports'][n]}/metrics") for n in live]
+
+    live = ["a", "b"]
+    scraper.scrape(targets())
+    rounds_expected = []
+
+    def phase(work: dict[str, tuple[int, np.ndarray]]):
+        g = _next_boundary()
+        total, total_steps = np.zeros((L, E)), 0
+        for n, (steps, per_step) in work.items():
+            pods[n].run(steps, per_step)
+            steps_seen[n] += steps
+            total += steps * per_step
+            total_steps += steps
+        for n in work:
+            ts = _wait_scraped(client, n, steps_seen[n], g + B)
+            assert ts < g + B - 0.05, f"scrape of {n} landed in the next bucket; machine too slow?"
+        expected[g + B] = (total, total_steps)
+        scraper.scrape(targets())
+        rounds_expected.append((total, total_steps))
+
+    def load(hot):
+        m = rng.integers(0, 4, size=(L, E))
+        m[:, hot] += 20
+        return m
+
+    phase({"a": (5, load(0)), "b": (3, load(1))})
+    phase({"a": (7, load(2)), "b": (2, load(2))})
+    # pod a restarts: new process, same port, counters from zero (less than before)
+    pods["a"].kill()
+    pods["a"] = cluster["spare"]["a2"]
+    pods["c"] = cluster["spare"]["c"]  # joins (idle until its phase)
+    pods["a"].go()
+    pods["c"].go()
+    steps_seen["a"] = steps_seen["c"] = 0
+    live[:] = ["a", "b", "c"]
+    phase({"a": (2, load(3)), "b": (4, load(3))})
+    # pod b leaves
+    pods["b"].kill()
+    live[:] = ["a", "c"]
+    phase({"a": (3, load(4)), "c": (6, load(0))})
+
+    end = max(expected) + 0.5
+    first = min(expected) - B
+    window = end - first + B
+    trace = read_load_trace(prometheus_url=cluster["url"], namespace="ns", name="moe", window_seconds=window,
+                            bucket_seconds=B, now=end, num_layers=L, num_experts=E)
+    if os.environ.get("E2E_DEBUG"):
+        for q in (f'{names.EXPERT_TOKENS}{{layer="0",expert="2"}}', names.ENGINE_STEPS, names.EXPORTER_START_TIME):
+            for r in client.query(f"{q}[{int(window) + 10}s]", time=end)["data"]["result"]:
+                print("DBG", q, r["metric"].get("pod"), r["values"])
+        print("DBG expected", {k: v[1] for k, v in expected.items()})
+    grid_ends = trace.meta["start_time"] + B * np.arange(trace.num_buckets)  # bucket end times
+    assert trace.num_layers == L and trace.num_experts == E and trace.model == "org/moe"
+    for t_end, (load_m, steps) in expected.items():
+        hits = np.flatnonzero(np.isclose(grid_ends, t_end, rtol=0, atol=1e-3))
+        assert hits.size == 1, f"no bucket ends at {t_end}: {grid_ends}"
+        idx = int(hits[0])
+        np.testing.assert_array_equal(trace.load[idx], load_m, err_msg=f"bucket ending {t_end}")
+        assert trace.bucket_steps[idx] == steps, f"bucket ending {t_end}"
+    others = [i for i, t in enumerate(grid_ends) if not any(abs(t - k) < 1e-3 for k in expected)]
+    assert trace.load[others].sum() == 0, "load leaked into buckets with no phase"
+    assert trace.load.sum() == sum(v[0].sum() for v in expected.values())
+
+    # the direct-scrape reader on the same pods: one bucket per round
+    direct = trace_from_rounds(scraper.rounds)
+    assert direct.num_buckets == len(rounds_expected)
+    for i, (load_m, steps) in enumerate(rounds_expected):
+        np.testing.assert_array_equal(direct.load[i], load_m)
+        assert direct.bucket_steps[i] == steps

@@ -1,0 +1,157 @@
+"""The load reader's pure parts: exact increments, Prometheus bodies -> trace, scrape rounds -> trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_eplb.exporter import names
+from moe_eplb.metrics.errors import LoadReadError
+from moe_eplb.metrics.increments import GapError, sample_increments
+from moe_eplb.metrics.reader import grid_for, selector, trace_from_raw_counters, trace_from_rounds
+from moe_eplb.metrics.scrape import PodSample, Round, parse_exposition, targets_from_pods
+
+
+
+GRID = np.array([100.0, 115.0, 130.0, 145.0])
+
+
+@pytest.mark.parametrize("ts,vs,starts,expected", [
+    ([95, 104, 110, 120, 131], [0, 5, 7, 7, 9], None, [7, 0, 2]),  # plain; 95 is the baseline
+    ([95, 110, 125, 140], [10, 12, 3, 4], None, [2, 3, 1]),  # value dropped: restart
+    ([95, 110, 125, 140], [10, 12, 13, 15], [1, 1, 2, 2], [2, 13, 2]),  # restart seen by start time
+    ([120, 140], [4, 6], [118, 118], [0, 4, 2]),  # pod joined at 118: counts from 0
+    ([120, 140], [4, 6], [50, 50], [0, 0, 2]),  # first seen late but started long ago: baseline
+    ([95, 110, 112], [1, 2, 9], None, [8, 0, 0]),  # pod left after 112: last samples still counted
+    ([145, 150], [1, 2], None, [0, 0, 1]),  # 150 is after the last bucket: ignored
+])
+def test_sample_increments(ts, vs, starts, expected):
+    out = sample_increments(GRID, np.array(ts, float), np.array(vs, float),
+                            None if starts is None else np.array(starts, float))
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_sample_increments_refuse_an_ambiguous_gap():
+    with pytest.raises(GapError, match="t=101.000 and t=140.000"):
+        sample_increments(GRID, np.array([96.0, 101, 140]), np.array([1.0, 2, 7]), max_gap=20)
+    # the same hole with no load in it is harmless
+    out = sample_increments(GRID, np.array([96.0, 101, 140]), np.array([1.0, 2, 2]), max_gap=20)
+    np.testing.assert_array_equal(out, [1, 0, 0])
+
+
+def _body(series):
+    return {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": m, "values": [[t, str(v)] for t, v in pts if v is not None]} for m, pts in series]}}
+
+
+TS = [98.0, 112.0, 127.0, 141.0]  # scrape times: one baseline, then one per bucket
+
+
+def _pod(pod, model="m"):
+    return {"__name__": "x", "namespace": "ns", names.MOEINFERENCE_LABEL: "moe", "pod": pod, "model": model}
+
+
+def _expert_series(pod, layer, expert, values, model="m", ts=TS):
+    m = dict(_pod(pod, model), layer=str(layer), expert=str(expert))
+    return m, list(zip(ts, values))
+
+
+def test_raw_counters_to_trace_exact_with_restart_and_join():
+    experts = []
+    for l in range(2):  # pod a: restarts between t=127 and t=141 (start time 50 -> 135)
+        for e in range(2):
+            base = 10 * (l * 2 + e + 1)
+            experts.append(_expert_series("a", l, e, [base, base + 1, base + 3, base + 5]))
+    for l in range(2):  # pod b joins at 120
+        for e in range(2):
+            experts.append(_expert_series("b", l, e, [5, 6], ts=TS[2:]))
+    steps = [(_pod("a"), list(zip(TS, [50, 60, 80, 4]))), (_pod("b"), list(zip(TS[2:], [20, 24])))]
+    starts = [(_pod("a"), list(zip(TS, [50, 50, 50, 135]))), (_pod("b"), list(zip(TS[2:], [120, 120])))]
+    tr = trace_from_raw_counters(_body(experts), _body(steps), GRID, start_body=_body(starts))
+    np.testing.assert_array_equal(tr.load[:, 0, 0], [1, 2 + 5, 15 + 1])
+    np.testing.assert_array_equal(tr.load[:, 1, 1], [1, 2 + 5, 45 + 1])
+    np.testing.assert_array_equal(tr.bucket_steps, [10, 20 + 20, 4 + 4])
+    assert tr.bucket_seconds == 15 and tr.model == "m"
+    # one engine over two pods: steps counted once
+    tr2 = trace_from_raw_counters(_body(experts), _body(steps), GRID, pods_per_engine=2, start_body=_body(starts))
+    assert tr2.bucket_steps.tolist() == [5, 20, 4]
+
+
+@pytest.mark.parametrize("experts,steps,reason,match", [
+    ([], [], "NoData", "no moe_eplb_"),
+    ([_expert_series("a", 0, 0, [1, 2, 3, 4])], [], "InconsistentSeries", "engine_steps"),
+    ([_expert_series("a", 0, 0, [1, 2, 3, 4])], [(_pod("a"), [(90.0, 1)])], "InsufficientData", "no samples"),
+    ([_expert_series("a", 0, 0, [1, 2, 3, 4], ts=[98.0, 99.0, 100.0, 141.0])],
+     [(_pod("a"), list(zip(TS, [1, 2, 3, 4])))], "InconsistentSeries", "cannot be placed"),
+    ([_expert_series("a", 0, 0, [1, 2, 3, 4]), _expert_series("a", 2, 0, [1, 2, 3, 4])],
+     [(_pod("a"), list(zip(TS, [1, 2, 3, 4])))], "InconsistentSeries", "layer"),
+    ([_expert_series("a", 0, 0, [1, 2, 3, 4]), _expert_series("a", 0, 1, [1, 2, 3, 4], model="mtp")],
+     [(_pod("a"), list(zip(TS, [1, 2, 3, 4]))), (_pod("a", "mtp"), list(zip(TS, [1, 2, 3, 4])))],
+     "InconsistentSeries", "2 models"),
+    ([_expert_series("z", 0, 0, [1, 2, 3, 4])], [(_pod("a"), list(zip(TS, [1, 2, 3, 4])))],
+     "InconsistentSeries", "no matching"),
+])
+def test_raw_counters_errors(experts, steps, reason, match):
+    with pytest.raises(LoadReadError, match=match) as ei:
+        trace_from_raw_counters(_body(experts), _body(steps), GRID)
+    assert ei.value.reason == reason
+
+
+def test_grid_and_selector():
+    g = grid_for(1000.7, 60, 15)
+    assert g.tolist() == [930, 945, 960, 975, 990]
+    with pytest.raises(LoadReadError) as ei:
+        grid_for(1000, 10, 15)
+    assert ei.value.reason == "InsufficientData"
+    assert selector("ns", 'a"b', "m") == '{namespace="ns", moeinference="a\\"b", model="m"}'
+
+
+def _round(t, pods):
+    return Round(time=t, pods={p: PodSample(start_time={"m": st}, steps={"m": steps},
+                                            tokens={"m": {(l, e): float(v[l][e]) for l in range(len(v)) for e in range(len(v[0]))}})
+                               for p, (st, steps, v) in pods.items()})
+
+
+def test_rounds_to_trace_reset_join_leave():
+    r0 = _round(100, {"a": (50, 10, [[1, 2]]), "old": (40, 5, [[9, 9]])})
+    r1 = _round(110, {"a": (50, 20, [[3, 5]]), "new": (105, 4, [[1, 1]])})  # old left, new joined
+    r2 = _round(120, {"a": (115, 2, [[1, 1]]), "new": (105, 8, [[2, 3]]), "seen_late": (60, 99, [[7, 7]])})
+    tr = trace_from_rounds([r0, r1, r2])
+    np.testing.assert_array_equal(tr.load[:, 0, :], [[2 + 1, 3 + 1], [1 + 1, 1 + 2]])
+    np.testing.assert_array_equal(tr.bucket_steps, [10 + 4, 2 + 4])
+    with pytest.raises(LoadReadError) as ei:
+        trace_from_rounds([r0])
+    assert ei.value.reason == "InsufficientData"
+
+
+def test_targets_from_pods():
+    def pod(name, ip, phase="Running", port_name=names.EXPORTER_PORT_NAME, label="moe"):
+        return {"metadata": {"name": name, "labels": {names.POD_NAME_LABEL: label}},
+                "status": {"phase": phase, "podIP": ip},
+                "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000},
+                                                   {"name": port_name, "containerPort": 9400}]}]}}
+
+    pods = [pod("a", "10.0.0.1"), pod("b", "10.0.0.2", phase="Pending"), pod("c", "10.0.0.3", port_name="x"),
+            pod("d", "10.0.0.4", label="other"), pod("e", "fd00::1")]
+    ts = targets_from_pods(pods, "moe")
+    assert [(t.pod, t.url) for t in ts] == [("a", "http://10.0.0.1:9400/metrics"), ("e", "http://[fd00::1]:9400/metrics")]
+
+
+def test_parse_exposition_roundtrip_with_the_collector():
+    from prometheus_client.exposition import generate_latest
+
+    from moe_eplb.exporter import snapshot as snap
+    from moe_eplb.exporter.collector import aggregate, families
+    from moe_eplb.exporter.server import make_registry
+
+    m = snap.ModelSnapshot(name="m", ep_rank=0, ep_size=1, expert_tokens=np.array([[1.0, 2.0], [3.0, 4.0]]),
+                           rank_tokens=np.ones((2, 1)), replicas=np.ones((2, 2), np.int64), steps=7, start_time=12.5)
+    pm = aggregate([snap.WorkerSnapshot(pid=1, time=0, models=[m])])
+
+    class C:
+        def collect(self):
+            return families(pm)
+
+    s = parse_exposition(generate_latest(make_registry(C())).decode())
+    assert s.tokens["m"] == {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 3.0, (1, 1): 4.0}
+    assert s.steps == {"m": 7.0} and s.start_time == {"m": 12.5}
