@@ -183,3 +183,11 @@ def test_every_field_has_a_description_or_is_self_explanatory() -> None:
     assert len(described) >= 60
     for top in spec["properties"].values():
         assert top.get("description")
+
+
+def test_every_spec_string_is_bounded() -> None:
+    """The API server estimates CEL cost from maxLength/maxItems/maxProperties; unbounded strings
+    and maps make rules over them too costly to admit. Every spec string has a maxLength."""
+    missing = [p for p, n in _walk(openapi_schema()["properties"]["spec"])
+               if n.get("type") == "string" and "maxLength" not in n]
+    assert missing == []
