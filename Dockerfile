@@ -6,10 +6,46 @@
 # ghcr.io/moe-eplb/operator with the chart's appVersion as tag; the CRD's default engine image is the
 # vllm target. The operator stage stays LAST so that it is the default target.
 
+# Base images (global build args: declared before the first FROM so every stage can use them).
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
+ARG OPERATOR_PYTHON=python:3.11.11-slim-bookworm
+
+# ==== vllm =======================================================================================
+# The vLLM runtime the operator deploys by default (CRD default spec.engine.image): the official
+# vLLM OpenAI server image at a pinned version, plus this package so that vLLM loads the per-expert
+# load exporter plugin (entry point moe_eplb_exporter in vllm.general_plugins; see docs/exporter.md).
+# Only the package and the base dependencies it needs at run time (numpy, pyyaml, prometheus-client,
+# click, rich: all lower bounds that vLLM's own dependencies already satisfy, so nothing of vLLM's is
+# replaced); never the [operator] extra (kopf, kubernetes, ...).
+# Supported vLLM versions for the exporter: 0.12.0 - 0.32.x (change VLLM_IMAGE to rebuild on another).
+FROM ${VLLM_IMAGE} AS vllm
+LABEL org.opencontainers.image.title="vLLM with the moe-eplb per-expert load exporter" \
+      org.opencontainers.image.description="Official vLLM OpenAI image + moe-eplb exporter plugin (port 9400, /metrics)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY pyproject.toml README.md /tmp/moe-eplb/
+COPY operator/ /tmp/moe-eplb/operator/
+RUN set -eux; \
+    if command -v uv >/dev/null 2>&1; then PIP="uv pip install --system --no-cache"; \
+    else PIP="python3 -m pip install --no-cache-dir"; fi; \
+    $PIP --no-deps /tmp/moe-eplb; \
+    $PIP "numpy>=1.26,<3" "pyyaml>=6" "prometheus-client>=0.20" "click>=8" "rich>=13"; \
+    rm -rf /tmp/moe-eplb; \
+    python3 -c "import moe_eplb.exporter.plugin, vllm; from importlib.metadata import entry_points; \
+assert 'moe_eplb_exporter' in {e.name for e in entry_points(group='vllm.general_plugins')}; \
+print('moe-eplb exporter plugin installed for vLLM', vllm.__version__)"
+# VLLM_PLUGINS is an allow-list: add other general plugins here, comma-separated, if you need them.
+# MOE_EPLB_EXPORTER_MODE=full|reduced|off (reduced keeps a DeepSeek-V3 pod under 20k series).
+ENV VLLM_PLUGINS=moe_eplb_exporter \
+    MOE_EPLB_EXPORTER_PORT=9400 \
+    MOE_EPLB_EXPORTER_MODE=full
+# 8000: vLLM's OpenAI API and its own /metrics (port name http); 9400: the exporter (eplb-metrics)
+EXPOSE 8000 9400
+# ENTRYPOINT is the base image's (vllm serve ...); the operator passes the model and engine args.
+
 # ==== operator ===================================================================================
 # Slim, pinned Python; the package and its [operator] extra are installed into a venv in a build
 # stage, and only that venv is copied into the final image (no compiler, no pip cache).
-ARG OPERATOR_PYTHON=python:3.11.11-slim-bookworm
+# (OPERATOR_PYTHON is declared with the other base images at the top: a global ARG must precede the first FROM)
 
 FROM ${OPERATOR_PYTHON} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
