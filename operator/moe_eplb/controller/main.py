@@ -40,7 +40,8 @@ def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
 
 
 @functools.cache
-def _reconcile_counter() -> Callable[[str], None]:
+def reconcile_counter() -> Callable[[str], None]:
+    """``counter(result)`` incrementing ``moe_eplb_reconciles_total{result}`` (process-wide registry)."""
     from prometheus_client import Counter
 
     from moe_eplb.exporter import names
@@ -61,16 +62,14 @@ async def run_operator(controller: Controller | None = None, *, registry: kopf.O
                        settings: kopf.OperatorSettings | None = None, clusterwide: bool = True,
                        namespaces: Collection[str] = (), standalone: bool = False,
                        peering_name: str = PEERING_NAME, priority: int = 0, liveness_endpoint: str | None = None,
-                       stop_flag: Any = None, ready_flag: Any = None, metrics: bool = False) -> None:
+                       stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run kopf with the moe-eplb handlers until ``stop_flag`` is set or the task is cancelled.
 
     ``clusterwide`` serves all namespaces, else only ``namespaces``; peering (several replicas, one
     active) uses kopf's ``ClusterKopfPeering`` (clusterwide) or ``KopfPeering`` named
     ``peering_name`` when that CRD is installed, unless ``standalone``; ``liveness_endpoint`` like ``http://0.0.0.0:8081/healthz``.
     """
-    controller = controller or Controller(counter=_reconcile_counter() if metrics else None)
-    if metrics and controller._counter is None:
-        controller._counter = _reconcile_counter()
+    controller = controller or Controller()
     registry = registry or kopf.OperatorRegistry()
     register(registry, controller)
     settings = settings or build_settings(peering_name=peering_name, priority=priority, standalone=standalone,
