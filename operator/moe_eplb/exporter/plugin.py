@@ -77,11 +77,26 @@ def start_server(settings: st.Settings):
     return httpd
 
 
+def _setup_logging() -> None:
+    """vLLM configures only its own ``vllm`` logger: give ours a handler so that INFO lines
+    ("moe-eplb exporter: serving ...", "recording ...") reach the pod log."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe-eplb pid %(process)d] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(os.environ.get("MOE_EPLB_LOG_LEVEL", "INFO").upper())
+        log.propagate = False
+
+
 def register() -> None:
     """vLLM plugin entry point. Safe to call many times and in every process."""
     if _state.get("registered"):
         return
     _state["registered"] = True
+    try:
+        _setup_logging()
+    except ValueError:  # a bad MOE_EPLB_LOG_LEVEL
+        log.setLevel(logging.INFO)
     try:
         settings = st.Settings.from_env()
     except st.SettingsError as exc:
