@@ -312,3 +312,26 @@ async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eve
     child_writes = [w for w in kube.api.writes[writes_before:] if w[1] != "moeinferences"]
     assert child_writes == []
     assert parent_after["status"] == parent_before["status"]
+
+
+async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube, operator_runner, eventually):
+    res = next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
+               if d and d.get("kind") == "MoEInference")
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+        lws = kids[f"LeaderWorkerSet/{name}"]
+        assert not any(k.startswith("Deployment/") for k in kids)
+        assert obj["status"]["epSize"] == 16
+        await make_ready(kube, kids)
+        await eventually(lambda: _phase(kube, name, "Running"))
+
+        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
+        obj = await eventually(lambda: observed(kube, name, 2))
+        scaled = (await children(kube, name))[f"LeaderWorkerSet/{name}"]
+    assert scaled["spec"]["replicas"] == 2
+    assert scaled["spec"]["leaderWorkerTemplate"] == lws["spec"]["leaderWorkerTemplate"]
+    # the LWS observed generation 1 only: the status says it is rolling out the new replica count
+    assert obj["status"]["phase"] in ("Progressing", "Running") and cond(obj, "Ready")["status"] == "False"

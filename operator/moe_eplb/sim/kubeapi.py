@@ -736,8 +736,9 @@ async def emulated_cluster(*, workload_ready_delay: float | None = None, port: i
             url = str(server.url).rstrip("/")
             kubeconfig = os.path.join(tmp, "kubeconfig.yaml")
             write_kubeconfig(kubeconfig, url)
-            # force_close: no keep-alive, so a connection is never reused across an operator that
-            # was cancelled mid-flight in the same loop (seen to leave a pooled connection hanging).
+            # force_close: no keep-alive. An embedded kopf operator, when it stops, cancels every task
+            # spawned in the loop during its run (kopf's "hung tasks"), which includes this server's
+            # handlers of idle keep-alive connections: a pooled connection would then hang.
             async with aiohttp.ClientSession(headers={"User-Agent": "emulated-cluster-client"},
                                              connector=aiohttp.TCPConnector(force_close=True)) as session:
                 yield EmulatedCluster(api=api, url=url, kubeconfig=kubeconfig, session=session)
