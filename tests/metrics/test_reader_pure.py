@@ -97,6 +97,16 @@ def test_raw_counters_errors(experts, steps, reason, match):
     assert ei.value.reason == reason
 
 
+def test_the_main_model_is_picked_next_to_an_mtp_drafter():
+    experts = [_expert_series("a", l, e, [1, 2, 3, 4]) for l in range(2) for e in range(3)]
+    experts.append(_expert_series("a", 0, 0, [5, 6, 7, 8], model="mtp"))
+    steps = [(_pod("a"), list(zip(TS, [1, 2, 3, 4]))), (_pod("a", "mtp"), list(zip(TS, [1, 2, 3, 4])))]
+    tr = trace_from_raw_counters(_body(experts), _body(steps), GRID, num_layers=2, num_experts=3)
+    assert tr.model == "m" and tr.load.shape == (3, 2, 3) and tr.load.sum() == 6 * 3
+    with pytest.raises(LoadReadError, match=r"m \(2x3\), mtp \(1x1\)"):
+        trace_from_raw_counters(_body(experts), _body(steps), GRID)
+
+
 def test_grid_and_selector():
     g = grid_for(1000.7, 60, 15)
     assert g.tolist() == [930, 945, 960, 975, 990]

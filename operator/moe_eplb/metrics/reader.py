@@ -81,6 +81,35 @@ def _series_points(series: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return ts, vs
 
 
+def pick_model(shapes: dict[str, tuple[int, int]], num_layers: int | None, num_experts: int | None,
+               what: str = "") -> str:
+    """The model to read among those the pods report (``{name: (layers, experts)}``): the only one,
+    or the only one with the expected shape (a DeepSeek MTP drafter registers its own EPLB model
+    with 1 MoE layer next to the main model's 58)."""
+    if len(shapes) == 1:
+        return next(iter(shapes))
+    fits = [m for m, (l, e) in shapes.items()
+            if (num_layers is None or l == num_layers) and (num_experts is None or e == num_experts)]
+    if len(fits) == 1:
+        return fits[0]
+    listing = ", ".join(f"{m} ({l}x{e})" for m, (l, e) in sorted(shapes.items()))
+    raise LoadReadError(INCONSISTENT_SERIES, f"series of {len(shapes)} models{what}: {listing}; "
+                        "pass the model to read (or the expected number of layers and experts)")
+
+
+def _shapes_of(series: list) -> dict[str, tuple[int, int]]:
+    shapes: dict[str, list[int]] = {}
+    for s in series:
+        m = s.get("metric", {})
+        try:
+            l, e = int(m.get(names.LABEL_LAYER, -1)), int(m.get(names.LABEL_EXPERT, -1))
+        except ValueError:
+            continue
+        cur = shapes.setdefault(m.get(names.LABEL_MODEL, ""), [0, 0])
+        cur[0], cur[1] = max(cur[0], l + 1), max(cur[1], e + 1)
+    return {k: (v[0], v[1]) for k, v in shapes.items()}
+
+
 def _pod_key(metric: Mapping[str, str]) -> tuple:
     return tuple(sorted((k, v) for k, v in metric.items() if k not in POD_LABELS_EXCLUDED))
 
@@ -167,10 +196,22 @@ def trace_from_raw_counters(
         raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
     T = grid.shape[0] - 1
     bucket_seconds = float(grid[1] - grid[0])
+    if model is None:
+        shapes = _shapes_of(expert_series)
+        if len(shapes) > 1:
+            model = pick_model(shapes, num_layers, num_experts, what)
+    if model is not None:
+        def keep(s):
+            return s.get("metric", {}).get(names.LABEL_MODEL, model) == model
+
+        expert_series = [s for s in expert_series if keep(s)]
+        step_series = [s for s in step_series if keep(s)]
+        if start_body is not None:
+            start_body = {"data": {"resultType": "matrix",
+                                   "result": [s for s in _result(start_body, names.EXPORTER_START_TIME) if keep(s)]}}
+        if not expert_series or not step_series:
+            raise LoadReadError(NO_DATA, f"no series for model {model!r}{what}")
     models = {s.get("metric", {}).get(names.LABEL_MODEL) for s in expert_series + step_series} - {None}
-    if len(models) > 1 and model is None:
-        raise LoadReadError(INCONSISTENT_SERIES, f"series of {len(models)} models ({', '.join(sorted(models))}){what}; "
-                            "pass the model to read (e.g. the main model, not the MTP drafter)")
     lookup = _start_lookup(start_body)
     total_steps = np.zeros(T)
     step_pods = set()
@@ -223,13 +264,17 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
         raise LoadReadError(INSUFFICIENT_DATA, f"{len(rounds)} scrape round(s) so far; need 2 to form a bucket")
     all_models = {m for r in rounds for p in r.pods.values() for m in p.tokens}
     if model is None:
-        if len(all_models) > 1:
-            raise LoadReadError(INCONSISTENT_SERIES, f"pods serve {len(all_models)} models "
-                                f"({', '.join(sorted(all_models))}); pass the model to read")
         if not all_models:
             raise LoadReadError(NO_DATA, f"no {names.EXPERT_TOKENS} series on any pod; is EPLB enabled and "
                                 "the exporter plugin loaded (VLLM_PLUGINS=moe_eplb_exporter)?")
-        model = next(iter(all_models))
+        shapes: dict[str, tuple[int, int]] = {}
+        for r in rounds:
+            for p in r.pods.values():
+                for m, toks in p.tokens.items():
+                    if toks:
+                        l0, e0 = shapes.get(m, (0, 0))
+                        shapes[m] = (max(l0, max(k[0] for k in toks) + 1), max(e0, max(k[1] for k in toks) + 1))
+        model = pick_model(shapes, num_layers, num_experts)
     keys = {k for r in rounds for p in r.pods.values() for k in p.tokens.get(model, {})}
     if not keys:
         raise LoadReadError(NO_DATA, f"no {names.EXPERT_TOKENS} series for model {model!r}")
