@@ -176,3 +176,13 @@ def test_tuner_override_is_checked_when_it_runs(seed) -> None:
     assert validate(res) == []
     res["status"]["autotune"]["override"] = {"numRedundantExperts": 12, "windowSize": 500, "specGeneration": 3}
     assert validate(res) == []
+
+
+def test_status_written_by_the_operator_never_invalidates_the_spec(seed) -> None:
+    import copy
+
+    res = copy.deepcopy(seed)
+    res["metadata"].update({"uid": "u", "generation": 4, "resourceVersion": "77", "managedFields": [{"x": 1}]})
+    res["status"] = {"phase": "Running", "somethingNew": {"a": 1}, "conditions": [{"type": "Ready", "status": "True"}],
+                     "autotune": {"history": [{"t": 1}], "override": {"numRedundantExperts": 8, "specGeneration": 3}}}
+    assert validate(res) == []

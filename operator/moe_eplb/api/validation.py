@@ -67,8 +67,11 @@ _GENERATED_FLAGS = {
 def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
     """What the apiserver itself would reject at apply time, using only the CRD (schema + CEL).
 
-    Strict unknown-field check, then defaults, structural schema and CEL rules.
+    Strict unknown-field check, then defaults, structural schema and CEL rules. ``status`` is left
+    out: it is written through the status subresource by the operator, not by the user, and a
+    spec must not turn invalid because of what the operator recorded.
     """
+    resource = {k: v for k, v in resource.items() if k != "status"}
     schema = openapi_schema()
     problems = unknown_field_problems(resource, schema)
     defaulted = apply_defaults(resource, schema)
@@ -132,6 +135,7 @@ def _is_cel(p: Problem) -> bool:
 
 
 def _has_structural_problem(resource: dict[str, Any]) -> bool:
+    resource = {k: v for k, v in resource.items() if k != "status"}
     schema = openapi_schema()
     return bool(schema_problems(apply_defaults(resource, schema), schema))
 
