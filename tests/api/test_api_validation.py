@@ -186,3 +186,12 @@ def test_status_written_by_the_operator_never_invalidates_the_spec(seed) -> None
     res["status"] = {"phase": "Running", "somethingNew": {"a": 1}, "conditions": [{"type": "Ready", "status": "True"}],
                      "autotune": {"history": [{"t": 1}], "override": {"numRedundantExperts": 8, "specGeneration": 3}}}
     assert validate(res) == []
+
+
+def test_distinct_problems_on_one_field_are_all_kept(variant) -> None:
+    """EP size 1 and a too-old engine both concern spec.eplb.enabled: both are reported."""
+    problems = only(validate(variant({"spec.parallelism.tensor": 1, "spec.engine.version": "0.11.0"})),
+                    "spec.eplb.enabled")
+    messages = " | ".join(p.message for p in problems)
+    assert "expert-parallel size > 1" in messages and "needs vLLM >= 0.12.0" in messages
+    assert len(problems) == 2  # the CRD's generated copy of the version rule is folded into the richer one

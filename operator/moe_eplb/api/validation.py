@@ -71,16 +71,20 @@ def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
     out: it is written through the status subresource by the operator, not by the user, and a
     spec must not turn invalid because of what the operator recorded.
     """
+    return _apiserver_check(resource)[0]
+
+
+def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], bool]:
+    """(problems, whether the defaulted object passes the structural schema)."""
     resource = {k: v for k, v in resource.items() if k != "status"}
     schema = openapi_schema()
     problems = unknown_field_problems(resource, schema)
     defaulted = apply_defaults(resource, schema)
     structural = schema_problems(defaulted, schema)
-    problems += structural
     rules = cel_problems(defaulted, schema)
     if structural:  # a rule over a mistyped value only adds noise
         rules = [p for p in rules if "(rule error:" not in p.message]
-    return problems + rules
+    return problems + structural + rules, not structural
 
 
 def validate(resource: Any) -> list[Problem]:
@@ -102,42 +106,27 @@ def validate(resource: Any) -> list[Problem]:
             Problem("metadata.name", f"{name!r} must be a DNS label: lower-case letters, digits and '-', "
                     "starting and ending with a letter or digit")
         )
-    base = apiserver_problems(resource)
-    problems += base
-    if any(p in base for p in problems) and _has_structural_problem(resource):
-        return problems
+    base, structurally_valid = _apiserver_check(resource)
+    if not structurally_valid:  # the typed view cannot be built; these are the problems to fix first
+        return problems + base
     semantic = semantic_problems(parse(resource)) + override_problems(resource)
-    replaced = {p.field for p in semantic}
-    problems = [p for p in problems if not (p.field in replaced and p in base and _is_cel(p))] + semantic
-    return problems
+    # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
+    covered = {p.field for p in semantic}
+    base = [p for p in base if not (p.field in covered and p.message in _duplicated_messages())]
+    return problems + base + semantic
 
 
 @functools.lru_cache(maxsize=1)
-def _cel_messages() -> frozenset[str]:
-    msgs: set[str] = set()
+def _duplicated_messages() -> frozenset[str]:
+    """Messages of CRD rules that :func:`semantic_problems` repeats with more detail: the rules
+    generated from the catalog, and the divisibility rule for ``model.moe.numExperts``."""
+    from moe_eplb.api.cel_catalog import rules
 
-    def walk(s: Any) -> None:
-        if isinstance(s, dict):
-            for r in s.get("x-kubernetes-validations") or ():
-                msgs.add(r.get("message", ""))
-            for v in s.values():
-                walk(v)
-        elif isinstance(s, list):
-            for v in s:
-                walk(v)
-
-    walk(openapi_schema())
+    msgs = {r["message"] for r in rules()}
+    for rule in openapi_schema()["properties"]["spec"].get("x-kubernetes-validations") or ():
+        if rule.get("fieldPath") == ".eplb.numRedundantExperts":
+            msgs.add(rule["message"])
     return frozenset(msgs)
-
-
-def _is_cel(p: Problem) -> bool:
-    return p.message in _cel_messages() or "(rule error:" in p.message
-
-
-def _has_structural_problem(resource: dict[str, Any]) -> bool:
-    resource = {k: v for k, v in resource.items() if k != "status"}
-    schema = openapi_schema()
-    return bool(schema_problems(apply_defaults(resource, schema), schema))
 
 
 def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> list[int]:
