@@ -192,3 +192,15 @@ def test_every_spec_string_is_bounded() -> None:
                if "|" not in p and (n.get("type") == "string" or n.get("x-kubernetes-int-or-string"))
                and "maxLength" not in n]
     assert missing == []
+
+
+def test_crd_is_a_valid_custom_resource_definition() -> None:
+    """The CRD object itself, strictly against Kubernetes' apiextensions.k8s.io/v1 schema (catches
+    misspelled schema keywords such as ``x-kubernetes-validation``)."""
+    import kubernetes_validate
+
+    kubernetes_validate.validate(crd(), kubernetes_validate.latest_version(), strict=True)
+    broken = crd()
+    broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validation"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
