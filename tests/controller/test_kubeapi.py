@@ -137,3 +137,15 @@ async def test_workload_ready_delay_plays_the_controllers():
                 break
             await asyncio.sleep(0.01)
         assert live["status"]["observedGeneration"] == 1 and live["status"]["updatedReplicas"] == 3
+
+
+async def test_dry_run_keeps_nothing(kube):
+    dry = await kube.request("POST", DEPLOYS + "?dryRun=All", deployment("a"))
+    assert dry["metadata"]["name"] == "a" and await kube.get_or_none(f"{DEPLOYS}/a") is None
+    real = await kube.create(DEPLOYS, deployment("a"))
+    patched = await kube.request("PATCH", f"{DEPLOYS}/a?dryRun=All", {"spec": {"replicas": 5}},
+                                 content_type="application/merge-patch+json")
+    assert patched["spec"]["replicas"] == 5
+    live = await kube.get(f"{DEPLOYS}/a")
+    assert live["spec"]["replicas"] == 1 and live["metadata"]["resourceVersion"] == real["metadata"]["resourceVersion"]
+    assert [w[0] for w in kube.api.writes if w[1] == "deployments"] == ["create"]

@@ -335,3 +335,24 @@ async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube
     assert scaled["spec"]["leaderWorkerTemplate"] == lws["spec"]["leaderWorkerTemplate"]
     # the LWS observed generation 1 only: the status says it is rolling out the new replica count
     assert obj["status"]["phase"] in ("Progressing", "Running") and cond(obj, "Ready")["status"] == "False"
+
+
+async def test_child_refused_by_the_api_server_applies_nothing(kube, operator_runner, eventually):
+    """An admission webhook (played by a kmock reaction) refuses the PodMonitor: the dry run that
+    precedes every write catches it, so not even the Service or the Deployment is created."""
+    kube.api["post /apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"] << 422 << {
+        "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "reason": "Invalid",
+        "message": "admission webhook denied the request: podMetricsEndpoints[0].interval: too short"}
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(kube, name, 1))
+        kids = await children(kube, name)
+        events = await events_for(kube, name)
+    assert kids == {}
+    assert obj["status"]["phase"] == "Degraded"
+    degraded = cond(obj, "Degraded")
+    assert degraded["reason"] == "ChildRejected" and "PodMonitor/" + name in degraded["message"]
+    assert "too short" in degraded["message"]
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["ChildRejected"]

@@ -77,7 +77,7 @@ class WallClock:
         return t
 
 
-LoadSource = Callable[[dict, float, float], Awaitable[tuple[Any, dict]]]
+LoadSource = Callable[[dict, float, float, list], Awaitable[tuple[Any, dict]]]
 Measure = Callable[[dict, list[dict], float, float], Awaitable[dict | None]]
 
 
@@ -91,8 +91,12 @@ class AutotuneRuntime:
         lookback_seconds: how much load history (clock seconds) the tuner sees.
         min_steps: fewer engine steps than this in the history -> ``NoData`` (too little data).
         search: keyword arguments for the tuner's search ladder.
-        read_load: ``await read_load(resource, start, end) -> (LoadTrace, window_info)``; raises
-            :class:`LoadUnavailable`. Default: :func:`read_load_default`.
+        read_load: ``await read_load(resource, start, end, pods) -> (LoadTrace, window_info)``;
+            raises :class:`LoadUnavailable`. Default: :func:`read_load_default`.
+        bucket_seconds: bucket length (clock seconds) of the load read for the tuner; also how
+            often pods are scraped when there is no Prometheus.
+        min_wall_bucket_seconds: floor of the bucket in wall seconds (>= 2 scrape intervals when
+            the clock is accelerated).
         measure: ``await measure(resource, pods, start, end) -> {"balancedness": ...} | None``.
         crashloop_restarts: restarts of a pod of the new template that count as a crash loop.
         observer: called with ``(kind, resource, payload)`` after each successful write
@@ -111,7 +115,11 @@ class AutotuneRuntime:
     crashloop_restarts: int = 3
     observer: Callable[[str, dict, dict], None] | None = None
     http_timeout: float = 10.0
+    bucket_seconds: float = 15.0
+    min_wall_bucket_seconds: float = 0.0
     _direct_snapshots: dict = field(default_factory=dict, repr=False)
+    _scrapers: dict = field(default_factory=dict, repr=False)
+    _last_collect: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls) -> "AutotuneRuntime":
@@ -206,6 +214,9 @@ async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str =
             await _write(client, resource, state, {"Tuned": ("False", "InvalidAutotune", str(exc))}, now)
         return None
 
+    direct = not ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl")
+    if direct and cfg.mode != "Off" and rt.read_load is None:
+        await collect_direct(client, resource, rt, now)
     if state.get("rollout"):
         result = await _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name, rerender)
     elif cfg.mode == "Off" or not dec.due(cfg, state, now):
@@ -239,9 +250,6 @@ async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns
     if step.rollback_reason:
         opmetrics.record_rollback(ns, name, step.rollback_reason)
     new_ro = step.autotune.get("rollout")
-    if new_ro and new_ro.get("phase") == ro.OBSERVING and rt.measure is None \
-            and not ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl"):
-        await _measure(rt, resource, pods, now, now)  # direct scraping: counters at the start of observation
     if rt.observer:
         if new_ro is None:
             rt.observer("history", resource, (step.autotune.get("history") or [{}])[-1])
@@ -279,7 +287,7 @@ async def _evaluate(resource, client, rt, cfg, state, now, generation, ns, name,
     tuner_seconds = None
     trace = None
     try:
-        trace, data_window = await _read_load(rt, resource, start, now)
+        trace, data_window = await _read_load(rt, resource, start, now, pods)
         if trace.total_steps < rt.min_steps:
             raise LoadUnavailable("TooLittleData", f"{trace.total_steps} engine steps in the last "
                                   f"{rt.lookback_seconds:.0f}s; need at least {rt.min_steps}")
@@ -424,10 +432,12 @@ async def _event(client: Any, resource: dict, etype: str, reason: str, message: 
 # --- load and measurements -----------------------------------------------------------------------
 
 
-async def _read_load(rt: AutotuneRuntime, resource: dict, start: float, end: float):
-    fn = rt.read_load or read_load_default
+async def _read_load(rt: AutotuneRuntime, resource: dict, start: float, end: float, pods: list[dict]):
+    fn = rt.read_load
     try:
-        return await fn(resource, start, end)
+        if fn is None:
+            return await read_load_default(resource, start, end, pods, rt=rt)
+        return await fn(resource, start, end, pods)
     except LoadUnavailable:
         raise
     except asyncio.CancelledError:
@@ -437,29 +447,81 @@ async def _read_load(rt: AutotuneRuntime, resource: dict, start: float, end: flo
         raise LoadUnavailable(str(reason) if str(reason).isidentifier() else "LoadReadError", str(exc)) from exc
 
 
-async def read_load_default(resource: dict, start: float, end: float, *, rt: AutotuneRuntime | None = None):
-    """Read the load with the exporter issue's reader (``moe_eplb.metrics.reader``)."""
+async def read_load_default(resource: dict, start: float, end: float, pods: list[dict], *,
+                            rt: AutotuneRuntime | None = None):
+    """Read the load with the exporter issue's reader (:func:`moe_eplb.metrics.reader.read_load_trace`).
+
+    From Prometheus when ``spec.monitoring.prometheusUrl`` is set (buckets of ``rt.bucket_seconds``
+    clock seconds); else from the rounds a per-resource :class:`~moe_eplb.metrics.scrape.PodScraper`
+    collected on earlier ticks (:func:`collect_direct`) plus one now. The trace's
+    ``bucket_seconds`` is given in clock seconds (so an accelerated clock keeps the step rate right).
+    """
+    from moe_eplb.api.spec import parse
+    from moe_eplb.eplb.trace import LoadTrace
     from moe_eplb.metrics import reader
+    from moe_eplb.metrics.errors import LoadReadError
 
     rt = rt or runtime()
-    return await reader_adapter(reader, resource, start, end, rt)
-
-
-async def reader_adapter(reader: Any, resource: dict, start: float, end: float, rt: AutotuneRuntime):
-    """Call ``reader.read_load_trace`` for a MoEInference over clock seconds ``[start, end]``."""
     meta = resource["metadata"]
-    spec = resource.get("spec") or {}
-    url = ((spec.get("monitoring") or {}).get("prometheusUrl")) or None
-    w0, w1 = rt.clock.to_wall(start), rt.clock.to_wall(end)
-    kwargs = dict(namespace=meta.get("namespace") or "default", name=meta["name"], start=w0, end=w1)
-    fn = reader.read_load_trace
-    if asyncio.iscoroutinefunction(fn):
-        trace = await fn(prometheus_url=url, **kwargs)
-    else:
-        trace = await asyncio.to_thread(fn, prometheus_url=url, **kwargs)
-    info = {"start": dec.iso(start), "end": dec.iso(end), "buckets": trace.num_buckets,
+    ns, name = meta.get("namespace") or "default", meta["name"]
+    url = ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl") or None
+    inf = parse(resource)
+    shape = inf.moe_shape
+    scale = float(getattr(rt.clock, "scale", 1.0) or 1.0)
+    window_wall = (end - start) / scale
+    bucket_wall = max(rt.bucket_seconds / scale, rt.min_wall_bucket_seconds)
+    kwargs = dict(namespace=ns, name=name, window_seconds=window_wall, bucket_seconds=bucket_wall,
+                  num_layers=shape.num_moe_layers, num_experts=shape.num_experts,
+                  pods_per_engine=max(1, int(inf.parallelism.nodes or 1)), timeout=rt.http_timeout)
+    try:
+        if url:
+            trace = await asyncio.to_thread(reader.read_load_trace, prometheus_url=url, now=rt.clock.to_wall(end),
+                                            **kwargs)
+        else:
+            trace = await asyncio.to_thread(reader.read_load_trace, pods=pods, scraper=_scraper(rt, ns, name),
+                                            **kwargs)
+    except LoadReadError as exc:
+        raise LoadUnavailable(exc.reason, exc.message) from exc
+    if trace.bucket_seconds and scale != 1.0:
+        trace = LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds * scale,
+                          top_k=trace.top_k, model=trace.model)
+    span = trace.num_buckets * (trace.bucket_seconds or 0.0)
+    info = {"start": dec.iso(end - span if span else start), "end": dec.iso(end), "buckets": trace.num_buckets,
             "steps": trace.total_steps, "source": "prometheus" if url else "pods"}
     return trace, info
+
+
+def _scraper(rt: AutotuneRuntime, ns: str, name: str):
+    from moe_eplb.metrics.scrape import PodScraper
+
+    key = (ns, name)
+    if key not in rt._scrapers:
+        rt._scrapers[key] = PodScraper(timeout=rt.http_timeout, keep=2000)
+    return rt._scrapers[key]
+
+
+async def collect_direct(client: Any, resource: dict, rt: AutotuneRuntime, now: float) -> None:
+    """Without Prometheus, scrape the pods once per ``rt.bucket_seconds`` (clock) so that the
+    reader has a history of rounds at evaluation time. Errors are left to the evaluation."""
+    from moe_eplb.metrics.errors import LoadReadError
+    from moe_eplb.metrics.scrape import targets_from_pods
+
+    meta = resource["metadata"]
+    ns, name = meta.get("namespace") or "default", meta["name"]
+    last = rt._last_collect.get((ns, name))
+    if last is not None and now - last < rt.bucket_seconds:
+        return
+    rt._last_collect[(ns, name)] = now
+    pods = await client.list("v1", "Pod", ns, label_selector=f"{names.POD_NAME_LABEL}={name}")
+    targets = targets_from_pods(pods, name)
+    if not targets:
+        return
+    try:
+        await asyncio.to_thread(_scraper(rt, ns, name).scrape, targets)
+    except LoadReadError as exc:
+        log.info("autotune: scraping %s/%s: %s", ns, name, exc)
+    if rt.measure is None:
+        _remember_ranks(rt, (ns, name), now, await _scrape_rank_round(pods, rt))
 
 
 async def _measure(rt: AutotuneRuntime, resource: dict, pods: list[dict], start: float, end: float) -> dict | None:
@@ -492,14 +554,14 @@ async def measure_default(resource: dict, pods: list[dict], start: float, end: f
     From Prometheus (``increase`` of ``moe_eplb_rank_tokens_total`` per pod, layer and rank over
     the window) when ``spec.monitoring.prometheusUrl`` is set; else by scraping the pods' exporter
     port and differencing against the counters seen at the previous call (kept in memory; the
-    first call of a process, or a pod set that changed, returns None).
+    window's start, or a pod set that changed, returns None).
     """
     rt = rt or runtime()
     meta = resource["metadata"]
     url = ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl")
     if url:
         return await _measure_prometheus(url, meta.get("namespace") or "default", meta["name"], start, end, rt)
-    return await _measure_direct(resource, pods, end, rt)
+    return await _measure_direct(resource, pods, start, end, rt)
 
 
 async def _measure_prometheus(url: str, ns: str, name: str, start: float, end: float, rt: AutotuneRuntime) -> dict | None:
@@ -571,24 +633,44 @@ async def scrape_rank_tokens(pod: dict, timeout: float) -> np.ndarray | None:
     return a
 
 
-async def _measure_direct(resource: dict, pods: list[dict], end: float, rt: AutotuneRuntime) -> dict | None:
-    meta = resource["metadata"]
-    key = (meta.get("namespace") or "default", meta["name"])
+async def _scrape_rank_round(pods: list[dict], rt: AutotuneRuntime) -> dict[str, np.ndarray]:
     ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
                                     for c in (p.get("status") or {}).get("conditions") or [])]
-    now_counts = {}
+    out = {}
     for p in ready:
-        a = await scrape_rank_tokens(p, rt.http_timeout)
+        try:
+            a = await scrape_rank_tokens(p, rt.http_timeout)
+        except Exception:  # noqa: BLE001 - a pod that cannot be scraped is left out of this round
+            a = None
         if a is not None:
-            now_counts[p["metadata"]["name"]] = a
-    prev = rt._direct_snapshots.get(key)
-    rt._direct_snapshots[key] = (end, now_counts)
-    if not prev or set(prev[1]) != set(now_counts):
+            out[p["metadata"]["name"]] = a
+    return out
+
+
+def _remember_ranks(rt: AutotuneRuntime, key: tuple, t: float, counts: dict) -> None:
+    hist = rt._direct_snapshots.setdefault(key, [])
+    if counts:
+        hist.append((t, counts))
+    del hist[: max(0, len(hist) - 500)]
+
+
+async def _measure_direct(resource: dict, pods: list[dict], start: float, end: float, rt: AutotuneRuntime) -> dict | None:
+    """Balancedness from the rank counters scraped now minus those of the earliest remembered
+    round at or after ``start`` with the same pods (rounds are remembered by :func:`collect_direct`
+    and by every measurement)."""
+    meta = resource["metadata"]
+    key = (meta.get("namespace") or "default", meta["name"])
+    now_counts = await _scrape_rank_round(pods, rt)
+    hist = list(rt._direct_snapshots.get(key, []))
+    _remember_ranks(rt, key, end, now_counts)
+    base = next(((t, c) for t, c in hist if t >= start - 1e-6 and set(c) == set(now_counts) and t < end), None)
+    if base is None or not now_counts:
         return None
-    deltas = {p: np.maximum(now_counts[p] - prev[1][p], 0.0) for p in now_counts if now_counts[p].shape == prev[1][p].shape}
+    deltas = {p: np.maximum(now_counts[p] - base[1][p], 0.0) for p in now_counts
+              if now_counts[p].shape == base[1][p].shape}
     b = balancedness_from_rank_tokens(deltas)
     if b is None:
         return None
     tokens = sum(float(a.sum()) for a in deltas.values())
-    return {"balancedness": round(b, 6), "tokensPerSecond": round(tokens / max(end - prev[0], 1e-9), 3),
+    return {"balancedness": round(b, 6), "tokensPerSecond": round(tokens / max(end - base[0], 1e-9), 3),
             "pods": len(deltas), "source": "pods"}

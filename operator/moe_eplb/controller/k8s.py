@@ -223,21 +223,25 @@ class KubeClient:
         result = await self._call("list", "GET", k, k.path(namespace), params=params)
         return list(result.get("items") or [])
 
-    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """POST the object; ``ApiError`` with status 409 if it already exists."""
+    def _params(self, dry_run: bool) -> dict[str, str]:
+        return {"fieldManager": self.field_manager, **({"dryRun": "All"} if dry_run else {})}
+
+    async def create(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """POST the object; ``ApiError`` with status 409 if it already exists. ``dry_run``: the
+        server runs every check (admission, validation) and keeps nothing."""
         k = kind_of(obj["apiVersion"], obj["kind"])
         ns = obj.get("metadata", {}).get("namespace")
-        return await self._call("create", "POST", k, k.path(ns), body=dict(obj),
-                                params={"fieldManager": self.field_manager})
+        return await self._call("create", "POST", k, k.path(ns), body=dict(obj), params=self._params(dry_run))
 
     async def patch(self, api_version: str, kind: str, namespace: str | None, name: str,
-                    patch: Mapping[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+                    patch: Mapping[str, Any], *, subresource: str | None = None,
+                    dry_run: bool = False) -> dict[str, Any]:
         """JSON merge patch (RFC 7386). Put ``metadata.resourceVersion`` in the patch to make it
-        conditional (409 Conflict when the object changed meanwhile)."""
+        conditional (409 Conflict when the object changed meanwhile). ``dry_run`` as in create."""
         k = kind_of(api_version, kind)
         return await self._call("patch", "PATCH", k, k.path(namespace, name, subresource), subresource=subresource,
                                 body=dict(patch), content_type="application/merge-patch+json",
-                                params={"fieldManager": self.field_manager})
+                                params=self._params(dry_run))
 
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
                      *, propagation: str = "Background") -> bool:

@@ -7,7 +7,9 @@ The flow (one resource at a time, serialised per resource by :class:`Reconciler`
    and **no child is created, changed or deleted** (what runs keeps running).
 2. ``apply_defaults`` and ``render_children`` (pure; every child in apply order). A render error is
    handled like an invalid spec (nothing applied).
-3. For each child, in order: GET it; absent -> POST (a 409 from a concurrent creator falls through
+3. Plan every child (GET, then absent -> create, else the minimal patch), send every pending write
+   first with ``dryRun=All``: if the API server refuses any child, nothing is applied and the
+   status says so (``Degraded``, reason ``ChildRejected``, a Warning Event). Then, in order: absent -> POST (a 409 from a concurrent creator falls through
    to patching, so a re-run never fails with AlreadyExists); present -> compute the minimal merge
    patch that makes the live object cover the desired one (:func:`merge_diff`) and PATCH only that.
    Changing only ``spec.replicas`` therefore patches only ``spec.replicas`` of the workload (no pod
@@ -228,9 +230,13 @@ class Reconciler:
         outcome = Outcome()
         drift = int((resource.get("status") or {}).get("observedGeneration", -1)) == \
             int(resource["metadata"].get("generation", 1))
+        plans = [await self._plan_child(child) for child in desired]
+        rejected = await self._dry_run(plans)
+        if rejected:  # the API server would refuse a child: apply none of them
+            return await self._report_rejected(resource, rejected)
         live_children: list[dict[str, Any]] = []
-        for child in desired:
-            live, action = await self._apply_child(child)
+        for child, live_now, patch in plans:
+            live, action = await self._apply_child(child, live_now, patch)
             if live is not None:
                 live_children.append(live)
             cid = f"{child['kind']}/{child['metadata']['name']}"
@@ -278,11 +284,49 @@ class Reconciler:
                                            lambda fresh: status_mod.invalid_status(fresh, problems))
         return Outcome(valid=False, phase="Invalid", status_written=written)
 
-    async def _apply_child(self, desired: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        """Create or patch one child; returns (live object, 'created'|'patched'|'unchanged'|'skipped')."""
+    async def _plan_child(self, desired: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                                   dict[str, Any] | None]:
+        """(desired, live object or None, merge patch or None): what applying would do."""
+        api_version, kind, name = _child_id(desired)
+        live = await self.client.get(api_version, kind, desired["metadata"].get("namespace"), name)
+        return desired, live, (merge_diff(desired, live) if live is not None else None)
+
+    async def _dry_run(self, plans: Sequence[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]
+                       ) -> list[str]:
+        """Send every pending write with ``dryRun=All``; the refusals ("Kind/name: message")."""
+        refusals = []
+        for desired, live, patch in plans:
+            api_version, kind, name = _child_id(desired)
+            if live is not None and not patch:
+                continue
+            try:
+                if live is None:
+                    await self.client.create(desired, dry_run=True)
+                else:
+                    await self.client.patch(api_version, kind, desired["metadata"].get("namespace"), name, patch or {},
+                                            dry_run=True)
+            except ApiError as exc:
+                if exc.status in (404, 409) or exc.status >= 500:  # kind missing / raced / transient:
+                    continue                                       # handled when applying
+                refusals.append(f"{kind}/{name}: {exc.message}")
+        return refusals
+
+    async def _report_rejected(self, resource: Mapping[str, Any], refusals: Sequence[str]) -> Outcome:
+        new_status = status_mod.rejected_status(resource, refusals)
+        old = next((c for c in (resource.get("status") or {}).get("conditions") or [] if c.get("type") == "Degraded"), {})
+        new = next(c for c in new_status["conditions"] if c["type"] == "Degraded")
+        if (old.get("reason"), old.get("message"), old.get("observedGeneration")) != \
+                (new["reason"], new["message"], new["observedGeneration"]):
+            await self._event(resource, "Warning", "ChildRejected", new["message"])
+        written = await self._write_status(resource, new_status,
+                                           lambda fresh: status_mod.rejected_status(fresh, refusals))
+        return Outcome(valid=True, phase=new_status["phase"], status_written=written)
+
+    async def _apply_child(self, desired: Mapping[str, Any], live: dict[str, Any] | None,
+                           patch: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+        """Create or patch one child as planned; returns (live object, 'created'|'patched'|'unchanged'|'skipped')."""
         api_version, kind, name = _child_id(desired)
         ns = desired["metadata"].get("namespace")
-        live = await self.client.get(api_version, kind, ns, name)
         if live is None:
             try:
                 return await self.client.create(desired), "created"
@@ -292,10 +336,10 @@ class Reconciler:
                     return None, "skipped"
                 if exc.status != 409:
                     raise
-            live = await self.client.get(api_version, kind, ns, name)
-            if live is None:  # created and deleted meanwhile: try once more next time
+            live = await self.client.get(api_version, kind, ns, name)  # created meanwhile: patch it
+            if live is None:
                 raise ApiError(409, "Conflict", f"{kind}/{name} changed while being created")
-        patch = merge_diff(desired, live)
+            patch = merge_diff(desired, live)
         if not patch:
             return live, "unchanged"
         log.info("patching %s/%s: %s", kind, name, sorted(patch.get("spec", {}) or patch))

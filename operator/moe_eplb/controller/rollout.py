@@ -25,6 +25,9 @@ override).
     fromHash, toHash               pod-template config hashes before / after
     baseline, measured             {"balancedness": float, ...} measured before / after
     predictedGain, reason
+
+``status.autotune.degraded`` = {time, reason, message} is set when a tuner change crash-looped
+(and stays until a later change is kept), so the reconciler can keep ``Degraded`` true.
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ def advance(
         step.conditions["Tuned"] = ("False", "RolledBack", message)
         if degraded:
             step.conditions["Degraded"] = ("True", "CrashLoopAfterTuning", message)
+            new["degraded"] = {"time": now_s, "reason": "CrashLoopAfterTuning", "message": message}
 
     # A user's spec edit bumps metadata.generation and wins over the tuner (pinned precedence).
     spec_gen = ro.get("specGeneration")
@@ -227,6 +231,7 @@ def advance(
         vs = f" (was {float(base):.3f})" if base is not None else ""
         msg = f"kept {fmt_knobs(ro.get('to'))}: measured balancedness {got:.3f}{vs}"
         finish("Kept", msg)
+        new.pop("degraded", None)
         step.events.append(("Normal", "TunedSettingsKept", msg))
         step.conditions["Tuned"] = ("True", "Kept", msg)
         return step
@@ -248,6 +253,7 @@ def advance(
             finish("RollbackFailed", msg)
             step.events.append(("Warning", "RollbackFailed", msg))
             step.conditions["Degraded"] = ("True", "CrashLoop", msg)
+            new["degraded"] = {"time": now_s, "reason": "CrashLoop", "message": msg}
         return step
 
     # Unknown phase (written by a newer operator?): drop it rather than act on it.

@@ -6,7 +6,8 @@ and the conditions ``SpecValid, Ready, Progressing, Degraded``. Other keys (``au
 ``balancedness``) and other condition types (``MetricsAvailable``, ``Tuned``) belong to other
 loops and are carried over untouched.
 
-Phases, first match wins:
+Phases, first match wins (``Degraded`` also when the API server refused a rendered child in the
+dry run that precedes every write; then nothing is applied):
 ``Invalid`` (SpecValid False) > ``Degraded`` > ``Running`` (Ready True) > ``Pending`` (no workload
 has reported a status yet) > ``Progressing``.
 """
@@ -102,6 +103,21 @@ def invalid_status(resource: Mapping[str, Any], problems: Sequence[Any], now: st
     spec_valid = condition("SpecValid", False, "InvalidSpec", text, generation, previous, now)
     current.update(observedGeneration=generation, phase="Invalid", message=f"invalid spec: {text}",
                    conditions=_merge_conditions(previous, [spec_valid]))
+    return current
+
+
+def rejected_status(resource: Mapping[str, Any], refusals: Sequence[str], now: str | None = None) -> dict[str, Any]:
+    """The status when the API server refused (in a dry run) some rendered child: nothing was
+    applied. ``Degraded=True`` (reason ``ChildRejected``), phase ``Degraded``."""
+    now = now or now_rfc3339()
+    current = dict(resource.get("status") or {})
+    generation = int(resource.get("metadata", {}).get("generation", 1))
+    previous = current.get("conditions") or []
+    text = "; ".join(refusals)
+    mine = [condition("SpecValid", True, "Valid", "", generation, previous, now),
+            condition("Degraded", True, "ChildRejected", f"the API server refused: {text}", generation, previous, now)]
+    current.update(observedGeneration=generation, phase="Degraded", message=f"nothing applied: {text}",
+                   conditions=_merge_conditions(previous, mine))
     return current
 
 

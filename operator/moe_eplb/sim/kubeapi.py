@@ -9,6 +9,7 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
 - PATCH as JSON patch (RFC 6902, via ``jsonpatch``; a failed ``test`` answers 422 like the
   apiserver), JSON merge patch (RFC 7386) and strategic merge patch (approximated as a merge patch:
   lists are replaced, not merged by key); PUT (replace); server-side apply answers 415;
+- ``?dryRun=All`` on create, patch and replace (checked, answered, nothing kept);
 - optimistic concurrency: a write that carries ``metadata.resourceVersion`` different from the
   stored one answers 409 Conflict;
 - LIST and WATCH with label selectors (equality- and set-based) and ``metadata.name`` /
@@ -218,6 +219,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     _watchers: dict[Any, set[asyncio.Queue[tuple[int, dict[str, Any]]]]] = attrs.field(factory=dict, init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
     _builtin_payloads: int = attrs.field(default=0, init=False)
+    _dry: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -300,6 +302,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         return self._rv
 
     def _emit(self, res: Any, kind: str, obj: dict[str, Any]) -> None:
+        if self._dry:
+            return
         rv = int(obj["metadata"]["resourceVersion"])
         event = {"type": kind, "object": copy.deepcopy(obj)}
         hist = self._history.setdefault(res, [])
@@ -385,7 +389,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self.writes.append((verb, res.plural, ns, name, subresource))
         meta = obj["metadata"]
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and not self._dry:
             self.store[key] = obj
             self._delete_now(key)
             return obj
@@ -432,6 +436,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
 
     # ---- the workload-controller stand-in -------------------------------------------------------
     def _after_write(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        if self._dry:
+            return
         if self.workload_ready_delay is None or new.get("kind") not in WORKLOAD_KINDS:
             return
         if old is not None and old["metadata"].get("generation") == new["metadata"].get("generation"):
@@ -555,13 +561,38 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                              {"name": request.name, "kind": request.resource.plural})
             return copy.deepcopy(self.store[key])
 
+    @contextlib.contextmanager
+    def _maybe_dry(self, request: kmock.Request, key: Key | None) -> Any:
+        """``?dryRun=All``: run the write's checks and return its result, but keep nothing
+        (no store change, no resourceVersion, no watch event, no write record)."""
+        if request.params.get("dryRun") != "All":
+            yield
+            return
+        saved = (copy.deepcopy(self.store.get(key)) if key else None, self._rv, len(self.writes))
+        self._dry = True
+        try:
+            yield
+        finally:
+            self._dry = False
+            if key is not None:
+                if saved[0] is None:
+                    self.store.pop(key, None)
+                else:
+                    self.store[key] = saved[0]
+            self._rv = saved[1]
+            del self.writes[saved[2]:]
+
     async def _serve_create(self, request: kmock.Request) -> Any:
         if not isinstance(request.data, dict):
             raise _error(400, "BadRequest", "the body must be a JSON object")
         async with self._lock:
-            self._require(request)
-            obj = self._create_object(request.resource, request.namespace, request.data)
-            return kmock.Response(status=201, payload=copy.deepcopy(obj))
+            info = self._require(request)
+            meta = request.data.get("metadata") or {}
+            ns = (request.namespace or meta.get("namespace")) if info.namespaced else None
+            key = (request.resource, ns, meta["name"]) if meta.get("name") else None
+            with self._maybe_dry(request, key):
+                obj = copy.deepcopy(self._create_object(request.resource, request.namespace, request.data))
+            return kmock.Response(status=201, payload=obj)
 
     async def _serve_update(self, request: kmock.Request) -> dict[str, Any]:
         ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -587,14 +618,16 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             else:
                 raise _error(415, "UnsupportedMediaType",
                              f"the emulator does not support PATCH with {ctype!r} (no server-side apply)")
-            return copy.deepcopy(self._write_object(key, new, request.subresource, "patch"))
+            with self._maybe_dry(request, key):
+                return copy.deepcopy(self._write_object(key, new, request.subresource, "patch"))
 
     async def _serve_replace(self, request: kmock.Request) -> dict[str, Any]:
         if not isinstance(request.data, dict):
             raise _error(400, "BadRequest", "the body must be a JSON object")
         async with self._lock:
             key = self._existing(request)
-            return copy.deepcopy(self._write_object(key, request.data, request.subresource, "update"))
+            with self._maybe_dry(request, key):
+                return copy.deepcopy(self._write_object(key, request.data, request.subresource, "update"))
 
     async def _serve_delete(self, request: kmock.Request) -> dict[str, Any]:
         body = request.data if isinstance(request.data, dict) else {}
