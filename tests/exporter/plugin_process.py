@@ -26,7 +26,7 @@ def worker() -> None:
     from moe_eplb.exporter import hook, plugin, settings
 
     plugin.register()
-    assert plugin._state.get("server") is None, "a child process must not serve the port"
+    assert plugin._state.get("server_process") is None, "a child process must not start a server"
     cls = make_standin_v012(L=2, E=4, R=2, name="child/model")
     factory = plugin._recorder_factory(settings.Settings.from_env())
     hook.patch_eplb_state(cls, factory)
@@ -53,7 +53,7 @@ def server() -> None:
     load_general_plugins()
     from moe_eplb.exporter import plugin
 
-    httpd = plugin._state["server"]
+    assert plugin.wait_until_serving(), "the exporter process did not start"
     state, model = make_real_state(L=2, E=4, R=0, window=2, interval=10**6, name="server/model")
     from vllm.distributed.eplb.eplb_state import EplbState
 
@@ -71,7 +71,7 @@ def server() -> None:
     if child.returncode != 0:
         raise SystemExit(f"worker failed: {child.stderr[-3000:]}")
     child_out = json.loads(child.stdout.strip().splitlines()[-1])
-    port = httpd.server_address[1]
+    port = int(os.environ["MOE_EPLB_EXPORTER_PORT"])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     print(json.dumps({
@@ -83,7 +83,9 @@ def server() -> None:
         "dir": os.environ["MOE_EPLB_EXPORTER_DIR"],
         "server_pid": os.environ["MOE_EPLB_EXPORTER_SERVER_PID"],
         "pid": os.getpid(),
+        "server_process_parent": plugin._state["server_process"].pid and os.getpid(),
     }))
+    plugin._state["server_process"].terminate()
 
 
 if __name__ == "__main__":

@@ -27,14 +27,15 @@ def main() -> None:
         print("warm", flush=True)
         assert sys.stdin.readline().strip() == "go"
     plugin.register()
-    httpd = plugin._state["server"]
+    assert plugin.wait_until_serving(), "the exporter process did not start"
+    port = settings.Settings.from_env().port
     cls = make_standin_v012(L=L, E=E, R=0, name=os.environ.get("DRIVER_MODEL", "org/moe"))
     hook.patch_eplb_state(cls, plugin._recorder_factory(settings.Settings.from_env()))
     st = cls()
     rec = hook.recorder_of(st, plugin._recorder_factory(settings.Settings.from_env()))  # attach, 0 steps
     rec.flush_now()
     plugin._state["writer"].flush()
-    print(f"ready {httpd.server_address[1]}", flush=True)
+    print(f"ready {port}", flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         load = torch.tensor(cmd["load"], dtype=torch.int32)

@@ -6,7 +6,8 @@ possibly more than once. What each process does:
 
 * the **first** process of the pod to load the plugin (the ``vllm serve`` process) creates the
   per-pod snapshot directory, publishes it and its own pid in the environment (inherited by every
-  child), and serves ``/metrics`` on port 9400 (``eplb-metrics``) from a daemon thread; with
+  child), and starts the pod's exporter process (``python -m moe_eplb.exporter.server``), which
+  serves ``/metrics`` on port 9400 (``eplb-metrics``) until this process ends; with
   ``MOE_EPLB_TRACE_DIR`` set it also captures traces;
 * **every** process installs the hook on vLLM's ``EplbState`` (see :mod:`moe_eplb.exporter.hook`);
   only processes that run an EPLB state (the workers) ever record anything.
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 
 from moe_eplb.exporter import settings as st
@@ -55,8 +58,38 @@ def _recorder_factory(settings: st.Settings):
     return factory
 
 
+def start_server_process() -> subprocess.Popen:
+    """Start the pod's exporter process (it inherits the environment set by :func:`register`)."""
+    proc = subprocess.Popen([sys.executable, "-m", "moe_eplb.exporter.server"], stdin=subprocess.DEVNULL,
+                            close_fds=True)
+    _state["server_process"] = proc
+    return proc
+
+
+def wait_until_serving(timeout: float = 15.0) -> bool:
+    """True once this pod's exporter answers on its port (for tests and scripts)."""
+    import time
+    import urllib.request
+
+    port = st.Settings.from_env().port
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        proc = _state.get("server_process")
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
 def start_server(settings: st.Settings):
-    """Serve the pod's ``/metrics`` (and start trace capture if asked). Returns the HTTP server."""
+    """Serve the pod's ``/metrics`` from a thread of *this* process (and capture traces if asked);
+    for tests and embedding. The plugin uses :func:`start_server_process`."""
     from moe_eplb.exporter.collector import PodCollector
     from moe_eplb.exporter.server import make_registry, serve
 
@@ -115,11 +148,7 @@ def register() -> None:
             os.environ[st.ENV_DIR] = directory
             os.environ[st.ENV_SERVER_PID] = str(os.getpid())
             settings = st.Settings.from_env()
-            try:
-                start_server(settings)
-            except OSError as exc:
-                log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
-                          settings.address, settings.port, exc, st.ENV_PORT)
+            start_server_process()
         from moe_eplb.exporter import hook
 
         hook.install(_recorder_factory(settings))

@@ -1,5 +1,10 @@
 """The pod's dedicated ``/metrics`` server (port ``eplb-metrics``, 9400).
 
+It runs in its own small process (``python -m moe_eplb.exporter.server``), started by the plugin in
+the pod's first vLLM process and ending when that process ends: rendering ~30 000 series takes a
+fraction of a second of CPU, which must not hold the GIL of vLLM's API server (its event loop
+serves the requests). With ``MOE_EPLB_TRACE_DIR`` set, this process also captures traces.
+
 Always answers in the classic Prometheus text format (``text/plain; version=0.0.4``), whatever the
 scraper's ``Accept`` header asks for: Prometheus asks for OpenMetrics first, and serving the same
 bytes in every case keeps every name exactly as documented.
@@ -8,7 +13,10 @@ bytes in every case keeps every name exactly as documented.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
@@ -55,11 +63,90 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(registry: CollectorRegistry, address: str, port: int) -> ThreadingHTTPServer:
-    """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port)."""
+def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0) -> ThreadingHTTPServer:
+    """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
+    Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
+    be on its way out)."""
     handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry})
-    httpd = ThreadingHTTPServer((address, port), handler)
+    deadline = time.monotonic() + bind_retry_seconds
+    while True:
+        try:
+            httpd = ThreadingHTTPServer((address, port), handler)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="moe-eplb-metrics", daemon=True)
     thread.start()
     return httpd
+
+
+def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
+    """Entry point of the server process: serve until the vLLM process that started us is gone."""
+    from moe_eplb.exporter import settings as st
+    from moe_eplb.exporter.collector import PodCollector
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe-eplb pid %(process)d] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(os.environ.get("MOE_EPLB_LOG_LEVEL", "INFO").upper())
+    log.propagate = False
+    try:
+        settings = st.Settings.from_env()
+    except st.SettingsError as exc:
+        log.error("moe-eplb exporter disabled: %s", exc)
+        return 2
+    if not settings.directory:
+        log.error("moe-eplb exporter: %s is not set; nothing to serve", st.ENV_DIR)
+        return 2
+    collector = PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds)
+    try:
+        httpd = serve(make_registry(collector), settings.address, settings.port, bind_retry_seconds=10.0)
+    except OSError as exc:
+        log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
+                  settings.address, settings.port, exc, st.ENV_PORT)
+        return 1
+    log.info("moe-eplb exporter: serving %s:%d%s (mode %s, directory %s)", settings.address,
+             httpd.server_address[1], names.EXPORTER_PATH, settings.mode, settings.directory)
+    capture = None
+    if settings.trace_dir:
+        from moe_eplb.exporter.capture import TraceCapture
+
+        capture = TraceCapture(settings.directory, settings.trace_dir, settings.trace_bucket_seconds,
+                               settings.trace_max_buckets)
+        capture.start()
+        log.info("moe-eplb exporter: capturing traces every %.1f s into %s", settings.trace_bucket_seconds,
+                 settings.trace_dir)
+    try:
+        while parent_pid is None or _alive(parent_pid):
+            time.sleep(poll_seconds)
+    except KeyboardInterrupt:
+        pass
+    if capture is not None:
+        capture.stop()
+        try:
+            capture.tick()  # the last partial bucket
+        except Exception:  # noqa: BLE001
+            pass
+    httpd.shutdown()
+    httpd.server_close()
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    if os.getppid() != pid:  # our parent exited (we were re-parented)
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+if __name__ == "__main__":
+    _pid = os.environ.get("MOE_EPLB_EXPORTER_SERVER_PID", "")
+    sys.exit(run_forever(int(_pid) if _pid.isdigit() else None))
