@@ -175,6 +175,9 @@ def test_storage_token_chat_template_and_user_env(variant) -> None:
         "spec.engine.env": [{"name": "VLLM_PLUGINS", "value": "other"}, {"name": "FOO", "value": "1"}],
         "spec.engine.resources": {"limits": {"memory": "200Gi"}, "requests": {"cpu": "8"}},
         "spec.engine.extraArgs": ["--trust-remote-code"],
+        "spec.engine.imagePullSecrets": [{"name": "regcred"}],
+        "spec.engine.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+        "spec.engine.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     })
     d = by_kind(render_children(res))["Deployment"]
     c = container(d["spec"]["template"])
@@ -193,6 +196,11 @@ def test_storage_token_chat_template_and_user_env(variant) -> None:
     assert c["resources"] == {"limits": {"memory": "200Gi", "nvidia.com/gpu": 4},
                               "requests": {"cpu": "8", "nvidia.com/gpu": 4}}
     assert not any("token" in a.lower() for a in c["args"])  # never a token in the args
+    pod = d["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    kubernetes_validate.validate(d, K8S, strict=True)
 
 
 def test_local_path_model_does_not_set_hf_home(variant) -> None:

@@ -77,6 +77,7 @@ class Engine:
     startup_timeout_seconds: int
     node_selector: dict[str, str]
     tolerations: tuple[dict[str, Any], ...]
+    image_pull_secrets: tuple[str, ...] = ()
 
     @property
     def moe_backend_arg(self) -> str | None:
@@ -294,6 +295,7 @@ def parse(resource: dict[str, Any]) -> MoEInference:
             startup_timeout_seconds=int(e.get("startupTimeoutSeconds", 3600)),
             node_selector=dict(e.get("nodeSelector") or {}),
             tolerations=tuple(e.get("tolerations") or ()),
+            image_pull_secrets=tuple(x["name"] for x in e.get("imagePullSecrets") or ()),
         ),
         parallelism=Parallelism(
             tensor=p["tensor"], data=p["data"], nodes=p["nodes"], data_local_field=p.get("dataLocal"), expert=p["expert"]

@@ -185,6 +185,8 @@ def pod_template(
         spec["nodeSelector"] = dict(inf.engine.node_selector)
     if inf.engine.tolerations:
         spec["tolerations"] = [dict(t) for t in inf.engine.tolerations]
+    if inf.engine.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in inf.engine.image_pull_secrets]
     return {
         "metadata": {"labels": labels(inf.name), "annotations": {CONFIG_HASH_ANNOTATION: eplb.config_hash()}},
         "spec": spec,
