@@ -283,6 +283,16 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             return await _kmock_apps.RawHandler._handle(self, request)
         return await kmock.Response(payload=serve(request))(request)
 
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        # As the apiserver: the core group's groupVersion is "v1"; subresources (``x/status``) carry no short names or categories
+        # (else kubectl warns that ``moe`` could also mean ``moeinferences/status``).
+        doc = await super()._serve_version(request)
+        doc["groupVersion"] = doc["groupVersion"].lstrip("/")  # core: "v1", not kmock's "/v1"
+        for entry in doc.get("resources", []):
+            if "/" in entry.get("name", ""):
+                entry["shortNames"], entry["categories"] = [], []
+        return doc
+
     def _require(self, request: kmock.Request) -> kmock.ResourceInfo:
         info = self._info(request.resource) if request.resource is not None else None
         if info is None or request.resource.plural is None:
