@@ -6,6 +6,8 @@ and the engine version.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from api_helpers import DELETE, EXAMPLES, load_moeinferences
@@ -195,3 +197,20 @@ def test_distinct_problems_on_one_field_are_all_kept(variant) -> None:
     messages = " | ".join(p.message for p in problems)
     assert "expert-parallel size > 1" in messages and "needs vLLM >= 0.12.0" in messages
     assert len(problems) == 2  # the CRD's generated copy of the version rule is folded into the richer one
+
+
+def test_mapping_views_are_validated_like_dicts(seed) -> None:
+    """kopf hands handlers mapping views, not dicts: nested checks must still run."""
+    from types import MappingProxyType
+
+    def frozen(value):
+        if isinstance(value, dict):
+            return MappingProxyType({k: frozen(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return tuple(frozen(v) for v in value)
+        return value
+
+    bad = copy.deepcopy(seed)
+    bad["spec"]["eplb"]["windowSiz"] = 3
+    assert [p.field for p in validate(frozen(bad))] == ["spec.eplb.windowSiz"]
+    assert validate(frozen(seed)) == []

@@ -331,3 +331,16 @@ def test_render_is_deterministic_and_pure(seed) -> None:
     before = copy.deepcopy(seed)
     assert render_children(seed) == render_children(seed)
     assert seed == before
+
+
+def test_mapping_views_render_like_dicts(seed) -> None:
+    from types import MappingProxyType
+
+    def frozen(value):
+        if isinstance(value, dict):
+            return MappingProxyType({k: frozen(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return tuple(frozen(v) for v in value)
+        return value
+
+    assert render_children(frozen(seed)) == render_children(seed)

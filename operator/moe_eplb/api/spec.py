@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,9 +20,18 @@ from moe_eplb.api.schema import apply_defaults as _apply_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
 
 
-def apply_defaults(resource: dict[str, Any]) -> dict[str, Any]:
+def to_plain(value: Any) -> Any:
+    """A deep copy made of plain dicts and lists (kopf bodies and other mappings are views)."""
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+def apply_defaults(resource: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``resource`` with the CRD's schema defaults filled in, as the apiserver stores it."""
-    return _apply_schema_defaults(resource, openapi_schema())
+    return _apply_schema_defaults(to_plain(resource), openapi_schema())
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from moe_eplb import API_GROUP, API_VERSION, KIND
@@ -27,7 +28,7 @@ from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import Problem
 from moe_eplb.api.schema import apply_defaults, schema_problems, unknown_field_problems
-from moe_eplb.api.spec import MoEInference, effective_eplb, parse, quantity_bytes
+from moe_eplb.api.spec import MoEInference, effective_eplb, parse, quantity_bytes, to_plain
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
 
 __all__ = ["Problem", "validate", "apiserver_problems", "nearest_redundant_values"]
@@ -71,7 +72,7 @@ def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
     out: it is written through the status subresource by the operator, not by the user, and a
     spec must not turn invalid because of what the operator recorded.
     """
-    return _apiserver_check(resource)[0]
+    return _apiserver_check(to_plain(resource))[0]
 
 
 def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], bool]:
@@ -88,9 +89,10 @@ def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], bool]:
 
 
 def validate(resource: Any) -> list[Problem]:
-    """All problems with ``resource`` (a MoEInference as a dict); [] when it is valid."""
-    if not isinstance(resource, dict):
+    """All problems with ``resource`` (a MoEInference as a dict or any mapping); [] when it is valid."""
+    if not isinstance(resource, Mapping):
         return [Problem("<root>", "expected a MoEInference object (a mapping), got " + type(resource).__name__)]
+    resource = to_plain(resource)
     problems: list[Problem] = []
     expected_api = f"{API_GROUP}/{API_VERSION}"
     if resource.get("apiVersion") != expected_api:

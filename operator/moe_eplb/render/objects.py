@@ -18,7 +18,7 @@ import shlex
 from typing import Any
 
 from moe_eplb import API_GROUP, API_VERSION, KIND
-from moe_eplb.api.spec import EplbSettings, MoEInference, effective_eplb, parse
+from moe_eplb.api.spec import EplbSettings, MoEInference, effective_eplb, parse, to_plain
 from moe_eplb.exporter import names
 from moe_eplb.render.engine_args import (
     API_PORT,
@@ -45,6 +45,7 @@ def render_children(resource: dict[str, Any]) -> list[dict[str, Any]]:
 
     Uses :func:`moe_eplb.api.spec.effective_eplb` (the tuner's override when it applies).
     """
+    resource = to_plain(resource)
     inf = parse(resource)
     eplb = effective_eplb(resource)
     owner = owner_reference(resource)
