@@ -93,7 +93,7 @@ BAD = {
     "unknown-model-without-moe": ({"spec.model.name": "acme/x", "spec.model.architecture": DELETE}, "spec.model.moe",
                                   "not in the catalog"),
     "unknown-architecture-without-moe": ({"spec.model.architecture": "AcmeMoe"}, "spec.model.moe", "not in the catalog"),
-    "catalog-divisibility": ({"spec.eplb.numRedundantExperts": 7}, "spec.eplb.numRedundantExperts", "128 experts"),
+    "catalog-divisibility": ({"spec.eplb.numRedundantExperts": 7}, "spec.eplb.numRedundantExperts", "experts (128)"),
     "version-unknown": ({"spec.engine.image": "vllm/vllm-openai:latest"}, "spec.engine.version", "set spec.engine.version"),
     "multimodal-option-on-text-model": ({"spec.model.architecture": "Qwen3MoeForCausalLM"},
                                         "spec.engine.limitMmPerPrompt", "not multimodal"),

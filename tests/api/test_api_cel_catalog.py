@@ -93,7 +93,7 @@ def test_a_few_apply_time_rejections_by_name(variant) -> None:
     assert "Qwen3VLMoeForConditionalGeneration needs vLLM >= 0.12.0" in old["spec.eplb.enabled"]
     assert "compressed-tensors-wna16" in old["spec.model.quantization"]
     assert "spec.model.moe" in crd_fields({"spec.model.name": "acme/x", "spec.model.architecture": DELETE})
-    assert "256 experts" in crd_fields({"spec.model.name": "deepseek-ai/DeepSeek-V3", "spec.model.architecture": DELETE,
+    assert "experts (256)" in crd_fields({"spec.model.name": "deepseek-ai/DeepSeek-V3", "spec.model.architecture": DELETE,
                                         "spec.model.quantization": "fp8", "spec.engine.limitMmPerPrompt": DELETE,
                                         "spec.engine.mmEncoderTpMode": DELETE, "spec.parallelism.tensor": 5}
                                        )["spec.eplb.numRedundantExperts"]
@@ -105,3 +105,18 @@ def test_every_catalog_id_matches_its_family_regex() -> None:
         rx = re.compile(cel_catalog._name_regex([m]))
         for hf_id in m.hf_ids:
             assert rx.search(hf_id) and catalog.lookup(hf_id) is m
+
+
+def test_divisibility_messages_name_the_nearest_values_at_apply_time(variant) -> None:
+    """The CRD's messageExpression computes the same nearest values as validate()."""
+    from moe_eplb.api.crd import openapi_schema
+
+    hand = [r for r in openapi_schema()["properties"]["spec"]["x-kubernetes-validations"]
+            if "string(self.model.moe.numExperts)" in r.get("messageExpression", "")]
+    assert [r["messageExpression"] for r in hand] == [cel_catalog.divisibility_message("self.model.moe.numExperts")]
+    crd = {p.field: p.message for p in apiserver_problems(variant({"spec.eplb.numRedundantExperts": 7}))}
+    assert crd["spec.eplb.numRedundantExperts"].endswith("use numRedundantExperts 4 or 8")
+    over = apiserver_problems(variant({"spec.model.moe": {"numExperts": 60}, "spec.eplb.numRedundantExperts": 1}))
+    assert [p.message for p in over if p.field == "spec.eplb.numRedundantExperts"] == [
+        "spec.eplb.numRedundantExperts: experts (60) + numRedundantExperts (1) is not divisible by the EP size 4 "
+        "(tensor x data); use numRedundantExperts 0 or 4"]

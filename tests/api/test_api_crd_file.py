@@ -168,6 +168,8 @@ def test_every_cel_rule_compiles_and_has_a_message() -> None:
     assert len(rules) >= 15
     for rule in rules:
         cel.compile(rule["rule"])
+        if rule.get("messageExpression"):
+            cel.compile(rule["messageExpression"])
         assert rule.get("message"), rule["rule"]
         if rule.get("fieldPath"):
             assert rule["fieldPath"].startswith(".")

@@ -95,6 +95,17 @@ MOE_OVERRIDE = "(has(self.model.moe) && has(self.model.moe.numExperts))"
 EP_SIZE = "(self.parallelism.tensor * self.parallelism.data)"
 
 
+def divisibility_message(experts: str) -> str:
+    """CEL ``messageExpression`` naming the nearest valid numRedundantExperts (``experts`` is a CEL
+    int expression)."""
+    r, ep = "self.eplb.numRedundantExperts", EP_SIZE
+    below = f"({r} - ({experts} + {r}) % {ep})"
+    return (f"'spec.eplb.numRedundantExperts: experts (' + string({experts}) + ') + numRedundantExperts (' + "
+            f"string({r}) + ') is not divisible by the EP size ' + string({ep}) + "
+            f"' (tensor x data); use numRedundantExperts ' + ({below} >= 0 ? string({below}) + ' or ' : '') + "
+            f"string({below} + {ep})")
+
+
 def rules() -> list[dict[str, Any]]:
     """The generated ``x-kubernetes-validations`` entries for ``spec`` (self = spec)."""
     out: list[dict[str, Any]] = []
@@ -160,8 +171,8 @@ def rules() -> list[dict[str, Any]]:
                     f"({experts} + self.eplb.numRedundantExperts) % {EP_SIZE} == 0",
             "fieldPath": ".eplb.numRedundantExperts",
             "message": f"spec.eplb.numRedundantExperts: this model has {experts} experts; ({experts} + "
-                       "numRedundantExperts) must be divisible by the EP size (tensor x data) "
-                       "(`moe-eplb validate` names the nearest values)",
+                       "numRedundantExperts) must be divisible by the EP size (tensor x data)",
+            "messageExpression": divisibility_message(str(experts)),
         })
     text_archs = [a.name for a in catalog.ARCHITECTURES.values() if not a.multimodal]
     for fld in ("limitMmPerPrompt", "mmEncoderTpMode"):

@@ -24,6 +24,18 @@ def _program(rule: str) -> Any:
     return cel.compile(rule)
 
 
+def _message(rule: dict[str, Any], context: Any) -> str:
+    """``messageExpression`` evaluated like the apiserver (falls back to ``message``)."""
+    if rule.get("messageExpression"):
+        try:
+            text = _program(rule["messageExpression"]).execute(context)
+            if isinstance(text, str) and text.strip():
+                return text
+        except Exception:  # the apiserver also falls back to message when the expression fails
+            pass
+    return rule.get("message") or f"failed rule: {rule['rule']}"
+
+
 def _field(path: tuple, rule: dict[str, Any]) -> str:
     """Dotted path of the node plus the rule's ``fieldPath``."""
     sub = [p for p in (rule.get("fieldPath") or "").lstrip(".").split(".") if p]
@@ -43,10 +55,11 @@ def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
                 context = cel.Context(variables={"self": obj})
             ok = _program(expr).execute(context)
         except Exception as exc:  # the apiserver reports evaluation errors as invalid values too
-            problems.append(Problem(_field(path, rule), f"{rule.get('message', 'rule failed')} (rule error: {exc})"))
+            problems.append(Problem(_field(path, rule), f"{rule.get('message', 'rule failed')} (rule error: {exc})",
+                                    rule=expr))
             continue
         if ok is not True:
-            problems.append(Problem(_field(path, rule), rule.get("message") or f"failed rule: {expr}"))
+            problems.append(Problem(_field(path, rule), _message(rule, context), rule=expr))
     if isinstance(obj, dict):
         props = schema.get("properties") or {}
         addl = schema.get("additionalProperties")

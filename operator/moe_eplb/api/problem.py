@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field as _field
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,7 @@ class Problem:
 
     field: str
     message: str
+    rule: str | None = _field(default=None, compare=False, repr=False)  # the CRD's CEL rule, if from one
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"

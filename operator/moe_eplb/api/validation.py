@@ -114,21 +114,21 @@ def validate(resource: Any) -> list[Problem]:
     semantic = semantic_problems(parse(resource)) + override_problems(resource)
     # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
     covered = {p.field for p in semantic}
-    base = [p for p in base if not (p.field in covered and p.message in _duplicated_messages())]
+    base = [p for p in base if not (p.field in covered and p.rule in _duplicated_rules())]
     return problems + base + semantic
 
 
 @functools.lru_cache(maxsize=1)
-def _duplicated_messages() -> frozenset[str]:
-    """Messages of CRD rules that :func:`semantic_problems` repeats with more detail: the rules
-    generated from the catalog, and the divisibility rule for ``model.moe.numExperts``."""
+def _duplicated_rules() -> frozenset[str]:
+    """CRD rules that :func:`semantic_problems` repeats with more detail: the rules generated
+    from the catalog, and the divisibility rule for ``model.moe.numExperts``."""
     from moe_eplb.api.cel_catalog import rules
 
-    msgs = {r["message"] for r in rules()}
+    out = {r["rule"] for r in rules()}
     for rule in openapi_schema()["properties"]["spec"].get("x-kubernetes-validations") or ():
         if rule.get("fieldPath") == ".eplb.numRedundantExperts":
-            msgs.add(rule["message"])
-    return frozenset(msgs)
+            out.add(rule["rule"])
+    return frozenset(out)
 
 
 def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> list[int]:
