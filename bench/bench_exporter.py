@@ -13,7 +13,9 @@ Measures, with the exporter's real code (hook, recorder, snapshot writer, collec
   kernels run inline, so the CPU figure is an upper bound of the host cost;
 * per read-back: folding one copy of the accumulators into the host totals (every flush);
 * per scrape: reading the snapshot files and rendering /metrics, full and reduced;
-* series per pod in each mode (one pod holding all EP ranks).
+* series per pod in each mode (one pod holding all EP ranks);
+* the operator's load reader on Prometheus answers for ``--reader-pods`` pods, a 30-minute window
+  of 15 s buckets (raw samples every 15 s): parsing, exact increments, trace assembly.
 
 Exit status 1 if the per-step cost exceeds ``--budget-us`` (default 200 us = 1 % of a 20 ms decode
 step).
@@ -71,6 +73,31 @@ def make_state_class(torch, L, E, R, device):
     return EplbState
 
 
+def bench_reader(L: int, E: int, pods: int, buckets: int = 120, bucket: float = 15.0) -> float:
+    """Seconds for ``trace_from_raw_counters`` on synthetic Prometheus answers (raw samples)."""
+    from moe_eplb.metrics.reader import grid_for, trace_from_raw_counters
+
+    grid = grid_for(1_000_000.0, buckets * bucket, bucket)
+    ts = (np.arange(grid[0] - 10, grid[-1], bucket) + 3).tolist()
+    rng = np.random.default_rng(0)
+    res, steps, starts = [], [], []
+    for p in range(pods):
+        pod = {"pod": f"p{p}", "model": "m", "namespace": "ns", "moeinference": "x"}
+        values = np.cumsum(rng.integers(0, 100, size=(L * E, len(ts))), axis=1).astype(str)
+        for i in range(L * E):
+            res.append({"metric": {**pod, "layer": str(i // E), "expert": str(i % E)},
+                        "values": [[t, v] for t, v in zip(ts, values[i])]})
+        steps.append({"metric": pod, "values": [[t, str(10 * k)] for k, t in enumerate(ts)]})
+        starts.append({"metric": pod, "values": [[t, "5"] for t in ts]})
+
+    def body(r):
+        return {"status": "success", "data": {"resultType": "matrix", "result": r}}
+
+    t0 = time.perf_counter()
+    trace_from_raw_counters(body(res), body(steps), grid, start_body=body(starts))
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -81,6 +108,7 @@ def main() -> int:
     ap.add_argument("--flush-seconds", type=float, default=1.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--budget-us", type=float, default=200.0)
+    ap.add_argument("--reader-pods", type=int, default=2)
     args = ap.parse_args()
     import torch
 
@@ -147,6 +175,7 @@ def main() -> int:
         series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
         scrape[mode] = (statistics.median(t) * 1e3, series, len(body))
 
+    reader_s = bench_reader(L, E, args.reader_pods)
     per_step_us = (statistics.median(timed) - statistics.median(base)) * 1e6
     mean_step_us = (statistics.mean(timed) - statistics.mean(base)) * 1e6
     print(f"exporter cost, DeepSeek-V3 shape: {L} layers x {E} experts, {R} redundant, EP {EP}, "
@@ -159,6 +188,7 @@ def main() -> int:
     for mode, (ms, series, size) in scrape.items():
         print(f"{'series per pod, ' + mode:44s} {series:12d}")
         print(f"{'  /metrics render, ' + mode + ' (ms / kB)':44s} {ms:8.1f} / {size // 1024:d}")
+    print(f"{'reader, ' + str(args.reader_pods) + ' pods, 120 x 15 s buckets (s)':44s} {reader_s:12.2f}")
     ok = per_step_us <= args.budget_us
     print(f"budget {args.budget_us:g} us per step: {'OK' if ok else 'EXCEEDED'}; "
           f"reduced mode {'<' if scrape['reduced'][1] < 20000 else '>='} 20000 series")

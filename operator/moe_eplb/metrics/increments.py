@@ -45,31 +45,49 @@ def sample_increments(
     """Per-bucket increments ``[T]`` of one counter from its raw samples ``ts``/``vs`` ``[n]``
     (sorted by time). ``start_times`` ``[n]``: the pod's exporter start time at each sample (NaN
     where unknown)."""
+    return sample_increments_matrix(grid, ts, np.asarray(vs, np.float64)[None, :], start_times,
+                                    joined_from_zero, max_gap)[0]
+
+
+def sample_increments_matrix(
+    grid: np.ndarray,
+    ts: np.ndarray,
+    values: np.ndarray,
+    start_times: np.ndarray | None = None,
+    joined_from_zero: bool = True,
+    max_gap: float | None = None,
+) -> np.ndarray:
+    """:func:`sample_increments` for S counters scraped together (one pod: same sample times).
+
+    ``ts`` [n] sorted, ``values`` [S, n], ``start_times`` [n] -> increments [S, T]."""
     grid = np.asarray(grid, np.float64)
     T = grid.shape[0] - 1
-    out = np.zeros(T)
+    V = np.asarray(values, np.float64)
+    S = V.shape[0]
+    out = np.zeros((S, T))
     ts = np.asarray(ts, np.float64)
-    vs = np.asarray(vs, np.float64)
-    if ts.size == 0:
+    if ts.size == 0 or S == 0:
         return out
     st = np.full(ts.shape, np.nan) if start_times is None else np.asarray(start_times, np.float64)
     b = bucket_of(grid, ts)
-    # first sample: a pod that joined inside the grid started from zero
-    if 0 <= b[0] < T:
+    if 0 <= b[0] < T:  # first sample: a pod that joined inside the grid started from zero
         joined = st[0] > grid[0] if not np.isnan(st[0]) else joined_from_zero
         if joined:
-            out[b[0]] += vs[0]
+            out[:, b[0]] += V[:, 0]
     if ts.size > 1:
-        d = np.diff(vs)
-        restarted = (d < 0) | (np.abs(np.diff(st)) > 1e-6)  # NaN comparisons are False
-        inc = np.where(restarted, vs[1:], d)
+        d = np.diff(V, axis=1)  # [S, n-1]
+        pod_restart = np.abs(np.diff(st)) > 1e-6  # [n-1]; NaN comparisons are False
+        restarted = (d < 0) | pod_restart[None, :]
+        inc = np.where(restarted, V[:, 1:], d)
+        inside = (b[1:] >= 0) & (b[1:] < T)
         if max_gap is not None:
-            gap = (np.diff(ts) > max_gap) & ~restarted & (d > 0)
-            inside = (b[1:] >= 0) & (b[1:] < T)
-            if np.any(gap & inside):
-                j = int(np.argmax(gap & inside))
+            gap = ((np.diff(ts) > max_gap) & inside)[None, :] & ~restarted & (d > 0)
+            if gap.any():
+                i, j = np.argwhere(gap)[0]
                 raise GapError(f"no samples between t={ts[j]:.3f} and t={ts[j + 1]:.3f} while the counter rose "
-                               f"by {d[j]:g}; the load cannot be placed in a bucket")
-        ok = (b[1:] >= 0) & (b[1:] < T)
-        np.add.at(out, b[1:][ok], inc[ok])
+                               f"by {d[i, j]:g}; the load cannot be placed in a bucket")
+        cols = np.flatnonzero(inside)
+        if cols.size:
+            # sum the increments of samples that fall in the same bucket
+            np.add.at(out.T, b[1:][cols], inc[:, cols].T)
     return out
