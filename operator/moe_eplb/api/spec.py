@@ -346,7 +346,28 @@ def _spec_eplb(eplb: dict[str, Any]) -> EplbSettings:
     )
 
 
-def effective_eplb(resource: dict[str, Any]) -> EplbSettings:
+_OVERRIDE_KEYS = ("windowSize", "stepInterval", "numRedundantExperts")
+
+
+def current_override(resource: Mapping[str, Any]) -> dict[str, int] | None:
+    """``status.autotune.override`` when it applies to the current ``metadata.generation``, else None.
+
+    A malformed override (not a mapping, non-integer values) never applies.
+    """
+    status = resource.get("status")
+    autotune = status.get("autotune") if isinstance(status, Mapping) else None
+    override = autotune.get("override") if isinstance(autotune, Mapping) else None
+    meta = resource.get("metadata")
+    generation = meta.get("generation") if isinstance(meta, Mapping) else None
+    if not isinstance(override, Mapping) or generation is None or override.get("specGeneration") != generation:
+        return None
+    values = {k: override[k] for k in _OVERRIDE_KEYS if k in override}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return None
+    return values
+
+
+def effective_eplb(resource: Mapping[str, Any]) -> EplbSettings:
     """The EPLB settings that run (pinned precedence).
 
     ``status.autotune.override`` = {windowSize, stepInterval, numRedundantExperts, specGeneration}
@@ -357,9 +378,8 @@ def effective_eplb(resource: dict[str, Any]) -> EplbSettings:
     """
     res = apply_defaults(resource)
     base = _spec_eplb(res["spec"]["eplb"])
-    override = ((res.get("status") or {}).get("autotune") or {}).get("override") or {}
-    generation = (res.get("metadata") or {}).get("generation")
-    if not override or generation is None or override.get("specGeneration") != generation or not base.enabled:
+    override = current_override(res)
+    if override is None or not base.enabled:
         return base
     return EplbSettings(
         enabled=base.enabled,

@@ -99,7 +99,12 @@ def validate(resource: Any) -> list[Problem]:
         problems.append(Problem("apiVersion", f"must be {expected_api} (got {resource.get('apiVersion')!r})"))
     if resource.get("kind") != KIND:
         problems.append(Problem("kind", f"must be {KIND} (got {resource.get('kind')!r})"))
-    name = (resource.get("metadata") or {}).get("name")
+    if not isinstance(resource.get("metadata"), Mapping):
+        problems.append(Problem("metadata", "must be an object with at least a name"))
+        return problems
+    if resource.get("status") is not None and not isinstance(resource.get("status"), Mapping):
+        resource = {k: v for k, v in resource.items() if k != "status"}  # not ours to judge; ignore it
+    name = resource["metadata"].get("name")
     if not name:
         problems.append(Problem("metadata.name", "required; set a name (lower-case letters, digits and '-')"))
         return problems
