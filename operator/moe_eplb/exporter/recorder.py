@@ -71,6 +71,7 @@ class ModelAccumulator:
         self.duration_sum = 0.0
         self.start_time = time.time()
         self._rank_warned = False
+        self.host_buffers = None  # pinned copies of (acc_logical, acc_physical, replica_count)
 
     def _index(self):
         """physical_to_logical as int64 with empty slots (-1) sent to column E (dropped later).
@@ -261,10 +262,12 @@ class StateRecorder:
             if m.device.type == "cpu":
                 copies.append(tuple(s.clone() for s in srcs))
             else:
-                dst = tuple(torch.empty(s.shape, dtype=s.dtype, pin_memory=True) for s in srcs)
-                for d, s in zip(dst, srcs):
+                # pinned host buffers, allocated once (one read-back is in flight at a time)
+                if m.host_buffers is None or any(b.shape != s.shape for b, s in zip(m.host_buffers, srcs)):
+                    m.host_buffers = tuple(torch.empty(s.shape, dtype=s.dtype, pin_memory=True) for s in srcs)
+                for d, s in zip(m.host_buffers, srcs):
                     d.copy_(s, non_blocking=True)
-                copies.append(dst)
+                copies.append(m.host_buffers)
             m.acc_logical.zero_()
             m.acc_physical.zero_()
         if any(m.device.type != "cpu" for m in self.models):
