@@ -140,3 +140,39 @@ def test_install_patches_after_a_later_import(monkeypatch, tmp_path):
         assert mod.EplbState().step() == "stepped"
     finally:
         sys.meta_path[:] = finders
+
+
+def test_async_rearrangement_is_timed_until_the_last_layer_is_committed():
+    base = make_standin_v012()
+
+    class AsyncEplbState(base):
+        def rearrange(self, is_profile: bool = False, rank_mapping=None):
+            for ms in self.model_states.values():  # vLLM async: maps computed, layers move later
+                ms.rebalanced = True
+
+    now = [100.0]
+    recs = []
+
+    def factory(state, layout):
+        rec = StateRecorder(state, layout, None, flush_seconds=1e9, ep_info=lambda: (0, 1), clock=lambda: now[0])
+        recs.append(rec)
+        return rec
+
+    hook.patch_eplb_state(AsyncEplbState, factory)
+    st = AsyncEplbState()
+    st.is_async = True
+    st.step()
+    now[0] += 1.0
+    st.rearrange()  # as vLLM's step() calls it when the interval is reached
+    m = recs[0].models[0]
+    assert m.rearrangements == 1 and m.duration_buckets.sum() == 0, "async: not finished yet"
+    for _ in range(3):
+        now[0] += 0.2
+        st.step()
+    assert m.duration_buckets.sum() == 0
+    st.model_states["h"].rebalanced = False  # the last layer was committed
+    now[0] += 0.2
+    st.step()
+    assert m.duration_buckets.sum() == 1
+    assert m.duration_sum == pytest.approx(0.8)
+    hook.unpatch_eplb_state(AsyncEplbState)

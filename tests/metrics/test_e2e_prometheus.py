@@ -76,6 +76,7 @@ class Pod:
 def cluster(tmp_path):
     if not os.path.exists(PROMETHEUS):
         pytest.skip("no Prometheus binary (apt-get install prometheus); CI installs it")
+    pytest.importorskip("torch", reason="the exporter's worker side needs torch")
     ports = {n: _free_port() for n in ("a", "b", "c")}
     pods = {n: Pod(n, ports[n], tmp_path) for n in ("a", "b")}
     # the restarted a and the joining c import torch now, and start their exporters when told
