@@ -22,7 +22,7 @@ import pytest
 
 from moe_eplb.exporter import names
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.reader import read_load_trace, trace_from_rounds
+from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_rounds
 from moe_eplb.metrics.scrape import PodScraper, Target
 
 pytestmark = pytest.mark.prometheus
@@ -205,6 +205,16 @@ def test_known_load_in_same_load_out(cluster):
     others = [i for i, t in enumerate(grid_ends) if not any(abs(t - k) < 1e-3 for k in expected)]
     assert trace.load[others].sum() == 0, "load leaked into buckets with no phase"
     assert trace.load.sum() == sum(v[0].sum() for v in expected.values())
+
+    # long windows are read in chunks: the same samples, none twice
+    whole = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end)
+    chunked = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end, chunk_seconds=1.3)
+
+    def samples(body):
+        return {(tuple(sorted(s["metric"].items())), float(t), v) for s in body["data"]["result"] for t, v in s["values"]}
+
+    assert samples(whole) == samples(chunked) and len(samples(whole)) > 0
+    assert sum(len(s["values"]) for s in chunked["data"]["result"]) == len(samples(whole))
 
     # the direct-scrape reader on the same pods: one bucket per round
     direct = trace_from_rounds(scraper.rounds)

@@ -341,6 +341,30 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
                      meta={"start_time": float(times[0])})
 
 
+def raw_samples(client: PrometheusClient, selector_expr: str, start: float, end: float,
+                chunk_seconds: float = 3600.0) -> dict:
+    """Every raw sample of ``selector_expr`` in ``(start, end]``, as one matrix body.
+
+    Instant queries of range vectors (``x[<chunk>s]`` at the chunk's end) return raw samples with
+    their scrape timestamps; long windows are split into chunks (left-open, right-closed, so no
+    sample is returned twice) to stay within Prometheus' per-query sample limit."""
+    series: dict[tuple, dict] = {}
+    t = float(end)
+    while t > start + 1e-9:
+        width = min(chunk_seconds, t - start)
+        body = client.query(f"{selector_expr}[{int(math.ceil(width * 1000))}ms]", time=t)
+        for s in _result(body, selector_expr):
+            key = tuple(sorted((s.get("metric") or {}).items()))
+            entry = series.setdefault(key, {"metric": s.get("metric") or {}, "values": []})
+            earlier = s.get("values") or []
+            if entry["values"]:  # never the same sample twice at a chunk edge
+                first = float(entry["values"][0][0])
+                earlier = [v for v in earlier if float(v[0]) < first]
+            entry["values"][:0] = earlier  # the earlier chunk goes first
+        t -= width
+    return {"status": "success", "data": {"resultType": "matrix", "result": list(series.values())}}
+
+
 def read_load_trace(
     *,
     namespace: str,
@@ -376,10 +400,10 @@ def read_load_trace(
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
-        rng = f"[{int(math.ceil(grid[-1] - grid[0] + BASELINE_LOOKBACK_SECONDS))}s]"
-        expert_body = client.query(f"{names.EXPERT_TOKENS}{sel}{rng}", time=grid[-1])
-        steps_body = client.query(f"{names.ENGINE_STEPS}{sel}{rng}", time=grid[-1])
-        start_body = client.query(f"{names.EXPORTER_START_TIME}{sel}{rng}", time=grid[-1])
+        since = grid[0] - BASELINE_LOOKBACK_SECONDS
+        expert_body = raw_samples(client, f"{names.EXPERT_TOKENS}{sel}", since, grid[-1])
+        steps_body = raw_samples(client, f"{names.ENGINE_STEPS}{sel}", since, grid[-1])
+        start_body = raw_samples(client, f"{names.EXPORTER_START_TIME}{sel}", since, grid[-1])
         return trace_from_raw_counters(expert_body, steps_body, grid, pods_per_engine=pods_per_engine,
                                        num_layers=num_layers, num_experts=num_experts, model=model, what=what,
                                        start_body=start_body)
