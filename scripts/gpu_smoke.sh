@@ -3,6 +3,12 @@
 #
 #   bash scripts/gpu_smoke.sh            # from the repository root; results under $OUT/gpu_smoke
 #
+# The device machine has no internet: if its Python lacks prometheus-client (pure Python), carry the
+# dev venv's copy, e.g. with the device tool:
+#   run(command="bash scripts/gpu_smoke.sh", timeout_s=480,
+#       carry=[".venv/lib/python3.11/site-packages/prometheus_client"])
+# The script puts such a carried package (and nothing else of the venv) on PYTHONPATH.
+#
 # Time-boxed (< 8 min in total); every stage reports PASS, FAIL or SKIP (with the reason) in
 # $OUT/gpu_smoke/summary.txt and the exit status is 1 only if a stage that could run FAILED.
 #
@@ -27,6 +33,14 @@ START=$(date +%s)
 FAILED=0
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
+# a carried pure-Python prometheus_client (never the venv's torch or numpy: they would shadow CUDA's)
+for d in "$ROOT"/.venv/lib/python3*/site-packages/prometheus_client; do
+  if [ -d "$d" ]; then
+    PYLIB="$(mktemp -d)" && ln -sfn "$d" "$PYLIB/prometheus_client"
+    export PYTHONPATH="$PYTHONPATH:$PYLIB"
+    break
+  fi
+done
 
 say() { echo "[gpu_smoke $(($(date +%s) - START))s] $*"; }
 result() { echo "$1 $2: $3" | tee -a "$SUMMARY"; [ "$1" = FAIL ] && FAILED=1; return 0; }
@@ -44,7 +58,7 @@ for cand in ${PYTHON:-} python3 python "$ROOT/.venv/bin/python"; do
 done
 if [ -z "$PY" ]; then
   result SKIP env "no Python with CUDA torch found (tried \$PYTHON, python3, python, .venv); nothing to test"
-  cat "$SUMMARY"; exit 0
+  exit 0
 fi
 "$PY" - > "$RES/env.txt" 2>&1 <<'PYEOF'
 import sys, torch
