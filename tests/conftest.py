@@ -2,10 +2,14 @@
 
 - ``kube``: a fresh :class:`moe_eplb.sim.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
   loopback, MoEInference CRD installed, namespace ``default``) per test.
-- ``running_operator(cluster, **kw)``: an async context manager that runs the real kopf operator
-  (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) inside the test's event
-  loop until the block exits; yields the :class:`~moe_eplb.controller.handlers.Controller`.
-- ``eventually(check, timeout)``: poll an async or sync check until it returns truthy.
+- ``operator_runner(**kw)``: ``async with operator_runner(): ...`` runs the real kopf operator
+  (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) against ``kube`` inside
+  the test's event loop until the block exits; yields the
+  :class:`~moe_eplb.controller.handlers.Controller`.
+- ``eventually``: ``await eventually(check, timeout=10)`` polls a sync or async check until truthy.
+
+Both cluster fixtures skip the test (with the reason) when kopf or kmock is not installed; nothing
+here imports them at collection time, so other areas' tests run without the operator extras.
 """
 
 from __future__ import annotations
@@ -19,25 +23,28 @@ from typing import Any
 
 import pytest
 
-kopf = pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
-pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
-
-from moe_eplb.sim.kubeapi import EmulatedCluster, emulated_cluster  # noqa: E402
 
 
 @pytest.fixture()
-async def kube() -> AsyncIterator[EmulatedCluster]:
+async def kube() -> AsyncIterator[Any]:
+    """A fresh emulated API server (``moe_eplb.sim.kubeapi.EmulatedCluster``) for one test."""
+    pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+    pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+    from moe_eplb.sim.kubeapi import emulated_cluster
+
     async with emulated_cluster() as cluster:
         yield cluster
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: EmulatedCluster, *, resync_seconds: float = 3600.0,
+async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                            refresh_delay_s: float = 0.02, clusterwide: bool = True,
                            standalone: bool = True, peering_name: str = "moe-eplb",
                            counter: Callable[[str], None] | None = None) -> AsyncIterator[Any]:
     """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds).
     ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``error``)."""
+    import kopf
+
     from moe_eplb.controller.handlers import Controller
     from moe_eplb.controller.main import build_settings, run_operator
 
@@ -78,7 +85,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
 
 
 @pytest.fixture()
-def operator_runner(kube: EmulatedCluster) -> Callable[..., Any]:
+def operator_runner(kube: Any) -> Callable[..., Any]:
     """``async with operator_runner(**kw) as controller:`` runs the real operator against ``kube``."""
     return lambda **kw: running_operator(kube, **kw)
 

@@ -4,6 +4,11 @@ isolation, finalizers, cascade deletion and resumable watches."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+
 import json
 
 import aiohttp

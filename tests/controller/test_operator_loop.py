@@ -4,6 +4,11 @@ rendering. Each test applies resources like a user would and asserts what lands 
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+
 import copy
 import pathlib
 

@@ -8,6 +8,11 @@ every (group, resource, verb) the rules grant must have been used."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+
 import yaml
 
 from moe_eplb.controller.k8s import USER_AGENT

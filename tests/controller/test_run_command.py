@@ -3,6 +3,11 @@ reconciled, and a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
+
 import asyncio
 import os
 import signal
