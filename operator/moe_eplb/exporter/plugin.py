@@ -140,7 +140,10 @@ def register() -> None:
     try:
         if settings.server_pid is None:
             # the pod's first vLLM process: own the directory and the port
-            directory = settings.directory or tempfile.mkdtemp(prefix="moe-eplb-")
+            # memory-backed /dev/shm when there is one (vLLM pods mount it for NCCL): the workers
+            # rewrite their snapshot every flush, which should not touch a disk
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            directory = settings.directory or tempfile.mkdtemp(prefix="moe-eplb-", dir=shm)
             os.makedirs(directory, exist_ok=True)
             from moe_eplb.exporter import snapshot
 

@@ -6,7 +6,8 @@ variable                               default     meaning
 ``MOE_EPLB_EXPORTER_MODE``             ``full``    ``full``, ``reduced`` (fewer series) or ``off``
 ``MOE_EPLB_EXPORTER_PORT``             ``9400``    port of the dedicated ``/metrics`` server
 ``MOE_EPLB_EXPORTER_ADDRESS``          ``0.0.0.0`` address it binds
-``MOE_EPLB_EXPORTER_DIR``              (temp dir)  per-pod directory the workers write to
+``MOE_EPLB_EXPORTER_DIR``              (temp dir)  per-pod directory the workers write to (default: a
+                                                   new directory in /dev/shm, else in $TMPDIR)
 ``MOE_EPLB_EXPORTER_FLUSH_SECONDS``    ``1.0``     how often a worker reads its counters back
 ``MOE_EPLB_BALANCEDNESS_WINDOW_SECONDS`` ``60``    window of the balancedness gauge
 ``MOE_EPLB_TRACE_DIR``                 (unset)     write the load as trace files here (opt-in)
