@@ -15,6 +15,7 @@ same shape as the RBAC rules in :mod:`moe_eplb.controller.rbac`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import json
@@ -191,18 +192,21 @@ class KubeClient:
         assert self._session is not None
         self.calls.append((verb, kind.group, kind.plural, subresource))
         data = None if body is None else json.dumps(body)
-        async with self._session.request(method, self.connection.server.rstrip("/") + path, data=data,
-                                         params=dict(params or {}),
-                                         headers={"Content-Type": content_type}) as resp:
-            text = await resp.text()
-            try:
-                payload = json.loads(text) if text else {}
-            except json.JSONDecodeError:
-                payload = {"message": text}
-            if resp.status >= 400:
-                raise ApiError(resp.status, str(payload.get("reason", resp.reason)),
-                               str(payload.get("message", text))[:2000])
-            return payload
+        try:
+            async with self._session.request(method, self.connection.server.rstrip("/") + path, data=data,
+                                             params=dict(params or {}),
+                                             headers={"Content-Type": content_type}) as resp:
+                text = await resp.text()
+                status, reason = resp.status, resp.reason
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # unreachable or slow: retryable
+            raise ApiError(503, "Unavailable", f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            payload = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            payload = {"message": text}
+        if status >= 400:
+            raise ApiError(status, str(payload.get("reason", reason)), str(payload.get("message", text))[:2000])
+        return payload
 
     # ---- verbs ----------------------------------------------------------------------------------
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:

@@ -110,7 +110,8 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 @dataclass
 class Outcome:
     """What one reconcile did: ``created``/``patched``/``deleted`` child ids ("Kind/name"),
-    ``valid``, the ``phase`` written, and whether the status was written."""
+    ``valid`` (spec), ``rejected`` (the API server refused a child in the dry run: nothing applied),
+    the ``phase`` written, and whether the status was written."""
 
     valid: bool = True
     created: list[str] = field(default_factory=list)
@@ -118,10 +119,7 @@ class Outcome:
     deleted: list[str] = field(default_factory=list)
     phase: str | None = None
     status_written: bool = False
-
-
-class SpecError(Exception):
-    """Rendering failed for a resource that passed validation (reported like an invalid spec)."""
+    rejected: bool = False
 
 
 def _api_functions() -> tuple[Callable[..., Any], ...]:
@@ -136,7 +134,7 @@ class Reconciler:
     """Reconciles MoEInference resources through a :class:`KubeClient`.
 
     ``counter`` (optional) is called as ``counter(result)`` once per reconcile with
-    ``ok | invalid | error`` (the operator's ``moe_eplb_reconciles_total``).
+    ``ok | invalid | rejected | error`` (the operator's ``moe_eplb_reconciles_total``).
     """
 
     def __init__(self, client: KubeClient, *, counter: Callable[[str], None] | None = None,
@@ -159,7 +157,7 @@ class Reconciler:
             except Exception:
                 self.counter("error")
                 raise
-            self.counter("ok" if outcome.valid else "invalid")
+            self.counter("invalid" if not outcome.valid else "rejected" if outcome.rejected else "ok")
             return outcome
 
     def request_refresh(self, namespace: str, name: str) -> None:
@@ -179,10 +177,8 @@ class Reconciler:
                     parent = await self.client.get(PARENT_API_VERSION, KIND, *key)
                     if parent is not None and not parent["metadata"].get("deletionTimestamp"):
                         await self.reconcile(parent, prune=False)
-                except ApiError as exc:
-                    log.warning("refresh of %s/%s failed: %s", key[0], key[1], exc)
-                except SpecError as exc:  # pragma: no cover - reported by the main handlers
-                    log.warning("refresh of %s/%s: %s", key[0], key[1], exc)
+                except Exception:  # a refresh must never die silently; the timer retries anyway
+                    log.exception("refresh of %s/%s failed", key[0], key[1])
                 if key not in self._dirty:
                     return
         finally:
@@ -320,7 +316,7 @@ class Reconciler:
             await self._event(resource, "Warning", "ChildRejected", new["message"])
         written = await self._write_status(resource, new_status,
                                            lambda fresh: status_mod.rejected_status(fresh, refusals))
-        return Outcome(valid=True, phase=new_status["phase"], status_written=written)
+        return Outcome(valid=True, rejected=True, phase=new_status["phase"], status_written=written)
 
     async def _apply_child(self, desired: Mapping[str, Any], live: dict[str, Any] | None,
                            patch: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
