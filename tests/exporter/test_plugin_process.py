@@ -52,6 +52,7 @@ def test_server_process_lives_and_dies_with_the_vllm_process(tmp_path):
             time.sleep(0.1)
         else:
             raise AssertionError("the exporter process outlived the vLLM process")
+        assert not os.path.exists(directory), "the per-pod directory the plugin created was left behind"
     finally:
         proc.kill()
 

@@ -148,6 +148,8 @@ def register() -> None:
             from moe_eplb.exporter import snapshot
 
             snapshot.clear(directory)
+            if not settings.directory:
+                os.environ[st.ENV_DIR_OWNED] = "1"  # the exporter process removes it when it ends
             os.environ[st.ENV_DIR] = directory
             os.environ[st.ENV_SERVER_PID] = str(os.getpid())
             settings = st.Settings.from_env()

@@ -132,6 +132,10 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
             pass
     httpd.shutdown()
     httpd.server_close()
+    if os.environ.get(st.ENV_DIR_OWNED) == "1":  # a directory the plugin made (in /dev/shm): clean up
+        import shutil
+
+        shutil.rmtree(settings.directory, ignore_errors=True)
     return 0
 
 
