@@ -71,7 +71,8 @@ ResourceRef = kmock.resource
 Key = tuple[Any, str | None, str]  # (kmock.resource, namespace or None, name)
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
-HISTORY_LIMIT = 20_000  # watch events kept per resource for resuming a watch
+HISTORY_LIMIT = 2_000  # watch events kept per resource for resuming a watch (older: 410 Gone, relist)
+REQUESTS_KEPT = 50_000  # kmock's request log is trimmed to the newest half beyond this (long demos)
 
 #: (group, version, plural, kind, namespaced, subresources) of the non-built-in resources served.
 EXTRA_RESOURCES: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = (
@@ -268,6 +269,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         # come first) checks each request against every earlier one: quadratic, too slow for the
         # thousands of requests of a benchmark. KubernetesEmulator._handle is bypassed either way
         # (it mutates kmock's own store before dispatching).
+        if len(self._requests) > REQUESTS_KEPT:
+            del self._requests[: REQUESTS_KEPT // 2]
         serve = None
         if request.resource is not None and request.resource.plural is not None \
                 and len(self._payloads) <= self._builtin_payloads:
