@@ -361,3 +361,23 @@ async def test_child_refused_by_the_api_server_applies_nothing(kube, operator_ru
     assert degraded["reason"] == "ChildRejected" and "PodMonitor/" + name in degraded["message"]
     assert "too short" in degraded["message"]
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["ChildRejected"]
+
+
+async def test_scale_subresource_like_an_autoscaler(kube, operator_runner, eventually):
+    """HPA/KEDA write /scale: the operator scales the workload; /scale reports the selector."""
+    res = example()
+    name = res["metadata"]["name"]
+    path = kube.moeinference_path(NS, name)
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        before = workloads(await children(kube, name))
+        scale = await kube.get(path + "/scale")
+        assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
+        assert f"eplb.ai/name={name}" in scale["status"]["selector"]
+
+        await kube.patch(path + "/scale", {"spec": {"replicas": 2}})
+        await eventually(lambda: observed(kube, name, 2))
+        after = workloads(await children(kube, name))
+    assert sum(w["spec"]["replicas"] for w in after.values()) == 2
+    assert all(pod_template(after[k]) == pod_template(before[k]) for k in after)

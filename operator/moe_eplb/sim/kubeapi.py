@@ -10,6 +10,8 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
   apiserver), JSON merge patch (RFC 7386) and strategic merge patch (approximated as a merge patch:
   lists are replaced, not merged by key); PUT (replace); server-side apply answers 415;
 - ``?dryRun=All`` on create, patch and replace (checked, answered, nothing kept);
+- the ``/scale`` subresource (``autoscaling/v1`` Scale; the CRD's replica and selector paths), as
+  HPA and KEDA use it;
 - optimistic concurrency: a write that carries ``metadata.resourceVersion`` different from the
   stored one answers 409 Conflict;
 - LIST and WATCH with label selectors (equality- and set-based) and ``metadata.name`` /
@@ -27,7 +29,7 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
   ready (there are no pods or GPUs here).
 
 Not emulated: admission/validation against schemas, ``limit``/``continue`` paging, watch bookmarks,
-watch events for objects that move in or out of a label selector, server-side apply, ``/scale``.
+watch events for objects that move in or out of a label selector, server-side apply.
 
 Public entry point: ``async with emulated_cluster() as cluster: ...`` (see :class:`EmulatedCluster`),
 or ``python -m moe_eplb.sim.kubeapi --port 8001 --kubeconfig kubeconfig.yaml`` as a process.
@@ -193,6 +195,24 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _get_path(obj: Mapping[str, Any], path: str) -> Any:
+    """``.spec.replicas`` -> obj['spec']['replicas'] (None when absent)."""
+    cur: Any = obj
+    for part in path.strip(".").split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.strip(".").split(".")
+    cur = obj
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+    cur[parts[-1]] = value
+
+
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Everything that bumps ``generation`` when it changes: all but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
@@ -221,6 +241,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
     _builtin_payloads: int = attrs.field(default=0, init=False)
     _dry: bool = attrs.field(default=False, init=False)
+    _scale_paths: dict[Any, tuple[str, str, str | None]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -248,6 +269,10 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         for ver in spec["versions"]:
             if not ver.get("served", True):
                 continue
+            scale = (ver.get("subresources") or {}).get("scale")
+            if scale:
+                self._scale_paths[kmock.resource(spec["group"], ver["name"], names["plural"])] = (
+                    scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath"))
             self.declare(spec["group"], ver["name"], names["plural"], kind=names["kind"],
                          namespaced=spec.get("scope", "Namespaced") == "Namespaced",
                          subresources=tuple(ver.get("subresources", {}) or {}),
@@ -255,6 +280,27 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         res = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
         body = copy.deepcopy(dict(crd))
         self._create_object(res, None, body)
+
+    # ---- the /scale subresource ----------------------------------------------------------------
+    def _scale_view(self, res: Any, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``autoscaling/v1`` Scale of ``obj`` (paths from the CRD; ``.spec.replicas`` for built-ins)."""
+        spec_path, status_path, selector_path = self._scale_paths.get(res, (".spec.replicas", ".status.replicas", None))
+        meta = obj["metadata"]
+        status: dict[str, Any] = {"replicas": _get_path(obj, status_path) or 0}
+        if selector_path and _get_path(obj, selector_path):
+            status["selector"] = _get_path(obj, selector_path)
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                             if k in meta},
+                "spec": {"replicas": _get_path(obj, spec_path)}, "status": status}
+
+    def _write_scale(self, key: Key, scale: Mapping[str, Any], verb: str) -> dict[str, Any]:
+        res = key[0]
+        spec_path = self._scale_paths.get(res, (".spec.replicas",))[0]
+        new = copy.deepcopy(self.store[key])
+        _set_path(new, spec_path, int((scale.get("spec") or {}).get("replicas", 0)))
+        new["metadata"]["resourceVersion"] = (scale.get("metadata") or {}).get("resourceVersion")
+        return self._scale_view(res, self._write_object(key, new, None, verb))
 
     def _info(self, res: Any) -> kmock.ResourceInfo | None:
         try:
@@ -572,6 +618,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             if key not in self.store:
                 raise _error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found',
                              {"name": request.name, "kind": request.resource.plural})
+            if request.subresource == "scale":
+                return self._scale_view(key[0], self.store[key])
             return copy.deepcopy(self.store[key])
 
     @contextlib.contextmanager
@@ -612,6 +660,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         async with self._lock:
             key = self._existing(request)
             current = self.store[key]
+            if request.subresource == "scale":
+                current = self._scale_view(key[0], current)
             if ctype == "application/json-patch+json":
                 if not isinstance(request.data, list):
                     raise _error(400, "BadRequest", "a JSON patch must be a list of operations")
@@ -632,6 +682,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                 raise _error(415, "UnsupportedMediaType",
                              f"the emulator does not support PATCH with {ctype!r} (no server-side apply)")
             with self._maybe_dry(request, key):
+                if request.subresource == "scale":
+                    return self._write_scale(key, new, "patch")
                 return copy.deepcopy(self._write_object(key, new, request.subresource, "patch"))
 
     async def _serve_replace(self, request: kmock.Request) -> dict[str, Any]:
@@ -640,6 +692,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         async with self._lock:
             key = self._existing(request)
             with self._maybe_dry(request, key):
+                if request.subresource == "scale":
+                    return self._write_scale(key, request.data, "update")
                 return copy.deepcopy(self._write_object(key, request.data, request.subresource, "update"))
 
     async def _serve_delete(self, request: kmock.Request) -> dict[str, Any]:
