@@ -381,3 +381,18 @@ async def test_scale_subresource_like_an_autoscaler(kube, operator_runner, event
         after = workloads(await children(kube, name))
     assert sum(w["spec"]["replicas"] for w in after.values()) == 2
     assert all(pod_template(after[k]) == pod_template(before[k]) for k in after)
+
+
+async def test_child_no_longer_rendered_is_pruned(kube, operator_runner, eventually):
+    res = example()
+    name = res["metadata"]["name"]
+    async with operator_runner():
+        await kube.create(kube.moeinference_path(NS), res)
+        await eventually(lambda: observed(kube, name, 1))
+        assert f"PodMonitor/{name}" in await children(kube, name)
+        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}})
+        await eventually(lambda: observed(kube, name, 2))
+        kids = await children(kube, name)
+        reasons = [e["reason"] for e in await events_for(kube, name)]
+    assert f"PodMonitor/{name}" not in kids and f"Service/{name}" in kids
+    assert "Pruned" in reasons
