@@ -40,9 +40,11 @@ async def kube() -> AsyncIterator[Any]:
 async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                            refresh_delay_s: float = 0.02, clusterwide: bool = True,
                            standalone: bool = True, peering_name: str = "moe-eplb",
-                           counter: Callable[[str], None] | None = None) -> AsyncIterator[Any]:
+                           counter: Callable[[str], None] | None = None,
+                           namespaces: tuple[str, ...] = ()) -> AsyncIterator[Any]:
     """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds).
-    ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``error``)."""
+    ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``rejected``/``error``);
+    ``namespaces`` serves only those (namespaced mode) instead of the whole cluster."""
     import kopf
 
     from moe_eplb.controller.handlers import Controller
@@ -52,10 +54,11 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                             resync_seconds=resync_seconds, refresh_delay_s=refresh_delay_s, retry_delay_s=0.2,
                             counter=counter)
     settings = build_settings(standalone=standalone, peering_name=peering_name,
-                              clusterwide=clusterwide)
+                              clusterwide=clusterwide and not namespaces)
     ready = asyncio.Event()
     task = asyncio.create_task(run_operator(controller, settings=settings, standalone=standalone,
-                                            peering_name=peering_name, clusterwide=clusterwide, ready_flag=ready))
+                                            peering_name=peering_name, clusterwide=clusterwide and not namespaces,
+                                            namespaces=namespaces, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         yield controller

@@ -16,12 +16,13 @@ pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 import yaml
 
 from moe_eplb.controller.k8s import USER_AGENT
-from moe_eplb.controller.rbac import RBAC_RULES, allows, grants, request_verb
+from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, allows, grants, request_verb
 from test_operator_loop import ROOT, NS, child_path, children, make_ready, observed, _gone  # noqa: F401
 
 
-def operator_requests(kube):
-    """(group, resource[/subresource], verb) of every resource request sent by kopf or the controller."""
+def operator_requests(kube, *, with_scope: bool = False):
+    """(group, resource[/subresource], verb) of every resource request sent by kopf or the controller;
+    with ``with_scope``, a 4th item: whether the URL named a namespace."""
     seen = set()
     for req in kube.api:
         agent = req.headers.get("User-Agent", "")
@@ -32,37 +33,67 @@ def operator_requests(kube):
         resource = req.resource.plural + (f"/{req.subresource}" if req.subresource else "")
         verb = request_verb(req.method.value if hasattr(req.method, "value") else str(req.method),
                             named=req.name is not None, watch=req.params.get("watch") == "true")
-        seen.add((req.resource.group, resource, verb))
+        seen.add((req.resource.group, resource, verb) + ((req.namespace is not None,) if with_scope else ()))
     return seen
+
+
+def examples():
+    single = yaml.safe_load((ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml").read_text())
+    multi = next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
+                 if d and d.get("kind") == "MoEInference")
+    return single, multi
+
+
+async def lifecycle(kube, eventually, res):
+    """Create, make ready, change EPLB, scale, hand-edit every child, delete."""
+    name = res["metadata"]["name"]
+    await kube.create(kube.moeinference_path(NS), res)
+    await eventually(lambda: observed(kube, name, 1))
+    await make_ready(kube, await children(kube, name))
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 1500}}})
+    await eventually(lambda: observed(kube, name, 2))
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
+    await eventually(lambda: observed(kube, name, 3))
+    for child in (await children(kube, name)).values():  # hand edits, put back by the operator
+        await kube.patch(child_path(child), {"metadata": {"ownerReferences": []}})
+    await eventually(lambda: _all_owned(kube, name))
+    await kube.delete(kube.moeinference_path(NS, name))
+    await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
 
 
 async def test_rbac_rules_cover_every_call_and_every_rule_is_used(kube, operator_runner, eventually):
     await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
-    single = yaml.safe_load((ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml").read_text())
-    multi = next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
-                 if d and d.get("kind") == "MoEInference")
     async with operator_runner(standalone=False, peering_name="moe-eplb"):
-        for res in (single, multi):
-            name = res["metadata"]["name"]
-            await kube.create(kube.moeinference_path(NS), res)
-            await eventually(lambda: observed(kube, name, 1))
-            kids = await children(kube, name)
-            await make_ready(kube, kids)
-            await kube.patch(kube.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 1500}}})
-            await eventually(lambda: observed(kube, name, 2))
-            await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
-            await eventually(lambda: observed(kube, name, 3))
-            for child in (await children(kube, name)).values():  # hand edits, put back by the operator
-                await kube.patch(child_path(child), {"metadata": {"ownerReferences": []}})
-            await eventually(lambda: _all_owned(kube, name))
-            await kube.delete(kube.moeinference_path(NS, name))
-            await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
+        for res in examples():
+            await lifecycle(kube, eventually, res)
 
     used = operator_requests(kube)
     not_allowed = sorted(u for u in used if not allows(*u))
     assert not_allowed == [], f"calls not covered by RBAC_RULES: {not_allowed}"
     unused = sorted(set(grants(RBAC_RULES)) - used)
     assert unused == [], f"RBAC_RULES grants never used: {unused}"
+
+
+async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(kube, operator_runner, eventually):
+    """With --namespace, every call to a namespaced resource names the namespace (a Role there
+    suffices), peering uses KopfPeering, and only kopf's CRD discovery and its namespace observer
+    are cluster-wide (NAMESPACED_MODE_CLUSTER_RULES)."""
+    await kube.create("/apis/kopf.dev/v1/namespaces/default/kopfpeerings", {"metadata": {"name": "moe-eplb"}})
+    async with operator_runner(standalone=False, peering_name="moe-eplb", namespaces=("default",)):
+        for res in examples():
+            await lifecycle(kube, eventually, res)
+
+    namespaced_rules = [dict(r, resources=["kopfpeerings" if x == "clusterkopfpeerings" else x
+                                           for x in r["resources"]]) for r in RBAC_RULES]
+    namespaced_rules += NAMESPACED_MODE_CLUSTER_RULES
+    used = operator_requests(kube, with_scope=True)
+    cluster_wide = sorted((g, r, v) for g, r, v, ns in used if not ns)
+    assert cluster_wide == [("", "namespaces", "list"), ("", "namespaces", "watch"),
+                            ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+                            ("apiextensions.k8s.io", "customresourcedefinitions", "watch")]
+    not_allowed = sorted((g, r, v) for g, r, v, _ in used if not allows(g, r, v, namespaced_rules))
+    assert not_allowed == []
+    assert ("kopf.dev", "kopfpeerings", "patch", True) in used
 
 
 async def _all_owned(kube, name):

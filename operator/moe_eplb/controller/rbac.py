@@ -39,6 +39,15 @@ RBAC_RULES: list[dict[str, list[str]]] = [
 ]
 
 
+#: Extra cluster-scoped rules for namespaced mode (``moe-eplb run --namespace ...``): kopf lists and
+#: watches Namespace objects to match the served namespaces (seen in the namespaced RBAC test).
+#: In that mode the namespaced rules above go into a Role per namespace, with ``kopfpeerings``
+#: instead of ``clusterkopfpeerings``; CRDs and these stay in a ClusterRole.
+NAMESPACED_MODE_CLUSTER_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+]
+
+
 def grants(rules: Iterable[dict[str, list[str]]] = RBAC_RULES) -> Iterator[tuple[str, str, str]]:
     """Every ``(apiGroup, resource, verb)`` the rules grant (``resource`` may be ``x/status``)."""
     for rule in rules:

@@ -58,6 +58,7 @@ import jsonpatch
 import kmock
 import yaml
 from kmock._internal import apps as _kmock_apps  # RawHandler._handle: the DSL dispatch without kmock's own state
+from kmock._internal import parsing as _kmock_parsing
 
 from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
 
@@ -92,6 +93,28 @@ def _now() -> str:
 def _error(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> kmock.KubernetesError:
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or {})
 
+
+# --------------------------------------------------------------------------------------------------
+# kmock 0.8 cannot parse the Namespace objects' own URLs (/api/v1/namespaces[/x[/status]]): it takes
+# "namespaces" for the namespace prefix and fails with a 500. kopf lists and watches namespaces when
+# it serves selected namespaces, so this wraps kmock's path parser (process-wide, only for those
+# URLs; every other path is parsed by kmock as before).
+# --------------------------------------------------------------------------------------------------
+
+_original_parse_path = getattr(_kmock_parsing.parse_path, "__wrapped__", _kmock_parsing.parse_path)
+
+
+def _parse_path(path: str) -> Any:
+    parts = [p for p in path.strip("/").split("/") if p]
+    if parts[:3] == ["api", "v1", "namespaces"] and (len(parts) <= 4 or parts[4] in ("status", "finalize")):
+        return _kmock_parsing.ParsedPath(group="", version="v1", plural="namespaces",
+                                         name=parts[3] if len(parts) > 3 else None,
+                                         subresource=parts[4] if len(parts) > 4 else None)
+    return _original_parse_path(path)
+
+
+_parse_path.__wrapped__ = _original_parse_path  # type: ignore[attr-defined]
+_kmock_parsing.parse_path = _parse_path
 
 # --------------------------------------------------------------------------------------------------
 # label selectors
