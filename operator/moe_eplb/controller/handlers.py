@@ -53,14 +53,16 @@ class Controller:
         self._refresh_delay_s = refresh_delay_s
         self.reconciler: Reconciler | None = None
 
-    def use(self, info: Any) -> None:
-        """(Re)build the client for a ``kopf.ConnectionInfo``."""
+    async def use(self, info: Any) -> None:
+        """(Re)build the client for a ``kopf.ConnectionInfo`` (kopf logs in again on a 401)."""
         client = KubeClient(Connection.from_info(info))
+        old, self.client = self.client, client
         if self.reconciler is None:
             self.reconciler = Reconciler(client, counter=self._counter, refresh_delay_s=self._refresh_delay_s)
         else:
             self.reconciler.client = client
-        self.client = client
+        if old is not None:
+            await old.close()
 
     async def close(self) -> None:
         if self.reconciler is not None:
@@ -100,11 +102,11 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
     parent = (API_GROUP, API_VERSION, PLURAL)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         info = controller.connection or kopf.login_with_service_account(**kwargs) \
             or kopf.login_with_kubeconfig(**kwargs)
         if info is not None:
-            controller.use(info)
+            await controller.use(info)
         return info
 
     @kopf.on.cleanup(registry=registry)
