@@ -13,9 +13,8 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
 
-import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb.exporter import names
@@ -132,17 +131,3 @@ class PodScraper:
         del self.rounds[: max(0, len(self.rounds) - self.keep)]
         return rnd
 
-
-def matrix_of(tokens: dict[tuple[int, int], float], shape: tuple[int, int] | None = None) -> np.ndarray:
-    """``{(layer, expert): value}`` -> float64 [L, E] (shape from the largest labels if not given)."""
-    if shape is None:
-        shape = (max(k[0] for k in tokens) + 1, max(k[1] for k in tokens) + 1)
-    m = np.full(shape, np.nan)
-    for (l, e), v in tokens.items():
-        if l < shape[0] and e < shape[1]:
-            m[l, e] = v
-    return m
-
-
-def as_json(rnd: Round) -> dict[str, Any]:  # pragma: no cover - debugging aid
-    return {"time": rnd.time, "pods": {p: {"steps": s.steps} for p, s in rnd.pods.items()}}
