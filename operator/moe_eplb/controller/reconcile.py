@@ -147,12 +147,22 @@ class Reconciler:
         self._dirty: set[tuple[str, str]] = set()
 
     # ---- entry points ---------------------------------------------------------------------------
-    async def reconcile(self, resource: Mapping[str, Any], *, prune: bool = True) -> Outcome:
-        """Bring the children and status of ``resource`` (a full object) in line with its spec."""
+    async def reconcile(self, resource: Mapping[str, Any], *, prune: bool = True, fresh: bool = False) -> Outcome:
+        """Bring the children and status of ``resource`` (a full object) in line with its spec.
+
+        Unless ``fresh`` (just read from the API), the object is read again once the per-resource
+        lock is held: a body queued in a handler may predate a status write of another loop (e.g.
+        the tuner's ``status.autotune.override``), and rendering from it would flip the pods back.
+        """
         meta = resource["metadata"]
         key = (meta["namespace"], meta["name"])
         async with self._locks.setdefault(key, asyncio.Lock()):
             try:
+                if not fresh:
+                    latest = await self.client.get(PARENT_API_VERSION, KIND, *key)
+                    if latest is None or latest["metadata"].get("uid") != meta.get("uid"):
+                        return Outcome(phase=None)  # deleted (or replaced) meanwhile
+                    resource = latest
                 outcome = await self._reconcile(resource, prune=prune)
             except Exception:
                 self.counter("error")
@@ -176,7 +186,7 @@ class Reconciler:
                 try:
                     parent = await self.client.get(PARENT_API_VERSION, KIND, *key)
                     if parent is not None and not parent["metadata"].get("deletionTimestamp"):
-                        await self.reconcile(parent, prune=False)
+                        await self.reconcile(parent, prune=False, fresh=True)
                 except Exception:  # a refresh must never die silently; the timer retries anyway
                     log.exception("refresh of %s/%s failed", key[0], key[1])
                 if key not in self._dirty:
