@@ -169,7 +169,7 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
     rt = rt or runtime()
 
     @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="autotune", interval=rt.tick_seconds,
-                initial_delay=min(rt.tick_seconds, 1.0), registry=registry)
+                initial_delay=min(rt.tick_seconds, 1.0), backoff=max(1.0, 4 * rt.tick_seconds), registry=registry)
     async def autotune_timer(body: Any, memo: Any, **_: Any) -> None:
         ctl = controller if controller is not None else getattr(memo, "controller", None)
         client = getattr(ctl, "client", None)
@@ -241,6 +241,7 @@ async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns
     if window is not None and not view.crashlooping:
         measured = await _measure(rt, resource, pods, *window)
     step = ro.advance(cfg, state, view, now=now, measured=measured)
+    log.debug("autotune %s/%s: rollout %s, %s, measured %s", ns, name, cur.get("phase"), view, measured)
     if not step.changed:
         return None
     if not await _write(client, resource, step.autotune, step.conditions, now):

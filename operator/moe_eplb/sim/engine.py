@@ -23,7 +23,8 @@ Exported (per pod; ``model`` label = the served model):
 ``moe_eplb_expert_tokens_total{model,layer,expert}``, ``moe_eplb_rank_tokens_total{model,layer,rank}``,
 ``moe_eplb_expert_replicas{model,layer,expert}``, ``moe_eplb_rearrangements_total{model}``,
 ``moe_eplb_rearrangement_duration_seconds{model}`` (histogram; the policy's CPU time here),
-``moe_eplb_engine_steps_total{model}``, ``moe_eplb_balancedness{model,layer}`` (last bucket, per
+``moe_eplb_engine_steps_total{model}``, ``moe_eplb_exporter_start_time_seconds{model}`` (wall clock),
+``moe_eplb_balancedness{model,layer}`` (last bucket, per
 layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model,window_size,step_interval,
 num_redundant_experts,ep_size}``.
 """
@@ -105,11 +106,12 @@ class EngineSettings:
 class EngineFaults:
     """Injected faults, to test the operator's safety nets (never used by default).
 
-    ``scramble_placement``: the engine places experts from a shuffled view of its load (as a
-    broken expert map would): balancedness drops although the settings look fine.
+    ``inverted_placement``: the engine places experts from an inverted view of its load (hot
+    experts taken for cold ones, as a broken expert map would): balancedness drops although the
+    settings look fine.
     """
 
-    scramble_placement: bool = False
+    inverted_placement: bool = False
 
 
 class EplbReplay:
@@ -164,8 +166,8 @@ class EplbReplay:
 
     def _rearrange(self) -> None:
         weight = self._window_load()
-        if self.faults.scramble_placement:
-            weight = weight[:, self._rng.permutation(self.E)]
+        if self.faults.inverted_placement:
+            weight = weight.max(axis=1, keepdims=True) - weight
         t0 = time.perf_counter()
         phy2log, _, logcnt = rebalance(weight, self.R, self.s.num_groups, self.s.num_nodes, self.P,
                                        old_phy2log=self.phy2log)
@@ -265,6 +267,10 @@ class _Collector:
         for li in range(L):
             g.add_metric([m, layers[li]], float(e.last_balancedness[li]))
         yield g
+        g = GaugeMetricFamily(names.EXPORTER_START_TIME, "Unix time the counters started at 0 (simulated engine start)",
+                              labels=["model"])
+        g.add_metric([m], float(e.started_wall))
+        yield g
         s = e.settings
         g = GaugeMetricFamily(names.CONFIG_INFO, "EPLB settings of this engine (simulated)",
                               labels=["model", "window_size", "step_interval", "num_redundant_experts", "ep_size"])
@@ -293,6 +299,7 @@ class SimulatedEngine:
         self.last_balancedness = np.ones(trace.num_layers)
         self.ready = False
         self.started_at: float | None = None  # simulated time
+        self.started_wall = time.time()
         self._pos: float | None = None  # workload seconds served up to
         self._runner = None
         self._task: asyncio.Task | None = None
@@ -369,10 +376,11 @@ class SimulatedEngine:
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, shutdown_timeout=0.2)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         self.started_at = self.clock.now()
+        self.started_wall = time.time()
         self._task = asyncio.create_task(self._loop(), name=f"sim-engine:{self.port}")
         return self.port
 
@@ -385,6 +393,9 @@ class SimulatedEngine:
                 pass
             self._task = None
         if self._runner is not None:
-            await self._runner.cleanup()
+            try:  # a scraper's open keep-alive connection must not hold the pod's deletion
+                await asyncio.wait_for(self._runner.cleanup(), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
             self._runner = None
         self.ready = False

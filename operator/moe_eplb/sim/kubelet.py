@@ -201,7 +201,9 @@ class FakeKubelet:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        # short timeouts and no keep-alive: a stalled request is retried on the next pass
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0),
+                                              connector=aiohttp.TCPConnector(force_close=True))
         self._task = asyncio.create_task(self._run(), name="fake-kubelet")
 
     async def stop(self) -> None:

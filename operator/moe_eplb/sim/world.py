@@ -132,7 +132,8 @@ class SimWorld:
         startup_seconds: simulated model-loading time of an engine pod.
         prometheus: start a real Prometheus (needs the binary) -- else the operator scrapes pods.
         tick_seconds: wall seconds between autotune ticks.
-        lookback_seconds, min_steps: the autotune loop's data window (simulated seconds) and floor.
+        lookback_seconds, bucket_seconds, min_steps: the autotune loop's data window and bucket
+            (simulated seconds) and the least engine steps it tunes on.
         crash_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model.
         observer: autotune observer (see ``AutotuneRuntime.observer``).
@@ -145,6 +146,7 @@ class SimWorld:
     scrape_interval: float = 0.5
     tick_seconds: float = 0.2
     lookback_seconds: float = 3600.0
+    bucket_seconds: float = 60.0
     min_steps: int = 2000
     search: dict | None = None
     crash_if: Callable[[EngineSettings], bool] | None = None
@@ -173,7 +175,8 @@ class SimWorld:
         self.clock = SimClock.started_now(self.scale)
         rt = autotune.AutotuneRuntime(clock=self.clock, tick_seconds=self.tick_seconds,
                                       lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
-                                      observer=self.observer, http_timeout=5.0)
+                                      observer=self.observer, http_timeout=5.0, bucket_seconds=self.bucket_seconds,
+                                      min_wall_bucket_seconds=2 * self.scrape_interval if self.prometheus else 0.0)
         if self.search is not None:
             rt.search = dict(self.search)
         self.runtime = rt

@@ -1,0 +1,32 @@
+"""``moe-eplb demo``: the closed tuning loop on a simulated cluster (see moe_eplb.sim.demo)."""
+
+from __future__ import annotations
+
+import click
+
+
+def register(main: click.Group) -> None:
+    @main.command("demo")
+    @click.option("--hours", type=click.FloatRange(min=0.5), default=3.0, show_default=True,
+                  help="Simulated hours of workload (the domain shift comes half-way).")
+    @click.option("--speed", type=click.FloatRange(min=1.0), default=80.0, show_default=True,
+                  help="Simulated seconds per wall second.")
+    @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/demo", show_default=True,
+                  help="Directory for the report (report.md, plots, decisions.json, summary.json).")
+    @click.option("--prometheus/--no-prometheus", default=None,
+                  help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or scrape pods directly.")
+    @click.option("--seed", type=int, default=0, show_default=True, help="Workload generator seed.")
+    def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, seed: int) -> None:
+        """Run the operator's closed tuning loop on a SIMULATED cluster in accelerated time.
+
+        Starts a Kubernetes API emulation, simulated vLLM engine pods (they replay a generated
+        workload through EPLB and serve the exporter's metrics), a real Prometheus when installed,
+        and the real operator; applies a Qwen3-VL-30B-A3B MoEInference in autotune Apply mode;
+        prints each decision; writes a report and prints balancedness tuned vs untuned.
+        """
+        import asyncio
+
+        from moe_eplb.sim.demo import run_demo
+
+        asyncio.run(run_demo(hours=hours, speed=speed, out_dir=out_dir, prometheus=prometheus, seed=seed,
+                             echo=lambda s: click.echo(s)))
