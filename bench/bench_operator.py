@@ -26,7 +26,6 @@ import copy
 import json
 import os
 import pathlib
-import re
 import socket
 import subprocess
 import sys
