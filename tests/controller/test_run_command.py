@@ -1,5 +1,6 @@
-"""``moe-eplb run`` as a process against the emulated API server: liveness, metrics, a resource
-reconciled, and a clean stop on SIGTERM."""
+"""``moe-eplb run`` as a process against the emulated API server, configured only through the
+environment the Helm chart sets: liveness, metrics, JSON logs, a resource reconciled, and a clean
+stop on SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -35,14 +37,32 @@ async def http_get(url: str) -> tuple[int, str] | None:
         return None
 
 
+def chart_env(kube, health: int, metrics: int, pod: str, **extra: str) -> dict[str, str]:
+    """What the chart's Deployment sets (peering on, no priority), pointed at the emulator."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_") and k != "POD_ID"}
+    return {**env, "MOE_EPLB_KUBECONFIG": kube.kubeconfig, "MOE_EPLB_NAMESPACES": "", "MOE_EPLB_PEERING": "",
+            "MOE_EPLB_PROMETHEUS_URL": "", "MOE_EPLB_HEALTH_PORT": str(health), "MOE_EPLB_METRICS_PORT": str(metrics),
+            "MOE_EPLB_LOG_LEVEL": "INFO", "MOE_EPLB_LOG_FORMAT": "json", "POD_NAME": pod,
+            "POD_NAMESPACE": "moe-system", **extra}
+
+
+def json_logs(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reconciles(metrics_text: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("moe_eplb_reconciles_total{"))
+
+
 async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventually, tmp_path):
-    live, metrics = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moe_eplb", "run", "--kubeconfig", kube.kubeconfig, "--standalone",
-         "--liveness", f"http://127.0.0.1:{live}/healthz", "--metrics-port", str(metrics)],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "operator.log", "w"), env={**os.environ})
+    health, metrics = free_port(), free_port()
+    env = chart_env(kube, health, metrics, "moe-eplb-0", MOE_EPLB_PEERING="")  # '' = standalone
+    log_path = tmp_path / "operator.log"
+    proc = subprocess.Popen([sys.executable, "-m", "moe_eplb", "run"], stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "w"), env=env)
     try:
-        await eventually(lambda: http_get(f"http://127.0.0.1:{live}/healthz"), timeout=30)
+        await eventually(lambda: http_get(f"http://127.0.0.1:{health}/healthz"), timeout=30)
         await kube.create(kube.moeinference_path(NS), example())
         await eventually(lambda: observed(kube, "qwen3-vl-30b", 1), timeout=20)
         status, text = await eventually(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"))
@@ -50,7 +70,60 @@ async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventual
         assert 'moe_eplb_reconciles_total{result="ok"}' in text
         proc.send_signal(signal.SIGTERM)
         rc = await asyncio.to_thread(proc.wait, 30)
-        assert rc == 0, (tmp_path / "operator.log").read_text()[-2000:]
+        assert rc == 0, log_path.read_text()[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
+    lines = json_logs(log_path)
+    assert lines and all({"message", "severity", "timestamp"} <= rec.keys() for rec in lines)
+    start = next(rec["message"] for rec in lines if rec["message"].startswith("moe-eplb operator:"))
+    assert "all namespaces" in start and "off (standalone)" in start and "pods read directly" in start
+    assert not any("peering" in rec["message"].lower() and rec["severity"] in ("warn", "error") for rec in lines)
+
+
+async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_path):
+    """Two ``moe-eplb run`` processes with the chart's environment (peering on, no priority given):
+    each draws its own priority, the lower one pauses, and exactly one reconciles. (With a shared
+    priority kopf 1.45 would pause both.)"""
+    await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
+    procs, ports, logs = {}, {}, {}
+    try:
+        for pod in ("moe-eplb-a", "moe-eplb-b"):
+            health, metrics = free_port(), free_port()
+            ports[pod], logs[pod] = (health, metrics), tmp_path / f"{pod}.log"
+            procs[pod] = subprocess.Popen(
+                [sys.executable, "-m", "moe_eplb", "run"], stdout=subprocess.DEVNULL, stderr=open(logs[pod], "w"),
+                env=chart_env(kube, health, metrics, pod, MOE_EPLB_PEERING="moe-eplb"))
+        for pod, (health, _) in ports.items():
+            await eventually(lambda: http_get(f"http://127.0.0.1:{health}/healthz"), timeout=30)
+
+        async def both_registered():
+            peers = (await kube.get("/apis/kopf.dev/v1/clusterkopfpeerings/moe-eplb")).get("status") or {}
+            return peers if set(peers) == set(procs) else None
+
+        peers = await eventually(both_registered, timeout=20)
+        priorities = {pod: peers[pod]["priority"] for pod in procs}
+        assert len(set(priorities.values())) == 2, priorities
+        leader = max(priorities, key=priorities.get)
+        standby = min(priorities, key=priorities.get)
+        await eventually(lambda: any("Pausing operations" in r["message"] for r in json_logs(logs[standby])),
+                         timeout=20)
+
+        await kube.create(kube.moeinference_path(NS), example())
+        await eventually(lambda: observed(kube, "qwen3-vl-30b", 1), timeout=20)
+        await asyncio.sleep(1.0)  # room for a (wrong) second actor to reconcile too
+        counts = {}
+        for pod, (_, metrics) in ports.items():
+            status, text = await eventually(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"))
+            counts[pod] = reconciles(text)
+        assert counts[leader] >= 1 and counts[standby] == 0, (priorities, counts)
+        assert not any("Pausing" in r["message"] for r in json_logs(logs[leader]))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

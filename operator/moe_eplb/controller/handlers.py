@@ -30,6 +30,7 @@ from moe_eplb import API_GROUP, API_VERSION, PLURAL
 from moe_eplb.controller import autotune
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
 from moe_eplb.controller.reconcile import MANAGED_BY, NAME_LABEL, Outcome, Reconciler
+from moe_eplb.controller.settings import OperatorSettings
 
 log = logging.getLogger("moe_eplb.controller")
 
@@ -39,12 +40,15 @@ class Controller:
 
     ``connection``: a ``kopf.ConnectionInfo`` to use instead of kopf's login (tests, demo);
     ``resync_seconds``: period of the drift/status timer; ``refresh_delay_s``: how long child
-    events are coalesced before the owner is refreshed; ``counter(result)``: reconcile metric.
+    events are coalesced before the owner is refreshed; ``counter(result)``: reconcile metric;
+    ``settings``: the process's :class:`~moe_eplb.controller.settings.OperatorSettings` (e.g.
+    ``settings.prometheus_url``, the default Prometheus; defaults when not given).
     """
 
     def __init__(self, *, connection: kopf.ConnectionInfo | None = None, resync_seconds: float = 60.0,
                  refresh_delay_s: float = 0.1, retry_delay_s: float = 5.0,
-                 counter: Callable[[str], None] | None = None) -> None:
+                 counter: Callable[[str], None] | None = None, settings: OperatorSettings | None = None) -> None:
+        self.settings = settings or OperatorSettings()
         self.connection = connection
         self.resync_seconds = resync_seconds
         self.retry_delay_s = retry_delay_s

@@ -15,8 +15,7 @@ import kopf
 
 from moe_eplb import API_GROUP
 from moe_eplb.controller.handlers import Controller, register
-
-PEERING_NAME = "moe-eplb"
+from moe_eplb.controller.settings import PEERING_NAME
 
 
 def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
@@ -37,6 +36,20 @@ def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     return settings
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text", *, debug: bool = False) -> logging.Logger:
+    """Root logging for the operator process through kopf's own handler and formatters.
+
+    ``level``: DEBUG | INFO | WARNING | ERROR; ``fmt``: ``text`` (kopf's timestamped lines) or
+    ``json`` (kopf's JSON formatter, built on python-json-logger, a kopf dependency: one object
+    per line with ``message``, ``severity``, ``timestamp`` and the ``object`` a line is about);
+    ``debug`` also shows kopf's per-API-call logs. Returns the ``moe_eplb`` logger.
+    """
+    log_format = kopf.LogFormat.JSON if fmt.lower() == "json" else kopf.LogFormat.FULL
+    kopf.configure(debug=debug, verbose=level.upper() == "DEBUG", log_format=log_format)
+    logging.getLogger().setLevel(level.upper())
+    return logging.getLogger("moe_eplb")
 
 
 @functools.cache

@@ -1,0 +1,166 @@
+"""The operator process's settings (``moe-eplb run``), built purely from CLI/env values.
+
+Each setting has one command-line option and one environment variable (:data:`OPTIONS`); the Helm
+chart sets the environment variables. :func:`build` checks the values and returns a frozen
+:class:`OperatorSettings`; a bad value raises :class:`SettingsError` naming the option, its
+environment variable and the fix. Nothing here touches the network, files or logging.
+
+Env contract (chart -> operator):
+
+- ``MOE_EPLB_PROMETHEUS_URL``: http(s) base URL; empty = none (the tuner scrapes the pods'
+  exporters directly for MoEInferences without ``spec.monitoring.prometheusUrl``);
+- ``MOE_EPLB_NAMESPACES``: comma-separated namespaces (globs allowed); empty = all namespaces;
+- ``MOE_EPLB_PEERING``: kopf peering object name; set but empty = standalone (no peering);
+- ``MOE_EPLB_PRIORITY``: peering priority; unset = random in [1, 2**31 - 1] per process;
+- ``MOE_EPLB_METRICS_PORT`` (0 = off), ``MOE_EPLB_HEALTH_PORT`` (``/healthz``, 0 = off);
+- ``MOE_EPLB_LOG_LEVEL`` (DEBUG|INFO|WARNING|ERROR), ``MOE_EPLB_LOG_FORMAT`` (text|json);
+- ``MOE_EPLB_RESYNC_SECONDS``, ``MOE_EPLB_STANDALONE``, ``MOE_EPLB_KUBECONFIG``;
+- ``POD_NAME``, ``POD_NAMESPACE`` (downward API): the replica's identity (kopf peering id, logs).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from moe_eplb.exporter import names
+
+PEERING_NAME = "moe-eplb"
+DEFAULT_HEALTH_PORT = 8081
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+#: Range of the random per-process peering priority. kopf pauses every operator that sees a live
+#: peer with the same priority (and a higher one pauses the lower), so replicas must differ.
+PRIORITY_RANGE = (1, 2**31 - 1)
+
+#: setting -> (command-line option, environment variable).
+OPTIONS: dict[str, tuple[str, str]] = {
+    "kubeconfig": ("--kubeconfig", "MOE_EPLB_KUBECONFIG"),
+    "prometheus_url": ("--prometheus-url", "MOE_EPLB_PROMETHEUS_URL"),
+    "namespaces": ("--namespace", "MOE_EPLB_NAMESPACES"),
+    "standalone": ("--standalone", "MOE_EPLB_STANDALONE"),
+    "peering_name": ("--peering", "MOE_EPLB_PEERING"),
+    "priority": ("--priority", "MOE_EPLB_PRIORITY"),
+    "health_port": ("--health-port", "MOE_EPLB_HEALTH_PORT"),
+    "liveness": ("--liveness", "MOE_EPLB_LIVENESS"),
+    "metrics_port": ("--metrics-port", "MOE_EPLB_METRICS_PORT"),
+    "resync_seconds": ("--resync-seconds", "MOE_EPLB_RESYNC_SECONDS"),
+    "log_level": ("--log-level", "MOE_EPLB_LOG_LEVEL"),
+    "log_format": ("--log-format", "MOE_EPLB_LOG_FORMAT"),
+}
+
+#: No longer read: spec.autotune's fields are defaulted by the CRD (per MoEInference).
+RETIRED_ENV = ("MOE_EPLB_AUTOTUNE_DEFAULTS",)
+
+_URL = re.compile(r"^https?://[^\s/]+\S*$")  # the CRD's spec.monitoring.prometheusUrl pattern, host required
+# A namespace name (DNS-1123 label) or a kopf namespace pattern (globs, leading ! to exclude).
+_NAMESPACE = re.compile(r"^!?[a-z0-9*?\[\]]([-a-z0-9*?\[\]]{0,61}[a-z0-9*?\[\]])?$")
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names the option, the env variable and the fix."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        option, env = OPTIONS[setting]
+        super().__init__(f"{env} / {option}: {message}")
+        self.setting, self.option, self.env = setting, option, env
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Process-wide settings of the operator (what the Controller and kopf are started with).
+
+    ``prometheus_url``: default Prometheus base URL for MoEInferences without
+    ``spec.monitoring.prometheusUrl`` (None: read the pods' exporters directly);
+    ``namespaces``: served namespaces (empty: all, cluster-wide); ``priority``: kopf peering
+    priority; ``liveness_endpoint``: kopf's liveness URL or None; ``metrics_port``: 0 = off;
+    ``resync_seconds``: drift/status timer period (s); ``log_level``/``log_format``: logging.
+    """
+
+    prometheus_url: str | None = None
+    namespaces: tuple[str, ...] = ()
+    standalone: bool = False
+    peering_name: str = PEERING_NAME
+    priority: int = 0
+    liveness_endpoint: str | None = f"http://0.0.0.0:{DEFAULT_HEALTH_PORT}/healthz"
+    metrics_port: int = names.OPERATOR_PORT
+    resync_seconds: float = 60.0
+    log_level: str = "INFO"
+    log_format: str = "text"
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+def random_priority() -> int:
+    """A peering priority drawn from :data:`PRIORITY_RANGE` (OS entropy: differs per process)."""
+    return random.SystemRandom().randint(*PRIORITY_RANGE)
+
+
+def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
+    """``("a,b", " c ")`` -> ``("a", "b", "c")``: comma lists flattened, blanks dropped, order kept,
+    duplicates removed; each must be a namespace name or a kopf glob pattern."""
+    out: list[str] = []
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item or item in out:
+                continue
+            if not _NAMESPACE.match(item):
+                raise SettingsError("namespaces", f"{item!r} is not a namespace name (lowercase letters, digits "
+                                                  "and '-', at most 63; globs * ? [] and a leading ! allowed)")
+            out.append(item)
+    return tuple(out)
+
+
+def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), standalone: bool = False,
+          peering_name: str | None = None, priority: int | None = None, health_port: int | None = None,
+          liveness: str | None = None, metrics_port: int = names.OPERATOR_PORT, resync_seconds: float = 60.0,
+          log_level: str = "INFO", log_format: str = "text", pod_name: str | None = None,
+          pod_namespace: str | None = None,
+          draw_priority: Callable[[], int] = random_priority) -> OperatorSettings:
+    """Check raw option values and return the settings.
+
+    ``peering_name`` None means the default name, ``""`` means standalone; ``priority`` None draws
+    one with ``draw_priority``; ``liveness`` (a full URL, ``""`` = off) wins over ``health_port``
+    (``http://0.0.0.0:<port>/healthz``, 0 = off; None = :data:`DEFAULT_HEALTH_PORT`).
+    """
+    url = (prometheus_url or "").strip() or None
+    if url is not None and not _URL.match(url):
+        raise SettingsError("prometheus_url", f"{url!r} is not an http(s) URL; give e.g. "
+                                              "http://prometheus-operated.monitoring.svc:9090, or leave it empty to "
+                                              "read the pods' exporters directly")
+    for setting, port in (("metrics_port", metrics_port), ("health_port", health_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise SettingsError(setting, f"{port} is not a port number (1-65535, or 0 to turn it off)")
+    if not resync_seconds > 0:
+        raise SettingsError("resync_seconds", f"{resync_seconds} must be > 0 seconds")
+    level = str(log_level).upper()
+    if level not in LOG_LEVELS:
+        raise SettingsError("log_level", f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    fmt = str(log_format).lower()
+    if fmt not in LOG_FORMATS:
+        raise SettingsError("log_format", f"{log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    if peering_name is not None and peering_name.strip() == "":
+        standalone = True
+        peering_name = PEERING_NAME
+    if liveness is not None:
+        endpoint = liveness.strip() or None
+        if endpoint is not None and not _URL.match(endpoint):
+            raise SettingsError("liveness", f"{liveness!r} is not an http URL like http://0.0.0.0:8081/healthz "
+                                            "(empty turns it off)")
+    else:
+        port = DEFAULT_HEALTH_PORT if health_port is None else health_port
+        endpoint = f"http://0.0.0.0:{port}/healthz" if port else None
+    if priority is None:
+        priority = draw_priority()
+    return OperatorSettings(
+        prometheus_url=url, namespaces=split_namespaces(namespaces), standalone=bool(standalone),
+        peering_name=(peering_name or PEERING_NAME).strip(), priority=int(priority), liveness_endpoint=endpoint,
+        metrics_port=int(metrics_port), resync_seconds=float(resync_seconds), log_level=level, log_format=fmt,
+        pod_name=pod_name or None, pod_namespace=pod_namespace or None)

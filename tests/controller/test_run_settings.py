@@ -1,0 +1,118 @@
+"""``moe-eplb run`` options and their environment variables -> OperatorSettings (pure: click's own
+parsing of the command, no operator started)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from moe_eplb.cli import main
+from moe_eplb.cli.operator_cmds import run, settings_from_cli
+from moe_eplb.controller import settings as s
+from moe_eplb.exporter import names
+
+ENV_VARS = [env for _opt, env in s.OPTIONS.values()]
+
+
+def parse(monkeypatch, env: dict[str, str], args: tuple[str, ...] = ()) -> s.OperatorSettings:
+    for var in ENV_VARS + ["POD_NAME", "POD_NAMESPACE"]:
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import os
+
+    ctx = run.make_context("run", list(args))
+    return settings_from_cli(ctx, ctx.params, os.environ)
+
+
+def test_help_shows_every_env_var():
+    out = CliRunner().invoke(main, ["run", "--help"], terminal_width=200).output
+    for option, env in s.OPTIONS.values():
+        assert option in out and env in out, (option, env)
+
+
+def test_defaults_without_env(monkeypatch):
+    got = parse(monkeypatch, {})
+    assert got.prometheus_url is None and got.namespaces == () and got.clusterwide
+    assert not got.standalone and got.peering_name == "moe-eplb"
+    assert got.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    assert got.metrics_port == names.OPERATOR_PORT and got.resync_seconds == 60.0
+    assert (got.log_level, got.log_format) == ("INFO", "text")
+    assert s.PRIORITY_RANGE[0] <= got.priority <= s.PRIORITY_RANGE[1]
+
+
+def test_chart_style_env(monkeypatch):
+    got = parse(monkeypatch, {
+        "MOE_EPLB_PROMETHEUS_URL": "http://prometheus-operated.monitoring.svc:9090",
+        "MOE_EPLB_NAMESPACES": "team-a, team-b,,team-a", "MOE_EPLB_PEERING": "ha",
+        "MOE_EPLB_METRICS_PORT": "9100", "MOE_EPLB_HEALTH_PORT": "9101", "MOE_EPLB_LOG_LEVEL": "warning",
+        "MOE_EPLB_LOG_FORMAT": "JSON", "MOE_EPLB_PRIORITY": "7", "MOE_EPLB_RESYNC_SECONDS": "15",
+        "POD_NAME": "op-0", "POD_NAMESPACE": "moe-system"})
+    assert got == s.OperatorSettings(
+        prometheus_url="http://prometheus-operated.monitoring.svc:9090", namespaces=("team-a", "team-b"),
+        standalone=False, peering_name="ha", priority=7, liveness_endpoint="http://0.0.0.0:9101/healthz",
+        metrics_port=9100, resync_seconds=15.0, log_level="WARNING", log_format="json", pod_name="op-0",
+        pod_namespace="moe-system")
+    assert not got.clusterwide
+
+
+def test_empty_env_values(monkeypatch):
+    """The chart writes '' for: all namespaces, standalone (peering off), no default Prometheus."""
+    got = parse(monkeypatch, {"MOE_EPLB_NAMESPACES": "", "MOE_EPLB_PEERING": "", "MOE_EPLB_PROMETHEUS_URL": ""})
+    assert got.namespaces == () and got.standalone and got.prometheus_url is None
+
+
+def test_command_line_wins_over_env(monkeypatch):
+    got = parse(monkeypatch, {"MOE_EPLB_NAMESPACES": "a,b", "MOE_EPLB_PEERING": "", "MOE_EPLB_HEALTH_PORT": "9"},
+                ("-n", "c", "-n", "d,e", "--peering", "p", "--liveness", "http://127.0.0.1:1/healthz"))
+    assert got.namespaces == ("c", "d", "e") and not got.standalone and got.peering_name == "p"
+    assert got.liveness_endpoint == "http://127.0.0.1:1/healthz"
+    assert parse(monkeypatch, {"MOE_EPLB_HEALTH_PORT": "0"}).liveness_endpoint is None
+    assert parse(monkeypatch, {"MOE_EPLB_STANDALONE": "true"}).standalone
+
+
+def test_default_priority_differs_per_process(monkeypatch):
+    """kopf 1.45 pauses every operator that sees a live peer with its own priority: two replicas
+    started with the chart's env must not share one."""
+    drawn = {parse(monkeypatch, {"MOE_EPLB_PEERING": "moe-eplb"}).priority for _ in range(20)}
+    assert len(drawn) == 20
+    assert all(s.PRIORITY_RANGE[0] <= p <= s.PRIORITY_RANGE[1] for p in drawn)
+    assert s.build(draw_priority=lambda: 42).priority == 42
+    assert s.build(priority=0, draw_priority=lambda: 42).priority == 0
+
+
+@pytest.mark.parametrize("env, value", [
+    ("MOE_EPLB_PROMETHEUS_URL", "prometheus:9090"),
+    ("MOE_EPLB_NAMESPACES", "team-a,Team_B"),
+    ("MOE_EPLB_METRICS_PORT", "eighty"),
+    ("MOE_EPLB_METRICS_PORT", "70000"),
+    ("MOE_EPLB_HEALTH_PORT", "-1"),
+    ("MOE_EPLB_LOG_LEVEL", "LOUD"),
+    ("MOE_EPLB_LOG_FORMAT", "yaml"),
+    ("MOE_EPLB_PRIORITY", "high"),
+    ("MOE_EPLB_RESYNC_SECONDS", "0"),
+    ("MOE_EPLB_LIVENESS", "healthz"),
+    ("MOE_EPLB_STANDALONE", "maybe"),
+])
+def test_bad_env_value_is_a_usage_error_naming_the_variable(monkeypatch, env, value):
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    result = CliRunner().invoke(main, ["run"], env={env: value})
+    assert result.exit_code == 2, result.output
+    assert env in result.output and value.split(",")[-1] in result.output, result.output
+
+
+def test_settings_error_names_option_and_variable():
+    with pytest.raises(s.SettingsError) as err:
+        s.build(prometheus_url="ftp://x")
+    assert err.value.env == "MOE_EPLB_PROMETHEUS_URL" and err.value.option == "--prometheus-url"
+    assert "MOE_EPLB_PROMETHEUS_URL / --prometheus-url: 'ftp://x'" in str(err.value)
+
+
+def test_controller_carries_the_settings():
+    pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+    from moe_eplb.controller.handlers import Controller
+
+    assert Controller().settings == s.OperatorSettings()
+    custom = s.build(prometheus_url="http://prom:9090", priority=1)
+    assert Controller(settings=custom).settings.prometheus_url == "http://prom:9090"
