@@ -11,7 +11,7 @@ import yaml
 
 from chart_support import CHART_DIR, RELEASE, RELEASE_NS, ROOT, VALUE_SETS, helm, render_chart
 
-from moe_eplb.controller.rbac import RBAC_RULES, grants
+from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
 from moe_eplb.exporter import names as n
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
@@ -112,14 +112,16 @@ def env_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_operator_env_contract(render):
     env = env_of(render())
-    assert env["MOE_EPLB_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert env["MOE_EPLB_PROMETHEUS_URL"] == ""  # none: the operator reads the pods' exporters directly
     assert env["MOE_EPLB_NAMESPACES"] == ""
     assert env["MOE_EPLB_PEERING"] == "moe-eplb"
     assert env["MOE_EPLB_METRICS_PORT"] == str(n.OPERATOR_PORT)
     assert env["MOE_EPLB_HEALTH_PORT"] == "8081"
-    assert json.loads(env["MOE_EPLB_AUTOTUNE_DEFAULTS"]) == {
-        "evaluationIntervalSeconds": 300, "cooldownSeconds": 3600, "maxRestartsPerDay": 4,
-        "minGain": 0.02, "rollbackTolerance": 0.02, "observeSeconds": 600}
+    assert env["MOE_EPLB_LOG_LEVEL"] == "INFO" and env["MOE_EPLB_LOG_FORMAT"] == "json"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # the tuning defaults are the CRD's (per MoEInference), not an operator-wide setting
+    assert not any(k.startswith("MOE_EPLB_AUTOTUNE") for k in env)
     env = env_of(render({"operator": {"prometheusUrl": "http://prom:9090", "watchNamespaces": ["a", "b"]},
                          "peering": {"enabled": False}, "replicaCount": 1}))
     assert env["MOE_EPLB_NAMESPACES"] == "a,b"
@@ -245,8 +247,12 @@ def test_namespaced_rbac_grants_the_same_calls_per_namespace(render):
     per_ns = [set(grants(r["rules"])) for r in roles]
     assert per_ns[0] == per_ns[1]
     expected = {(g, "kopfpeerings" if r == "clusterkopfpeerings" else r, v) for g, r, v in grants(RBAC_RULES)}
+    expected |= set(grants(NAMESPACED_MODE_CLUSTER_RULES))
     assert cluster | per_ns[0] == expected  # nothing more, nothing less
-    assert cluster == {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+    assert cluster == ({("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+                       | {("", "namespaces", v) for v in ("list", "watch")})
+    assert set(grants(NAMESPACED_MODE_CLUSTER_RULES)) <= cluster  # kopf's namespace observer, cluster-wide
+    assert not per_ns[0] & set(grants(NAMESPACED_MODE_CLUSTER_RULES))
     assert not any(r in {"customresourcedefinitions", "clusterkopfpeerings"} for _, r, _ in per_ns[0])
 
 

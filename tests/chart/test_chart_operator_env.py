@@ -1,0 +1,76 @@
+"""The environment the chart's Deployment gives the operator container parses, through the real
+``moe-eplb run`` option parsing, into the settings the values ask for (the chart -> operator
+contract, end to end without a cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chart_support import VALUE_SETS
+
+from moe_eplb.cli.operator_cmds import run, settings_from_cli
+from moe_eplb.controller import settings as s
+
+
+def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def operator_settings(objs: list[dict[str, Any]], monkeypatch) -> s.OperatorSettings:
+    """Run the container's command-line parsing with its env (downward-API values filled in)."""
+    c = container(objs)
+    assert c["command"] == ["moe-eplb"] and c["args"][0] == "run"
+    for _opt, var in s.OPTIONS.values():
+        monkeypatch.delenv(var, raising=False)
+    env = {}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            env[e["name"]] = {"metadata.name": "moe-eplb-abc", "metadata.namespace": "moe-system"}[
+                e["valueFrom"]["fieldRef"]["fieldPath"]]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = run.make_context("run", list(c["args"][1:]))
+    return settings_from_cli(ctx, ctx.params, env)
+
+
+def test_default_values(render, monkeypatch):
+    objs = render()
+    got = operator_settings(objs, monkeypatch)
+    ports = {p["name"]: p["containerPort"] for p in container(objs)["ports"]}
+    assert got.clusterwide and not got.standalone and got.peering_name == "moe-eplb"
+    assert got.prometheus_url is None
+    assert got.metrics_port == ports["metrics"]
+    assert got.liveness_endpoint == f"http://0.0.0.0:{ports['health']}/healthz"
+    assert container(objs)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert (got.log_level, got.log_format) == ("INFO", "json")
+    assert (got.pod_name, got.pod_namespace) == ("moe-eplb-abc", "moe-system")
+    assert s.PRIORITY_RANGE[0] <= got.priority <= s.PRIORITY_RANGE[1]  # drawn per replica
+
+
+def test_values_reach_the_operator(render, monkeypatch):
+    got = operator_settings(render({
+        "operator": {"watchNamespaces": ["team-a", "team-b"], "prometheusUrl": "http://prom.monitoring:9090",
+                     "metricsPort": 9100, "healthPort": 9101, "logLevel": "DEBUG", "logFormat": "text",
+                     "extraEnv": [{"name": "MOE_EPLB_PRIORITY", "value": "500"}]},
+        "peering": {"name": "team-peering"}}), monkeypatch)
+    assert got.namespaces == ("team-a", "team-b") and not got.clusterwide
+    assert got.prometheus_url == "http://prom.monitoring:9090"
+    assert got.metrics_port == 9100 and got.liveness_endpoint == "http://0.0.0.0:9101/healthz"
+    assert (got.log_level, got.log_format) == ("DEBUG", "text")
+    assert got.peering_name == "team-peering" and not got.standalone and got.priority == 500
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_value_set_parses(render, monkeypatch, value_set):
+    operator_settings(render(VALUE_SETS[value_set]), monkeypatch)
+
+
+def test_peering_off_is_standalone(render, monkeypatch):
+    got = operator_settings(render({"peering": {"enabled": False}, "replicaCount": 1}), monkeypatch)
+    assert got.standalone
