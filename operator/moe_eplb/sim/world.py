@@ -232,8 +232,8 @@ class SimWorld:
     async def stop_operator(self, handle: dict) -> None:
         """Kill an operator at once (task cancelled: like a killed pod, no graceful shutdown)."""
         handle["task"].cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await handle["task"]
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(asyncio.shield(handle["task"]), 3.0)
         if handle in self.operators:
             self.operators.remove(handle)
 

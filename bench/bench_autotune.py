@@ -1,0 +1,111 @@
+"""Cost of one autotune evaluation per MoEInference, and how many resources one operator core can
+tune every 5 minutes (target >= 200).
+
+One evaluation = what the operator's timer does on the CPU for one resource: turn the Prometheus
+range-query answers into a load trace (the reader's pure part, on synthetic query results of the
+right size), run the tuner with the operator's search ladder (``OPERATOR_SEARCH``) on the last hour
+of load in 60 s buckets, and decide (``controller.decisions.evaluate``). HTTP time is not CPU time
+and is not counted. Workloads come from the built-in generator profiles.
+
+Run: ``python bench/bench_autotune.py`` (prints a table; ``--quick`` for one shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from moe_eplb.api.spec import parse
+from moe_eplb.controller import decisions as dec
+from moe_eplb.controller.autotune import OPERATOR_SEARCH, run_tuner
+from moe_eplb.eplb import synth
+
+CASES = [
+    # (label, profile, model name, tensor, data, groups)
+    ("Qwen3-VL-30B-A3B, EP 8", "qwen3-vl-30b-a3b-chat-to-math", "Qwen/Qwen3-VL-30B-A3B-Instruct", 1, 8),
+    ("Qwen3-VL-30B-A3B, EP 16", "qwen3-vl-30b-a3b-chat-to-math", "Qwen/Qwen3-VL-30B-A3B-Instruct", 2, 8),
+    ("DeepSeek-V3, EP 8", "deepseek-v3-chat-to-code", "deepseek-ai/DeepSeek-V3-0324", 1, 8),
+]
+
+
+def resource(model: str, tensor: int, data: int) -> dict:
+    return {
+        "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference",
+        "metadata": {"name": "bench", "namespace": "default", "generation": 1},
+        "spec": {
+            "model": {"name": model},
+            "parallelism": {"tensor": tensor, "data": data},
+            "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
+            "autotune": {"mode": "Apply", "memoryBudgetPerGpu": "8Gi", "minGain": 0.005},
+        },
+    }
+
+
+def prometheus_bodies(trace) -> tuple[dict, dict, dict, np.ndarray]:
+    """Range-query answers (raw counters, one pod) for a trace, as Prometheus returns them."""
+    T, L, E = trace.load.shape
+    grid = 1_800_000_000.0 + 60.0 * np.arange(T + 1)
+    cum = np.concatenate([np.zeros((1, L, E)), np.cumsum(trace.load, axis=0)])
+    steps = np.concatenate([[0], np.cumsum(trace.bucket_steps)])
+    labels = {"namespace": "default", "moeinference": "bench", "pod": "bench-0", "model": "m"}
+    expert = [{"metric": {**labels, "__name__": "moe_eplb_expert_tokens_total", "layer": str(l), "expert": str(e)},
+               "values": [[float(t), f"{cum[i, l, e]:.1f}"] for i, t in enumerate(grid)]}
+              for l in range(L) for e in range(E)]
+    step = [{"metric": {**labels, "__name__": "moe_eplb_engine_steps_total"},
+             "values": [[float(t), str(int(steps[i]))] for i, t in enumerate(grid)]}]
+    start = [{"metric": {**labels, "__name__": "moe_eplb_exporter_start_time_seconds"},
+              "values": [[float(t), str(grid[0] - 1)] for t in grid]}]
+    wrap = lambda r: {"status": "success", "data": {"resultType": "matrix", "result": r}}  # noqa: E731
+    return wrap(expert), wrap(step), wrap(start), grid
+
+
+def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
+    from moe_eplb.metrics.reader import trace_from_raw_counters
+
+    full = synth.generate(profile, hours=1.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
+    res = resource(model, tensor, data)
+    inf = parse(res)
+    cfg = dec.autotune_config(res)
+    current = {"windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0}
+    eb, sb, st, grid = prometheus_bodies(full)
+    read_s, tune_s = [], []
+    decision = None
+    for _ in range(repeats):
+        t0 = time.process_time()
+        trace = trace_from_raw_counters(eb, sb, grid, num_layers=full.num_layers, num_experts=full.num_experts,
+                                        start_body=st)
+        t1 = time.process_time()
+        out = run_tuner(trace, inf, cfg, current, OPERATOR_SEARCH)
+        o = dec.evaluate(cfg, {}, now=time.time(), generation=1, current=current, current_override=None,
+                         data_window={"buckets": trace.num_buckets}, tune=out, baseline={"balancedness": 0.9})
+        t2 = time.process_time()
+        read_s.append(t1 - t0)
+        tune_s.append(t2 - t1)
+        decision = o.decision
+    read_ms, tune_ms = 1000 * float(np.median(read_s)), 1000 * float(np.median(tune_s))
+    total = read_ms + tune_ms
+    return {"case": label, "shape": f"{full.num_layers}x{full.num_experts}", "buckets": full.num_buckets,
+            "read_ms": read_ms, "tune_ms": tune_ms, "total_ms": total,
+            "per_5min": int(300_000 // total), "decision": decision}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one case, one repeat")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    cases = CASES[:1] if args.quick else CASES
+    rows = [one_case(*c, repeats=1 if args.quick else args.repeats) for c in cases]
+    print(f"autotune evaluation cost (CPU, one core; search {OPERATOR_SEARCH}; 1 h of load in 60 s buckets)")
+    print(f"{'case':28s} {'shape':>8s} {'read ms':>9s} {'tune ms':>9s} {'total ms':>9s} {'per 5 min':>10s}  decision")
+    for r in rows:
+        print(f"{r['case']:28s} {r['shape']:>8s} {r['read_ms']:9.0f} {r['tune_ms']:9.0f} {r['total_ms']:9.0f} "
+              f"{r['per_5min']:10d}  {r['decision']}")
+    worst = min(r["per_5min"] for r in rows)
+    print(f"resources one core can evaluate every 5 min: {worst} (worst case above; target >= 200)")
+
+
+if __name__ == "__main__":
+    main()
