@@ -3,8 +3,8 @@ tune every 5 minutes (target >= 200).
 
 One evaluation = what the operator's timer does on the CPU for one resource: turn the Prometheus
 range-query answers into a load trace (the reader's pure part, on synthetic query results of the
-right size), run the tuner with the operator's search ladder (``OPERATOR_SEARCH``) on the last hour
-of load in 60 s buckets, and decide (``controller.decisions.evaluate``). HTTP time is not CPU time
+right size), run the tuner with the operator's search ladder (``OPERATOR_SEARCH``) on the
+operator's default data window (``AutotuneRuntime.lookback_seconds``, 30 min) in 60 s buckets, and decide (``controller.decisions.evaluate``). HTTP time is not CPU time
 and is not counted. Workloads come from the built-in generator profiles.
 
 Run: ``python bench/bench_autotune.py`` (prints a table; ``--quick`` for one shape).
@@ -19,8 +19,10 @@ import numpy as np
 
 from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
-from moe_eplb.controller.autotune import OPERATOR_SEARCH, run_tuner
+from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
 from moe_eplb.eplb import synth
+
+RT = AutotuneRuntime()  # the operator's defaults: lookback window and search
 
 CASES = [
     # (label, profile, model name, tensor, data, groups)
@@ -64,7 +66,7 @@ def prometheus_bodies(trace) -> tuple[dict, dict, dict, np.ndarray]:
 def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
     from moe_eplb.metrics.reader import trace_from_raw_counters
 
-    full = synth.generate(profile, hours=1.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
+    full = synth.generate(profile, hours=RT.lookback_seconds / 3600.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
     res = resource(model, tensor, data)
     inf = parse(res)
     cfg = dec.autotune_config(res)
@@ -98,7 +100,8 @@ def main() -> None:
     args = ap.parse_args()
     cases = CASES[:1] if args.quick else CASES
     rows = [one_case(*c, repeats=1 if args.quick else args.repeats) for c in cases]
-    print(f"autotune evaluation cost (CPU, one core; search {OPERATOR_SEARCH}; 1 h of load in 60 s buckets)")
+    print(f"autotune evaluation cost (CPU, one core; search {OPERATOR_SEARCH}; "
+          f"{RT.lookback_seconds / 60:.0f} min of load in 60 s buckets)")
     print(f"{'case':28s} {'shape':>8s} {'read ms':>9s} {'tune ms':>9s} {'total ms':>9s} {'per 5 min':>10s}  decision")
     for r in rows:
         print(f"{r['case']:28s} {r['shape']:>8s} {r['read_ms']:9.0f} {r['tune_ms']:9.0f} {r['total_ms']:9.0f} "

@@ -45,8 +45,9 @@ log = logging.getLogger("moe_eplb.autotune")
 CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
 API = f"{API_GROUP}/{API_VERSION}"
 
-#: The operator's search (a reduced ladder of the tuner's, sized so one core tunes >= 200
-#: resources every 5 minutes; see bench/bench_autotune.py). Override with MOE_EPLB_AUTOTUNE_SEARCH=full.
+#: The operator's search (a reduced ladder of the tuner's, 27 candidates) on the last 30 minutes
+#: of load, sized so one core evaluates >= 200 resources every 5 minutes (bench/bench_autotune.py).
+#: Override with MOE_EPLB_AUTOTUNE_SEARCH=full and MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS.
 OPERATOR_SEARCH: dict[str, Any] = {
     "windows": (250, 1000, 4000),
     "intervals": (500, 2000, 8000),
@@ -107,7 +108,7 @@ class AutotuneRuntime:
 
     clock: Any = field(default_factory=WallClock)
     tick_seconds: float = 15.0
-    lookback_seconds: float = 3600.0
+    lookback_seconds: float = 1800.0
     min_steps: int = 2000
     search: dict = field(default_factory=lambda: dict(OPERATOR_SEARCH))
     read_load: LoadSource | None = None
