@@ -212,70 +212,69 @@ def balancedness(rank_tokens: np.ndarray) -> np.ndarray:
     return np.where(mx > 0, mean / np.where(mx > 0, mx, 1.0), 1.0)
 
 
-class _Collector:
-    """prometheus_client collector that renders the engine's arrays at scrape time."""
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Exposition:
+    """Renders the engine's arrays in Prometheus' classic text format (version 0.0.4).
+
+    Hand-rolled with the label strings built once per engine, because a pod of a real model has
+    ~13k series (Qwen3-VL-30B-A3B) to ~30k (DeepSeek-V3) and the demo's Prometheus scrapes every
+    pod twice a second: prometheus_client's generic collector path takes ~10x longer, which starves
+    the event loop the whole simulated cluster shares. Output parses with prometheus_client's parser.
+    """
 
     def __init__(self, engine: "SimulatedEngine") -> None:
-        self.e = engine
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-        e = self.e
-        if not e.ready:
-            return
-        m = e.settings.model
+        e = engine
+        m = _label(e.settings.model)
         L, E, P = e.replay.L, e.replay.E, e.replay.P
-        layers = [str(i) for i in range(L)]
-        experts = [str(i) for i in range(E)]
-        ranks = [str(i) for i in range(P)]
-        c = CounterMetricFamily(names.EXPERT_TOKENS[: -len("_total")], "Tokens routed to each logical expert (simulated)",
-                                labels=["model", "layer", "expert"])
-        for li in range(L):
-            row = e.expert_tokens[li]
-            for ei in range(E):
-                c.add_metric([m, layers[li], experts[ei]], float(row[ei]))
-        yield c
-        c = CounterMetricFamily(names.RANK_TOKENS[: -len("_total")], "Tokens processed by each EP rank (simulated)",
-                                labels=["model", "layer", "rank"])
-        for li in range(L):
-            for p in range(P):
-                c.add_metric([m, layers[li], ranks[p]], float(e.rank_tokens[li, p]))
-        yield c
-        g = GaugeMetricFamily(names.EXPERT_REPLICAS, "Replicas of each logical expert (simulated)",
-                              labels=["model", "layer", "expert"])
-        cnt = e.replay.logcnt
-        for li in range(L):
-            for ei in range(E):
-                g.add_metric([m, layers[li], experts[ei]], float(cnt[li, ei]))
-        yield g
-        c = CounterMetricFamily(names.REARRANGEMENTS[: -len("_total")], "EPLB rearrangements (simulated)", labels=["model"])
-        c.add_metric([m], float(e.replay.rearrangements))
-        yield c
+        self.e = e
+        self.m = m
+        self.le = [f'{{model="{m}",layer="{l}",expert="{x}"}} ' for l in range(L) for x in range(E)]
+        self.lr = [f'{{model="{m}",layer="{l}",rank="{r}"}} ' for l in range(L) for r in range(P)]
+        self.ll = [f'{{model="{m}",layer="{l}"}} ' for l in range(L)]
+
+    @staticmethod
+    def _family(name: str, kind: str, help_: str, series: list[str], values) -> list[str]:
+        metric = name + "_total" if kind == "counter" and not name.endswith("_total") else name
+        out = [f"# HELP {metric} {help_}", f"# TYPE {metric} {kind}"]
+        out += [metric + lab + repr(float(v)) for lab, v in zip(series, values)]
+        return out
+
+    def render(self) -> bytes:
+        e, m = self.e, self.m
+        if not e.ready:
+            return b""
+        n = names
+        strip = lambda x: x.removesuffix("_total")  # noqa: E731
+        lines: list[str] = []
+        lines += self._family(strip(n.EXPERT_TOKENS), "counter", "Tokens routed to each logical expert (simulated)",
+                              self.le, e.expert_tokens.ravel().tolist())
+        lines += self._family(strip(n.RANK_TOKENS), "counter", "Tokens processed by each EP rank (simulated)",
+                              self.lr, e.rank_tokens.ravel().tolist())
+        lines += self._family(n.EXPERT_REPLICAS, "gauge", "Replicas of each logical expert (simulated)",
+                              self.le, e.replay.logcnt.ravel().tolist())
+        lines += self._family(strip(n.REARRANGEMENTS), "counter", "EPLB rearrangements (simulated)",
+                              [f'{{model="{m}"}} '], [e.replay.rearrangements])
         secs = e.replay.rearrangement_seconds
-        bounds = [0.001, 0.01, 0.1, 1.0, 10.0]
-        buckets = [(str(b), float(sum(1 for s in secs if s <= b))) for b in bounds] + [("+Inf", float(len(secs)))]
-        h = HistogramMetricFamily(names.REARRANGEMENT_SECONDS, "EPLB rearrangement duration (simulated: policy time)",
-                                  labels=["model"])
-        h.add_metric([m], buckets, float(sum(secs)))
-        yield h
-        c = CounterMetricFamily(names.ENGINE_STEPS[: -len("_total")], "Engine steps (simulated)", labels=["model"])
-        c.add_metric([m], float(e.replay.steps))
-        yield c
-        g = GaugeMetricFamily(names.BALANCEDNESS, "Per-layer balancedness of the last bucket (simulated)",
-                              labels=["model", "layer"])
-        for li in range(L):
-            g.add_metric([m, layers[li]], float(e.last_balancedness[li]))
-        yield g
-        g = GaugeMetricFamily(names.EXPORTER_START_TIME, "Unix time the counters started at 0 (simulated engine start)",
-                              labels=["model"])
-        g.add_metric([m], float(e.started_wall))
-        yield g
-        s = e.settings
-        g = GaugeMetricFamily(names.CONFIG_INFO, "EPLB settings of this engine (simulated)",
-                              labels=["model", "window_size", "step_interval", "num_redundant_experts", "ep_size"])
-        g.add_metric([m, str(s.window_size), str(s.step_interval), str(s.num_redundant_experts), str(s.ep_size)], 1.0)
-        yield g
+        h = n.REARRANGEMENT_SECONDS
+        lines += [f"# HELP {h} EPLB rearrangement duration (simulated: the policy's CPU time)", f"# TYPE {h} histogram"]
+        for b in ("0.001", "0.01", "0.1", "1.0", "10.0", "+Inf"):
+            c = len(secs) if b == "+Inf" else sum(1 for x in secs if x <= float(b))
+            lines.append(f'{h}_bucket{{model="{m}",le="{b}"}} {float(c)!r}')
+        lines += [f'{h}_count{{model="{m}"}} {float(len(secs))!r}', f'{h}_sum{{model="{m}"}} {float(sum(secs))!r}']
+        lines += self._family(strip(n.ENGINE_STEPS), "counter", "Engine steps (simulated)",
+                              [f'{{model="{m}"}} '], [e.replay.steps])
+        lines += self._family(n.BALANCEDNESS, "gauge", "Per-layer balancedness of the last bucket (simulated)",
+                              self.ll, e.last_balancedness.tolist())
+        lines += self._family(n.EXPORTER_START_TIME, "gauge", "Unix time the counters started at 0 (simulated engine start)",
+                              [f'{{model="{m}"}} '], [e.started_wall])
+        st = e.settings
+        lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
+                              [f'{{model="{m}",window_size="{st.window_size}",step_interval="{st.step_interval}",'
+                               f'num_redundant_experts="{st.num_redundant_experts}",ep_size="{st.ep_size}"}} '], [1])
+        return ("\n".join(lines) + "\n").encode()
 
 
 class SimulatedEngine:
@@ -303,10 +302,7 @@ class SimulatedEngine:
         self._pos: float | None = None  # workload seconds served up to
         self._runner = None
         self._task: asyncio.Task | None = None
-        from prometheus_client import CollectorRegistry
-
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))
+        self._exposition = _Exposition(self)
 
     # --- replay --------------------------------------------------------------------------------
 
@@ -356,11 +352,9 @@ class SimulatedEngine:
 
     async def _metrics(self, request):
         from aiohttp import web
-        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
         # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=self._exposition.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def _health(self, request):
         from aiohttp import web
@@ -374,9 +368,9 @@ class SimulatedEngine:
         app = web.Application()
         app.router.add_get(names.EXPORTER_PATH, self._metrics)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, shutdown_timeout=0.2)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         self.started_at = self.clock.now()

@@ -1,0 +1,104 @@
+"""The simulation parts the autotune scenarios and the demo stand on: the simulated engine's EPLB
+replay (checked against the project's simulator), its metrics (read back with the load reader's
+parser), and the fake kubelet's reading of the rendered pod template."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import aiohttp
+import numpy as np
+import pytest
+
+from moe_eplb.eplb import synth
+from moe_eplb.eplb.simulator import simulate
+from moe_eplb.sim.engine import EngineFaults, EngineSettings, EplbReplay, SimClock, SimulatedEngine
+
+from .conftest import RESOURCE
+
+
+@pytest.fixture(scope="module")
+def small_trace():
+    return synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=0.5,
+                          bucket_seconds=15, seed=2, shift_at=0.5)
+
+
+def _replay_balancedness(trace, settings: EngineSettings, faults=EngineFaults()) -> tuple[float, int]:
+    rp = EplbReplay(trace.num_layers, trace.num_experts, settings, faults)
+    num = den = 0.0
+    for t in range(trace.num_buckets):
+        rank = rp.run(trace.load[t], int(trace.bucket_steps[t]))
+        num += rank.mean(axis=1).sum()
+        den += rank.max(axis=1).sum()
+    return num / den, rp.rearrangements
+
+
+@pytest.mark.parametrize("w,i,r", [(1000, 3000, 0), (250, 500, 4), (4000, 1000, 8)])
+def test_engine_replay_agrees_with_simulator(small_trace, w, i, r):
+    sim = simulate(small_trace, ep_size=4, window_size=w, step_interval=i, num_redundant_experts=r)
+    got, rearrangements = _replay_balancedness(
+        small_trace, EngineSettings("m", ep_size=4, window_size=w, step_interval=i, num_redundant_experts=r))
+    assert rearrangements == sim.rearrangements
+    assert got == pytest.approx(sim.balancedness, abs=0.01)
+
+
+def test_settings_change_what_the_engine_reports(small_trace):
+    untuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4))
+    tuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, window_size=250, step_interval=500,
+                                                                num_redundant_experts=4))
+    broken, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, window_size=250, step_interval=500,
+                                                                 num_redundant_experts=4),
+                                     EngineFaults(inverted_placement=True))
+    assert tuned > untuned + 0.05
+    assert broken < untuned
+
+
+def test_indivisible_redundancy_is_refused():
+    with pytest.raises(ValueError, match="divisible"):
+        EplbReplay(4, 16, EngineSettings("m", ep_size=4, num_redundant_experts=3))
+
+
+async def test_engine_serves_exporter_metrics_after_startup(small_trace):
+    from moe_eplb.metrics.scrape import parse_exposition
+
+    clock = SimClock.started_now(scale=200.0)
+    eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4, share=0.5), clock,
+                          startup_seconds=40.0, tick=0.02)
+    port = await eng.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                assert r.status == 503  # still "loading the model"
+            await asyncio.sleep(0.6)  # 120 simulated seconds
+            async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                assert r.status == 200
+            async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                text = await r.text()
+        sample = parse_exposition(text)
+        tokens = sample.tokens["example/tiny-moe"]
+        assert len(tokens) == 4 * 16
+        total = sum(tokens.values())
+        assert total == pytest.approx(eng.expert_tokens.sum())
+        assert total > 0
+        assert sample.steps["example/tiny-moe"] == eng.replay.steps > 0
+        assert "moe_eplb_rank_tokens_total{" in text and "moe_eplb_config_info{" in text
+        # tokens per rank add up to tokens per expert (each token counted once per top-k slot)
+        assert eng.rank_tokens.sum() == pytest.approx(eng.expert_tokens.sum())
+    finally:
+        await eng.stop()
+
+
+def test_kubelet_reads_the_rendered_pod_template():
+    from moe_eplb.render.objects import render_children
+    from moe_eplb.sim.kubelet import engine_settings
+
+    res = copy.deepcopy(RESOURCE)
+    res["spec"]["eplb"].update(windowSize=2000, stepInterval=4000, numRedundantExperts=4)
+    res["metadata"]["generation"] = 1
+    deps = [c for c in render_children(res) if c["kind"] == "Deployment"]
+    assert len(deps) == 1
+    s = engine_settings(deps[0]["spec"]["template"]["spec"], share=0.5)
+    assert (s.model, s.ep_size, s.window_size, s.step_interval, s.num_redundant_experts, s.eplb_enabled) == \
+        ("example/tiny-moe", 4, 2000, 4000, 4, True)
+    assert s.share == 0.5
