@@ -7,7 +7,7 @@ import pytest
 
 from moe_eplb.exporter import names
 from moe_eplb.metrics.errors import LoadReadError
-from moe_eplb.metrics.increments import GapError, sample_increments
+from moe_eplb.metrics.increments import counter_increments, sample_increments
 from moe_eplb.metrics.reader import grid_for, selector, trace_from_raw_counters, trace_from_rounds
 from moe_eplb.metrics.scrape import PodSample, Round, parse_exposition, targets_from_pods
 
@@ -31,12 +31,29 @@ def test_sample_increments(ts, vs, starts, expected):
     np.testing.assert_array_equal(out, expected)
 
 
-def test_sample_increments_refuse_an_ambiguous_gap():
-    with pytest.raises(GapError, match="t=101.000 and t=140.000"):
-        sample_increments(GRID, np.array([96.0, 101, 140]), np.array([1.0, 2, 7]), max_gap=20)
-    # the same hole with no load in it is harmless
-    out = sample_increments(GRID, np.array([96.0, 101, 140]), np.array([1.0, 2, 2]), max_gap=20)
-    np.testing.assert_array_equal(out, [1, 0, 0])
+def test_a_scrape_gap_is_spread_over_its_buckets_by_time():
+    # 101 -> 140 (39 s > max_gap 20): the 5 tokens of the gap go 14 : 15 : 10 to the three buckets
+    inc = counter_increments(GRID, np.array([96.0, 101, 140]), np.array([[1.0, 2, 7]]), max_gap=20)
+    np.testing.assert_allclose(inc.values[0], [1 + 5 * 14 / 39, 5 * 15 / 39, 5 * 10 / 39], rtol=1e-12)
+    np.testing.assert_allclose(inc.interpolated[0], [5 * 14 / 39, 5 * 15 / 39, 5 * 10 / 39], rtol=1e-12)
+    assert inc.values.sum() == pytest.approx(6, rel=1e-12) and inc.gaps == ((101.0, 140.0),)
+    # without max_gap the old exact rule: everything in the later sample's bucket
+    np.testing.assert_array_equal(sample_increments(GRID, np.array([96.0, 101, 140]), np.array([1.0, 2, 7])),
+                                  [1, 0, 5])
+    # a gap that starts before the window: only its part inside the window counts (8 of 38 s)
+    np.testing.assert_allclose(sample_increments(GRID, np.array([70.0, 108, 120]), np.array([0.0, 38, 50]),
+                                                 max_gap=20), [8, 12, 0], rtol=1e-12)
+    # a gap with no load in it changes nothing
+    inc = counter_increments(GRID, np.array([96.0, 101, 140]), np.array([[1.0, 2, 2]]), max_gap=20)
+    np.testing.assert_array_equal(inc.values[0], [1, 0, 0])
+    assert not inc.interpolated.any()
+    # a restart inside the gap keeps the restart rule (new value, later sample's bucket), per counter
+    inc = counter_increments(GRID, np.array([96.0, 101, 140]), np.array([[5.0, 6, 3], [5.0, 6, 9]]),
+                             np.array([1.0, 1, 2]), max_gap=20)
+    np.testing.assert_array_equal(inc.values, [[1, 0, 3], [1, 0, 9]])
+    assert not inc.interpolated.any()
+    inc = counter_increments(GRID, np.array([96.0, 101, 140]), np.array([[5.0, 6, 3], [5.0, 6, 9]]), max_gap=20)
+    np.testing.assert_allclose(inc.values, [[1, 0, 3], [1 + 3 * 14 / 39, 3 * 15 / 39, 3 * 10 / 39]], rtol=1e-12)
 
 
 def _body(series):
@@ -81,8 +98,10 @@ def test_raw_counters_to_trace_exact_with_restart_and_join():
     ([], [], "NoData", "no moe_eplb_"),
     ([_expert_series("a", 0, 0, [1, 2, 3, 4])], [], "InconsistentSeries", "engine_steps"),
     ([_expert_series("a", 0, 0, [1, 2, 3, 4])], [(_pod("a"), [(90.0, 1)])], "InsufficientData", "no samples"),
-    ([_expert_series("a", 0, 0, [1, 2, 3, 4], ts=[98.0, 99.0, 100.0, 141.0])],
-     [(_pod("a"), list(zip(TS, [1, 2, 3, 4])))], "InconsistentSeries", "cannot be placed"),
+    ([_expert_series("a", 0, 0, [1, 4], ts=[98.0, 141.0])],  # mostly missing: all load in one gap
+     [(_pod("a"), [(98.0, 1), (141.0, 4)])], "ScrapeGaps",
+     r"100% of the load .* fell in scrape gaps \(allowed: 10%\).*pod a: no samples between t=98.000 and "
+     r"t=141.000 \(43.0s\)"),
     ([_expert_series("a", 0, 0, [1, 2, 3, 4]), _expert_series("a", 2, 0, [1, 2, 3, 4])],
      [(_pod("a"), list(zip(TS, [1, 2, 3, 4])))], "InconsistentSeries", "layer"),
     ([_expert_series("a", 0, 0, [1, 2, 3, 4]), _expert_series("a", 0, 1, [1, 2, 3, 4], model="mtp")],
@@ -165,3 +184,65 @@ def test_parse_exposition_roundtrip_with_the_collector():
     s = parse_exposition(generate_latest(make_registry(C())).decode())
     assert s.tokens["m"] == {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 3.0, (1, 1): 4.0}
     assert s.steps == {"m": 7.0} and s.start_time == {"m": 12.5}
+
+
+GRID6 = np.arange(100.0, 191.0, 15.0)  # 6 buckets of 15 s
+
+
+def test_a_dropped_scrape_is_spread_over_the_buckets_it_spans():
+    """Known load, scraped every 5 s; pod a misses the scrapes at 115..140 (a 35 s gap over three
+    buckets), pod b misses none. Totals stay exact; pod a's gap load is split 5 : 15 : 15 by time,
+    steps and tokens alike; the share of spread load is reported, and refused above the threshold."""
+    rng = np.random.default_rng(7)
+    L_, E_ = 2, 3
+    ts = np.arange(95.0, 191.0, 5.0)  # baseline at 95, then 19 scrapes
+    n = ts.size - 1
+    per_step = {"a": rng.integers(1, 5, size=(L_, E_)), "b": rng.integers(1, 5, size=(L_, E_))}
+    steps = {"a": rng.integers(2, 9, size=n), "b": rng.integers(2, 9, size=n)}
+    dropped = (ts > 112) & (ts < 143)  # samples at 115, 120, ..., 140 -> gap 110 -> 145
+    in_gap = dropped[1:] | (ts[1:] == 145)  # the 7 scrape intervals in (110, 145]
+    steps["a"][in_gap] = 10  # 70 steps in the gap: split 10 / 30 / 30
+    experts, step_body = [], []
+    expected_load = np.zeros((6, L_, E_))
+    expected_steps = np.zeros(6)
+    for p in ("a", "b"):
+        keep = ~dropped if p == "a" else np.ones(ts.size, bool)
+        cum_steps = np.concatenate([[100], 100 + np.cumsum(steps[p])])
+        for l in range(L_):
+            for e in range(E_):
+                vals = 1000 + cum_steps * per_step[p][l, e]
+                experts.append(_expert_series(p, l, e, vals[keep].tolist(), ts=ts[keep].tolist()))
+        step_body.append((_pod(p), list(zip(ts[keep].tolist(), cum_steps[keep].tolist()))))
+        b = np.searchsorted(GRID6, ts[1:], side="left") - 1  # bucket of each interval's end
+        for i in np.flatnonzero(b >= 0):  # 95 -> 100 is before the window
+            expected_steps[b[i]] += steps[p][i]
+            expected_load[b[i]] += steps[p][i] * per_step[p]
+    gap_steps = 70
+    # what pod a did in (110, 145] goes 5/35, 15/35, 15/35 to buckets 0, 1, 2 instead of by scrape
+    exact_a = np.zeros(6)
+    for i in np.flatnonzero(in_gap):
+        exact_a[np.searchsorted(GRID6, ts[i + 1]) - 1] += steps["a"][i]
+    spread_a = np.array([10, 30, 30, 0, 0, 0])
+    expected_steps += spread_a - exact_a
+    expected_load += (spread_a - exact_a)[:, None, None] * per_step["a"][None]
+
+    tr = trace_from_raw_counters(_body(experts), _body(step_body), GRID6, max_interpolated_fraction=0.5)
+    np.testing.assert_allclose(tr.load, expected_load, rtol=1e-12)
+    np.testing.assert_array_equal(tr.bucket_steps, expected_steps)
+    assert tr.load.sum() == pytest.approx(sum(steps[p][1:].sum() * per_step[p].sum() for p in "ab"), rel=1e-12)
+    assert tr.bucket_steps.sum() == steps["a"][1:].sum() + steps["b"][1:].sum()
+    token_share = gap_steps * per_step["a"].sum() / tr.load.sum()
+    step_share = gap_steps / tr.bucket_steps.sum()
+    assert tr.meta["interpolated_fraction"] == pytest.approx(max(token_share, step_share), rel=1e-12)
+    assert 0.1 < tr.meta["interpolated_fraction"] < 0.5
+    # the default threshold (10 %) refuses the same window, naming the pod, the gap and the share
+    with pytest.raises(LoadReadError, match=r"pod a: no samples between t=110.000 and t=145.000 \(35.0s\)") as ei:
+        trace_from_raw_counters(_body(experts), _body(step_body), GRID6, what=" for ns/moe")
+    assert ei.value.reason == "ScrapeGaps"
+    assert f"{tr.meta['interpolated_fraction']:.0%} of the load in the last 90s for ns/moe" in ei.value.message
+    # complete data: exact and nothing interpolated
+    full = [(m, pts) for m, pts in experts if m["pod"] == "b"]
+    tb = trace_from_raw_counters(_body(full), _body(step_body[1:]), GRID6)
+    assert tb.meta["interpolated_fraction"] == 0.0 and tb.load.sum() == steps["b"][1:].sum() * per_step["b"].sum()
+    with pytest.raises(ValueError, match="max_interpolated_fraction"):
+        trace_from_raw_counters(_body(full), _body(step_body[1:]), GRID6, max_interpolated_fraction=10)

@@ -9,7 +9,8 @@ SCRAPE_FAILED = "ScrapeFailed"  # a pod's /metrics could not be read
 NO_TARGETS = "NoTargets"  # no running pod exposes the eplb-metrics port
 NO_DATA = "NoData"  # no exporter series at all
 INSUFFICIENT_DATA = "InsufficientData"  # fewer than one full bucket of samples
-INCONSISTENT_SERIES = "InconsistentSeries"  # gaps, missing layers, mixed models, shape mismatch
+INCONSISTENT_SERIES = "InconsistentSeries"  # missing layers, mixed models, shape mismatch
+SCRAPE_GAPS = "ScrapeGaps"  # too much of the window's load fell in scrape gaps (spread by time, not measured)
 
 
 class LoadReadError(Exception):

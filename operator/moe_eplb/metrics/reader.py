@@ -10,6 +10,10 @@ Two sources:
   differenced sample by sample (:mod:`moe_eplb.metrics.increments`: restarts, pods joining and
   leaving, scrape gaps), summed over pods, and assembled by
   :func:`moe_eplb.eplb.tracefile.trace_from_prometheus` (shape and completeness checks).
+  Missed scrapes: the load between two samples further apart than ``max(bucket, 3 x the scrape
+  interval)`` is spread over the buckets in between by time (uniform rate); the spread share of the
+  window's load is ``trace.meta["interpolated_fraction"]``, and above ``max_interpolated_fraction``
+  the window is refused (reason ``ScrapeGaps``).
 * **Direct scraping** (no URL): a :class:`~moe_eplb.metrics.scrape.PodScraper` the caller keeps
   across calls scrapes every pod once per call; successive rounds are differenced the same way
   (bucket = time between two rounds).
@@ -19,7 +23,7 @@ Engine steps: a pod's step counter counts its engine's steps; an engine spanning
 (``spec.replicas``) add up, so ``load / steps`` is the load of one engine step.
 
 Every problem is a :class:`~moe_eplb.metrics.errors.LoadReadError` with a status reason; nothing
-here returns a partial or guessed matrix.
+here returns a partial matrix, and estimated (gap-spread) load is bounded and reported.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from moe_eplb.metrics.errors import (
     INCONSISTENT_SERIES,
     INSUFFICIENT_DATA,
     NO_DATA,
+    SCRAPE_GAPS,
     LoadReadError,
 )
-from moe_eplb.metrics.increments import GapError, sample_increments, sample_increments_matrix
+from moe_eplb.metrics.increments import Increments, counter_increments
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, Round, Target
 
@@ -147,21 +152,45 @@ def _starts_at(lookup, key, ts: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _increments(grid, series, lookup, what) -> tuple[tuple, np.ndarray, int]:
+DEFAULT_MAX_INTERPOLATED_FRACTION = 0.1  # refuse a window with more than 10 % of its load in scrape gaps
+
+
+def max_gap_for(ts: np.ndarray, bucket_seconds: float) -> float:
+    """Seconds between two samples of a series beyond which scrapes were missed: the larger of one
+    bucket and three times the series' usual (median) scrape interval. ``ts`` [n] sorted."""
+    spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
+    return max(bucket_seconds, 3 * spacing)
+
+
+def _increments(grid, series, lookup) -> tuple[tuple, Increments, int, float]:
+    """(pod key, increments [1, T], samples inside the grid, max_gap) of one engine-steps series."""
     metric = series.get("metric", {})
     ts, vs = _series_points(series)
     order = np.argsort(ts, kind="stable")
     ts, vs = ts[order], vs[order]
     key = _pod_key(metric)
-    spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
-    bucket = float(grid[1] - grid[0])
-    try:
-        inc = sample_increments(grid, ts, vs, _starts_at(lookup, key, ts), max_gap=max(bucket, 3 * spacing))
-    except GapError as exc:
-        raise LoadReadError(INCONSISTENT_SERIES, f"{what} {dict(metric)}: {exc} (scrapes were missing; "
-                            "wait until the gap leaves the window)") from None
+    max_gap = max_gap_for(ts, float(grid[1] - grid[0]))
+    inc = counter_increments(grid, ts, vs[None, :], _starts_at(lookup, key, ts), max_gap=max_gap)
     inside = int(np.sum(ts > grid[0]))
-    return key, inc, inside
+    return key, inc, inside, max_gap
+
+
+def _pod_name(pod: tuple) -> str:
+    labels = dict(pod)
+    return labels.get("pod") or ", ".join(f"{k}={v}" for k, v in pod)
+
+
+def _gaps_text(gaps: set) -> str:
+    t1, t2 = max(gaps, key=lambda g: g[1] - g[0])
+    more = f" and {len(gaps) - 1} more gap(s)" if len(gaps) > 1 else ""
+    return f"no samples between t={t1:.3f} and t={t2:.3f} ({t2 - t1:.1f}s){more}"
+
+
+def round_steps(steps: np.ndarray) -> np.ndarray:
+    """Whole engine steps per bucket ``[T]`` from fractional ones (spread gaps, ``pods_per_engine``)
+    by rounding the running total: the total is kept (to the nearest step), each bucket is off by
+    less than one step, and whole numbers come back unchanged."""
+    return np.diff(np.round(np.cumsum(steps)), prepend=0.0)
 
 
 def trace_from_raw_counters(
@@ -175,16 +204,27 @@ def trace_from_raw_counters(
     model: str | None = None,
     what: str = "",
     start_body: Mapping[str, Any] | None = None,
+    max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
 ) -> LoadTrace:
     """Pure: raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
     The bodies are Prometheus answers (matrix) holding raw samples, e.g. of the instant query
     ``moe_eplb_expert_tokens_total{...}[<window + 300>s]`` at ``grid[-1]``. Per series the exact
-    increments are bucketed by :func:`~moe_eplb.metrics.increments.sample_increments`;
+    increments are bucketed by :func:`~moe_eplb.metrics.increments.counter_increments`;
     ``load[t]`` sums them over pods, ``bucket_steps[t]`` is the sum over pods of the step counter's
     increments divided by ``pods_per_engine``. ``start_body`` (the same for
     ``moe_eplb_exporter_start_time_seconds``) tells restarts and joins apart from scrape gaps.
+
+    Scrape gaps (two samples of a pod further apart than :func:`max_gap_for` of its step counter)
+    are spread over the buckets they span by time (:mod:`moe_eplb.metrics.increments`), the same
+    way for the pod's step counter and its token counters. ``trace.meta["interpolated_fraction"]``
+    is the spread share of the window's load (the larger of the shares of expert tokens and of
+    engine steps, 0.0 when the data is complete); above ``max_interpolated_fraction`` the window is
+    refused with reason ``ScrapeGaps``. ``bucket_steps`` are whole steps (running total rounded).
     """
+    if not 0.0 <= max_interpolated_fraction <= 1.0:
+        raise ValueError(f"max_interpolated_fraction: must be between 0 and 1 (a share of the load), "
+                         f"got {max_interpolated_fraction}")
     expert_series = _result(expert_body, names.EXPERT_TOKENS)
     step_series = _result(steps_body, names.ENGINE_STEPS)
     if not expert_series and not step_series:
@@ -214,12 +254,18 @@ def trace_from_raw_counters(
     models = {s.get("metric", {}).get(names.LABEL_MODEL) for s in expert_series + step_series} - {None}
     lookup = _start_lookup(start_body)
     total_steps = np.zeros(T)
-    step_pods = set()
+    step_pods: dict[tuple, float] = {}  # pod -> max_gap from its step counter
+    spread_tokens: dict[tuple, float] = {}  # pod -> tokens spread over its gaps
+    spread_steps = 0.0
+    gaps: dict[tuple, set] = {}  # pod -> gaps (t1, t2)
     most_inside = 0
     for s in step_series:
-        key, inc, inside = _increments(grid, s, lookup, names.ENGINE_STEPS)
-        total_steps += inc
-        step_pods.add(key)
+        key, inc, inside, max_gap = _increments(grid, s, lookup)
+        total_steps += inc.values[0]
+        spread_steps += float(inc.interpolated.sum())
+        step_pods[key] = max_gap
+        if inc.interpolated.any():
+            gaps.setdefault(key, set()).update(inc.gaps)
         most_inside = max(most_inside, inside)
     if most_inside < 1:
         raise LoadReadError(INSUFFICIENT_DATA, f"no samples in the last {T * bucket_seconds:g}s{what}; wait for "
@@ -241,19 +287,30 @@ def trace_from_raw_counters(
         groups.setdefault((pod, ts.tobytes()), []).append((key, ts, vs, metric))
     for (pod, _), members in groups.items():
         ts = members[0][1]
-        spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
-        try:
-            inc = sample_increments_matrix(grid, ts, np.stack([m[2] for m in members]), _starts_at(lookup, pod, ts),
-                                           max_gap=max(bucket_seconds, 3 * spacing))
-        except GapError as exc:
-            raise LoadReadError(INCONSISTENT_SERIES, f"{names.EXPERT_TOKENS} of pod {dict(pod)}: {exc} (scrapes "
-                                "were missing; wait until the gap leaves the window)") from None
-        for (key, *_), row in zip(members, inc):
+        # the pod's step counter sets the gap rule, so its steps and tokens are spread alike
+        inc = counter_increments(grid, ts, np.stack([m[2] for m in members]), _starts_at(lookup, pod, ts),
+                                 max_gap=step_pods[pod])
+        if inc.interpolated.any():
+            spread_tokens[pod] = spread_tokens.get(pod, 0.0) + float(inc.interpolated.sum())
+            gaps.setdefault(pod, set()).update(inc.gaps)
+        for (key, *_), row in zip(members, inc.values):
             if key in summed:
                 summed[key] += row
             else:
                 summed[key] = row
-    steps = total_steps / max(1, pods_per_engine)
+    total_tokens = float(sum(row.sum() for row in summed.values()))
+    token_share = sum(spread_tokens.values()) / total_tokens if total_tokens > 0 else 0.0
+    step_share = spread_steps / float(total_steps.sum()) if total_steps.sum() > 0 else 0.0
+    fraction = min(1.0, max(token_share, step_share))
+    if fraction > max_interpolated_fraction:
+        worst = max(gaps, key=lambda p: (spread_tokens.get(p, 0.0), len(gaps[p])))
+        raise LoadReadError(SCRAPE_GAPS, f"{fraction:.0%} of the load in the last {T * bucket_seconds:g}s{what} "
+                            f"fell in scrape gaps (allowed: {max_interpolated_fraction:.0%}) and could only be "
+                            f"spread over the buckets by time; pod {_pod_name(worst)}: {_gaps_text(gaps[worst])}"
+                            f"{f' ({len(gaps)} pods with gaps)' if len(gaps) > 1 else ''}; check that Prometheus "
+                            "scrapes the pods (target up, scrape interval and timeout) or wait until the gaps "
+                            "leave the window")
+    steps = round_steps(total_steps / max(1, pods_per_engine))
     stamps = grid[1:].tolist()
     e_body = {"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {names.LABEL_LAYER: l, names.LABEL_EXPERT: e}, "values": list(zip(stamps, inc.tolist()))}
@@ -263,10 +320,12 @@ def trace_from_raw_counters(
     from moe_eplb.eplb.tracefile import trace_from_prometheus
 
     try:
-        return trace_from_prometheus(e_body, s_body, num_layers=num_layers, num_experts=num_experts,
-                                     bucket_seconds=bucket_seconds, model=model or (models.pop() if models else None))
+        trace = trace_from_prometheus(e_body, s_body, num_layers=num_layers, num_experts=num_experts,
+                                      bucket_seconds=bucket_seconds, model=model or (models.pop() if models else None))
     except TraceError as exc:
         raise LoadReadError(INCONSISTENT_SERIES, f"{exc}{what}") from None
+    trace.meta["interpolated_fraction"] = fraction
+    return trace
 
 
 def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,
@@ -338,7 +397,7 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
     times = np.array([r.time for r in rounds])
     return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(np.median(np.diff(times))), model=model,
-                     meta={"start_time": float(times[0])})
+                     meta={"start_time": float(times[0]), "interpolated_fraction": 0.0})
 
 
 def raw_samples(client: PrometheusClient, selector_expr: str, start: float, end: float,
@@ -381,6 +440,7 @@ def read_load_trace(
     now: float | None = None,
     timeout: float = 10.0,
     client: PrometheusClient | None = None,
+    max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
 
@@ -390,9 +450,13 @@ def read_load_trace(
     return the buckets between its rounds within ``window_seconds``.
     Blocking (HTTP); call it with ``asyncio.to_thread`` from async code.
 
+    From Prometheus, load between missed scrapes is spread over the buckets by time;
+    ``trace.meta["interpolated_fraction"]`` (0..1) is its share of the window's load, and a window
+    where it exceeds ``max_interpolated_fraction`` is refused (:func:`trace_from_raw_counters`).
+
     Raises:
         LoadReadError: reason PrometheusUnavailable, PrometheusQueryFailed, ScrapeFailed,
-            NoTargets, NoData, InsufficientData or InconsistentSeries.
+            NoTargets, NoData, InsufficientData, ScrapeGaps or InconsistentSeries.
     """
     what = f" for {namespace}/{name}"
     if prometheus_url or client is not None:
@@ -406,7 +470,7 @@ def read_load_trace(
         start_body = raw_samples(client, f"{names.EXPORTER_START_TIME}{sel}", since, grid[-1])
         return trace_from_raw_counters(expert_body, steps_body, grid, pods_per_engine=pods_per_engine,
                                        num_layers=num_layers, num_experts=num_experts, model=model, what=what,
-                                       start_body=start_body)
+                                       start_body=start_body, max_interpolated_fraction=max_interpolated_fraction)
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
                             "set a Prometheus URL or keep a PodScraper per MoEInference")
