@@ -148,8 +148,8 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
             echo(f"[sim {_fmt_t(t)}] {payload.get('action'):9s} {payload.get('reason', '')[:140]}")
 
     world = SimWorld(workload=workload, scale=speed, startup_seconds=180.0, prometheus=use_prom,
-                     scrape_interval=0.5, tick_seconds=0.25, lookback_seconds=1800.0,
-                     bucket_seconds=max(60.0, speed * 1.0), min_steps=5000, observer=observer,
+                     scrape_interval=1.0, tick_seconds=0.25, lookback_seconds=1800.0,
+                     bucket_seconds=max(60.0, speed * 2.0), min_steps=5000, observer=observer,
                      engine_tick=0.1)
     world_box["world"] = world
     echo(f"moe-eplb demo (SIMULATED cluster): {profile}, {hours:g} simulated hours at {speed:g}x "
