@@ -22,7 +22,7 @@ import pytest
 
 from moe_eplb.exporter import names
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_rounds
+from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_rounds, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
 
 pytestmark = pytest.mark.prometheus
@@ -215,6 +215,23 @@ def test_known_load_in_same_load_out(cluster):
 
     assert samples(whole) == samples(chunked) and len(samples(whole)) > 0
     assert sum(len(s["values"]) for s in chunked["data"]["result"]) == len(samples(whole))
+
+    # the baseline of each series is its last sample at or before the window's start, fetched by
+    # instant queries instead of 5 minutes of raw samples
+    g0 = min(expected)
+    settled = time.time() - 1.0  # `end` may still be ahead: compare the samples both reads surely saw
+    based = with_baselines(client, names.EXPERT_TOKENS, g0, end)
+    again = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end)
+    want = set()
+    for s in again["data"]["result"]:
+        pts = [(float(t), v) for t, v in s["values"]]
+        before = [p for p in pts if p[0] <= g0]
+        key = tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__"))
+        want |= {(key, t, v) for t, v in before[-1:] + [p for p in pts if p[0] > g0]}
+    got = {(tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")), float(t), v)
+           for s in based["data"]["result"] for t, v in s["values"]}
+    want, got = {w for w in want if w[1] <= settled}, {g for g in got if g[1] <= settled}
+    assert got == want and any(t <= g0 for _, t, _ in got), (g0, sorted(got - want)[:3], sorted(want - got)[:3])
 
     # the direct-scrape reader on the same pods: one bucket per round
     direct = trace_from_rounds(scraper.rounds)

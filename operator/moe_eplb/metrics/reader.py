@@ -2,10 +2,11 @@
 
 Two sources:
 
-* **Prometheus** (``prometheus_url`` set): three instant queries of range vectors, which return
+* **Prometheus** (``prometheus_url`` set): instant queries of range vectors, which return
   the *raw samples* of ``moe_eplb_expert_tokens_total``, ``moe_eplb_engine_steps_total`` and
   ``moe_eplb_exporter_start_time_seconds`` selected by ``namespace`` and ``moeinference`` (the
-  label the PodMonitor copies from ``eplb.ai/name``), over the window plus 5 minutes for baselines.
+  label the PodMonitor copies from ``eplb.ai/name``), over the window, plus each series' last
+  sample before the window (its baseline: instant queries of ``x`` and ``timestamp(x)``).
   Buckets are aligned to multiples of ``bucket_seconds``. Each series (one pod's counter) is
   differenced sample by sample (:mod:`moe_eplb.metrics.increments`: restarts, pods joining and
   leaving, scrape gaps), summed over pods, and assembled by
@@ -126,7 +127,6 @@ def _result(body: Mapping[str, Any], what: str) -> list:
     return data["result"]
 
 
-BASELINE_LOOKBACK_SECONDS = 300.0  # how far before the first bucket to look for a baseline sample
 
 
 def _start_lookup(start_body: Mapping[str, Any] | None) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
@@ -209,7 +209,8 @@ def trace_from_raw_counters(
     """Pure: raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
     The bodies are Prometheus answers (matrix) holding raw samples, e.g. of the instant query
-    ``moe_eplb_expert_tokens_total{...}[<window + 300>s]`` at ``grid[-1]``. Per series the exact
+    ``moe_eplb_expert_tokens_total{...}[<window>s]`` at ``grid[-1]`` plus one baseline sample at or
+    before ``grid[0]`` per series (:func:`with_baselines`). Per series the exact
     increments are bucketed by :func:`~moe_eplb.metrics.increments.counter_increments`;
     ``load[t]`` sums them over pods, ``bucket_steps[t]`` is the sum over pods of the step counter's
     increments divided by ``pods_per_engine``. ``start_body`` (the same for
@@ -424,6 +425,47 @@ def raw_samples(client: PrometheusClient, selector_expr: str, start: float, end:
     return {"status": "success", "data": {"resultType": "matrix", "result": list(series.values())}}
 
 
+def _vector(body: Mapping[str, Any], what: str) -> list:
+    data = body.get("data") or {}
+    if data.get("result") == []:
+        return []
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected an instant-query vector")
+    return data["result"]
+
+
+def _labels(metric: Mapping[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def with_baselines(client: PrometheusClient, selector_expr: str, start: float, end: float,
+                   chunk_seconds: float = 3600.0) -> dict:
+    """:func:`raw_samples` in ``(start, end]`` plus, per series, its last raw sample at or before
+    ``start`` (the baseline the first increment is taken from), as one matrix body.
+
+    The baseline comes from two instant queries at ``start`` (``x`` and ``timestamp(x)``: the value
+    and the scrape time of the newest sample within Prometheus' lookback, 5 min by default) instead
+    of 5 minutes of raw samples, which would be most of the data on short windows."""
+    body = raw_samples(client, selector_expr, start, end, chunk_seconds)
+    values = {_labels(r.get("metric") or {}): r for r in _vector(client.query(selector_expr, time=start), selector_expr)}
+    stamps = {_labels(r.get("metric") or {}): r for r in
+              _vector(client.query(f"timestamp({selector_expr})", time=start), f"timestamp({selector_expr})")}
+    series = {_labels(s.get("metric") or {}): s for s in body["data"]["result"]}
+    for key, r in values.items():
+        if key not in stamps:
+            continue
+        try:
+            point = [float(stamps[key]["value"][1]), r["value"][1]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise LoadReadError(INCONSISTENT_SERIES, f"malformed baseline sample of {r.get('metric')}") from None
+        entry = series.get(key)
+        if entry is None:
+            series[key] = {"metric": r.get("metric") or {}, "values": [point]}
+        elif not entry["values"] or float(entry["values"][0][0]) > point[0] + 1e-6:
+            entry["values"].insert(0, point)
+    return {"status": "success", "data": {"resultType": "matrix", "result": list(series.values())}}
+
+
 def read_load_trace(
     *,
     namespace: str,
@@ -464,10 +506,9 @@ def read_load_trace(
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
-        since = grid[0] - BASELINE_LOOKBACK_SECONDS
-        expert_body = raw_samples(client, f"{names.EXPERT_TOKENS}{sel}", since, grid[-1])
-        steps_body = raw_samples(client, f"{names.ENGINE_STEPS}{sel}", since, grid[-1])
-        start_body = raw_samples(client, f"{names.EXPORTER_START_TIME}{sel}", since, grid[-1])
+        expert_body = with_baselines(client, f"{names.EXPERT_TOKENS}{sel}", grid[0], grid[-1])
+        steps_body = with_baselines(client, f"{names.ENGINE_STEPS}{sel}", grid[0], grid[-1])
+        start_body = with_baselines(client, f"{names.EXPORTER_START_TIME}{sel}", grid[0], grid[-1])
         return trace_from_raw_counters(expert_body, steps_body, grid, pods_per_engine=pods_per_engine,
                                        num_layers=num_layers, num_experts=num_experts, model=model, what=what,
                                        start_body=start_body, max_interpolated_fraction=max_interpolated_fraction)
