@@ -91,6 +91,56 @@ def test_effective_eplb_partial_override_and_no_generation(seed) -> None:
     assert effective_eplb(no_gen).num_redundant_experts == 8
 
 
+SPEC_EPLB = {"windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}  # the seed's spec.eplb
+
+
+def test_override_with_spec_record_survives_non_eplb_edits(seed) -> None:
+    """An override records spec.eplb; it runs across generations while spec.eplb is unchanged."""
+    import copy
+
+    res = _with_override(seed, 7, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12,
+                                   "specEplb": dict(SPEC_EPLB), "specGeneration": 3})
+    res = copy.deepcopy(res)
+    res["spec"]["replicas"] = 5  # a /scale by an HPA: generation moved on, spec.eplb did not
+    eff = effective_eplb(res)
+    assert (eff.window_size, eff.step_interval, eff.num_redundant_experts, eff.source) == (500, 200, 12, "autotune")
+    res["spec"].setdefault("autotune", {})["mode"] = "Recommend"  # an edit of autotune keeps it too
+    assert effective_eplb(res).source == "autotune"
+
+
+@pytest.mark.parametrize("edit", [{"windowSize": 3001}, {"stepInterval": 999}, {"numRedundantExperts": 4},
+                                  {"enabled": False}])
+def test_spec_eplb_edit_drops_recorded_override(seed, edit) -> None:
+    import copy
+
+    res = copy.deepcopy(_with_override(seed, 3, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12,
+                                                  "specEplb": dict(SPEC_EPLB), "specGeneration": 3}))
+    res["spec"]["eplb"] = {**res["spec"].get("eplb", {}), **edit}
+    eff = effective_eplb(res)
+    assert eff.source == "spec"
+    assert eff.window_size == edit.get("windowSize", 3000) and eff.num_redundant_experts == edit.get("numRedundantExperts", 8)
+
+
+def test_recorded_override_invalid_for_current_spec_falls_back(seed) -> None:
+    import copy
+
+    res = copy.deepcopy(_with_override(seed, 3, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12,
+                                                  "specEplb": dict(SPEC_EPLB), "specGeneration": 3}))
+    assert effective_eplb(res).num_redundant_experts == 12
+    res["status"]["autotune"]["override"]["numRedundantExperts"] = 6  # experts + 6 not divisible by EP
+    assert effective_eplb(res).source == "spec"
+    res["status"]["autotune"]["override"]["numRedundantExperts"] = 2000  # above vLLM's limit
+    assert effective_eplb(res).source == "spec"
+    res["status"]["autotune"]["override"].update(numRedundantExperts=12, windowSize=0)
+    assert effective_eplb(res).source == "spec"
+
+
+def test_old_override_without_record_keeps_generation_rule(seed) -> None:
+    old = {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12, "specGeneration": 3}
+    assert effective_eplb(_with_override(seed, 3, dict(old))).source == "autotune"
+    assert effective_eplb(_with_override(seed, 4, dict(old))).source == "spec"
+
+
 def test_config_hash_tracks_only_restart_settings(seed, variant) -> None:
     a = effective_eplb(seed)
     assert a.config_hash() == effective_eplb(variant({"spec.replicas": 5})).config_hash()

@@ -165,19 +165,24 @@ def test_problems_always_name_a_field_and_a_fix(variant) -> None:
         assert len(p.message) > 20
 
 
-def test_tuner_override_is_checked_when_it_runs(seed) -> None:
+def test_invalid_tuner_override_falls_back_to_the_spec(seed) -> None:
     import copy
+
+    from moe_eplb.api.spec import effective_eplb
+    from moe_eplb.api.validation import override_problems
 
     res = copy.deepcopy(seed)
     res["metadata"]["generation"] = 2
+    # (experts + 6) is not divisible by the EP size: the override never runs, the spec stays valid
     res["status"] = {"autotune": {"override": {"numRedundantExperts": 6, "specGeneration": 2}}}
-    problems = validate(res)
-    assert [p.field for p in problems] == ["status.autotune.override.numRedundantExperts"]
-    assert "choose 4 or 8" in problems[0].message
-    res["metadata"]["generation"] = 3  # stale override: the spec runs, nothing to report
     assert validate(res) == []
-    res["status"]["autotune"]["override"] = {"numRedundantExperts": 12, "windowSize": 500, "specGeneration": 3}
-    assert validate(res) == []
+    assert effective_eplb(res).num_redundant_experts == 8 and effective_eplb(res).source == "spec"
+    notes = override_problems(res)
+    assert [p.field for p in notes] == ["status.autotune.override"]
+    assert "not divisible by the EP size" in notes[0].message
+    res["status"]["autotune"]["override"] = {"numRedundantExperts": 12, "windowSize": 500, "specGeneration": 2}
+    assert validate(res) == [] and override_problems(res) == []
+    assert effective_eplb(res).num_redundant_experts == 12
 
 
 def test_status_written_by_the_operator_never_invalidates_the_spec(seed) -> None:

@@ -103,7 +103,8 @@ async def test_apply_rolls_out_and_keeps(workload):
         try:
             applied = await wait_for(world, lambda r: autotune_status(r).get("rollout") and r, timeout=30)
             target = applied["status"]["autotune"]["rollout"]["to"]
-            assert applied["status"]["autotune"]["override"] == {**target, "specGeneration": applied["metadata"]["generation"]}
+            assert applied["status"]["autotune"]["override"] == {
+                **target, "specGeneration": applied["metadata"]["generation"], "specEplb": START}
             assert applied["status"]["autotune"]["rollout"]["baseline"]["balancedness"] > 0
             done = await wait_for(world, lambda r: (autotune_status(r).get("history") or [None])[-1] and r
                                   if not autotune_status(r).get("rollout") else None, timeout=40)
@@ -121,6 +122,25 @@ async def test_apply_rolls_out_and_keeps(workload):
         reasons = [e["reason"] for e in await events(world)]
         assert "ApplyingTunedSettings" in reasons and "TunedSettingsKept" in reasons
         assert _metric("moe_eplb_tuner_last_success_timestamp_seconds") > 0
+
+        # Scaling (a /scale by an HPA bumps the generation) keeps the tuned settings: no pod restarts.
+        tuned_hash = template_hash(await deployment(world))
+        pods_before = {p["metadata"]["name"] for p in await pods(world)}
+        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"replicas": 3}})
+        scaled = await wait_for(world, lambda r: (r.get("status") or {}).get("readyReplicas") == 3 and r, timeout=20)
+        assert scaled["metadata"]["generation"] > done["metadata"]["generation"]
+        assert template_hash(await deployment(world)) == tuned_hash
+        assert pods_before <= {p["metadata"]["name"] for p in await pods(world)}  # none replaced
+        assert scaled["status"]["eplb"] == {"enabled": True, **target}
+        assert autotune_status(scaled)["override"]["specEplb"] == START
+
+        # An edit of spec.eplb wins: the override is dropped and the spec's settings roll out.
+        edited = {**START, "windowSize": 2000}
+        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"eplb": edited}})
+        got = await wait_for(world, lambda r: "override" not in autotune_status(r)
+                             and (r.get("status") or {}).get("eplb", {}).get("windowSize") == 2000 and r, timeout=20)
+        assert got["status"]["eplb"] == {"enabled": True, **edited}
+        assert template_hash(await deployment(world)) != tuned_hash
 
 
 async def test_cooldown_and_restart_budget_defer(workload):

@@ -76,6 +76,13 @@ def test_apply_starts_rollout_with_override_and_budget_entry():
     assert out.conditions["Tuned"][1] == "Applying"
 
 
+def test_apply_records_spec_eplb_in_override_and_rollout():
+    spec = {"windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0}
+    out = _evaluate(d.autotune_config(_res()), {}, spec_eplb=spec)
+    assert out.autotune["override"] == {**NEW, "specGeneration": 3, "specEplb": spec}
+    assert out.autotune["rollout"]["specEplb"] == spec
+
+
 def test_recommend_mode_writes_recommendation_only():
     cfg = d.autotune_config(_res(mode="Recommend"))
     out = _evaluate(cfg, {})
@@ -199,6 +206,34 @@ def test_user_edit_supersedes():
     s = r.advance(cfg, st, r.WorkloadView(4, False, "h-user"), now=T0 + 60)
     assert "override" not in s.autotune and "rollout" not in s.autotune
     assert s.autotune["history"][-1]["action"] == "Superseded"
+
+
+SPEC = {"windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0}
+
+
+def _recorded_rolling_state():
+    cfg = d.autotune_config(_res(observeSeconds=600))
+    return cfg, _evaluate(cfg, {}, spec_eplb=dict(SPEC)).autotune
+
+
+def test_replicas_edit_during_rollout_does_not_supersede():
+    cfg, st = _recorded_rolling_state()
+    # generation 4 (a /scale), spec.eplb unchanged: the rollout goes on to Observing
+    s = r.advance(cfg, st, r.WorkloadView(4, True, "h-new", spec_eplb=dict(SPEC)), now=T0 + 60)
+    assert s.autotune["rollout"]["phase"] == r.OBSERVING and s.autotune["override"]["windowSize"] == 3000
+
+
+@pytest.mark.parametrize("view_kw,needle", [
+    ({"spec_eplb": {**SPEC, "windowSize": 2000}}, "spec.eplb changed"),
+    ({"spec_eplb": dict(SPEC), "eplb_enabled": False}, "enabled was set to false"),
+    ({"spec_eplb": dict(SPEC), "target_invalid": "not divisible"}, "no longer valid"),
+])
+def test_spec_eplb_edit_during_rollout_supersedes(view_kw, needle):
+    cfg, st = _recorded_rolling_state()
+    s = r.advance(cfg, st, r.WorkloadView(3, False, "h-user", **view_kw), now=T0 + 60)
+    assert "override" not in s.autotune and "rollout" not in s.autotune
+    h = s.autotune["history"][-1]
+    assert h["action"] == "Superseded" and needle in h["reason"]
 
 
 def test_timeout_rolls_back():

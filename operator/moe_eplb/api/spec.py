@@ -348,21 +348,69 @@ def _spec_eplb(eplb: dict[str, Any]) -> EplbSettings:
 
 _OVERRIDE_KEYS = ("windowSize", "stepInterval", "numRedundantExperts")
 
+#: vLLM's EPLBConfig limit on redundant experts (same as ``validation.MAX_REDUNDANT``).
+_MAX_REDUNDANT = 1023
+
+
+def spec_eplb_record(resource: Mapping[str, Any]) -> dict[str, int]:
+    """``spec.eplb`` (after defaults) as the tuner's override records it (``override.specEplb``):
+    ``{windowSize, stepInterval, numRedundantExperts}`` -- every field an override replaces."""
+    eplb = apply_defaults(resource)["spec"]["eplb"]
+    return {k: int(eplb[k]) for k in _OVERRIDE_KEYS}
+
+
+def override_invalid_reason(resource: Mapping[str, Any], values: Mapping[str, int]) -> str | None:
+    """Why override ``values`` cannot run with the current spec (bounds, divisibility of
+    experts + redundant by the EP size), or None when it can. A spec that cannot be parsed: None."""
+    try:
+        inf = parse(dict(resource))
+    except (KeyError, TypeError, ValueError):
+        return None
+    window = int(values.get("windowSize", inf.eplb.window_size))
+    step = int(values.get("stepInterval", inf.eplb.step_interval))
+    r = int(values.get("numRedundantExperts", inf.eplb.num_redundant_experts))
+    if window < 1 or step < 1:
+        return "windowSize and stepInterval must be >= 1"
+    if not 0 <= r <= _MAX_REDUNDANT:
+        return f"numRedundantExperts {r} is outside 0..{_MAX_REDUNDANT}"
+    experts = inf.moe_shape.num_experts
+    ep = inf.parallelism.ep_size
+    if experts and ep and (experts + r) % ep:
+        return f"experts ({experts}) + numRedundantExperts {r} is not divisible by the EP size {ep}"
+    return None
+
 
 def current_override(resource: Mapping[str, Any]) -> dict[str, int] | None:
-    """``status.autotune.override`` when it applies to the current ``metadata.generation``, else None.
+    """``status.autotune.override`` (its knob values) when it runs, else None.
 
+    It runs while the user has not changed the EPLB settings since the tuner wrote it:
+    ``override.specEplb`` (see :func:`spec_eplb_record`) equals ``spec.eplb`` now -- so edits of
+    ``replicas`` (``/scale``), ``autotune`` or anything else keep it -- and it is valid for the
+    current spec (:func:`override_invalid_reason`). An override without ``specEplb`` (written by
+    an older operator) runs while ``override.specGeneration == metadata.generation``.
     A malformed override (not a mapping, non-integer values) never applies.
     """
     status = resource.get("status")
     autotune = status.get("autotune") if isinstance(status, Mapping) else None
     override = autotune.get("override") if isinstance(autotune, Mapping) else None
-    meta = resource.get("metadata")
-    generation = meta.get("generation") if isinstance(meta, Mapping) else None
-    if not isinstance(override, Mapping) or generation is None or override.get("specGeneration") != generation:
+    if not isinstance(override, Mapping):
         return None
     values = {k: override[k] for k in _OVERRIDE_KEYS if k in override}
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return None
+    recorded = override.get("specEplb")
+    if recorded is not None:
+        try:
+            if not isinstance(recorded, Mapping) or dict(recorded) != spec_eplb_record(resource):
+                return None
+        except (KeyError, TypeError, ValueError):
+            return None
+    else:
+        meta = resource.get("metadata")
+        generation = meta.get("generation") if isinstance(meta, Mapping) else None
+        if generation is None or override.get("specGeneration") != generation:
+            return None
+    if override_invalid_reason(resource, values) is not None:
         return None
     return values
 
@@ -370,16 +418,19 @@ def current_override(resource: Mapping[str, Any]) -> dict[str, int] | None:
 def effective_eplb(resource: Mapping[str, Any]) -> EplbSettings:
     """The EPLB settings that run (pinned precedence).
 
-    ``status.autotune.override`` = {windowSize, stepInterval, numRedundantExperts, specGeneration}
-    wins when ``override.specGeneration == metadata.generation`` (the tuner chose it for the spec
-    as it is now); otherwise ``spec.eplb`` (a user's spec edit bumps the generation and wins).
+    ``status.autotune.override`` = {windowSize, stepInterval, numRedundantExperts, specEplb,
+    specGeneration} wins while it applies (:func:`current_override`: ``spec.eplb`` unchanged since
+    the tuner wrote it, EPLB enabled, valid for the current spec); otherwise ``spec.eplb`` (a
+    user's edit of ``spec.eplb`` always wins; a ``replicas`` change does not touch the override).
     Fields missing from the override keep the spec's value. ``enabled``, ``async`` and
     ``logBalancedness`` always come from the spec.
     """
     res = apply_defaults(resource)
     base = _spec_eplb(res["spec"]["eplb"])
+    if not base.enabled:
+        return base
     override = current_override(res)
-    if override is None or not base.enabled:
+    if override is None:
         return base
     return EplbSettings(
         enabled=base.enabled,

@@ -116,7 +116,7 @@ def validate(resource: Any) -> list[Problem]:
     base, structurally_valid = _apiserver_check(resource)
     if not structurally_valid:  # the typed view cannot be built; these are the problems to fix first
         return problems + base
-    semantic = semantic_problems(parse(resource)) + override_problems(resource)
+    semantic = semantic_problems(parse(resource))
     # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
     covered = {p.field for p in semantic}
     base = [p for p in base if not (p.field in covered and p.rule in _duplicated_rules())]
@@ -243,27 +243,25 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
 
 
 def override_problems(resource: dict[str, Any]) -> list[Problem]:
-    """Checks of the tuner's ``status.autotune.override`` when it is the one that runs (see
-    :func:`moe_eplb.api.spec.effective_eplb`): the same bounds and divisibility as the spec."""
-    eff = effective_eplb(resource)
-    if eff.source != "autotune":
+    """Notes on a tuner override that is recorded but does not run because it is invalid for the
+    current spec (bounds, divisibility with the EP size): :func:`moe_eplb.api.spec.effective_eplb`
+    falls back to ``spec.eplb`` then, so these are informational and never make the spec invalid
+    (``validate`` does not include them)."""
+    from moe_eplb.api.spec import override_invalid_reason
+
+    st = resource.get("status") if isinstance(resource.get("status"), Mapping) else {}
+    at = st.get("autotune") if isinstance(st.get("autotune"), Mapping) else {}
+    override = at.get("override")
+    if not isinstance(override, Mapping) or effective_eplb(resource).source == "autotune":
         return []
-    field = "status.autotune.override"
-    problems = []
-    if eff.window_size < 1 or eff.step_interval < 1:
-        problems.append(Problem(field, "windowSize and stepInterval must be >= 1; the tuner wrote an invalid override "
-                                "(edit the spec to take over, or clear status.autotune.override)"))
-    if not 0 <= eff.num_redundant_experts <= MAX_REDUNDANT:
-        problems.append(Problem(f"{field}.numRedundantExperts", f"must be within 0..{MAX_REDUNDANT}"))
-    inf = parse(resource)
-    experts = inf.moe_shape.num_experts
-    if experts and (experts + eff.num_redundant_experts) % inf.parallelism.ep_size:
-        near = " or ".join(map(str, nearest_redundant_values(experts, max(0, eff.num_redundant_experts),
-                                                              inf.parallelism.ep_size)))
-        problems.append(Problem(f"{field}.numRedundantExperts",
-                                f"experts ({experts}) + {eff.num_redundant_experts} is not divisible by the EP size "
-                                f"{inf.parallelism.ep_size}; the tuner must choose {near} (edit the spec to take over)"))
-    return problems
+    values = {k: override[k] for k in ("windowSize", "stepInterval", "numRedundantExperts") if k in override}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return []
+    why = override_invalid_reason(resource, values)
+    if why is None:
+        return []
+    return [Problem("status.autotune.override", f"not applied: {why}; spec.eplb runs instead "
+                    "(the tuner will choose a valid value on its next evaluation)")]
 
 
 def _version_problem(field: str, what: str, need: Version, have: Version) -> Problem:

@@ -198,7 +198,8 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
 async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str = "",
                rerender: Callable[[], Awaitable[None]] | None = None) -> str | None:
     """One tick of the loop for one MoEInference. Returns what happened (for tests and logs):
-    ``rollout:<phase or action>``, ``evaluation:<decision>``, ``conflict`` or None (nothing).
+    ``rollout:<phase or action>``, ``evaluation:<decision>``, ``override:dropped`` (a stale
+    override was removed), ``conflict`` or None (nothing).
 
     ``rerender()`` makes the reconciler render the children from the resource as stored now
     (called after the override changed, and while a rollout waits for its template)."""
@@ -215,6 +216,19 @@ async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str =
             await _write(client, resource, state, {"Tuned": ("False", "InvalidAutotune", str(exc))}, now)
         return None
 
+    if not state.get("rollout") and state.get("override") is not None:
+        from moe_eplb.api.spec import current_override
+
+        if current_override(resource) is None:
+            # The user edited spec.eplb (or the override no longer fits the spec): spec.eplb runs.
+            # Drop the stale override so that editing spec.eplb back cannot revive it.
+            new = dict(state)
+            new.pop("override", None)
+            if await _write(client, resource, new, {}, now):
+                log.info("autotune %s/%s: the tuner's override no longer applies (spec.eplb changed); dropped",
+                         ns, name)
+                return "override:dropped"
+            return "conflict"
     direct = not ((resource.get("spec") or {}).get("monitoring") or {}).get("prometheusUrl")
     if direct and cfg.mode != "Off" and rt.read_load is None:
         await collect_direct(client, resource, rt, now)
@@ -230,13 +244,13 @@ async def tick(resource: dict, client: Any, rt: AutotuneRuntime, *, actor: str =
 
 
 async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns, name, rerender) -> str | None:
-    view, pods = await workload_view(client, resource, rt)
     cur = state["rollout"]
+    view, pods = await workload_view(client, resource, rt, target=cur.get("to") if cur.get("kind") == "apply" else None)
     stale = (cur.get("phase") == ro.ROLLING and view.template_hash == cur.get("fromHash")) or (
         cur.get("phase") == ro.ROLLING_BACK and cur.get("toHash") and view.template_hash == cur.get("toHash"))
-    if stale and rerender is not None and int(cur.get("specGeneration") or 0) == generation:
+    if stale and rerender is not None and ro.superseded_reason(cur, view) is None:
         await rerender()  # the template still shows the settings before the change: render it again
-        view, pods = await workload_view(client, resource, rt)
+        view, pods = await workload_view(client, resource, rt, target=cur.get("to") if cur.get("kind") == "apply" else None)
     measured = None
     window = ro.measurement_window(cfg, state, now)
     if window is not None and not view.crashlooping:
@@ -261,7 +275,7 @@ async def _advance_rollout(resource, client, rt, cfg, state, now, generation, ns
 
 
 async def _evaluate(resource, client, rt, cfg, state, now, generation, ns, name, actor) -> str | None:
-    from moe_eplb.api.spec import effective_eplb, parse
+    from moe_eplb.api.spec import effective_eplb, parse, spec_eplb_record
 
     eplb = effective_eplb(resource)
     current = {"windowSize": eplb.window_size, "stepInterval": eplb.step_interval,
@@ -309,7 +323,8 @@ async def _evaluate(resource, client, rt, cfg, state, now, generation, ns, name,
     out = dec.evaluate(cfg, state, now=now, generation=generation, current=current,
                        current_override=state.get("override"), data_window=data_window,
                        load_error=load_error, tune=tune, tune_error=tune_error, workload_blocker=blocker,
-                       baseline=baseline, from_hash=view.template_hash)
+                       baseline=baseline, from_hash=view.template_hash,
+                       spec_eplb=spec_eplb_record(resource))
     out.autotune["lastEvaluation"]["evaluatedBy"] = actor
     if tuner_seconds is not None:
         out.autotune["lastEvaluation"]["tunerCpuSeconds"] = round(tuner_seconds, 3)
@@ -358,8 +373,20 @@ def run_tuner(trace: Any, inf: Any, cfg: dec.AutotuneConfig, current: dict, sear
 # --- reading the cluster -------------------------------------------------------------------------
 
 
-async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime) -> tuple[ro.WorkloadView, list[dict]]:
-    """The child Deployments and Pods of a MoEInference -> (WorkloadView, pods)."""
+async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime,
+                        target: dict | None = None) -> tuple[ro.WorkloadView, list[dict]]:
+    """The child Deployments and Pods of a MoEInference -> (WorkloadView, pods).
+
+    ``target``: a rollout's target knobs, checked against the spec now (``target_invalid``)."""
+    from moe_eplb.api.spec import apply_defaults, override_invalid_reason, spec_eplb_record
+
+    try:
+        spec_eplb = spec_eplb_record(resource)
+        enabled = bool(apply_defaults(resource)["spec"]["eplb"]["enabled"])
+    except (KeyError, TypeError, ValueError):
+        spec_eplb, enabled = None, True
+    invalid = override_invalid_reason(resource, target) if target else None
+    extra = dict(spec_eplb=spec_eplb, eplb_enabled=enabled, target_invalid=invalid)
     meta = resource["metadata"]
     ns, name = meta.get("namespace") or "default", meta["name"]
     selector = f"{names.POD_NAME_LABEL}={name}"
@@ -367,7 +394,7 @@ async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime) -> tup
     pods = await client.list("v1", "Pod", ns, label_selector=selector)
     generation = int(meta.get("generation") or 1)
     if not deps:
-        return ro.WorkloadView(generation, False, None), pods
+        return ro.WorkloadView(generation, False, None, **extra), pods
     hashes = sorted({((d["spec"].get("template") or {}).get("metadata") or {}).get("annotations", {}).get(
         CONFIG_HASH_ANNOTATION, "") for d in deps})
     template_hash = ",".join(hashes)
@@ -382,7 +409,7 @@ async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime) -> tup
             if waiting == "CrashLoopBackOff" or int(cs.get("restartCount") or 0) >= rt.crashloop_restarts:
                 bad.append(p["metadata"]["name"])
                 break
-    return ro.WorkloadView(generation, settled, template_hash, tuple(sorted(bad))), pods
+    return ro.WorkloadView(generation, settled, template_hash, tuple(sorted(bad)), **extra), pods
 
 
 def _deployment_settled(d: dict) -> bool:

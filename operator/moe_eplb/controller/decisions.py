@@ -247,6 +247,7 @@ def evaluate(
     workload_blocker: str | None = None,
     baseline: dict | None = None,
     from_hash: str | None = None,
+    spec_eplb: dict | None = None,
 ) -> Outcome:
     """Decide what to do with one tuning result.
 
@@ -264,6 +265,9 @@ def evaluate(
         workload_blocker: why the workload cannot take a change now (see ``change_blocker``).
         baseline: measured performance before a change, ``{"balancedness": float, ...}``.
         from_hash: the pod-template config hash running now (rollout progress compares against it).
+        spec_eplb: ``spec.eplb`` now as :func:`moe_eplb.api.spec.spec_eplb_record` gives it; recorded
+            in the override and the rollout (``specEplb``) so the override runs until the user edits
+            ``spec.eplb`` (None: only ``specGeneration`` is recorded, the old generation rule).
 
     Returns:
         An :class:`Outcome`; its ``autotune`` is the complete new ``status.autotune``.
@@ -323,6 +327,8 @@ def evaluate(
                 out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
                 out.started_rollout = True
                 new["override"] = {**target, "specGeneration": int(generation)}
+                if spec_eplb is not None:
+                    new["override"]["specEplb"] = dict(spec_eplb)
                 new["rollout"] = {
                     "kind": "apply",
                     "phase": "Rolling",
@@ -331,6 +337,7 @@ def evaluate(
                     "to": dict(target),
                     "previousOverride": current_override,
                     "specGeneration": int(generation),
+                    **({"specEplb": dict(spec_eplb)} if spec_eplb is not None else {}),
                     "fromHash": from_hash,
                     "baseline": baseline,
                     "predictedGain": gain,

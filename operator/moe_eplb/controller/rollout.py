@@ -8,7 +8,8 @@ timer then calls :func:`advance` with what the cluster shows; the state moves
     Rolling --(new pods all ready)--> Observing --(observeSeconds served, measured)--> done (kept)
        |                                  |---------(worse than baseline by > tolerance)--> RollingBack
        |--(crash loop / timeout)--> RollingBack --(previous pods ready)--> done (rolled back)
-    any phase --(metadata.generation changed: a user edited the spec)--> done (superseded)
+    any phase --(the user edited spec.eplb, disabled EPLB, or the change became invalid for the
+                 spec)--> done (superseded); a replicas / autotune edit does not supersede
 
 and every transition is a single status patch, so an operator killed at any point resumes from the
 resource: a rollout is never started twice (the override and the rollout record are written
@@ -21,7 +22,9 @@ override).
     startedAt, readyAt, judgedAt   RFC 3339
     from, to                       knob dicts (see controller.decisions)
     previousOverride               the override to restore on rollback (None: spec.eplb)
-    specGeneration                 metadata.generation the change was made for
+    specGeneration                 metadata.generation the change was made for (record; the rule
+                                   for rollouts without specEplb, written by older operators)
+    specEplb                       spec.eplb {windowSize, stepInterval, numRedundantExperts} then
     fromHash, toHash               pod-template config hashes before / after
     baseline, measured             {"balancedness": float, ...} measured before / after
     predictedGain, reason
@@ -58,12 +61,42 @@ class WorkloadView:
             no child workload exists yet).
         crashlooping: names of pods of the current template (``template_hash``) that are crash
             looping (``CrashLoopBackOff`` or restarted >= the threshold).
+        spec_eplb: ``spec.eplb`` now (:func:`moe_eplb.api.spec.spec_eplb_record`); None: unknown
+            (then a rollout is superseded by the old generation rule).
+        eplb_enabled: ``spec.eplb.enabled`` now.
+        target_invalid: why the rollout's target settings cannot run with the spec now (e.g. the EP
+            size changed), else None.
     """
 
     generation: int
     settled: bool
     template_hash: str | None
     crashlooping: tuple[str, ...] = ()
+    spec_eplb: dict | None = None
+    eplb_enabled: bool = True
+    target_invalid: str | None = None
+
+
+def superseded_reason(ro: dict, view: WorkloadView) -> str | None:
+    """Why the user's settings now win over rollout ``ro`` (None: they do not).
+
+    Only what changes the settings that run supersedes: an edit of ``spec.eplb``, EPLB disabled,
+    or the target no longer valid for the spec. A ``replicas`` (``/scale``) or ``autotune`` edit
+    does not. A rollout without ``specEplb`` (older operator) keeps the generation rule.
+    """
+    recorded = ro.get("specEplb")
+    if recorded is not None and view.spec_eplb is not None:
+        if not view.eplb_enabled:
+            return "spec.eplb.enabled was set to false"
+        if dict(recorded) != dict(view.spec_eplb):
+            return f"spec.eplb changed ({fmt_knobs(recorded)} -> {fmt_knobs(view.spec_eplb)})"
+        if view.target_invalid and ro.get("kind") == "apply":
+            return f"{fmt_knobs(ro.get('to'))} is no longer valid for the spec ({view.target_invalid})"
+        return None
+    spec_gen = ro.get("specGeneration")
+    if spec_gen is not None and int(view.generation) != int(spec_gen):
+        return f"spec changed (generation {spec_gen} -> {view.generation})"
+    return None
 
 
 @dataclass
@@ -160,11 +193,11 @@ def advance(
             step.conditions["Degraded"] = ("True", "CrashLoopAfterTuning", message)
             new["degraded"] = {"time": now_s, "reason": "CrashLoopAfterTuning", "message": message}
 
-    # A user's spec edit bumps metadata.generation and wins over the tuner (pinned precedence).
-    spec_gen = ro.get("specGeneration")
-    if spec_gen is not None and int(view.generation) != int(spec_gen):
-        msg = (f"spec changed (generation {spec_gen} -> {view.generation}) during the "
-               f"{ro.get('kind')} rollout; the user's settings win, the tuner's override is dropped")
+    # A user's edit of spec.eplb wins over the tuner (pinned precedence); a replicas edit does not.
+    why = superseded_reason(ro, view)
+    if why is not None:
+        msg = (f"{why} during the {ro.get('kind')} rollout; the user's settings win, "
+               "the tuner's override is dropped")
         new.pop("override", None)
         finish("Superseded", msg)
         step.events.append(("Normal", "TuningSuperseded", msg))
