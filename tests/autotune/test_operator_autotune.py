@@ -56,10 +56,13 @@ async def test_recommend_only_changes_nothing(workload):
     world = _world(workload, prometheus=prometheus_binary() is not None, scrape_interval=0.5)
     async with world.run():
         res = resource(mode="Recommend")
-        if world.prometheus_url:
-            res["spec"]["monitoring"] = {"prometheusUrl": world.prometheus_url}
         before = _metric("moe_eplb_tuner_decisions_total", decision="Recommend")
-        await world.start_operator()
+        op = await world.start_operator()
+        if world.prometheus_url:
+            # the operator's default (--prometheus-url / MOE_EPLB_PROMETHEUS_URL), the spec leaves it empty
+            from moe_eplb.controller.settings import OperatorSettings
+
+            op["controller"].settings = OperatorSettings(prometheus_url=world.prometheus_url)
         await world.apply(res)
         first_hash = template_hash(await wait_for(world, lambda r: r.get("status", {}).get("phase") == "Running" or None,
                                                   timeout=15) and await deployment(world))
@@ -71,6 +74,7 @@ async def test_recommend_only_changes_nothing(workload):
         assert rec["predictedGain"] > 0.01
         assert "override" not in at and "rollout" not in at
         assert at["lastEvaluation"]["dataWindow"]["source"] == ("prometheus" if world.prometheus_url else "pods")
+        assert "prometheusUrl" not in (got["spec"].get("monitoring") or {})  # the default is never written
         assert at["lastEvaluation"]["dataWindow"]["steps"] >= 2000
         assert cond(got, "Tuned")["reason"] == "Recommended"
         assert cond(got, "MetricsAvailable")["status"] == "True"

@@ -102,3 +102,17 @@ def test_kubelet_reads_the_rendered_pod_template():
     assert (s.model, s.ep_size, s.window_size, s.step_interval, s.num_redundant_experts, s.eplb_enabled) == \
         ("example/tiny-moe", 4, 2000, 4000, 4, True)
     assert s.share == 0.5
+
+
+def test_default_prometheus_url_fills_only_an_empty_spec_url():
+    from moe_eplb.controller.autotune import with_default_prometheus
+
+    res = {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}}
+    out = with_default_prometheus(res, "http://prom:9090")
+    assert out["spec"]["monitoring"] == {"podMonitor": {"enabled": False}, "prometheusUrl": "http://prom:9090"}
+    own = {"spec": {"monitoring": {"prometheusUrl": "http://mine:9090"}}}
+    assert with_default_prometheus(own, "http://prom:9090")["spec"]["monitoring"]["prometheusUrl"] == "http://mine:9090"
+    assert with_default_prometheus({"spec": {}}, "http://prom:9090")["spec"]["monitoring"]["prometheusUrl"] == \
+        "http://prom:9090"
+    assert with_default_prometheus({"spec": {"monitoring": {"prometheusUrl": ""}}}, None)["spec"]["monitoring"] == \
+        {"prometheusUrl": ""}

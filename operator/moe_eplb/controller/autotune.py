@@ -178,7 +178,8 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
             return
         import copy
 
-        resource = copy.deepcopy(dict(body))
+        resource = with_default_prometheus(copy.deepcopy(dict(body)),
+                                           getattr(getattr(ctl, "settings", None), "prometheus_url", None))
 
         async def rerender() -> None:
             # A status change does not trigger kopf's update handlers: have the reconciler render the
@@ -190,6 +191,21 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
 
         await tick(resource, client, rt, actor=f"{os.environ.get('HOSTNAME', 'operator')}/{id(memo):x}",
                    rerender=rerender)
+
+
+def with_default_prometheus(resource: dict, default_url: str | None) -> dict:
+    """``resource`` (a private copy, changed in place and returned) with ``spec.monitoring.prometheusUrl``
+    set to the operator's ``--prometheus-url`` / ``MOE_EPLB_PROMETHEUS_URL`` default when the spec
+    leaves it empty. Only the loop's copy changes: the default is never written to the spec."""
+    if not default_url:
+        return resource
+    spec = resource.setdefault("spec", {})
+    monitoring = spec.get("monitoring")
+    if not isinstance(monitoring, dict):
+        monitoring = spec["monitoring"] = {}
+    if not monitoring.get("prometheusUrl"):
+        monitoring["prometheusUrl"] = default_url
+    return resource
 
 
 # --- one tick ------------------------------------------------------------------------------------
