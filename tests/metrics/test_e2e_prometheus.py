@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -94,7 +95,8 @@ def cluster(tmp_path):
     try:
         for p in pods.values():
             p.wait_ready()
-        yield {"pods": pods, "spare": spare, "ports": ports, "client": client, "tmp": tmp_path, "url": client.url}
+        yield {"pods": pods, "spare": spare, "ports": ports, "client": client, "tmp": tmp_path, "url": client.url,
+               "prom": prom}
     finally:
         prom.kill()
         for p in list(pods.values()) + list(spare.values()):
@@ -239,3 +241,50 @@ def test_known_load_in_same_load_out(cluster):
     for i, (load_m, steps) in enumerate(rounds_expected):
         np.testing.assert_array_equal(direct.load[i], load_m)
         assert direct.bucket_steps[i] == steps
+
+
+def test_missed_scrapes_are_spread_by_time(cluster):
+    """Prometheus is paused (SIGSTOP) for ~2 buckets while pod a routes a known load: the reader
+    spreads it over the buckets between the two samples around the pause, in proportion to time,
+    keeps the total, reports the share, and refuses the window at the default threshold."""
+    from moe_eplb.metrics.errors import LoadReadError
+    from moe_eplb.metrics.increments import overlap_weights
+    from moe_eplb.metrics.reader import grid_for, max_gap_for
+
+    client, pods, prom = cluster["client"], cluster["pods"], cluster["prom"]
+    deadline = time.time() + 30
+    while not all(_steps_sample(client, p) for p in ("a", "b")):
+        assert time.time() < deadline, "Prometheus never scraped the pods"
+        time.sleep(0.2)
+    time.sleep(1.0)  # a few scrapes before the pause
+    per_step = np.arange(L * E).reshape(L, E) % 4 + 1
+    _next_boundary()
+    prom.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        pods["a"].run(6, per_step)
+        time.sleep(2 * B)
+    finally:
+        prom.send_signal(signal.SIGCONT)
+    _wait_scraped(client, "a", 6, time.time() + 15)
+    g_end = _next_boundary(margin=0.6)  # the sample after the pause is inside the window
+    grid = grid_for(g_end + 0.1, 6 * B, B)
+    trace = read_load_trace(prometheus_url=cluster["url"], namespace="ns", name="moe", window_seconds=6 * B,
+                            bucket_seconds=B, now=g_end + 0.1, num_layers=L, num_experts=E,
+                            max_interpolated_fraction=1.0)
+    # the two samples of pod a around the pause, as Prometheus stored them
+    body = raw_samples(client, f'{names.ENGINE_STEPS}{{pod="a"}}', grid[0] - 60, grid[-1])
+    pts = np.array([[float(t), float(v)] for t, v in body["data"]["result"][0]["values"]])
+    j = int(np.flatnonzero(np.diff(pts[:, 1]) > 0)[-1])
+    t1, t2 = pts[j, 0], pts[j + 1, 0]
+    assert t2 - t1 > max_gap_for(pts[:, 0], B), f"no scrape gap around the load: {t1} -> {t2}"
+    w = overlap_weights(grid, np.array([t1]), np.array([t2]))[0]  # [T]
+    assert np.count_nonzero(w) >= 2 and w.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(trace.load, w[:, None, None] * (6 * per_step)[None], rtol=1e-9, atol=1e-9)
+    assert trace.load.sum() == pytest.approx(6 * per_step.sum(), rel=1e-12)
+    assert trace.bucket_steps.sum() == 6
+    assert trace.meta["interpolated_fraction"] == pytest.approx(1.0)
+    with pytest.raises(LoadReadError) as ei:
+        read_load_trace(prometheus_url=cluster["url"], namespace="ns", name="moe", window_seconds=6 * B,
+                        bucket_seconds=B, now=g_end + 0.1, num_layers=L, num_experts=E)
+    assert ei.value.reason == "ScrapeGaps" and "pod a: no samples between" in ei.value.message
