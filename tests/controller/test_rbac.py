@@ -2,8 +2,9 @@
 
 The real operator (kopf included, cluster-wide, with peering through a ClusterKopfPeering) runs a
 whole lifecycle against the emulated API server: a single-node (Deployment) and a multi-node
-(LeaderWorkerSet) resource are created, made ready, tuned (EPLB change), scaled, edited by hand
-(every child kind) and deleted. Every request it sent is then checked against RBAC_RULES, and
+(LeaderWorkerSet) resource are created, made ready, tuned (EPLB change), scaled, put in autotune
+mode Recommend (the autotune timer, ticking fast, lists the engine pods and writes an evaluation),
+edited by hand (every child kind) and deleted. Every request it sent is then checked against RBAC_RULES, and
 every (group, resource, verb) the rules grant must have been used."""
 
 from __future__ import annotations
@@ -44,8 +45,23 @@ def examples():
     return single, multi
 
 
+@pytest.fixture(autouse=True)
+def fast_autotune():
+    """The autotune timer ticks every 0.2 s (instead of 15 s) so the lifecycle sees it work."""
+    from moe_eplb.controller import autotune
+
+    autotune.configure(autotune.AutotuneRuntime(tick_seconds=0.2, http_timeout=1.0))
+    yield
+    autotune.configure(None)
+
+
+async def _evaluated(kube, name):
+    obj = await kube.get(kube.moeinference_path(NS, name))
+    return ((obj.get("status") or {}).get("autotune") or {}).get("lastEvaluation")
+
+
 async def lifecycle(kube, eventually, res):
-    """Create, make ready, change EPLB, scale, hand-edit every child, delete."""
+    """Create, make ready, change EPLB, scale, autotune (Recommend), hand-edit every child, delete."""
     name = res["metadata"]["name"]
     await kube.create(kube.moeinference_path(NS), res)
     await eventually(lambda: observed(kube, name, 1))
@@ -54,6 +70,11 @@ async def lifecycle(kube, eventually, res):
     await eventually(lambda: observed(kube, name, 2))
     await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
     await eventually(lambda: observed(kube, name, 3))
+    # the autotune loop: lists the pods (direct scrape, workload view); no load -> a NoData evaluation
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"autotune": {"mode": "Recommend"}}})
+    await eventually(lambda: observed(kube, name, 4))
+    evaluation = await eventually(lambda: _evaluated(kube, name), timeout=15)
+    assert evaluation["decision"] == "NoData"
     for child in (await children(kube, name)).values():  # hand edits, put back by the operator
         await kube.patch(child_path(child), {"metadata": {"ownerReferences": []}})
     await eventually(lambda: _all_owned(kube, name))

@@ -163,10 +163,6 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
     """
     import kopf
 
-    from moe_eplb.controller import k8s
-
-    # The loop reads the pods (readiness, crash loops, exporter ports); the RBAC needs get/list pods.
-    k8s.KINDS.setdefault(("v1", "Pod"), k8s.Kind("", "v1", "pods"))
     rt = rt or runtime()
 
     @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="autotune", interval=rt.tick_seconds,

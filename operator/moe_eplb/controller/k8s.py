@@ -68,6 +68,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets"),
     ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
     ("v1", "Event"): Kind("", "v1", "events"),
+    # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
+    ("v1", "Pod"): Kind("", "v1", "pods"),
 }
 
 #: The child kinds the renderer may produce (listed when pruning children no longer rendered).

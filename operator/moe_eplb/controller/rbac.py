@@ -30,6 +30,8 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # Events on MoEInference (controller and kopf).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # kopf: discovers served resources by watching CRDs (cluster-wide mode).
