@@ -215,13 +215,21 @@ async def test_crash_loop_rolls_back_and_degrades(workload):
 
         got = await wait_for(world, check, timeout=60, interval=0.05)
         at = autotune_status(got)
-        assert at["degraded"]["reason"] == "CrashLoopAfterTuning"
+        assert at["degraded"]["reason"] == "RolledBackAfterCrashLoop"
         assert "crash-looping" in at["history"][-1]["reason"]
         assert "override" not in at
         assert degraded_seen, "the Degraded condition was never True"
         await wait_for(world, lambda r: _running_settings(world) == {(1000, 3000, 0)} and
                        (r.get("status") or {}).get("readyReplicas") == 2, timeout=20)
         assert _metric("moe_eplb_rollbacks_total", reason="crashloop") >= 1
+        # the reconciler recomputes Degraded from readiness (all ready now): status.autotune.degraded
+        # keeps it true. Scaling makes the reconciler write the status again.
+        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"replicas": 3}})
+        got = await wait_for(world, lambda r: (r.get("status") or {}).get("readyReplicas") == 3
+                             and r["status"].get("observedGeneration") == r["metadata"]["generation"] and r, timeout=20)
+        assert cond(got, "Degraded")["status"] == "True", cond(got, "Degraded")
+        assert cond(got, "Degraded")["reason"] == "RolledBackAfterCrashLoop"
+        assert got["status"]["phase"] == "Degraded" and cond(got, "Ready")["status"] == "True"
 
 
 async def test_prometheus_down_changes_nothing(workload):

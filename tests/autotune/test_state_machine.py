@@ -199,6 +199,7 @@ def test_crash_loop_rolls_back_and_degrades():
     s = r.advance(cfg, st, r.WorkloadView(3, True, "h-old"), now=T0 + 120)
     assert s.autotune["history"][-1]["action"] == "RolledBack"
     assert s.conditions["Degraded"][1] == "RolledBackAfterCrashLoop"
+    assert s.autotune["degraded"]["reason"] == "RolledBackAfterCrashLoop"
 
 
 def test_user_edit_supersedes():

@@ -90,3 +90,23 @@ def test_invalid_status_keeps_other_conditions_and_status_patch():
     patch = status_patch(before, st)
     assert set(patch) == {"phase", "message", "observedGeneration", "conditions"}
     assert status_patch(st, st) is None
+
+
+def test_autotune_degraded_record_keeps_degraded_true():
+    """After a crash-loop rollback the pods are ready again, but status.autotune.degraded keeps
+    Degraded=True (with the tuner's reason and message) until a later change is kept."""
+    ready = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2})
+    msg = "pods crash-looping after applying W=250 I=500 R=4: p-1; restoring W=3000 I=1000 R=8"
+    prev = {"autotune": {"degraded": {"time": "t0", "reason": "CrashLoopAfterTuning", "message": msg}},
+            "conditions": [{"type": "Degraded", "status": "True", "reason": "CrashLoopAfterTuning", "message": msg}]}
+    st = ready_status(resource(status=prev), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, now="t1")
+    deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (deg["status"], deg["reason"], deg["message"]) == ("True", "CrashLoopAfterTuning", msg)
+    assert st["phase"] == "Degraded" and st["message"] == msg
+    assert next(c for c in st["conditions"] if c["type"] == "Ready")["status"] == "True"
+    assert st["autotune"] == prev["autotune"]  # carried over untouched
+    # cleared by the tuner (a later change kept): Degraded false again, Running
+    cleared = ready_status(resource(status={**st, "autotune": {}}), [ready], eplb=EPLB, ep_size=4, selector="s",
+                           endpoint=None, now="t2")
+    deg = next(c for c in cleared["conditions"] if c["type"] == "Degraded")
+    assert (deg["status"], deg["reason"]) == ("False", "AsExpected") and cleared["phase"] == "Running"

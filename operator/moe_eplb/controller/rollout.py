@@ -280,6 +280,8 @@ def advance(
             step.events.append(("Normal", "RolledBack", msg))
             if ro.get("degraded"):
                 step.conditions["Degraded"] = ("True", "RolledBackAfterCrashLoop", msg)
+                # the reconciler keeps Degraded true from this record (controller/status.py)
+                new["degraded"] = {"time": now_s, "reason": "RolledBackAfterCrashLoop", "message": msg}
             return step
         if view.crashlooping and back:
             msg = f"pods still crash-looping after restoring {fmt_knobs(ro.get('from'))}; tuning stopped"

@@ -10,6 +10,10 @@ Phases, first match wins (``Degraded`` also when the API server refused a render
 dry run that precedes every write; then nothing is applied):
 ``Invalid`` (SpecValid False) > ``Degraded`` > ``Running`` (Ready True) > ``Pending`` (no workload
 has reported a status yet) > ``Progressing``.
+
+``Degraded`` is also true while ``status.autotune.degraded`` = {time, reason, message} is set: the
+autotune loop records there that a tuner change crash-looped and was rolled back (it clears it
+when a later change is kept); the condition then carries its reason and message.
 """
 
 from __future__ import annotations
@@ -121,6 +125,19 @@ def rejected_status(resource: Mapping[str, Any], refusals: Sequence[str], now: s
     return current
 
 
+def autotune_degraded(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(reason, message)`` of ``status.autotune.degraded`` (set by the autotune loop after a
+    crash-loop rollback), or None when it is absent or not an object."""
+    autotune = status.get("autotune")
+    record = autotune.get("degraded") if isinstance(autotune, Mapping) else None
+    if not isinstance(record, Mapping):
+        return None
+    reason = str(record.get("reason") or "CrashLoopAfterTuning")
+    if not reason.isidentifier():
+        reason = "CrashLoopAfterTuning"
+    return reason, str(record.get("message") or "a tuner change crash-looped and was rolled back")
+
+
 def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
                  ep_size: int, selector: str, endpoint: str | None, now: str | None = None) -> dict[str, Any]:
     """The status of a valid resource whose children are applied; ``children`` are the live objects."""
@@ -133,11 +150,14 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
     all_ready = w.rolled_out and w.ready >= w.desired
     was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
     lost = w.rolled_out and w.ready < w.desired and was_ready
-    degraded = bool(w.failure) or lost
+    tuner = autotune_degraded(current)
+    degraded = bool(w.failure) or lost or tuner is not None
     if w.failure:
         degraded_reason, degraded_msg = "ProgressDeadlineExceeded", w.failure
     elif lost:
         degraded_reason, degraded_msg = "ReplicasUnavailable", counts
+    elif tuner is not None:
+        degraded_reason, degraded_msg = tuner
     else:
         degraded_reason, degraded_msg = "AsExpected", ""
     if all_ready:
