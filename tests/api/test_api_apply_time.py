@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from api_helpers import DELETE, EXAMPLES, load_moeinferences
+from example_manifests import DELETE, EXAMPLES, load_moeinferences
 from moe_eplb.api.validation import apiserver_problems
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

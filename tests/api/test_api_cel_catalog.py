@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from api_helpers import DELETE
+from example_manifests import DELETE
 from moe_eplb.api import catalog, cel_catalog
 from moe_eplb.api.crd import crd_text
 from moe_eplb.api.spec import parse

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from api_helpers import EXAMPLES
+from example_manifests import EXAMPLES
 from moe_eplb.cli import main
 from moe_eplb.render.objects import render_children
 

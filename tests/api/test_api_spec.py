@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api_helpers import DELETE
+from example_manifests import DELETE
 from moe_eplb.api.crd import default_engine_image
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.spec import apply_defaults, effective_eplb, parse

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from api_helpers import DELETE, EXAMPLES, load_moeinferences
+from example_manifests import DELETE, EXAMPLES, load_moeinferences
 from moe_eplb.api.validation import Problem, apiserver_problems, nearest_redundant_values, validate
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from crd_subsets import LEADER_WORKER_SET, POD_MONITOR
-from render_helpers import DELETE, EXAMPLES, load_moeinferences
+from example_manifests import DELETE, EXAMPLES, load_moeinferences
 from moe_eplb.api.schema import schema_problems, unknown_field_problems
 from moe_eplb.api.spec import effective_eplb, parse
 from moe_eplb.exporter import names
