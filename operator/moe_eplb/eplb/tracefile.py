@@ -266,13 +266,18 @@ def _points(series: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarra
     if not isinstance(values, list):
         raise TraceError(f"{what}: series {series.get('metric')} has no 'values' list")
     try:
-        ts = np.array([float(v[0]) for v in values], dtype=np.float64)
-        vs = np.array([float(v[1]) for v in values], dtype=np.float64)
+        # [[t, "v"], ...] -> [n, 2] in one call (numpy parses the value strings)
+        arr = np.array(values, dtype=np.float64)
+        if arr.size == 0:
+            arr = arr.reshape(0, 2)
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise ValueError(f"points must be [time, value] pairs, got shape {arr.shape}")
     except (TypeError, ValueError, IndexError) as exc:
         raise TraceError(f"{what}: series {series.get('metric')} has a malformed point ({exc})") from None
-    if not np.all(np.isfinite(vs)):
-        raise TraceError(f"{what}: series {series.get('metric')} has NaN or infinite values")
-    if np.any(vs < 0):
+    ts, vs = arr[:, 0], arr[:, 1]
+    if not (np.isfinite(vs).all() and (vs >= 0).all()):
+        if not np.all(np.isfinite(vs)):
+            raise TraceError(f"{what}: series {series.get('metric')} has NaN or infinite values")
         raise TraceError(f"{what}: series {series.get('metric')} has negative values (use increase(), not deriv())")
     return ts, vs
 
@@ -389,10 +394,9 @@ def trace_from_prometheus(
     has_point = np.zeros((grid.size, num_layers), dtype=bool)
     for layer, expert, ts, vs in keyed:
         idx = np.searchsorted(grid, ts)
-        inside = idx < grid.size
-        ok = inside.copy()
-        ok[inside] = np.isclose(grid[idx[inside]], ts[inside], rtol=0, atol=1e-3)
-        if not np.all(ok):
+        # a point matches the grid within 1 ms (idx == grid.size: after the last step point)
+        ok = (idx < grid.size) & (np.abs(grid[np.minimum(idx, grid.size - 1)] - ts) <= 1e-3)
+        if not ok.all():
             bad = ts[~ok][0]
             raise TraceError(
                 f"{what_s}: no engine-steps point at time {bad} where layer {layer} expert {expert} has load; "
