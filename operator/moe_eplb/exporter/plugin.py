@@ -87,47 +87,13 @@ def wait_until_serving(timeout: float = 15.0) -> bool:
     return False
 
 
-def start_server(settings: st.Settings):
-    """Serve the pod's ``/metrics`` from a thread of *this* process (and capture traces if asked);
-    for tests and embedding. The plugin uses :func:`start_server_process`."""
-    from moe_eplb.exporter.collector import PodCollector
-    from moe_eplb.exporter.server import make_registry, serve
-
-    collector = PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds)
-    httpd = serve(make_registry(collector), settings.address, settings.port)
-    log.info("moe-eplb exporter: serving %s:%d/metrics (mode %s, directory %s)", settings.address,
-             httpd.server_address[1], settings.mode, settings.directory)
-    capture = None
-    if settings.trace_dir:
-        from moe_eplb.exporter.capture import TraceCapture
-
-        capture = TraceCapture(settings.directory, settings.trace_dir, settings.trace_bucket_seconds,
-                               settings.trace_max_buckets)
-        capture.start()
-        log.info("moe-eplb exporter: capturing traces every %.1f s into %s", settings.trace_bucket_seconds,
-                 settings.trace_dir)
-    _state["server"], _state["capture"] = httpd, capture
-    return httpd
-
-
-def _setup_logging() -> None:
-    """vLLM configures only its own ``vllm`` logger: give ours a handler so that INFO lines
-    ("moe-eplb exporter: serving ...", "recording ...") reach the pod log."""
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe-eplb pid %(process)d] %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(os.environ.get("MOE_EPLB_LOG_LEVEL", "INFO").upper())
-        log.propagate = False
-
-
 def register() -> None:
     """vLLM plugin entry point. Safe to call many times and in every process."""
     if _state.get("registered"):
         return
     _state["registered"] = True
     try:
-        _setup_logging()
+        st.setup_logging()
     except ValueError:  # a bad MOE_EPLB_LOG_LEVEL
         log.setLevel(logging.INFO)
     try:

@@ -88,11 +88,7 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     from moe_eplb.exporter import settings as st
     from moe_eplb.exporter.collector import PodCollector
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe-eplb pid %(process)d] %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(os.environ.get("MOE_EPLB_LOG_LEVEL", "INFO").upper())
-    log.propagate = False
+    st.setup_logging()
     try:
         settings = st.Settings.from_env()
     except st.SettingsError as exc:

@@ -22,6 +22,7 @@ not the one that serves the port.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -104,3 +105,17 @@ def _float(env, key: str, default: float, lo: float) -> float:
     if not value >= lo or value != value or value == float("inf"):
         raise SettingsError(f"{key}={raw!r}: expected a finite number of seconds >= {lo}")
     return value
+
+
+def setup_logging() -> logging.Logger:
+    """Give the exporter's logger (``moe_eplb.exporter``) a handler of its own, once per process:
+    vLLM configures only its ``vllm`` logger, and the server process has none. Lines start with
+    ``[moe-eplb pid N]``; the level comes from ``MOE_EPLB_LOG_LEVEL`` (default INFO)."""
+    log = logging.getLogger("moe_eplb.exporter")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe-eplb pid %(process)d] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(os.environ.get("MOE_EPLB_LOG_LEVEL", "INFO").upper())
+        log.propagate = False
+    return log
