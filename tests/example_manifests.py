@@ -30,6 +30,17 @@ def set_path(obj: dict[str, Any], dotted: str, value: Any) -> None:
         obj[parts[-1]] = value
 
 
+def frozen(value: Any) -> Any:
+    """A read-only mapping view of a manifest, like the ones kopf hands to handlers."""
+    from types import MappingProxyType
+
+    if isinstance(value, dict):
+        return MappingProxyType({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
 @pytest.fixture()
 def seed() -> dict[str, Any]:
     """The seed setup (Qwen3-VL-30B-A3B AWQ W4A16, TP4 + EP, EPLB R=8, W=3000, I=1000)."""

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from example_manifests import DELETE, EXAMPLES, load_moeinferences
+from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from moe_eplb.api.validation import Problem, apiserver_problems, nearest_redundant_values, validate
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -206,15 +206,6 @@ def test_distinct_problems_on_one_field_are_all_kept(variant) -> None:
 
 def test_mapping_views_are_validated_like_dicts(seed) -> None:
     """kopf hands handlers mapping views, not dicts: nested checks must still run."""
-    from types import MappingProxyType
-
-    def frozen(value):
-        if isinstance(value, dict):
-            return MappingProxyType({k: frozen(v) for k, v in value.items()})
-        if isinstance(value, list):
-            return tuple(frozen(v) for v in value)
-        return value
-
     bad = copy.deepcopy(seed)
     bad["spec"]["eplb"]["windowSiz"] = 3
     assert [p.field for p in validate(frozen(bad))] == ["spec.eplb.windowSiz"]

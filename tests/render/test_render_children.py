@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from crd_subsets import LEADER_WORKER_SET, POD_MONITOR
-from example_manifests import DELETE, EXAMPLES, load_moeinferences
+from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from moe_eplb.api.schema import schema_problems, unknown_field_problems
 from moe_eplb.api.spec import effective_eplb, parse
 from moe_eplb.exporter import names
@@ -334,13 +334,4 @@ def test_render_is_deterministic_and_pure(seed) -> None:
 
 
 def test_mapping_views_render_like_dicts(seed) -> None:
-    from types import MappingProxyType
-
-    def frozen(value):
-        if isinstance(value, dict):
-            return MappingProxyType({k: frozen(v) for k, v in value.items()})
-        if isinstance(value, list):
-            return tuple(frozen(v) for v in value)
-        return value
-
     assert render_children(frozen(seed)) == render_children(seed)
