@@ -6,20 +6,9 @@ during those steps (``load[t, l, e]``, counted once per (token, top-k slot) as v
 
 Reading and writing files, Prometheus results and the real routing data: :mod:`moe_eplb.eplb.tracefile`
 (``load_trace``, ``save_trace``, ``trace_from_dict``, ``trace_to_dict``, ``trace_from_prometheus``).
-Synthetic traces: :mod:`moe_eplb.eplb.synth`. File format (JSON, gzip JSON, or ``.npz`` with the same
-keys):
-
-=================  ========================  =============================================
-key                type                      meaning
-=================  ========================  =============================================
-``num_layers``     int > 0                   MoE layers L
-``num_experts``    int > 0                   logical experts per layer E
-``bucket_steps``   list[int], length T       engine steps in each bucket (>= 0)
-``load``           T x L x E numbers >= 0    tokens routed to each logical expert
-``bucket_seconds`` float > 0, optional       wall-clock length of one bucket
-``top_k``          int > 0, optional         experts per token
-``model``          str, optional             model name the load came from
-=================  ========================  =============================================
+Synthetic traces: :mod:`moe_eplb.eplb.synth`. The file format (keys ``num_layers``, ``num_experts``,
+``bucket_steps``, ``load``, optional ``bucket_seconds``, ``top_k``, ``model``) is documented in
+:mod:`moe_eplb.eplb.tracefile` and docs/traces.md.
 """
 
 from __future__ import annotations
