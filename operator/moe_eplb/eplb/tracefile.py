@@ -261,7 +261,9 @@ def _matrix(body: Mapping[str, Any], what: str) -> list:
     return result
 
 
-def _points(series: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray]:
+def series_points(series: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Times and values ``[n]`` of one Prometheus matrix series (``{"metric": ..., "values": [[t, "v"], ...]}``);
+    :class:`TraceError` (message starting with ``what``) for malformed points, NaN, infinite or negative values."""
     values = series.get("values")
     if not isinstance(values, list):
         raise TraceError(f"{what}: series {series.get('metric')} has no 'values' list")
@@ -278,7 +280,7 @@ def _points(series: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarra
     if not (np.isfinite(vs).all() and (vs >= 0).all()):
         if not np.all(np.isfinite(vs)):
             raise TraceError(f"{what}: series {series.get('metric')} has NaN or infinite values")
-        raise TraceError(f"{what}: series {series.get('metric')} has negative values (use increase(), not deriv())")
+        raise TraceError(f"{what}: series {series.get('metric')} has negative values (counters and their increase() never are; use increase(), not deriv())")
     return ts, vs
 
 
@@ -350,7 +352,7 @@ def trace_from_prometheus(
         model = models.pop()
 
     # Time grid from the engine-steps series.
-    step_points = [_points(s, what_s) for s in step_series]
+    step_points = [series_points(s, what_s) for s in step_series]
     grid = np.unique(np.concatenate([ts for ts, _ in step_points]))
     if grid.size == 0:
         raise TraceError(f"{what_s}: the series have no points; widen the query range")
@@ -377,7 +379,7 @@ def trace_from_prometheus(
         metric = s.get("metric", {})
         layer = _int_label(metric, names.LABEL_LAYER, what_e)
         expert = _int_label(metric, names.LABEL_EXPERT, what_e)
-        ts, vs = _points(s, what_e)
+        ts, vs = series_points(s, what_e)
         keyed.append((layer, expert, ts, vs))
     max_layer = max(k[0] for k in keyed)
     max_expert = max(k[1] for k in keyed)

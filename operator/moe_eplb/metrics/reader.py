@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from moe_eplb.eplb.trace import LoadTrace, TraceError
+from moe_eplb.eplb.tracefile import series_points, trace_from_prometheus
 from moe_eplb.exporter import names
 from moe_eplb.metrics.errors import (
     INCONSISTENT_SERIES,
@@ -76,15 +77,10 @@ def grid_for(now: float, window_seconds: float, bucket_seconds: float) -> np.nda
 
 
 def _series_points(series: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    values = series.get("values") or []
     try:
-        arr = np.array(values, dtype=np.float64).reshape(-1, 2)  # [[t, "v"], ...]: numpy parses the strings
-        ts, vs = arr[:, 0], arr[:, 1]
-    except (TypeError, ValueError, IndexError) as exc:
-        raise LoadReadError(INCONSISTENT_SERIES, f"malformed point in series {series.get('metric')}: {exc}") from None
-    if vs.size and (not np.all(np.isfinite(vs)) or np.any(vs < 0)):
-        raise LoadReadError(INCONSISTENT_SERIES, f"series {series.get('metric')} has NaN, infinite or negative values")
-    return ts, vs
+        return series_points(series, "series")
+    except TraceError as exc:
+        raise LoadReadError(INCONSISTENT_SERIES, str(exc)) from None
 
 
 def pick_model(shapes: dict[str, tuple[int, int]], num_layers: int | None, num_experts: int | None,
@@ -318,7 +314,6 @@ def trace_from_raw_counters(
         for (l, e), inc in summed.items()]}}
     s_body = {"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {}, "values": list(zip(stamps, steps.tolist()))}]}}
-    from moe_eplb.eplb.tracefile import trace_from_prometheus
 
     try:
         trace = trace_from_prometheus(e_body, s_body, num_layers=num_layers, num_experts=num_experts,
