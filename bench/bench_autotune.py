@@ -16,7 +16,6 @@ import argparse
 import time
 
 import numpy as np
-
 from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
@@ -51,7 +50,7 @@ def prometheus_bodies(trace) -> tuple[dict, dict, dict, np.ndarray]:
     grid = 1_800_000_000.0 + 60.0 * np.arange(T + 1)
     cum = np.concatenate([np.zeros((1, L, E)), np.cumsum(trace.load, axis=0)])
     steps = np.concatenate([[0], np.cumsum(trace.bucket_steps)])
-    labels = {"namespace": "default", "moeinference": "bench", "pod": "bench-0", "model": "m"}
+    labels = {"namespace": "default", "moeinference": "bench", "pod": "bench-0", "model_name": "m"}
     expert = [{"metric": {**labels, "__name__": "moe_eplb_expert_tokens_total", "layer": str(l), "expert": str(e)},
                "values": [[float(t), f"{cum[i, l, e]:.1f}"] for i, t in enumerate(grid)]}
               for l in range(L) for e in range(E)]
@@ -64,7 +63,8 @@ def prometheus_bodies(trace) -> tuple[dict, dict, dict, np.ndarray]:
 
 
 def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
-    from moe_eplb.metrics.reader import trace_from_raw_counters
+    from moe_eplb.metrics.assemble import trace_from_raw_counters
+    from moe_eplb.metrics.series import parse_matrix
 
     full = synth.generate(profile, hours=RT.lookback_seconds / 3600.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
     res = resource(model, tensor, data)
@@ -76,8 +76,9 @@ def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
     decision = None
     for _ in range(repeats):
         t0 = time.process_time()
-        trace = trace_from_raw_counters(eb, sb, grid, num_layers=full.num_layers, num_experts=full.num_experts,
-                                        start_body=st)
+        trace = trace_from_raw_counters(parse_matrix(eb, "experts"), parse_matrix(sb, "steps"), grid,
+                                        num_layers=full.num_layers, num_experts=full.num_experts,
+                                        start_times=parse_matrix(st, "starts"))
         t1 = time.process_time()
         out = run_tuner(trace, inf, cfg, current, OPERATOR_SEARCH)
         o = dec.evaluate(cfg, {}, now=time.time(), generation=1, current=current, current_override=None,

@@ -35,12 +35,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "operator"))
 
-from prometheus_client.exposition import generate_latest  # noqa: E402
-
 from moe_eplb.exporter import hook, snapshot  # noqa: E402
 from moe_eplb.exporter.collector import PodCollector  # noqa: E402
 from moe_eplb.exporter.recorder import SnapshotWriter, StateRecorder  # noqa: E402
 from moe_eplb.exporter.server import make_registry  # noqa: E402
+from prometheus_client.exposition import generate_latest  # noqa: E402
 
 
 def make_state_class(torch, L, E, R, device):
@@ -75,14 +74,15 @@ def make_state_class(torch, L, E, R, device):
 
 def bench_reader(L: int, E: int, pods: int, buckets: int = 120, bucket: float = 15.0) -> float:
     """Seconds for ``trace_from_raw_counters`` on synthetic Prometheus answers (raw samples)."""
-    from moe_eplb.metrics.reader import grid_for, trace_from_raw_counters
+    from moe_eplb.metrics.assemble import grid_for, trace_from_raw_counters
+    from moe_eplb.metrics.series import parse_matrix
 
     grid = grid_for(1_000_000.0, buckets * bucket, bucket)
     ts = (np.arange(grid[0] - 10, grid[-1], bucket) + 3).tolist()
     rng = np.random.default_rng(0)
     res, steps, starts = [], [], []
     for p in range(pods):
-        pod = {"pod": f"p{p}", "model": "m", "namespace": "ns", "moeinference": "x"}
+        pod = {"pod": f"p{p}", "model_name": "m", "namespace": "ns", "moeinference": "x"}
         values = np.cumsum(rng.integers(0, 100, size=(L * E, len(ts))), axis=1).astype(str)
         for i in range(L * E):
             res.append({"metric": {**pod, "layer": str(i // E), "expert": str(i % E)},
@@ -94,7 +94,8 @@ def bench_reader(L: int, E: int, pods: int, buckets: int = 120, bucket: float = 
         return {"status": "success", "data": {"resultType": "matrix", "result": r}}
 
     t0 = time.perf_counter()
-    trace_from_raw_counters(body(res), body(steps), grid, start_body=body(starts))
+    trace_from_raw_counters(parse_matrix(body(res), "e"), parse_matrix(body(steps), "s"), grid,
+                            start_times=parse_matrix(body(starts), "t"))
     return time.perf_counter() - t0
 
 

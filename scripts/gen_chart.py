@@ -2,7 +2,7 @@
 """Generate the chart's derived files from their single sources:
 
 - ``charts/moe-eplb-operator/dashboards/*.json``: the Grafana dashboards, built below, with every
-  metric name from ``moe_eplb.exporter.names`` / ``moe_eplb.exporter.vllm_metric_names``;
+  metric name from ``moe_eplb.metric_names`` / ``moe_eplb.exporter.vllm_metric_names``;
 - ``charts/moe-eplb-operator/crds/<file>``: byte copies of the top-level ``crds/`` (the CRD's
   source of truth, written by ``moe-eplb crd``);
 - ``charts/moe-eplb-operator/files/rbac-rules.yaml``: the operator's RBAC rules from
@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
+from moe_eplb import metric_names
 from moe_eplb.controller import decisions
-from moe_eplb.exporter import names as n
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "moe-eplb-operator"
@@ -210,15 +209,15 @@ def _stat(lay: Layout, title: str, desc: str, expr: str, **kw: Any) -> dict[str,
 def expert_load() -> dict[str, Any]:
     """The "MoE expert load" dashboard: one MoEInference, its experts, ranks, EPLB and serving."""
     lay = Layout()
-    tok = f"rate({n.EXPERT_TOKENS}{{{SEL_LAYER}}}{RATE})"
-    rank = f"rate({n.RANK_TOKENS}{{{SEL_LAYER}}}{RATE})"
-    replicas = f"max by (layer, expert) ({n.EXPERT_REPLICAS}{{{SEL_LAYER}}})"
+    tok = f"rate({metric_names.EXPERT_TOKENS}{{{SEL_LAYER}}}{RATE})"
+    rank = f"rate({metric_names.RANK_TOKENS}{{{SEL_LAYER}}}{RATE})"
+    replicas = f"max by (layer, expert) ({metric_names.EXPERT_REPLICAS}{{{SEL_LAYER}}})"
     # replica count with the exporter's "reduced" mode in mind: an absent gauge means 1 replica
     replicas_or_one = f"({replicas} or on (layer, expert) (sum by (layer, expert) ({tok}) * 0 + 1))"
     # per-layer balancedness: the exporter's gauge where it has every rank of the engine, else
     # computed from the per-rank counters (engines spanning pods)
     rank_by = f"sum by (layer, rank) ({rank})"
-    bal = (f"(min by (layer) ({n.BALANCEDNESS}{{{SEL_LAYER}}}) or "
+    bal = (f"(min by (layer) ({metric_names.BALANCEDNESS}{{{SEL_LAYER}}}) or "
            f"avg by (layer) ({rank_by}) / max by (layer) ({rank_by}))")
     panels: list[dict[str, Any]] = []
 
@@ -236,10 +235,10 @@ def expert_load() -> dict[str, Any]:
               f"sum({tok})", unit="short"),
         _stat(lay, "Rearrangements in range", "EPLB rearrangements (expert weight moves) in the "
               "dashboard's time range, over all pods.",
-              f"sum(increase({n.REARRANGEMENTS}{{{SEL}}}[$__range]))", unit="none", decimals=0),
+              f"sum(increase({metric_names.REARRANGEMENTS}{{{SEL}}}[$__range]))", unit="none", decimals=0),
         _stat(lay, "Tuner predicted gain", "Relative throughput gain the autotune loop predicts "
               "for its last recommendation over the running settings.",
-              f"max({n.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", unit="percentunit", decimals=1),
+              f"max({metric_names.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", unit="percentunit", decimals=1),
         _stat(lay, "Generation tokens/s", "Output tokens per second from vLLM (all pods).",
               f"sum(rate(vllm:generation_tokens_total{{{SEL_VLLM}}}{RATE}))", unit="short"),
     ]
@@ -247,7 +246,7 @@ def expert_load() -> dict[str, Any]:
         lay, "table", "EPLB settings running", "The EPLB settings each pod runs with, from the "
         "exporter's info metric (window size and step interval in engine steps).",
         [target(f"max by (pod, model, window_size, step_interval, num_redundant_experts, ep_size) "
-                f"({n.CONFIG_INFO}{{{SEL}}})", instant=True, fmt="table")],
+                f"({metric_names.CONFIG_INFO}{{{SEL}}})", instant=True, fmt="table")],
         w=24, h=5, extra={"transformations": [{"id": "organize", "options": {
             "excludeByName": {"Time": True, "Value": True}}}]}))
 
@@ -256,7 +255,7 @@ def expert_load() -> dict[str, Any]:
         lay, "heatmap", "Layer $layer: tokens/s per expert",
         "Tokens per second routed to each logical expert of this layer over time (one row per "
         "expert). Hot rows are the experts EPLB replicates.",
-        [target(f'sum by (expert) (rate({n.EXPERT_TOKENS}{{{SEL}, layer="$layer"}}{RATE}))',
+        [target(f'sum by (expert) (rate({metric_names.EXPERT_TOKENS}{{{SEL}, layer="$layer"}}{RATE}))',
                 "{{expert}}")],  # one series per expert = one heatmap row (not "heatmap"
                                  # format, which would de-cumulate them like histogram buckets)
         w=12, h=9, unit="short",
@@ -307,7 +306,7 @@ def expert_load() -> dict[str, Any]:
         lay, "Balancedness per layer (exporter)", "Per-layer balancedness reported by the exporter "
         "(mean over ranks / max over ranks of tokens processed; 1 = balanced). Exported only by pods "
         "that hold every EP rank of their engine; see the panel computed from rank rates otherwise.",
-        [target(f"min by (layer) ({n.BALANCEDNESS}{{{SEL_LAYER}}})", "layer {{layer}}")],
+        [target(f"min by (layer) ({metric_names.BALANCEDNESS}{{{SEL_LAYER}}})", "layer {{layer}}")],
         unit="percentunit", minmax=(0, 1)))
     panels.append(_ts(
         lay, "Balancedness per layer (from rank rates)", "The same ratio computed in Prometheus "
@@ -323,10 +322,10 @@ def expert_load() -> dict[str, Any]:
         unit="none", decimals=2))
 
     panels.append(row(lay, "Rearrangements"))
-    rs = f"{n.REARRANGEMENT_SECONDS}_bucket{{{SEL}}}"
+    rs = f"{metric_names.REARRANGEMENT_SECONDS}_bucket{{{SEL}}}"
     panels.append(panel(
         lay, "timeseries", "Rearrangements", "EPLB rearrangements per interval, per pod.",
-        [target(f"sum by (pod) (increase({n.REARRANGEMENTS}{{{SEL}}}{RATE}))", "{{pod}}")],
+        [target(f"sum by (pod) (increase({metric_names.REARRANGEMENTS}{{{SEL}}}{RATE}))", "{{pod}}")],
         w=8, unit="none", options={"legend": {"displayMode": "list", "placement": "bottom"}},
         extra={"fieldConfig": {"defaults": {"unit": "none", "custom": {"drawStyle": "bars",
                                                                           "fillOpacity": 80}},
@@ -336,22 +335,22 @@ def expert_load() -> dict[str, Any]:
         "rearrangement stalls the engine for this long).",
         [target(f"histogram_quantile(0.5, sum by (le) (rate({rs}{RATE})))", "p50"),
          target(f"histogram_quantile(0.99, sum by (le) (rate({rs}{RATE})))", "p99"),
-         target(f"sum(rate({n.REARRANGEMENT_SECONDS}_sum{{{SEL}}}{RATE})) / "
-                f"sum(rate({n.REARRANGEMENT_SECONDS}_count{{{SEL}}}{RATE}))", "mean")],
+         target(f"sum(rate({metric_names.REARRANGEMENT_SECONDS}_sum{{{SEL}}}{RATE})) / "
+                f"sum(rate({metric_names.REARRANGEMENT_SECONDS}_count{{{SEL}}}{RATE}))", "mean")],
         w=8, unit="s"))
     panels.append(_ts(
         lay, "Engine steps/s", "Engine steps per second per pod: window size and step interval "
         "are counted in steps, so this converts them to seconds.",
-        [target(f"sum by (pod) (rate({n.ENGINE_STEPS}{{{SEL}}}{RATE}))", "{{pod}}")], w=8,
+        [target(f"sum by (pod) (rate({metric_names.ENGINE_STEPS}{{{SEL}}}{RATE}))", "{{pod}}")], w=8,
         unit="short"))
     panels.append(_stat(
         lay, "EP ranks reporting", "EP ranks whose load the exporters serve, over all pods; it "
         "should equal the EP size (tensor x data) times the replicas.",
-        f"sum(max by (pod) ({n.EXPORTER_RANKS}{{{SEL}}}))", unit="none", decimals=0, w=12))
+        f"sum(max by (pod) ({metric_names.EXPORTER_RANKS}{{{SEL}}}))", unit="none", decimals=0, w=12))
     panels.append(_stat(
         lay, "Exporter restarts in range", "Times an exporter restarted (its counters start again "
         "at 0) in the dashboard's time range: an engine restart, e.g. after an applied change.",
-        f"sum(changes({n.EXPORTER_START_TIME}{{{SEL}}}[$__range]))", unit="none", decimals=0, w=12))
+        f"sum(changes({metric_names.EXPORTER_START_TIME}{{{SEL}}}[$__range]))", unit="none", decimals=0, w=12))
 
     panels.append(row(lay, "Serving (vLLM)"))
     for metric, title in (("vllm:time_to_first_token_seconds", "Time to first token"),
@@ -383,50 +382,50 @@ def expert_load() -> dict[str, Any]:
     panels.append(row(lay, "Autotune"))
     panels.append(_ts(
         lay, "Tuner evaluations", "Evaluations of the autotune loop for this MoEInference, by result.",
-        [target(f"sum by (result) (increase({n.TUNER_EVALUATIONS}{{{SEL_TUNER}}}{RATE}))", "{{result}}")],
+        [target(f"sum by (result) (increase({metric_names.TUNER_EVALUATIONS}{{{SEL_TUNER}}}{RATE}))", "{{result}}")],
         w=8, unit="none"))
     panels.append(_ts(
         lay, "Tuner decisions", "What each evaluation decided: " + ", ".join(decisions.DECISIONS) + ".",
-        [target(f"sum by (decision) (increase({n.TUNER_DECISIONS}{{{SEL_TUNER}}}{RATE}))", "{{decision}}")],
+        [target(f"sum by (decision) (increase({metric_names.TUNER_DECISIONS}{{{SEL_TUNER}}}{RATE}))", "{{decision}}")],
         w=8, unit="none"))
     panels.append(_ts(
         lay, "Predicted gain and rollbacks", "Predicted relative throughput gain of the last "
         "recommendation, and rollbacks of applied settings by reason.",
-        [target(f"max({n.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", "predicted gain"),
-         target(f"sum by (reason) (increase({n.ROLLBACKS}{{{SEL_TUNER}}}{RATE}))",
+        [target(f"max({metric_names.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", "predicted gain"),
+         target(f"sum by (reason) (increase({metric_names.ROLLBACKS}{{{SEL_TUNER}}}{RATE}))",
                 "rollback: {{reason}}")],
         w=8, unit="none"))
 
     variables = [
         datasource_var(),
-        query_var("namespace", "Namespace", f"label_values({n.CONFIG_INFO}, namespace)"),
+        query_var("namespace", "Namespace", f"label_values({metric_names.CONFIG_INFO}, namespace)"),
         query_var("moeinference", "MoEInference",
-                  f'label_values({n.CONFIG_INFO}{{namespace="$namespace"}}, {n.MOEINFERENCE_LABEL})'),
+                  f'label_values({metric_names.CONFIG_INFO}{{namespace="$namespace"}}, {metric_names.MOEINFERENCE_LABEL})'),
         query_var("model", "Model",
-                  f'label_values({n.CONFIG_INFO}{{namespace="$namespace", moeinference="$moeinference"}}, model)',
+                  f'label_values({metric_names.CONFIG_INFO}{{namespace="$namespace", moeinference="$moeinference"}}, model)',
                   include_all=True),
         query_var("layer", "MoE layer",
-                  f'label_values({n.RANK_TOKENS}{{{SEL}}}, layer)', multi=True, include_all=True,
+                  f'label_values({metric_names.RANK_TOKENS}{{{SEL}}}, layer)', multi=True, include_all=True,
                   sort=3),
         query_var("engine", "DP engine",
-                  f'label_values(vllm:num_requests_running{{namespace="$namespace", '
-                  f'moeinference="$moeinference"}}, engine)', multi=True, include_all=True, sort=3),
+                  'label_values(vllm:num_requests_running{namespace="$namespace", '
+                  'moeinference="$moeinference"}, engine)', multi=True, include_all=True, sort=3),
         custom_var("topk", "Top experts", ["10", "5", "20", "50"]),
     ]
     annotations = [
         annotation("Tuner recommended",
-                   f'sum by (decision) (increase({n.TUNER_DECISIONS}{{{SEL_TUNER}, '
+                   f'sum by (decision) (increase({metric_names.TUNER_DECISIONS}{{{SEL_TUNER}, '
                    f'decision="{DECISION_RECOMMEND}"}}[2m])) > 0',
                    "Tuner recommended new EPLB settings", "yellow", tags="decision"),
         annotation("Tuner applied",
-                   f'sum by (decision) (increase({n.TUNER_DECISIONS}{{{SEL_TUNER}, '
+                   f'sum by (decision) (increase({metric_names.TUNER_DECISIONS}{{{SEL_TUNER}, '
                    f'decision="{DECISION_APPLY}"}}[2m])) > 0',
                    "Tuner applied new EPLB settings (pods roll)", "green", tags="decision"),
         annotation("Rollbacks",
-                   f"sum by (reason) (increase({n.ROLLBACKS}{{{SEL_TUNER}}}[2m])) > 0",
+                   f"sum by (reason) (increase({metric_names.ROLLBACKS}{{{SEL_TUNER}}}[2m])) > 0",
                    "Tuner rolled back: {{reason}}", "red", tags="reason"),
         annotation("Rearrangements",
-                   f"sum(increase({n.REARRANGEMENTS}{{{SEL}}}[2m])) > 0",
+                   f"sum(increase({metric_names.REARRANGEMENTS}{{{SEL}}}[2m])) > 0",
                    "EPLB rearrangement", "blue", enable=False),
     ]
     return dashboard(
@@ -447,47 +446,47 @@ def operator_overview() -> dict[str, Any]:
               'sum(up{job=~"$job"})', unit="none", decimals=0, w=6),
         _stat(lay, "Reconcile errors (1h)", "Reconciles that failed in the last hour (result=error; "
               "result=invalid counts specs the validation rejected).",
-              f'sum(increase({n.RECONCILES}{{job=~"$job", result="error"}}[1h]))', unit="none",
+              f'sum(increase({metric_names.RECONCILES}{{job=~"$job", result="error"}}[1h]))', unit="none",
               decimals=0, w=6),
         _stat(lay, "Tuner evaluations (1h)", "Autotune evaluations in the last hour.",
-              f"sum(increase({n.TUNER_EVALUATIONS}{{{sel}}}[1h]))", unit="none", decimals=0, w=6),
+              f"sum(increase({metric_names.TUNER_EVALUATIONS}{{{sel}}}[1h]))", unit="none", decimals=0, w=6),
         _stat(lay, "Rollbacks (24h)", "Rollbacks of applied EPLB settings in the last day.",
-              f"sum(increase({n.ROLLBACKS}{{{sel}}}[24h]))", unit="none", decimals=0, w=6),
+              f"sum(increase({metric_names.ROLLBACKS}{{{sel}}}[24h]))", unit="none", decimals=0, w=6),
     ]
     panels.append(_ts(lay, "Reconciles", "Reconciles per second by result.",
-                      [target(f'sum by (result) (rate({n.RECONCILES}{{job=~"$job"}}{RATE}))', "{{result}}")],
+                      [target(f'sum by (result) (rate({metric_names.RECONCILES}{{job=~"$job"}}{RATE}))', "{{result}}")],
                       unit="ops"))
     panels.append(_ts(lay, "Tuner evaluation duration", "Time one tuner evaluation takes "
                       "(reading load, simulating candidate settings).",
-                      [target(f'histogram_quantile({q}, sum by (le) (rate({n.TUNER_DURATION_SECONDS}_bucket'
+                      [target(f'histogram_quantile({q}, sum by (le) (rate({metric_names.TUNER_DURATION_SECONDS}_bucket'
                               f'{{job=~"$job"}}{RATE})))', f"p{int(q * 100)}") for q in (0.5, 0.99)],
                       unit="s"))
     panels.append(row(lay, "Autotune per MoEInference"))
     panels.append(_ts(lay, "Evaluations by result", "Tuner evaluations per MoEInference and result.",
                       [target(f"sum by (namespace, name, result) "
-                              f"(increase({n.TUNER_EVALUATIONS}{{{sel}}}{RATE}))",
+                              f"(increase({metric_names.TUNER_EVALUATIONS}{{{sel}}}{RATE}))",
                               "{{namespace}}/{{name}} {{result}}")], unit="none"))
     panels.append(_ts(lay, "Decisions", "Tuner decisions per MoEInference.",
                       [target(f"sum by (namespace, name, decision) "
-                              f"(increase({n.TUNER_DECISIONS}{{{sel}}}{RATE}))",
+                              f"(increase({metric_names.TUNER_DECISIONS}{{{sel}}}{RATE}))",
                               "{{namespace}}/{{name}} {{decision}}")], unit="none"))
     panels.append(_ts(lay, "Predicted gain", "Predicted relative throughput gain of each MoEInference's "
                       "last recommendation.",
-                      [target(f"max by (namespace, name) ({n.TUNER_PREDICTED_GAIN}{{{sel}}})",
+                      [target(f"max by (namespace, name) ({metric_names.TUNER_PREDICTED_GAIN}{{{sel}}})",
                               "{{namespace}}/{{name}}")], unit="percentunit"))
     panels.append(_ts(lay, "Time since last successful evaluation", "Age of the last successful "
                       "tuner evaluation per MoEInference; it should stay near the evaluation interval.",
-                      [target(f"time() - max by (namespace, name) ({n.TUNER_LAST_SUCCESS}{{{sel}}})",
+                      [target(f"time() - max by (namespace, name) ({metric_names.TUNER_LAST_SUCCESS}{{{sel}}})",
                               "{{namespace}}/{{name}}")], unit="s"))
     variables = [
         datasource_var(),
-        query_var("job", "Operator job", f"label_values({n.RECONCILES}, job)", multi=True,
+        query_var("job", "Operator job", f"label_values({metric_names.RECONCILES}, job)", multi=True,
                   include_all=True),
-        query_var("namespace", "Namespace", f"label_values({n.TUNER_EVALUATIONS}, namespace)",
+        query_var("namespace", "Namespace", f"label_values({metric_names.TUNER_EVALUATIONS}, namespace)",
                   multi=True, include_all=True),
     ]
     annotations = [annotation("Rollbacks",
-                              f"sum by (namespace, name, reason) (increase({n.ROLLBACKS}{{{sel}}}[2m])) > 0",
+                              f"sum by (namespace, name, reason) (increase({metric_names.ROLLBACKS}{{{sel}}}[2m])) > 0",
                               "Rollback {{namespace}}/{{name}}: {{reason}}", "red", tags="reason")]
     return dashboard("moe-eplb-operator", "MoE EPLB operator",
                      "The moe-eplb operator: reconciles and the autotune loop across MoEInferences.",

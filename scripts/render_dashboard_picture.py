@@ -17,7 +17,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-
 from moe_eplb.eplb import synth
 from moe_eplb.sim.engine import EngineSettings, EplbReplay, balancedness
 

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 
-
 @pytest.fixture()
 async def kube() -> AsyncIterator[Any]:
     """A fresh emulated API server (``moe_eplb.sim.kubeapi.EmulatedCluster``) for one test."""
@@ -46,7 +45,6 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
     ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``rejected``/``error``);
     ``namespaces`` serves only those (namespaced mode) instead of the whole cluster."""
     import kopf
-
     from moe_eplb.controller.handlers import Controller
     from moe_eplb.controller.main import build_settings, run_operator
 

@@ -1,14 +1,15 @@
 """moe-eplb: run Mixture-of-Experts models on vLLM with EPLB on Kubernetes, and tune EPLB.
 
-Packages follow the data flow (each only imports the ones before it):
-``api`` (spec, catalog, validation) -> ``render`` (manifests) ;
-``eplb`` (policy, trace, simulator, tuner) ; ``exporter`` (vLLM plugin) ->
-``metrics`` (load reader) -> ``controller`` (kopf handlers, rollout) ; ``cli``.
+Layers (docs/architecture.md; ``tests/test_layering.py`` checks every import, in-function ones too):
+
+* contracts -- small modules directly under ``moe_eplb/`` that import no project package but each
+  other: :mod:`.k8s_names` (API group, kinds, labels, annotations, ports), :mod:`.metric_names`
+  (every exported series and label), :mod:`.vllm_facts` (vLLM's EPLB limits, defaults,
+  rearrangement schedule, balancedness) and :mod:`.trace_format` (the trace file format).
+* packages, each importing only the ones named (and the contracts):
+  ``api`` nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb;
+  ``controller`` api, render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods);
+  ``sim`` and ``cli`` anything.
 """
 
 __version__ = "0.1.0"
-
-API_GROUP = "eplb.ai"
-API_VERSION = "v1alpha1"
-KIND = "MoEInference"
-PLURAL = "moeinferences"

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from example_manifests import DELETE, EXAMPLES, load_moeinferences
 from moe_eplb.api.validation import apiserver_problems
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moe_eplb.api import catalog
 from moe_eplb.api.catalog import ARCHITECTURES, MODELS, QUANTIZATIONS, lookup
 

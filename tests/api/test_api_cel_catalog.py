@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from example_manifests import DELETE
 from moe_eplb.api import catalog, cel_catalog
 from moe_eplb.api.crd import crd_text

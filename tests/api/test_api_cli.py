@@ -8,7 +8,6 @@ import sys
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from example_manifests import EXAMPLES
 from moe_eplb.cli import main
 from moe_eplb.render.objects import render_children

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from moe_eplb.api.spec import effective_eplb
 from moe_eplb.api.validation import validate
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from example_manifests import DELETE
 from moe_eplb.api.crd import default_engine_image
 from moe_eplb.api.imageref import parse_image

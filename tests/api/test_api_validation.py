@@ -9,9 +9,13 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
-from moe_eplb.api.validation import Problem, apiserver_problems, nearest_redundant_values, validate
+from moe_eplb.api.validation import (
+    Problem,
+    apiserver_problems,
+    nearest_redundant_values,
+    validate,
+)
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 

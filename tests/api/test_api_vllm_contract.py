@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
 from moe_eplb.api.spec import effective_eplb, parse
 from moe_eplb.api.versions import parse_version

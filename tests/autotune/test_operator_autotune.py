@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-from prometheus_client import REGISTRY
-
 from moe_eplb.sim.world import SimWorld, prometheus_binary
+from prometheus_client import REGISTRY
 
 from .conftest import (
     NAME,

@@ -8,12 +8,16 @@ import asyncio
 import copy
 
 import aiohttp
-import numpy as np
 import pytest
-
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.simulator import simulate
-from moe_eplb.sim.engine import EngineFaults, EngineSettings, EplbReplay, SimClock, SimulatedEngine
+from moe_eplb.sim.engine import (
+    EngineFaults,
+    EngineSettings,
+    EplbReplay,
+    SimClock,
+    SimulatedEngine,
+)
 
 from .conftest import RESOURCE
 

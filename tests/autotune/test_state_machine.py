@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moe_eplb.controller import decisions as d
 from moe_eplb.controller import rollout as r
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from moe_eplb import k8s_names, metric_names
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -30,31 +31,30 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from moe_eplb.exporter import names as n
-from moe_eplb.exporter import vllm_metric_names as v
+from scripts import vllm_metric_names as v
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------
 # (names.py states these in comments; tests/chart/test_chart_promql.py checks this covers it)
 EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
-    n.EXPERT_TOKENS: ("counter", ("model", "layer", "expert")),
-    n.RANK_TOKENS: ("counter", ("model", "layer", "rank")),
-    n.EXPERT_REPLICAS: ("gauge", ("model", "layer", "expert")),
-    n.REARRANGEMENTS: ("counter", ("model",)),
-    n.REARRANGEMENT_SECONDS: ("histogram", ("model",)),
-    n.ENGINE_STEPS: ("counter", ("model",)),
-    n.BALANCEDNESS: ("gauge", ("model", "layer")),
-    n.CONFIG_INFO: ("gauge", ("model", "window_size", "step_interval", "num_redundant_experts", "ep_size")),
-    n.EXPORTER_START_TIME: ("gauge", ("model",)),
-    n.EXPORTER_RANKS: ("gauge", ("model",)),
+    metric_names.EXPERT_TOKENS: ("counter", ("model", "layer", "expert")),
+    metric_names.RANK_TOKENS: ("counter", ("model", "layer", "rank")),
+    metric_names.EXPERT_REPLICAS: ("gauge", ("model", "layer", "expert")),
+    metric_names.REARRANGEMENTS: ("counter", ("model",)),
+    metric_names.REARRANGEMENT_SECONDS: ("histogram", ("model",)),
+    metric_names.ENGINE_STEPS: ("counter", ("model",)),
+    metric_names.BALANCEDNESS: ("gauge", ("model", "layer")),
+    metric_names.CONFIG_INFO: ("gauge", ("model", "window_size", "step_interval", "num_redundant_experts", "ep_size")),
+    metric_names.EXPORTER_START_TIME: ("gauge", ("model",)),
+    metric_names.EXPORTER_RANKS: ("gauge", ("model",)),
 }
 OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
-    n.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
-    n.TUNER_DECISIONS: ("counter", ("namespace", "name", "decision")),
-    n.TUNER_PREDICTED_GAIN: ("gauge", ("namespace", "name")),
-    n.TUNER_DURATION_SECONDS: ("histogram", ()),
-    n.TUNER_LAST_SUCCESS: ("gauge", ("namespace", "name")),
-    n.ROLLBACKS: ("counter", ("namespace", "name", "reason")),
-    n.RECONCILES: ("counter", ("result",)),
+    metric_names.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
+    metric_names.TUNER_DECISIONS: ("counter", ("namespace", "name", "decision")),
+    metric_names.TUNER_PREDICTED_GAIN: ("gauge", ("namespace", "name")),
+    metric_names.TUNER_DURATION_SECONDS: ("histogram", ()),
+    metric_names.TUNER_LAST_SUCCESS: ("gauge", ("namespace", "name")),
+    metric_names.ROLLBACKS: ("counter", ("namespace", "name", "reason")),
+    metric_names.RECONCILES: ("counter", ("result",)),
 }
 # Series Prometheus makes itself for every target.
 PROMETHEUS_BUILTIN = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
@@ -105,35 +105,35 @@ class SampleCollector:
     def collect(self) -> Iterable[Any]:
         dt = time.time() - self.t0 + 1.0
         if self.part == "exporter-multinode":
-            return [f for f in self._exporter(dt) if f.name != n.BALANCEDNESS]
+            return [f for f in self._exporter(dt) if f.name != metric_names.BALANCEDNESS]
         return {"exporter": self._exporter, "vllm": self._vllm, "operator": self._operator}[self.part](dt)
 
     def _exporter(self, dt: float) -> list[Any]:
-        tok = _counter(n.EXPERT_TOKENS, "tokens per expert", ["model", "layer", "expert"])
-        rep = GaugeMetricFamily(n.EXPERT_REPLICAS, "replicas", labels=["model", "layer", "expert"])
+        tok = _counter(metric_names.EXPERT_TOKENS, "tokens per expert", ["model", "layer", "expert"])
+        rep = GaugeMetricFamily(metric_names.EXPERT_REPLICAS, "replicas", labels=["model", "layer", "expert"])
         for layer in range(LAYERS):
             for e in range(EXPERTS):
                 rate = 1000.0 / (1 + e + layer)  # expert 0 is hot
                 tok.add_metric([MODEL, str(layer), str(e)], rate * dt)
                 rep.add_metric([MODEL, str(layer), str(e)], 2.0 if e < 2 else 1.0)
-        rank = _counter(n.RANK_TOKENS, "tokens per rank", ["model", "layer", "rank"])
+        rank = _counter(metric_names.RANK_TOKENS, "tokens per rank", ["model", "layer", "rank"])
         for layer in range(LAYERS):
             for r in range(RANKS):
                 rank.add_metric([MODEL, str(layer), str(r)], (800.0 if r == 0 else 400.0) * dt)
-        bal = GaugeMetricFamily(n.BALANCEDNESS, "balancedness", labels=["model", "layer"])
+        bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "balancedness", labels=["model", "layer"])
         for layer, b in enumerate(BALANCEDNESS):
             bal.add_metric([MODEL, str(layer)], b)
-        rea = _counter(n.REARRANGEMENTS, "rearrangements", ["model"])
+        rea = _counter(metric_names.REARRANGEMENTS, "rearrangements", ["model"])
         rea.add_metric([MODEL], dt / 2)
-        steps = _counter(n.ENGINE_STEPS, "steps", ["model"])
+        steps = _counter(metric_names.ENGINE_STEPS, "steps", ["model"])
         steps.add_metric([MODEL], 20.0 * dt)
-        dur = HistogramMetricFamily(n.REARRANGEMENT_SECONDS, "rearrangement duration", labels=["model"])
+        dur = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS, "rearrangement duration", labels=["model"])
         _hist(dur, [MODEL], dt / 2, 0.3)
-        info = GaugeMetricFamily(n.CONFIG_INFO, "config", labels=list(EXPORTER_METRICS[n.CONFIG_INFO][1]))
+        info = GaugeMetricFamily(metric_names.CONFIG_INFO, "config", labels=list(EXPORTER_METRICS[metric_names.CONFIG_INFO][1]))
         info.add_metric([MODEL, "1000", "3000", "4", "4"], 1.0)
-        start = GaugeMetricFamily(n.EXPORTER_START_TIME, "start time", labels=["model"])
+        start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "start time", labels=["model"])
         start.add_metric([MODEL], self.t0)
-        ranks = GaugeMetricFamily(n.EXPORTER_RANKS, "ranks", labels=["model"])
+        ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "ranks", labels=["model"])
         ranks.add_metric([MODEL], float(RANKS))
         return [tok, rep, rank, bal, rea, steps, dur, info, start, ranks]
 
@@ -157,10 +157,10 @@ class SampleCollector:
 
     def _operator(self, dt: float) -> list[Any]:
         now = time.time()
-        ev = _counter(n.TUNER_EVALUATIONS, "evaluations", ["namespace", "name", "result"])
-        dec = _counter(n.TUNER_DECISIONS, "decisions", ["namespace", "name", "decision"])
-        gain = GaugeMetricFamily(n.TUNER_PREDICTED_GAIN, "gain", labels=["namespace", "name"])
-        last = GaugeMetricFamily(n.TUNER_LAST_SUCCESS, "last success", labels=["namespace", "name"])
+        ev = _counter(metric_names.TUNER_EVALUATIONS, "evaluations", ["namespace", "name", "result"])
+        dec = _counter(metric_names.TUNER_DECISIONS, "decisions", ["namespace", "name", "decision"])
+        gain = GaugeMetricFamily(metric_names.TUNER_PREDICTED_GAIN, "gain", labels=["namespace", "name"])
+        last = GaugeMetricFamily(metric_names.TUNER_LAST_SUCCESS, "last success", labels=["namespace", "name"])
         for name, decision, result in ((DEMO, "Recommend", "ok"), (DEMO, "Apply", "ok"),
                                        (FAILING, "Error", "error"), (STALE, "Defer", "ok")):
             ev.add_metric([NS, name, result], dt)
@@ -168,13 +168,13 @@ class SampleCollector:
         for name, age in ((DEMO, 10.0), (STALE, 5000.0)):
             gain.add_metric([NS, name], 0.08)
             last.add_metric([NS, name], now - age)
-        rb = _counter(n.ROLLBACKS, "rollbacks", ["namespace", "name", "reason"])
+        rb = _counter(metric_names.ROLLBACKS, "rollbacks", ["namespace", "name", "reason"])
         rb.add_metric([NS, DEMO, "regression"], dt / 4)
-        rec = _counter(n.RECONCILES, "reconciles", ["result"])
+        rec = _counter(metric_names.RECONCILES, "reconciles", ["result"])
         rec.add_metric(["ok"], 3 * dt)
         rec.add_metric(["invalid"], dt / 5)
         rec.add_metric(["error"], dt / 10)
-        dur = HistogramMetricFamily(n.TUNER_DURATION_SECONDS, "tuner duration", labels=[])
+        dur = HistogramMetricFamily(metric_names.TUNER_DURATION_SECONDS, "tuner duration", labels=[])
         _hist(dur, [], dt, 0.2)
         return [ev, dec, gain, last, rb, rec, dur]
 
@@ -231,11 +231,11 @@ def prometheus_config(target_port: int, rule_files: list[str]) -> dict[str, Any]
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": rule_files,
         "scrape_configs": [
-            job(f"{NS}/demo-exporter", "/exporter", {**pod, "endpoint": n.EXPORTER_PORT_NAME}),
+            job(f"{NS}/demo-exporter", "/exporter", {**pod, "endpoint": k8s_names.EXPORTER_PORT_NAME}),
             job(f"{NS}/demo-vllm", "/vllm", {**pod, "endpoint": "http"}),
             job(f"{NS}/multinode-exporter", "/exporter-multinode",
                 {"namespace": NS, "moeinference": MULTINODE, "pod": "multinode-0",
-                 "endpoint": n.EXPORTER_PORT_NAME}),
+                 "endpoint": k8s_names.EXPORTER_PORT_NAME}),
             job(f"{NS}/noexporter-vllm", "/vllm",
                 {"namespace": NS, "moeinference": NOEXPORTER, "pod": "noexporter-0", "endpoint": "http"}),
             job(OP_JOB, "/operator", {"namespace": OP_NS, "pod": "moe-eplb-0"}, honor=True),

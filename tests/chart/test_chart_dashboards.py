@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 import chart_queries as cq
-
-from moe_eplb.exporter import names as n
+import pytest
+from moe_eplb import metric_names
 
 DASHBOARDS = cq.load_dashboards()
 PANEL_TYPES = {"row", "stat", "timeseries", "heatmap", "bargauge", "table"}
@@ -67,26 +65,26 @@ def test_expert_load_dashboard_has_what_the_issue_asks_for():
     d = next(d for d in DASHBOARDS.values() if d["title"] == "MoE expert load")
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert {"datasource", "namespace", "moeinference", "model", "layer", "engine"} <= set(variables)
-    assert n.MOEINFERENCE_LABEL in variables["moeinference"]["definition"]
+    assert metric_names.MOEINFERENCE_LABEL in variables["moeinference"]["definition"]
     panels = cq.all_panels(d)
     by_type = {}
     for p in panels:
         by_type.setdefault(p["type"], []).append(p)
     heat = by_type["heatmap"][0]
-    assert heat["repeat"] == "layer" and n.EXPERT_TOKENS in heat["targets"][0]["expr"]
+    assert heat["repeat"] == "layer" and metric_names.EXPERT_TOKENS in heat["targets"][0]["expr"]
     # rows = experts as plain series; Grafana's "heatmap" format would de-cumulate them as if
     # they were histogram buckets
     assert heat["targets"][0]["format"] == "time_series" and heat["options"]["calculate"] is False
     exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
     assert "topk($topk" in exprs
-    for name in (n.RANK_TOKENS, n.BALANCEDNESS, n.EXPERT_REPLICAS, n.REARRANGEMENTS,
-                 n.REARRANGEMENT_SECONDS + "_bucket", n.CONFIG_INFO, n.TUNER_DECISIONS):
+    for name in (metric_names.RANK_TOKENS, metric_names.BALANCEDNESS, metric_names.EXPERT_REPLICAS, metric_names.REARRANGEMENTS,
+                 metric_names.REARRANGEMENT_SECONDS + "_bucket", metric_names.CONFIG_INFO, metric_names.TUNER_DECISIONS):
         assert name in exprs, f"no panel shows {name}"
     assert 'model_name=~"$model"' in exprs and 'engine=~"$engine"' in exprs  # vLLM's labels
     annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
     assert 'decision="Recommend"' in annotations["Tuner recommended"]["expr"]
     assert 'decision="Apply"' in annotations["Tuner applied"]["expr"]
-    assert n.ROLLBACKS in annotations["Rollbacks"]["expr"]
+    assert metric_names.ROLLBACKS in annotations["Rollbacks"]["expr"]
 
 
 def test_annotation_decisions_are_the_tuners():

@@ -6,16 +6,14 @@ from __future__ import annotations
 import importlib.util
 import re
 
+import chart_queries as cq
+import moe_eplb
 import pytest
 import yaml
-
 from chart_support import CHART_DIR, ROOT
+from moe_eplb import k8s_names, metric_names
 
-import moe_eplb
-from moe_eplb.exporter import names as n
-from moe_eplb.exporter import vllm_metric_names as v
-
-import chart_queries as cq
+from scripts import vllm_metric_names as v
 
 
 def _load_script(name: str):
@@ -69,7 +67,7 @@ def test_operator_is_the_default_and_last_dockerfile_stage():
     assert re.search(r'^CMD \["run"\]$', op, flags=re.M)
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     exposed = {int(p) for p in re.findall(r"^EXPOSE\s+(.+)$", op, flags=re.M)[0].split()}
-    assert exposed == {n.OPERATOR_PORT, values["operator"]["healthPort"]}
+    assert exposed == {k8s_names.OPERATOR_METRICS_PORT, values["operator"]["healthPort"]}
     assert "/healthz" in op and '".[operator]"' in text
     # the chart's default image is this target, tagged with the package version
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
@@ -80,8 +78,8 @@ def test_operator_is_the_default_and_last_dockerfile_stage():
 
 def test_metrics_doc_covers_every_metric_and_every_dashboard_vllm_metric():
     text = (ROOT / "docs" / "metrics.md").read_text()
-    pinned = [val for key, val in vars(n).items() if key.isupper() and isinstance(val, str)
-              and val.startswith(n.PREFIX) and val != n.PREFIX]
+    pinned = [val for key, val in vars(metric_names).items() if key.isupper() and isinstance(val, str)
+              and val.startswith(metric_names.PREFIX) and val != metric_names.PREFIX]
     missing = [m for m in pinned if f"`{m}`" not in text]
     assert not missing, f"docs/metrics.md does not explain {missing}"
     missing = [m for m in v.VLLM_METRICS if f"`{m}" not in text]

@@ -7,9 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from chart_support import VALUE_SETS
-
 from moe_eplb.cli.operator_cmds import run, settings_from_cli
 from moe_eplb.controller import settings as s
 

@@ -8,14 +8,12 @@ import shutil
 import subprocess
 import time
 
-import pytest
-import yaml
-
 import chart_queries as cq
 import chart_samples as samples
+import pytest
+import yaml
 from chart_support import FAST_ALERTS, render_chart, rule_groups
-
-from moe_eplb.exporter import names as n
+from moe_eplb import metric_names as mn
 
 try:
     import promql_parser
@@ -54,8 +52,8 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_catalog_covers_every_pinned_metric():
-    pinned = {v for k, v in vars(n).items() if isinstance(v, str) and k.isupper()
-              and v.startswith(n.PREFIX) and v != n.PREFIX}
+    pinned = {v for k, v in vars(mn).items() if isinstance(v, str) and k.isupper()
+              and v.startswith(mn.PREFIX) and v != mn.PREFIX}
     catalog = set(samples.EXPORTER_METRICS) | set(samples.OPERATOR_METRICS)
     assert pinned == catalog, f"names.py and the test catalog differ: {pinned ^ catalog}"
 
@@ -180,17 +178,17 @@ def test_dashboard_variables_find_values(prometheus):
         label = q.where.rsplit("-> ", 1)[1]
         values = prometheus.api(f"label/{label}/values", **{"match[]": q.promql})
         assert values, f"{q.where}: no values for {q.promql}"
-    ns = prometheus.api("label/moeinference/values", **{"match[]": n.CONFIG_INFO})
+    ns = prometheus.api("label/moeinference/values", **{"match[]": mn.CONFIG_INFO})
     assert ns == sorted([samples.DEMO, samples.MULTINODE])
 
 
 @pytest.mark.prometheus
 def test_heatmap_and_balance_values(prometheus):
     hot = prometheus.query(cq.substitute(
-        f'topk(1, sum by (layer, expert) (rate({n.EXPERT_TOKENS}{{moeinference="$moeinference", layer=~"$layer"}}[3s])))'))  # a full window
+        f'topk(1, sum by (layer, expert) (rate({mn.EXPERT_TOKENS}{{moeinference="$moeinference", layer=~"$layer"}}[3s])))'))  # a full window
     assert hot[0]["metric"]["expert"] == "0"
     assert float(hot[0]["value"][1]) == pytest.approx(1000.0, rel=0.15)
-    bal = prometheus.query(f'avg({n.BALANCEDNESS}{{moeinference="{samples.DEMO}"}})')
+    bal = prometheus.query(f'avg({mn.BALANCEDNESS}{{moeinference="{samples.DEMO}"}})')
     assert float(bal[0]["value"][1]) == pytest.approx(sum(samples.BALANCEDNESS) / 4)
 
 

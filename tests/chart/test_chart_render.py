@@ -8,11 +8,17 @@ from typing import Any
 
 import pytest
 import yaml
-
-from chart_support import CHART_DIR, RELEASE, RELEASE_NS, ROOT, VALUE_SETS, helm, render_chart
-
+from chart_support import (
+    CHART_DIR,
+    RELEASE,
+    RELEASE_NS,
+    ROOT,
+    VALUE_SETS,
+    helm,
+    render_chart,
+)
+from moe_eplb import k8s_names
 from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
-from moe_eplb.exporter import names as n
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
 K8S_VERSION = "1.32.0"
@@ -95,7 +101,7 @@ def test_deployment_is_hardened_and_highly_available(render):
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["command"] == ["moe-eplb"] and c["args"] == ["run"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": n.OPERATOR_PORT, "health": 8081}
+    assert ports == {"metrics": k8s_names.OPERATOR_METRICS_PORT, "health": 8081}
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
@@ -115,7 +121,7 @@ def test_operator_env_contract(render):
     assert env["MOE_EPLB_PROMETHEUS_URL"] == ""  # none: the operator reads the pods' exporters directly
     assert env["MOE_EPLB_NAMESPACES"] == ""
     assert env["MOE_EPLB_PEERING"] == "moe-eplb"
-    assert env["MOE_EPLB_METRICS_PORT"] == str(n.OPERATOR_PORT)
+    assert env["MOE_EPLB_METRICS_PORT"] == str(k8s_names.OPERATOR_METRICS_PORT)
     assert env["MOE_EPLB_HEALTH_PORT"] == "8081"
     assert env["MOE_EPLB_LOG_LEVEL"] == "INFO" and env["MOE_EPLB_LOG_FORMAT"] == "json"
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}

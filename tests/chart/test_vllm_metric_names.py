@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_eplb.exporter import vllm_metric_names as v
+from scripts import vllm_metric_names as v
 
 pytestmark = pytest.mark.vllm
 

@@ -13,7 +13,6 @@ import json
 
 import aiohttp
 import pytest
-
 from moe_eplb.sim.kubeapi import label_selector_matches, parse_label_selector
 
 DEPLOYS = "/apis/apps/v1/namespaces/default/deployments"

@@ -14,8 +14,7 @@ import pathlib
 
 import pytest
 import yaml
-
-from moe_eplb.render.labels import CONFIG_HASH_ANNOTATION
+from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml"
@@ -113,7 +112,7 @@ async def test_create_makes_children_and_status(kube, operator_runner, eventuall
         assert st["phase"] == "Pending"
         assert st["epSize"] == 4
         assert st["eplb"] == {"enabled": True, "windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}
-        assert st["endpoint"].startswith(f"http://") and f".{NS}.svc:" in st["endpoint"]
+        assert st["endpoint"].startswith("http://") and f".{NS}.svc:" in st["endpoint"]
         assert f"eplb.ai/name={name}" in st["selector"]
         assert st["readyReplicas"] == 0
 

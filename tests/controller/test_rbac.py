@@ -15,10 +15,23 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 import yaml
-
 from moe_eplb.controller.k8s import USER_AGENT
-from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, allows, grants, request_verb
-from test_operator_loop import ROOT, NS, child_path, children, make_ready, observed, _gone  # noqa: F401
+from moe_eplb.controller.rbac import (
+    NAMESPACED_MODE_CLUSTER_RULES,
+    RBAC_RULES,
+    allows,
+    grants,
+    request_verb,
+)
+from test_operator_loop import (  # noqa: F401
+    NS,
+    ROOT,
+    _gone,
+    child_path,
+    children,
+    make_ready,
+    observed,
+)
 
 
 def operator_requests(kube, *, with_scope: bool = False):

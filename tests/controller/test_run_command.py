@@ -18,7 +18,6 @@ import subprocess
 import sys
 
 import aiohttp
-
 from test_operator_loop import NS, example, observed
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-
+from moe_eplb import k8s_names
 from moe_eplb.cli import main
 from moe_eplb.cli.operator_cmds import run, settings_from_cli
 from moe_eplb.controller import settings as s
-from moe_eplb.exporter import names
 
 ENV_VARS = [env for _opt, env in s.OPTIONS.values()]
 
@@ -36,7 +35,7 @@ def test_defaults_without_env(monkeypatch):
     assert got.prometheus_url is None and got.namespaces == () and got.clusterwide
     assert not got.standalone and got.peering_name == "moe-eplb"
     assert got.liveness_endpoint == "http://0.0.0.0:8081/healthz"
-    assert got.metrics_port == names.OPERATOR_PORT and got.resync_seconds == 60.0
+    assert got.metrics_port == k8s_names.OPERATOR_METRICS_PORT and got.resync_seconds == 60.0
     assert (got.log_level, got.log_format) == ("INFO", "text")
     assert s.PRIORITY_RANGE[0] <= got.priority <= s.PRIORITY_RANGE[1]
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from moe_eplb.api.problem import Problem
 from moe_eplb.controller.reconcile import covers, merge_diff
-from moe_eplb.controller.status import (invalid_status, ready_status, status_patch, summarize_workloads)
+from moe_eplb.controller.status import (
+    invalid_status,
+    ready_status,
+    status_patch,
+    summarize_workloads,
+)
 
 EPLB = {"enabled": True, "windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}
 

@@ -10,10 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from moe_eplb.cli import main
 from moe_eplb.eplb import policy
-from moe_eplb.eplb.policy import PolicyError, logical_to_physical, rebalance, rebalance_batch
+from moe_eplb.eplb.policy import (
+    PolicyError,
+    logical_to_physical,
+    rebalance,
+    rebalance_batch,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from moe_eplb.cli import main
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.tracefile import load_trace

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from moe_eplb.eplb import profiles, tracefile
 from moe_eplb.eplb.trace import TraceError
 

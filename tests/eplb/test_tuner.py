@@ -9,20 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.simulator import Knobs, Replay, Topology
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import (
     SEED_CONFIG,
-    Candidate,
     VLLM_DEFAULTS,
     Bounds,
+    Candidate,
     TuneError,
+    _gain_lower_bound,
     parse_bounds,
     parse_bytes,
     parse_knobs,
-    _gain_lower_bound,
     tune,
 )
 

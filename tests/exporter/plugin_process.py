@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 def worker() -> None:
     import numpy as np
     import torch
-
     from exporter_helpers import make_standin_v012
     from moe_eplb.exporter import hook, plugin, settings
 
@@ -44,7 +43,6 @@ def worker() -> None:
 def server() -> None:
     import numpy as np
     import torch
-
     from exporter_helpers import CpuEvent, logical_counts, make_real_state, route
     from vllm.plugins import load_general_plugins
 

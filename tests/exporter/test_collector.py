@@ -6,13 +6,18 @@ import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.exporter import snapshot as snap
-from moe_eplb.exporter.collector import BalancednessWindow, PodCollector, aggregate, balancedness, families
+from moe_eplb.exporter.collector import (
+    BalancednessWindow,
+    PodCollector,
+    aggregate,
+    balancedness,
+    families,
+)
 from moe_eplb.exporter.server import make_registry, serve
 from moe_eplb.exporter.settings import Settings, SettingsError
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def _worker(pid, rank, ep, L=2, E=4, scale=1.0, steps=10, name="m"):
@@ -96,7 +101,7 @@ def test_exposition_keeps_exact_names_and_labels(tmp_path):
     coll = PodCollector(str(tmp_path), "full", 60, clock=lambda: 0.0)
     httpd = serve(make_registry(coll), "127.0.0.1", 0)
     try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}{names.EXPORTER_PATH}"
+        url = f"http://127.0.0.1:{httpd.server_address[1]}{k8s_names.EXPORTER_PATH}"
         req = urllib.request.Request(url, headers={
             "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"})
         with urllib.request.urlopen(req, timeout=5) as resp:
@@ -106,23 +111,23 @@ def test_exposition_keeps_exact_names_and_labels(tmp_path):
     assert ctype.startswith("text/plain; version=0.0.4")
     assert "# EOF" not in text
     samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
-    for name in (names.EXPERT_TOKENS, names.RANK_TOKENS, names.EXPERT_REPLICAS, names.REARRANGEMENTS,
-                 names.ENGINE_STEPS, names.BALANCEDNESS, names.CONFIG_INFO, names.REARRANGEMENT_SECONDS + "_bucket",
-                 names.REARRANGEMENT_SECONDS + "_count", names.EXPORTER_START_TIME):
+    for name in (metric_names.EXPERT_TOKENS, metric_names.RANK_TOKENS, metric_names.EXPERT_REPLICAS, metric_names.REARRANGEMENTS,
+                 metric_names.ENGINE_STEPS, metric_names.BALANCEDNESS, metric_names.CONFIG_INFO, metric_names.REARRANGEMENT_SECONDS + "_bucket",
+                 metric_names.REARRANGEMENT_SECONDS + "_count", metric_names.EXPORTER_START_TIME):
         assert name in samples, name
     tokens = {(s.labels["layer"], s.labels["expert"]): s.value for f in text_string_to_metric_families(text)
-              for s in f.samples if s.name == names.EXPERT_TOKENS}
+              for s in f.samples if s.name == metric_names.EXPERT_TOKENS}
     assert tokens[("1", "3")] == 14.0 and len(tokens) == 8  # layer 1 expert 3 = 7 on each of the two ranks
-    info = samples[names.CONFIG_INFO].labels
-    assert info == {"model": "m", "window_size": "1000", "step_interval": "3000", "num_redundant_experts": "4",
+    info = samples[metric_names.CONFIG_INFO].labels
+    assert info == {"model_name": "m", "window_size": "1000", "step_interval": "3000", "num_redundant_experts": "4",
                     "ep_size": "2"}
 
 
 def test_balancedness_is_not_exported_by_a_pod_missing_ranks(tmp_path):
     snap.write(str(tmp_path), _worker(1, 0, 4))  # ranks 1..3 live in other pods
     fams = {f.name: f for f in PodCollector(str(tmp_path)).collect()}
-    assert fams[names.BALANCEDNESS].samples == []
-    assert fams[names.EXPORTER_RANKS].samples[0].value == 1
+    assert fams[metric_names.BALANCEDNESS].samples == []
+    assert fams[metric_names.EXPORTER_RANKS].samples[0].value == 1
 
 
 @pytest.mark.parametrize("env,key", [
@@ -135,4 +140,4 @@ def test_bad_settings_name_the_variable(env, key):
     with pytest.raises(SettingsError, match=key):
         Settings.from_env(env)
     s = Settings.from_env({})
-    assert (s.mode, s.port, s.trace_dir) == ("full", names.EXPORTER_PORT, None)
+    assert (s.mode, s.port, s.trace_dir) == ("full", k8s_names.EXPORTER_PORT, None)

@@ -10,7 +10,6 @@ import time
 import urllib.request
 
 import numpy as np
-
 from exporter_helpers import env_without_exporter, free_port
 from moe_eplb.eplb.tracefile import load_trace
 from moe_eplb.exporter import snapshot

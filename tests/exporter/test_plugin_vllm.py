@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from exporter_helpers import env_without_exporter, free_port
-from moe_eplb.exporter import names
+from moe_eplb import metric_names
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.vllm
 
@@ -47,10 +46,10 @@ def test_plugin_in_vllm_process_tree(tmp_path):
     steps = {}
     for fam in text_string_to_metric_families(out["metrics"]):
         for s in fam.samples:
-            if s.name == names.EXPERT_TOKENS:
-                tokens.setdefault(s.labels["model"], {})[(int(s.labels["layer"]), int(s.labels["expert"]))] = s.value
-            if s.name == names.ENGINE_STEPS:
-                steps[s.labels["model"]] = s.value
+            if s.name == metric_names.EXPERT_TOKENS:
+                tokens.setdefault(s.labels[metric_names.LABEL_MODEL], {})[(int(s.labels["layer"]), int(s.labels["expert"]))] = s.value
+            if s.name == metric_names.ENGINE_STEPS:
+                steps[s.labels[metric_names.LABEL_MODEL]] = s.value
     srv = out["server_total"]
     assert {(l, e): srv[l][e] for l in range(2) for e in range(4)} == tokens["server/model"]
     child = out["child"]["child_tokens"]

@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "exporter"))
 
 def main() -> None:
     import torch
-
     from exporter_helpers import make_standin_v012
     from moe_eplb.exporter import hook, plugin, settings
 

@@ -20,10 +20,14 @@ import time
 
 import numpy as np
 import pytest
-
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_rounds, with_baselines
+from moe_eplb.metrics.reader import (
+    raw_samples,
+    read_load_trace,
+    trace_from_rounds,
+    with_baselines,
+)
 from moe_eplb.metrics.scrape import PodScraper, Target
 
 pytestmark = pytest.mark.prometheus
@@ -83,9 +87,9 @@ def cluster(tmp_path):
     # the restarted a and the joining c import torch now, and start their exporters when told
     spare = {"a2": Pod("a", ports["a"], tmp_path, wait=True), "c": Pod("c", ports["c"], tmp_path, wait=True)}
     cfg = {"global": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
-           "scrape_configs": [{"job_name": "eplb", "metrics_path": names.EXPORTER_PATH, "static_configs": [
+           "scrape_configs": [{"job_name": "eplb", "metrics_path": k8s_names.EXPORTER_PATH, "static_configs": [
                {"targets": [f"127.0.0.1:{ports[n]}"],
-                "labels": {"namespace": "ns", names.MOEINFERENCE_LABEL: "moe", "pod": n}} for n in ports]}]}
+                "labels": {"namespace": "ns", metric_names.MOEINFERENCE_LABEL: "moe", "pod": n}} for n in ports]}]}
     (tmp_path / "prom.yml").write_text(json.dumps(cfg))
     prom_port = _free_port()
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}",
@@ -106,7 +110,7 @@ def cluster(tmp_path):
 def _steps_sample(client, pod):
     """(value, timestamp) of the pod's last scraped engine-steps sample, or None."""
     try:
-        body = client.query(f'{names.ENGINE_STEPS}{{pod="{pod}"}}')
+        body = client.query(f'{metric_names.ENGINE_STEPS}{{pod="{pod}"}}')
     except Exception:  # noqa: BLE001 - Prometheus still starting
         return None
     res = body["data"]["result"]
@@ -116,7 +120,7 @@ def _steps_sample(client, pod):
 def _wait_scraped(client, pod, steps, deadline):
     """Wait until Prometheus has scraped ``steps`` for ``pod``; return the sample's timestamp."""
     while time.time() < deadline:
-        sel = f'{names.ENGINE_STEPS}{{pod="{pod}"}}'
+        sel = f'{metric_names.ENGINE_STEPS}{{pod="{pod}"}}'
         body = client.query(f"timestamp({sel}) and on(pod) ({sel} == {steps})")
         if body["data"]["result"]:
             return float(body["data"]["result"][0]["value"][1])
@@ -192,7 +196,7 @@ def test_known_load_in_same_load_out(cluster):
     trace = read_load_trace(prometheus_url=cluster["url"], namespace="ns", name="moe", window_seconds=window,
                             bucket_seconds=B, now=end, num_layers=L, num_experts=E)
     if os.environ.get("E2E_DEBUG"):
-        for q in (f'{names.EXPERT_TOKENS}{{layer="0",expert="2"}}', names.ENGINE_STEPS, names.EXPORTER_START_TIME):
+        for q in (f'{metric_names.EXPERT_TOKENS}{{layer="0",expert="2"}}', metric_names.ENGINE_STEPS, metric_names.EXPORTER_START_TIME):
             for r in client.query(f"{q}[{int(window) + 10}s]", time=end)["data"]["result"]:
                 print("DBG", q, r["metric"].get("pod"), r["values"])
         print("DBG expected", {k: v[1] for k, v in expected.items()})
@@ -209,29 +213,28 @@ def test_known_load_in_same_load_out(cluster):
     assert trace.load.sum() == sum(v[0].sum() for v in expected.values())
 
     # long windows are read in chunks: the same samples, none twice
-    whole = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end)
-    chunked = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end, chunk_seconds=1.3)
+    whole = raw_samples(client, metric_names.EXPERT_TOKENS, end - window - 300, end)
+    chunked = raw_samples(client, metric_names.EXPERT_TOKENS, end - window - 300, end, chunk_seconds=1.3)
 
-    def samples(body):
-        return {(tuple(sorted(s["metric"].items())), float(t), v) for s in body["data"]["result"] for t, v in s["values"]}
+    def samples(series):
+        return {(tuple(sorted(s.labels.items())), float(t), float(v)) for s in series for t, v in zip(s.ts, s.vs)}
 
     assert samples(whole) == samples(chunked) and len(samples(whole)) > 0
-    assert sum(len(s["values"]) for s in chunked["data"]["result"]) == len(samples(whole))
+    assert sum(s.ts.size for s in chunked) == len(samples(whole))
 
     # the baseline of each series is its last sample at or before the window's start, fetched by
     # instant queries instead of 5 minutes of raw samples
     g0 = min(expected)
     settled = time.time() - 1.0  # `end` may still be ahead: compare the samples both reads surely saw
-    based = with_baselines(client, names.EXPERT_TOKENS, g0, end)
-    again = raw_samples(client, names.EXPERT_TOKENS, end - window - 300, end)
+    based = with_baselines(client, metric_names.EXPERT_TOKENS, g0, end)
+    again = raw_samples(client, metric_names.EXPERT_TOKENS, end - window - 300, end)
     want = set()
-    for s in again["data"]["result"]:
-        pts = [(float(t), v) for t, v in s["values"]]
+    for s in again:
+        pts = list(zip(s.ts.tolist(), s.vs.tolist()))
         before = [p for p in pts if p[0] <= g0]
-        key = tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__"))
+        key = tuple(sorted(s.labels.items()))
         want |= {(key, t, v) for t, v in before[-1:] + [p for p in pts if p[0] > g0]}
-    got = {(tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")), float(t), v)
-           for s in based["data"]["result"] for t, v in s["values"]}
+    got = {(tuple(sorted(s.labels.items())), float(t), float(v)) for s in based for t, v in zip(s.ts, s.vs)}
     want, got = {w for w in want if w[1] <= settled}, {g for g in got if g[1] <= settled}
     assert got == want and any(t <= g0 for _, t, _ in got), (g0, sorted(got - want)[:3], sorted(want - got)[:3])
 
@@ -249,7 +252,7 @@ def test_missed_scrapes_are_spread_by_time(cluster):
     keeps the total, reports the share, and refuses the window at the default threshold."""
     from moe_eplb.metrics.errors import LoadReadError
     from moe_eplb.metrics.increments import overlap_weights
-    from moe_eplb.metrics.reader import grid_for, max_gap_for
+    from moe_eplb.metrics.assemble import grid_for, max_gap_for
 
     client, pods, prom = cluster["client"], cluster["pods"], cluster["prom"]
     deadline = time.time() + 30
@@ -273,8 +276,8 @@ def test_missed_scrapes_are_spread_by_time(cluster):
                             bucket_seconds=B, now=g_end + 0.1, num_layers=L, num_experts=E,
                             max_interpolated_fraction=1.0)
     # the two samples of pod a around the pause, as Prometheus stored them
-    body = raw_samples(client, f'{names.ENGINE_STEPS}{{pod="a"}}', grid[0] - 60, grid[-1])
-    pts = np.array([[float(t), float(v)] for t, v in body["data"]["result"][0]["values"]])
+    series = raw_samples(client, f'{metric_names.ENGINE_STEPS}{{pod="a"}}', grid[0] - 60, grid[-1])
+    pts = np.stack([series[0].ts, series[0].vs], axis=1)
     j = int(np.flatnonzero(np.diff(pts[:, 1]) > 0)[-1])
     t1, t2 = pts[j, 0], pts[j + 1, 0]
     assert t2 - t1 > max_gap_for(pts[:, 0], B), f"no scrape gap around the load: {t1} -> {t2}"

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.increments import counter_increments, sample_increments
-from moe_eplb.metrics.reader import grid_for, selector, trace_from_raw_counters, trace_from_rounds
-from moe_eplb.metrics.scrape import PodSample, Round, parse_exposition, targets_from_pods
-
-
+from moe_eplb.metrics.assemble import grid_for, trace_from_raw_counters, trace_from_rounds
+from moe_eplb.metrics.reader import selector
+from moe_eplb.metrics.series import parse_matrix
+from moe_eplb.metrics.scrape import (
+    PodSample,
+    Round,
+    parse_exposition,
+    targets_from_pods,
+)
 
 GRID = np.array([100.0, 115.0, 130.0, 145.0])
 
@@ -57,15 +61,16 @@ def test_a_scrape_gap_is_spread_over_its_buckets_by_time():
 
 
 def _body(series):
-    return {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": m, "values": [[t, str(v)] for t, v in pts if v is not None]} for m, pts in series]}}
+    """The series of a Prometheus matrix answer holding ``series`` = [(labels, [(t, v), ...])]."""
+    return parse_matrix({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": m, "values": [[t, str(v)] for t, v in pts if v is not None]} for m, pts in series]}}, "test")
 
 
 TS = [98.0, 112.0, 127.0, 141.0]  # scrape times: one baseline, then one per bucket
 
 
 def _pod(pod, model="m"):
-    return {"__name__": "x", "namespace": "ns", names.MOEINFERENCE_LABEL: "moe", "pod": pod, "model": model}
+    return {"__name__": "x", "namespace": "ns", metric_names.MOEINFERENCE_LABEL: "moe", "pod": pod, metric_names.LABEL_MODEL: model}
 
 
 def _expert_series(pod, layer, expert, values, model="m", ts=TS):
@@ -84,13 +89,13 @@ def test_raw_counters_to_trace_exact_with_restart_and_join():
             experts.append(_expert_series("b", l, e, [5, 6], ts=TS[2:]))
     steps = [(_pod("a"), list(zip(TS, [50, 60, 80, 4]))), (_pod("b"), list(zip(TS[2:], [20, 24])))]
     starts = [(_pod("a"), list(zip(TS, [50, 50, 50, 135]))), (_pod("b"), list(zip(TS[2:], [120, 120])))]
-    tr = trace_from_raw_counters(_body(experts), _body(steps), GRID, start_body=_body(starts))
+    tr = trace_from_raw_counters(_body(experts), _body(steps), GRID, start_times=_body(starts))
     np.testing.assert_array_equal(tr.load[:, 0, 0], [1, 2 + 5, 15 + 1])
     np.testing.assert_array_equal(tr.load[:, 1, 1], [1, 2 + 5, 45 + 1])
     np.testing.assert_array_equal(tr.bucket_steps, [10, 20 + 20, 4 + 4])
     assert tr.bucket_seconds == 15 and tr.model == "m"
     # one engine over two pods: steps counted once
-    tr2 = trace_from_raw_counters(_body(experts), _body(steps), GRID, pods_per_engine=2, start_body=_body(starts))
+    tr2 = trace_from_raw_counters(_body(experts), _body(steps), GRID, pods_per_engine=2, start_times=_body(starts))
     assert tr2.bucket_steps.tolist() == [5, 20, 4]
 
 
@@ -132,7 +137,7 @@ def test_grid_and_selector():
     with pytest.raises(LoadReadError) as ei:
         grid_for(1000, 10, 15)
     assert ei.value.reason == "InsufficientData"
-    assert selector("ns", 'a"b', "m") == '{namespace="ns", moeinference="a\\"b", model="m"}'
+    assert selector("ns", 'a"b', "m") == '{namespace="ns", moeinference="a\\"b", model_name="m"}'
 
 
 def _round(t, pods):
@@ -154,8 +159,8 @@ def test_rounds_to_trace_reset_join_leave():
 
 
 def test_targets_from_pods():
-    def pod(name, ip, phase="Running", port_name=names.EXPORTER_PORT_NAME, label="moe"):
-        return {"metadata": {"name": name, "labels": {names.POD_NAME_LABEL: label}},
+    def pod(name, ip, phase="Running", port_name=k8s_names.EXPORTER_PORT_NAME, label="moe"):
+        return {"metadata": {"name": name, "labels": {k8s_names.NAME_LABEL: label}},
                 "status": {"phase": phase, "podIP": ip},
                 "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000},
                                                    {"name": port_name, "containerPort": 9400}]}]}}
@@ -167,11 +172,10 @@ def test_targets_from_pods():
 
 
 def test_parse_exposition_roundtrip_with_the_collector():
-    from prometheus_client.exposition import generate_latest
-
     from moe_eplb.exporter import snapshot as snap
     from moe_eplb.exporter.collector import aggregate, families
     from moe_eplb.exporter.server import make_registry
+    from prometheus_client.exposition import generate_latest
 
     m = snap.ModelSnapshot(name="m", ep_rank=0, ep_size=1, expert_tokens=np.array([[1.0, 2.0], [3.0, 4.0]]),
                            rank_tokens=np.ones((2, 1)), replicas=np.ones((2, 2), np.int64), steps=7, start_time=12.5)

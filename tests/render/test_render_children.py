@@ -10,15 +10,15 @@ from importlib import metadata
 
 import kubernetes_validate
 import pytest
-
 from crd_subsets import LEADER_WORKER_SET, POD_MONITOR
 from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.api.schema import schema_problems, unknown_field_problems
 from moe_eplb.api.spec import effective_eplb, parse
-from moe_eplb.exporter import names
 from moe_eplb.render.engine_args import engine_args
-from moe_eplb.render.labels import CONFIG_HASH_ANNOTATION, labels, selector_string
-from moe_eplb.render.objects import EXPORTER_PLUGIN, endpoint, render_children
+from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
+from moe_eplb.render.labels import labels, selector_string
+from moe_eplb.render.objects import endpoint, render_children
 
 K8S = kubernetes_validate.latest_version()
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -75,7 +75,7 @@ def test_seed_deployment(seed) -> None:
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 4}}
     assert {"name": "VLLM_PLUGINS", "value": EXPORTER_PLUGIN} in c["env"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": 8000, names.EXPORTER_PORT_NAME: names.EXPORTER_PORT}
+    assert ports == {"http": 8000, k8s_names.EXPORTER_PORT_NAME: k8s_names.EXPORTER_PORT}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in spec["template"]["spec"]["volumes"]
     startup = c["startupProbe"]
@@ -216,15 +216,15 @@ def test_service_and_pod_monitor(seed) -> None:
     kids = by_kind(render_children(seed))
     svc = kids["Service"]["spec"]
     assert svc["selector"] == kids["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, names.EXPORTER_PORT_NAME: names.EXPORTER_PORT}
+    assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, k8s_names.EXPORTER_PORT_NAME: k8s_names.EXPORTER_PORT}
     pm = kids["PodMonitor"]["spec"]
     assert pm["selector"]["matchLabels"] == svc["selector"]
     assert pm["namespaceSelector"] == {"matchNames": ["default"]}
     ports = [e["port"] for e in pm["podMetricsEndpoints"]]
-    assert ports == [names.EXPORTER_PORT_NAME, "http"]
+    assert ports == [k8s_names.EXPORTER_PORT_NAME, "http"]
     for e in pm["podMetricsEndpoints"]:
         assert e["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_eplb_ai_name"],
-                                     "targetLabel": names.MOEINFERENCE_LABEL, "action": "replace"}]
+                                     "targetLabel": metric_names.MOEINFERENCE_LABEL, "action": "replace"}]
     assert endpoint(seed) == "http://qwen3-vl-30b.default.svc:8000"
     assert selector_string("qwen3-vl-30b") == "app.kubernetes.io/component=engine,eplb.ai/name=qwen3-vl-30b"
 

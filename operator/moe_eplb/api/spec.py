@@ -253,7 +253,9 @@ def quantity_bytes(value: Any) -> int | None:
     """A Kubernetes quantity (``8Gi``, ``500M``, 1024) as an int; None when absent or malformed."""
     if value is None:
         return None
-    from kubernetes.utils.quantity import parse_quantity  # maintained parser of k8s quantities
+    from kubernetes.utils.quantity import (
+        parse_quantity,  # maintained parser of k8s quantities
+    )
 
     try:
         return int(parse_quantity(value))

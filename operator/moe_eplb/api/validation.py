@@ -21,15 +21,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from moe_eplb import API_GROUP, API_VERSION, KIND
 from moe_eplb.api import catalog
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import Problem
 from moe_eplb.api.schema import apply_defaults, schema_problems, unknown_field_problems
-from moe_eplb.api.spec import MoEInference, effective_eplb, parse, quantity_bytes, to_plain
+from moe_eplb.api.spec import (
+    MoEInference,
+    effective_eplb,
+    parse,
+    quantity_bytes,
+    to_plain,
+)
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
+from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND
 
 __all__ = ["Problem", "validate", "apiserver_problems", "nearest_redundant_values"]
 

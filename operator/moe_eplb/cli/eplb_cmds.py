@@ -358,7 +358,14 @@ def _add_tune(main: click.Group) -> None:
         from moe_eplb.cli.tune_output import bad_parameter, print_tune, progress_bar
         from moe_eplb.eplb.costmodel import CostModel
         from moe_eplb.eplb.simulator import SimError
-        from moe_eplb.eplb.tuner import Bounds, TuneError, parse_bounds, parse_bytes, parse_knobs, tune
+        from moe_eplb.eplb.tuner import (
+            Bounds,
+            TuneError,
+            parse_bounds,
+            parse_bytes,
+            parse_knobs,
+            tune,
+        )
 
         trace = _load_trace_arg(trace_path)
         try:

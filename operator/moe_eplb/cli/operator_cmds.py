@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
+from moe_eplb import k8s_names
 from moe_eplb.controller import settings as s
-from moe_eplb.exporter import names
 
 
 def register(main: click.Group) -> None:
@@ -58,7 +58,7 @@ class _NamespaceList(click.ParamType):
 @click.option("--liveness", "liveness", default=None, **_env("liveness"),
               help="Full liveness endpoint URL served by kopf, e.g. http://127.0.0.1:8081/healthz "
                    "(overrides --health-port; '' to disable).")
-@click.option("--metrics-port", type=int, default=names.OPERATOR_PORT, show_default=True, **_env("metrics_port"),
+@click.option("--metrics-port", type=int, default=k8s_names.OPERATOR_METRICS_PORT, show_default=True, **_env("metrics_port"),
               help="Port of the operator's Prometheus /metrics (0 to disable).")
 @click.option("--resync-seconds", type=float, default=60.0, show_default=True, **_env("resync_seconds"),
               help="Period of the drift/status resync of every MoEInference.")
@@ -83,8 +83,12 @@ def run(ctx: click.Context, kubeconfig: str | None, verbose: bool, debug: bool, 
         settings = dataclasses.replace(settings, log_level="DEBUG")
 
     from moe_eplb.controller.handlers import Controller
-    from moe_eplb.controller.main import configure_logging, main as run_main, reconcile_counter, \
-        start_metrics_server
+    from moe_eplb.controller.main import (
+        configure_logging,
+        reconcile_counter,
+        start_metrics_server,
+    )
+    from moe_eplb.controller.main import main as run_main
 
     if kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(kubeconfig)

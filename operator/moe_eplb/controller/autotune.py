@@ -34,15 +34,14 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
-from moe_eplb.exporter import names
+from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 log = logging.getLogger("moe_eplb.autotune")
 
-CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
 API = f"{API_GROUP}/{API_VERSION}"
 
 #: The operator's search (a reduced ladder of the tuner's, 27 candidates) on the last 30 minutes
@@ -390,7 +389,11 @@ async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime,
     """The child Deployments and Pods of a MoEInference -> (WorkloadView, pods).
 
     ``target``: a rollout's target knobs, checked against the spec now (``target_invalid``)."""
-    from moe_eplb.api.spec import apply_defaults, override_invalid_reason, spec_eplb_record
+    from moe_eplb.api.spec import (
+        apply_defaults,
+        override_invalid_reason,
+        spec_eplb_record,
+    )
 
     try:
         spec_eplb = spec_eplb_record(resource)
@@ -401,20 +404,20 @@ async def workload_view(client: Any, resource: dict, rt: AutotuneRuntime,
     extra = dict(spec_eplb=spec_eplb, eplb_enabled=enabled, target_invalid=invalid)
     meta = resource["metadata"]
     ns, name = meta.get("namespace") or "default", meta["name"]
-    selector = f"{names.POD_NAME_LABEL}={name}"
+    selector = f"{k8s_names.NAME_LABEL}={name}"
     deps = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
     pods = await client.list("v1", "Pod", ns, label_selector=selector)
     generation = int(meta.get("generation") or 1)
     if not deps:
         return ro.WorkloadView(generation, False, None, **extra), pods
     hashes = sorted({((d["spec"].get("template") or {}).get("metadata") or {}).get("annotations", {}).get(
-        CONFIG_HASH_ANNOTATION, "") for d in deps})
+        k8s_names.CONFIG_HASH_ANNOTATION, "") for d in deps})
     template_hash = ",".join(hashes)
     settled = all(_deployment_settled(d) for d in deps)
     bad = []
     for p in pods:
         ann = (p.get("metadata") or {}).get("annotations") or {}
-        if ann.get(CONFIG_HASH_ANNOTATION) not in hashes or (p["metadata"].get("deletionTimestamp")):
+        if ann.get(k8s_names.CONFIG_HASH_ANNOTATION) not in hashes or (p["metadata"].get("deletionTimestamp")):
             continue
         for cs in (p.get("status") or {}).get("containerStatuses") or []:
             waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
@@ -553,7 +556,7 @@ async def collect_direct(client: Any, resource: dict, rt: AutotuneRuntime, now: 
     if last is not None and now - last < rt.bucket_seconds:
         return
     rt._last_collect[(ns, name)] = now
-    pods = await client.list("v1", "Pod", ns, label_selector=f"{names.POD_NAME_LABEL}={name}")
+    pods = await client.list("v1", "Pod", ns, label_selector=f"{k8s_names.NAME_LABEL}={name}")
     targets = targets_from_pods(pods, name)
     if not targets:
         return
@@ -612,8 +615,8 @@ async def _measure_prometheus(url: str, ns: str, name: str, start: float, end: f
 
     w0, w1 = rt.clock.to_wall(start), rt.clock.to_wall(end)
     rng = max(1, int(math.ceil(w1 - w0)))
-    q = (f'sum by (pod, layer, rank) (increase({names.RANK_TOKENS}{{namespace="{ns}",'
-         f'{names.MOEINFERENCE_LABEL}="{name}"}}[{rng}s]))')
+    q = (f'sum by (pod, layer, rank) (increase({metric_names.RANK_TOKENS}{{namespace="{ns}",'
+         f'{metric_names.MOEINFERENCE_LABEL}="{name}"}}[{rng}s]))')
     timeout = aiohttp.ClientTimeout(total=rt.http_timeout)
     async with aiohttp.ClientSession(timeout=timeout) as s:
         async with s.get(url.rstrip("/") + "/api/v1/query", params={"query": q, "time": f"{w1:.3f}"}) as resp:
@@ -649,22 +652,22 @@ async def scrape_rank_tokens(pod: dict, timeout: float) -> np.ndarray | None:
     port = None
     for c in (pod.get("spec") or {}).get("containers") or []:
         for p in c.get("ports") or []:
-            if p.get("name") == names.EXPORTER_PORT_NAME:
+            if p.get("name") == k8s_names.EXPORTER_PORT_NAME:
                 port = p.get("containerPort")
     if not ip or not port:
         return None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
-        async with s.get(f"http://{ip}:{port}{names.EXPORTER_PATH}") as resp:
+        async with s.get(f"http://{ip}:{port}{k8s_names.EXPORTER_PATH}") as resp:
             if resp.status != 200:
                 return None
             text = await resp.text()
     cells = {}
-    want = names.RANK_TOKENS.removesuffix("_total")
+    want = metric_names.RANK_TOKENS.removesuffix("_total")
     for fam in text_string_to_metric_families(text):
         if fam.name != want:
             continue
         for s in fam.samples:
-            if s.name == names.RANK_TOKENS:
+            if s.name == metric_names.RANK_TOKENS:
                 cells[(int(s.labels["layer"]), int(s.labels["rank"]))] = s.value
     if not cells:
         return None

@@ -26,11 +26,18 @@ from typing import Any
 
 import kopf
 
-from moe_eplb import API_GROUP, API_VERSION, PLURAL
 from moe_eplb.controller import autotune
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
-from moe_eplb.controller.reconcile import MANAGED_BY, NAME_LABEL, Outcome, Reconciler
+from moe_eplb.controller.reconcile import Outcome, Reconciler
 from moe_eplb.controller.settings import OperatorSettings
+from moe_eplb.k8s_names import (
+    API_GROUP,
+    API_VERSION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    PLURAL,
+)
 
 log = logging.getLogger("moe_eplb.controller")
 
@@ -161,7 +168,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     for api_version, kind in CHILD_KINDS:
         k = KINDS[(api_version, kind)]
-        kopf.on.event(k.group, k.version, k.plural, id=f"child-{k.plural}", labels={MANAGED_BY[0]: MANAGED_BY[1]},
+        kopf.on.event(k.group, k.version, k.plural, id=f"child-{k.plural}", labels={MANAGED_BY_LABEL: MANAGED_BY},
                       registry=registry)(child_event)
 
     autotune.register(registry, controller)  # the tuning loop's timer (controller/autotune.py)

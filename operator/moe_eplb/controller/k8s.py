@@ -29,7 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL, __version__
+from moe_eplb import __version__
+from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 USER_AGENT = f"moe-eplb/{__version__}"
 

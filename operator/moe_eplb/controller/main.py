@@ -13,9 +13,9 @@ from typing import Any
 
 import kopf
 
-from moe_eplb import API_GROUP
 from moe_eplb.controller.handlers import Controller, register
 from moe_eplb.controller.settings import PEERING_NAME
+from moe_eplb.k8s_names import API_GROUP
 
 
 def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
@@ -57,9 +57,9 @@ def reconcile_counter() -> Callable[[str], None]:
     """``counter(result)`` incrementing ``moe_eplb_reconciles_total{result}`` (process-wide registry)."""
     from prometheus_client import Counter
 
-    from moe_eplb.exporter import names
+    from moe_eplb import metric_names
 
-    counter = Counter(names.RECONCILES.removesuffix("_total"), "MoEInference reconciles by result (ok, invalid, error)",
+    counter = Counter(metric_names.RECONCILES.removesuffix("_total"), "MoEInference reconciles by result (ok, invalid, error)",
                       ["result"])
     return lambda result: counter.labels(result=result).inc()
 

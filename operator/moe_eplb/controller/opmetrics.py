@@ -1,6 +1,6 @@
 """The autotune loop's metrics on the operator's ``/metrics`` (prometheus_client default registry).
 
-Names are pinned in :mod:`moe_eplb.exporter.names`:
+Names are pinned in :mod:`moe_eplb.metric_names`:
 
 - ``moe_eplb_tuner_evaluations_total{namespace,name,result}`` -- evaluations by result
   (``ok``, ``nodata``, ``error``);
@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb.exporter import names
+from moe_eplb import metric_names
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,17 @@ def metrics() -> _Metrics:
 
     strip = lambda n: n.removesuffix("_total")  # noqa: E731 - prometheus_client adds the suffix
     return _Metrics(
-        evaluations=Counter(strip(names.TUNER_EVALUATIONS), "Autotune evaluations by result (ok, nodata, error)",
+        evaluations=Counter(strip(metric_names.TUNER_EVALUATIONS), "Autotune evaluations by result (ok, nodata, error)",
                             ["namespace", "name", "result"]),
-        decisions=Counter(strip(names.TUNER_DECISIONS), "Autotune decisions (Keep, Recommend, Apply, Defer, NoData, Error)",
+        decisions=Counter(strip(metric_names.TUNER_DECISIONS), "Autotune decisions (Keep, Recommend, Apply, Defer, NoData, Error)",
                           ["namespace", "name", "decision"]),
-        predicted_gain=Gauge(names.TUNER_PREDICTED_GAIN, "Predicted relative throughput gain of the last recommendation",
+        predicted_gain=Gauge(metric_names.TUNER_PREDICTED_GAIN, "Predicted relative throughput gain of the last recommendation",
                              ["namespace", "name"]),
-        duration=Histogram(names.TUNER_DURATION_SECONDS, "Seconds one tuner run takes",
+        duration=Histogram(metric_names.TUNER_DURATION_SECONDS, "Seconds one tuner run takes",
                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)),
-        last_success=Gauge(names.TUNER_LAST_SUCCESS, "POSIX time of the last successful tuner evaluation",
+        last_success=Gauge(metric_names.TUNER_LAST_SUCCESS, "POSIX time of the last successful tuner evaluation",
                            ["namespace", "name"]),
-        rollbacks=Counter(strip(names.ROLLBACKS), "Rollbacks of tuner changes by reason (regression, crashloop, timeout)",
+        rollbacks=Counter(strip(metric_names.ROLLBACKS), "Rollbacks of tuner changes by reason (regression, crashloop, timeout)",
                           ["namespace", "name", "reason"]),
     )
 

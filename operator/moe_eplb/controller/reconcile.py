@@ -30,15 +30,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb import API_GROUP, API_VERSION, KIND
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
+from moe_eplb.k8s_names import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+)
 
 log = logging.getLogger("moe_eplb.controller")
 
 PARENT_API_VERSION = f"{API_GROUP}/{API_VERSION}"
-NAME_LABEL = "eplb.ai/name"
-MANAGED_BY = ("app.kubernetes.io/managed-by", "moe-eplb")
 
 # metadata keys of a child that the controller manages (others are the server's or other tools')
 _MANAGED_METADATA = ("labels", "annotations", "ownerReferences")
@@ -353,7 +358,7 @@ class Reconciler:
 
     async def _owned_children(self, resource: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         meta = resource["metadata"]
-        selector = f"{NAME_LABEL}={meta['name']},{MANAGED_BY[0]}={MANAGED_BY[1]}"
+        selector = f"{NAME_LABEL}={meta['name']},{MANAGED_BY_LABEL}={MANAGED_BY}"
         found = []
         for api_version, kind in CHILD_KINDS:
             try:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names
 
 PEERING_NAME = "moe-eplb"
 DEFAULT_HEALTH_PORT = 8081
@@ -85,7 +85,7 @@ class OperatorSettings:
     peering_name: str = PEERING_NAME
     priority: int = 0
     liveness_endpoint: str | None = f"http://0.0.0.0:{DEFAULT_HEALTH_PORT}/healthz"
-    metrics_port: int = names.OPERATOR_PORT
+    metrics_port: int = k8s_names.OPERATOR_METRICS_PORT
     resync_seconds: float = 60.0
     log_level: str = "INFO"
     log_format: str = "text"
@@ -120,7 +120,7 @@ def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
 
 def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), standalone: bool = False,
           peering_name: str | None = None, priority: int | None = None, health_port: int | None = None,
-          liveness: str | None = None, metrics_port: int = names.OPERATOR_PORT, resync_seconds: float = 60.0,
+          liveness: str | None = None, metrics_port: int = k8s_names.OPERATOR_METRICS_PORT, resync_seconds: float = 60.0,
           log_level: str = "INFO", log_format: str = "text", pod_name: str | None = None,
           pod_namespace: str | None = None,
           draw_priority: Callable[[], int] = random_priority) -> OperatorSettings:

@@ -256,7 +256,6 @@ def _rebalance_rows(w32: np.ndarray, layout: Layout) -> np.ndarray:
     rows, num_experts = w32.shape
     groups, nodes = layout.groups, layout.nodes
     group_size = num_experts // groups
-    groups_per_node = groups // nodes
     experts_per_node = num_experts // nodes
     slots_per_node = layout.num_replicas // nodes
 

@@ -4,11 +4,10 @@ A trace is a sequence of T time buckets. For each bucket it holds how many engin
 (``bucket_steps[t]``) and how many tokens were routed to each logical expert of each MoE layer
 during those steps (``load[t, l, e]``, counted once per (token, top-k slot) as vLLM counts).
 
-Reading and writing files, Prometheus results and the real routing data: :mod:`moe_eplb.eplb.tracefile`
-(``load_trace``, ``save_trace``, ``trace_from_dict``, ``trace_to_dict``, ``trace_from_prometheus``).
-Synthetic traces: :mod:`moe_eplb.eplb.synth`. The file format (keys ``num_layers``, ``num_experts``,
-``bucket_steps``, ``load``, optional ``bucket_seconds``, ``top_k``, ``model``) is documented in
-:mod:`moe_eplb.eplb.tracefile` and docs/traces.md.
+Reading and writing files and the real routing data: :mod:`moe_eplb.eplb.tracefile` (``load_trace``,
+``save_trace``, ``trace_from_dict``, ``trace_to_dict``); from Prometheus or the pods:
+:mod:`moe_eplb.metrics`; synthetic traces: :mod:`moe_eplb.eplb.synth`. The file format is the
+contract :mod:`moe_eplb.trace_format` (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-TRACE_KEYS_REQUIRED = ("num_layers", "num_experts", "bucket_steps", "load")
-TRACE_KEYS_OPTIONAL = ("bucket_seconds", "top_k", "model")
+from moe_eplb.trace_format import OPTIONAL_KEYS as TRACE_KEYS_OPTIONAL
+from moe_eplb.trace_format import REQUIRED_KEYS as TRACE_KEYS_REQUIRED
+from moe_eplb.trace_format import TraceError
 
-
-class TraceError(ValueError):
-    """A trace that cannot be used; the message names the key and the problem."""
+__all__ = ["LoadTrace", "TraceError", "TRACE_KEYS_REQUIRED", "TRACE_KEYS_OPTIONAL"]
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,12 @@
-"""Reading and writing load traces: the trace file format, Prometheus range-query results, and the
-real routing data files (``expert_counts_by_domain`` and ``token_routing_sequence`` JSON).
+"""Reading and writing load traces, and the real routing data files (``expert_counts_by_domain``
+and ``token_routing_sequence`` JSON).
 
-Everything here except :func:`load_trace` / :func:`save_trace` / :func:`read_routing_file` is a
-pure function (dict in, object out). Every problem raises :class:`~moe_eplb.eplb.trace.TraceError`
-whose message starts with the key (or file) at fault and says how to fix it.
-
-Trace file format (JSON, gzip JSON ``.json.gz``, or NumPy ``.npz`` with the same keys):
-
-=================  ========================  =============================================
-key                type                      meaning
-=================  ========================  =============================================
-``num_layers``     int > 0                   MoE layers L
-``num_experts``    int > 0                   logical experts per layer E
-``bucket_steps``   list[int], length T       engine steps in each bucket (>= 0)
-``load``           T x L x E numbers >= 0    tokens routed to each logical expert
-                                             (one count per (token, top-k slot))
-``bucket_seconds`` float > 0, optional       wall-clock length of one bucket
-``top_k``          int > 0, optional         experts per token
-``model``          str, optional             model name the load came from
-=================  ========================  =============================================
+The file format itself (keys, types, suffixes, the bounded raw reader and the atomic writer) is the
+contract :mod:`moe_eplb.trace_format`; here the raw mapping is validated strictly into a
+:class:`~moe_eplb.eplb.trace.LoadTrace` (:func:`trace_from_dict`) and back (:func:`trace_to_dict`).
+Everything except :func:`load_trace` / :func:`save_trace` / :func:`read_routing_file` is a pure
+function. Every problem raises :class:`~moe_eplb.eplb.trace.TraceError` whose message starts with
+the key (or file) at fault and says how to fix it.
 """
 
 from __future__ import annotations
@@ -28,17 +16,21 @@ import json
 import math
 import numbers
 import os
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from moe_eplb.eplb.trace import TRACE_KEYS_OPTIONAL, TRACE_KEYS_REQUIRED, LoadTrace, TraceError
-from moe_eplb.exporter import names
+from moe_eplb import trace_format
+from moe_eplb.eplb.trace import (
+    TRACE_KEYS_OPTIONAL,
+    TRACE_KEYS_REQUIRED,
+    LoadTrace,
+    TraceError,
+)
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".npz")
+TRACE_SUFFIXES = trace_format.SUFFIXES
 
 
 # --------------------------------------------------------------------------------------------------
@@ -126,21 +118,15 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
     return LoadTrace(load=load, bucket_steps=steps, **kwargs)
 
 
-def trace_to_dict(trace: LoadTrace) -> dict[str, Any]:
-    """The file-format dict of ``trace`` (plain Python lists and numbers, JSON-ready).
-
-    Loads that are whole numbers are written as integers.
-    """
+def trace_to_dict(trace: LoadTrace, *, arrays: bool = False) -> dict[str, Any]:
+    """The file-format dict of ``trace``: JSON-ready plain lists and numbers (whole-number loads
+    as integers), or NumPy arrays with ``arrays=True`` (what :func:`save_trace` writes)."""
     load = trace.load
-    if np.all(load == np.round(load)) and load.max() < 2**53:
-        load_list = load.astype(np.int64).tolist()
-    else:
-        load_list = load.tolist()
     d: dict[str, Any] = {
         "num_layers": trace.num_layers,
         "num_experts": trace.num_experts,
-        "bucket_steps": trace.bucket_steps.astype(np.int64).tolist(),
-        "load": load_list,
+        "bucket_steps": trace.bucket_steps.astype(np.int64),
+        "load": load,
     }
     if trace.bucket_seconds is not None:
         d["bucket_seconds"] = float(trace.bucket_seconds)
@@ -148,6 +134,11 @@ def trace_to_dict(trace: LoadTrace) -> dict[str, Any]:
         d["top_k"] = int(trace.top_k)
     if trace.model is not None:
         d["model"] = trace.model
+    if arrays:
+        return d
+    whole = np.all(load == np.round(load)) and load.max() < 2**53
+    d["load"] = load.astype(np.int64).tolist() if whole else load.tolist()
+    d["bucket_steps"] = d["bucket_steps"].tolist()
     return d
 
 
@@ -158,33 +149,13 @@ def trace_to_dict(trace: LoadTrace) -> dict[str, Any]:
 
 def trace_suffix(path: str | os.PathLike) -> str:
     """The trace format ``path`` names (one of :data:`TRACE_SUFFIXES`); anything else raises."""
-    path = Path(path)
-    name = path.name.lower()
-    for suffix in TRACE_SUFFIXES:
-        if name.endswith(suffix):
-            return suffix
-    raise TraceError(f"{path}: unknown trace file type; use one of {', '.join(TRACE_SUFFIXES)}")
+    return trace_format.suffix_of(path)
 
 
 def load_trace(path: str | os.PathLike) -> LoadTrace:
-    """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix)."""
-    path = Path(path)
-    suffix = trace_suffix(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such file")
-    try:
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as npz:
-                d = {k: npz[k] for k in npz.files}
-            return trace_from_dict(d)
-        opener = gzip.open if suffix == ".json.gz" else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            d = json.load(fh)
-    except TraceError as exc:
-        raise TraceError(f"{path}: {exc}") from None
-    except (json.JSONDecodeError, OSError, ValueError, EOFError) as exc:
-        raise TraceError(f"{path}: cannot read as {suffix} ({exc})") from None
-    if isinstance(d, dict) and d.get("kind") in ROUTING_KINDS:
+    """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix), bounded and strict."""
+    d = trace_format.read_trace_file(path)
+    if d.get("kind") in ROUTING_KINDS:
         raise TraceError(
             f"{path}: is a routing data file (kind {d['kind']!r}), not a load trace; "
             "use read_routing_file() or `moe-eplb trace synth --from`"
@@ -196,240 +167,8 @@ def load_trace(path: str | os.PathLike) -> LoadTrace:
 
 
 def save_trace(trace: LoadTrace, path: str | os.PathLike) -> Path:
-    """Write ``trace`` to ``path`` in the format its suffix names; returns the path.
-
-    The file is written to a temporary name and renamed, so a failed write leaves nothing behind.
-    """
-    path = Path(path)
-    suffix = trace_suffix(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        if suffix == ".npz":
-            load = trace.load
-            if np.all(load == np.round(load)) and load.max() < 2**32:
-                load = load.astype(np.uint32)  # whole counts: smaller and much faster to compress
-            arrays: dict[str, Any] = {
-                "num_layers": np.int64(trace.num_layers),
-                "num_experts": np.int64(trace.num_experts),
-                "bucket_steps": trace.bucket_steps.astype(np.int64),
-                "load": load,
-            }
-            if trace.bucket_seconds is not None:
-                arrays["bucket_seconds"] = np.float64(trace.bucket_seconds)
-            if trace.top_k is not None:
-                arrays["top_k"] = np.int64(trace.top_k)
-            if trace.model is not None:
-                arrays["model"] = np.str_(trace.model)
-            # np.savez_compressed's layout (one .npy per key in a zip), with fast deflate level 1
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-                for key, value in arrays.items():
-                    with zf.open(f"{key}.npy", "w", force_zip64=True) as fh:
-                        np.lib.format.write_array(fh, np.asanyarray(value), allow_pickle=False)
-        else:
-            text = json.dumps(trace_to_dict(trace), separators=(",", ":"))
-            if suffix == ".json.gz":
-                with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) as fh:
-                    fh.write(text)
-            else:
-                tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-# --------------------------------------------------------------------------------------------------
-# Prometheus range queries
-# --------------------------------------------------------------------------------------------------
-
-
-def _matrix(body: Mapping[str, Any], what: str) -> list:
-    """The ``result`` list of a range-query body (the full body or its ``data`` member)."""
-    if not isinstance(body, Mapping):
-        raise TraceError(f"{what}: expected the JSON body of /api/v1/query_range, got {type(body).__name__}")
-    if "status" in body and body["status"] != "success":
-        raise TraceError(f"{what}: query failed ({body.get('errorType', '?')}: {body.get('error', '?')})")
-    data = body.get("data", body)
-    if not isinstance(data, Mapping) or "result" not in data:
-        raise TraceError(f"{what}: no data.result in the query_range body")
-    if data.get("resultType", "matrix") != "matrix":
-        raise TraceError(f"{what}: resultType is {data.get('resultType')!r}; use a range query (matrix)")
-    result = data["result"]
-    if not isinstance(result, list):
-        raise TraceError(f"{what}: data.result is not a list")
-    return result
-
-
-def series_points(series: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Times and values ``[n]`` of one Prometheus matrix series (``{"metric": ..., "values": [[t, "v"], ...]}``);
-    :class:`TraceError` (message starting with ``what``) for malformed points, NaN, infinite or negative values."""
-    values = series.get("values")
-    if not isinstance(values, list):
-        raise TraceError(f"{what}: series {series.get('metric')} has no 'values' list")
-    try:
-        # [[t, "v"], ...] -> [n, 2] in one call (numpy parses the value strings)
-        arr = np.array(values, dtype=np.float64)
-        if arr.size == 0:
-            arr = arr.reshape(0, 2)
-        if arr.ndim != 2 or arr.shape[1] != 2:
-            raise ValueError(f"points must be [time, value] pairs, got shape {arr.shape}")
-    except (TypeError, ValueError, IndexError) as exc:
-        raise TraceError(f"{what}: series {series.get('metric')} has a malformed point ({exc})") from None
-    ts, vs = arr[:, 0], arr[:, 1]
-    if not (np.isfinite(vs).all() and (vs >= 0).all()):
-        if not np.all(np.isfinite(vs)):
-            raise TraceError(f"{what}: series {series.get('metric')} has NaN or infinite values")
-        raise TraceError(f"{what}: series {series.get('metric')} has negative values (counters and their increase() never are; use increase(), not deriv())")
-    return ts, vs
-
-
-def _int_label(metric: Mapping[str, Any], label: str, what: str) -> int:
-    raw = metric.get(label)
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise TraceError(f"{what}: label {label}={raw!r} is not an integer in series {dict(metric)}") from None
-    if value < 0:
-        raise TraceError(f"{what}: label {label}={raw!r} is negative in series {dict(metric)}")
-    return value
-
-
-def trace_from_prometheus(
-    expert_tokens: Mapping[str, Any],
-    engine_steps: Mapping[str, Any],
-    *,
-    num_layers: int | None = None,
-    num_experts: int | None = None,
-    bucket_seconds: float | None = None,
-    top_k: int | None = None,
-    model: str | None = None,
-) -> LoadTrace:
-    """Turn two Prometheus range-query results into a trace (pure; no HTTP).
-
-    Args:
-        expert_tokens: JSON body (or its ``data``) of ``/api/v1/query_range`` for e.g.
-            ``sum by (layer, expert) (increase(moe_eplb_expert_tokens_total{...}[15s]))`` with
-            ``step=15s``: one series per (layer, expert) with labels
-            :data:`~moe_eplb.exporter.names.LABEL_LAYER` and ``LABEL_EXPERT``
-            (:data:`moe_eplb.exporter.names.EXPERT_TOKENS`). Several series with the same
-            (layer, expert) (e.g. one per pod) are added up.
-        engine_steps: the same for ``increase(moe_eplb_engine_steps_total[15s])``
-            (:data:`~moe_eplb.exporter.names.ENGINE_STEPS`). Engines of one deployment step in
-            lockstep, so several series (one per pod) are combined by taking the largest value
-            at each time.
-        num_layers, num_experts: the model's shape; by default the largest label + 1. Given, a
-            label outside the shape is an error.
-        bucket_seconds: length of a bucket; by default the spacing of the timestamps.
-
-    Returns:
-        A trace whose buckets are the timestamps of ``engine_steps``; ``load[t, l, e]`` is the
-        increase of expert (l, e)'s counter in bucket t, ``bucket_steps[t]`` the rounded increase
-        of the step counter.
-
-    Zero fill and errors: an expert of a present layer with no series, or a series without a point
-    at some bucket, counts 0 there (the exporter's counters appear only once an expert has received
-    tokens, and Prometheus returns no point for a counter that did not exist yet). A layer with no
-    series at all, a bucket where some layers have load but another has none, a load point at a
-    time with no engine-steps point, series from more than one ``model``, or timestamps that are not
-    evenly spaced raise :class:`TraceError`, because the matrix would otherwise be silently wrong.
-    """
-    what_e, what_s = f"{names.EXPERT_TOKENS} result", f"{names.ENGINE_STEPS} result"
-    expert_series = _matrix(expert_tokens, what_e)
-    step_series = _matrix(engine_steps, what_s)
-    if not step_series:
-        raise TraceError(f"{what_s}: no series; is the exporter scraped (metric {names.ENGINE_STEPS})?")
-    if not expert_series:
-        raise TraceError(f"{what_e}: no series; is the exporter scraped (metric {names.EXPERT_TOKENS})?")
-
-    models = {s.get("metric", {}).get(names.LABEL_MODEL) for s in list(expert_series) + list(step_series)} - {None}
-    if len(models) > 1:
-        raise TraceError(
-            f"model: the results mix {len(models)} models ({', '.join(sorted(models))}); "
-            "filter the queries with {model=\"...\"}"
-        )
-    if model is None and models:
-        model = models.pop()
-
-    # Time grid from the engine-steps series.
-    step_points = [series_points(s, what_s) for s in step_series]
-    grid = np.unique(np.concatenate([ts for ts, _ in step_points]))
-    if grid.size == 0:
-        raise TraceError(f"{what_s}: the series have no points; widen the query range")
-    steps = np.zeros(grid.size, dtype=np.float64)
-    for ts, vs in step_points:
-        idx = np.searchsorted(grid, ts)
-        np.maximum.at(steps, idx, vs)
-    if grid.size > 1:
-        gaps = np.diff(grid)
-        if not np.allclose(gaps, gaps[0], rtol=1e-6, atol=1e-3):
-            raise TraceError(
-                f"{what_s}: timestamps are not evenly spaced (gaps {sorted(set(np.round(gaps, 3).tolist()))[:5]} s); "
-                "query with a fixed step"
-            )
-        spacing = float(gaps[0])
-        if bucket_seconds is None:
-            bucket_seconds = spacing
-    elif bucket_seconds is None:
-        raise TraceError("bucket_seconds: only one bucket in the result; pass the query step as bucket_seconds")
-
-    # Load matrix.
-    keyed: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-    for s in expert_series:
-        metric = s.get("metric", {})
-        layer = _int_label(metric, names.LABEL_LAYER, what_e)
-        expert = _int_label(metric, names.LABEL_EXPERT, what_e)
-        ts, vs = series_points(s, what_e)
-        keyed.append((layer, expert, ts, vs))
-    max_layer = max(k[0] for k in keyed)
-    max_expert = max(k[1] for k in keyed)
-    if num_layers is None:
-        num_layers = max_layer + 1
-    elif max_layer >= num_layers:
-        raise TraceError(f"num_layers: is {num_layers} but the result has a series for layer {max_layer}")
-    if num_experts is None:
-        num_experts = max_expert + 1
-    elif max_expert >= num_experts:
-        raise TraceError(f"num_experts: is {num_experts} but the result has a series for expert {max_expert}")
-
-    load = np.zeros((grid.size, num_layers, num_experts), dtype=np.float64)
-    has_point = np.zeros((grid.size, num_layers), dtype=bool)
-    for layer, expert, ts, vs in keyed:
-        idx = np.searchsorted(grid, ts)
-        # a point matches the grid within 1 ms (idx == grid.size: after the last step point)
-        ok = (idx < grid.size) & (np.abs(grid[np.minimum(idx, grid.size - 1)] - ts) <= 1e-3)
-        if not ok.all():
-            bad = ts[~ok][0]
-            raise TraceError(
-                f"{what_s}: no engine-steps point at time {bad} where layer {layer} expert {expert} has load; "
-                "query both with the same start, end and step"
-            )
-        np.add.at(load[:, layer, expert], idx, vs)
-        has_point[idx, layer] = True
-
-    seen_layers = np.any(has_point, axis=0)
-    if not np.all(seen_layers):
-        missing = np.flatnonzero(~seen_layers).tolist()
-        raise TraceError(
-            f"layer: no series at all for layer(s) {missing[:10]} of {num_layers}; the exporter is not "
-            "reporting them (or num_layers is wrong), so their load cannot be filled with zeros"
-        )
-    partial = np.any(has_point, axis=1) & ~np.all(has_point, axis=1)
-    if np.any(partial):
-        t = int(np.flatnonzero(partial)[0])
-        missing = np.flatnonzero(~has_point[t]).tolist()
-        raise TraceError(
-            f"layer: at time {grid[t]} layer(s) {missing[:10]} have no points while other layers do; "
-            "the scrape is incomplete there -- shorten the range or fix the exporter"
-        )
-    return LoadTrace(
-        load=load,
-        bucket_steps=np.round(steps).astype(np.int64),
-        bucket_seconds=bucket_seconds,
-        top_k=top_k,
-        model=model,
-        meta={"start_time": float(grid[0])},
-    )
+    """Write ``trace`` to ``path`` in the format its suffix names (atomically); returns the path."""
+    return trace_format.write_trace_file(trace_to_dict(trace, arrays=True), path)
 
 
 # --------------------------------------------------------------------------------------------------

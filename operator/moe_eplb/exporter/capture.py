@@ -4,7 +4,7 @@ Enabled by ``MOE_EPLB_TRACE_DIR`` (a directory, e.g. on a PVC). The process that
 wakes every ``MOE_EPLB_TRACE_BUCKET_SECONDS``, sums the workers' counters (as the ``/metrics``
 server does) and appends one bucket per model: the tokens routed to each (layer, logical expert)
 and the engine steps since the previous bucket. After each bucket it rewrites
-``<dir>/<model>-<host>-<start>-<part>.npz`` atomically (``save_trace``), starting a new part every
+``<dir>/<model>-<host>-<start>-<part>.npz`` atomically (:func:`moe_eplb.trace_format.write_trace_file`), starting a new part every
 ``MOE_EPLB_TRACE_MAX_BUCKETS`` buckets so no file grows without bound. Read them with
 ``moe-eplb tune --trace <file>`` (or ``moe_eplb.eplb.tracefile.load_trace``).
 
@@ -24,9 +24,9 @@ import time
 
 import numpy as np
 
-from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import aggregate
+from moe_eplb.trace_format import write_trace_file
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -55,8 +55,6 @@ class TraceCapture:
 
     def tick(self) -> list[str]:
         """Append one bucket per model from the current totals; returns the files written."""
-        from moe_eplb.eplb.tracefile import save_trace
-
         written = []
         for name, pm in aggregate(snap.read_all(self.snapshot_dir)).items():
             last = self._last.get(name)
@@ -76,17 +74,15 @@ class TraceCapture:
                 buckets.clear()
                 self._part[name] = self._part.get(name, 0) + 1
             buckets.append((tokens - base_tokens, steps - base_steps))
-            trace = LoadTrace(
-                load=np.stack([b[0] for b in buckets]),
-                bucket_steps=np.array([b[1] for b in buckets], np.int64),
-                bucket_seconds=self.bucket_seconds,
-                model=name,
-            )
+            load = np.stack([b[0] for b in buckets])
+            data = {"num_layers": load.shape[1], "num_experts": load.shape[2],
+                    "bucket_steps": np.array([b[1] for b in buckets], np.int64), "load": load,
+                    "bucket_seconds": float(self.bucket_seconds), "model": name}
             path = os.path.join(
                 self.trace_dir, f"{_slug(name)}-{self.host}-{self.started}-{self._part.get(name, 0):04d}{self.suffix}"
             )
             os.makedirs(self.trace_dir, exist_ok=True)
-            save_trace(trace, path)
+            write_trace_file(data, path)
             if path not in self.paths:
                 self.paths.append(path)
             written.append(path)

@@ -25,10 +25,15 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
-from moe_eplb.exporter import names
+from moe_eplb import metric_names
 from moe_eplb.exporter import snapshot as snap
+from moe_eplb.vllm_facts import balancedness_per_layer
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -94,12 +99,10 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
 
 
 def balancedness(rank_tokens: np.ndarray) -> dict[int, float]:
-    """Per layer ``mean_r / max_r`` of tokens per rank (``rank_tokens``: [L, EP]); layers without
-    tokens are left out. 1.0 = perfectly balanced, 1/EP = everything on one rank."""
-    rt = np.asarray(rank_tokens, np.float64)
-    mx = rt.max(axis=1)
-    mean = rt.mean(axis=1)
-    return {int(l): float(mean[l] / mx[l]) for l in np.nonzero(mx > 0)[0]}
+    """Per layer ``mean_r / max_r`` of tokens per rank (``rank_tokens``: [L, EP]) as
+    :func:`moe_eplb.vllm_facts.balancedness_per_layer` defines it; layers without tokens are left out."""
+    per_layer = balancedness_per_layer(rank_tokens)
+    return {int(l): float(per_layer[l]) for l in np.flatnonzero(np.isfinite(per_layer))}
 
 
 class BalancednessWindow:
@@ -127,25 +130,25 @@ class BalancednessWindow:
 
 
 def families(models: dict[str, PodModel], mode: str = "full") -> list:
-    """Prometheus metric families for the pod (names from :mod:`moe_eplb.exporter.names`)."""
-    M, LY, EX, RK = names.LABEL_MODEL, names.LABEL_LAYER, names.LABEL_EXPERT, names.LABEL_RANK
-    expert = CounterMetricFamily(names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
+    """Prometheus metric families for the pod (names from :mod:`moe_eplb.metric_names`)."""
+    M, LY, EX, RK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
+    expert = CounterMetricFamily(metric_names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
                                  "(one per token and top-k slot), counted by the routing rank.", labels=[M, LY, EX])
-    rank = CounterMetricFamily(names.RANK_TOKENS, "Tokens dispatched to the experts held by each EP rank, "
+    rank = CounterMetricFamily(metric_names.RANK_TOKENS, "Tokens dispatched to the experts held by each EP rank, "
                                "per MoE layer.", labels=[M, LY, RK])
-    replicas = GaugeMetricFamily(names.EXPERT_REPLICAS, "Physical replicas of each logical expert in the current "
+    replicas = GaugeMetricFamily(metric_names.EXPERT_REPLICAS, "Physical replicas of each logical expert in the current "
                                  "EPLB map" + (" (only experts with more than one; absent = 1)." if mode == "reduced"
                                                else "."), labels=[M, LY, EX])
-    rearr = CounterMetricFamily(names.REARRANGEMENTS, "EPLB rearrangements started.", labels=[M])
-    steps = CounterMetricFamily(names.ENGINE_STEPS, "Engine steps seen by EPLB (dummy steps included).", labels=[M])
-    bal = GaugeMetricFamily(names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
+    rearr = CounterMetricFamily(metric_names.REARRANGEMENTS, "EPLB rearrangements started.", labels=[M])
+    steps = CounterMetricFamily(metric_names.ENGINE_STEPS, "Engine steps seen by EPLB (dummy steps included).", labels=[M])
+    bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
                             "per MoE layer, over the balancedness window.", labels=[M, LY])
-    info = GaugeMetricFamily(names.CONFIG_INFO, "Running EPLB configuration (value 1).",
-                             labels=[M, "window_size", "step_interval", "num_redundant_experts", "ep_size"])
-    start = GaugeMetricFamily(names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
+    info = GaugeMetricFamily(metric_names.CONFIG_INFO, "Running EPLB configuration (value 1).",
+                             labels=[M, *metric_names.CONFIG_INFO_LABELS])
+    start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
                               labels=[M])
-    ranks = GaugeMetricFamily(names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
-    hist = HistogramMetricFamily(names.REARRANGEMENT_SECONDS,
+    ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
+    hist = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS,
                                  "Duration of EPLB rearrangements (sync: the call; async: until the last "
                                  "layer is committed).", labels=[M])
     for pm in models.values():

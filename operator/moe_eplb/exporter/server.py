@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -40,7 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
-        if path == names.EXPORTER_PATH:
+        if path == k8s_names.EXPORTER_PATH:
             try:
                 body, status, ctype = generate_latest(self.registry), 200, CONTENT_TYPE
             except Exception as exc:  # noqa: BLE001
@@ -105,7 +105,7 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
                   settings.address, settings.port, exc, st.ENV_PORT)
         return 1
     log.info("moe-eplb exporter: serving %s:%d%s (mode %s, directory %s)", settings.address,
-             httpd.server_address[1], names.EXPORTER_PATH, settings.mode, settings.directory)
+             httpd.server_address[1], k8s_names.EXPORTER_PATH, settings.mode, settings.directory)
     capture = None
     if settings.trace_dir:
         from moe_eplb.exporter.capture import TraceCapture

@@ -26,7 +26,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names
 
 ENV_MODE = "MOE_EPLB_EXPORTER_MODE"
 ENV_PORT = "MOE_EPLB_EXPORTER_PORT"
@@ -50,7 +50,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     mode: str = "full"
-    port: int = names.EXPORTER_PORT
+    port: int = k8s_names.EXPORTER_PORT
     address: str = "0.0.0.0"
     directory: str | None = None
     flush_seconds: float = 1.0
@@ -69,7 +69,7 @@ class Settings:
         server_pid = env.get(ENV_SERVER_PID)
         return cls(
             mode=mode,
-            port=_int(env, ENV_PORT, names.EXPORTER_PORT, 1, 65535),
+            port=_int(env, ENV_PORT, k8s_names.EXPORTER_PORT, 1, 65535),
             address=env.get(ENV_ADDRESS, "0.0.0.0") or "0.0.0.0",
             directory=env.get(ENV_DIR) or None,
             flush_seconds=_float(env, ENV_FLUSH_SECONDS, 1.0, 0.0),

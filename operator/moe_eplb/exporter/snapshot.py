@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_eplb import metric_names
+
 # Upper bounds (seconds) of the rearrangement-duration histogram; +Inf is implied.
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+DURATION_BUCKETS = metric_names.REARRANGEMENT_SECONDS_BUCKETS
 
 
 @dataclass

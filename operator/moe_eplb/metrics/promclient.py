@@ -14,7 +14,11 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from moe_eplb.metrics.errors import PROMETHEUS_QUERY_FAILED, PROMETHEUS_UNAVAILABLE, LoadReadError
+from moe_eplb.metrics.errors import (
+    PROMETHEUS_QUERY_FAILED,
+    PROMETHEUS_UNAVAILABLE,
+    LoadReadError,
+)
 
 
 class PrometheusClient:

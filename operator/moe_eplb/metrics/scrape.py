@@ -17,7 +17,7 @@ from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moe_eplb.exporter import names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.errors import NO_TARGETS, SCRAPE_FAILED, LoadReadError
 
 
@@ -36,7 +36,7 @@ def targets_from_pods(pods: Iterable[dict], name: str | None = None) -> list[Tar
     out = []
     for pod in pods:
         meta = pod.get("metadata", {}) or {}
-        if name is not None and (meta.get("labels") or {}).get(names.POD_NAME_LABEL) != name:
+        if name is not None and (meta.get("labels") or {}).get(k8s_names.NAME_LABEL) != name:
             continue
         status = pod.get("status", {}) or {}
         if status.get("phase") != "Running" or not status.get("podIP") or meta.get("deletionTimestamp"):
@@ -44,13 +44,13 @@ def targets_from_pods(pods: Iterable[dict], name: str | None = None) -> list[Tar
         port = None
         for c in (pod.get("spec", {}) or {}).get("containers", []) or []:
             for p in c.get("ports", []) or []:
-                if p.get("name") == names.EXPORTER_PORT_NAME:
+                if p.get("name") == k8s_names.EXPORTER_PORT_NAME:
                     port = p.get("containerPort")
         if port is None:
             continue
         ip = status["podIP"]
         host = f"[{ip}]" if ":" in ip else ip
-        out.append(Target(pod=meta.get("name", ip), url=f"http://{host}:{port}{names.EXPORTER_PATH}"))
+        out.append(Target(pod=meta.get("name", ip), url=f"http://{host}:{port}{k8s_names.EXPORTER_PATH}"))
     return out
 
 
@@ -66,23 +66,23 @@ class PodSample:
 def parse_exposition(text: str) -> PodSample:
     """The exporter's counters from one ``/metrics`` body (classic text format)."""
     sample = PodSample()
-    expert_family = names.EXPERT_TOKENS.removesuffix("_total")
-    steps_family = names.ENGINE_STEPS.removesuffix("_total")
+    expert_family = metric_names.EXPERT_TOKENS.removesuffix("_total")
+    steps_family = metric_names.ENGINE_STEPS.removesuffix("_total")
     for fam in text_string_to_metric_families(text):
         if fam.name == expert_family:
             for s in fam.samples:
-                if s.name != names.EXPERT_TOKENS:
+                if s.name != metric_names.EXPERT_TOKENS:
                     continue
                 lab = s.labels
-                key = (int(lab[names.LABEL_LAYER]), int(lab[names.LABEL_EXPERT]))
-                sample.tokens.setdefault(lab[names.LABEL_MODEL], {})[key] = float(s.value)
+                key = (int(lab[metric_names.LABEL_LAYER]), int(lab[metric_names.LABEL_EXPERT]))
+                sample.tokens.setdefault(lab[metric_names.LABEL_MODEL], {})[key] = float(s.value)
         elif fam.name == steps_family:
             for s in fam.samples:
-                if s.name == names.ENGINE_STEPS:
-                    sample.steps[s.labels[names.LABEL_MODEL]] = float(s.value)
-        elif fam.name == names.EXPORTER_START_TIME:
+                if s.name == metric_names.ENGINE_STEPS:
+                    sample.steps[s.labels[metric_names.LABEL_MODEL]] = float(s.value)
+        elif fam.name == metric_names.EXPORTER_START_TIME:
             for s in fam.samples:
-                sample.start_time[s.labels[names.LABEL_MODEL]] = float(s.value)
+                sample.start_time[s.labels[metric_names.LABEL_MODEL]] = float(s.value)
     return sample
 
 
@@ -110,7 +110,7 @@ class PodScraper:
         """Scrape every target; all or nothing (a failed pod fails the round, which is not kept)."""
         if not targets:
             raise LoadReadError(NO_TARGETS, "no running pod with a container port named "
-                                f"{names.EXPORTER_PORT_NAME!r}; is the exporter enabled in the engine image?")
+                                f"{k8s_names.EXPORTER_PORT_NAME!r}; is the exporter enabled in the engine image?")
         now = self.clock()
 
         def one(t: Target):

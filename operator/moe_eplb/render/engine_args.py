@@ -16,9 +16,8 @@ import json
 from moe_eplb.api import catalog
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import Version, uses_eplb_config_json
+from moe_eplb.k8s_names import API_PORT
 
-API_PORT = 8000
-API_PORT_NAME = "http"
 DP_RPC_PORT = 13345
 CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
 # vLLM version assumed when none is known (EPLB off): the newest the project targets

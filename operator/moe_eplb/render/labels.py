@@ -1,11 +1,14 @@
-"""Labels, selectors and annotations put on every child of a MoEInference (pinned names)."""
+"""Labels and selectors put on every child of a MoEInference (names from :mod:`moe_eplb.k8s_names`)."""
 
 from __future__ import annotations
 
-from moe_eplb.exporter.names import POD_NAME_LABEL
-
-CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
-LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+from moe_eplb.k8s_names import (
+    COMPONENT,
+    COMPONENT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+)
 
 
 def labels(name: str) -> dict[str, str]:
@@ -13,15 +16,15 @@ def labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "moe-eplb",
-        "app.kubernetes.io/component": "engine",
-        POD_NAME_LABEL: name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        COMPONENT_LABEL: COMPONENT,
+        NAME_LABEL: name,
     }
 
 
 def selector_labels(name: str) -> dict[str, str]:
     """The (immutable) pod selector of the workload, Service, PDB and PodMonitor."""
-    return {"app.kubernetes.io/component": "engine", POD_NAME_LABEL: name}
+    return {COMPONENT_LABEL: COMPONENT, NAME_LABEL: name}
 
 
 def selector_string(name: str) -> str:

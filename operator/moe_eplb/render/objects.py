@@ -17,24 +17,35 @@ import math
 import shlex
 from typing import Any
 
-from moe_eplb import API_GROUP, API_VERSION, KIND
-from moe_eplb.api.spec import EplbSettings, MoEInference, effective_eplb, parse, to_plain
-from moe_eplb.exporter import names
-from moe_eplb.render.engine_args import (
+from moe_eplb import k8s_names, metric_names
+from moe_eplb.api.spec import (
+    EplbSettings,
+    MoEInference,
+    effective_eplb,
+    parse,
+    to_plain,
+)
+from moe_eplb.k8s_names import (
+    API_GROUP,
     API_PORT,
     API_PORT_NAME,
+    API_VERSION,
+    CONFIG_HASH_ANNOTATION,
+    EXPORTER_PLUGIN,
+    KIND,
+    LWS_API_VERSION,
+    LWS_WORKER_INDEX_LABEL,
+    PODMONITOR_API_VERSION,
+)
+from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
     engine_args,
     multinode_leader_args,
     multinode_worker_args,
 )
-from moe_eplb.render.labels import CONFIG_HASH_ANNOTATION, LWS_WORKER_INDEX_LABEL, labels, selector_labels
+from moe_eplb.render.labels import labels, selector_labels
 
-# the vLLM general plugin of the exporter; same name as the entry point in pyproject.toml
-EXPORTER_PLUGIN = "moe_eplb_exporter"
 GPU_RESOURCE = "nvidia.com/gpu"
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
 HEALTH_PATH = "/health"
 PROBE_PERIOD_SECONDS = 10
 SCRAPE_INTERVAL = "15s"
@@ -162,7 +173,7 @@ def pod_template(
 ) -> dict[str, Any]:
     """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports)."""
     volumes, mounts = _volumes(inf)
-    ports = [{"name": names.EXPORTER_PORT_NAME, "containerPort": names.EXPORTER_PORT, "protocol": "TCP"}]
+    ports = [{"name": k8s_names.EXPORTER_PORT_NAME, "containerPort": k8s_names.EXPORTER_PORT, "protocol": "TCP"}]
     if serves_api:
         ports.insert(0, {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"})
     container: dict[str, Any] = {
@@ -269,9 +280,9 @@ def service(inf: MoEInference) -> dict[str, Any]:
             "ports": [
                 {"name": API_PORT_NAME, "port": API_PORT, "targetPort": API_PORT_NAME, "protocol": "TCP"},
                 {
-                    "name": names.EXPORTER_PORT_NAME,
-                    "port": names.EXPORTER_PORT,
-                    "targetPort": names.EXPORTER_PORT_NAME,
+                    "name": k8s_names.EXPORTER_PORT_NAME,
+                    "port": k8s_names.EXPORTER_PORT,
+                    "targetPort": k8s_names.EXPORTER_PORT_NAME,
                     "protocol": "TCP",
                 },
             ],
@@ -299,13 +310,13 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
     """
     relabel = [
         {
-            "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(names.POD_NAME_LABEL)],
-            "targetLabel": names.MOEINFERENCE_LABEL,
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(k8s_names.NAME_LABEL)],
+            "targetLabel": metric_names.MOEINFERENCE_LABEL,
             "action": "replace",
         }
     ]
     endpoints = [
-        {"port": names.EXPORTER_PORT_NAME, "path": names.EXPORTER_PATH, "interval": SCRAPE_INTERVAL,
+        {"port": k8s_names.EXPORTER_PORT_NAME, "path": k8s_names.EXPORTER_PATH, "interval": SCRAPE_INTERVAL,
          "relabelings": [dict(r) for r in relabel]},
         {"port": API_PORT_NAME, "path": "/metrics", "interval": SCRAPE_INTERVAL,
          "relabelings": [dict(r) for r in relabel]},

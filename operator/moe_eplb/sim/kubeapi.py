@@ -57,10 +57,12 @@ import attrs
 import jsonpatch
 import kmock
 import yaml
-from kmock._internal import apps as _kmock_apps  # RawHandler._handle: the DSL dispatch without kmock's own state
+from kmock._internal import (
+    apps as _kmock_apps,  # RawHandler._handle: the DSL dispatch without kmock's own state
+)
 from kmock._internal import parsing as _kmock_parsing
 
-from moe_eplb import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 __all__ = [
     "KubeAPIEmulator",

@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 import aiohttp
 
+from moe_eplb import k8s_names
 from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.exporter import names
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 
 log = logging.getLogger(__name__)
@@ -290,10 +290,10 @@ class FakeKubelet:
             await self._req("DELETE", f"/api/v1/namespaces/{d.namespace}/pods/{p.name}")
 
     async def _reconcile(self, d: _Deploy, dep: dict) -> None:
-        md, spec = dep["metadata"], dep.get("spec") or {}
+        spec = dep.get("spec") or {}
         template = spec.get("template") or {}
         labels = (template.get("metadata") or {}).get("labels") or {}
-        d.instance = labels.get(names.POD_NAME_LABEL, d.name)
+        d.instance = labels.get(k8s_names.NAME_LABEL, d.name)
         want = int(spec.get("replicas", 1))
         h = template_hash(template)
         strategy = (spec.get("strategy") or {})
@@ -370,7 +370,7 @@ class FakeKubelet:
                 engine, crash = None, True
         for c in pod_spec.get("containers") or []:
             for port in c.get("ports") or []:
-                if port.get("name") == names.EXPORTER_PORT_NAME and engine is not None:
+                if port.get("name") == k8s_names.EXPORTER_PORT_NAME and engine is not None:
                     port["containerPort"] = engine.port
         now = self.clock.now()
         pod = SimPod(name=name, hash=h, settings=settings, engine=engine, crash=crash, created=now,

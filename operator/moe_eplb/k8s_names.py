@@ -1,0 +1,47 @@
+"""Names of the Kubernetes API surface that several packages share (a contract: imports nothing).
+
+The custom resource, the labels and annotations put on its children, the ports of the engine pods
+and the names the operator uses for its own objects. Users' selectors, dashboards and other tools
+depend on every name here.
+"""
+
+# --- the custom resource ----------------------------------------------------------------------
+API_GROUP = "eplb.ai"
+API_VERSION = "v1alpha1"
+API = f"{API_GROUP}/{API_VERSION}"  # apiVersion of a MoEInference
+KIND = "MoEInference"
+PLURAL = "moeinferences"
+SHORT_NAME = "moe"
+
+# --- labels and annotations on every child object and engine pod --------------------------------
+NAME_LABEL = "eplb.ai/name"  # the MoEInference a pod or child belongs to
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "moe-eplb"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT = "engine"
+#: pod-template annotation: hash of the EPLB settings the pods run (a change rolls the pods)
+CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
+
+# --- LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, multi-node replica groups) --------------------
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_TEMPLATE_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+
+# --- monitoring objects (Prometheus Operator) -----------------------------------------------------
+PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
+
+# --- ports of an engine pod -----------------------------------------------------------------------
+API_PORT = 8000  # vLLM's OpenAI API and its own /metrics
+API_PORT_NAME = "http"
+EXPORTER_PORT = 9400  # the exporter plugin's /metrics
+EXPORTER_PORT_NAME = "eplb-metrics"
+EXPORTER_PATH = "/metrics"
+#: the vLLM general plugin of the exporter (entry point in pyproject.toml, VLLM_PLUGINS value)
+EXPORTER_PLUGIN = "moe_eplb_exporter"
+
+# --- the operator's own endpoints -----------------------------------------------------------------
+OPERATOR_METRICS_PORT = 8080

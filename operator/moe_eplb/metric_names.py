@@ -1,0 +1,51 @@
+"""Every Prometheus series and label moe-eplb exports (a contract: imports nothing).
+
+The exporter plugin (inside vLLM pods), the load reader, the simulated engines, the operator, the
+dashboards and the alerts all take their names from here; users' queries depend on them.
+Label ``model_name`` carries vLLM's served model name, under the same label name vLLM's own
+metrics use, so one dashboard variable filters both.
+"""
+
+PREFIX = "moe_eplb_"
+
+# --- exported by the vLLM plugin (per pod, port k8s_names.EXPORTER_PORT) --------------------------
+EXPERT_TOKENS = "moe_eplb_expert_tokens_total"  # counter {model_name, layer, expert}
+RANK_TOKENS = "moe_eplb_rank_tokens_total"  # counter {model_name, layer, rank}
+EXPERT_REPLICAS = "moe_eplb_expert_replicas"  # gauge {model_name, layer, expert}
+REARRANGEMENTS = "moe_eplb_rearrangements_total"  # counter {model_name}
+REARRANGEMENT_SECONDS = "moe_eplb_rearrangement_duration_seconds"  # histogram {model_name}
+ENGINE_STEPS = "moe_eplb_engine_steps_total"  # counter {model_name}
+STEP_SECONDS = "moe_eplb_step_duration_seconds"  # histogram {model_name, rank}: wall time of one engine step
+STEP_TOKENS = "moe_eplb_step_tokens"  # histogram {model_name, rank}: tokens one engine step routed
+BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model_name, layer}
+CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model_name, window_size, step_interval, num_redundant_experts, ep_size}
+EXPORTER_START_TIME = "moe_eplb_exporter_start_time_seconds"  # gauge {model_name}: unix time the counters started at 0
+EXPORTER_RANKS = "moe_eplb_exporter_ranks"  # gauge {model_name}: EP ranks whose counters this pod serves
+
+# Label names of the exporter's series.
+LABEL_MODEL = "model_name"  # vLLM's served model name (vLLM's own label name)
+LABEL_LAYER = "layer"  # MoE layer index 0..L-1 (vLLM's moe_layers order)
+LABEL_EXPERT = "expert"  # logical expert index 0..E-1
+LABEL_RANK = "rank"  # EP rank that processes the tokens (destination), 0..EP-1
+CONFIG_INFO_LABELS = ("window_size", "step_interval", "num_redundant_experts", "ep_size")
+
+#: Bucket bounds (seconds) of STEP_SECONDS: 1 ms .. 10 s, about three per decade.
+STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: Bucket bounds of STEP_TOKENS (tokens per engine step).
+STEP_TOKENS_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+#: Bucket bounds (seconds) of REARRANGEMENT_SECONDS.
+REARRANGEMENT_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+# --- exported by the operator (its own /metrics) --------------------------------------------------
+TUNER_EVALUATIONS = "moe_eplb_tuner_evaluations_total"  # counter {namespace, name, result}
+TUNER_DECISIONS = "moe_eplb_tuner_decisions_total"  # counter {namespace, name, decision}
+TUNER_PREDICTED_GAIN = "moe_eplb_tuner_predicted_gain_ratio"  # gauge {namespace, name}
+TUNER_DURATION_SECONDS = "moe_eplb_tuner_duration_seconds"  # histogram {}
+TUNER_LAST_SUCCESS = "moe_eplb_tuner_last_success_timestamp_seconds"  # gauge {namespace, name}
+ROLLBACKS = "moe_eplb_rollbacks_total"  # counter {namespace, name, reason}
+RECONCILES = "moe_eplb_reconciles_total"  # counter {result}
+CALIBRATION_VALUE = "moe_eplb_calibration_value"  # gauge {namespace, name, parameter, source}
+CALIBRATION_UNCERTAINTY = "moe_eplb_calibration_uncertainty"  # gauge {namespace, name, parameter}
+
+#: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
+MOEINFERENCE_LABEL = "moeinference"

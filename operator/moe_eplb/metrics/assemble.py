@@ -1,0 +1,390 @@
+"""Raw counter samples -> one MoEInference's load trace (pure, no I/O).
+
+The one route from Prometheus to a trace: :func:`trace_from_raw_counters` takes the raw samples
+of the exporter's counters (Prometheus answers to instant queries of range vectors, with one
+baseline sample per series at or before the window; see :mod:`moe_eplb.metrics.reader`), parses
+them once (:mod:`moe_eplb.metrics.series`) and builds the :class:`~moe_eplb.eplb.trace.LoadTrace`
+directly, in named phases:
+
+1. :func:`select_model` -- the model to read (a DeepSeek MTP drafter registers its own);
+2. :func:`step_increments` -- per pod, the engine-step counter's exact increments per bucket, which
+   also fix each pod's scrape-gap rule;
+3. :func:`family_increments` -- the same for every series of a labelled counter family (expert
+   tokens), grouped by pod and summed over pods;
+4. :func:`check_gaps` -- the share of load that fell in scrape gaps (spread by time), refused above
+   the threshold;
+5. :func:`load_matrix` -- ``[T, L, E]`` with shape and completeness checks.
+
+The direct-scrape source (:func:`trace_from_rounds`) differences successive ``/metrics`` rounds of
+the pods. Buckets: ``grid`` [T+1] edges (unix s); bucket k holds samples with
+``grid[k] < t <= grid[k+1]`` (:mod:`moe_eplb.metrics.increments`).
+
+Engine steps: a pod's step counter counts its engine's steps; an engine spanning
+``pods_per_engine`` pods (``spec.parallelism.nodes``) is counted once, and independent engines
+(``spec.replicas``) add up, so ``load / steps`` is the load of one engine step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_eplb import metric_names
+from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.metrics.errors import (
+    INCONSISTENT_SERIES,
+    INSUFFICIENT_DATA,
+    NO_DATA,
+    SCRAPE_GAPS,
+    LoadReadError,
+)
+from moe_eplb.metrics.increments import Increments, counter_increments
+from moe_eplb.metrics.scrape import Round
+from moe_eplb.metrics.series import Series, pod_name
+
+#: Refuse a window with more than 10 % of its load in scrape gaps (spread by time, not measured).
+DEFAULT_MAX_INTERPOLATED_FRACTION = 0.1
+
+
+def grid_for(now: float, window_seconds: float, bucket_seconds: float) -> np.ndarray:
+    """``T + 1`` grid times (unix s), multiples of ``bucket_seconds``, the last one <= ``now``."""
+    if not bucket_seconds > 0:
+        raise LoadReadError(INSUFFICIENT_DATA, f"bucket_seconds must be > 0, got {bucket_seconds}")
+    buckets = int(window_seconds // bucket_seconds)
+    if buckets < 1:
+        raise LoadReadError(INSUFFICIENT_DATA, f"window {window_seconds}s is shorter than one bucket "
+                            f"({bucket_seconds}s)")
+    end = math.floor(now / bucket_seconds) * bucket_seconds
+    return end - bucket_seconds * np.arange(buckets, -1, -1, dtype=np.float64)
+
+
+def max_gap_for(ts: np.ndarray, bucket_seconds: float) -> float:
+    """Seconds between two samples of a series beyond which scrapes were missed: the larger of one
+    bucket and three times the series' usual (median) scrape interval. ``ts`` [n] sorted."""
+    spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
+    return max(bucket_seconds, 3 * spacing)
+
+
+def round_steps(steps: np.ndarray) -> np.ndarray:
+    """Whole engine steps per bucket ``[T]`` from fractional ones (spread gaps, ``pods_per_engine``)
+    by rounding the running total: the total is kept (to the nearest step), each bucket is off by
+    less than one step, and whole numbers come back unchanged."""
+    return np.diff(np.round(np.cumsum(steps)), prepend=0.0)
+
+
+def pick_model(shapes: dict[str, tuple[int, int]], num_layers: int | None, num_experts: int | None,
+               what: str = "") -> str:
+    """The model to read among those the pods report (``{name: (layers, experts)}``): the only one,
+    or the only one with the expected shape (a DeepSeek MTP drafter registers its own EPLB model
+    with 1 MoE layer next to the main model's 58)."""
+    if len(shapes) == 1:
+        return next(iter(shapes))
+    fits = [m for m, (l, e) in shapes.items()
+            if (num_layers is None or l == num_layers) and (num_experts is None or e == num_experts)]
+    if len(fits) == 1:
+        return fits[0]
+    listing = ", ".join(f"{m} ({l}x{e})" for m, (l, e) in sorted(shapes.items()))
+    raise LoadReadError(INCONSISTENT_SERIES, f"series of {len(shapes)} models{what}: {listing}; "
+                        "pass the model to read (or the expected number of layers and experts)")
+
+
+# --------------------------------------------------------------------------------------------------
+# phases
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Counters:
+    """The exporter's counter families of one read, parsed (phase 0) and filtered to one model."""
+
+    expert_tokens: list[Series]
+    engine_steps: list[Series]
+    start_times: dict[tuple, Series] = field(default_factory=dict)  # pod -> exporter start time samples
+
+    def starts_at(self, pod: tuple, ts: np.ndarray) -> np.ndarray | None:
+        """The pod's exporter start time at each sample time (same scrape, same timestamp)."""
+        s = self.start_times.get(pod)
+        if s is None:
+            return None
+        out = np.full(ts.shape, np.nan)
+        if s.ts.size:
+            idx = np.clip(np.searchsorted(s.ts, ts), 0, s.ts.size - 1)
+            hit = np.abs(s.ts[idx] - ts) < 1e-3
+            out[hit] = s.vs[idx[hit]]
+        return out
+
+
+def _shapes_of(series: list[Series]) -> dict[str, tuple[int, int]]:
+    shapes: dict[str, list[int]] = {}
+    for s in series:
+        try:
+            l, e = int(s.label(metric_names.LABEL_LAYER, "-1")), int(s.label(metric_names.LABEL_EXPERT, "-1"))
+        except ValueError:
+            continue
+        cur = shapes.setdefault(s.label(metric_names.LABEL_MODEL, "") or "", [0, 0])
+        cur[0], cur[1] = max(cur[0], l + 1), max(cur[1], e + 1)
+    return {k: (v[0], v[1]) for k, v in shapes.items()}
+
+
+def select_model(c: Counters, model: str | None, num_layers: int | None, num_experts: int | None,
+                 what: str) -> tuple[Counters, str | None]:
+    """Phase 1: keep one model's series (given, the only one, or the one with the expected shape)."""
+    if not c.expert_tokens and not c.engine_steps:
+        raise LoadReadError(NO_DATA, f"no {metric_names.PREFIX}* series{what}; check that the pods run the "
+                            "exporter (VLLM_PLUGINS=moe_eplb_exporter, EPLB enabled) and that Prometheus "
+                            "scrapes them (PodMonitor)")
+    if not c.expert_tokens or not c.engine_steps:
+        missing = metric_names.EXPERT_TOKENS if not c.expert_tokens else metric_names.ENGINE_STEPS
+        raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
+    if model is None:
+        shapes = _shapes_of(c.expert_tokens)
+        if len(shapes) > 1:
+            model = pick_model(shapes, num_layers, num_experts, what)
+    if model is not None:
+        def keep(s: Series) -> bool:
+            return s.label(metric_names.LABEL_MODEL, model) == model
+
+        c = Counters([s for s in c.expert_tokens if keep(s)], [s for s in c.engine_steps if keep(s)],
+                     {p: s for p, s in c.start_times.items() if keep(s)})
+        if not c.expert_tokens or not c.engine_steps:
+            raise LoadReadError(NO_DATA, f"no series for model {model!r}{what}")
+    else:
+        models = {s.label(metric_names.LABEL_MODEL) for s in c.expert_tokens + c.engine_steps} - {None}
+        model = models.pop() if len(models) == 1 else None
+    return c, model
+
+
+@dataclass
+class StepIncrements:
+    """Phase 2: engine steps per bucket summed over pods, and each pod's scrape-gap rule."""
+
+    total: np.ndarray  # [T]
+    max_gap: dict[tuple, float]  # pod -> seconds
+    spread: float  # steps spread over scrape gaps
+    gaps: dict[tuple, set]  # pod -> {(t1, t2)}
+
+
+def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
+    """Phase 2: per pod, the step counter's increments; the window must hold at least one sample."""
+    T = grid.shape[0] - 1
+    bucket = float(grid[1] - grid[0])
+    out = StepIncrements(np.zeros(T), {}, 0.0, {})
+    most_inside = 0
+    for s in c.engine_steps:
+        max_gap = max_gap_for(s.ts, bucket)
+        inc = counter_increments(grid, s.ts, s.vs[None, :], c.starts_at(s.pod, s.ts), max_gap=max_gap)
+        out.total += inc.values[0]
+        out.spread += float(inc.interpolated.sum())
+        out.max_gap[s.pod] = max_gap
+        if inc.interpolated.any():
+            out.gaps.setdefault(s.pod, set()).update(inc.gaps)
+        most_inside = max(most_inside, int(np.sum(s.ts > grid[0])))
+    if most_inside < 1:
+        raise LoadReadError(INSUFFICIENT_DATA, f"no samples in the last {T * bucket:g}s{what}; wait for "
+                            f"at least one full bucket ({bucket:g}s) of scrapes")
+    return out
+
+
+@dataclass
+class FamilyIncrements:
+    """Phase 3: per series key (e.g. ``(layer, expert)``), increments ``[T]`` summed over pods."""
+
+    rows: dict[tuple[int, ...], np.ndarray]
+    spread: dict[tuple, float]  # pod -> amount spread over its scrape gaps
+
+
+def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, steps: StepIncrements,
+                      grid: np.ndarray, what: str) -> FamilyIncrements:
+    """Phase 3: increments of a labelled counter family (``keys``: the labels that tell its series
+    apart within a pod), summed over pods. A pod's counters are scraped together, so series with the
+    same pod and sample times are differenced as one matrix (DeepSeek-V3: 14 848 series per pod);
+    the pod's step counter sets the gap rule, so its steps and these counters are spread alike."""
+    out = FamilyIncrements({}, {})
+    groups: dict[tuple, list[tuple[tuple[int, ...], Series]]] = {}
+    for s in series:
+        if s.pod not in steps.max_gap:
+            raise LoadReadError(INCONSISTENT_SERIES, f"{what}: series {dict(s.labels)} has no matching "
+                                f"{metric_names.ENGINE_STEPS} series (same pod labels)")
+        key = tuple(s.int_label(k, what) for k in keys)
+        groups.setdefault((s.pod, s.ts.tobytes()), []).append((key, s))
+    for (pod, _), members in groups.items():
+        ts = members[0][1].ts
+        inc: Increments = counter_increments(grid, ts, np.stack([s.vs for _, s in members]), c.starts_at(pod, ts),
+                                             max_gap=steps.max_gap[pod])
+        if inc.interpolated.any():
+            out.spread[pod] = out.spread.get(pod, 0.0) + float(inc.interpolated.sum())
+            steps.gaps.setdefault(pod, set()).update(inc.gaps)
+        for (key, _), row in zip(members, inc.values):
+            if key in out.rows:
+                out.rows[key] = out.rows[key] + row
+            else:
+                out.rows[key] = row
+    return out
+
+
+def check_gaps(tokens: FamilyIncrements, steps: StepIncrements, grid: np.ndarray, limit: float, what: str) -> float:
+    """Phase 4: the share of the window's load spread over scrape gaps (the larger of the shares of
+    tokens and of steps); above ``limit`` the window is refused (reason ``ScrapeGaps``)."""
+    total_tokens = float(sum(row.sum() for row in tokens.rows.values()))
+    token_share = sum(tokens.spread.values()) / total_tokens if total_tokens > 0 else 0.0
+    step_share = steps.spread / float(steps.total.sum()) if steps.total.sum() > 0 else 0.0
+    fraction = min(1.0, max(token_share, step_share))
+    if fraction > limit:
+        gaps = steps.gaps
+        worst = max(gaps, key=lambda p: (tokens.spread.get(p, 0.0), len(gaps[p])))
+        t1, t2 = max(gaps[worst], key=lambda g: g[1] - g[0])
+        more = f" and {len(gaps[worst]) - 1} more gap(s)" if len(gaps[worst]) > 1 else ""
+        span = (grid.shape[0] - 1) * float(grid[1] - grid[0])
+        raise LoadReadError(SCRAPE_GAPS, f"{fraction:.0%} of the load in the last {span:g}s{what} fell in scrape "
+                            f"gaps (allowed: {limit:.0%}) and could only be spread over the buckets by time; "
+                            f"pod {pod_name(worst)}: no samples between t={t1:.3f} and t={t2:.3f} ({t2 - t1:.1f}s)"
+                            f"{more}{f' ({len(gaps)} pods with gaps)' if len(gaps) > 1 else ''}; check that "
+                            "Prometheus scrapes the pods (target up, scrape interval and timeout) or wait until "
+                            "the gaps leave the window")
+    return fraction
+
+
+def load_matrix(rows: Mapping[tuple[int, ...], np.ndarray], T: int, num_layers: int | None,
+                num_experts: int | None, what: str) -> np.ndarray:
+    """Phase 5: ``[T, L, E]`` from ``{(layer, expert): [T]}``. An expert without a series counts 0
+    (the exporter's counters appear once an expert has tokens); a label beyond the given shape, or a
+    layer without any series (the exporter would report every layer), is an error."""
+    max_layer = max(k[0] for k in rows)
+    max_expert = max(k[1] for k in rows)
+    if num_layers is not None and max_layer >= num_layers:
+        raise LoadReadError(INCONSISTENT_SERIES, f"num_layers: is {num_layers} but the answer has a series for "
+                            f"layer {max_layer}{what}")
+    if num_experts is not None and max_expert >= num_experts:
+        raise LoadReadError(INCONSISTENT_SERIES, f"num_experts: is {num_experts} but the answer has a series for "
+                            f"expert {max_expert}{what}")
+    L = num_layers if num_layers is not None else max_layer + 1
+    E = num_experts if num_experts is not None else max_expert + 1
+    load = np.zeros((T, L, E))
+    seen = np.zeros(L, bool)
+    for (layer, expert), row in rows.items():
+        load[:, layer, expert] = row
+        seen[layer] = True
+    if not seen.all():
+        missing = np.flatnonzero(~seen).tolist()
+        raise LoadReadError(INCONSISTENT_SERIES, f"layer: no series at all for layer(s) {missing[:10]} of {L}{what}; "
+                            "the exporter is not reporting them (or num_layers is wrong), so their load cannot be "
+                            "filled with zeros")
+    return load
+
+
+# --------------------------------------------------------------------------------------------------
+# the two sources
+# --------------------------------------------------------------------------------------------------
+
+
+def trace_from_raw_counters(
+    expert_tokens: Sequence[Series],
+    engine_steps: Sequence[Series],
+    grid: np.ndarray,
+    *,
+    start_times: Sequence[Series] = (),
+    pods_per_engine: int = 1,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    model: str | None = None,
+    what: str = "",
+    max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
+) -> LoadTrace:
+    """Raw samples of the counters -> trace of T = len(grid) - 1 buckets.
+
+    The series hold raw samples (:func:`~moe_eplb.metrics.series.parse_matrix` of the answers to
+    e.g. ``moe_eplb_expert_tokens_total{...}[<window>s]`` at ``grid[-1]``) plus one baseline sample
+    at or before ``grid[0]`` per series (:func:`moe_eplb.metrics.reader.with_baselines`).
+    ``load[t]`` sums the increments over pods; ``bucket_steps[t]`` is the sum over pods of the step
+    counter's increments divided by ``pods_per_engine``, in whole steps (running total rounded).
+    ``start_times`` (the same for ``moe_eplb_exporter_start_time_seconds``) tells restarts and
+    joins apart from scrape gaps. ``trace.meta["interpolated_fraction"]`` is the share of load spread over scrape
+    gaps (:func:`check_gaps`); ``trace.meta["start_time"]`` is ``grid[0]``.
+
+    Raises:
+        LoadReadError: reasons NoData, InsufficientData, InconsistentSeries or ScrapeGaps.
+    """
+    if not 0.0 <= max_interpolated_fraction <= 1.0:
+        raise ValueError(f"max_interpolated_fraction: must be between 0 and 1 (a share of the load), "
+                         f"got {max_interpolated_fraction}")
+    counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times})
+    counters, model = select_model(counters, model, num_layers, num_experts, what)
+    steps = step_increments(counters, grid, what)
+    tokens = family_increments(counters.expert_tokens, (metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT),
+                               counters, steps, grid, metric_names.EXPERT_TOKENS)
+    fraction = check_gaps(tokens, steps, grid, max_interpolated_fraction, what)
+    load = load_matrix(tokens.rows, grid.shape[0] - 1, num_layers, num_experts, what)
+    return LoadTrace(load=load, bucket_steps=round_steps(steps.total / max(1, pods_per_engine)).astype(np.int64),
+                     bucket_seconds=float(grid[1] - grid[0]), model=model,
+                     meta={"start_time": float(grid[0]), "interpolated_fraction": fraction})
+
+
+def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,
+                      num_layers: int | None = None, num_experts: int | None = None) -> LoadTrace:
+    """Successive direct-scrape rounds -> trace with one bucket between each two rounds.
+
+    A pod seen for the first time counts from 0 if its exporter started after the previous round
+    (it joined), otherwise from its first value (history we did not see); a pod whose start time
+    changed or whose counters dropped restarted (counts from 0).
+    """
+    if len(rounds) < 2:
+        raise LoadReadError(INSUFFICIENT_DATA, f"{len(rounds)} scrape round(s) so far; need 2 to form a bucket")
+    if model is None:
+        shapes: dict[str, tuple[int, int]] = {}
+        for r in rounds:
+            for p in r.pods.values():
+                for m, toks in p.tokens.items():
+                    if toks:
+                        l0, e0 = shapes.get(m, (0, 0))
+                        shapes[m] = (max(l0, max(k[0] for k in toks) + 1), max(e0, max(k[1] for k in toks) + 1))
+        if not shapes:
+            raise LoadReadError(NO_DATA, f"no {metric_names.EXPERT_TOKENS} series on any pod; is EPLB enabled and "
+                                "the exporter plugin loaded (VLLM_PLUGINS=moe_eplb_exporter)?")
+        model = pick_model(shapes, num_layers, num_experts)
+    keys = {k for r in rounds for p in r.pods.values() for k in p.tokens.get(model, {})}
+    if not keys:
+        raise LoadReadError(NO_DATA, f"no {metric_names.EXPERT_TOKENS} series for model {model!r}")
+    L = num_layers or max(k[0] for k in keys) + 1
+    E = num_experts or max(k[1] for k in keys) + 1
+    if max(k[0] for k in keys) >= L or max(k[1] for k in keys) >= E:
+        raise LoadReadError(INCONSISTENT_SERIES, f"series for layer/expert beyond the model's {L} x {E}")
+    T = len(rounds) - 1
+    load = np.zeros((T, L, E))
+    steps = np.zeros(T)
+    prev: dict[str, tuple[float, np.ndarray, float]] = {}
+    for t, rnd in enumerate(rounds):
+        cur = {}
+        for pod, s in rnd.pods.items():
+            if model not in s.tokens:
+                continue
+            if model not in s.steps:
+                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: {metric_names.EXPERT_TOKENS} without "
+                                    f"{metric_names.ENGINE_STEPS}")
+            m = np.full((L, E), np.nan)
+            for (l, e), v in s.tokens[model].items():
+                m[l, e] = v
+            if np.isnan(m).any():
+                missing = np.argwhere(np.isnan(m))[0]
+                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: no counter for layer {missing[0]} expert "
+                                    f"{missing[1]} (the exporter exports every (layer, expert) of a model)")
+            cur[pod] = (s.start_time.get(model, 0.0), m, s.steps[model])
+        if t > 0:
+            prev_time = rounds[t - 1].time
+            for pod, (start, m, st) in cur.items():
+                old = prev.get(pod)
+                if old is None:
+                    if start and start > prev_time:  # joined since the last round: from zero
+                        load[t - 1] += m
+                        steps[t - 1] += st
+                    continue
+                restarted = (start and old[0] and start != old[0]) or np.any(m < old[1]) or st < old[2]
+                load[t - 1] += m if restarted else m - old[1]
+                steps[t - 1] += st if restarted else st - old[2]
+        prev = cur
+    times = np.array([r.time for r in rounds])
+    return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
+                     bucket_seconds=float(np.median(np.diff(times))), model=model,
+                     meta={"start_time": float(times[0]), "interpolated_fraction": 0.0})

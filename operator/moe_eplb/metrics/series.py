@@ -1,0 +1,130 @@
+"""Prometheus answers parsed once into typed series (pure, no I/O).
+
+Every Prometheus body the load reader receives goes through :func:`parse_matrix` (range vectors:
+raw samples) or :func:`parse_vector` (instant vectors) exactly once; everything downstream works on
+:class:`Series`. Problems raise :class:`~moe_eplb.metrics.errors.LoadReadError` with reason
+``InconsistentSeries`` naming the query (``what``) and the series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from moe_eplb.metrics.errors import INCONSISTENT_SERIES, LoadReadError
+
+#: Labels that tell series of one counter family apart within a pod (not part of a pod's identity).
+SERIES_LABELS = ("__name__", "layer", "expert", "rank", "le")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series: its labels and its samples sorted by time (``ts``, ``vs``: float64 ``[n]``)."""
+
+    labels: Mapping[str, str]
+    ts: np.ndarray
+    vs: np.ndarray
+
+    def label(self, name: str, default: str | None = None) -> str | None:
+        return self.labels.get(name, default)
+
+    def int_label(self, name: str, what: str) -> int:
+        """A label that must be a whole number >= 0 (``layer``, ``expert``, ``rank``)."""
+        raw = self.labels.get(name)
+        try:
+            value = int(str(raw))
+        except ValueError:
+            raise LoadReadError(INCONSISTENT_SERIES,
+                                f"{what}: label {name}={raw!r} is not an integer in series {dict(self.labels)}") from None
+        if value < 0:
+            raise LoadReadError(INCONSISTENT_SERIES, f"{what}: label {name}={raw!r} is negative in series "
+                                f"{dict(self.labels)}")
+        return value
+
+    @property
+    def pod(self) -> tuple:
+        """The series' identity without its per-series labels: one pod (or one scrape target)."""
+        return pod_key(self.labels)
+
+
+def pod_key(labels: Mapping[str, str]) -> tuple:
+    """Sorted ``(label, value)`` pairs of ``labels`` without :data:`SERIES_LABELS`."""
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in SERIES_LABELS))
+
+
+def pod_name(pod: tuple) -> str:
+    """A pod key as a person reads it: the ``pod`` label, else every label."""
+    labels = dict(pod)
+    return labels.get("pod") or ", ".join(f"{k}={v}" for k, v in pod)
+
+
+def _data(body: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected a Prometheus JSON answer, got {type(body).__name__}")
+    data = body.get("data")
+    if not isinstance(data, Mapping) or not isinstance(data.get("result"), list):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: the answer has no data.result list")
+    return data
+
+
+def _points(values: Any, labels: Mapping[str, str], what: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        # [[t, "v"], ...] -> [n, 2] in one call (numpy parses the value strings)
+        arr = np.array(values, dtype=np.float64) if values else np.zeros((0, 2))
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise ValueError(f"points must be [time, value] pairs, got shape {arr.shape}")
+    except (TypeError, ValueError, IndexError) as exc:
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: series {dict(labels)} has a malformed point ({exc})") from None
+    ts, vs = arr[:, 0], arr[:, 1]
+    if not np.all(np.isfinite(vs)):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: series {dict(labels)} has NaN or infinite values")
+    if np.any(vs < 0):
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: series {dict(labels)} has negative values "
+                            "(counters and the gauges read here never are)")
+    order = np.argsort(ts, kind="stable")
+    return ts[order], vs[order]
+
+
+def parse_matrix(body: Any, what: str) -> list[Series]:
+    """The series of a matrix answer (``{"data": {"resultType": "matrix", "result": [...]}}``)."""
+    data = _data(body, what)
+    if data.get("resultType", "matrix") != "matrix":
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected a matrix (raw samples), got "
+                            f"{data.get('resultType')!r}")
+    out = []
+    for item in data["result"]:
+        labels = dict(item.get("metric") or {})
+        ts, vs = _points(item.get("values"), labels, what)
+        out.append(Series(labels, ts, vs))
+    return out
+
+
+def parse_vector(body: Any, what: str) -> list[Series]:
+    """The samples of an instant-vector answer, one single-point :class:`Series` each."""
+    data = _data(body, what)
+    if data["result"] and data.get("resultType") != "vector":
+        raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected an instant vector, got {data.get('resultType')!r}")
+    out = []
+    for item in data["result"]:
+        labels = dict(item.get("metric") or {})
+        value = item.get("value")
+        ts, vs = _points([value] if value is not None else [], labels, what)
+        out.append(Series(labels, ts, vs))
+    return out
+
+
+def merge(parts: Iterable[Series]) -> list[Series]:
+    """Series with the same labels joined into one (samples de-duplicated by time, sorted)."""
+    by_labels: dict[tuple, list[Series]] = {}
+    for s in parts:
+        by_labels.setdefault(tuple(sorted(s.labels.items())), []).append(s)
+    out = []
+    for group in by_labels.values():
+        ts = np.concatenate([s.ts for s in group])
+        vs = np.concatenate([s.vs for s in group])
+        ts, idx = np.unique(ts, return_index=True)
+        out.append(Series(group[0].labels, ts, vs[idx]))
+    return out

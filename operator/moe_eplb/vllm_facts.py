@@ -1,0 +1,82 @@
+"""Facts about vLLM's EPLB that several packages rely on (a contract: imports nothing of the project).
+
+Sources: vLLM 0.32's ``config/parallel.py`` (``EPLBConfig``), ``distributed/eplb/eplb_state.py``
+(the step counter and ``rearrange``), ``v1/metrics/loggers.py`` (its own metric names); see
+``../shared/notes/vllm-eplb.md``. One place for each fact: the redundant-expert limit, the
+defaults, when rearrangements happen, how balancedness is computed, and the few vLLM metric names
+the product reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: ``EPLBConfig.num_redundant_experts`` upper limit (``le=1023``).
+MAX_REDUNDANT_EXPERTS = 1023
+
+#: ``EPLBConfig`` defaults (vLLM 0.32): window 1000 steps, interval 3000 steps, no redundancy.
+DEFAULT_WINDOW_SIZE = 1000
+DEFAULT_STEP_INTERVAL = 3000
+DEFAULT_NUM_REDUNDANT_EXPERTS = 0
+
+#: The hand-picked settings of the change that brought EPLB to Qwen3-VL-MoE (vLLM PR #28849),
+#: measured at +4% throughput and -21% mean TTFT: window 3000, interval 1000, 8 redundant.
+SEED_WINDOW_SIZE, SEED_STEP_INTERVAL, SEED_NUM_REDUNDANT_EXPERTS = 3000, 1000, 8
+
+# vLLM's own Prometheus series the operator reads (names as Prometheus stores them; every one
+# carries labels model_name and engine). The dashboards use more of them (scripts/vllm_metric_names.py).
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1
+PREEMPTIONS = "vllm:num_preemptions_total"  # counter
+REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge
+VLLM_MODEL_LABEL = "model_name"  # the served model name
+
+
+def smallest_valid_redundant(num_experts: int, ep_size: int) -> int:
+    """The smallest R with (E + R) divisible by the EP size (vLLM refuses to start otherwise)."""
+    return (ep_size - num_experts % ep_size) % ep_size
+
+
+def redundant_problem(num_experts: int | None, ep_size: int | None, num_redundant: int) -> str | None:
+    """Why vLLM would refuse ``num_redundant`` redundant experts, or None when it accepts them.
+
+    Checks the 0..1023 limit and, when the shape is known, that experts + redundant divide over
+    the EP size."""
+    if not 0 <= num_redundant <= MAX_REDUNDANT_EXPERTS:
+        return f"{num_redundant} redundant experts is outside 0..{MAX_REDUNDANT_EXPERTS}"
+    if num_experts and ep_size and (num_experts + num_redundant) % ep_size:
+        smallest = smallest_valid_redundant(num_experts, ep_size)
+        return (f"experts ({num_experts}) + redundant ({num_redundant}) is not divisible by the EP size "
+                f"{ep_size}; use {smallest}, {smallest + ep_size}, {smallest + 2 * ep_size}, ...")
+    return None
+
+
+def first_rearrangement_step(step_interval: int) -> int:
+    """Engine steps before vLLM's first rearrangement: its counter starts at ``I - I // 4``."""
+    return max(step_interval // 4, 1)
+
+
+def rearrangement_steps(step_interval: int, num_steps: int) -> np.ndarray:
+    """int64 ``[n]``: the steps after which vLLM rearranges (first after ``I // 4``, then every
+    ``I``), all ``< num_steps``."""
+    return np.arange(first_rearrangement_step(step_interval), num_steps, step_interval, dtype=np.int64)
+
+
+def balancedness_per_layer(rank_tokens: np.ndarray) -> np.ndarray:
+    """``[..., L]`` mean over ranks / max over ranks of the tokens each EP rank processed
+    (``rank_tokens``: ``[..., L, EP]``); NaN where a layer has no tokens. 1.0 = perfectly even,
+    1/EP = everything on one rank. vLLM's ``log_balancedness`` averages over layers first; this is
+    per layer."""
+    rt = np.asarray(rank_tokens, np.float64)
+    mx = rt.max(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(mx > 0, rt.mean(axis=-1) / np.where(mx > 0, mx, 1.0), np.nan)
+
+
+def balancedness(rank_tokens: np.ndarray) -> float | None:
+    """One figure over every layer (and leading axis): ``sum mean_rank / sum max_rank`` of
+    ``rank_tokens [..., L, EP]`` -- ideal MoE time over actual; None when there are no tokens."""
+    rt = np.asarray(rank_tokens, np.float64)
+    if rt.size == 0:
+        return None
+    den = float(rt.max(axis=-1).sum())
+    return float(rt.mean(axis=-1).sum()) / den if den > 0 else None
