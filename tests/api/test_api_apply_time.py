@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from example_manifests import DELETE, EXAMPLES, load_moeinferences
 from moe_eplb.api.validation import apiserver_problems
+
+from tests.example_manifests import DELETE, EXAMPLES, load_moeinferences
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 

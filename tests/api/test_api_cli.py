@@ -8,9 +8,11 @@ import sys
 import pytest
 import yaml
 from click.testing import CliRunner
-from example_manifests import EXAMPLES
+from moe_eplb.api.spec import parse
 from moe_eplb.cli import main
 from moe_eplb.render.objects import render_children
+
+from tests.example_manifests import EXAMPLES
 
 SEED = EXAMPLES / "qwen3-vl-30b-a3b-awq-eplb.yaml"
 
@@ -66,7 +68,7 @@ def test_render_prints_exactly_render_children(runner) -> None:
     result = runner.invoke(main, ["render", "-f", str(SEED)])
     assert result.exit_code == 0
     printed = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert printed == render_children(yaml.safe_load(SEED.read_text()))
+    assert printed == render_children_of(yaml.safe_load(SEED.read_text()))
 
 
 def test_render_refuses_invalid_input(runner, tmp_path) -> None:
@@ -101,3 +103,8 @@ def test_console_script_end_to_end() -> None:
     assert ok.returncode == 0 and ok.stdout.strip() == "valid"
     crd = subprocess.run([sys.executable, "-m", "moe_eplb", "crd"], capture_output=True, text=True)
     assert crd.returncode == 0 and yaml.safe_load(crd.stdout)["kind"] == "CustomResourceDefinition"
+
+
+def render_children_of(resource):
+    """``render_children`` of a resource dict (parsed once)."""
+    return render_children(parse(resource))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from example_manifests import DELETE
 from moe_eplb.api.crd import default_engine_image
 from moe_eplb.api.imageref import parse_image
-from moe_eplb.api.spec import apply_defaults, effective_eplb, parse
+from moe_eplb.api.spec import apply_defaults, parse, status_eplb
 from moe_eplb.api.versions import parse_version, uses_eplb_config_json
+
+from tests.example_manifests import DELETE
 
 
 def test_apply_defaults_fills_nested_defaults_like_the_apiserver() -> None:
@@ -45,7 +46,7 @@ def test_parse_seed(seed) -> None:
     assert inf.eplb.enabled and (inf.eplb.window_size, inf.eplb.step_interval, inf.eplb.num_redundant_experts) == (
         3000, 1000, 8)
     assert inf.engine.limit_mm_per_prompt == {"image": 4, "video": 0}
-    assert inf.autotune.mode == "Off" and inf.autotune.evaluation_interval_seconds == 300
+    assert inf.autotune.mode == "Off" and inf.autotune.evaluation_interval_s == 300
 
 
 def test_parse_moe_override_wins_over_catalog(variant) -> None:
@@ -58,7 +59,7 @@ def test_parse_multinode_and_quantities(variant) -> None:
     inf = parse(variant({"spec.parallelism": {"tensor": 2, "data": 8, "nodes": 4},
                          "spec.autotune.memoryBudgetPerGpu": "8Gi", "spec.engine.version": "v0.12.1"}))
     assert inf.parallelism.data_local == 2 and inf.parallelism.gpus_per_pod == 4 and inf.parallelism.ep_size == 16
-    assert inf.autotune.memory_budget_per_gpu == 8 * 2**30
+    assert inf.autotune.memory_budget_bytes == 8 * 2**30
     assert inf.engine.version == (0, 12, 1)
 
 
@@ -71,23 +72,23 @@ def _with_override(seed, generation, override):
 
 def test_effective_eplb_uses_override_for_current_generation(seed) -> None:
     res = _with_override(seed, 3, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12, "specGeneration": 3})
-    eff = effective_eplb(res)
+    eff = _effective(res)
     assert (eff.window_size, eff.step_interval, eff.num_redundant_experts, eff.source) == (500, 200, 12, "autotune")
-    assert eff.to_status() == {"enabled": True, "windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12}
+    assert status_eplb(eff) == {"enabled": True, "windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12}
 
 
 def test_effective_eplb_spec_edit_wins_over_stale_override(seed) -> None:
     res = _with_override(seed, 4, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12, "specGeneration": 3})
-    eff = effective_eplb(res)
+    eff = _effective(res)
     assert (eff.window_size, eff.step_interval, eff.num_redundant_experts, eff.source) == (3000, 1000, 8, "spec")
 
 
 def test_effective_eplb_partial_override_and_no_generation(seed) -> None:
-    eff = effective_eplb(_with_override(seed, 2, {"numRedundantExperts": 4, "specGeneration": 2}))
+    eff = _effective(_with_override(seed, 2, {"numRedundantExperts": 4, "specGeneration": 2}))
     assert (eff.window_size, eff.step_interval, eff.num_redundant_experts) == (3000, 1000, 4)
     no_gen = _with_override(seed, 2, {"numRedundantExperts": 4, "specGeneration": 2})
     del no_gen["metadata"]["generation"]
-    assert effective_eplb(no_gen).num_redundant_experts == 8
+    assert _effective(no_gen).num_redundant_experts == 8
 
 
 SPEC_EPLB = {"windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}  # the seed's spec.eplb
@@ -101,10 +102,10 @@ def test_override_with_spec_record_survives_non_eplb_edits(seed) -> None:
                                    "specEplb": dict(SPEC_EPLB), "specGeneration": 3})
     res = copy.deepcopy(res)
     res["spec"]["replicas"] = 5  # a /scale by an HPA: generation moved on, spec.eplb did not
-    eff = effective_eplb(res)
+    eff = _effective(res)
     assert (eff.window_size, eff.step_interval, eff.num_redundant_experts, eff.source) == (500, 200, 12, "autotune")
     res["spec"].setdefault("autotune", {})["mode"] = "Recommend"  # an edit of autotune keeps it too
-    assert effective_eplb(res).source == "autotune"
+    assert _effective(res).source == "autotune"
 
 
 @pytest.mark.parametrize("edit", [{"windowSize": 3001}, {"stepInterval": 999}, {"numRedundantExperts": 4},
@@ -115,7 +116,7 @@ def test_spec_eplb_edit_drops_recorded_override(seed, edit) -> None:
     res = copy.deepcopy(_with_override(seed, 3, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12,
                                                   "specEplb": dict(SPEC_EPLB), "specGeneration": 3}))
     res["spec"]["eplb"] = {**res["spec"].get("eplb", {}), **edit}
-    eff = effective_eplb(res)
+    eff = _effective(res)
     assert eff.source == "spec"
     assert eff.window_size == edit.get("windowSize", 3000) and eff.num_redundant_experts == edit.get("numRedundantExperts", 8)
 
@@ -125,29 +126,29 @@ def test_recorded_override_invalid_for_current_spec_falls_back(seed) -> None:
 
     res = copy.deepcopy(_with_override(seed, 3, {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12,
                                                   "specEplb": dict(SPEC_EPLB), "specGeneration": 3}))
-    assert effective_eplb(res).num_redundant_experts == 12
+    assert _effective(res).num_redundant_experts == 12
     res["status"]["autotune"]["override"]["numRedundantExperts"] = 6  # experts + 6 not divisible by EP
-    assert effective_eplb(res).source == "spec"
+    assert _effective(res).source == "spec"
     res["status"]["autotune"]["override"]["numRedundantExperts"] = 2000  # above vLLM's limit
-    assert effective_eplb(res).source == "spec"
+    assert _effective(res).source == "spec"
     res["status"]["autotune"]["override"].update(numRedundantExperts=12, windowSize=0)
-    assert effective_eplb(res).source == "spec"
+    assert _effective(res).source == "spec"
 
 
 def test_old_override_without_record_keeps_generation_rule(seed) -> None:
     old = {"windowSize": 500, "stepInterval": 200, "numRedundantExperts": 12, "specGeneration": 3}
-    assert effective_eplb(_with_override(seed, 3, dict(old))).source == "autotune"
-    assert effective_eplb(_with_override(seed, 4, dict(old))).source == "spec"
+    assert _effective(_with_override(seed, 3, dict(old))).source == "autotune"
+    assert _effective(_with_override(seed, 4, dict(old))).source == "spec"
 
 
 def test_config_hash_tracks_only_restart_settings(seed, variant) -> None:
-    a = effective_eplb(seed)
-    assert a.config_hash() == effective_eplb(variant({"spec.replicas": 5})).config_hash()
-    assert a.config_hash() != effective_eplb(variant({"spec.eplb.windowSize": 3001})).config_hash()
+    a = _effective(seed)
+    assert a.config_hash() == _effective(variant({"spec.replicas": 5})).config_hash()
+    assert a.config_hash() != _effective(variant({"spec.eplb.windowSize": 3001})).config_hash()
     assert len(a.config_hash()) == 16
     over = _with_override(seed, 1, {"windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8,
                                     "specGeneration": 1})
-    assert effective_eplb(over).config_hash() == a.config_hash()  # same values, same pods
+    assert _effective(over).config_hash() == a.config_hash()  # same values, same pods
 
 
 @pytest.mark.parametrize(
@@ -186,3 +187,8 @@ def test_parse_storage(variant) -> None:
     inf = parse(variant({"spec.model.storage": {"pvc": {"claimName": "w"}, "hfTokenSecret": {"name": "hf"}}}))
     assert inf.model.pvc.mount_path == "/models" and inf.model.hf_token_secret.key == "token"
     assert parse(variant({"spec.model.storage": DELETE})).model.pvc is None
+
+
+def _effective(resource):
+    """The EPLB settings that run for ``resource`` (parsed once)."""
+    return parse(resource).effective

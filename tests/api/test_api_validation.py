@@ -9,13 +9,15 @@ from __future__ import annotations
 import copy
 
 import pytest
-from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
+from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import (
     Problem,
     apiserver_problems,
     nearest_redundant_values,
     validate,
 )
+
+from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -47,7 +49,7 @@ def test_name_required_and_dns_label(variant) -> None:
 
 def test_everything_the_crd_rejects_is_rejected(variant) -> None:
     """Same cases as the apply-time test: validate() reports at least the apiserver's fields."""
-    from test_api_apply_time import BAD
+    from tests.api.test_api_apply_time import BAD
 
     for case, (changes, field, _words) in BAD.items():
         res = variant(changes)
@@ -172,7 +174,6 @@ def test_problems_always_name_a_field_and_a_fix(variant) -> None:
 def test_invalid_tuner_override_falls_back_to_the_spec(seed) -> None:
     import copy
 
-    from moe_eplb.api.spec import effective_eplb
     from moe_eplb.api.validation import override_problems
 
     res = copy.deepcopy(seed)
@@ -180,13 +181,13 @@ def test_invalid_tuner_override_falls_back_to_the_spec(seed) -> None:
     # (experts + 6) is not divisible by the EP size: the override never runs, the spec stays valid
     res["status"] = {"autotune": {"override": {"numRedundantExperts": 6, "specGeneration": 2}}}
     assert validate(res) == []
-    assert effective_eplb(res).num_redundant_experts == 8 and effective_eplb(res).source == "spec"
-    notes = override_problems(res)
+    assert _effective(res).num_redundant_experts == 8 and _effective(res).source == "spec"
+    notes = override_problems(parse(res))
     assert [p.field for p in notes] == ["status.autotune.override"]
     assert "not divisible by the EP size" in notes[0].message
     res["status"]["autotune"]["override"] = {"numRedundantExperts": 12, "windowSize": 500, "specGeneration": 2}
-    assert validate(res) == [] and override_problems(res) == []
-    assert effective_eplb(res).num_redundant_experts == 12
+    assert validate(res) == [] and override_problems(parse(res)) == []
+    assert _effective(res).num_redundant_experts == 12
 
 
 def test_status_written_by_the_operator_never_invalidates_the_spec(seed) -> None:
@@ -214,3 +215,8 @@ def test_mapping_views_are_validated_like_dicts(seed) -> None:
     bad["spec"]["eplb"]["windowSiz"] = 3
     assert [p.field for p in validate(frozen(bad))] == ["spec.eplb.windowSiz"]
     assert validate(frozen(seed)) == []
+
+
+def _effective(resource):
+    """The EPLB settings that run for ``resource`` (parsed once)."""
+    return parse(resource).effective

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
-from moe_eplb.api.spec import effective_eplb, parse
+from moe_eplb.api.spec import parse
 from moe_eplb.api.versions import parse_version
 from moe_eplb.render.engine_args import engine_args, multinode_leader_args
 
@@ -148,7 +148,7 @@ def serve_parser():
 def test_seed_args_parse_in_vllm(serve_parser, seed) -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    args = engine_args(parse(seed), effective_eplb(seed))
+    args = engine_args(parse(seed), parse(seed).effective)
     ns = serve_parser.parse_args(args)
     assert ns.model_tag == "cpatonn/Qwen3-VL-30B-A3B-Instruct-AWQ-4bit"
     ns.model = ns.model_tag
@@ -166,7 +166,7 @@ def test_seed_args_parse_in_vllm(serve_parser, seed) -> None:
 def test_multinode_leader_args_parse_in_vllm(serve_parser, variant) -> None:
     res = variant({"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2}, "spec.eplb.async": False})
     inf = parse(res)
-    args = [a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in engine_args(inf, effective_eplb(res))
+    args = [a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in engine_args(inf, inf.effective)
             + multinode_leader_args(inf)]
     ns = serve_parser.parse_args(args)
     assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 0)

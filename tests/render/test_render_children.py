@@ -10,15 +10,16 @@ from importlib import metadata
 
 import kubernetes_validate
 import pytest
-from crd_subsets import LEADER_WORKER_SET, POD_MONITOR
-from example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.api.schema import schema_problems, unknown_field_problems
-from moe_eplb.api.spec import effective_eplb, parse
-from moe_eplb.render.engine_args import engine_args
+from moe_eplb.api.spec import parse
 from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
+from moe_eplb.render.engine_args import engine_args
 from moe_eplb.render.labels import labels, selector_string
 from moe_eplb.render.objects import endpoint, render_children
+
+from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
+from tests.render.crd_subsets import LEADER_WORKER_SET, POD_MONITOR
 
 K8S = kubernetes_validate.latest_version()
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -50,22 +51,22 @@ def container(pod_template):
 
 
 def test_seed_args_exactly(seed) -> None:
-    deploy = by_kind(render_children(seed))["Deployment"]
+    deploy = by_kind(render_children_of(seed))["Deployment"]
     c = container(deploy["spec"]["template"])
     assert c["command"] == ["vllm", "serve"]
     assert c["args"] == SEED_ARGS
 
 
 def test_seed_children_in_apply_order(seed) -> None:
-    kinds = [c["kind"] for c in render_children(seed)]
+    kinds = [c["kind"] for c in render_children_of(seed)]
     assert kinds == ["Service", "Deployment", "PodDisruptionBudget", "PodMonitor"]
     no_monitor = copy.deepcopy(seed)
     no_monitor["spec"]["monitoring"]["podMonitor"]["enabled"] = False
-    assert [c["kind"] for c in render_children(no_monitor)] == ["Service", "Deployment", "PodDisruptionBudget"]
+    assert [c["kind"] for c in render_children_of(no_monitor)] == ["Service", "Deployment", "PodDisruptionBudget"]
 
 
 def test_seed_deployment(seed) -> None:
-    d = by_kind(render_children(seed))["Deployment"]
+    d = by_kind(render_children_of(seed))["Deployment"]
     assert d["metadata"]["name"] == "qwen3-vl-30b" and d["metadata"]["namespace"] == "default"
     spec = d["spec"]
     assert spec["replicas"] == 1
@@ -83,27 +84,27 @@ def test_seed_deployment(seed) -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600  # default startupTimeoutSeconds
     assert c["readinessProbe"]["httpGet"]["path"] == "/health" and c["livenessProbe"]["failureThreshold"] >= 3
     hash_ = spec["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
-    assert hash_ == effective_eplb(seed).config_hash()
+    assert hash_ == _effective(seed).config_hash()
 
 
 def test_labels_and_owner_references_on_every_child(seed) -> None:
     owned = copy.deepcopy(seed)
     owned["metadata"]["uid"] = "1234-abcd"
-    for child in render_children(owned):
+    for child in render_children_of(owned):
         assert child["metadata"]["labels"] == labels("qwen3-vl-30b")
         assert child["metadata"]["labels"]["eplb.ai/name"] == "qwen3-vl-30b"
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref == {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": "qwen3-vl-30b",
                        "uid": "1234-abcd", "controller": True, "blockOwnerDeletion": True}
-    for child in render_children(seed):  # no uid yet (e.g. `moe-eplb render`): no ownerReferences
+    for child in render_children_of(seed):  # no uid yet (e.g. `moe-eplb render`): no ownerReferences
         assert "ownerReferences" not in child["metadata"]
 
 
 def test_scaling_keeps_the_pod_template_and_eplb_changes_roll_it(seed, variant) -> None:
     def template(res):
-        return by_kind(render_children(res))["Deployment"]["spec"]["template"]
+        return by_kind(render_children_of(res))["Deployment"]["spec"]["template"]
 
-    scaled = by_kind(render_children(variant({"spec.replicas": 3})))["Deployment"]
+    scaled = by_kind(render_children_of(variant({"spec.replicas": 3})))["Deployment"]
     assert scaled["spec"]["replicas"] == 3
     assert scaled["spec"]["template"] == template(seed)
     changed = template(variant({"spec.eplb.stepInterval": 2000}))
@@ -117,11 +118,11 @@ def test_tuner_override_is_rendered_for_the_current_generation(seed) -> None:
     res["metadata"]["generation"] = 7
     res["status"] = {"autotune": {"override": {"windowSize": 2000, "stepInterval": 500, "numRedundantExperts": 12,
                                                "specGeneration": 7}}}
-    args = container(by_kind(render_children(res))["Deployment"]["spec"]["template"])["args"]
+    args = container(by_kind(render_children_of(res))["Deployment"]["spec"]["template"])["args"]
     cfg = json.loads(args[args.index("--eplb-config") + 1])
     assert (cfg["window_size"], cfg["step_interval"], cfg["num_redundant_experts"]) == (2000, 500, 12)
     res["metadata"]["generation"] = 8  # the user edited the spec since: spec wins
-    args = container(by_kind(render_children(res))["Deployment"]["spec"]["template"])["args"]
+    args = container(by_kind(render_children_of(res))["Deployment"]["spec"]["template"])["args"]
     assert json.loads(args[args.index("--eplb-config") + 1])["window_size"] == 3000
 
 
@@ -133,7 +134,7 @@ TEXT_MODEL = {"spec.model.name": "deepseek-ai/DeepSeek-V2-Lite", "spec.model.arc
 
 def test_flat_eplb_flags_before_0_10_2(variant) -> None:
     res = variant({**TEXT_MODEL, "spec.engine.version": "0.10.1"})
-    args = engine_args(parse(res), effective_eplb(res))
+    args = engine_args(parse(res), parse(res).effective)
     i = args.index("--enable-eplb")
     assert args[i:i + 8] == ["--enable-eplb", "--num-redundant-experts", "4", "--eplb-window-size", "3000",
                              "--eplb-step-interval", "1000", "--eplb-log-balancedness"]
@@ -142,7 +143,7 @@ def test_flat_eplb_flags_before_0_10_2(variant) -> None:
 
 def test_eplb_config_json_from_0_10_2(variant) -> None:
     res = variant({**TEXT_MODEL, "spec.engine.version": "0.10.2", "spec.eplb.async": True})
-    args = engine_args(parse(res), effective_eplb(res))
+    args = engine_args(parse(res), parse(res).effective)
     assert json.loads(args[args.index("--eplb-config") + 1]) == {
         "window_size": 3000, "step_interval": 1000, "num_redundant_experts": 4, "log_balancedness": True,
         "use_async": True}
@@ -152,7 +153,7 @@ def test_eplb_config_json_from_0_10_2(variant) -> None:
 def test_moe_backend_only_where_needed(variant) -> None:
     def args_of(changes):
         res = variant(changes)
-        return engine_args(parse(res), effective_eplb(res))
+        return engine_args(parse(res), parse(res).effective)
 
     assert "--moe-backend" not in args_of({"spec.engine.version": "0.12.0"})  # before the Triton-only change
     assert "--moe-backend" not in args_of({"spec.eplb.enabled": False, "spec.eplb.numRedundantExperts": 0})
@@ -162,7 +163,7 @@ def test_moe_backend_only_where_needed(variant) -> None:
 
 def test_eplb_off_renders_no_eplb_flags(variant) -> None:
     res = variant({"spec.eplb.enabled": False})
-    args = engine_args(parse(res), effective_eplb(res))
+    args = engine_args(parse(res), parse(res).effective)
     assert not any(a.startswith("--enable-eplb") or a.startswith("--eplb") for a in args)
     assert "--enable-expert-parallel" in args  # EP itself stays on
 
@@ -179,7 +180,7 @@ def test_storage_token_chat_template_and_user_env(variant) -> None:
         "spec.engine.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
         "spec.engine.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     })
-    d = by_kind(render_children(res))["Deployment"]
+    d = by_kind(render_children_of(res))["Deployment"]
     c = container(d["spec"]["template"])
     env = {e["name"]: e for e in c["env"]}
     assert env["VLLM_PLUGINS"]["value"] == f"other,{EXPORTER_PLUGIN}"
@@ -207,13 +208,13 @@ def test_local_path_model_does_not_set_hf_home(variant) -> None:
     res = variant({"spec.model.name": "/models/qwen3-vl", "spec.model.architecture": "Qwen3VLMoeForConditionalGeneration",
                    "spec.model.moe": {"numExperts": 128},
                    "spec.model.storage": {"pvc": {"claimName": "weights", "readOnly": True}}})
-    c = container(by_kind(render_children(res))["Deployment"]["spec"]["template"])
+    c = container(by_kind(render_children_of(res))["Deployment"]["spec"]["template"])
     assert "HF_HOME" not in {e["name"] for e in c["env"]}
     assert c["args"][0] == "/models/qwen3-vl"
 
 
 def test_service_and_pod_monitor(seed) -> None:
-    kids = by_kind(render_children(seed))
+    kids = by_kind(render_children_of(seed))
     svc = kids["Service"]["spec"]
     assert svc["selector"] == kids["Deployment"]["spec"]["selector"]["matchLabels"]
     assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, k8s_names.EXPORTER_PORT_NAME: k8s_names.EXPORTER_PORT}
@@ -225,7 +226,7 @@ def test_service_and_pod_monitor(seed) -> None:
     for e in pm["podMetricsEndpoints"]:
         assert e["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_eplb_ai_name"],
                                      "targetLabel": metric_names.MOEINFERENCE_LABEL, "action": "replace"}]
-    assert endpoint(seed) == "http://qwen3-vl-30b.default.svc:8000"
+    assert endpoint(parse(seed)) == "http://qwen3-vl-30b.default.svc:8000"
     assert selector_string("qwen3-vl-30b") == "app.kubernetes.io/component=engine,eplb.ai/name=qwen3-vl-30b"
 
 
@@ -243,7 +244,7 @@ def deepseek():
 
 
 def test_deepseek_renders_a_leader_worker_set(deepseek) -> None:
-    kids = by_kind(render_children(deepseek))
+    kids = by_kind(render_children_of(deepseek))
     assert "Deployment" not in kids
     lws = kids["LeaderWorkerSet"]
     assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
@@ -264,7 +265,7 @@ def test_deepseek_renders_a_leader_worker_set(deepseek) -> None:
 
 def test_worker_command_runs_in_a_real_shell(deepseek) -> None:
     """Run the worker's ``sh -c`` script with LWS's env, with ``vllm`` replaced by a printer."""
-    lws = by_kind(render_children(deepseek))["LeaderWorkerSet"]
+    lws = by_kind(render_children_of(deepseek))["LeaderWorkerSet"]
     worker = container(lws["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert worker["command"][:2] == ["/bin/sh", "-c"] and "startupProbe" not in worker
     script = worker["command"][2].replace("exec vllm serve", "printf '%s\\n'", 1)
@@ -306,7 +307,7 @@ def test_every_child_of_every_example_is_valid(path) -> None:
     for doc in load_moeinferences(path):
         doc = copy.deepcopy(doc)
         doc["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
-        children = render_children(doc)
+        children = render_children_of(doc)
         assert children
         for child in children:
             _validate_child(child)
@@ -315,23 +316,33 @@ def test_every_child_of_every_example_is_valid(path) -> None:
 
 def test_strict_validation_catches_a_bad_field(seed) -> None:
     """Negative control: the validators used above do reject unknown fields."""
-    deploy = by_kind(render_children(seed))["Deployment"]
+    deploy = by_kind(render_children_of(seed))["Deployment"]
     deploy["spec"]["replica"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deploy, K8S, strict=True)
-    pm = copy.deepcopy(by_kind(render_children(seed))["PodMonitor"])
+    pm = copy.deepcopy(by_kind(render_children_of(seed))["PodMonitor"])
     pm["spec"]["podMetricEndpoints"] = []
     assert _strict_problems(pm, POD_MONITOR)
-    lws = by_kind(render_children(load_moeinferences(EXAMPLES / "deepseek-v3-multinode.yaml")[0]))["LeaderWorkerSet"]
+    lws = by_kind(render_children_of(load_moeinferences(EXAMPLES / "deepseek-v3-multinode.yaml")[0]))["LeaderWorkerSet"]
     lws["spec"]["startupPolicy"] = "Eager"
     assert _strict_problems(lws, LEADER_WORKER_SET)
 
 
 def test_render_is_deterministic_and_pure(seed) -> None:
     before = copy.deepcopy(seed)
-    assert render_children(seed) == render_children(seed)
+    assert render_children_of(seed) == render_children_of(seed)
     assert seed == before
 
 
 def test_mapping_views_render_like_dicts(seed) -> None:
-    assert render_children(frozen(seed)) == render_children(seed)
+    assert render_children_of(frozen(seed)) == render_children_of(seed)
+
+
+def _effective(resource):
+    """The EPLB settings that run for ``resource`` (parsed once)."""
+    return parse(resource).effective
+
+
+def render_children_of(resource):
+    """``render_children`` of a resource dict (parsed once)."""
+    return render_children(parse(resource))

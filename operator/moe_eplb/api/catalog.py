@@ -285,11 +285,6 @@ def lookup_architecture(name: str) -> ArchitectureInfo | None:
     return ARCHITECTURES.get(name)
 
 
-def models_for_architecture(name: str) -> list[ModelInfo]:
-    """Catalog models of one architecture."""
-    return [m for m in MODELS if m.architecture == name]
-
-
 def guess_quantization(model_name: str, model: ModelInfo | None) -> str | None:
     """The checkpoint's MoE quantization when the name and catalog say it clearly, else None.
 
@@ -303,10 +298,6 @@ def guess_quantization(model_name: str, model: ModelInfo | None) -> str | None:
     if _FP8_NAME.search(base):
         return "fp8"
     return model.default_quantization if model else "none"
-
-
-def name_suggests_4bit(model_name: str) -> bool:
-    return bool(_QUANTIZED_NAME.search(model_name.rstrip("/").rsplit("/", 1)[-1]))
 
 
 def _v(version: Version | None) -> str:

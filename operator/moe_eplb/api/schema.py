@@ -1,6 +1,6 @@
 """Apiserver-like handling of a custom object against the CRD's structural OpenAPI schema.
 
-Three steps, in the apiserver's order: :func:`apply_defaults` (schema ``default`` values, applied
+Three steps, in the apiserver's order: :func:`fill_schema_defaults` (schema ``default`` values, applied
 recursively, also inside defaulted objects), :func:`unknown_field_problems` (what strict field
 validation / ``kubectl apply --validate=strict`` reports; the apiserver would otherwise prune them
 silently) and :func:`schema_problems` (types, enums, bounds, patterns, required fields) using
@@ -34,7 +34,7 @@ def format_path(parts: Iterator[Any] | list[Any]) -> str:
     return out
 
 
-def apply_defaults(obj: Any, schema: Schema) -> Any:
+def fill_schema_defaults(obj: Any, schema: Schema) -> Any:
     """Fill in schema defaults like the apiserver does, returning a new object.
 
     For each object node, a missing property with a ``default`` gets a deep copy of it, then

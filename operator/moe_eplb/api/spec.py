@@ -1,23 +1,42 @@
-"""Typed view of a MoEInference resource, and the EPLB settings that actually run.
+"""The typed model of a MoEInference: parse the resource once, use typed values everywhere after.
 
 :func:`parse` takes the resource as a dict (as kopf or ``yaml.safe_load`` give it), applies the
-CRD's defaults, and returns frozen dataclasses. It assumes the resource is valid (see
-:mod:`moe_eplb.api.validation`); on an invalid one it may raise ``KeyError``/``TypeError``.
+CRD's defaults once, and returns a frozen :class:`MoEInference`: the spec, the tuner's record
+(``status.autotune``, :mod:`moe_eplb.api.autotune_status`), and the **effective** EPLB settings --
+the tuner's override resolved against ``spec.eplb`` with the pinned precedence (see
+:func:`resolve_effective`). Handlers, timer ticks and CLI commands call it once; rendering, the
+tuner, the decision and the rollout take the typed values. camelCase keys are read here and in
+:mod:`moe_eplb.api.convert` only.
+
+It assumes a resource that passes the CRD's schema (:mod:`moe_eplb.api.validation`); on one that
+does not, it raises :class:`SpecError` naming the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb import vllm_facts
 from moe_eplb.api import catalog
+from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
+from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
-from moe_eplb.api.schema import apply_defaults as _apply_schema_defaults
+from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
+from moe_eplb.api.quantity import quantity_bytes
+from moe_eplb.api.schema import fill_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
+
+MODES = ("Off", "Recommend", "Apply")
+
+
+class SpecError(ValueError):
+    """The resource cannot be read into the typed model; the message starts with the field."""
 
 
 def to_plain(value: Any) -> Any:
@@ -31,7 +50,12 @@ def to_plain(value: Any) -> Any:
 
 def apply_defaults(resource: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``resource`` with the CRD's schema defaults filled in, as the apiserver stores it."""
-    return _apply_schema_defaults(to_plain(resource), openapi_schema())
+    return fill_schema_defaults(to_plain(resource), openapi_schema())
+
+
+# --------------------------------------------------------------------------------------------------
+# spec
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -46,6 +70,17 @@ class MoeShape:
 
 
 @dataclass(frozen=True)
+class MoeOverride:
+    """``spec.model.moe``: the shape of a model the catalog does not know (or corrections)."""
+
+    num_experts: int | None = None
+    num_moe_layers: int | None = None
+    top_k: int | None = None
+    num_expert_groups: int | None = None
+    bytes_per_expert: int | None = None
+
+
+@dataclass(frozen=True)
 class PvcStorage:
     claim_name: str
     mount_path: str = "/models"
@@ -56,38 +91,50 @@ class PvcStorage:
 @dataclass(frozen=True)
 class SecretKeyRef:
     name: str
-    key: str
+    key: str = "token"
+
+
+@dataclass(frozen=True)
+class ConfigMapKeyRef:
+    name: str
+    key: str = "chat_template.jinja"
 
 
 @dataclass(frozen=True)
 class Model:
     name: str
-    served_name: str | None
-    architecture: str | None  # as given in the spec
-    quantization: str | None  # as given in the spec
-    moe: dict[str, int]  # spec.model.moe as given (camelCase keys)
-    pvc: PvcStorage | None
-    hf_token_secret: SecretKeyRef | None
+    served_name: str | None = None
+    architecture: str | None = None  # as given in the spec
+    quantization: str | None = None  # as given in the spec
+    moe: MoeOverride = field(default_factory=MoeOverride)
+    pvc: PvcStorage | None = field(default=None, metadata={"key": "storage.pvc"})
+    hf_token_secret: SecretKeyRef | None = field(default=None, metadata={"key": "storage.hfTokenSecret"})
+
+
+def _pull_secret_names(value: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, Mapping) and isinstance(x.get("name"), str) for x in value):
+        raise ConvertError(f"{path}: expected a list of {{name: <secret>}}")
+    return tuple(x["name"] for x in value)
 
 
 @dataclass(frozen=True)
 class Engine:
     image: str
-    version_field: str | None
-    dtype: str | None
-    max_model_len: int | None
-    gpu_memory_utilization: float | None
-    limit_mm_per_prompt: dict[str, int] | None
-    mm_encoder_tp_mode: str | None
-    chat_template: SecretKeyRef | None  # ConfigMap name + key
-    extra_args: tuple[str, ...]
-    env: tuple[dict[str, Any], ...]
-    resources: dict[str, Any]
-    shm_size: str | int | None
-    startup_timeout_seconds: int
-    node_selector: dict[str, str]
-    tolerations: tuple[dict[str, Any], ...]
-    image_pull_secrets: tuple[str, ...] = ()
+    version_field: str | None = field(default=None, metadata={"key": "version"})
+    dtype: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_encoder_tp_mode: str | None = None
+    chat_template: ConfigMapKeyRef | None = field(default=None, metadata={"key": "chatTemplate.configMapRef"})
+    extra_args: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
+    resources: dict[str, Any] = field(default_factory=dict, metadata={"raw": True})
+    shm_size: Any = None  # a Kubernetes quantity, string or number
+    startup_timeout_seconds: int = 3600
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
+    image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})
 
     @property
     def moe_backend_arg(self) -> str | None:
@@ -111,11 +158,11 @@ class Engine:
 
 @dataclass(frozen=True)
 class Parallelism:
-    tensor: int
-    data: int
-    nodes: int
-    data_local_field: int | None
-    expert: bool
+    tensor: int = 1
+    data: int = 1
+    nodes: int = 1
+    data_local_field: int | None = field(default=None, metadata={"key": "dataLocal"})
+    expert: bool = True
 
     @property
     def data_local(self) -> int:
@@ -133,83 +180,180 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
-class EplbSettings:
-    """EPLB settings. ``source`` is ``spec`` or ``autotune`` (from status.autotune.override)."""
+class SpecEplb:
+    """``spec.eplb`` as written."""
 
     enabled: bool
     window_size: int
     step_interval: int
     num_redundant_experts: int
+    use_async: bool | None = field(default=None, metadata={"key": "async"})
+    log_balancedness: bool = False
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.window_size, self.step_interval, self.num_redundant_experts)
+
+
+@dataclass(frozen=True)
+class EplbSettings:
+    """The EPLB settings of a pod template. ``source``: ``spec`` or ``autotune`` (the override)."""
+
+    enabled: bool
+    knobs: Knobs
     use_async: bool | None = None
     log_balancedness: bool = False
     source: str = "spec"
 
-    def to_status(self) -> dict[str, Any]:
-        """The ``status.eplb`` object."""
-        return {
-            "enabled": self.enabled,
-            "windowSize": self.window_size,
-            "stepInterval": self.step_interval,
-            "numRedundantExperts": self.num_redundant_experts,
-        }
+    @property
+    def window_size(self) -> int:
+        return self.knobs.window_size
+
+    @property
+    def step_interval(self) -> int:
+        return self.knobs.step_interval
+
+    @property
+    def num_redundant_experts(self) -> int:
+        return self.knobs.num_redundant_experts
 
     def config_hash(self) -> str:
         """Short stable hash of the settings that need an engine restart (16 hex chars)."""
-        payload = {k: v for k, v in asdict(self).items() if k != "source"}
+        payload = {"enabled": self.enabled, "window_size": self.window_size, "step_interval": self.step_interval,
+                   "num_redundant_experts": self.num_redundant_experts, "use_async": self.use_async,
+                   "log_balancedness": self.log_balancedness}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Bound:
-    min: int
-    max: int
+def _read_bounds(value: Any, path: str) -> Bounds:
+    if not isinstance(value, Mapping):
+        raise ConvertError(f"{path}: expected an object")
+    ranges = {}
+    for key, name in (("windowSize", "window"), ("stepInterval", "interval"), ("numRedundantExperts", "redundant")):
+        b = value.get(key)
+        if b is None:
+            continue
+        if not isinstance(b, Mapping) or not all(isinstance(b.get(k), int) and not isinstance(b.get(k), bool)
+                                                 for k in ("min", "max")):
+            raise ConvertError(f"{path}.{key}: expected {{min: <int>, max: <int>}}")
+        ranges[name] = (b["min"], b["max"])
+    try:
+        return Bounds(**ranges)
+    except KnobsError as exc:
+        raise ConvertError(f"{path}: {exc}") from None
+
+
+def _read_mode(value: Any, path: str) -> str:
+    if value not in MODES:
+        raise ConvertError(f"{path}: {value!r} is not one of {', '.join(MODES)}")
+    return value
 
 
 @dataclass(frozen=True)
-class Autotune:
-    mode: str
-    window_size: Bound | None
-    step_interval: Bound | None
-    num_redundant_experts: Bound | None
-    memory_budget_per_gpu: int | None  # bytes
-    raw_memory_budget: str | int | None  # as written
-    evaluation_interval_seconds: int
-    cooldown_seconds: int
-    max_restarts_per_day: int
-    min_gain: float
-    rollback_tolerance: float
-    observe_seconds: int
+class AutotuneSpec:
+    """``spec.autotune`` with the CRD's defaults. Durations in seconds; the memory budget in bytes
+    per GPU (None: no budget, or not a quantity -- validation names that)."""
+
+    mode: str = field(default="Off", metadata={"read": _read_mode})
+    bounds: Bounds = field(default_factory=Bounds, metadata={"read": _read_bounds})
+    raw_memory_budget: Any = field(default=None, metadata={"key": "memoryBudgetPerGpu"})
+    evaluation_interval_s: float = field(default=300.0, metadata={"key": "evaluationIntervalSeconds"})
+    cooldown_s: float = field(default=3600.0, metadata={"key": "cooldownSeconds"})
+    max_restarts_per_day: int = 4
+    min_gain: float = 0.02
+    rollback_tolerance: float = 0.02
+    observe_s: float = field(default=600.0, metadata={"key": "observeSeconds"})
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        return quantity_bytes(self.raw_memory_budget)
+
+    @property
+    def rollout_timeout_s(self) -> float:
+        """How long new pods may take to become ready before the change is rolled back."""
+        return max(1800.0, 3.0 * self.observe_s)
 
 
 @dataclass(frozen=True)
-class Rollout:
-    max_surge: int
-    max_unavailable: int
+class RolloutSpec:
+    max_surge: int = 1
+    max_unavailable: int = 0
 
 
 @dataclass(frozen=True)
 class Monitoring:
-    prometheus_url: str | None
-    pod_monitor: bool
+    prometheus_url: str | None = None
+    pod_monitor: bool = field(default=False, metadata={"key": "podMonitor.enabled"})
+    pod_monitor_labels: dict[str, str] = field(default_factory=dict, metadata={"key": "podMonitor.labels"})
+
+
+@dataclass(frozen=True)
+class Spec:
+    model: Model
+    engine: Engine
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    replicas: int = 1
+    eplb: SpecEplb | None = None
+    autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    monitoring: Monitoring = field(default_factory=Monitoring)
+
+
+# --------------------------------------------------------------------------------------------------
+# the resource
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class MoEInference:
-    """A parsed MoEInference (spec after defaults)."""
+    """A parsed MoEInference: metadata, spec (after defaults), the tuner's status record and the
+    effective EPLB settings (what the pods run)."""
 
     name: str
     namespace: str | None
     uid: str | None
-    generation: int | None
-    model: Model
-    engine: Engine
-    parallelism: Parallelism
-    replicas: int
-    eplb: EplbSettings  # spec.eplb as written (see effective_eplb for what runs)
-    autotune: Autotune
-    rollout: Rollout
-    monitoring: Monitoring
-    labels: dict[str, str] = field(default_factory=dict)
+    generation: int
+    resource_version: str | None
+    labels: dict[str, str]
+    spec: Spec
+    status: AutotuneStatus
+    effective: EplbSettings
+    override_problem: str | None = None  # why a recorded override does not run (None: it runs, or none)
+    conditions: tuple[dict[str, Any], ...] = ()  # status.conditions as stored (Kubernetes conditions)
+
+    # shortcuts into the spec
+    @property
+    def model(self) -> Model:
+        return self.spec.model
+
+    @property
+    def engine(self) -> Engine:
+        return self.spec.engine
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return self.spec.parallelism
+
+    @property
+    def replicas(self) -> int:
+        return self.spec.replicas
+
+    @property
+    def autotune(self) -> AutotuneSpec:
+        return self.spec.autotune
+
+    @property
+    def rollout(self) -> RolloutSpec:
+        return self.spec.rollout
+
+    @property
+    def monitoring(self) -> Monitoring:
+        return self.spec.monitoring
+
+    @property
+    def eplb(self) -> EplbSettings:
+        """``spec.eplb`` as written (see :attr:`effective` for what runs)."""
+        return _spec_settings(self.spec.eplb)
 
     @property
     def catalog_model(self) -> catalog.ModelInfo | None:
@@ -235,211 +379,114 @@ class MoEInference:
         """Catalog shape with spec.model.moe fields overriding it."""
         entry = self.catalog_model
         moe = self.model.moe
-        quant = self.quantization
+
+        def pick(own: int | None, default: int | None) -> int | None:
+            return own if own is not None else default
+
         return MoeShape(
-            num_experts=moe.get("numExperts", entry.num_experts if entry else None),
-            num_moe_layers=moe.get("numMoeLayers", entry.num_moe_layers if entry else None),
-            top_k=moe.get("topK", entry.top_k if entry else None),
-            num_expert_groups=moe.get("numExpertGroups", entry.num_expert_groups if entry else 1),
-            bytes_per_expert=moe.get("bytesPerExpert", entry.bytes_per_expert(quant) if entry else None),
+            num_experts=pick(moe.num_experts, entry.num_experts if entry else None),
+            num_moe_layers=pick(moe.num_moe_layers, entry.num_moe_layers if entry else None),
+            top_k=pick(moe.top_k, entry.top_k if entry else None),
+            num_expert_groups=pick(moe.num_expert_groups, entry.num_expert_groups if entry else 1) or 1,
+            bytes_per_expert=pick(moe.bytes_per_expert, entry.bytes_per_expert(self.quantization) if entry else None),
         )
 
+    @property
+    def spec_knobs(self) -> Knobs:
+        """``spec.eplb``'s knobs (what an override records as ``specEplb``)."""
+        return self.eplb.knobs
 
-def _bound(d: dict[str, Any] | None) -> Bound | None:
-    return Bound(int(d["min"]), int(d["max"])) if d else None
+    @property
+    def prometheus_url(self) -> str | None:
+        return self.monitoring.prometheus_url or None
 
+    def with_default_prometheus(self, url: str | None) -> "MoEInference":
+        """This resource with ``spec.monitoring.prometheusUrl`` set to the operator's default
+        (``--prometheus-url``) when the spec leaves it empty (a private copy: never written back)."""
+        if self.monitoring.prometheus_url or not url:
+            return self
+        monitoring = dataclasses.replace(self.monitoring, prometheus_url=url)
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, monitoring=monitoring))
 
-def quantity_bytes(value: Any) -> int | None:
-    """A Kubernetes quantity (``8Gi``, ``500M``, 1024) as an int; None when absent or malformed."""
-    if value is None:
-        return None
-    from kubernetes.utils.quantity import (
-        parse_quantity,  # maintained parser of k8s quantities
-    )
-
-    try:
-        return int(parse_quantity(value))
-    except (ValueError, TypeError, ArithmeticError):
-        return None
-
-
-def parse(resource: dict[str, Any]) -> MoEInference:
-    """Parse a (valid) MoEInference dict into :class:`MoEInference`, applying CRD defaults first."""
-    res = apply_defaults(resource)
-    meta = res.get("metadata") or {}
-    spec = res["spec"]
-    m, e, p, eplb, at = spec["model"], spec["engine"], spec["parallelism"], spec["eplb"], spec["autotune"]
-    storage = m.get("storage") or {}
-    pvc = storage.get("pvc")
-    tok = storage.get("hfTokenSecret")
-    tmpl = (e.get("chatTemplate") or {}).get("configMapRef")
-    bounds = at.get("bounds") or {}
-    return MoEInference(
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace"),
-        uid=meta.get("uid"),
-        generation=meta.get("generation"),
-        labels=dict(meta.get("labels") or {}),
-        model=Model(
-            name=m["name"],
-            served_name=m.get("servedName"),
-            architecture=m.get("architecture"),
-            quantization=m.get("quantization"),
-            moe=dict(m.get("moe") or {}),
-            pvc=PvcStorage(pvc["claimName"], pvc.get("mountPath", "/models"), pvc.get("subPath"), pvc.get("readOnly", False))
-            if pvc
-            else None,
-            hf_token_secret=SecretKeyRef(tok["name"], tok.get("key", "token")) if tok else None,
-        ),
-        engine=Engine(
-            image=e["image"],
-            version_field=e.get("version"),
-            dtype=e.get("dtype"),
-            max_model_len=e.get("maxModelLen"),
-            gpu_memory_utilization=e.get("gpuMemoryUtilization"),
-            limit_mm_per_prompt=e.get("limitMmPerPrompt"),
-            mm_encoder_tp_mode=e.get("mmEncoderTpMode"),
-            chat_template=SecretKeyRef(tmpl["name"], tmpl.get("key", "chat_template.jinja")) if tmpl else None,
-            extra_args=tuple(e.get("extraArgs") or ()),
-            env=tuple(e.get("env") or ()),
-            resources=dict(e.get("resources") or {}),
-            shm_size=e.get("shmSize"),
-            startup_timeout_seconds=int(e.get("startupTimeoutSeconds", 3600)),
-            node_selector=dict(e.get("nodeSelector") or {}),
-            tolerations=tuple(e.get("tolerations") or ()),
-            image_pull_secrets=tuple(x["name"] for x in e.get("imagePullSecrets") or ()),
-        ),
-        parallelism=Parallelism(
-            tensor=p["tensor"], data=p["data"], nodes=p["nodes"], data_local_field=p.get("dataLocal"), expert=p["expert"]
-        ),
-        replicas=spec["replicas"],
-        eplb=_spec_eplb(eplb),
-        autotune=Autotune(
-            mode=at["mode"],
-            window_size=_bound(bounds.get("windowSize")),
-            step_interval=_bound(bounds.get("stepInterval")),
-            num_redundant_experts=_bound(bounds.get("numRedundantExperts")),
-            memory_budget_per_gpu=quantity_bytes(at.get("memoryBudgetPerGpu")),
-            raw_memory_budget=at.get("memoryBudgetPerGpu"),
-            evaluation_interval_seconds=at["evaluationIntervalSeconds"],
-            cooldown_seconds=at["cooldownSeconds"],
-            max_restarts_per_day=at["maxRestartsPerDay"],
-            min_gain=float(at["minGain"]),
-            rollback_tolerance=float(at["rollbackTolerance"]),
-            observe_seconds=at["observeSeconds"],
-        ),
-        rollout=Rollout(spec["rollout"]["maxSurge"], spec["rollout"]["maxUnavailable"]),
-        monitoring=Monitoring(
-            prometheus_url=spec["monitoring"].get("prometheusUrl"),
-            pod_monitor=bool(spec["monitoring"]["podMonitor"]["enabled"]),
-        ),
-    )
+    def knobs_problem(self, knobs: Knobs) -> str | None:
+        """Why ``knobs`` cannot run with this spec (vLLM's limit, divisibility of experts +
+        redundant by the EP size), or None when they can."""
+        return vllm_facts.redundant_problem(self.moe_shape.num_experts, self.parallelism.ep_size,
+                                            knobs.num_redundant_experts)
 
 
-def _spec_eplb(eplb: dict[str, Any]) -> EplbSettings:
-    return EplbSettings(
-        enabled=bool(eplb["enabled"]),
-        window_size=int(eplb["windowSize"]),
-        step_interval=int(eplb["stepInterval"]),
-        num_redundant_experts=int(eplb["numRedundantExperts"]),
-        use_async=eplb.get("async"),
-        log_balancedness=bool(eplb.get("logBalancedness", False)),
-        source="spec",
-    )
+def status_eplb(settings: EplbSettings) -> dict[str, Any]:
+    """The ``status.eplb`` object: ``{enabled, windowSize, stepInterval, numRedundantExperts}``."""
+    return {"enabled": settings.enabled, **to_crd(settings.knobs)}
 
 
-_OVERRIDE_KEYS = ("windowSize", "stepInterval", "numRedundantExperts")
-
-#: vLLM's EPLBConfig limit on redundant experts (same as ``validation.MAX_REDUNDANT``).
-_MAX_REDUNDANT = 1023
-
-
-def spec_eplb_record(resource: Mapping[str, Any]) -> dict[str, int]:
-    """``spec.eplb`` (after defaults) as the tuner's override records it (``override.specEplb``):
-    ``{windowSize, stepInterval, numRedundantExperts}`` -- every field an override replaces."""
-    eplb = apply_defaults(resource)["spec"]["eplb"]
-    return {k: int(eplb[k]) for k in _OVERRIDE_KEYS}
+def _spec_settings(eplb: SpecEplb | None) -> EplbSettings:
+    if eplb is None:
+        raise SpecError("spec.eplb: required (the CRD defaults it; was the resource defaulted?)")
+    return EplbSettings(enabled=eplb.enabled, knobs=eplb.knobs, use_async=eplb.use_async,
+                        log_balancedness=eplb.log_balancedness, source="spec")
 
 
-def override_invalid_reason(resource: Mapping[str, Any], values: Mapping[str, int]) -> str | None:
-    """Why override ``values`` cannot run with the current spec (bounds, divisibility of
-    experts + redundant by the EP size), or None when it can. A spec that cannot be parsed: None."""
-    try:
-        inf = parse(dict(resource))
-    except (KeyError, TypeError, ValueError):
-        return None
-    window = int(values.get("windowSize", inf.eplb.window_size))
-    step = int(values.get("stepInterval", inf.eplb.step_interval))
-    r = int(values.get("numRedundantExperts", inf.eplb.num_redundant_experts))
-    if window < 1 or step < 1:
-        return "windowSize and stepInterval must be >= 1"
-    if not 0 <= r <= _MAX_REDUNDANT:
-        return f"numRedundantExperts {r} is outside 0..{_MAX_REDUNDANT}"
-    experts = inf.moe_shape.num_experts
-    ep = inf.parallelism.ep_size
-    if experts and ep and (experts + r) % ep:
-        return f"experts ({experts}) + numRedundantExperts {r} is not divisible by the EP size {ep}"
-    return None
+def resolve_effective(spec_eplb: EplbSettings, override: Override | None, generation: int,
+                      problem_of: Any) -> tuple[EplbSettings, str | None]:
+    """The EPLB settings that run, and why a recorded override does not (pinned precedence).
 
-
-def current_override(resource: Mapping[str, Any]) -> dict[str, int] | None:
-    """``status.autotune.override`` (its knob values) when it runs, else None.
-
-    It runs while the user has not changed the EPLB settings since the tuner wrote it:
-    ``override.specEplb`` (see :func:`spec_eplb_record`) equals ``spec.eplb`` now -- so edits of
-    ``replicas`` (``/scale``), ``autotune`` or anything else keep it -- and it is valid for the
-    current spec (:func:`override_invalid_reason`). An override without ``specEplb`` (written by
-    an older operator) runs while ``override.specGeneration == metadata.generation``.
-    A malformed override (not a mapping, non-integer values) never applies.
+    ``status.autotune.override`` wins while it applies: EPLB is enabled, ``spec.eplb`` still equals
+    the ``specEplb`` it was written for (so scaling with ``replicas``/``/scale`` or editing
+    ``autotune`` keeps it, and any edit of ``spec.eplb`` wins), and its values are valid for the
+    current spec (``problem_of(knobs)`` is None). An override without ``specEplb`` (written by an
+    older operator) runs while ``specGeneration == metadata.generation``. Fields missing from the
+    override keep the spec's value; ``enabled``, ``async`` and ``logBalancedness`` always come from
+    the spec.
     """
-    status = resource.get("status")
-    autotune = status.get("autotune") if isinstance(status, Mapping) else None
-    override = autotune.get("override") if isinstance(autotune, Mapping) else None
-    if not isinstance(override, Mapping):
-        return None
-    values = {k: override[k] for k in _OVERRIDE_KEYS if k in override}
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
-        return None
-    recorded = override.get("specEplb")
-    if recorded is not None:
-        try:
-            if not isinstance(recorded, Mapping) or dict(recorded) != spec_eplb_record(resource):
-                return None
-        except (KeyError, TypeError, ValueError):
-            return None
-    else:
-        meta = resource.get("metadata")
-        generation = meta.get("generation") if isinstance(meta, Mapping) else None
-        if generation is None or override.get("specGeneration") != generation:
-            return None
-    if override_invalid_reason(resource, values) is not None:
-        return None
-    return values
+    if override is None or not spec_eplb.enabled:
+        return spec_eplb, None
+    if override.spec_eplb is not None:
+        if override.spec_eplb != spec_eplb.knobs:
+            return spec_eplb, "spec.eplb changed since the tuner applied it"
+    elif override.spec_generation is None or override.spec_generation != generation:
+        return spec_eplb, "the spec changed since the tuner applied it (generation)"
+    try:
+        knobs = override.resolve(spec_eplb.knobs)
+    except KnobsError as exc:
+        return spec_eplb, str(exc)
+    problem = problem_of(knobs)
+    if problem is not None:
+        return spec_eplb, problem
+    return EplbSettings(enabled=True, knobs=knobs, use_async=spec_eplb.use_async,
+                        log_balancedness=spec_eplb.log_balancedness, source="autotune"), None
 
 
-def effective_eplb(resource: Mapping[str, Any]) -> EplbSettings:
-    """The EPLB settings that run (pinned precedence).
+def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInference:
+    """Parse a MoEInference (dict or mapping) into :class:`MoEInference`, applying the CRD's
+    defaults first (skipped when ``defaulted``: the caller applied them already).
 
-    ``status.autotune.override`` = {windowSize, stepInterval, numRedundantExperts, specEplb,
-    specGeneration} wins while it applies (:func:`current_override`: ``spec.eplb`` unchanged since
-    the tuner wrote it, EPLB enabled, valid for the current spec); otherwise ``spec.eplb`` (a
-    user's edit of ``spec.eplb`` always wins; a ``replicas`` change does not touch the override).
-    Fields missing from the override keep the spec's value. ``enabled``, ``async`` and
-    ``logBalancedness`` always come from the spec.
+    Raises:
+        SpecError: a field that does not have the CRD's type (the resource would not pass the
+            schema), named with its path.
     """
-    res = apply_defaults(resource)
-    base = _spec_eplb(res["spec"]["eplb"])
-    if not base.enabled:
-        return base
-    override = current_override(res)
-    if override is None:
-        return base
-    return EplbSettings(
-        enabled=base.enabled,
-        window_size=int(override.get("windowSize", base.window_size)),
-        step_interval=int(override.get("stepInterval", base.step_interval)),
-        num_redundant_experts=int(override.get("numRedundantExperts", base.num_redundant_experts)),
-        use_async=base.use_async,
-        log_balancedness=base.log_balancedness,
-        source="autotune",
-    )
+    res = to_plain(resource) if defaulted else apply_defaults(resource)
+    meta = res.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise SpecError("metadata: required (an object with at least a name)")
+    if not isinstance(res.get("spec"), Mapping):
+        raise SpecError("spec: required")
+    try:
+        spec = from_crd(Spec, res["spec"], "spec")
+    except (ConvertError, KnobsError) as exc:
+        raise SpecError(str(exc)) from None
+    status = res.get("status") if isinstance(res.get("status"), Mapping) else {}
+    autotune = parse_autotune_status(status.get("autotune"))
+    raw_generation = meta.get("generation") or 1
+    if isinstance(raw_generation, bool) or not isinstance(raw_generation, int):
+        raise SpecError(f"metadata.generation: expected a whole number, got {raw_generation!r}")
+    generation = raw_generation
+    partial = MoEInference(name=str(meta.get("name") or ""), namespace=meta.get("namespace"), uid=meta.get("uid"),
+                           generation=generation, resource_version=meta.get("resourceVersion"),
+                           labels=dict(meta.get("labels") or {}), spec=spec, status=autotune,
+                           effective=_spec_settings(spec.eplb),
+                           conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)))
+    effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)
+    if why is None and autotune.override is None and any(n.startswith("status.autotune.override") for n in autotune.notes):
+        why = next(n for n in autotune.notes if n.startswith("status.autotune.override"))
+    return MoEInference(**{**partial.__dict__, "effective": effective, "override_problem": why})

@@ -19,28 +19,24 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from moe_eplb import vllm_facts
 from moe_eplb.api import catalog
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import Problem
-from moe_eplb.api.schema import apply_defaults, schema_problems, unknown_field_problems
-from moe_eplb.api.spec import (
-    MoEInference,
-    effective_eplb,
-    parse,
-    quantity_bytes,
-    to_plain,
-)
+from moe_eplb.api.quantity import quantity_bytes
+from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
+from moe_eplb.api.spec import MoEInference, SpecError, parse, to_plain
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
 from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND
 
-__all__ = ["Problem", "validate", "apiserver_problems", "nearest_redundant_values"]
+__all__ = ["Problem", "Checked", "check", "validate", "apiserver_problems", "nearest_redundant_values"]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-MAX_REDUNDANT = 1023
 
 # flags the operator generates from the spec: extraArgs must not repeat them
 _GENERATED_FLAGS = {
@@ -81,23 +77,39 @@ def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
     return _apiserver_check(to_plain(resource))[0]
 
 
-def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], bool]:
-    """(problems, whether the defaulted object passes the structural schema)."""
+def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], dict[str, Any] | None]:
+    """(problems, the defaulted object when it passes the structural schema, else None)."""
     resource = {k: v for k, v in resource.items() if k != "status"}
     schema = openapi_schema()
     problems = unknown_field_problems(resource, schema)
-    defaulted = apply_defaults(resource, schema)
+    defaulted = fill_schema_defaults(resource, schema)
     structural = schema_problems(defaulted, schema)
     rules = cel_problems(defaulted, schema)
     if structural:  # a rule over a mistyped value only adds noise
         rules = [p for p in rules if "(rule error:" not in p.message]
-    return problems + structural + rules, not structural
+    return problems + structural + rules, None if structural else defaulted
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`check` found: the problems ([] = valid) and the resource parsed once (None when
+    the schema already fails, so no typed view can be built)."""
+
+    problems: list[Problem]
+    inference: MoEInference | None
 
 
 def validate(resource: Any) -> list[Problem]:
     """All problems with ``resource`` (a MoEInference as a dict or any mapping); [] when it is valid."""
+    return check(resource).problems
+
+
+def check(resource: Any) -> Checked:
+    """Validate ``resource`` and parse it, with ONE pass of the CRD's defaulting: the operator's
+    reconcile and ``moe-eplb validate|render`` start here."""
     if not isinstance(resource, Mapping):
-        return [Problem("<root>", "expected a MoEInference object (a mapping), got " + type(resource).__name__)]
+        return Checked([Problem("<root>", "expected a MoEInference object (a mapping), got "
+                                + type(resource).__name__)], None)
     resource = to_plain(resource)
     problems: list[Problem] = []
     expected_api = f"{API_GROUP}/{API_VERSION}"
@@ -107,26 +119,32 @@ def validate(resource: Any) -> list[Problem]:
         problems.append(Problem("kind", f"must be {KIND} (got {resource.get('kind')!r})"))
     if not isinstance(resource.get("metadata"), Mapping):
         problems.append(Problem("metadata", "must be an object with at least a name"))
-        return problems
+        return Checked(problems, None)
     if resource.get("status") is not None and not isinstance(resource.get("status"), Mapping):
         resource = {k: v for k, v in resource.items() if k != "status"}  # not ours to judge; ignore it
     name = resource["metadata"].get("name")
     if not name:
         problems.append(Problem("metadata.name", "required; set a name (lower-case letters, digits and '-')"))
-        return problems
+        return Checked(problems, None)
     if not _DNS_LABEL.match(str(name)):
         problems.append(
             Problem("metadata.name", f"{name!r} must be a DNS label: lower-case letters, digits and '-', "
                     "starting and ending with a letter or digit")
         )
-    base, structurally_valid = _apiserver_check(resource)
-    if not structurally_valid:  # the typed view cannot be built; these are the problems to fix first
-        return problems + base
-    semantic = semantic_problems(parse(resource))
+    base, defaulted = _apiserver_check(resource)
+    if defaulted is None:  # the typed view cannot be built; these are the problems to fix first
+        return Checked(problems + base, None)
+    if "status" in resource:
+        defaulted["status"] = resource["status"]
+    try:
+        inf = parse(defaulted, defaulted=True)
+    except SpecError as exc:  # the schema passed but a value still has the wrong type
+        return Checked(problems + base + [Problem(str(exc).split(":", 1)[0], str(exc).split(":", 1)[-1].strip())], None)
+    semantic = semantic_problems(inf)
     # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
     covered = {p.field for p in semantic}
     base = [p for p in base if not (p.field in covered and p.rule in _duplicated_rules())]
-    return problems + base + semantic
+    return Checked(problems + base + semantic, inf)
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,7 +170,7 @@ def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> 
     if below >= 0:
         out.append(below)
     above = below + ep_size
-    if above <= MAX_REDUNDANT:
+    if above <= vllm_facts.MAX_REDUNDANT_EXPERTS:
         out.append(above)
     return out
 
@@ -183,7 +201,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
     arch_name = inf.architecture
     arch = catalog.lookup_architecture(arch_name) if arch_name else None
     shape = inf.moe_shape
-    has_override = "numExperts" in inf.model.moe
+    has_override = inf.model.moe.num_experts is not None
 
     if eplb.enabled:
         if version is not None and version < EPLB_FIRST:
@@ -220,11 +238,12 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                             f"= {total} is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x "
                             f"data {par.data}); use numRedundantExperts {choices}")
                 )
-            b = inf.autotune.num_redundant_experts
-            if b is not None and not any((shape.num_experts + r) % par.ep_size == 0 for r in range(b.min, b.max + 1)):
+            lo, hi = inf.autotune.bounds.redundant
+            if lo is not None and hi is not None and not any(
+                    (shape.num_experts + r) % par.ep_size == 0 for r in range(lo, hi + 1)):
                 problems.append(
                     Problem("spec.autotune.bounds.numRedundantExperts",
-                            f"no value in [{b.min}, {b.max}] makes experts ({shape.num_experts}) + R divisible by "
+                            f"no value in [{lo}, {hi}] makes experts ({shape.num_experts}) + R divisible by "
                             f"the EP size {par.ep_size}; widen the bounds")
                 )
         problems += _memory_problems(inf, shape)
@@ -248,22 +267,18 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
     return problems
 
 
-def override_problems(resource: dict[str, Any]) -> list[Problem]:
+def override_problems(inf: MoEInference) -> list[Problem]:
     """Notes on a tuner override that is recorded but does not run because it is invalid for the
-    current spec (bounds, divisibility with the EP size): :func:`moe_eplb.api.spec.effective_eplb`
-    falls back to ``spec.eplb`` then, so these are informational and never make the spec invalid
-    (``validate`` does not include them)."""
-    from moe_eplb.api.spec import override_invalid_reason
-
-    st = resource.get("status") if isinstance(resource.get("status"), Mapping) else {}
-    at = st.get("autotune") if isinstance(st.get("autotune"), Mapping) else {}
-    override = at.get("override")
-    if not isinstance(override, Mapping) or effective_eplb(resource).source == "autotune":
+    current spec (bounds, divisibility with the EP size): the effective settings fall back to
+    ``spec.eplb`` then, so these are informational and never make the spec invalid (``validate``
+    does not include them)."""
+    override = inf.status.override
+    if override is None or inf.effective.source == "autotune" or not inf.eplb.enabled:
         return []
-    values = {k: override[k] for k in ("windowSize", "stepInterval", "numRedundantExperts") if k in override}
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
-        return []
-    why = override_invalid_reason(resource, values)
+    try:
+        why = inf.knobs_problem(override.resolve(inf.spec_knobs))
+    except ValueError as exc:
+        why = str(exc)
     if why is None:
         return []
     return [Problem("status.autotune.override", f"not applied: {why}; spec.eplb runs instead "
@@ -312,7 +327,7 @@ def _quantization_problems(inf: MoEInference, version: Version | None) -> list[P
 
 
 def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
-    budget = inf.autotune.memory_budget_per_gpu
+    budget = inf.autotune.memory_budget_bytes
     if budget is None or inf.autotune.mode == "Off" or not shape.bytes_per_expert or not shape.num_moe_layers:
         return []
     r = inf.eplb.num_redundant_experts

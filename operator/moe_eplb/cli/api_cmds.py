@@ -39,11 +39,12 @@ def _is_ours(doc: Any) -> bool:
 
 
 def _check_all(path: str) -> tuple[list[Any], bool]:
-    """Validate every eplb.ai document; print problems on stderr. Returns (documents, all_valid).
+    """Validate and parse every eplb.ai document (once each); print problems on stderr, and notes
+    on recorded tuner overrides that do not run. Returns (parsed MoEInferences, all_valid).
 
     Documents of other API groups are skipped (with a note on stderr).
     """
-    from moe_eplb.api.validation import validate
+    from moe_eplb.api.validation import check, override_problems
 
     docs = []
     for i, doc in enumerate(_load_documents(path)):
@@ -56,14 +57,19 @@ def _check_all(path: str) -> tuple[list[Any], bool]:
         click.echo(f"{path}: no MoEInference documents found", err=True)
         return docs, False
     ok = True
+    parsed = []
     for i, doc in enumerate(docs):
-        problems = validate(doc)
-        if problems:
+        checked = check(doc)
+        prefix = f"{path}: {_label(doc, i)}" if len(docs) > 1 else path
+        for problem in checked.problems:
+            click.echo(f"{prefix}: {problem.field}: {problem.message}", err=True)
+        if checked.problems or checked.inference is None:
             ok = False
-            prefix = f"{path}: {_label(doc, i)}" if len(docs) > 1 else path
-            for problem in problems:
-                click.echo(f"{prefix}: {problem.field}: {problem.message}", err=True)
-    return docs, ok
+            continue
+        for note in override_problems(checked.inference):
+            click.echo(f"{prefix}: note: {note.field}: {note.message}", err=True)
+        parsed.append(checked.inference)
+    return parsed, ok
 
 
 def register(main: click.Group) -> None:
@@ -87,10 +93,10 @@ def register(main: click.Group) -> None:
 
         from moe_eplb.render.objects import render_children
 
-        docs, ok = _check_all(path)
+        resources, ok = _check_all(path)
         if not ok:
             sys.exit(1)
-        children = [child for doc in docs for child in render_children(doc)]
+        children = [child for inf in resources for child in render_children(inf)]
         click.echo(yaml.safe_dump_all(children, sort_keys=False), nl=False)
 
     @main.command("crd")

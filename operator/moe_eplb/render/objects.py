@@ -18,18 +18,11 @@ import shlex
 from typing import Any
 
 from moe_eplb import k8s_names, metric_names
-from moe_eplb.api.spec import (
-    EplbSettings,
-    MoEInference,
-    effective_eplb,
-    parse,
-    to_plain,
-)
+from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.k8s_names import (
-    API_GROUP,
+    API,
     API_PORT,
     API_PORT_NAME,
-    API_VERSION,
     CONFIG_HASH_ANNOTATION,
     EXPORTER_PLUGIN,
     KIND,
@@ -51,15 +44,11 @@ PROBE_PERIOD_SECONDS = 10
 SCRAPE_INTERVAL = "15s"
 
 
-def render_children(resource: dict[str, Any]) -> list[dict[str, Any]]:
-    """All child objects of a (valid) MoEInference dict, in apply order.
-
-    Uses :func:`moe_eplb.api.spec.effective_eplb` (the tuner's override when it applies).
-    """
-    resource = to_plain(resource)
-    inf = parse(resource)
-    eplb = effective_eplb(resource)
-    owner = owner_reference(resource)
+def render_children(inf: MoEInference) -> list[dict[str, Any]]:
+    """All child objects of a parsed (valid) MoEInference, in apply order, with the effective EPLB
+    settings (the tuner's override when it applies, :attr:`MoEInference.effective`)."""
+    eplb = inf.effective
+    owner = owner_reference(inf)
     children: list[dict[str, Any]] = [service(inf)]
     children.append(deployment(inf, eplb) if inf.parallelism.nodes == 1 else leader_worker_set(inf, eplb))
     children.append(pod_disruption_budget(inf))
@@ -73,26 +62,23 @@ def render_children(resource: dict[str, Any]) -> list[dict[str, Any]]:
     return children
 
 
-def owner_reference(resource: dict[str, Any]) -> dict[str, Any] | None:
+def owner_reference(inf: MoEInference) -> dict[str, Any] | None:
     """Controller ownerReference to the MoEInference, or None without ``metadata.uid``."""
-    meta = resource.get("metadata") or {}
-    if not meta.get("uid"):
+    if not inf.uid:
         return None
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": API,
         "kind": KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": inf.name,
+        "uid": inf.uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
 
 
-def endpoint(resource: dict[str, Any]) -> str:
+def endpoint(inf: MoEInference) -> str:
     """In-cluster URL of the OpenAI-compatible API (for ``status.endpoint``)."""
-    meta = resource.get("metadata") or {}
-    ns = meta.get("namespace") or "default"
-    return f"http://{meta['name']}.{ns}.svc:{API_PORT}"
+    return f"http://{inf.name}.{inf.namespace or 'default'}.svc:{API_PORT}"
 
 
 def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,262 @@
+"""``status.autotune`` as typed records: what the tuning loop remembers between evaluations.
+
+Everything a later evaluation needs (the override that runs, the rollout in progress, the restart
+times, the history) lives in the resource's status, so an operator restart resumes from the
+resource alone. :func:`parse_autotune_status` reads it (tolerant: a malformed record is dropped and
+noted, never applied) and :func:`autotune_status_to_crd` writes it, both through
+:mod:`moe_eplb.api.convert`. Times are POSIX seconds inside, RFC 3339 (UTC, microseconds) in the
+status.
+
+Rollout kinds and phases::
+
+    kind: apply | rollback         phase: Rolling | Observing | RollingBack
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_eplb.api.convert import ConvertError, camel, read_field, to_crd
+from moe_eplb.api.knobs import Knobs, KnobsError
+
+ROLLING, OBSERVING, ROLLING_BACK = "Rolling", "Observing", "RollingBack"
+HISTORY_LIMIT = 20
+
+
+def iso(t: float) -> str:
+    """POSIX seconds -> RFC 3339 UTC with microseconds (``2026-12-02T16:00:00.123456Z``)."""
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(s: str | None) -> float | None:
+    """RFC 3339 (with or without fraction, ``Z`` or offset) -> POSIX seconds; None stays None."""
+    if not s:
+        return None
+    return _dt.datetime.fromisoformat(s.strip().replace("Z", "+00:00")).timestamp()
+
+
+def _read_time(value: Any, path: str) -> float:
+    if not isinstance(value, str):
+        raise ConvertError(f"{path}: expected an RFC 3339 time, got {value!r}")
+    try:
+        t = parse_iso(value)
+    except ValueError:
+        raise ConvertError(f"{path}: {value!r} is not an RFC 3339 time") from None
+    assert t is not None
+    return t
+
+
+def _time(**kw: Any) -> Any:
+    return field(metadata={"read": _read_time, "write": iso, **kw.pop("metadata", {})}, **kw)
+
+
+def _read_times(value: Any, path: str) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise ConvertError(f"{path}: expected a list of times")
+    return tuple(_read_time(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Measured performance of the running pods over a window (``baseline``/``measured``)."""
+
+    balancedness: float | None = None
+    tokens_per_second: float | None = None
+    pods: int | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class DataWindow:
+    """What load one evaluation read: its span, buckets, engine steps and source."""
+
+    start: float | None = _time(default=None)
+    end: float | None = _time(default=None)
+    buckets: int | None = None
+    steps: int | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Override:
+    """``status.autotune.override``: the tuner's applied settings and the ``spec.eplb`` they were
+    made for. A missing knob keeps the spec's value (:meth:`resolve`)."""
+
+    window_size: int | None = None
+    step_interval: int | None = None
+    num_redundant_experts: int | None = None
+    spec_generation: int | None = None
+    spec_eplb: Knobs | None = None
+
+    @classmethod
+    def of(cls, knobs: Knobs, *, spec_generation: int | None, spec_eplb: Knobs | None) -> "Override":
+        return cls(knobs.window_size, knobs.step_interval, knobs.num_redundant_experts, spec_generation, spec_eplb)
+
+    def resolve(self, base: Knobs) -> Knobs:
+        """The knobs that run: this override's values, the spec's where it has none."""
+        return Knobs(base.window_size if self.window_size is None else self.window_size,
+                     base.step_interval if self.step_interval is None else self.step_interval,
+                     base.num_redundant_experts if self.num_redundant_experts is None else self.num_redundant_experts)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """``status.autotune.rollout``: a tuner change (or its rollback) in progress."""
+
+    kind: str
+    phase: str
+    started_at: float | None = _time(default=None)
+    ready_at: float | None = _time(default=None)
+    judged_at: float | None = _time(default=None)
+    rollback_started_at: float | None = _time(default=None)
+    from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
+    to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
+    previous_override: Override | None = None
+    spec_generation: int | None = None
+    spec_eplb: Knobs | None = None
+    from_hash: str | None = None
+    to_hash: str | None = None
+    baseline: Measurement | None = None
+    measured: Measurement | None = None
+    predicted_gain: float | None = None
+    reason: str | None = None
+    degraded: bool | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One finished rollout (kept, rolled back, superseded, ...) in ``status.autotune.history``."""
+
+    time: float = _time()
+    action: str = ""
+    from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
+    to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
+    reason: str | None = None
+    predicted_gain: float | None = None
+    baseline: Measurement | None = None
+    measured: Measurement | None = None
+    started_at: float | None = _time(default=None)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """``status.autotune.lastEvaluation``: what the last evaluation saw and decided."""
+
+    time: float = _time()
+    current: Knobs | None = None
+    data_window: DataWindow | None = None
+    recommended: Knobs | None = None
+    predicted_gain: float | None = None
+    gain_breakdown: dict | None = field(default=None, metadata={"raw": True})
+    tuner_decision: str | None = None
+    tuner_reason: str | None = None
+    calibration: dict | None = field(default=None, metadata={"raw": True})
+    decision: str | None = None
+    reason: str | None = None
+    evaluated_by: str | None = None
+    tuner_cpu_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """``status.autotune.recommendation``: the tuner's latest pick (knobs flat, as the CRD has it)."""
+
+    window_size: int
+    step_interval: int
+    num_redundant_experts: int
+    predicted_gain: float | None = None
+    time: float | None = _time(default=None)
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.window_size, self.step_interval, self.num_redundant_experts)
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """``status.autotune.degraded``: a tuner change crash-looped (keeps ``Degraded`` true)."""
+
+    time: float = _time()
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class AutotuneStatus:
+    """The whole ``status.autotune``. ``notes``: records that could not be read (dropped)."""
+
+    override: Override | None = None
+    rollout: Rollout | None = None
+    last_evaluation: Evaluation | None = None
+    recommendation: Recommendation | None = None
+    history: tuple[HistoryEntry, ...] = field(default=(), metadata={"omit_empty": True})
+    restarts: tuple[float, ...] = field(default=(), metadata={"read": _read_times, "write": lambda ts: [iso(t) for t in ts],
+                                                              "omit_empty": True})
+    last_change_time: float | None = _time(default=None)
+    degraded: Degraded | None = None
+    notes: tuple[str, ...] = field(default=(), metadata={"skip": True}, compare=False)
+    #: the mapping as stored (what a status patch is computed against)
+    stored: Mapping[str, Any] = field(default_factory=dict, metadata={"skip": True}, compare=False, repr=False)
+
+    def replace(self, **changes: Any) -> "AutotuneStatus":
+        return dataclasses.replace(self, **changes)
+
+    def with_history(self, entry: HistoryEntry) -> "AutotuneStatus":
+        """This status with ``entry`` appended to the history (oldest dropped past HISTORY_LIMIT)."""
+        return self.replace(history=(self.history + (entry,))[-HISTORY_LIMIT:])
+
+    def recent_restarts(self, now: float, day: float = 86400.0) -> tuple[float, ...]:
+        """Restart times within the last 24 h."""
+        return tuple(t for t in self.restarts if now - t < day)
+
+
+_RECORDS = ("override", "rollout", "last_evaluation", "recommendation", "history", "restarts",
+            "last_change_time", "degraded")
+
+
+def parse_autotune_status(raw: Any) -> AutotuneStatus:
+    """``status.autotune`` (as stored) -> :class:`AutotuneStatus`. Tolerant: each record is read on
+    its own; one that cannot be read is left out and named in ``notes`` (a malformed override never
+    applies; a malformed rollout is dropped)."""
+    if not isinstance(raw, Mapping):
+        return AutotuneStatus()
+    kwargs: dict[str, Any] = {}
+    notes = []
+    for name in _RECORDS:
+        key = camel(name)
+        if raw.get(key) is None:
+            continue
+        try:
+            kwargs[name] = read_field(AutotuneStatus, name, raw[key], f"status.autotune.{key}")
+        except (ConvertError, KnobsError, TypeError) as exc:
+            notes.append(str(exc) if str(exc).startswith("status.") else f"status.autotune.{key}: {exc}")
+    return AutotuneStatus(**kwargs, notes=tuple(notes), stored=copy.deepcopy(dict(raw)))
+
+
+def autotune_status_to_crd(status: AutotuneStatus) -> dict[str, Any]:
+    """The ``status.autotune`` mapping of ``status``."""
+    return to_crd(status)
+
+
+def json_merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new`` (None deletes a key)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch: dict = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old:
+            patch[k] = v
+        elif old[k] != v:
+            patch[k] = json_merge_patch(old[k], v) if isinstance(old[k], Mapping) and isinstance(v, Mapping) else v
+    return patch
+
+
+def autotune_status_patch(old: AutotuneStatus, new: AutotuneStatus) -> dict[str, Any]:
+    """The merge patch of ``status.autotune`` from what is stored (``old.stored``) to ``new``:
+    records dropped by ``new`` (or unreadable in ``old``) are deleted."""
+    return json_merge_patch(dict(old.stored), autotune_status_to_crd(new))

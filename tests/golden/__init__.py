@@ -1,0 +1,38 @@
+"""Golden copies of user-visible output, made with the code before the typed-model refactor.
+
+``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
+golden does not depend on the workload generator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+#: keys whose values are timings (they differ run to run); dropped before comparing
+TIMING_KEYS = ("seconds", "evaluate_seconds")
+
+
+def make_trace() -> dict:
+    """The file-format dict of the fixed trace: 96 buckets x 6 layers x 32 experts, a popularity
+    that drifts from one Dirichlet draw to another, Poisson counts."""
+    rng = np.random.default_rng(20261203)
+    T, L, E, top_k = 96, 6, 32, 8
+    pop_a = rng.dirichlet(np.full(E, 0.3), size=L)
+    pop_b = rng.dirichlet(np.full(E, 0.3), size=L)
+    steps = rng.integers(40, 60, size=T)
+    load = np.stack([rng.poisson(((1 - m) * pop_a + m * pop_b) * s * 16 * top_k)
+                     for m, s in zip(np.linspace(0.0, 1.0, T), steps)])
+    return {"num_layers": L, "num_experts": E, "bucket_steps": steps.tolist(), "load": load.tolist(),
+            "bucket_seconds": 15.0, "top_k": top_k, "model": "golden"}
+
+
+def strip_timings(value):
+    """``value`` without the :data:`TIMING_KEYS` anywhere inside."""
+    if isinstance(value, dict):
+        return {k: strip_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    if isinstance(value, list):
+        return [strip_timings(v) for v in value]
+    return value
