@@ -24,7 +24,6 @@ step).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -32,9 +31,6 @@ import time
 import types
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "operator"))
-
 from moe_eplb.exporter import hook, snapshot  # noqa: E402
 from moe_eplb.exporter.collector import PodCollector  # noqa: E402
 from moe_eplb.exporter.recorder import SnapshotWriter, StateRecorder  # noqa: E402

@@ -14,7 +14,7 @@ fitted to the real routing data in ../shared/traces; by default nothing here rea
 - ``qwen-shift``        Qwen3-VL-30B-A3B, chat -> math shift, EP 4
 
 EP sizes where the seed's 3000/1000/8 is a valid vLLM configuration ((E + 8) % ep == 0).
-Rows (see ``moe_eplb/eplb/holdout.py``): no EPLB, vLLM defaults, seed, the tuner's pick,
+Rows (see ``bench/holdout.py``): no EPLB, vLLM defaults, seed, the tuner's pick,
 hindsight-best of the grid on the second half, clairvoyant bound. Every row is replayed on the
 second half from a cold start. Exit status 1 if on some workload the pick is below 97 % of the
 hindsight best or below the defaults or the seed config.
@@ -31,8 +31,8 @@ import time
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+from holdout import ROWS, evaluate_holdout  # noqa: E402  (bench/holdout.py, next to this script)
 from moe_eplb.eplb import synth  # noqa: E402
-from moe_eplb.eplb.holdout import ROWS, evaluate_holdout  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
 REAL_FILES = ("olmoe_expert_counts.json", "mixtral_humaneval_token_routing.json",

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from moe_eplb.eplb import profiles, tracefile
 
 ROOT = Path(__file__).resolve().parent.parent

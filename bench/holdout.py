@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.simulator import Knobs, Replay, SimError, SimResult, Topology
+from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import SEED_CONFIG, VLLM_DEFAULTS, TuneResult, tune
 

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.profiles import total_variation
 from moe_eplb.eplb.tracefile import save_trace

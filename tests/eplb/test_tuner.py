@@ -206,7 +206,8 @@ def test_holdout_property_on_real_data_derived_workload(source):
     fits, or fitted now on the files in ../shared/traces): Qwen3-VL shape, a chat -> math shift,
     tuned on the first half only, scored on the second."""
     from moe_eplb.eplb import synth
-    from moe_eplb.eplb.holdout import evaluate_holdout
+
+    from bench.holdout import evaluate_holdout
 
     src = _real_source() if source == "real-files" else None
     trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", hours=1.0, seed=7, source=src)

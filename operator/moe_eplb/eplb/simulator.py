@@ -6,7 +6,7 @@ What is replayed (vLLM 0.32 ``EplbState.step`` / ``rearrange``, see ``docs/tuner
   ``[S_t, S_t + bucket_steps[t])``. **Load inside a bucket is taken as uniform over its steps**
   (the trace has no finer resolution): a part of a bucket carries the same share of its load.
 - A rearrangement happens after step ``k`` for ``k = max(I // 4, 1) + j * I < N`` (vLLM starts its
-  counter at ``I - I // 4``), from the logical load of steps ``[max(0, k - W), k)`` (its ring buffer
+  counter at ``I - I // 4``; :func:`moe_eplb.vllm_facts.rearrangement_steps`), from the logical load of steps ``[max(0, k - W), k)`` (its ring buffer
   of the last W recorded steps; fewer at the start), computed by the project's policy, which gives
   vLLM's placements. The new placement serves from step ``k`` on.
 - Before the first rearrangement the placement is vLLM's initial one: slots ``0..E-1`` hold experts
@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_eplb import vllm_facts
+from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.policy import PolicyError, check_layout, rebalance_batch
 from moe_eplb.eplb.trace import LoadTrace
 
 __all__ = [
-    "Knobs",
     "Topology",
     "SimError",
     "Throughput",
@@ -64,35 +65,6 @@ def _whole(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise SimError(f"{name}: must be >= {minimum}, got {value}")
     return int(value)
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The three EPLB settings vLLM fixes at start-up (steps, steps, experts)."""
-
-    window_size: int
-    step_interval: int
-    num_redundant_experts: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "window_size", _whole("window_size", self.window_size, 1))
-        object.__setattr__(self, "step_interval", _whole("step_interval", self.step_interval, 1))
-        object.__setattr__(
-            self,
-            "num_redundant_experts",
-            _whole("num_redundant_experts", self.num_redundant_experts, 0),
-        )
-
-    @property
-    def label(self) -> str:
-        return f"{self.window_size}/{self.step_interval}/{self.num_redundant_experts}"
-
-    def to_dict(self) -> dict:
-        return {
-            "window_size": self.window_size,
-            "step_interval": self.step_interval,
-            "num_redundant_experts": self.num_redundant_experts,
-        }
 
 
 @dataclass(frozen=True)
@@ -271,7 +243,7 @@ class Replay:
 
     def instants(self, step_interval: int) -> np.ndarray:
         """Steps after which vLLM rearranges (first after I // 4, then every I), all < N."""
-        return np.arange(max(step_interval // 4, 1), self.N, step_interval, dtype=np.int64)
+        return vllm_facts.rearrangement_steps(step_interval, self.N)
 
     def windows(self, knobs: Knobs) -> list[tuple[int, int]]:
         """``(start, end)`` step range of the load each rearrangement of ``knobs`` uses."""
@@ -541,7 +513,10 @@ def simulate(
         SimError: bad arguments (e.g. (E + R) % ep_size != 0), naming the argument.
     """
     topo = Topology(ep_size, num_nodes, num_groups)
-    knobs = Knobs(window_size, step_interval, num_redundant_experts)
+    try:
+        knobs = Knobs(window_size, step_interval, num_redundant_experts)
+    except KnobsError as exc:
+        raise SimError(str(exc)) from None
     return Replay(trace, topo, cost).run(knobs)
 
 

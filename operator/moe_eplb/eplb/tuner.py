@@ -38,12 +38,18 @@ worker processes (``workers > 1`` uses spawned processes: scripts need the usual
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from moe_eplb import vllm_facts
+from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs, KnobsError
+from moe_eplb.api.quantity import QuantityError
+from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
 from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.simulator import Knobs, Replay, SimError, SimResult, Topology
+from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.trace import LoadTrace
 
 __all__ = [
@@ -62,41 +68,13 @@ __all__ = [
     "DEFAULT_INTERVALS",
 ]
 
-VLLM_DEFAULTS = Knobs(1000, 3000, 0)
-SEED_CONFIG = Knobs(3000, 1000, 8)
 DEFAULT_WINDOWS = (500, 1000, 2000, 3000, 5000)
 DEFAULT_INTERVALS = (1000, 2000, 3000, 5000, 10000)
-MAX_REDUNDANT = 1023  # vLLM's EPLBConfig limit
+MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
 
 
 class TuneError(ValueError):
     """Constraints or inputs the tuner cannot satisfy; the message names which one and why."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """Inclusive ranges for the search; ``None`` ends mean "the ladder's own end".
-
-    ``redundant`` defaults to ``0 .. min(E // 2, 2 * ep)`` (at most two extra experts per GPU).
-    """
-
-    window: tuple[int | None, int | None] = (None, None)
-    interval: tuple[int | None, int | None] = (None, None)
-    redundant: tuple[int | None, int | None] = (None, None)
-
-    def __post_init__(self) -> None:
-        for name in ("window", "interval", "redundant"):
-            lo, hi = getattr(self, name)
-            floor = 0 if name == "redundant" else 1
-            for v in (lo, hi):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                                      or v < floor):
-                    raise TuneError(f"bounds.{name}: {v!r} is not a whole number >= {floor}")
-            if lo is not None and hi is not None and lo > hi:
-                raise TuneError(f"bounds.{name}: lower end {lo} is above upper end {hi}")
-
-    def to_dict(self) -> dict:
-        return {k: list(getattr(self, k)) for k in ("window", "interval", "redundant")}
 
 
 def parse_bounds(text: str) -> Bounds:
@@ -119,29 +97,19 @@ def parse_bounds(text: str) -> Bounds:
         except ValueError:
             raise TuneError(f"bounds.{key}: {rng!r} is not LO:HI with whole numbers") from None
         values[key] = pair  # type: ignore[assignment]
-    return Bounds(**values)
-
-
-_BYTE_SUFFIXES = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
+    try:
+        return Bounds(**values)
+    except KnobsError as exc:
+        raise TuneError(str(exc)) from None
 
 
 def parse_bytes(text: str) -> int:
     """Bytes from plain digits (``8589934592``), a Kubernetes quantity (``8Gi``, ``500M``) or those
-    with a trailing ``B`` (``8GiB``, ``8GB``)."""
-    import re
-
-    raw = str(text).strip()
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([kMGTPE]i?)?B?", raw)
-    if not m or (m.group(2) is None and raw.endswith("B") and not raw[:-1].strip()):
-        raise TuneError(
-            f"memory_budget: {text!r} is not a byte count; use plain bytes or a quantity such as "
-            "8Gi, 512Mi, 10G"
-        )
-    value = float(m.group(1)) * _BYTE_SUFFIXES[m.group(2) or ""]
-    return int(round(value))
+    with a trailing ``B`` (``8GiB``, ``8GB``) (:func:`moe_eplb.api.quantity.parse_bytes`)."""
+    try:
+        return _parse_quantity_bytes(text, "memory_budget")
+    except QuantityError as exc:
+        raise TuneError(str(exc)) from None
 
 
 def parse_knobs(text: str) -> Knobs:
@@ -152,7 +120,7 @@ def parse_knobs(text: str) -> Knobs:
     try:
         w, i, r = (int(p) for p in parts)
         return Knobs(w, i, r)
-    except (ValueError, SimError) as exc:
+    except (ValueError, KnobsError) as exc:
         raise TuneError(f"current: {text!r}: {exc}") from None
 
 
@@ -211,6 +179,20 @@ class TuneResult:
             return None
         return self.chosen.score / other.score - 1.0
 
+    def gain_over_no_eplb(self) -> float | None:
+        no_score = float(_cvar(self.no_eplb_segments))
+        return self.chosen.score / no_score - 1.0 if no_score > 0 else None
+
+    def headline_gain(self) -> tuple[float | None, str | None]:
+        """The predicted gain over the running configuration, else over vLLM's defaults, else
+        over no EPLB, and which one: ``(gain, "current"|"vllm_defaults"|"no_eplb")``."""
+        for ref, gain in (("current", self.gain_over(self.current)),
+                          ("vllm_defaults", self.gain_over(self.defaults)),
+                          ("no_eplb", self.gain_over_no_eplb())):
+            if gain is not None:
+                return gain, ref
+        return None, None
+
     def to_dict(self, *, series: bool = False) -> dict:
         ch = self.chosen
         no_score = float(_cvar(self.no_eplb_segments))
@@ -221,18 +203,12 @@ class TuneResult:
             "predicted_throughput": ch.mean,
             "score": ch.score,
             "balancedness": ch.result.balancedness,
-            "gain_vs_no_eplb": ch.score / no_score - 1.0 if no_score > 0 else None,
+            "gain_vs_no_eplb": self.gain_over_no_eplb(),
             "gain_vs_vllm_defaults": self.gain_over(self.defaults),
             "gain_vs_current": self.gain_over(self.current),
             "change_threshold": self.threshold,
         }
-        # The headline gain: over the running config, else vLLM's defaults, else no EPLB.
-        for ref in ("current", "vllm_defaults", "no_eplb"):
-            if rec[f"gain_vs_{ref}"] is not None:
-                rec["predicted_gain"], rec["predicted_gain_vs"] = rec[f"gain_vs_{ref}"], ref
-                break
-        else:
-            rec["predicted_gain"], rec["predicted_gain_vs"] = None, None
+        rec["predicted_gain"], rec["predicted_gain_vs"] = self.headline_gain()
         rec["breakdown"] = ch.result.throughput.to_dict()
         baselines = {
             "no_eplb": {
@@ -349,6 +325,191 @@ def _redundancy_levels(
     return levels, valid, per_r
 
 
+@dataclass
+class _Search:
+    """One search in progress: the grid (phase 1), its replays and evaluated candidates (phase 2)."""
+
+    trace: LoadTrace
+    topology: Topology
+    cost: CostModel
+    bounds: Bounds
+    current: Knobs | None
+    edges: np.ndarray
+    r_levels: list[int]
+    r_valid: list[int]
+    grid: list[Knobs] = field(default_factory=list)
+    progress: Callable[[int, int], None] | None = None
+    # filled by phase 2
+    candidates: list[Candidate] = field(default_factory=list)  # ranked, grid only
+    exact: dict[Knobs, Candidate] = field(default_factory=dict)  # replayed on every layer
+    extra: dict[Knobs, Candidate] = field(default_factory=dict)  # known configurations outside the grid
+    policy_windows: int = 0
+    stride: int = 1
+    workers: int = 1
+
+    @property
+    def known(self) -> list[Knobs]:
+        """vLLM's defaults, the seed's settings and the running ones (the prior)."""
+        return [k for k in (VLLM_DEFAULTS, SEED_CONFIG, self.current) if k is not None]
+
+    def allowed(self, k: Knobs) -> bool:
+        return k.num_redundant_experts in self.r_valid and self.bounds.allows(k)
+
+    def runnable(self, k: Knobs) -> bool:
+        try:
+            self.topology.check(self.trace.num_experts, k.num_redundant_experts)
+            return True
+        except SimError:
+            return False
+
+    def candidate(self, k: Knobs) -> Candidate | None:
+        return self.exact.get(k) or self.extra.get(k)
+
+
+def _rank_key(tie_tolerance: float) -> Callable[[Candidate], tuple]:
+    return lambda c: (-round(c.score / tie_tolerance), -c.mean)
+
+
+def _prepare(trace: LoadTrace, ep_size: int, num_nodes: int, num_groups: int, memory_budget_bytes: float | None,
+             bytes_per_expert: float | None, cost: CostModel) -> tuple[Topology, CostModel]:
+    """Phase 0: check the arguments; the cost model with the expert size given."""
+    if not isinstance(trace, LoadTrace):
+        raise TuneError(f"trace: expected a LoadTrace, got {type(trace).__name__}")
+    try:
+        topology = Topology(ep_size, num_nodes, num_groups)
+    except SimError as exc:
+        raise TuneError(str(exc)) from None
+    if memory_budget_bytes is not None and not memory_budget_bytes >= 0:
+        raise TuneError(f"memory_budget: must be >= 0 bytes, got {memory_budget_bytes}")
+    if bytes_per_expert is not None:
+        if not bytes_per_expert >= 0:
+            raise TuneError(f"bytes_per_expert: must be >= 0, got {bytes_per_expert}")
+        cost = replace(cost, bytes_per_expert=float(bytes_per_expert))
+    return topology, cost
+
+
+def _build_grid(search: _Search, windows: tuple[int, ...], intervals: tuple[int, ...]) -> None:
+    """Phase 1: window x interval x redundancy, plus the known configurations that are allowed."""
+    win_values = _ladder("window", tuple(windows), search.bounds.window)
+    int_values = _ladder("interval", tuple(intervals), search.bounds.interval)
+    grid = [Knobs(w, i, r) for w in win_values for i in int_values for r in search.r_levels]
+    for k in search.known:
+        if search.allowed(k) and k not in grid:
+            grid.append(k)
+    search.grid = grid
+
+
+def _replay(search: _Search, stride: int) -> Replay:
+    try:
+        return Replay(search.trace, search.topology, search.cost, layer_stride=stride)
+    except SimError as exc:
+        raise TuneError(str(exc)) from None
+
+
+def _window_keys(replay: Replay, knobs: list[Knobs]) -> set[tuple[int, int, int]]:
+    return {(s_, e_, k.num_redundant_experts) for k in knobs for s_, e_ in replay.windows(k)}
+
+
+def _score(search: _Search, replay: Replay, knobs: list[Knobs], done0: int, total: int) -> tuple[list[Candidate], int]:
+    """Replay ``knobs`` (policy calls batched and cached first); (candidates, policy windows run)."""
+    keys = _window_keys(replay, knobs)
+    progress = search.progress
+
+    def policy_progress(done: int, _total: int) -> None:
+        if progress is not None:
+            progress(done0 + done, total)
+
+    replay.prepare(keys, workers=search.workers, progress=policy_progress)
+    out = []
+    for n, k in enumerate(knobs):
+        res = replay.run(k)
+        seg = res.segment_throughput(search.edges)
+        out.append(Candidate(k, res, seg, _cvar(seg), res.throughput.relative))
+        if progress is not None:
+            progress(done0 + len(keys) + n + 1, total)
+    return out, len(keys)
+
+
+def _evaluate(search: _Search, full: Replay, screen_layers: int | None, finalists: int, tie_tolerance: float) -> None:
+    """Phase 2: score the grid. With screening, every candidate on every k-th layer first, then the
+    ``finalists`` best and the known configurations on all layers; the exact scores rank them."""
+    rank_key = _rank_key(tie_tolerance)
+    L = search.trace.num_layers
+    extra_runs = [k for k in (VLLM_DEFAULTS, search.current)
+                  if k is not None and k not in search.grid and search.runnable(k)]
+    stride = max(1, math.ceil(L / screen_layers)) if screen_layers else 1
+    screen = stride > 1 and len(search.grid) > finalists
+    search.stride = stride if screen else 1
+    if screen:
+        coarse = _replay(search, stride)
+        total = len(_window_keys(coarse, search.grid)) + len(search.grid) + (finalists + len(extra_runs)) * 40
+        screened, keys1 = _score(search, coarse, search.grid, 0, total)  # stage 2 size above is a guess
+        screened.sort(key=rank_key)
+        top = [c.knobs for c in screened[:finalists]]
+        top += [k for k in dict.fromkeys(search.known) if k in search.grid and k not in top]  # once each
+        stage2 = top + extra_runs
+        total = keys1 + len(search.grid) + len(_window_keys(full, stage2)) + len(stage2)
+        exact, keys2 = _score(search, full, stage2, keys1 + len(search.grid), total)
+        search.exact = {c.knobs: c for c in exact}
+        finals = sorted((c for c in exact if c.knobs in search.grid), key=rank_key)
+        search.candidates = finals + [c for c in screened if c.knobs not in search.exact]
+        search.extra = {c.knobs: c for c in exact if c.knobs not in search.grid}
+        search.policy_windows = keys1 + keys2
+    else:
+        runs = search.grid + extra_runs
+        total = len(_window_keys(full, runs)) + len(runs)
+        scored, search.policy_windows = _score(search, full, runs, 0, total)
+        search.candidates = sorted((c for c in scored if c.knobs in search.grid), key=rank_key)
+        search.exact = {c.knobs: c for c in scored}
+        search.extra = {c.knobs: c for c in scored if c.knobs not in search.grid}
+
+
+def _pick(search: _Search, prior_margin: float) -> tuple[Candidate, str]:
+    """Phase 3, the prior: well-known configurations (vLLM's defaults, the seed's, the running one)
+    win unless a searched one beats the best of them consistently by more than ``prior_margin``."""
+    best = search.candidates[0]
+    anchors = [c for c in (search.candidate(k) for k in search.known) if c is not None and search.allowed(c.knobs)]
+    if not anchors:
+        return best, f"best drift-robust score ({best.score:.4f}) of {len(search.candidates)} candidates"
+    anchor = max(anchors, key=lambda c: (c.score, c.mean))
+    note = (f"{anchor.knobs.label} (a known configuration): no searched configuration beats it "
+            f"consistently by more than {prior_margin:.2%} per time segment "
+            f"(best searched {best.knobs.label}: score {best.score:.4f} vs {anchor.score:.4f})")
+    for c in search.candidates:
+        if c.knobs == anchor.knobs:
+            break  # everything below ranks lower than the anchor itself
+        if c.knobs not in search.exact:
+            continue  # screened only: not a finalist
+        if c.score > anchor.score and _gain_lower_bound(c, anchor) > prior_margin:
+            return c, (f"{c.knobs.label}: best drift-robust score ({c.score:.4f}) that beats "
+                       f"the best known configuration {anchor.knobs.label} "
+                       f"({anchor.score:.4f}) consistently: paired per-segment gain "
+                       f"{_gain_lower_bound(c, anchor):+.2%} (mean - 1 s.e.) > {prior_margin:.2%}")
+    return anchor, note
+
+
+def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
+            min_gain: float) -> tuple[str, Candidate, str, Candidate | None]:
+    """Phase 4: keep the running configuration unless the pick beats it by more than the
+    threshold that pays for a restart. Returns (decision, chosen, reason, current's candidate)."""
+    current, cost = search.current, search.cost
+    cur = search.candidate(current) if current is not None and search.runnable(current) else None
+    if current is None:
+        return "change", pick, f"no current configuration given; {pick_note}", None
+    if cur is None:
+        return "change", pick, (f"current {current.label} is not a configuration vLLM accepts here "
+                                f"((E + R) % ep != 0 or topology), so a change is required; {pick_note}"), None
+    gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
+    if pick.knobs == cur.knobs:
+        return "keep", cur, f"current configuration is the pick: {pick_note}", cur
+    if gain > threshold:
+        return "change", pick, (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
+                                f"{threshold:.2%} (min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s "
+                                f"/ horizon {cost.horizon_s:.0f} s)"), cur
+    return "keep", cur, (f"{pick.knobs.label} would gain only {gain:+.2%} over current, below the "
+                         f"threshold {threshold:.2%} that pays for a restart"), cur
+
+
 def tune(
     trace: LoadTrace,
     *,
@@ -373,6 +534,10 @@ def tune(
     prior_margin: float = 0.002,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
+
+    Phases: check the arguments (:func:`_prepare`), build the grid (:func:`_build_grid`), score it
+    (:func:`_evaluate`, screened), apply the prior of known configurations (:func:`_pick`), and
+    decide whether leaving the running configuration pays for a restart (:func:`_decide`).
 
     Args:
         trace: the recorded load (history).
@@ -403,192 +568,39 @@ def tune(
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
             every candidate, or a bad argument.
     """
-    import time
-
     t0 = time.perf_counter()
-    if not isinstance(trace, LoadTrace):
-        raise TuneError(f"trace: expected a LoadTrace, got {type(trace).__name__}")
-    try:
-        topology = Topology(ep_size, num_nodes, num_groups)
-    except SimError as exc:
-        raise TuneError(str(exc)) from None
-    if memory_budget_bytes is not None and not memory_budget_bytes >= 0:
-        raise TuneError(f"memory_budget: must be >= 0 bytes, got {memory_budget_bytes}")
-    if bytes_per_expert is not None:
-        if not bytes_per_expert >= 0:
-            raise TuneError(f"bytes_per_expert: must be >= 0, got {bytes_per_expert}")
-        cost = replace(cost, bytes_per_expert=float(bytes_per_expert))
+    topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost)
     L, E = trace.num_layers, trace.num_experts
-    bpe = cost.resolve_bytes_per_expert(L, E)
-
-    win_values = _ladder("window", tuple(windows), bounds.window)
-    int_values = _ladder("interval", tuple(intervals), bounds.interval)
-    r_levels, r_valid, per_r = _redundancy_levels(
-        L, E, topology, bounds.redundant, memory_budget_bytes, bpe, max_redundancy_levels
-    )
-
-    def allowed(k: Knobs) -> bool:
-        b = bounds
-        def inside(v, rng):
-            return (rng[0] is None or v >= rng[0]) and (rng[1] is None or v <= rng[1])
-        return (
-            k.num_redundant_experts in r_valid
-            and inside(k.window_size, b.window)
-            and inside(k.step_interval, b.interval)
-        )
-
-    grid = [Knobs(w, i, r) for w in win_values for i in int_values for r in r_levels]
-    extras = [k for k in (VLLM_DEFAULTS, SEED_CONFIG, current) if k is not None and allowed(k)]
-    for k in extras:
-        if k not in grid:
-            grid.append(k)
-
-    edges = segment_edges(trace.num_buckets, segments)
-    must = [k for k in (VLLM_DEFAULTS, SEED_CONFIG, current) if k is not None]
-
-    def replay_for(stride: int) -> Replay:
-        try:
-            return Replay(trace, topology, cost, layer_stride=stride)
-        except SimError as exc:
-            raise TuneError(str(exc)) from None
-
-    def runnable(k: Knobs) -> bool:
-        try:
-            topology.check(E, k.num_redundant_experts)
-            return True
-        except SimError:
-            return False
-
-    def evaluate(replay: Replay, knobs: list[Knobs], done0: int, total: int, wk: int):
-        keys = {(s_, e_, k.num_redundant_experts) for k in knobs for s_, e_ in replay.windows(k)}
-
-        def policy_progress(done, _total):
-            if progress is not None:
-                progress(done0 + done, total)
-
-        replay.prepare(keys, workers=wk, progress=policy_progress)
-        out = []
-        for n, k in enumerate(knobs):
-            res = replay.run(k)
-            seg = res.segment_throughput(edges)
-            out.append(Candidate(k, res, seg, _cvar(seg), res.throughput.relative))
-            if progress is not None:
-                progress(done0 + len(keys) + n + 1, total)
-        return out, len(keys)
-
-    def count_keys(replay: Replay, knobs: list[Knobs]) -> int:
-        return len({(s_, e_, k.num_redundant_experts) for k in knobs for s_, e_ in replay.windows(k)})
-
-    def rank_key(c: Candidate):
-        return (-round(c.score / tie_tolerance), -c.mean)
-
-    extra_runs = [k for k in (VLLM_DEFAULTS, current)
-                  if k is not None and k not in grid and runnable(k)]
-    stride = max(1, math.ceil(L / screen_layers)) if screen_layers else 1
-    screen = stride > 1 and len(grid) > finalists
-    full = replay_for(1)
-    if screen:
-        coarse = replay_for(stride)
-        n1 = count_keys(coarse, grid)
-        total = n1 + len(grid) + (finalists + len(extra_runs)) * 40  # stage 2 size is a guess
-        wk = workers if workers is not None else 1
-        screened, keys1 = evaluate(coarse, grid, 0, total, wk)
-        screened.sort(key=rank_key)
-        top = [c.knobs for c in screened[:finalists]]
-        top += [k for k in must if k in grid and k not in top]
-        stage2 = top + extra_runs
-        n2 = count_keys(full, stage2)
-        total = keys1 + len(grid) + n2 + len(stage2)
-        exact, keys2 = evaluate(full, stage2, keys1 + len(grid), total, wk)
-        exact_by = {c.knobs: c for c in exact}
-        finals = sorted((c for c in exact if c.knobs in grid), key=rank_key)
-        rest = [c for c in screened if c.knobs not in exact_by]
-        candidates = finals + rest
-        extra = {c.knobs: c for c in exact if c.knobs not in grid}
-        policy_windows = keys1 + keys2
-    else:
-        n1 = count_keys(full, grid + extra_runs)
-        wk = workers if workers is not None else 1
-        allc, policy_windows = evaluate(full, grid + extra_runs, 0, n1 + len(grid) + len(extra_runs), wk)
-        candidates = sorted((c for c in allc if c.knobs in grid), key=rank_key)
-        exact_by = {c.knobs: c for c in allc}
-        extra = {c.knobs: c for c in allc if c.knobs not in grid}
+    r_levels, r_valid, _per_r = _redundancy_levels(L, E, topology, bounds.redundant, memory_budget_bytes,
+                                                   cost.resolve_bytes_per_expert(L, E), max_redundancy_levels)
+    search = _Search(trace, topology, cost, bounds, current, segment_edges(trace.num_buckets, segments),
+                     r_levels, r_valid, progress=progress, workers=workers if workers is not None else 1)
+    _build_grid(search, windows, intervals)
+    full = _replay(search, 1)
+    _evaluate(search, full, screen_layers, finalists, tie_tolerance)
     t_policy = time.perf_counter() - t0
-
-    best = candidates[0]
-    no_eplb = full.run_static()
-    no_seg = no_eplb.segment_throughput(edges)
-    defaults = exact_by.get(VLLM_DEFAULTS) or extra.get(VLLM_DEFAULTS)
-    cur = None
-    if current is not None and runnable(current):
-        cur = exact_by.get(current) or extra.get(current)
+    pick, pick_note = _pick(search, prior_margin)
     threshold = cost.change_threshold(min_gain)
-
-    # The prior: well-known configurations (vLLM's defaults, the seed's, the running one) win
-    # unless a searched one beats the best of them by more than prior_margin (model error).
-    anchors = [c for c in (exact_by.get(k) or extra.get(k)
-                           for k in (VLLM_DEFAULTS, SEED_CONFIG, current) if k is not None)
-               if c is not None and allowed(c.knobs)]
-    pick = best
-    pick_note = f"best drift-robust score ({best.score:.4f}) of {len(candidates)} candidates"
-    if anchors:
-        anchor = max(anchors, key=lambda c: (c.score, c.mean))
-        pick, pick_note = anchor, (
-            f"{anchor.knobs.label} (a known configuration): no searched configuration beats it "
-            f"consistently by more than {prior_margin:.2%} per time segment "
-            f"(best searched {best.knobs.label}: score {best.score:.4f} vs {anchor.score:.4f})")
-        for c in candidates:
-            if c.knobs == anchor.knobs:
-                break  # everything below ranks lower than the anchor itself
-            if c.knobs not in exact_by:
-                continue  # screened only: not a finalist
-            if c.score > anchor.score and _gain_lower_bound(c, anchor) > prior_margin:
-                pick = c
-                pick_note = (f"{c.knobs.label}: best drift-robust score ({c.score:.4f}) that beats "
-                             f"the best known configuration {anchor.knobs.label} "
-                             f"({anchor.score:.4f}) consistently: paired per-segment gain "
-                             f"{_gain_lower_bound(c, anchor):+.2%} (mean - 1 s.e.) > {prior_margin:.2%}")
-                break
-
-    if current is None:
-        decision, chosen = "change", pick
-        reason = f"no current configuration given; {pick_note}"
-    elif cur is None:
-        decision, chosen = "change", pick
-        reason = (f"current {current.label} is not a configuration vLLM accepts here "
-                  f"((E + R) % ep != 0 or topology), so a change is required; {pick_note}")
-    else:
-        gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
-        if pick.knobs == cur.knobs:
-            decision, chosen = "keep", cur
-            reason = f"current configuration is the pick: {pick_note}"
-        elif gain > threshold:
-            decision, chosen = "change", pick
-            reason = (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
-                      f"{threshold:.2%} (min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s "
-                      f"/ horizon {cost.horizon_s:.0f} s)")
-        else:
-            decision, chosen = "keep", cur
-            reason = (f"{pick.knobs.label} would gain only {gain:+.2%} over current, below the "
-                      f"threshold {threshold:.2%} that pays for a restart")
+    decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
+    no_eplb = full.run_static()
     return TuneResult(
         recommendation=chosen.knobs,
         decision=decision,
         reason=reason,
-        best=best,
+        best=search.candidates[0],
         chosen=chosen,
-        candidates=candidates,
+        candidates=search.candidates,
         no_eplb=no_eplb,
-        no_eplb_segments=no_seg,
-        defaults=defaults,
+        no_eplb_segments=no_eplb.segment_throughput(search.edges),
+        defaults=search.candidate(VLLM_DEFAULTS),
         current=cur,
         threshold=threshold,
-        segment_edges=edges,
+        segment_edges=search.edges,
         topology=topology,
         cost=cost,
         seconds=time.perf_counter() - t0,
-        policy_windows=policy_windows,
-        stats={"evaluate_seconds": round(t_policy, 3), "workers": wk,
-               "redundancy_levels": r_levels, "screen_layer_stride": stride if screen else 1,
-               "finalists": len(finals) if screen else len(candidates)},
+        policy_windows=search.policy_windows,
+        stats={"evaluate_seconds": round(t_policy, 3), "workers": search.workers,
+               "redundancy_levels": r_levels, "screen_layer_stride": search.stride,
+               "finalists": len(search.exact) - len(search.extra) if search.stride > 1 else len(search.candidates)},
     )
