@@ -4,7 +4,7 @@ with matplotlib from SIMULATED data (not a Grafana screenshot).
 
 The data: one hour of the synthetic "qwen3-vl-30b-a3b-chat-to-math" workload (the seed model's
 shape: 48 MoE layers x 128 experts, top-8; the mix shifts from chat to math), replayed through the
-project's model of vLLM's EPLB (``moe_eplb.sim.engine.EplbReplay``) on EP 4 — first with EPLB off
+project's model of vLLM's EPLB (``moe_eplb.sim.engine.SimulatedEplb``) on EP 4 — first with EPLB off
 (vLLM's static placement), then, from minute 30, on fresh pods with EPLB on and 8 redundant experts. The panels are the dashboard's: tokens/s per expert (heatmap) of one layer, the
 hottest experts, per-rank load, balancedness per layer, and replicas per expert.
 
@@ -17,8 +17,9 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb import synth
-from moe_eplb.sim.engine import EngineSettings, EplbReplay, balancedness
+from moe_eplb.sim.engine import EngineSettings, SimulatedEplb, balancedness
 
 ROOT = Path(__file__).resolve().parent.parent
 EP, LAYER, SWITCH_MIN = 4, 20, 30.0
@@ -30,9 +31,8 @@ def simulate(seed: int = 0) -> dict[str, np.ndarray]:
     T, L, E = trace.load.shape
     minutes = np.arange(T) * trace.bucket_seconds / 60.0
     switch = int(np.searchsorted(minutes, SWITCH_MIN))
-    before = EplbReplay(L, E, EngineSettings(model="qwen3-vl", ep_size=EP, eplb_enabled=False))
-    after = EplbReplay(L, E, EngineSettings(model="qwen3-vl", ep_size=EP, window_size=1000,
-                                            step_interval=3000, num_redundant_experts=8))
+    before = SimulatedEplb(L, E, EngineSettings(model="qwen3-vl", ep_size=EP, eplb_enabled=False))
+    after = SimulatedEplb(L, E, EngineSettings(model="qwen3-vl", ep_size=EP, knobs=Knobs(1000, 3000, 8)))
     ranks = np.zeros((T, L, EP))
     replicas_after = None
     for t in range(T):

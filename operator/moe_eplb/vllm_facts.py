@@ -72,11 +72,17 @@ def balancedness_per_layer(rank_tokens: np.ndarray) -> np.ndarray:
         return np.where(mx > 0, rt.mean(axis=-1) / np.where(mx > 0, mx, 1.0), np.nan)
 
 
+def balancedness_terms(rank_tokens: np.ndarray) -> tuple[float, float]:
+    """``(sum mean_rank, sum max_rank)`` over every layer (and leading axis) of ``rank_tokens
+    [..., L, EP]``: add them up over pods or engines before dividing."""
+    rt = np.asarray(rank_tokens, np.float64)
+    if rt.size == 0:
+        return 0.0, 0.0
+    return float(rt.mean(axis=-1).sum()), float(rt.max(axis=-1).sum())
+
+
 def balancedness(rank_tokens: np.ndarray) -> float | None:
     """One figure over every layer (and leading axis): ``sum mean_rank / sum max_rank`` of
     ``rank_tokens [..., L, EP]`` -- ideal MoE time over actual; None when there are no tokens."""
-    rt = np.asarray(rank_tokens, np.float64)
-    if rt.size == 0:
-        return None
-    den = float(rt.max(axis=-1).sum())
-    return float(rt.mean(axis=-1).sum()) / den if den > 0 else None
+    num, den = balancedness_terms(rank_tokens)
+    return num / den if den > 0 else None

@@ -46,7 +46,7 @@ def _running_settings(world) -> set[tuple]:
     for d in world.kubelet.deployments.values():
         for p in d.pods.values():
             if p.ready and p.settings is not None:
-                out.add((p.settings.window_size, p.settings.step_interval, p.settings.num_redundant_experts))
+                out.add((p.settings.knobs.window_size, p.settings.knobs.step_interval, p.settings.num_redundant_experts))
     return out
 
 
@@ -180,7 +180,7 @@ async def test_regression_rolls_back(workload):
     # Pods with the tuned settings place experts from an inverted view of the load (a broken expert map):
     # measured balancedness falls below the baseline, so the change must be rolled back.
     world = _world(workload, faults_for=lambda s: EngineFaults(inverted_placement=(
-        s.window_size, s.step_interval, s.num_redundant_experts) != (1000, 3000, 0)))
+        s.knobs.window_size, s.knobs.step_interval, s.num_redundant_experts) != (1000, 3000, 0)))
     async with world.run():
         before = _metric("moe_eplb_rollbacks_total", reason="regression")
         await world.start_operator()
@@ -199,7 +199,7 @@ async def test_regression_rolls_back(workload):
 
 
 async def test_crash_loop_rolls_back_and_degrades(workload):
-    world = _world(workload, crash_if=lambda s: (s.window_size, s.step_interval, s.num_redundant_experts)
+    world = _world(workload, crash_if=lambda s: (s.knobs.window_size, s.knobs.step_interval, s.num_redundant_experts)
                    != (1000, 3000, 0))
     degraded_seen = []
     async with world.run():

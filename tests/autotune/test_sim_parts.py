@@ -9,14 +9,17 @@ import copy
 
 import aiohttp
 import pytest
+from moe_eplb.api.knobs import Knobs
+from moe_eplb.api.spec import parse
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.simulator import simulate
+from moe_eplb.render.objects import render_children
 from moe_eplb.sim.engine import (
     EngineFaults,
     EngineSettings,
-    EplbReplay,
     SimClock,
     SimulatedEngine,
+    SimulatedEplb,
 )
 
 from .conftest import RESOURCE
@@ -29,7 +32,7 @@ def small_trace():
 
 
 def _replay_balancedness(trace, settings: EngineSettings, faults=EngineFaults()) -> tuple[float, int]:
-    rp = EplbReplay(trace.num_layers, trace.num_experts, settings, faults)
+    rp = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults)
     num = den = 0.0
     for t in range(trace.num_buckets):
         rank = rp.run(trace.load[t], int(trace.bucket_steps[t]))
@@ -42,17 +45,15 @@ def _replay_balancedness(trace, settings: EngineSettings, faults=EngineFaults())
 def test_engine_replay_agrees_with_simulator(small_trace, w, i, r):
     sim = simulate(small_trace, ep_size=4, window_size=w, step_interval=i, num_redundant_experts=r)
     got, rearrangements = _replay_balancedness(
-        small_trace, EngineSettings("m", ep_size=4, window_size=w, step_interval=i, num_redundant_experts=r))
+        small_trace, EngineSettings("m", ep_size=4, knobs=Knobs(w, i, r)))
     assert rearrangements == sim.rearrangements
     assert got == pytest.approx(sim.balancedness, abs=0.01)
 
 
 def test_settings_change_what_the_engine_reports(small_trace):
     untuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4))
-    tuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, window_size=250, step_interval=500,
-                                                                num_redundant_experts=4))
-    broken, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, window_size=250, step_interval=500,
-                                                                 num_redundant_experts=4),
+    tuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, knobs=Knobs(250, 500, 4)))
+    broken, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, knobs=Knobs(250, 500, 4)),
                                      EngineFaults(inverted_placement=True))
     assert tuned > untuned + 0.05
     assert broken < untuned
@@ -60,7 +61,7 @@ def test_settings_change_what_the_engine_reports(small_trace):
 
 def test_indivisible_redundancy_is_refused():
     with pytest.raises(ValueError, match="divisible"):
-        EplbReplay(4, 16, EngineSettings("m", ep_size=4, num_redundant_experts=3))
+        SimulatedEplb(4, 16, EngineSettings("m", ep_size=4, knobs=Knobs(1000, 3000, 3)))
 
 
 async def test_engine_serves_exporter_metrics_after_startup(small_trace):
@@ -94,29 +95,32 @@ async def test_engine_serves_exporter_metrics_after_startup(small_trace):
 
 
 def test_kubelet_reads_the_rendered_pod_template():
-    from moe_eplb.render.objects import render_children
     from moe_eplb.sim.kubelet import engine_settings
 
     res = copy.deepcopy(RESOURCE)
     res["spec"]["eplb"].update(windowSize=2000, stepInterval=4000, numRedundantExperts=4)
     res["metadata"]["generation"] = 1
-    deps = [c for c in render_children(res) if c["kind"] == "Deployment"]
+    deps = [c for c in render_children_of(res) if c["kind"] == "Deployment"]
     assert len(deps) == 1
     s = engine_settings(deps[0]["spec"]["template"]["spec"], share=0.5)
-    assert (s.model, s.ep_size, s.window_size, s.step_interval, s.num_redundant_experts, s.eplb_enabled) == \
-        ("example/tiny-moe", 4, 2000, 4000, 4, True)
+    assert (s.model, s.ep_size, s.knobs, s.num_redundant_experts, s.eplb_enabled) == \
+        ("example/tiny-moe", 4, Knobs(2000, 4000, 4), 4, True)
     assert s.share == 0.5
 
 
 def test_default_prometheus_url_fills_only_an_empty_spec_url():
-    from moe_eplb.controller.autotune import with_default_prometheus
+    res = copy.deepcopy(RESOURCE)
+    res["spec"].pop("monitoring", None)
+    inf = parse(res)
+    assert inf.prometheus_url is None
+    assert inf.with_default_prometheus("http://prom:9090").prometheus_url == "http://prom:9090"
+    assert inf.with_default_prometheus(None) is inf
+    res["spec"]["monitoring"] = {"prometheusUrl": "http://mine:9090"}
+    assert parse(res).with_default_prometheus("http://prom:9090").prometheus_url == "http://mine:9090"
+    res["spec"]["monitoring"] = {"prometheusUrl": ""}
+    assert parse(res).with_default_prometheus(None).prometheus_url is None
 
-    res = {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}}
-    out = with_default_prometheus(res, "http://prom:9090")
-    assert out["spec"]["monitoring"] == {"podMonitor": {"enabled": False}, "prometheusUrl": "http://prom:9090"}
-    own = {"spec": {"monitoring": {"prometheusUrl": "http://mine:9090"}}}
-    assert with_default_prometheus(own, "http://prom:9090")["spec"]["monitoring"]["prometheusUrl"] == "http://mine:9090"
-    assert with_default_prometheus({"spec": {}}, "http://prom:9090")["spec"]["monitoring"]["prometheusUrl"] == \
-        "http://prom:9090"
-    assert with_default_prometheus({"spec": {"monitoring": {"prometheusUrl": ""}}}, None)["spec"]["monitoring"] == \
-        {"prometheusUrl": ""}
+
+def render_children_of(resource):
+    """``render_children`` of a resource dict (parsed once)."""
+    return render_children(parse(resource))

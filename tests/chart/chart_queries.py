@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import chart_samples as samples
+from tests.chart import chart_samples as samples
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[2] / "charts" / "moe-eplb-operator" / "dashboards"
 

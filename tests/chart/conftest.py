@@ -10,15 +10,19 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import chart_samples as samples  # noqa: E402
-from chart_support import CHART_DIR, FAST_ALERTS, helm, render_chart, rule_groups  # noqa: E402
+from tests.chart import chart_samples as samples
+from tests.chart.chart_support import (
+    CHART_DIR,
+    FAST_ALERTS,
+    helm,
+    render_chart,
+    rule_groups,
+)
 
 
 @pytest.fixture(scope="session")

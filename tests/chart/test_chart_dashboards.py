@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-import chart_queries as cq
 import pytest
 from moe_eplb import metric_names
+
+from tests.chart import chart_queries as cq
 
 DASHBOARDS = cq.load_dashboards()
 PANEL_TYPES = {"row", "stat", "timeseries", "heatmap", "bargauge", "table"}

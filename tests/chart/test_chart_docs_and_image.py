@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib.util
 import re
 
-import chart_queries as cq
 import moe_eplb
 import pytest
 import yaml
-from chart_support import CHART_DIR, ROOT
 from moe_eplb import k8s_names, metric_names
 
 from scripts import vllm_metric_names as v
+from tests.chart import chart_queries as cq
+from tests.chart.chart_support import CHART_DIR, ROOT
 
 
 def _load_script(name: str):

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import VALUE_SETS
 from moe_eplb.cli.operator_cmds import run, settings_from_cli
 from moe_eplb.controller import settings as s
+
+from tests.chart.chart_support import VALUE_SETS
 
 
 def container(objs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,12 +8,13 @@ import shutil
 import subprocess
 import time
 
-import chart_queries as cq
-import chart_samples as samples
 import pytest
 import yaml
-from chart_support import FAST_ALERTS, render_chart, rule_groups
 from moe_eplb import metric_names as mn
+
+from tests.chart import chart_queries as cq
+from tests.chart import chart_samples as samples
+from tests.chart.chart_support import FAST_ALERTS, render_chart, rule_groups
 
 try:
     import promql_parser

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import (
+from moe_eplb import k8s_names
+from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
+
+from tests.chart.chart_support import (
     CHART_DIR,
     RELEASE,
     RELEASE_NS,
@@ -17,8 +20,6 @@ from chart_support import (
     helm,
     render_chart,
 )
-from moe_eplb import k8s_names
-from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
 K8S_VERSION = "1.32.0"

@@ -23,7 +23,8 @@ from moe_eplb.controller.rbac import (
     grants,
     request_verb,
 )
-from test_operator_loop import (  # noqa: F401
+
+from tests.controller.test_operator_loop import (  # noqa: F401
     NS,
     ROOT,
     _gone,

@@ -18,7 +18,8 @@ import subprocess
 import sys
 
 import aiohttp
-from test_operator_loop import NS, example, observed
+
+from tests.controller.test_operator_loop import NS, example, observed
 
 
 def free_port() -> int:

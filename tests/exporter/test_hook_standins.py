@@ -10,10 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
-from exporter_helpers import make_standin_v010, make_standin_v012  # noqa: E402
 from moe_eplb.exporter import hook  # noqa: E402
 from moe_eplb.exporter.layout import UnsupportedLayout, detect  # noqa: E402
 from moe_eplb.exporter.recorder import StateRecorder  # noqa: E402
+
+from tests.exporter.exporter_helpers import make_standin_v010, make_standin_v012  # noqa: E402
 
 
 def _factory(recs, ep_info=lambda: (0, 1)):

@@ -10,9 +10,10 @@ import time
 import urllib.request
 
 import numpy as np
-from exporter_helpers import env_without_exporter, free_port
 from moe_eplb.eplb.tracefile import load_trace
 from moe_eplb.exporter import snapshot
+
+from tests.exporter.exporter_helpers import env_without_exporter, free_port
 
 SCRIPT = """
 import os, sys

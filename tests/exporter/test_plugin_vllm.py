@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from exporter_helpers import env_without_exporter, free_port
 from moe_eplb import metric_names
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests import ROOT
+from tests.exporter.exporter_helpers import env_without_exporter, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -36,8 +37,8 @@ def test_plugin_in_vllm_process_tree(tmp_path):
     env.update(VLLM_PLUGINS="moe_eplb_exporter", MOE_EPLB_EXPORTER_PORT=str(free_port()),
                MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1", MOE_EPLB_EXPORTER_FLUSH_SECONDS="0",
                MOE_EPLB_EXPORTER_DIR=str(tmp_path / "pod"))
-    script = os.path.join(os.path.dirname(__file__), "plugin_process.py")
-    proc = subprocess.run([sys.executable, script, "server"], env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "tests.exporter.plugin_process", "server"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not out["eplb_module_loaded_before_plugins"] and out["patched"], "import hook did not patch EplbState"

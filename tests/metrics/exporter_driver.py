@@ -13,13 +13,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "exporter"))
-
 
 def main() -> None:
     import torch
-    from exporter_helpers import make_standin_v012
     from moe_eplb.exporter import hook, plugin, settings
+
+    from tests.exporter.exporter_helpers import make_standin_v012
 
     L, E = int(os.environ["DRIVER_LAYERS"]), int(os.environ["DRIVER_EXPERTS"])
     if os.environ.get("DRIVER_WAIT"):  # pre-warmed (imports done): start the exporter on "go"

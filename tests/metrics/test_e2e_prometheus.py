@@ -30,6 +30,8 @@ from moe_eplb.metrics.reader import (
 )
 from moe_eplb.metrics.scrape import PodScraper, Target
 
+from tests import ROOT
+
 pytestmark = pytest.mark.prometheus
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -53,7 +55,7 @@ class Pod:
         env.update(MOE_EPLB_EXPORTER_PORT=str(port), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1",
                    MOE_EPLB_EXPORTER_FLUSH_SECONDS="0", MOE_EPLB_EXPORTER_DIR=str(tmp / f"{name}-{time.time_ns()}"),
                    DRIVER_LAYERS=str(L), DRIVER_EXPERTS=str(E), DRIVER_WAIT="1" if wait else "")
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "exporter_driver.py")], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.metrics.exporter_driver"], env=env, cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def go(self):
@@ -200,7 +202,7 @@ def test_known_load_in_same_load_out(cluster):
             for r in client.query(f"{q}[{int(window) + 10}s]", time=end)["data"]["result"]:
                 print("DBG", q, r["metric"].get("pod"), r["values"])
         print("DBG expected", {k: v[1] for k, v in expected.items()})
-    grid_ends = trace.meta["start_time"] + B * np.arange(trace.num_buckets)  # bucket end times
+    grid_ends = trace.meta["start_time"] + B * np.arange(1, trace.num_buckets + 1)  # bucket end times
     assert trace.num_layers == L and trace.num_experts == E and trace.model == "org/moe"
     for t_end, (load_m, steps) in expected.items():
         hits = np.flatnonzero(np.isclose(grid_ends, t_end, rtol=0, atol=1e-3))
@@ -250,9 +252,9 @@ def test_missed_scrapes_are_spread_by_time(cluster):
     """Prometheus is paused (SIGSTOP) for ~2 buckets while pod a routes a known load: the reader
     spreads it over the buckets between the two samples around the pause, in proportion to time,
     keeps the total, reports the share, and refuses the window at the default threshold."""
+    from moe_eplb.metrics.assemble import grid_for, max_gap_for
     from moe_eplb.metrics.errors import LoadReadError
     from moe_eplb.metrics.increments import overlap_weights
-    from moe_eplb.metrics.assemble import grid_for, max_gap_for
 
     client, pods, prom = cluster["client"], cluster["pods"], cluster["prom"]
     deadline = time.time() + 30

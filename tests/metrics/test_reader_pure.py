@@ -5,17 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from moe_eplb import k8s_names, metric_names
+from moe_eplb.metrics.assemble import (
+    grid_for,
+    trace_from_raw_counters,
+    trace_from_rounds,
+)
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.increments import counter_increments, sample_increments
-from moe_eplb.metrics.assemble import grid_for, trace_from_raw_counters, trace_from_rounds
 from moe_eplb.metrics.reader import selector
-from moe_eplb.metrics.series import parse_matrix
 from moe_eplb.metrics.scrape import (
     PodSample,
     Round,
     parse_exposition,
     targets_from_pods,
 )
+from moe_eplb.metrics.series import parse_matrix
 
 GRID = np.array([100.0, 115.0, 130.0, 145.0])
 

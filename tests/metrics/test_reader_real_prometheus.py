@@ -7,7 +7,6 @@ its HTTP API (raw samples plus baselines): the trace it builds is exact, whole n
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess

@@ -301,9 +301,10 @@ def _add_simulate(main: click.Group) -> None:
         Rearranges every --interval steps from the last --window steps of load (first after
         interval/4 steps, as vLLM does) with vLLM's default policy, and compares with no EPLB.
         """
+        from moe_eplb.api.knobs import Knobs
         from moe_eplb.cli.tune_output import bad_parameter, print_simulation
         from moe_eplb.eplb.costmodel import CostModel
-        from moe_eplb.eplb.simulator import Knobs, Replay, SimError, Topology
+        from moe_eplb.eplb.simulator import Replay, SimError, Topology
 
         trace = _load_trace_arg(trace_path)
         try:

@@ -28,7 +28,7 @@ import kopf
 
 from moe_eplb.controller import autotune
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
-from moe_eplb.controller.reconcile import Outcome, Reconciler
+from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
 from moe_eplb.controller.settings import OperatorSettings
 from moe_eplb.k8s_names import (
     API_GROUP,
@@ -86,7 +86,7 @@ class Controller:
             raise kopf.TemporaryError("not logged in yet", delay=1)
         return self.reconciler
 
-    async def reconcile(self, body: Mapping[str, Any], *, prune: bool = True) -> Outcome:
+    async def reconcile(self, body: Mapping[str, Any], *, prune: bool = True) -> ReconcileOutcome:
         try:
             return await self._require().reconcile(_plain(body), prune=prune)
         except ApiError as exc:

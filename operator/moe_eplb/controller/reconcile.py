@@ -5,8 +5,8 @@ The flow (one resource at a time, serialised per resource by :class:`Reconciler`
 1. ``validate`` the resource. Problems -> status ``SpecValid=False`` (reason ``InvalidSpec``, the
    problems in the message), phase ``Invalid``, a Warning Event (once per generation and message),
    and **no child is created, changed or deleted** (what runs keeps running).
-2. ``apply_defaults`` and ``render_children`` (pure; every child in apply order). A render error is
-   handled like an invalid spec (nothing applied).
+2. ``render_children`` of the resource parsed once with validation (``check``; pure, every child in
+   apply order). A render error is handled like an invalid spec (nothing applied).
 3. Plan every child (GET, then absent -> create, else the minimal patch), send every pending write
    first with ``dryRun=All``: if the API server refuses any child, nothing is applied and the
    status says so (``Degraded``, reason ``ChildRejected``, a Warning Event). Then, in order: absent -> POST (a 409 from a concurrent creator falls through
@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.api.spec import status_eplb
+from moe_eplb.api.validation import check
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.k8s_names import (
@@ -40,6 +42,8 @@ from moe_eplb.k8s_names import (
     MANAGED_BY_LABEL,
     NAME_LABEL,
 )
+from moe_eplb.render.labels import selector_string
+from moe_eplb.render.objects import endpoint, render_children
 
 log = logging.getLogger("moe_eplb.controller")
 
@@ -98,13 +102,6 @@ def _child_id(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def selector_of(name: str) -> str:
-    """Label selector string of the engine pods (/scale's ``labelSelectorPath``)."""
-    from moe_eplb.render.labels import selector_string
-
-    return selector_string(name)
-
-
 # --------------------------------------------------------------------------------------------------
 # the reconciler
 # --------------------------------------------------------------------------------------------------
@@ -113,7 +110,7 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 
 
 @dataclass
-class Outcome:
+class ReconcileOutcome:
     """What one reconcile did: ``created``/``patched``/``deleted`` child ids ("Kind/name"),
     ``valid`` (spec), ``rejected`` (the API server refused a child in the dry run: nothing applied),
     the ``phase`` written, and whether the status was written."""
@@ -125,14 +122,6 @@ class Outcome:
     phase: str | None = None
     status_written: bool = False
     rejected: bool = False
-
-
-def _api_functions() -> tuple[Callable[..., Any], ...]:
-    """The pure parts this controller calls (imported lazily: they pull the CRD and the catalog)."""
-    from moe_eplb.api.spec import apply_defaults, effective_eplb, parse
-    from moe_eplb.api.validation import validate
-    from moe_eplb.render.objects import endpoint, render_children
-    return validate, apply_defaults, render_children, effective_eplb, parse, endpoint
 
 
 class Reconciler:
@@ -152,7 +141,7 @@ class Reconciler:
         self._dirty: set[tuple[str, str]] = set()
 
     # ---- entry points ---------------------------------------------------------------------------
-    async def reconcile(self, resource: Mapping[str, Any], *, prune: bool = True, fresh: bool = False) -> Outcome:
+    async def reconcile(self, resource: Mapping[str, Any], *, prune: bool = True, fresh: bool = False) -> ReconcileOutcome:
         """Bring the children and status of ``resource`` (a full object) in line with its spec.
 
         Unless ``fresh`` (just read from the API), the object is read again once the per-resource
@@ -166,7 +155,7 @@ class Reconciler:
                 if not fresh:
                     latest = await self.client.get(PARENT_API_VERSION, KIND, *key)
                     if latest is None or latest["metadata"].get("uid") != meta.get("uid"):
-                        return Outcome(phase=None)  # deleted (or replaced) meanwhile
+                        return ReconcileOutcome(phase=None)  # deleted (or replaced) meanwhile
                     resource = latest
                 outcome = await self._reconcile(resource, prune=prune)
             except Exception:
@@ -221,24 +210,22 @@ class Reconciler:
         return deleted
 
     # ---- the work -------------------------------------------------------------------------------
-    async def _reconcile(self, resource: Mapping[str, Any], *, prune: bool) -> Outcome:
-        validate, apply_defaults, render_children, effective_eplb, parse, endpoint = _api_functions()
+    async def _reconcile(self, resource: Mapping[str, Any], *, prune: bool) -> ReconcileOutcome:
         ns = resource["metadata"]["namespace"]
-        problems = list(validate(dict(resource)))
+        checked = check(resource)  # validation and the typed model, one defaulting pass
+        problems = list(checked.problems)
+        inf = checked.inference
         desired: list[dict[str, Any]] = []
-        if not problems:
+        if not problems and inf is not None:
             try:
-                defaulted = apply_defaults(dict(resource))
-                desired = list(render_children(defaulted))
-                eplb = effective_eplb(defaulted)
-                ep_size = parse(defaulted).parallelism.ep_size
+                desired = render_children(inf)
             except Exception as exc:  # a bug or a case validation missed: apply nothing
                 log.exception("rendering %s/%s failed", ns, resource["metadata"]["name"])
                 problems = [_RenderProblem("spec", f"cannot render the children: {exc}")]
-        if problems:
+        if problems or inf is None:
             return await self._report_invalid(resource, problems)
 
-        outcome = Outcome()
+        outcome = ReconcileOutcome()
         drift = int((resource.get("status") or {}).get("observedGeneration", -1)) == \
             int(resource["metadata"].get("generation", 1))
         plans = [await self._plan_child(child) for child in desired]
@@ -271,19 +258,21 @@ class Reconciler:
         if outcome.deleted:
             await self._event(resource, "Normal", "Pruned", "deleted " + ", ".join(outcome.deleted))
 
-        eplb_status = eplb.to_status() if hasattr(eplb, "to_status") else dict(eplb)
+        eplb_status = status_eplb(inf.effective)
+        ep_size = inf.parallelism.ep_size
         new_status = status_mod.ready_status(
-            resource, live_children, eplb=eplb_status, ep_size=ep_size,
-            selector=selector_of(resource["metadata"]["name"]), endpoint=endpoint(defaulted))
+            resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
+            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded))
         outcome.phase = new_status["phase"]
         outcome.status_written = await self._write_status(resource, new_status,
                                                           lambda fresh: status_mod.ready_status(
                                                               fresh, live_children, eplb=eplb_status, ep_size=ep_size,
                                                               selector=new_status["selector"],
-                                                              endpoint=new_status.get("endpoint")))
+                                                              endpoint=new_status.get("endpoint"),
+                                                              tuner=status_mod.tuner_degraded_of(fresh.get("status"))))
         return outcome
 
-    async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> Outcome:
+    async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> ReconcileOutcome:
         old_status = resource.get("status") or {}
         new_status = status_mod.invalid_status(resource, problems)
         old_cond = next((c for c in old_status.get("conditions") or [] if c.get("type") == "SpecValid"), {})
@@ -293,7 +282,7 @@ class Reconciler:
             await self._event(resource, "Warning", "InvalidSpec", new_cond["message"])
         written = await self._write_status(resource, new_status,
                                            lambda fresh: status_mod.invalid_status(fresh, problems))
-        return Outcome(valid=False, phase="Invalid", status_written=written)
+        return ReconcileOutcome(valid=False, phase="Invalid", status_written=written)
 
     async def _plan_child(self, desired: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
                                                                    dict[str, Any] | None]:
@@ -322,7 +311,7 @@ class Reconciler:
                 refusals.append(f"{kind}/{name}: {exc.message}")
         return refusals
 
-    async def _report_rejected(self, resource: Mapping[str, Any], refusals: Sequence[str]) -> Outcome:
+    async def _report_rejected(self, resource: Mapping[str, Any], refusals: Sequence[str]) -> ReconcileOutcome:
         new_status = status_mod.rejected_status(resource, refusals)
         old = next((c for c in (resource.get("status") or {}).get("conditions") or [] if c.get("type") == "Degraded"), {})
         new = next(c for c in new_status["conditions"] if c["type"] == "Degraded")
@@ -331,7 +320,7 @@ class Reconciler:
             await self._event(resource, "Warning", "ChildRejected", new["message"])
         written = await self._write_status(resource, new_status,
                                            lambda fresh: status_mod.rejected_status(fresh, refusals))
-        return Outcome(valid=True, rejected=True, phase=new_status["phase"], status_written=written)
+        return ReconcileOutcome(valid=True, rejected=True, phase=new_status["phase"], status_written=written)
 
     async def _apply_child(self, desired: Mapping[str, Any], live: dict[str, Any] | None,
                            patch: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:

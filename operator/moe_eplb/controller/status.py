@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from moe_eplb.api.autotune_status import Degraded, parse_autotune_status
+
 OWNED_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded")
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet", "StatefulSet")
 
@@ -125,22 +127,26 @@ def rejected_status(resource: Mapping[str, Any], refusals: Sequence[str], now: s
     return current
 
 
-def autotune_degraded(status: Mapping[str, Any]) -> tuple[str, str] | None:
+def tuner_degraded(record: Degraded | None) -> tuple[str, str] | None:
     """``(reason, message)`` of ``status.autotune.degraded`` (set by the autotune loop after a
-    crash-loop rollback), or None when it is absent or not an object."""
-    autotune = status.get("autotune")
-    record = autotune.get("degraded") if isinstance(autotune, Mapping) else None
-    if not isinstance(record, Mapping):
+    crash-loop rollback), or None when absent."""
+    if record is None:
         return None
-    reason = str(record.get("reason") or "CrashLoopAfterTuning")
-    if not reason.isidentifier():
-        reason = "CrashLoopAfterTuning"
-    return reason, str(record.get("message") or "a tuner change crash-looped and was rolled back")
+    reason = record.reason if record.reason and record.reason.isidentifier() else "CrashLoopAfterTuning"
+    return reason, record.message or "a tuner change crash-looped and was rolled back"
+
+
+def tuner_degraded_of(status: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """:func:`tuner_degraded` of a stored status (a fresh read after a conflict)."""
+    autotune = (status or {}).get("autotune")
+    return tuner_degraded(parse_autotune_status(autotune).degraded)
 
 
 def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
-                 ep_size: int, selector: str, endpoint: str | None, now: str | None = None) -> dict[str, Any]:
-    """The status of a valid resource whose children are applied; ``children`` are the live objects."""
+                 ep_size: int, selector: str, endpoint: str | None, tuner: tuple[str, str] | None = None,
+                 now: str | None = None) -> dict[str, Any]:
+    """The status of a valid resource whose children are applied; ``children`` are the live objects;
+    ``tuner``: ``(reason, message)`` while a tuner change that crash-looped keeps Degraded true."""
     now = now or now_rfc3339()
     current = dict(resource.get("status") or {})
     generation = int(resource.get("metadata", {}).get("generation", 1))
@@ -150,7 +156,6 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
     all_ready = w.rolled_out and w.ready >= w.desired
     was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
     lost = w.rolled_out and w.ready < w.desired and was_ready
-    tuner = autotune_degraded(current)
     degraded = bool(w.failure) or lost or tuner is not None
     if w.failure:
         degraded_reason, degraded_msg = "ProgressDeadlineExceeded", w.failure

@@ -87,20 +87,6 @@ def sample_increments(
                               joined_from_zero, max_gap).values[0]
 
 
-def sample_increments_matrix(
-    grid: np.ndarray,
-    ts: np.ndarray,
-    values: np.ndarray,
-    start_times: np.ndarray | None = None,
-    joined_from_zero: bool = True,
-    max_gap: float | None = None,
-) -> np.ndarray:
-    """:func:`sample_increments` for S counters scraped together (one pod: same sample times).
-
-    ``ts`` [n] sorted, ``values`` [S, n], ``start_times`` [n] -> increments [S, T]."""
-    return counter_increments(grid, ts, values, start_times, joined_from_zero, max_gap).values
-
-
 def counter_increments(
     grid: np.ndarray,
     ts: np.ndarray,

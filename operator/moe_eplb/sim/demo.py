@@ -27,8 +27,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from moe_eplb.api.convert import to_crd
+from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.sim.engine import EngineSettings, EplbReplay
+from moe_eplb.sim.engine import EngineSettings, SimulatedEplb
 
 NAME = "qwen3-vl-demo"
 NS = "default"
@@ -81,9 +83,9 @@ def untuned_rank_tokens(trace: LoadTrace, *, ep_size: int, num_buckets: int, set
                         num_groups: int = 1) -> np.ndarray:
     """Replay buckets ``[0, num_buckets)`` with fixed settings (the same code as the simulated pods):
     tokens per rank ``[T, L, P]``."""
-    rp = EplbReplay(trace.num_layers, trace.num_experts, EngineSettings(
-        model="untuned", ep_size=ep_size, window_size=settings["windowSize"], step_interval=settings["stepInterval"],
-        num_redundant_experts=settings["numRedundantExperts"], num_groups=num_groups))
+    rp = SimulatedEplb(trace.num_layers, trace.num_experts, EngineSettings(
+        model="untuned", ep_size=ep_size, knobs=Knobs(settings["windowSize"], settings["stepInterval"],
+                                                      settings["numRedundantExperts"]), num_groups=num_groups))
     out = np.zeros((num_buckets, trace.num_layers, ep_size))
     for t in range(num_buckets):
         out[t] = rp.run(trace.load[t % trace.num_buckets], int(trace.bucket_steps[t % trace.num_buckets]))
@@ -128,8 +130,9 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
         w = world_box.get("world")
         return w.clock.workload_seconds() / 3600.0 if w else 0.0
 
-    def observer(kind: str, resource: dict, payload: dict) -> None:
+    def observer(kind: str, resource: Any, record: Any) -> None:
         t = world_box["world"].clock.workload_seconds()
+        payload = to_crd(record)  # the status record as kubectl shows it
         if kind == "evaluation":
             rec = payload.get("recommended") or {}
             gain = payload.get("predictedGain")
@@ -183,7 +186,7 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
                             num += float(delta.mean(axis=1).sum())
                             den += float(delta.max(axis=1).sum())
                         s = p.settings
-                        settings.add((s.window_size, s.step_interval, s.num_redundant_experts))
+                        settings.add((s.knobs.window_size, s.knobs.step_interval, s.num_redundant_experts))
             last = current
             t_now = world.clock.workload_seconds()
             if den > 0 and len(settings) == 1:

@@ -19,13 +19,13 @@ through vLLM's EPLB behaviour with the EPLB settings the pod was started with:
 Time may be accelerated (:class:`SimClock`): ``scale`` simulated seconds pass per wall second, so a
 few simulated hours replay in minutes while Prometheus scrapes in wall time.
 
-Exported (per pod; ``model`` label = the served model):
-``moe_eplb_expert_tokens_total{model,layer,expert}``, ``moe_eplb_rank_tokens_total{model,layer,rank}``,
-``moe_eplb_expert_replicas{model,layer,expert}``, ``moe_eplb_rearrangements_total{model}``,
-``moe_eplb_rearrangement_duration_seconds{model}`` (histogram; the policy's CPU time here),
-``moe_eplb_engine_steps_total{model}``, ``moe_eplb_exporter_start_time_seconds{model}`` (wall clock),
-``moe_eplb_balancedness{model,layer}`` (last bucket, per
-layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model,window_size,step_interval,
+Exported (per pod; ``model_name`` label = the served model):
+``moe_eplb_expert_tokens_total{model_name,layer,expert}``, ``moe_eplb_rank_tokens_total{model_name,layer,rank}``,
+``moe_eplb_expert_replicas{model_name,layer,expert}``, ``moe_eplb_rearrangements_total{model_name}``,
+``moe_eplb_rearrangement_duration_seconds{model_name}`` (histogram; the policy's CPU time here),
+``moe_eplb_engine_steps_total{model_name}``, ``moe_eplb_exporter_start_time_seconds{model_name}`` (wall clock),
+``moe_eplb_balancedness{model_name,layer}`` (last bucket, per
+layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model_name,window_size,step_interval,
 num_redundant_experts,ep_size}``.
 """
 
@@ -38,11 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb import k8s_names, metric_names, vllm_facts
+from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs
 from moe_eplb.eplb.policy import rebalance
 from moe_eplb.eplb.trace import LoadTrace
 
-__all__ = ["SimClock", "EngineSettings", "EngineFaults", "EplbReplay", "SimulatedEngine"]
+__all__ = ["SimClock", "EngineSettings", "EngineFaults", "SimulatedEplb", "SimulatedEngine"]
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,9 @@ class EngineSettings:
     """What a simulated pod was started with (parsed from its pod spec by the fake kubelet).
 
     Attributes:
-        model: served model name (``model`` label).
+        model: served model name (``model_name`` label).
         ep_size: EP ranks P (tensor x data).
-        window_size, step_interval: engine steps.
-        num_redundant_experts: R; (E + R) must divide by ep_size.
+        knobs: window, interval (engine steps) and redundant experts R; (E + R) must divide by ep_size.
         eplb_enabled: False -> static placement (slot j -> logical j % E), no rearrangement.
         num_nodes, num_groups: for the hierarchical policy.
         share: fraction of the workload's tokens this pod serves (1 / replicas).
@@ -93,13 +93,16 @@ class EngineSettings:
 
     model: str
     ep_size: int
-    window_size: int = 1000
-    step_interval: int = 3000
-    num_redundant_experts: int = 0
+    knobs: Knobs = VLLM_DEFAULTS
     eplb_enabled: bool = True
     num_nodes: int = 1
     num_groups: int = 1
     share: float = 1.0
+
+    @property
+    def num_redundant_experts(self) -> int:
+        """R that runs (0 with EPLB off: vLLM rejects redundant experts without EPLB)."""
+        return self.knobs.num_redundant_experts if self.eplb_enabled else 0
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class EngineFaults:
     inverted_placement: bool = False
 
 
-class EplbReplay:
+class SimulatedEplb:
     """vLLM's EPLB bookkeeping for one engine, advanced step by step over trace buckets. Pure.
 
     Shapes: L layers, E logical experts, P ranks, R = E + redundant physical slots, S = R / P.
@@ -125,7 +128,7 @@ class EplbReplay:
         self.L, self.E = num_layers, num_experts
         self.s = settings
         self.faults = faults
-        self.R = num_experts + (settings.num_redundant_experts if settings.eplb_enabled else 0)
+        self.R = num_experts + settings.num_redundant_experts
         if self.R % settings.ep_size:
             raise ValueError(
                 f"num_redundant_experts: ({num_experts} experts + {self.R - num_experts} redundant) "
@@ -135,7 +138,7 @@ class EplbReplay:
         self.phy2log = np.tile(np.arange(self.R) % self.E, (self.L, 1))
         self.logcnt = self._counts(self.phy2log)
         self.steps = 0  # engine steps since start
-        self.next_rearrange = max(1, settings.step_interval // 4)
+        self.next_rearrange = vllm_facts.first_rearrangement_step(settings.knobs.step_interval)
         self.window: deque[tuple[int, np.ndarray]] = deque()  # (steps, load [L, E]) newest last
         self.window_steps = 0
         self.rearrangements = 0
@@ -155,7 +158,7 @@ class EplbReplay:
 
     def _window_load(self) -> np.ndarray:
         total = np.zeros((self.L, self.E))
-        need = self.s.window_size
+        need = self.s.knobs.window_size
         for steps, load in reversed(self.window):
             if need <= 0:
                 break
@@ -195,21 +198,20 @@ class EplbReplay:
             out += self.rank_tokens(seg_load)
             self.window.append((seg, seg_load))
             self.window_steps += seg
-            while self.window and self.window_steps - self.window[0][0] >= self.s.window_size:
+            while self.window and self.window_steps - self.window[0][0] >= self.s.knobs.window_size:
                 self.window_steps -= self.window.popleft()[0]
             self.steps += seg
             left -= seg
             if self.s.eplb_enabled and self.steps >= self.next_rearrange:
                 self._rearrange()
-                self.next_rearrange = self.steps + self.s.step_interval
+                self.next_rearrange = self.steps + self.s.knobs.step_interval
         return out
 
 
 def balancedness(rank_tokens: np.ndarray) -> np.ndarray:
-    """Per layer mean over ranks / max over ranks of ``rank_tokens [L, P]`` (1.0 for idle layers)."""
-    mx = rank_tokens.max(axis=1)
-    mean = rank_tokens.mean(axis=1)
-    return np.where(mx > 0, mean / np.where(mx > 0, mx, 1.0), 1.0)
+    """Per layer balancedness of ``rank_tokens [L, P]`` (:func:`moe_eplb.vllm_facts.balancedness_per_layer`;
+    1.0 for idle layers, as the gauge shows them)."""
+    return np.nan_to_num(vllm_facts.balancedness_per_layer(rank_tokens), nan=1.0)
 
 
 def _label(v: str) -> str:
@@ -228,12 +230,13 @@ class _Exposition:
     def __init__(self, engine: "SimulatedEngine") -> None:
         e = engine
         m = _label(e.settings.model)
+        M = metric_names.LABEL_MODEL
         L, E, P = e.replay.L, e.replay.E, e.replay.P
         self.e = e
         self.m = m
-        self.le = [f'{{model="{m}",layer="{l}",expert="{x}"}} ' for l in range(L) for x in range(E)]
-        self.lr = [f'{{model="{m}",layer="{l}",rank="{r}"}} ' for l in range(L) for r in range(P)]
-        self.ll = [f'{{model="{m}",layer="{l}"}} ' for l in range(L)]
+        self.le = [f'{{{M}="{m}",layer="{l}",expert="{x}"}} ' for l in range(L) for x in range(E)]
+        self.lr = [f'{{{M}="{m}",layer="{l}",rank="{r}"}} ' for l in range(L) for r in range(P)]
+        self.ll = [f'{{{M}="{m}",layer="{l}"}} ' for l in range(L)]
 
     @staticmethod
     def _family(name: str, kind: str, help_: str, series: list[str], values) -> list[str]:
@@ -243,7 +246,7 @@ class _Exposition:
         return out
 
     def render(self) -> bytes:
-        e, m = self.e, self.m
+        e, m, M = self.e, self.m, metric_names.LABEL_MODEL
         if not e.ready:
             return b""
         n = metric_names
@@ -256,23 +259,23 @@ class _Exposition:
         lines += self._family(n.EXPERT_REPLICAS, "gauge", "Replicas of each logical expert (simulated)",
                               self.le, e.replay.logcnt.ravel().tolist())
         lines += self._family(strip(n.REARRANGEMENTS), "counter", "EPLB rearrangements (simulated)",
-                              [f'{{model="{m}"}} '], [e.replay.rearrangements])
+                              [f'{{{M}="{m}"}} '], [e.replay.rearrangements])
         secs = e.replay.rearrangement_seconds
         h = n.REARRANGEMENT_SECONDS
         lines += [f"# HELP {h} EPLB rearrangement duration (simulated: the policy's CPU time)", f"# TYPE {h} histogram"]
         for b in ("0.001", "0.01", "0.1", "1.0", "10.0", "+Inf"):
             c = len(secs) if b == "+Inf" else sum(1 for x in secs if x <= float(b))
-            lines.append(f'{h}_bucket{{model="{m}",le="{b}"}} {float(c)!r}')
-        lines += [f'{h}_count{{model="{m}"}} {float(len(secs))!r}', f'{h}_sum{{model="{m}"}} {float(sum(secs))!r}']
+            lines.append(f'{h}_bucket{{{M}="{m}",le="{b}"}} {float(c)!r}')
+        lines += [f'{h}_count{{{M}="{m}"}} {float(len(secs))!r}', f'{h}_sum{{{M}="{m}"}} {float(sum(secs))!r}']
         lines += self._family(strip(n.ENGINE_STEPS), "counter", "Engine steps (simulated)",
-                              [f'{{model="{m}"}} '], [e.replay.steps])
+                              [f'{{{M}="{m}"}} '], [e.replay.steps])
         lines += self._family(n.BALANCEDNESS, "gauge", "Per-layer balancedness of the last bucket (simulated)",
                               self.ll, e.last_balancedness.tolist())
         lines += self._family(n.EXPORTER_START_TIME, "gauge", "Unix time the counters started at 0 (simulated engine start)",
-                              [f'{{model="{m}"}} '], [e.started_wall])
+                              [f'{{{M}="{m}"}} '], [e.started_wall])
         st = e.settings
         lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
-                              [f'{{model="{m}",window_size="{st.window_size}",step_interval="{st.step_interval}",'
+                              [f'{{{M}="{m}",window_size="{st.knobs.window_size}",step_interval="{st.knobs.step_interval}",'
                                f'num_redundant_experts="{st.num_redundant_experts}",ep_size="{st.ep_size}"}} '], [1])
         return ("\n".join(lines) + "\n").encode()
 
@@ -292,7 +295,7 @@ class SimulatedEngine:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         self.trace, self.settings, self.clock = trace, settings, clock
         self.startup_seconds, self.tick, self.port = float(startup_seconds), float(tick), port
-        self.replay = EplbReplay(trace.num_layers, trace.num_experts, settings, faults, seed=seed)
+        self.replay = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults, seed=seed)
         self.expert_tokens = np.zeros((trace.num_layers, trace.num_experts))
         self.rank_tokens = np.zeros((trace.num_layers, settings.ep_size))
         self.last_balancedness = np.ones(trace.num_layers)

@@ -207,7 +207,7 @@ def _field_selector_matches(text: str | None, obj: Mapping[str, Any]) -> bool:
 # patches
 # --------------------------------------------------------------------------------------------------
 
-def merge_patch(target: Any, patch: Any) -> Any:
+def apply_merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch (``None`` removes a key; lists and scalars replace)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -216,7 +216,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = apply_merge_patch(result.get(key), value)
     return result
 
 
@@ -700,7 +700,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
                 if not isinstance(request.data, dict):
                     raise _error(400, "BadRequest", "a merge patch must be a JSON object")
-                new = merge_patch(copy.deepcopy(current), request.data)
+                new = apply_merge_patch(copy.deepcopy(current), request.data)
                 sent_rv = (request.data.get("metadata") or {}).get("resourceVersion")
                 new["metadata"]["resourceVersion"] = sent_rv
             else:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import aiohttp
 
 from moe_eplb import k8s_names
+from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs, KnobsError
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 
@@ -87,7 +88,7 @@ def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) 
         tp = int(_flag(toks, "--tensor-parallel-size", "-tp") or 1)
         dp = int(_flag(toks, "--data-parallel-size", "-dp") or 1)
         enabled = "--enable-eplb" in toks
-        w, iv, r = 1000, 3000, 0
+        w, iv, r = VLLM_DEFAULTS.window_size, VLLM_DEFAULTS.step_interval, VLLM_DEFAULTS.num_redundant_experts
         cfg = _flag(toks, "--eplb-config")
         if cfg is not None:
             try:
@@ -98,8 +99,11 @@ def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) 
         w = int(_flag(toks, "--eplb-window-size") or w)
         iv = int(_flag(toks, "--eplb-step-interval") or iv)
         r = int(_flag(toks, "--num-redundant-experts") or r)
-        return EngineSettings(model=model, ep_size=tp * dp, window_size=w, step_interval=iv,
-                              num_redundant_experts=r if enabled else 0, eplb_enabled=enabled,
+        try:
+            knobs = Knobs(w, iv, r)
+        except KnobsError as exc:
+            raise PodSpecError(f"EPLB arguments: {exc}") from exc
+        return EngineSettings(model=model, ep_size=tp * dp, knobs=knobs, eplb_enabled=enabled,
                               num_groups=num_groups, share=share)
     raise PodSpecError("no container runs `vllm serve`")
 

@@ -1,0 +1,138 @@
+"""Measure the running pods' balancedness over a window: the judge of a tuner change.
+
+From Prometheus, ``increase`` of ``moe_eplb_rank_tokens_total`` per pod, layer and rank over the
+window; without Prometheus, by scraping each pod's exporter and differencing against the counters
+seen at an earlier round (:class:`RankHistory`). Balancedness is :func:`moe_eplb.vllm_facts.balancedness`
+(``sum mean_rank / sum max_rank`` over pods and layers). Blocking (HTTP); call with
+``asyncio.to_thread`` from async code.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from moe_eplb import k8s_names, metric_names, vllm_facts
+from moe_eplb.api.autotune_status import Measurement
+from moe_eplb.metrics.promclient import PrometheusClient
+from moe_eplb.metrics.reader import selector
+from moe_eplb.metrics.series import parse_vector
+
+RankCounts = dict[str, np.ndarray]  # pod -> [L, EP] rank tokens
+
+
+def balancedness_of(per_pod: RankCounts) -> float | None:
+    """``sum_{pod,l} mean_rank / sum_{pod,l} max_rank`` of per-pod ``[L, EP]`` token counts."""
+    terms = [vllm_facts.balancedness_terms(a) for a in per_pod.values()]
+    num, den = sum(t[0] for t in terms), sum(t[1] for t in terms)
+    return num / den if den > 0 else None
+
+
+def _measurement(per_pod: RankCounts, seconds: float, source: str) -> Measurement | None:
+    b = balancedness_of(per_pod)
+    if b is None:
+        return None
+    tokens = sum(float(a.sum()) for a in per_pod.values())
+    return Measurement(balancedness=round(b, 6), tokens_per_second=round(tokens / max(seconds, 1e-9), 3),
+                       pods=len(per_pod), source=source)
+
+
+def _cells_to_array(cells: Mapping[tuple[int, int], float]) -> np.ndarray:
+    a = np.zeros((1 + max(k[0] for k in cells), 1 + max(k[1] for k in cells)))
+    for (l, r), v in cells.items():
+        a[l, r] = v
+    return a
+
+
+def measure_prometheus(client: PrometheusClient, namespace: str, name: str, start: float, end: float) -> Measurement | None:
+    """Balancedness over wall-clock ``[start, end]`` from Prometheus (None when there is no load)."""
+    rng = max(1, int(math.ceil(end - start)))
+    q = (f"sum by (pod, {metric_names.LABEL_LAYER}, {metric_names.LABEL_RANK}) "
+         f"(increase({metric_names.RANK_TOKENS}{selector(namespace, name)}[{rng}s]))")
+    per_pod: dict[str, dict[tuple[int, int], float]] = {}
+    for s in parse_vector(client.query(q, time=end), "rank tokens"):
+        if s.vs.size:
+            cell = (s.int_label(metric_names.LABEL_LAYER, "rank tokens"), s.int_label(metric_names.LABEL_RANK, "rank tokens"))
+            per_pod.setdefault(s.label("pod", "") or "", {})[cell] = float(s.vs[0])
+    return _measurement({p: _cells_to_array(c) for p, c in per_pod.items()}, end - start, "prometheus")
+
+
+def rank_counts_from_exposition(text: str) -> np.ndarray | None:
+    """``[L, EP]`` counters of ``moe_eplb_rank_tokens_total`` in one ``/metrics`` body (all models)."""
+    want = metric_names.RANK_TOKENS.removesuffix("_total")
+    cells: dict[tuple[int, int], float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != want:
+            continue
+        for s in fam.samples:
+            if s.name == metric_names.RANK_TOKENS:
+                key = (int(s.labels[metric_names.LABEL_LAYER]), int(s.labels[metric_names.LABEL_RANK]))
+                cells[key] = cells.get(key, 0.0) + s.value
+    return _cells_to_array(cells) if cells else None
+
+
+def _exporter_url(pod: Mapping) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == k8s_names.EXPORTER_PORT_NAME and ip:
+                host = f"[{ip}]" if ":" in ip else ip
+                return f"http://{host}:{p.get('containerPort')}{k8s_names.EXPORTER_PATH}"
+    return None
+
+
+def _ready(pod: Mapping) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def scrape_rank_counts(pods: Iterable[Mapping], timeout: float) -> RankCounts:
+    """One round: ``[L, EP]`` rank counters of every ready pod that answers (others left out)."""
+    out: RankCounts = {}
+    for pod in pods:
+        url = _exporter_url(pod)
+        if not url or not _ready(pod):
+            continue
+        try:
+            req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                counts = rank_counts_from_exposition(resp.read().decode("utf-8"))
+        except Exception:  # noqa: BLE001 - a pod that cannot be scraped is left out of this round
+            continue
+        if counts is not None:
+            out[pod["metadata"]["name"]] = counts
+    return out
+
+
+@dataclass
+class RankHistory:
+    """Rounds of scraped rank counters of one MoEInference (direct mode, no Prometheus)."""
+
+    keep: int = 500
+    rounds: list[tuple[float, RankCounts]] = field(default_factory=list)
+
+    def remember(self, t: float, counts: RankCounts) -> None:
+        if counts:
+            self.rounds.append((t, counts))
+        del self.rounds[: max(0, len(self.rounds) - self.keep)]
+
+    def measure(self, now_counts: RankCounts, start: float, end: float) -> Measurement | None:
+        """Balancedness of ``now_counts`` minus the earliest remembered round at or after ``start``
+        with the same pods (None without such a round); remembers ``now_counts`` at ``end``."""
+        earlier = list(self.rounds)
+        self.remember(end, now_counts)
+        base = next(((t, c) for t, c in earlier if t >= start - 1e-6 and set(c) == set(now_counts) and t < end), None)
+        if base is None or not now_counts:
+            return None
+        deltas = {p: np.maximum(now_counts[p] - base[1][p], 0.0) for p in now_counts
+                  if now_counts[p].shape == base[1][p].shape}
+        return _measurement(deltas, end - base[0], "pods")
+
+
+__all__ = ["balancedness_of", "measure_prometheus", "rank_counts_from_exposition", "scrape_rank_counts",
+           "RankHistory"]

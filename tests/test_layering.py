@@ -1,0 +1,110 @@
+"""Import layering of the ``moe_eplb`` package (issue 10): every import, including imports inside
+functions, points the way the data flows. A wrong-way import fails here with the file and line.
+
+* contracts (modules directly under ``moe_eplb/``: ``k8s_names``, ``metric_names``, ``vllm_facts``,
+  ``trace_format``) import only each other and are open to all;
+* ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
+  render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
+  anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "operator" / "moe_eplb"
+CONTRACTS = {"k8s_names", "metric_names", "vllm_facts", "trace_format"}
+ALLOWED = {
+    "api": set(),
+    "render": {"api"},
+    "eplb": {"api"},
+    "metrics": {"api", "eplb"},
+    "controller": {"api", "render", "eplb", "metrics"},
+    "exporter": set(),
+    "sim": None,  # anything
+    "cli": None,
+}
+TOP_LEVEL = {"__init__": set(), "__main__": None}  # __main__ is the CLI's entry
+
+
+def _layer(module: str) -> str | None:
+    """``moe_eplb.api.spec`` -> ``api``; ``moe_eplb.k8s_names`` -> ``k8s_names``; else None."""
+    parts = module.split(".")
+    if parts[0] != "moe_eplb":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) of every import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + (1 if rel.name == "__init__" else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((node.lineno, mod))
+            # ``from moe_eplb import api`` imports the package api
+            if mod == "moe_eplb":
+                out += [(node.lineno, f"moe_eplb.{a.name}") for a in node.names
+                        if (PACKAGE / a.name).is_dir() or (PACKAGE / f"{a.name}.py").exists()]
+    return out
+
+
+def _source_layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = _source_layer(path)
+        if src in CONTRACTS:
+            allowed: set[str] | None = set()
+        elif src in TOP_LEVEL:
+            allowed = TOP_LEVEL[src]
+        else:
+            assert src in ALLOWED, f"{path}: package {src!r} has no layering rule; add it to ALLOWED and docs"
+            allowed = ALLOWED[src]
+        for line, mod in _imports(path):
+            dst = _layer(mod)
+            if dst is None or dst == src or dst in CONTRACTS or allowed is None:
+                continue
+            if dst == "__init__" and mod == "moe_eplb":
+                continue  # the package root itself (only __version__)
+            if dst not in allowed:
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {mod} ({dst})")
+    return bad
+
+
+def test_every_import_follows_the_layers():
+    assert _violations() == []
+
+
+def test_contracts_import_only_each_other_and_the_root_imports_nothing():
+    for name in CONTRACTS | {"__init__"}:
+        for line, mod in _imports(PACKAGE / f"{name}.py"):
+            layer = _layer(mod)
+            assert layer is None or layer in CONTRACTS, f"{name}.py:{line} imports {mod}"
+
+
+@pytest.mark.parametrize("source,target,ok", [
+    ("exporter", "moe_eplb.eplb.trace", False),
+    ("render", "moe_eplb.api.spec", True),
+    ("api", "moe_eplb.render.objects", False),
+    ("metrics", "moe_eplb.controller.k8s", False),
+])
+def test_the_rule_itself(source, target, ok):
+    dst = _layer(target)
+    assert (dst in (ALLOWED[source] or set())) is ok
