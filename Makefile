@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo test bench clean
+.PHONY: setup setup-vllm demo test test-fast bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: setup
 
 test: setup setup-vllm
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
 
 bench: setup setup-vllm
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

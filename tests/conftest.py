@@ -23,6 +23,17 @@ from typing import Any
 
 import pytest
 
+#: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
+SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster"})
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Mark ``integration`` every test that uses a server fixture or a real Prometheus, so the fast
+    tier (``-m 'not integration'``) cannot pick one up by accident."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("prometheus"):
+            item.add_marker(pytest.mark.integration)
+
 
 @pytest.fixture()
 async def kube() -> AsyncIterator[Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from moe_eplb.sim.world import SimWorld, prometheus_binary
 from prometheus_client import REGISTRY
 
@@ -23,6 +24,8 @@ from .conftest import (
     template_hash,
     wait_for,
 )
+
+pytestmark = pytest.mark.integration  # the real operator, an emulated API server and simulated engine pods
 
 
 def _world(workload, **kw) -> SimWorld:

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION
 
+pytestmark = pytest.mark.integration  # the real operator and an emulated API server
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml"
 NS = "default"
@@ -134,12 +136,10 @@ async def _phase(kube, name, phase):
     return obj if (obj.get("status") or {}).get("phase") == phase else None
 
 
-async def test_eplb_change_rolls_the_pod_template(kube, operator_runner, eventually):
+async def test_eplb_change_rolls_the_pod_template(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         before = workloads(await children(kube, name))
         hashes = {k: pod_template(v)["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for k, v in before.items()}
 
@@ -155,12 +155,10 @@ async def test_eplb_change_rolls_the_pod_template(kube, operator_runner, eventua
         assert "2000" in yaml.safe_dump(pod_template(w))  # the new window reaches the engine args
 
 
-async def test_scale_changes_replicas_only(kube, operator_runner, eventually):
+async def test_scale_changes_replicas_only(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         before = workloads(await children(kube, name))
         first = len(list(kube.api))
 
@@ -181,12 +179,10 @@ async def test_scale_changes_replicas_only(kube, operator_runner, eventually):
     assert "Scaled" in reasons
 
 
-async def test_invalid_spec_is_reported_and_applies_nothing(kube, operator_runner, eventually):
+async def test_invalid_spec_is_reported_and_applies_nothing(kube, eventually, started):
     res = example("bad")
     res["spec"]["eplb"]["numRedundantExperts"] = 7  # 128 + 7 is not divisible by EP size 4
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        obj = await eventually(lambda: observed(kube, "bad", 1))
+    async with started(res) as obj:
         kids = await children(kube, "bad")
         events = await events_for(kube, "bad")
 
@@ -199,12 +195,10 @@ async def test_invalid_spec_is_reported_and_applies_nothing(kube, operator_runne
     assert len(warnings) == 1 and "numRedundantExperts" in warnings[0]["message"]
 
 
-async def test_invalid_update_leaves_running_children_untouched(kube, operator_runner, eventually):
+async def test_invalid_update_leaves_running_children_untouched(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         before = await children(kube, name)
 
         await kube.patch(kube.moeinference_path(NS, name),
@@ -218,12 +212,10 @@ async def test_invalid_update_leaves_running_children_untouched(kube, operator_r
         {k: v["metadata"]["resourceVersion"] for k, v in before.items()}
 
 
-async def test_hand_edits_are_put_back(kube, operator_runner, eventually):
+async def test_hand_edits_are_put_back(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         kids = await children(kube, name)
         key, workload = next(iter(workloads(kids).items()))
         template = pod_template(workload)
@@ -251,14 +243,12 @@ async def test_hand_edits_are_put_back(kube, operator_runner, eventually):
     assert "DriftCorrected" in reasons
 
 
-async def test_timer_restores_drift_without_child_events(kube, operator_runner, eventually):
+async def test_timer_restores_drift_without_child_events(kube, eventually, started):
     """The periodic resync also puts hand edits back (here the child watch cannot see the edit:
     it is written straight into the emulator's store, without a watch event)."""
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner(resync_seconds=0.3):
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res, resync_seconds=0.3):
         kids = await children(kube, name)
         svc = next(v for v in kids.values() if v["kind"] == "Service")
         key = next(k for k in kube.api.store if k[0].plural == "services" and k[2] == svc["metadata"]["name"])
@@ -272,12 +262,10 @@ async def _ports_are(kube, path, ports):
     return live if live["spec"]["ports"] == ports else None
 
 
-async def test_delete_removes_children_and_the_resource(kube, operator_runner, eventually):
+async def test_delete_removes_children_and_the_resource(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        obj = await eventually(lambda: observed(kube, name, 1))
+    async with started(res) as obj:
         assert "eplb.ai/finalizer" in obj["metadata"]["finalizers"]
         assert await children(kube, name)
 
@@ -292,12 +280,10 @@ async def _gone(kube, path):
     return await kube.get_or_none(path) is None
 
 
-async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eventually):
+async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         kids = await children(kube, name)
         await make_ready(kube, kids)
         await eventually(lambda: _phase(kube, name, "Running"))
@@ -318,13 +304,11 @@ async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eve
     assert parent_after["status"] == parent_before["status"]
 
 
-async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube, operator_runner, eventually):
+async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube, eventually, started):
     res = next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
                if d and d.get("kind") == "MoEInference")
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        obj = await eventually(lambda: observed(kube, name, 1))
+    async with started(res) as obj:
         kids = await children(kube, name)
         lws = kids[f"LeaderWorkerSet/{name}"]
         assert not any(k.startswith("Deployment/") for k in kids)
@@ -341,7 +325,7 @@ async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube
     assert obj["status"]["phase"] in ("Progressing", "Running") and cond(obj, "Ready")["status"] == "False"
 
 
-async def test_child_refused_by_the_api_server_applies_nothing(kube, operator_runner, eventually):
+async def test_child_refused_by_the_api_server_applies_nothing(kube, eventually, started):
     """An admission webhook (played by a kmock reaction) refuses the PodMonitor: the dry run that
     precedes every write catches it, so not even the Service or the Deployment is created."""
     kube.api["post /apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"] << 422 << {
@@ -349,9 +333,7 @@ async def test_child_refused_by_the_api_server_applies_nothing(kube, operator_ru
         "message": "admission webhook denied the request: podMetricsEndpoints[0].interval: too short"}
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        obj = await eventually(lambda: observed(kube, name, 1))
+    async with started(res) as obj:
         kids = await children(kube, name)
         events = await events_for(kube, name)
     assert kids == {}
@@ -362,14 +344,12 @@ async def test_child_refused_by_the_api_server_applies_nothing(kube, operator_ru
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["ChildRejected"]
 
 
-async def test_scale_subresource_like_an_autoscaler(kube, operator_runner, eventually):
+async def test_scale_subresource_like_an_autoscaler(kube, eventually, started):
     """HPA/KEDA write /scale: the operator scales the workload; /scale reports the selector."""
     res = example()
     name = res["metadata"]["name"]
     path = kube.moeinference_path(NS, name)
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         before = workloads(await children(kube, name))
         scale = await kube.get(path + "/scale")
         assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
@@ -382,12 +362,10 @@ async def test_scale_subresource_like_an_autoscaler(kube, operator_runner, event
     assert all(pod_template(after[k]) == pod_template(before[k]) for k in after)
 
 
-async def test_child_no_longer_rendered_is_pruned(kube, operator_runner, eventually):
+async def test_child_no_longer_rendered_is_pruned(kube, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    async with operator_runner():
-        await kube.create(kube.moeinference_path(NS), res)
-        await eventually(lambda: observed(kube, name, 1))
+    async with started(res):
         assert f"PodMonitor/{name}" in await children(kube, name)
         await kube.patch(kube.moeinference_path(NS, name), {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}})
         await eventually(lambda: observed(kube, name, 2))

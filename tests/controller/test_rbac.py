@@ -34,6 +34,8 @@ from tests.controller.test_operator_loop import (  # noqa: F401
     observed,
 )
 
+pytestmark = pytest.mark.integration  # the real operator and an emulated API server
+
 
 def operator_requests(kube, *, with_scope: bool = False):
     """(group, resource[/subresource], verb) of every resource request sent by kopf or the controller;

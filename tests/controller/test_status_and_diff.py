@@ -8,8 +8,8 @@ from moe_eplb.controller.status import (
     invalid_status,
     ready_status,
     status_patch,
-    tuner_degraded_of,
     summarize_workloads,
+    tuner_degraded_of,
 )
 
 EPLB = {"enabled": True, "windowSize": 3000, "stepInterval": 1000, "numRedundantExperts": 8}

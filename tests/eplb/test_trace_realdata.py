@@ -86,6 +86,7 @@ def test_temporal_fit_on_both_generations():
     assert profiles.dirichlet_tv(p, profiles.kappa_for_tv(p, 0.1)) == pytest.approx(0.1)
 
 
+@pytest.mark.integration
 def test_shipped_fit_matches_a_fresh_fit():
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "fit_profiles.py"), "--traces", str(TRACES), "--check"],

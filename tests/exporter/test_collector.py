@@ -95,6 +95,7 @@ def test_modes_and_cardinality_deepseek_v3_shape():
     assert full > 20_000 > reduced
 
 
+@pytest.mark.integration
 def test_exposition_keeps_exact_names_and_labels(tmp_path):
     snap.write(str(tmp_path), _worker(1, 0, 2))
     snap.write(str(tmp_path), _worker(2, 1, 2))

@@ -10,10 +10,13 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 from moe_eplb.eplb.tracefile import load_trace
 from moe_eplb.exporter import snapshot
 
 from tests.exporter.exporter_helpers import env_without_exporter, free_port
+
+pytestmark = pytest.mark.integration  # exporter server processes
 
 SCRIPT = """
 import os, sys

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import ROOT
 from tests.exporter.exporter_helpers import env_without_exporter, free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 
 def test_entry_point_is_declared():

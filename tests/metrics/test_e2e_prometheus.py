@@ -32,7 +32,7 @@ from moe_eplb.metrics.scrape import PodScraper, Target
 
 from tests import ROOT
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.integration]
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 B = 3.0  # bucket seconds

@@ -11,7 +11,7 @@ from moe_eplb.metrics.assemble import (
     trace_from_rounds,
 )
 from moe_eplb.metrics.errors import LoadReadError
-from moe_eplb.metrics.increments import counter_increments, sample_increments
+from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.scrape import (
     PodSample,
@@ -22,6 +22,11 @@ from moe_eplb.metrics.scrape import (
 from moe_eplb.metrics.series import parse_matrix
 
 GRID = np.array([100.0, 115.0, 130.0, 145.0])
+
+
+def sample_increments(grid, ts, vs, start_times=None, max_gap=None):
+    """Increments of one counter: the first row of :func:`counter_increments`."""
+    return counter_increments(grid, ts, np.asarray(vs, np.float64)[None, :], start_times, max_gap=max_gap).values[0]
 
 
 @pytest.mark.parametrize("ts,vs,starts,expected", [

@@ -25,6 +25,7 @@ PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/
 PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.prometheus,
     pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus/promtool binary (apt-get install prometheus)"),
 ]

@@ -72,21 +72,6 @@ def overlap_weights(grid: np.ndarray, t1: np.ndarray, t2: np.ndarray) -> np.ndar
     return np.clip(hi - lo, 0.0, None) / (t2 - t1)
 
 
-def sample_increments(
-    grid: np.ndarray,
-    ts: np.ndarray,
-    vs: np.ndarray,
-    start_times: np.ndarray | None = None,
-    joined_from_zero: bool = True,
-    max_gap: float | None = None,
-) -> np.ndarray:
-    """Per-bucket increments ``[T]`` of one counter from its raw samples ``ts``/``vs`` ``[n]``
-    (sorted by time). ``start_times`` ``[n]``: the pod's exporter start time at each sample (NaN
-    where unknown). Gaps longer than ``max_gap`` seconds are spread (module docstring)."""
-    return counter_increments(grid, ts, np.asarray(vs, np.float64)[None, :], start_times,
-                              joined_from_zero, max_gap).values[0]
-
-
 def counter_increments(
     grid: np.ndarray,
     ts: np.ndarray,

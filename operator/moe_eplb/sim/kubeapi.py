@@ -559,13 +559,18 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         return status
 
     # ---- HTTP verbs (kmock fallbacks) -----------------------------------------------------------
-    def _selected(self, request: kmock.Request) -> list[dict[str, Any]]:
-        self._require(request)
+    @staticmethod
+    def _selectors(request: kmock.Request) -> tuple[Any, str | None]:
+        """The request's label selector (parsed; 400 when malformed) and field selector."""
         try:
             selector = parse_label_selector(request.params.get("labelSelector", ""))
         except ValueError as exc:
             raise _error(400, "BadRequest", f"labelSelector: {exc}")
-        fields = request.params.get("fieldSelector")
+        return selector, request.params.get("fieldSelector")
+
+    def _selected(self, request: kmock.Request) -> list[dict[str, Any]]:
+        self._require(request)
+        selector, fields = self._selectors(request)
         out = []
         for (res, ns, _), obj in self.store.items():
             if res != request.resource or (request.namespace is not None and ns != request.namespace):
@@ -591,11 +596,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
         async with self._lock:
             self._require(request)
-            try:
-                selector = parse_label_selector(request.params.get("labelSelector", ""))
-            except ValueError as exc:
-                raise _error(400, "BadRequest", f"labelSelector: {exc}")
-            fields = request.params.get("fieldSelector")
+            selector, fields = self._selectors(request)
             if since == "0":
                 initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in self._selected(request)]
             elif int(since) < self._first_rv.get(res, 0):

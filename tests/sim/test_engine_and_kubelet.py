@@ -22,7 +22,7 @@ from moe_eplb.sim.engine import (
     SimulatedEplb,
 )
 
-from .conftest import RESOURCE
+from tests.autotune.conftest import RESOURCE
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,7 @@ def test_indivisible_redundancy_is_refused():
         SimulatedEplb(4, 16, EngineSettings("m", ep_size=4, knobs=Knobs(1000, 3000, 3)))
 
 
+@pytest.mark.integration
 async def test_engine_serves_exporter_metrics_after_startup(small_trace):
     from moe_eplb.metrics.scrape import parse_exposition
 

@@ -21,6 +21,8 @@ import aiohttp
 
 from tests.controller.test_operator_loop import NS, example, observed
 
+pytestmark = pytest.mark.integration  # `moe-eplb run` processes
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -15,6 +15,8 @@ import aiohttp
 import pytest
 from moe_eplb.sim.kubeapi import label_selector_matches, parse_label_selector
 
+pytestmark = pytest.mark.integration  # an emulated API server
+
 DEPLOYS = "/apis/apps/v1/namespaces/default/deployments"
 
 
