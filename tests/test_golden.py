@@ -1,6 +1,6 @@
-"""User-visible output stays what it was before the typed-model refactor (issue 10): ``moe-eplb
-render`` of every example (compared as parsed YAML) and ``moe-eplb tune --json`` on a fixed trace
-(timings dropped), against golden copies made with the code before the refactor."""
+"""User-visible output does not change by accident: ``moe-eplb render`` of every example (as
+parsed YAML, and free of YAML anchors) and ``moe-eplb tune --json`` on a fixed trace (timings
+dropped), against golden copies (see ``tests/golden/__init__.py`` for when each was made)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def test_render_of_every_example_is_unchanged(example):
     assert out.exit_code == 0, out.output
     golden = (HERE / f"render-{example.name}").read_text()
     assert list(yaml.safe_load_all(out.stdout)) == list(yaml.safe_load_all(golden))
+    assert "&id" not in out.stdout and "*id" not in out.stdout  # plain YAML: no anchors or aliases
 
 
 @pytest.mark.parametrize("name,args", [

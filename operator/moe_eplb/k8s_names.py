@@ -42,6 +42,16 @@ EXPORTER_PORT_NAME = "eplb-metrics"
 EXPORTER_PATH = "/metrics"
 #: the vLLM general plugin of the exporter (entry point in pyproject.toml, VLLM_PLUGINS value)
 EXPORTER_PLUGIN = "moe_eplb_exporter"
+#: the vLLM entry-point group of general plugins
+VLLM_PLUGIN_GROUP = "vllm.general_plugins"
+
+# --- exporter injection into stock vLLM images (spec.engine.exporter.inject) --------------------
+#: images of the project: the operator (also the source of the injected plugin) and vLLM + plugin
+OPERATOR_IMAGE_REPOSITORY = "ghcr.io/moe-eplb/operator"
+PLUGIN_IMAGE_REPOSITORY = "ghcr.io/moe-eplb/vllm"
+EXPORTER_INIT_CONTAINER = "moe-eplb-exporter"  # the init container copying the plugin
+EXPORTER_VOLUME = "moe-eplb-exporter"  # the emptyDir shared with the engine container
+EXPORTER_INJECT_DIR = "/opt/moe-eplb/plugin"  # where it is mounted; on the engine's PYTHONPATH
 
 # --- the operator's own endpoints -----------------------------------------------------------------
 OPERATOR_METRICS_PORT = 8080

@@ -19,6 +19,22 @@ DEFAULT_WINDOW_SIZE = 1000
 DEFAULT_STEP_INTERVAL = 3000
 DEFAULT_NUM_REDUNDANT_EXPERTS = 0
 
+#: vLLM versions the exporter plugin supports: 0.12.0 (multi-model EPLB state) through 0.32.x.
+EXPORTER_MIN_VLLM = (0, 12, 0)
+EXPORTER_MAX_VLLM_MINOR = (0, 32)
+
+
+def exporter_supports(version: tuple[int, ...]) -> bool:
+    """Whether the exporter plugin supports vLLM ``version`` (``(major, minor, patch)``)."""
+    return EXPORTER_MIN_VLLM <= tuple(version[:3]) and tuple(version[:2]) <= EXPORTER_MAX_VLLM_MINOR
+
+
+def exporter_range() -> str:
+    """The supported range as a person reads it: ``0.12.0 - 0.32.x``."""
+    lo = ".".join(map(str, EXPORTER_MIN_VLLM))
+    return f"{lo} - {EXPORTER_MAX_VLLM_MINOR[0]}.{EXPORTER_MAX_VLLM_MINOR[1]}.x"
+
+
 #: The hand-picked settings of the change that brought EPLB to Qwen3-VL-MoE (vLLM PR #28849),
 #: measured at +4% throughput and -21% mean TTFT: window 3000, interval 1000, 8 redundant.
 SEED_WINDOW_SIZE, SEED_STEP_INTERVAL, SEED_NUM_REDUNDANT_EXPERTS = 3000, 1000, 8

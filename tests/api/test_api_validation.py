@@ -220,3 +220,28 @@ def test_mapping_views_are_validated_like_dicts(seed) -> None:
 def _effective(resource):
     """The EPLB settings that run for ``resource`` (parsed once)."""
     return parse(resource).effective
+
+
+@pytest.mark.parametrize("changes,field,words", [
+    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2"}, "spec.engine.exporter.inject", ["0.12.0 - 0.32.x", "0.11.2",
+                                                                                         "inject: false"]),
+    ({"spec.engine.image": "vllm/vllm-openai:v0.32.0", "spec.engine.exporter": {"inject": False}},
+     "spec.engine.exporter.inject", ["not the plugin image", "ghcr.io/moe-eplb/vllm"]),
+    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2", "spec.engine.exporter": {"inject": False},
+      "spec.autotune": {"mode": "Recommend"}}, "spec.autotune.mode", ["needs the per-expert load exporter"]),
+    ({"spec.monitoring.podMonitor": {"enabled": True, "labels": {"bad key!": "x"}}},
+     "spec.monitoring.podMonitor.labels['bad key!']", ["label key"]),
+])
+def test_exporter_and_label_problems(variant, changes, field, words) -> None:
+    problems = [p for p in validate(variant(changes)) if p.field == field]
+    assert problems, validate(variant(changes))
+    assert all(w in problems[0].message for w in words), problems[0].message
+
+
+@pytest.mark.parametrize("changes", [
+    {"spec.engine.image": "ghcr.io/moe-eplb/vllm:v0.32.0", "spec.engine.exporter": {"inject": False}},
+    {"spec.engine.image": "vllm/vllm-openai:v0.11.2", "spec.engine.exporter": {"inject": False}},  # EPLB, no metrics
+    {"spec.engine.image": "vllm/vllm-openai:v0.32.0"},  # stock image, injected
+])
+def test_exporter_setups_that_work(variant, changes) -> None:
+    assert [p for p in validate(variant(changes)) if p.field.startswith(("spec.engine.exporter", "spec.autotune"))] == []

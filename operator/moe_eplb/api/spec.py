@@ -118,6 +118,14 @@ def _pull_secret_names(value: Any, path: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class ExporterSpec:
+    """``spec.engine.exporter``: inject the plugin into the engine pods (default), and from which image."""
+
+    inject: bool = True
+    image: str | None = None
+
+
+@dataclass(frozen=True)
 class Engine:
     image: str
     version_field: str | None = field(default=None, metadata={"key": "version"})
@@ -135,6 +143,7 @@ class Engine:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
     image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})
+    exporter: ExporterSpec = field(default_factory=ExporterSpec)
 
     @property
     def moe_backend_arg(self) -> str | None:

@@ -22,14 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb import vllm_facts
+from moe_eplb import k8s_names, vllm_facts
 from moe_eplb.api import catalog
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import Problem
 from moe_eplb.api.quantity import quantity_bytes
-from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
+from moe_eplb.api.schema import (
+    fill_schema_defaults,
+    schema_problems,
+    unknown_field_problems,
+)
 from moe_eplb.api.spec import MoEInference, SpecError, parse, to_plain
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
 from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND
@@ -198,6 +202,8 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                     "set spec.engine.version to the vLLM version in the image (e.g. 0.12.0)")
         )
 
+    problems += _exporter_problems(inf, version)
+
     arch_name = inf.architecture
     arch = catalog.lookup_architecture(arch_name) if arch_name else None
     shape = inf.moe_shape
@@ -256,6 +262,8 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                             "options for it); remove the field")
                 )
 
+    problems += _label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+
     for i, arg in enumerate(engine.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in _GENERATED_FLAGS or flag.startswith("--eplb-config."):
@@ -283,6 +291,48 @@ def override_problems(inf: MoEInference) -> list[Problem]:
         return []
     return [Problem("status.autotune.override", f"not applied: {why}; spec.eplb runs instead "
                     "(the tuner will choose a valid value on its next evaluation)")]
+
+
+def _exporter_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    """The exporter plugin: injected into an image whose vLLM it supports, or installed in the image."""
+    exporter, eplb = inf.engine.exporter, inf.eplb
+    if not eplb.enabled or version is None:
+        return []  # no EPLB state to export; an unknown version is reported elsewhere
+    supported = vllm_facts.exporter_supports(version)
+    ref = parse_image(inf.engine.image)
+    plugin_image = ref is not None and f"{ref.registry}/{ref.repository}" == k8s_names.PLUGIN_IMAGE_REPOSITORY
+    if exporter.inject and not supported:
+        return [Problem("spec.engine.exporter.inject",
+                        f"the exporter plugin supports vLLM {vllm_facts.exporter_range()}, the image has "
+                        f"{format_version(version)}: use an image in that range, or set "
+                        "spec.engine.exporter.inject: false to run without per-expert metrics (and tuning)")]
+    if not exporter.inject and supported and not plugin_image:
+        return [Problem("spec.engine.exporter.inject",
+                        f"false, but {inf.engine.image!r} is not the plugin image "
+                        f"({k8s_names.PLUGIN_IMAGE_REPOSITORY}): the pods would export no per-expert load; "
+                        f"set spec.engine.exporter.inject: true (the default) or use {k8s_names.PLUGIN_IMAGE_REPOSITORY}")]
+    if not exporter.inject and not supported and inf.autotune.mode != "Off":
+        return [Problem("spec.autotune.mode",
+                        f"{inf.autotune.mode} needs the per-expert load exporter, which supports vLLM "
+                        f"{vllm_facts.exporter_range()} (the image has {format_version(version)}): use an image "
+                        "in that range or set spec.autotune.mode: Off")]
+    return []
+
+
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _label_problems(labels: Mapping[str, str], where: str) -> list[Problem]:
+    """Kubernetes label keys (``[prefix/]name``, name <= 63 characters, prefix a DNS subdomain)."""
+    out = []
+    for key in labels:
+        prefix = key.split("/", 1)[0] if "/" in key else ""
+        if not _LABEL_KEY.match(key) or len(prefix) > 253:
+            out.append(Problem(f"{where}[{key[:80]!r}]", "is not a Kubernetes label key: [prefix/]name with name "
+                               "at most 63 letters, digits, '-', '_' or '.' (starting and ending with a letter or "
+                               "digit) and prefix a DNS subdomain"))
+    return out
 
 
 def _version_problem(field: str, what: str, need: Version, have: Version) -> Problem:

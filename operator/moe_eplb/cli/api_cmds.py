@@ -6,11 +6,10 @@ import sys
 from typing import Any
 
 import click
+import yaml
 
 
 def _load_documents(path: str) -> list[Any]:
-    import yaml
-
     try:
         if path == "-":
             text = sys.stdin.read()
@@ -22,6 +21,13 @@ def _load_documents(path: str) -> list[Any]:
         raise click.ClickException(f"cannot read {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise click.ClickException(f"{path} is not valid YAML: {exc}") from exc
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Plain YAML for people and kubectl: a value used twice is written twice (no &id001 anchors)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _label(doc: Any, index: int) -> str:
@@ -89,15 +95,13 @@ def register(main: click.Group) -> None:
     @click.option("-f", "--filename", "path", required=True, help="MoEInference YAML file ('-' = stdin); multi-document allowed.")
     def render_cmd(path: str) -> None:
         """Print the child objects the operator would apply, as a YAML stream."""
-        import yaml
-
         from moe_eplb.render.objects import render_children
 
         resources, ok = _check_all(path)
         if not ok:
             sys.exit(1)
         children = [child for inf in resources for child in render_children(inf)]
-        click.echo(yaml.safe_dump_all(children, sort_keys=False), nl=False)
+        click.echo(yaml.dump_all(children, Dumper=_PlainDumper, sort_keys=False), nl=False)
 
     @main.command("crd")
     def crd_cmd() -> None:

@@ -17,17 +17,21 @@ import math
 import shlex
 from typing import Any
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb import __version__, k8s_names, metric_names
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.k8s_names import (
     API,
     API_PORT,
     API_PORT_NAME,
     CONFIG_HASH_ANNOTATION,
+    EXPORTER_INIT_CONTAINER,
+    EXPORTER_INJECT_DIR,
     EXPORTER_PLUGIN,
+    EXPORTER_VOLUME,
     KIND,
     LWS_API_VERSION,
     LWS_WORKER_INDEX_LABEL,
+    OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
 from moe_eplb.render.engine_args import (
@@ -95,13 +99,40 @@ def _env(inf: MoEInference) -> list[dict[str, Any]]:
         if e.get("name") == "VLLM_PLUGINS" and e.get("value"):
             plugins = [p for p in e["value"].split(",") if p and p != EXPORTER_PLUGIN] + plugins
     env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}]
+    merged = {"VLLM_PLUGINS"}
+    if inf.engine.exporter.inject:
+        # the injected plugin first on Python's path, the user's PYTHONPATH (if any) after it
+        paths = [EXPORTER_INJECT_DIR] + [e["value"] for e in user if e.get("name") == "PYTHONPATH" and e.get("value")]
+        env.append({"name": "PYTHONPATH", "value": ":".join(paths)})
+        merged.add("PYTHONPATH")
     tok = inf.model.hf_token_secret
     if tok:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": tok.name, "key": tok.key}}})
     pvc = inf.model.pvc
     if pvc and not inf.model.name.startswith("/"):
         env.append({"name": "HF_HOME", "value": pvc.mount_path})
-    return env + [e for e in user if e.get("name") != "VLLM_PLUGINS"]
+    return env + [e for e in user if e.get("name") not in merged]
+
+
+def exporter_image(inf: MoEInference) -> str:
+    """The image the init container copies the exporter plugin from: ``spec.engine.exporter.image``,
+    else the operator's own image of this version."""
+    return inf.engine.exporter.image or f"{OPERATOR_IMAGE_REPOSITORY}:{__version__}"
+
+
+def _exporter_init_container(inf: MoEInference) -> dict[str, Any]:
+    """Copies the exporter plugin and its entry point into the shared volume (the engine finds it
+    through PYTHONPATH and VLLM_PLUGINS; see moe_eplb.exporter.inject)."""
+    return {
+        "name": EXPORTER_INIT_CONTAINER,
+        "image": exporter_image(inf),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "moe_eplb.exporter.inject", EXPORTER_INJECT_DIR],
+        "volumeMounts": [{"name": EXPORTER_VOLUME, "mountPath": EXPORTER_INJECT_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+    }
 
 
 def _resources(inf: MoEInference) -> dict[str, Any]:
@@ -145,6 +176,9 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
         if pvc.sub_path:
             mount["subPath"] = pvc.sub_path
         mounts.append(mount)
+    if inf.engine.exporter.inject:
+        volumes.append({"name": EXPORTER_VOLUME, "emptyDir": {}})
+        mounts.append({"name": EXPORTER_VOLUME, "mountPath": EXPORTER_INJECT_DIR, "readOnly": True})
     tmpl = inf.engine.chat_template
     if tmpl:
         volumes.append(
@@ -179,6 +213,8 @@ def pod_template(
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
     }
+    if inf.engine.exporter.inject:
+        spec["initContainers"] = [_exporter_init_container(inf)]
     if inf.engine.node_selector:
         spec["nodeSelector"] = dict(inf.engine.node_selector)
     if inf.engine.tolerations:
@@ -310,7 +346,9 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
     spec: dict[str, Any] = {"selector": {"matchLabels": selector_labels(inf.name)}, "podMetricsEndpoints": endpoints}
     if inf.namespace:
         spec["namespaceSelector"] = {"matchNames": [inf.namespace]}
-    return {"apiVersion": PODMONITOR_API_VERSION, "kind": "PodMonitor", "metadata": _meta(inf), "spec": spec}
+    meta = _meta(inf)
+    meta["labels"] = {**inf.monitoring.pod_monitor_labels, **meta["labels"]}  # ours cannot be overridden
+    return {"apiVersion": PODMONITOR_API_VERSION, "kind": "PodMonitor", "metadata": meta, "spec": spec}
 
 
 def _prom_label(k8s_label: str) -> str:
