@@ -118,5 +118,5 @@ def test_divisibility_messages_name_the_nearest_values_at_apply_time(variant) ->
     assert crd["spec.eplb.numRedundantExperts"].endswith("use numRedundantExperts 4 or 8")
     over = apiserver_problems(variant({"spec.model.moe": {"numExperts": 60}, "spec.eplb.numRedundantExperts": 1}))
     assert [p.message for p in over if p.field == "spec.eplb.numRedundantExperts"] == [
-        "spec.eplb.numRedundantExperts: experts (60) + numRedundantExperts (1) is not divisible by the EP size 4 "
-        "(tensor x data); use numRedundantExperts 0 or 4"]
+        "experts (60) + numRedundantExperts (1) is not divisible by the EP size 4 "
+        "(tensor x data); use numRedundantExperts 0 or 4"]  # the field once, not again in the message

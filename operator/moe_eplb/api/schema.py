@@ -125,14 +125,41 @@ def schema_problems(obj: Any, schema: Schema) -> list[Problem]:
     if validator is None:
         validator = _VALIDATORS[id(schema)] = OAS30Validator(_oas_schema(schema))
     problems = []
+    seen: set[str] = set()
     for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
         path = list(err.absolute_path)
         if err.validator == "required":
             missing = err.message.split("'")[1] if "'" in err.message else ""
             problems.append(Problem(format_path(path + [missing]), "required field is missing; set it"))
             continue
-        problems.append(Problem(format_path(path) or "<root>", _error_message(err)))
+        where = format_path(path) or "<root>"
+        if err.instance is None:  # "None for not nullable" and "None is not of type ...": one message
+            if where in seen:
+                continue
+            seen.add(where)
+        problems.append(Problem(where, _error_message(err)))
     return problems
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value as a person reads it in a message, bounded: strings quoted and cut, ``true``/``null``
+    as in YAML, lists and objects by size."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value if len(value) <= limit else value[:limit] + "…")
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} entries"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} keys"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+_TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "an object (key: value)"}
 
 
 _PATTERN_HINTS = {
@@ -147,13 +174,31 @@ _PATTERN_HINTS = {
 
 
 def _error_message(err: Any) -> str:
-    v = err.validator
+    """A message naming what is wrong and the fix, with the offending value shown bounded."""
+    v, value, bound = err.validator, err.instance, err.validator_value
+    if value is None and v in ("type", "nullable"):
+        return "must not be null: give a value or remove the key"
+    if v == "type":
+        want = " or ".join(_TYPE_WORDS.get(t, t) for t in ([bound] if isinstance(bound, str) else bound))
+        return f"expected {want}, got {show(value)}"
     if v == "enum":
-        return f"{err.instance!r} is not one of {', '.join(map(repr, err.validator_value))}"
+        return f"{show(value)} is not one of {', '.join(map(show, bound))}"
     if v == "pattern":
         field = str(err.absolute_path[-1]) if err.absolute_path else ""
-        what = _PATTERN_HINTS.get(field, f"the required form (regular expression {err.validator_value})")
-        return f"{err.instance!r} does not match {what}"
+        what = _PATTERN_HINTS.get(field, f"the required form (regular expression {bound})")
+        return f"{show(value)} does not match {what}"
     if v in ("minimum", "maximum"):
-        return f"{err.message}; use a value in the allowed range"
-    return err.message
+        exclusive = err.schema.get("exclusiveMinimum" if v == "minimum" else "exclusiveMaximum")
+        rel = (">" if exclusive else ">=") if v == "minimum" else ("<" if exclusive else "<=")
+        return f"{show(value)} must be {rel} {bound}; use a value in the allowed range"
+    if v == "maxItems":
+        return f"at most {bound} entries (got {len(value)}); remove some"
+    if v == "minItems":
+        return f"at least {bound} entries (got {len(value)})"
+    if v == "maxLength":
+        return f"at most {bound} characters (got {len(value)}); shorten it"
+    if v == "minLength":
+        return f"at least {bound} characters (got {len(value)})"
+    if v == "maxProperties":
+        return f"at most {bound} keys (got {len(value)})"
+    return " ".join(str(err.message).split())[:200]

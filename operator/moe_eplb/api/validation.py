@@ -17,6 +17,7 @@ Every :class:`Problem` names the field and says how to fix it. An empty list mea
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from moe_eplb.api.problem import Problem
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import (
     fill_schema_defaults,
+    format_path,
     schema_problems,
+    show,
     unknown_field_problems,
 )
 from moe_eplb.api.spec import MoEInference, SpecError, parse, to_plain
@@ -135,6 +138,7 @@ def check(resource: Any) -> Checked:
             Problem("metadata.name", f"{name!r} must be a DNS label: lower-case letters, digits and '-', "
                     "starting and ending with a letter or digit")
         )
+    problems += metadata_problems(resource["metadata"]) + non_finite_problems(resource)
     base, defaulted = _apiserver_check(resource)
     if defaulted is None:  # the typed view cannot be built; these are the problems to fix first
         return Checked(problems + base, None)
@@ -293,6 +297,51 @@ def override_problems(inf: MoEInference) -> list[Problem]:
                     "(the tuner will choose a valid value on its next evaluation)")]
 
 
+MAX_ANNOTATIONS_BYTES = 256 * 1024  # the API server's limit on all annotations of an object together
+
+
+def metadata_problems(meta: Mapping[str, Any]) -> list[Problem]:
+    """What the API server checks in ObjectMeta itself: the namespace is a DNS label, label keys and
+    values are Kubernetes labels, annotations take at most 256 KiB together."""
+    problems = []
+    ns = meta.get("namespace")
+    if ns is not None and (not isinstance(ns, str) or len(ns) > 63 or not _DNS_LABEL.match(ns)):
+        problems.append(Problem("metadata.namespace", f"{show(ns)} is not a namespace name: at most 63 lower-case "
+                                "letters, digits and '-', starting and ending with a letter or digit"))
+    labels = meta.get("labels")
+    if labels is not None:
+        if not isinstance(labels, Mapping):
+            problems.append(Problem("metadata.labels", f"expected an object of labels, got {show(labels)}"))
+        else:
+            problems += _label_problems(labels, "metadata.labels")
+            for key, value in labels.items():
+                if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+                    problems.append(Problem(f"metadata.labels[{str(key)[:80]!r}]", f"{show(value)} is not a label "
+                                            "value: at most 63 letters, digits, '-', '_' or '.', starting and "
+                                            "ending with a letter or digit"))
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            problems.append(Problem("metadata.annotations", f"{size} bytes in all; the API server allows at most "
+                                    f"{MAX_ANNOTATIONS_BYTES} (256 KiB): move large data to a ConfigMap"))
+    elif annotations is not None:
+        problems.append(Problem("metadata.annotations", f"expected an object, got {show(annotations)}"))
+    return problems
+
+
+def non_finite_problems(obj: Any, path: tuple = ()) -> list[Problem]:
+    """NaN and infinities anywhere (YAML has .nan and .inf; JSON, and so the API server, has neither)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return [Problem(format_path(path) or "<root>", f"{obj} is not a number the API server accepts "
+                        "(JSON has no NaN or Infinity); give a finite number")]
+    if isinstance(obj, Mapping):
+        return [p for k, v in obj.items() for p in non_finite_problems(v, path + (k,))]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in non_finite_problems(v, path + (i,))]
+    return []
+
+
 def _exporter_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
     """The exporter plugin: injected into an image whose vLLM it supports, or installed in the image."""
     exporter, eplb = inf.engine.exporter, inf.eplb
@@ -319,6 +368,7 @@ def _exporter_problems(inf: MoEInference, version: Version | None) -> list[Probl
     return []
 
 
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 

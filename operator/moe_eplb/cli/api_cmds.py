@@ -10,17 +10,15 @@ import yaml
 
 
 def _load_documents(path: str) -> list[Any]:
+    from moe_eplb.api.manifest import ManifestError, load_documents
+
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except OSError as exc:
-        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise click.ClickException(f"{path} is not valid YAML: {exc}") from exc
+        return load_documents(path)
+    except ManifestError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+MAX_PRINTED = 50  # problems printed per document
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -67,8 +65,10 @@ def _check_all(path: str) -> tuple[list[Any], bool]:
     for i, doc in enumerate(docs):
         checked = check(doc)
         prefix = f"{path}: {_label(doc, i)}" if len(docs) > 1 else path
-        for problem in checked.problems:
+        for problem in checked.problems[:MAX_PRINTED]:
             click.echo(f"{prefix}: {problem.field}: {problem.message}", err=True)
+        if len(checked.problems) > MAX_PRINTED:
+            click.echo(f"{prefix}: ... and {len(checked.problems) - MAX_PRINTED} more problems", err=True)
         if checked.problems or checked.inference is None:
             ok = False
             continue
