@@ -70,6 +70,7 @@ async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventual
         status, text = await eventually(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"))
         assert status == 200
         assert 'moe_eplb_reconciles_total{result="ok"}' in text
+        assert "moe_eplb_reconciles_created" not in text and "_created{" not in text  # no *_created series
         proc.send_signal(signal.SIGTERM)
         rc = await asyncio.to_thread(proc.wait, 30)
         assert rc == 0, log_path.read_text()[-2000:]

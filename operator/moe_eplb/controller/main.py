@@ -12,8 +12,11 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kopf
+from prometheus_client import Counter, start_http_server
 
+from moe_eplb import metric_names
 from moe_eplb.controller.handlers import Controller, register
+from moe_eplb.controller.opmetrics import no_created_series
 from moe_eplb.controller.settings import PEERING_NAME
 from moe_eplb.k8s_names import API_GROUP
 
@@ -55,10 +58,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text", *, debug: bool = F
 @functools.cache
 def reconcile_counter() -> Callable[[str], None]:
     """``counter(result)`` incrementing ``moe_eplb_reconciles_total{result}`` (process-wide registry)."""
-    from prometheus_client import Counter
-
-    from moe_eplb import metric_names
-
+    no_created_series()
     counter = Counter(metric_names.RECONCILES.removesuffix("_total"), "MoEInference reconciles by result (ok, invalid, error)",
                       ["result"])
     return lambda result: counter.labels(result=result).inc()
@@ -66,8 +66,6 @@ def reconcile_counter() -> Callable[[str], None]:
 
 def start_metrics_server(port: int, host: str = "0.0.0.0") -> None:
     """Serve the operator's Prometheus metrics (classic text format) on ``host:port``/metrics."""
-    from prometheus_client import start_http_server
-
     start_http_server(port, addr=host)
 
 

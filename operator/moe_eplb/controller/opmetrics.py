@@ -23,6 +23,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
 from moe_eplb import metric_names
 
 
@@ -36,11 +38,16 @@ class _Metrics:
     rollbacks: Any
 
 
+def no_created_series() -> None:
+    """Turn off prometheus_client's ``*_created`` series (one extra series per counter and
+    histogram that no query of ours uses) before any metric is created."""
+    disable_created_metrics()
+
+
 @functools.cache
 def metrics() -> _Metrics:
     """The process-wide metric objects (created on first call)."""
-    from prometheus_client import Counter, Gauge, Histogram
-
+    no_created_series()
     strip = lambda n: n.removesuffix("_total")  # noqa: E731 - prometheus_client adds the suffix
     return _Metrics(
         evaluations=Counter(strip(metric_names.TUNER_EVALUATIONS), "Autotune evaluations by result (ok, nodata, error)",
