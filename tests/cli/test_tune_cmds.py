@@ -118,3 +118,32 @@ def test_bad_trace_file_is_reported(tmp_path):
     assert r.exit_code == 2 and "--trace" in r.output and "negative" in r.output
     r = _run("tune", "--trace", tmp_path / "missing.json", "--ep-size", 2)
     assert r.exit_code == 2 and "no such file" in r.output
+
+
+def test_report_plots_show_every_configuration_against_time(trace_file, tmp_path):
+    """Every line is in the legend; the recommendation equal to vLLM's defaults is one line naming
+    both (not one hidden under the other); the x-axis is time; ``--report DIR/`` prints one slash."""
+    from moe_eplb.eplb.report import _plt, balancedness_figure, merge_series, time_axis
+    from moe_eplb.eplb.simulator import simulate, simulate_static
+
+    path, trace = trace_file
+    defaults = simulate(trace, ep_size=4, window_size=1000, step_interval=3000, num_redundant_experts=0)
+    other = simulate(trace, ep_size=4, window_size=500, step_interval=1000, num_redundant_experts=0)
+    series = [("no EPLB", simulate_static(trace, ep_size=4)), ("vLLM defaults 1000/3000/0", defaults),
+              ("recommended 1000/3000/0", defaults), ("500/1000/0", other)]
+    merged = merge_series(series)
+    assert [label for label, _ in merged] == ["no EPLB", "vLLM defaults 1000/3000/0 = recommended 1000/3000/0",
+                                              "500/1000/0"]
+    fig = balancedness_figure(series, trace)
+    ax = fig.axes[0]
+    lines = [line.get_label() for line in ax.get_lines()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert lines == legend and len(lines) == 3
+    edges, xlabel = time_axis(trace)
+    assert "time since the trace's start" in xlabel and ax.get_xlabel() == xlabel
+    assert edges[-1] == pytest.approx(trace.num_buckets * trace.bucket_seconds / (60.0 if "min" in xlabel else 3600.0))
+    _plt().close(fig)
+    out = _run("simulate", "--trace", path, "--ep-size", 4, "--window", 500, "--interval", 1000,
+              "--redundant", 0, "--report", f"{tmp_path / 'rep'}/")
+    assert out.exit_code == 0, out.output
+    assert f"Report written to {tmp_path / 'rep' / 'summary.md'}" in out.output and "//" not in out.output

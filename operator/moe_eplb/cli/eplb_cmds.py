@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -328,7 +329,7 @@ def _add_simulate(main: click.Group) -> None:
 
         print_simulation(Console(), trace, eplb, static)
         if report_dir:
-            click.echo(f"Report written to {report_dir}/summary.md")
+            click.echo(f"Report written to {Path(report_dir) / 'summary.md'}")
 
 
 def _add_tune(main: click.Group) -> None:
@@ -393,4 +394,4 @@ def _add_tune(main: click.Group) -> None:
 
         print_tune(Console(), result)
         if report_dir:
-            click.echo(f"Report written to {report_dir}/summary.md")
+            click.echo(f"Report written to {Path(report_dir) / 'summary.md'}")

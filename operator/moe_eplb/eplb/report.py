@@ -2,11 +2,13 @@
 
 Files written:
 
-- ``expert_load.png``: expert-load heatmaps over time (x: bucket, y: logical expert; colour: the
-  expert's share of the layer's tokens, relative to the mean) for up to 8 MoE layers spread over
-  the model's depth;
+- ``expert_load.png``: expert-load heatmaps over time (x: time since the trace's start when the
+  trace knows its bucket length, else bucket; y: logical expert; colour: the expert's share of the
+  layer's tokens, relative to the mean) for up to 8 MoE layers spread over the model's depth;
 - ``balancedness.png``: balancedness over time (per bucket, all layers) for no EPLB, vLLM's
-  defaults, the recommendation and the other top candidates (tune) or the simulated config;
+  defaults, the recommendation and the other top candidates (tune) or the simulated config. Every
+  line is in the legend; configurations that are the same (e.g. the recommendation is vLLM's
+  defaults) are one line whose label names them all, so none hides under another;
 - ``summary.md``: the tables, the decision and links to the plots.
 
 matplotlib (Agg backend) is imported only here and only when a report is asked for.
@@ -31,6 +33,18 @@ def _plt():
     return plt
 
 
+def time_axis(trace: LoadTrace) -> tuple[np.ndarray, str]:
+    """``[T + 1]`` bucket edges on the x-axis and its label: hours (or minutes, for traces under two
+    hours) since the trace's start when ``bucket_seconds`` is known, else bucket numbers."""
+    edges = np.arange(trace.num_buckets + 1, dtype=np.float64)
+    if not trace.bucket_seconds:
+        return edges, "bucket"
+    seconds = edges * float(trace.bucket_seconds)
+    if seconds[-1] >= 2 * 3600:
+        return seconds / 3600.0, "time since the trace's start (h)"
+    return seconds / 60.0, "time since the trace's start (min)"
+
+
 def plot_expert_load(trace: LoadTrace, path: Path, max_layers: int = 8) -> Path:
     """Heatmaps of ``load[t, l, e] / mean_e load[t, l, :]`` for up to ``max_layers`` layers."""
     plt = _plt()
@@ -39,16 +53,16 @@ def plot_expert_load(trace: LoadTrace, path: Path, max_layers: int = 8) -> Path:
     cols = min(4, len(layers))
     rows = int(np.ceil(len(layers) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
-    t_axis = trace.num_buckets
+    edges, xlabel = time_axis(trace)
     for ax, layer in zip(axes.ravel(), layers):
         x = trace.load[:, layer, :]
         mean = x.mean(axis=1, keepdims=True)
         rel = np.divide(x, mean, out=np.zeros_like(x), where=mean > 0)
         im = ax.imshow(rel.T, aspect="auto", origin="lower", cmap="magma",
                        vmin=0, vmax=max(2.0, float(np.quantile(rel, 0.99))),
-                       extent=(0, t_axis, 0, trace.num_experts), interpolation="nearest")
+                       extent=(edges[0], edges[-1], 0, trace.num_experts), interpolation="nearest")
         ax.set_title(f"layer {layer}")
-        ax.set_xlabel("bucket")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("expert")
         fig.colorbar(im, ax=ax, label="load / mean")
     for ax in axes.ravel()[len(layers):]:
@@ -60,22 +74,46 @@ def plot_expert_load(trace: LoadTrace, path: Path, max_layers: int = 8) -> Path:
     return path
 
 
-def plot_balancedness(series: list[tuple[str, SimResult]], path: Path) -> Path:
-    """One line per (label, replay): balancedness over time (per bucket, over all layers)."""
+def merge_series(series: list[tuple[str, SimResult]]) -> list[tuple[str, SimResult]]:
+    """Series of the same configuration (same mode and knobs) as one, labelled with every name
+    (``vLLM defaults 1000/3000/0 = recommended 1000/3000/0``), in first-seen order."""
+    merged: dict[tuple, tuple[list[str], SimResult]] = {}
+    for label, res in series:
+        key = (res.mode, res.knobs)
+        if key in merged:
+            merged[key][0].append(label)
+        else:
+            merged[key] = ([label], res)
+    return [(" = ".join(labels), res) for labels, res in merged.values()]
+
+
+def plot_balancedness(series: list[tuple[str, SimResult]], path: Path, trace: LoadTrace | None = None) -> Path:
+    """Write :func:`balancedness_figure` to ``path``."""
+    plt = _plt()
+    fig = balancedness_figure(series, trace)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def balancedness_figure(series: list[tuple[str, SimResult]], trace: LoadTrace | None = None):
+    """One line per configuration (:func:`merge_series`): balancedness over time (per bucket, over
+    all layers), against time when ``trace`` knows its bucket length. Every line is in the legend."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for label, res in series:
-        ax.plot(res.balancedness_over_time, label=f"{label} ({res.balancedness:.3f})", lw=1.2)
-    ax.set_xlabel("bucket")
+    edges, xlabel = time_axis(trace) if trace is not None else (None, "bucket")
+    for label, res in merge_series(series):
+        y = res.balancedness_over_time
+        x = (edges[:-1] + edges[1:]) / 2 if edges is not None else np.arange(y.size)
+        ax.plot(x, y, label=f"{label} ({res.balancedness:.3f})", lw=1.2)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("balancedness (mean / max GPU load)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Balancedness over time")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _row(label: str, res: SimResult) -> str:
@@ -102,7 +140,7 @@ def write_simulation_report(out_dir, trace: LoadTrace, eplb: SimResult, static: 
     out.mkdir(parents=True, exist_ok=True)
     plot_expert_load(trace, out / "expert_load.png")
     plot_balancedness([("no EPLB", static), (f"EPLB {eplb.knobs.label}", eplb)],
-                      out / "balancedness.png")
+                      out / "balancedness.png", trace)
     lines = [
         "# EPLB simulation", "", _trace_line(trace), "",
         f"Topology: {eplb.topology.to_dict()}. Config W/I/R = {eplb.knobs.label}.", "",
@@ -128,7 +166,7 @@ def write_tune_report(out_dir, trace: LoadTrace, result, top: int = 5) -> Path:
         if c.knobs not in shown:
             series.append((c.knobs.label, c.result))
             shown.add(c.knobs)
-    plot_balancedness(series, out / "balancedness.png")
+    plot_balancedness(series, out / "balancedness.png", trace)
     rec = result.to_dict()["recommendation"]
     lines = [
         "# EPLB tuning", "", _trace_line(trace), "",
