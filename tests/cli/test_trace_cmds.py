@@ -83,7 +83,8 @@ def test_info_on_a_bad_file(tmp_path):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps({"num_layers": 1, "num_experts": 2, "bucket_steps": [1], "load": [[[1, -2]]]}))
     r = CliRunner().invoke(main, ["trace", "info", str(p)])
-    assert r.exit_code == 2 and "load: negative value -2.0 at bucket 0, layer 0, expert 1" in r.output
+    assert r.exit_code == 1 and "load: negative value -2.0 at bucket 0, layer 0, expert 1" in r.output
+    assert "Try '" not in r.output  # a bad file is not a usage error
 
 
 def test_profiles_lists_everything():

@@ -115,9 +115,9 @@ def test_bad_trace_file_is_reported(tmp_path):
                                "load": [[[1, -1]]]}))
     r = _run("simulate", "--trace", bad, "--ep-size", 2, "--window", 1, "--interval", 1,
              "--redundant", 0)
-    assert r.exit_code == 2 and "--trace" in r.output and "negative" in r.output
+    assert r.exit_code == 1 and "bad.json" in r.output and "negative" in r.output and "Try '" not in r.output
     r = _run("tune", "--trace", tmp_path / "missing.json", "--ep-size", 2)
-    assert r.exit_code == 2 and "no such file" in r.output
+    assert r.exit_code == 1 and "missing.json: no such file" in r.output
 
 
 def test_report_plots_show_every_configuration_against_time(trace_file, tmp_path):

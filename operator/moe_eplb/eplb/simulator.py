@@ -80,9 +80,22 @@ class Topology:
         _whole("ep_size", self.ep_size, 1)
         _whole("num_nodes", self.num_nodes, 1)
         _whole("num_groups", self.num_groups, 1)
+        if self.ep_size % self.num_nodes:
+            raise SimError(f"num_nodes: {self.num_nodes} nodes do not divide ep_size {self.ep_size}: every node "
+                           "holds the same number of GPUs (EP ranks); use a divisor of the EP size")
+
+    def check_experts(self, num_experts: int) -> None:
+        """Raise SimError when the model has fewer experts than GPUs (each needs one of its own)."""
+        if num_experts < self.ep_size:
+            raise SimError(f"ep_size: {self.ep_size} GPUs but the model has {num_experts} experts per layer; "
+                           "every GPU needs at least one expert: use an EP size <= the number of experts")
 
     def check(self, num_experts: int, num_redundant: int) -> None:
         """Raise SimError unless vLLM would start with this layout."""
+        self.check_experts(num_experts)
+        problem = vllm_facts.redundant_problem(None, None, num_redundant)
+        if problem is not None:
+            raise SimError(f"num_redundant_experts: {problem} (vLLM's limit)")
         slots = num_experts + num_redundant
         if slots % self.ep_size:
             smallest = (self.ep_size - num_experts % self.ep_size) % self.ep_size

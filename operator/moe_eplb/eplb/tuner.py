@@ -571,6 +571,10 @@ def tune(
     t0 = time.perf_counter()
     topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost)
     L, E = trace.num_layers, trace.num_experts
+    try:
+        topology.check_experts(E)
+    except SimError as exc:
+        raise TuneError(str(exc)) from None
     r_levels, r_valid, _per_r = _redundancy_levels(L, E, topology, bounds.redundant, memory_budget_bytes,
                                                    cost.resolve_bytes_per_expert(L, E), max_redundancy_levels)
     search = _Search(trace, topology, cost, bounds, current, segment_edges(trace.num_buckets, segments),
