@@ -119,3 +119,11 @@ def test_trace_synth_refuses_a_trace_too_large_before_generating(tmp_path):
 def test_rebalance_refuses_an_impossible_slot_count_before_allocating():
     _flag_error(_run("rebalance", "--weights", WEIGHTS, "--replicas", 100_000_000, "--groups", 4, "--nodes", 2,
                      "--gpus", 8), "--replicas", "vLLM allows 12 to 1035")
+
+
+def test_tune_on_one_bucket_says_it_is_too_little_data(tmp_path):
+    path = tmp_path / "one.json"
+    save_trace(LoadTrace(load=np.full((1, 2, 8), 10.0), bucket_steps=np.array([30]), bucket_seconds=15.0), path)
+    result = _run("tune", "--trace", path, "--ep-size", 4)
+    _file_error(result, "1 bucket(s) and 30 engine steps are too little to tune on", "InsufficientData")
+    assert "consistent" not in result.output

@@ -135,7 +135,7 @@ def test_memory_budget_limits_redundancy():
     ],
 )
 def test_impossible_constraints_say_which(kwargs, needle):
-    trace = _drifting_trace(T=8, L=2)
+    trace = _drifting_trace(T=12, L=2)  # 2400 engine steps: enough data to tune on
     args = {**dict(ep_size=4, bounds=Bounds(redundant=(0, 8)), **SMALL), **kwargs}
     if needle is None:
         res = tune(trace, **args)
@@ -144,6 +144,17 @@ def test_impossible_constraints_say_which(kwargs, needle):
         return
     with pytest.raises(TuneError, match=needle):
         tune(trace, **args)
+
+
+@pytest.mark.parametrize("T", [1, 8])
+def test_too_little_data_is_refused_not_called_consistent(T):
+    """One bucket (or fewer engine steps than the operator's InsufficientData threshold) has no time
+    structure to judge a gain "consistent" by: the tuner says so instead of recommending."""
+    trace = _drifting_trace(T=T, L=2)
+    with pytest.raises(TuneError, match=rf"trace: {T} bucket\(s\) and {200 * T} engine steps are too little "
+                                        r"to tune on: at least 2 buckets and 2000 engine steps"):
+        tune(trace, ep_size=4, **SMALL)
+    assert tune(trace, ep_size=4, min_steps=1, **SMALL) if T > 1 else True
 
 
 def test_parsers():

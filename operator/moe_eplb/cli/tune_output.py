@@ -8,10 +8,9 @@ import contextlib
 import click
 
 #: library argument / error prefix -> the command-line flag that sets it
+#: messages about the trace's content: the file is wrong, not a flag (exit 1, no usage text)
+DATA_KEYS = frozenset({"trace", "load", "bucket_steps"})
 FLAG_OF = {
-    "trace": "--trace",
-    "load": "--trace",
-    "bucket_steps": "--trace",
     "ep_size": "--ep-size",
     "num_nodes": "--nodes",
     "num_groups": "--groups",
@@ -31,6 +30,8 @@ def bad_parameter(exc: Exception, default_hint: str | None = None) -> click.Clic
     msg = str(exc)
     head = msg.split(":", 1)[0].strip()
     head = head.split(".", 1)[1] if head.startswith("CostModel.") else head.split(".", 1)[0]
+    if head in DATA_KEYS:
+        return click.ClickException(msg)
     hint = FLAG_OF.get(head, default_hint)
     if hint:
         return click.BadParameter(msg, param_hint=hint)

@@ -53,7 +53,7 @@ from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
 from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tuner import TuneResult, tune
+from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, TuneResult, tune
 from moe_eplb.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.metrics import measure as measure_mod
 from moe_eplb.metrics import reader
@@ -131,7 +131,7 @@ class AutotuneRuntime:
     clock: Any = field(default_factory=WallClock)
     tick_seconds: float = 15.0
     lookback_seconds: float = 1800.0
-    min_steps: int = 2000
+    min_steps: int = MIN_TUNE_STEPS
     search: dict = field(default_factory=lambda: dict(OPERATOR_SEARCH))
     crashloop_restarts: int = 3
     observer: Callable[[str, MoEInference, Any], None] | None = None
@@ -315,7 +315,8 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
     if load_error is None:
         t0 = time.process_time()
         try:
-            answer = dec.TunerAnswer.of(await asyncio.to_thread(run_tuner, trace, inf, current, rt.search))
+            answer = dec.TunerAnswer.of(await asyncio.to_thread(run_tuner, trace, inf, current,
+                                                                {**rt.search, "min_steps": rt.min_steps}))
         except Exception as exc:  # TuneError or a bug in the search: no change, say why
             tune_error = f"{type(exc).__name__}: {exc}"
         tuner_seconds = time.process_time() - t0

@@ -68,6 +68,10 @@ __all__ = [
     "DEFAULT_INTERVALS",
 ]
 
+#: Least data to tune on: engine steps in the trace (the autotune loop's ``InsufficientData``
+#: threshold too) and buckets (a single bucket has no time structure to judge "consistently" by).
+MIN_TUNE_STEPS = 2000
+MIN_TUNE_BUCKETS = 2
 DEFAULT_WINDOWS = (500, 1000, 2000, 3000, 5000)
 DEFAULT_INTERVALS = (1000, 2000, 3000, 5000, 10000)
 MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
@@ -371,10 +375,14 @@ def _rank_key(tie_tolerance: float) -> Callable[[Candidate], tuple]:
 
 
 def _prepare(trace: LoadTrace, ep_size: int, num_nodes: int, num_groups: int, memory_budget_bytes: float | None,
-             bytes_per_expert: float | None, cost: CostModel) -> tuple[Topology, CostModel]:
-    """Phase 0: check the arguments; the cost model with the expert size given."""
+             bytes_per_expert: float | None, cost: CostModel, min_steps: int) -> tuple[Topology, CostModel]:
+    """Phase 0: check the arguments and that there is enough data; the cost model with the expert size given."""
     if not isinstance(trace, LoadTrace):
         raise TuneError(f"trace: expected a LoadTrace, got {type(trace).__name__}")
+    if trace.num_buckets < MIN_TUNE_BUCKETS or trace.total_steps < min_steps:
+        raise TuneError(f"trace: {trace.num_buckets} bucket(s) and {trace.total_steps} engine steps are too little to "
+                        f"tune on: at least {MIN_TUNE_BUCKETS} buckets and {min_steps} engine steps (below that the "
+                        "operator reports InsufficientData); record a longer trace")
     try:
         topology = Topology(ep_size, num_nodes, num_groups)
     except SimError as exc:
@@ -532,6 +540,7 @@ def tune(
     screen_layers: int | None = 16,
     finalists: int = 12,
     prior_margin: float = 0.002,
+    min_steps: int = MIN_TUNE_STEPS,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -563,13 +572,16 @@ def tune(
         prior_margin: a searched configuration must beat the best known one (vLLM defaults,
             the seed's 3000/1000/8, current; when valid and in bounds) by this much: the lower
             bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it.
+        min_steps: fewer engine steps than this in the trace (or fewer than two buckets) is too
+            little data: TuneError.
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
             every candidate, or a bad argument.
     """
     t0 = time.perf_counter()
-    topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost)
+    topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost,
+                              min_steps)
     L, E = trace.num_layers, trace.num_experts
     try:
         topology.check_experts(E)
