@@ -16,6 +16,7 @@ import argparse
 import time
 
 import numpy as np
+from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
@@ -67,10 +68,8 @@ def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
     from moe_eplb.metrics.series import parse_matrix
 
     full = synth.generate(profile, hours=RT.lookback_seconds / 3600.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
-    res = resource(model, tensor, data)
-    inf = parse(res)
-    cfg = dec.autotune_config(res)
-    current = {"windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0}
+    inf = parse(resource(model, tensor, data))
+    current = inf.effective.knobs
     eb, sb, st, grid = prometheus_bodies(full)
     read_s, tune_s = [], []
     decision = None
@@ -80,9 +79,10 @@ def one_case(label, profile, model, tensor, data, repeats: int) -> dict:
                                         num_layers=full.num_layers, num_experts=full.num_experts,
                                         start_times=parse_matrix(st, "starts"))
         t1 = time.process_time()
-        out = run_tuner(trace, inf, cfg, current, OPERATOR_SEARCH)
-        o = dec.evaluate(cfg, {}, now=time.time(), generation=1, current=current, current_override=None,
-                         data_window={"buckets": trace.num_buckets}, tune=out, baseline={"balancedness": 0.9})
+        out = run_tuner(trace, inf, current, OPERATOR_SEARCH)
+        o = dec.evaluate(inf.autotune, inf.status, now=time.time(), generation=1, current=current,
+                         spec_eplb=inf.spec_knobs, data_window=DataWindow(buckets=trace.num_buckets),
+                         answer=dec.TunerAnswer.of(out), baseline=Measurement(balancedness=0.9))
         t2 = time.process_time()
         read_s.append(t1 - t0)
         tune_s.append(t2 - t1)
