@@ -379,10 +379,6 @@ def builtin_popularity(name: str = "olmoe") -> PopularityFit:
     return PopularityFit.from_dict(fits[name])
 
 
-def builtin_popularity_names() -> tuple[str, ...]:
-    return tuple(_builtin_raw()["popularity"])
-
-
 def builtin_temporal() -> TemporalFit:
     """The shipped :class:`TemporalFit` (Mixtral-8x7B-Instruct, GSM8K + HumanEval generations)."""
     return TemporalFit.from_dict(_builtin_raw()["temporal"])
