@@ -114,6 +114,8 @@ class PopularityFit:
             per domain (:func:`fit_group_loading`); None: no group structure.
         group_corr: ``[D, D]`` correlation between domains of the group latents ``g``.
         group_ep_size: the EP size whose static placement ``group_loading`` was fitted on.
+        busiest_gpu: ``[D]`` real busiest-GPU/mean of each domain on that placement
+            (:func:`static_imbalance`; with the group structure only).
     """
 
     source: str
@@ -128,6 +130,7 @@ class PopularityFit:
     group_loading: np.ndarray | None = None
     group_corr: np.ndarray | None = None
     group_ep_size: int | None = None
+    busiest_gpu: np.ndarray | None = None
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -150,6 +153,7 @@ class PopularityFit:
             group_loading=self.group_loading[idx] if grouped else None,
             group_corr=self.group_corr[idx][:, idx] if grouped else None,
             group_ep_size=self.group_ep_size,
+            busiest_gpu=self.busiest_gpu[idx] if grouped and self.busiest_gpu is not None else None,
         )
 
     def to_dict(self, digits: int | None = None) -> dict[str, Any]:
@@ -174,6 +178,7 @@ class PopularityFit:
                 "ep_size": self.group_ep_size,
                 "loading": np.round(self.group_loading, fine).tolist(),
                 "corr": np.round(self.group_corr, fine).tolist(),
+                "busiest_gpu": None if self.busiest_gpu is None else np.round(self.busiest_gpu, coarse).tolist(),
             }
         return out
 
@@ -195,6 +200,7 @@ class PopularityFit:
             group_loading=np.asarray(groups["loading"], dtype=np.float64) if groups else None,
             group_corr=np.asarray(groups["corr"], dtype=np.float64) if groups else None,
             group_ep_size=int(groups["ep_size"]) if groups else None,
+            busiest_gpu=np.asarray(groups["busiest_gpu"], dtype=np.float64) if groups and groups.get("busiest_gpu") else None,
         )
 
 
@@ -486,12 +492,13 @@ def fit_popularity(counts, num_groups: int = 1, ep_size: int = 32, digits: int |
         for b, db in enumerate(domains):
             tv[:, a, b] = total_variation(shares[da], shares[db])
     log_quantiles = {d: sorted_curve(shares[d]) for d in domains}
-    loading = group_corr = None
+    loading = group_corr = busiest = None
     if num_groups > 1:
         e = counts.num_experts
         stacked = np.stack([shares[d] for d in domains])  # [D, K, E]
         shipped = np.round(np.stack([log_quantiles[d] for d in domains]), 5 if digits is None else digits)
         loading = fit_group_loading(stacked, shipped, num_groups, ep_size)
+        busiest = np.array([static_imbalance(s, ep_size).busiest_gpu for s in stacked])
         group_means = scores.reshape(k, len(domains), num_groups, e // num_groups).mean(-1)  # [K, D, G]
         flat = np.moveaxis(group_means, 1, 0).reshape(len(domains), -1)
         group_corr = np.clip(np.corrcoef(flat), -1.0, 1.0) if len(domains) > 1 else np.ones((1, 1))
@@ -508,6 +515,7 @@ def fit_popularity(counts, num_groups: int = 1, ep_size: int = 32, digits: int |
         group_loading=loading,
         group_corr=group_corr,
         group_ep_size=ep_size if num_groups > 1 else None,
+        busiest_gpu=busiest,
     )
 
 
