@@ -640,7 +640,9 @@ class Profile:
         description: what it models, in one sentence.
         model_shape: default target shape (a key of ``synth.MODEL_SHAPES``).
         phases: domain mixes ``{domain: weight}`` one after the other (weights need not sum to 1);
-            domains are keys of :data:`DOMAIN_SOURCES` or the source's own domain names.
+            domains are the source's own domain names, keys of :data:`DOMAIN_SOURCES` (text
+            sources) or of :data:`REGIME_MIXES` (the DeepSeek-V3 regimes), see
+            :func:`resolve_domain`.
         boundaries: fractions of the trace where phase i ends (``len(phases) - 1`` values,
             increasing, in (0, 1)); ``None`` spreads the phases evenly.
         transition_seconds: width of the smooth change between two phases.
@@ -680,7 +682,7 @@ _DSV3 = dict(model_shape="deepseek-v3", peak_tokens_per_step=4096.0, popularity=
 _QWEN = dict(model_shape="qwen3-vl-30b-a3b", peak_tokens_per_step=256.0, request_tokens=1024.0)
 _STEADY_MIX = {"chat": 0.6, "code": 0.25, "math": 0.15}
 _CCM = ({"chat": 0.8, "code": 0.1, "math": 0.1}, {"chat": 0.2, "code": 0.7, "math": 0.1}, {"chat": 0.2, "code": 0.1, "math": 0.7})
-_ON_REGIMES = "; chat/code/math are request shapes mapped onto the SGLang regimes (profiles.REGIME_MIXES)"
+_ON_REGIMES = " (chat/code/math: request shapes over the SGLang prefill/decode regimes)"
 
 BUILTIN_PROFILES: dict[str, Profile] = {
     p.name: p
