@@ -3,13 +3,16 @@
     python bench/trace_synth.py [--repeat 3]
 
 Prints one table with a row per built-in profile (one hour, 15 s buckets, seed 0): time to generate,
-time to write .npz / .json.gz, expert max/mean per layer (real OLMoE: 2.5-7.8), the TV distance
-of the expert shares between the first and the last third (how far the hot experts move), and the
-imbalance per GPU of a static placement (experts e*E/P .. (e+1)*E/P-1 on GPU e, 32 GPUs for
-DeepSeek-V3, 4 for Qwen3-VL) -- to hold against TensorRT-LLM's published DeepSeek-R1 figure on 32
-GB200 without EPLB: (max - mean) / mean = 1.564, i.e. max/mean 2.56 per rank -- and the
-balancedness of vLLM's policy planned on one bucket and scored on the next (anchor: 0.817 on a
-real DeepSeek trace at 100-step windows; our buckets hold ~300 steps).
+time to write .npz / .json.gz, expert max/mean per layer over the trace (range over layers), the
+TV distance of the expert shares between the first and the last third (how far the hot experts
+move), the static placement's figures of :func:`moe_eplb.eplb.profiles.static_imbalance` (experts
+e*E/P .. (e+1)*E/P-1 on GPU e, 32 GPUs for DeepSeek-V3, 4 for Qwen3-VL; whole-trace load, median
+over layers: busiest GPU / mean and hottest expert / mean; real DeepSeek-V3 at EP 32: 2.04-2.52
+and 5.20-7.06 over SGLang's six regimes), the same busiest-GPU/mean per 15 s bucket (mean over
+buckets and layers) -- to hold against TensorRT-LLM's published DeepSeek-R1 figure on 32 GB200
+without EPLB: (max - mean) / mean = 1.564, i.e. max/mean 2.56 per rank -- and the balancedness of
+vLLM's policy planned on one bucket and scored on the next (anchor: 0.817 on a real DeepSeek trace
+at 100-step windows; our buckets hold ~300 steps).
 Target (issue 3): a one-hour DeepSeek-V3 trace in < 2 s.
 """
 
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from moe_eplb.eplb import synth
-from moe_eplb.eplb.profiles import total_variation
+from moe_eplb.eplb.profiles import static_imbalance, total_variation
 from moe_eplb.eplb.tracefile import save_trace
 
 GPUS = {"deepseek-v3": 32, "qwen3-vl-30b-a3b": 4}
@@ -52,7 +55,8 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     args = ap.parse_args()
     head = (f"{'profile':<34} {'T x L x E':<15} {'gen s':>6} {'npz s':>6} {'gz s':>6} "
-            f"{'max/mean':>11} {'TV 1st-3rd':>10} {'GPU max/mean':>12} {'next-bucket bal':>15}")
+            f"{'max/mean':>11} {'TV 1st-3rd':>10} {'static GPU':>10} {'static exp':>10} "
+            f"{'GPU/bucket':>10} {'next-bucket bal':>15}")
     print(head)
     print("-" * len(head))
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,12 +76,13 @@ def main() -> None:
             third = trace.num_buckets // 3
             tv = total_variation(trace.slice(0, third).popularity(), trace.slice(2 * third, trace.num_buckets).popularity())
             gpus = GPUS[trace.model]
+            static = static_imbalance(trace.load, gpus)
             per_gpu = trace.load.reshape(trace.num_buckets, trace.num_layers, gpus, -1).sum(-1)
             gpu_mm = (per_gpu.max(-1) / per_gpu.mean(-1)).mean()
             shape = "x".join(str(x) for x in trace.load.shape)
             print(f"{name:<34} {shape:<15} {best:>6.2f} {npz:>6.2f} {gz:>6.2f} "
-                  f"{mm.min():>5.2f}-{mm.max():<5.2f} {tv.mean():>10.3f} {gpu_mm:>12.2f} "
-                  f"{next_bucket_balancedness(trace):>15.3f}")
+                  f"{mm.min():>5.2f}-{mm.max():<5.2f} {tv.mean():>10.3f} {static.busiest_gpu:>10.2f} "
+                  f"{static.hottest_expert:>10.2f} {gpu_mm:>10.2f} {next_bucket_balancedness(trace):>15.3f}")
 
 
 if __name__ == "__main__":

@@ -196,7 +196,8 @@ def test_custom_shape_and_real_files_as_source(tmp_path):
         (dict(profile="deepseek-v3-steady", bucket_seconds=-5), r"^bucket_seconds: must be > 0"),
         (dict(profile="deepseek-v3-steady", hours=0.001), r"^hours: .* shorter than one 15.0 s bucket"),
         (dict(profile="deepseek-v3-steady", source=profiles.builtin_popularity("olmoe-sft")),
-         r"^profile: domain 'code' needs source domain github, which OLMoE-1B-7B SFT \(allenai\) does not have \(it has: tulu\)"),
+         (r"^profile: domain 'code' needs source domain github \(or the regimes prefill_in2048 \+ decode_in1800out100\), "
+          r"which OLMoE-1B-7B SFT \(allenai\) does not have \(it has: tulu\)")),
     ],
 )
 def test_bad_requests(kwargs, pattern):

@@ -10,7 +10,11 @@ Two kinds of fitted parameters (pure functions fit them; ``bench/fit_profiles.py
   between) -- and, per layer, the correlation between domains of the experts' normal scores
   (a Gaussian copula: how much the hot experts of one domain are the hot experts of another). Plus
   the summary statistics the generator is tested against: max/mean per (domain, layer) and the
-  total-variation distance between every two domains per layer.
+  total-variation distance between every two domains per layer. For a source whose experts come
+  in groups (DeepSeek-V3: 8 groups of 32, with group-limited routing) also the *group structure*:
+  per domain, how strongly the experts of one group share a common latent (fitted so that the
+  static placement's busiest GPU carries what it carries in the real data, see
+  :func:`fit_group_loading`), and the correlation between domains of the group latents.
 - :class:`TemporalFit` (from ``token_routing_sequence`` files, e.g. Mixtral-8x7B's generated
   tokens): the per-request concentration ``kappa`` of a Dirichlet model of how one request's
   expert shares scatter around its domain's (from how the variance of expert counts in windows of
@@ -29,7 +33,7 @@ import functools
 import importlib.resources
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -56,6 +60,34 @@ DOMAIN_SOURCES: dict[str, tuple[str, ...]] = {
     "books": ("book",),
 }
 
+# Workload domains -> DeepSeek-V3 regimes (SGLang's runs in deepseek_v3_expert_counts.json), for a
+# source whose domains are regimes rather than text: a request of that shape sends its prompt
+# through a prefill regime and its answer through a decode regime, so the domain is the mixture of
+# the two weighted by their tokens. The request shapes are assumptions (docs/traces.md):
+# chat ~1000 tokens in, ~1000 out; code: long context (~1800-2048 in), short answer (~100 out);
+# math: short problem (~512 in), long worked answer (~1000 out).
+REGIME_MIXES: dict[str, dict[str, float]] = {
+    "chat": {"prefill_in1000out1000": 0.5, "decode_in1000out1000": 0.5},
+    "code": {"prefill_in2048": 0.95, "decode_in1800out100": 0.05},
+    "math": {"prefill_in512": 0.35, "decode_in1000out1000": 0.65},
+}
+
+
+def resolve_domain(domain: str, available: Sequence[str]) -> dict[str, float] | None:
+    """Source domains (with weights summing to 1) that stand for workload ``domain`` in a source
+    with domains ``available``: the domain itself, else the first of its :data:`DOMAIN_SOURCES`
+    present, else its :data:`REGIME_MIXES` mixture if every regime in it is present; None if none."""
+    if domain in available:
+        return {domain: 1.0}
+    for cand in DOMAIN_SOURCES.get(domain, ()):
+        if cand in available:
+            return {cand: 1.0}
+    mix = REGIME_MIXES.get(domain)
+    if mix and all(r in available for r in mix):
+        total = sum(mix.values())
+        return {r: w / total for r, w in mix.items()}
+    return None
+
 
 # --------------------------------------------------------------------------------------------------
 # Fitted parameters
@@ -76,6 +108,14 @@ class PopularityFit:
             normal scores, per sampled layer.
         max_over_mean: ``{domain: [K]}`` max share / mean share per sampled layer (real data).
         tv: ``[K, D, D]`` total-variation distance between the domains' share vectors (real data).
+        num_groups: expert groups of the source (1: none, or not modelled).
+        group_loading: ``[D]`` (only with ``num_groups > 1``) the weight ``a^2`` in ``[0, 1)`` of
+            the group's latent in an expert's latent ``a * g_group + sqrt(1 - a^2) * eps_expert``,
+            per domain (:func:`fit_group_loading`); None: no group structure.
+        group_corr: ``[D, D]`` correlation between domains of the group latents ``g``.
+        group_ep_size: the EP size whose static placement ``group_loading`` was fitted on.
+        busiest_gpu: ``[D]`` real busiest-GPU/mean of each domain on that placement
+            (:func:`static_imbalance`; with the group structure only).
     """
 
     source: str
@@ -86,6 +126,11 @@ class PopularityFit:
     corr: np.ndarray
     max_over_mean: dict[str, np.ndarray]
     tv: np.ndarray
+    num_groups: int = 1
+    group_loading: np.ndarray | None = None
+    group_corr: np.ndarray | None = None
+    group_ep_size: int | None = None
+    busiest_gpu: np.ndarray | None = None
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -94,6 +139,7 @@ class PopularityFit:
     def subset(self, domains: Sequence[str]) -> "PopularityFit":
         """The same fit restricted to ``domains`` (in that order)."""
         idx = [self.domains.index(d) for d in domains]
+        grouped = self.group_loading is not None and self.group_corr is not None
         return PopularityFit(
             source=self.source,
             num_experts=self.num_experts,
@@ -103,26 +149,44 @@ class PopularityFit:
             corr=self.corr[:, idx][:, :, idx],
             max_over_mean={d: self.max_over_mean[d] for d in domains},
             tv=self.tv[:, idx][:, :, idx],
+            num_groups=self.num_groups,
+            group_loading=self.group_loading[idx] if grouped else None,
+            group_corr=self.group_corr[idx][:, idx] if grouped else None,
+            group_ep_size=self.group_ep_size,
+            busiest_gpu=self.busiest_gpu[idx] if grouped and self.busiest_gpu is not None else None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, digits: int | None = None) -> dict[str, Any]:
+        """JSON-ready numbers, rounded: curves and correlations to 5 decimals and the real-data
+        statistics to 4, or everything to ``digits`` decimals if given."""
+        fine, coarse = (5, 4) if digits is None else (digits, digits)
+        out = {
             "source": self.source,
             "num_experts": self.num_experts,
             "top_k": self.top_k,
-            "depth": list(self.depth),
+            "depth": [round(x, 6) for x in self.depth] if digits is not None else list(self.depth),
             "quantile_ranks": list(QUANTILE_RANKS),
             "domains": list(self.domains),
-            "log_quantiles": {d: np.round(q, 5).tolist() for d, q in self.log_quantiles.items()},
-            "corr": np.round(self.corr, 5).tolist(),
-            "max_over_mean": {d: np.round(v, 4).tolist() for d, v in self.max_over_mean.items()},
-            "tv": np.round(self.tv, 4).tolist(),
+            "log_quantiles": {d: np.round(q, fine).tolist() for d, q in self.log_quantiles.items()},
+            "corr": np.round(self.corr, fine).tolist(),
+            "max_over_mean": {d: np.round(v, coarse).tolist() for d, v in self.max_over_mean.items()},
+            "tv": np.round(self.tv, coarse).tolist(),
         }
+        if self.group_loading is not None and self.group_corr is not None:
+            out["groups"] = {
+                "num_groups": self.num_groups,
+                "ep_size": self.group_ep_size,
+                "loading": np.round(self.group_loading, fine).tolist(),
+                "corr": np.round(self.group_corr, fine).tolist(),
+                "busiest_gpu": None if self.busiest_gpu is None else np.round(self.busiest_gpu, coarse).tolist(),
+            }
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PopularityFit":
         if not np.allclose(d["quantile_ranks"], QUANTILE_RANKS):
             raise TraceError("popularity fit: quantile_ranks differ from this version's; re-run bench/fit_profiles.py")
+        groups = d.get("groups")
         return cls(
             source=d["source"],
             num_experts=int(d["num_experts"]),
@@ -132,6 +196,11 @@ class PopularityFit:
             corr=np.asarray(d["corr"], dtype=np.float64),
             max_over_mean={k: np.asarray(d["max_over_mean"][k], dtype=np.float64) for k in d["domains"]},
             tv=np.asarray(d["tv"], dtype=np.float64),
+            num_groups=int(groups["num_groups"]) if groups else 1,
+            group_loading=np.asarray(groups["loading"], dtype=np.float64) if groups else None,
+            group_corr=np.asarray(groups["corr"], dtype=np.float64) if groups else None,
+            group_ep_size=int(groups["ep_size"]) if groups else None,
+            busiest_gpu=np.asarray(groups["busiest_gpu"], dtype=np.float64) if groups and groups.get("busiest_gpu") else None,
         )
 
 
@@ -265,8 +334,153 @@ def mean_domain_tv(fit: "PopularityFit") -> float | None:
     return float(np.mean([fit.tv[k][upper] for k in range(len(fit.depth))]))
 
 
-def fit_popularity(counts) -> PopularityFit:
-    """Fit a :class:`PopularityFit` from a :class:`~moe_eplb.eplb.tracefile.DomainCounts`."""
+def curve_values(log_quantiles: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The sorted-popularity curve read at rank fractions ``u``.
+
+    Args:
+        log_quantiles: ``[..., Q]`` ``log(E * share)`` at :data:`QUANTILE_RANKS`.
+        u: ``[..., E]`` rank fractions in [0, 1] (0 = least popular), same leading shape.
+
+    Returns:
+        ``[..., E]`` ``E * share`` (not renormalised), linear in the log between the kept ranks.
+    """
+    xp = np.asarray(QUANTILE_RANKS)
+    j = np.clip(np.searchsorted(xp, u, side="right") - 1, 0, len(xp) - 2)
+    frac = (u - xp[j]) / (xp[j + 1] - xp[j])
+    lq = log_quantiles
+    return np.exp(np.take_along_axis(lq, j, -1) * (1 - frac) + np.take_along_axis(lq, j + 1, -1) * frac)
+
+
+class StaticImbalance(NamedTuple):
+    """Whole-trace load concentration under vLLM's static placement (:func:`static_imbalance`)."""
+
+    busiest_gpu: float  # median over layers of (busiest GPU's load / mean GPU load)
+    hottest_expert: float  # median over layers of (hottest expert's load / mean expert load)
+
+
+def static_imbalance_per_layer(load: np.ndarray, ep_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Busiest-GPU/mean and hottest-expert/mean of each row of ``load``.
+
+    Args:
+        load: ``[..., E]`` load (or shares) per logical expert of one layer, e.g. ``[L, E]`` a
+            trace's load summed over its buckets.
+        ep_size: GPUs of the expert-parallel group. vLLM's static placement (no EPLB) puts the
+            contiguous range ``g * E / ep_size .. (g + 1) * E / ep_size - 1`` on GPU g.
+
+    Returns:
+        ``([...], [...])``: the busiest GPU's load over the mean GPU load, and the hottest expert's
+        load over the mean expert load (1.0 for a row with no load).
+    """
+    load = np.asarray(load, dtype=np.float64)
+    e = load.shape[-1]
+    if ep_size < 1 or e % ep_size:
+        raise TraceError(f"ep_size: {e} experts do not split evenly over {ep_size} GPUs")
+    per_gpu = load.reshape(*load.shape[:-1], ep_size, e // ep_size).sum(-1)
+    mean = load.mean(-1)
+    safe = np.where(mean > 0, mean, 1.0)
+    gpu = np.where(mean > 0, per_gpu.max(-1) / (safe * (e // ep_size)), 1.0)
+    expert = np.where(mean > 0, load.max(-1) / safe, 1.0)
+    return gpu, expert
+
+
+def static_imbalance(load: np.ndarray, ep_size: int = 32) -> StaticImbalance:
+    """How unevenly a workload loads the GPUs and experts without EPLB -- the figures the
+    DeepSeek-V3 profiles are fitted and tested against.
+
+    Definition: sum the load over the whole trace per layer (``[T, L, E]`` -> ``[L, E]``; a
+    ``[L, E]`` array is taken as already summed). For each layer, place the experts as vLLM does
+    without EPLB (contiguous ranges of ``E / ep_size`` experts per GPU, see
+    :func:`static_imbalance_per_layer`) and take the busiest GPU's load over the mean GPU load, and
+    the hottest expert's load over the mean expert load. Report the median of each over the layers.
+
+    Real DeepSeek-V3 (SGLang's expert counts, EP 32): busiest GPU 2.04-2.52, hottest expert
+    5.20-7.06 over the six regimes (docs/traces.md).
+    """
+    load = np.asarray(load, dtype=np.float64)
+    if load.ndim == 3:
+        load = load.sum(axis=0)
+    if load.ndim != 2:
+        raise TraceError(f"load: expected [L, E] or [T, L, E], got shape {load.shape}")
+    gpu, expert = static_imbalance_per_layer(load, ep_size)
+    return StaticImbalance(busiest_gpu=float(np.median(gpu)), hottest_expert=float(np.median(expert)))
+
+
+def moe_depth(counts) -> np.ndarray:
+    """``[K]`` relative depth of each sampled layer among the MoE layers. A file that lists every
+    layer from its first one to the model's last (DeepSeek-V3: layers 3..60, the first three are
+    dense) spans the MoE layers evenly from 0 to 1; otherwise ``counts.depth()``."""
+    layers = np.asarray(counts.layers)
+    every = len(layers) > 1 and np.array_equal(layers, np.arange(layers[0], counts.num_layers))
+    if every and layers[0] > 0:
+        return np.arange(len(layers), dtype=np.float64) / (len(layers) - 1)
+    return np.asarray(counts.depth(), dtype=np.float64)
+
+
+# a^2 grid searched by fit_group_loading, and its draws per grid point
+_GROUP_GRID = np.linspace(0.0, 0.98, 50)
+_GROUP_DRAWS = 64
+
+
+def fit_group_loading(
+    shares: np.ndarray,
+    log_quantiles: np.ndarray,
+    num_groups: int,
+    ep_size: int = 32,
+    seed: int = 0,
+) -> np.ndarray:
+    """Group loading ``a^2`` per domain that reproduces the real busiest-GPU/mean of
+    :func:`static_imbalance` (median over layers, static placement over ``ep_size`` GPUs).
+
+    The generator gives expert e of group g(e) the latent ``a * g + sqrt(1 - a^2) * eps_e``
+    (``g``, ``eps`` standard normal) and the curve's value at the latent's rank. For each domain
+    this searches ``a^2`` on a grid (0 .. 0.98) for the value at which the median over random
+    layouts (the same draws for every grid point) of the median over layers of the busiest
+    GPU/mean equals the real one (linear interpolation; 0 or 0.98 at the ends). One value per domain
+    rather than per layer: a layer's busiest GPU is a single draw of its group layout, and per-layer
+    values that noisy would make the domains' loadings inconsistent with their correlation.
+
+    A moment fit on the experts' normal scores falls short: the real hot experts cluster in their
+    groups more than a Gaussian copula with the same rank correlation puts them (DeepSeek-V3
+    decode: 5.8 of the 8 hottest experts of a layer in its hottest group, vs 3.8).
+
+    Args:
+        shares: ``[D, K, E]`` real expert shares (K: every layer of the model).
+        log_quantiles: ``[D, K, Q]`` their curves as the generator reads them (rounded as shipped).
+        num_groups: the source's expert groups (contiguous ``E / num_groups`` experts each).
+        ep_size: GPUs of the static placement the busiest GPU is measured on.
+        seed: seed of the layouts drawn.
+
+    Returns:
+        ``[D]`` ``a^2``.
+    """
+    d, k, e = shares.shape
+    if e % num_groups or e % ep_size:
+        raise TraceError(f"fit_group_loading: {e} experts do not split into {num_groups} groups and {ep_size} GPUs")
+    target = np.array([static_imbalance(shares[i], ep_size).busiest_gpu for i in range(d)])
+    u = np.broadcast_to(np.arange(e) / (e - 1), (d * k, e))
+    v_sorted = curve_values(np.asarray(log_quantiles, dtype=np.float64).reshape(d * k, -1), u)  # [DK, E]
+    rng = np.random.default_rng([seed, 7])
+    g = np.repeat(rng.standard_normal((_GROUP_DRAWS, num_groups)), e // num_groups, axis=1)  # [N, E]
+    eps = rng.standard_normal((_GROUP_DRAWS, e))
+    table = np.empty((len(_GROUP_GRID), d))
+    for i, a2 in enumerate(_GROUP_GRID):
+        z = np.sqrt(a2) * g + np.sqrt(1.0 - a2) * eps
+        rank = np.argsort(np.argsort(z, axis=1, kind="stable"), axis=1, kind="stable")  # [N, E]
+        busiest, _ = static_imbalance_per_layer(v_sorted[:, rank], ep_size)  # [DK, N]
+        table[i] = np.median(np.median(busiest.reshape(d, k, -1), axis=1), axis=1)
+    table = np.maximum.accumulate(table, axis=0)  # monotone in a^2 (removes draw noise)
+    return np.array([np.interp(target[j], table[:, j], _GROUP_GRID) for j in range(d)])
+
+
+def fit_popularity(counts, num_groups: int = 1, ep_size: int = 32, digits: int | None = None) -> PopularityFit:
+    """Fit a :class:`PopularityFit` from a :class:`~moe_eplb.eplb.tracefile.DomainCounts`.
+
+    With ``num_groups > 1`` (the source's experts come in that many contiguous groups, as
+    DeepSeek-V3's 8 groups of 32) the group structure is fitted too: :func:`fit_group_loading` on the
+    static placement over ``ep_size`` GPUs, on the curves rounded to ``digits`` decimals as
+    :meth:`PopularityFit.to_dict` will ship them (5 if None), and the correlation between domains of
+    the groups' mean normal scores, pooled over the layers.
+    """
     domains = counts.domains
     shares = {d: counts.popularity(d) for d in domains}  # [K, E]
     k = len(counts.layers)
@@ -277,15 +491,31 @@ def fit_popularity(counts) -> PopularityFit:
     for a, da in enumerate(domains):
         for b, db in enumerate(domains):
             tv[:, a, b] = total_variation(shares[da], shares[db])
+    log_quantiles = {d: sorted_curve(shares[d]) for d in domains}
+    loading = group_corr = busiest = None
+    if num_groups > 1:
+        e = counts.num_experts
+        stacked = np.stack([shares[d] for d in domains])  # [D, K, E]
+        shipped = np.round(np.stack([log_quantiles[d] for d in domains]), 5 if digits is None else digits)
+        loading = fit_group_loading(stacked, shipped, num_groups, ep_size)
+        busiest = np.array([static_imbalance(s, ep_size).busiest_gpu for s in stacked])
+        group_means = scores.reshape(k, len(domains), num_groups, e // num_groups).mean(-1)  # [K, D, G]
+        flat = np.moveaxis(group_means, 1, 0).reshape(len(domains), -1)
+        group_corr = np.clip(np.corrcoef(flat), -1.0, 1.0) if len(domains) > 1 else np.ones((1, 1))
     return PopularityFit(
         source=counts.model,
         num_experts=counts.num_experts,
         top_k=counts.top_k,
-        depth=tuple(float(x) for x in counts.depth()),
-        log_quantiles={d: sorted_curve(shares[d]) for d in domains},
+        depth=tuple(float(x) for x in moe_depth(counts)),
+        log_quantiles=log_quantiles,
         corr=corr,
         max_over_mean={d: shares[d].max(axis=1) * counts.num_experts for d in domains},
         tv=tv,
+        num_groups=max(1, num_groups),
+        group_loading=loading,
+        group_corr=group_corr,
+        group_ep_size=ep_size if num_groups > 1 else None,
+        busiest_gpu=busiest,
     )
 
 
@@ -372,15 +602,12 @@ def _builtin_raw() -> dict[str, Any]:
 
 def builtin_popularity(name: str = "olmoe") -> PopularityFit:
     """A shipped :class:`PopularityFit` (``olmoe``: OLMoE-1B-7B, 64 experts; ``mixtral``:
-    Mixtral-8x7B, 8 experts; ``olmoe-sft``: OLMoE SFT, chat only)."""
+    Mixtral-8x7B, 8 experts; ``olmoe-sft``: OLMoE SFT, chat only; ``deepseek-v3``: DeepSeek-V3,
+    256 experts in 8 groups, every MoE layer, the six SGLang regimes as domains)."""
     fits = _builtin_raw()["popularity"]
     if name not in fits:
         raise TraceError(f"popularity fit {name!r} is not shipped; choose one of {', '.join(fits)}")
     return PopularityFit.from_dict(fits[name])
-
-
-def builtin_popularity_names() -> tuple[str, ...]:
-    return tuple(_builtin_raw()["popularity"])
 
 
 def builtin_temporal() -> TemporalFit:
@@ -413,7 +640,9 @@ class Profile:
         description: what it models, in one sentence.
         model_shape: default target shape (a key of ``synth.MODEL_SHAPES``).
         phases: domain mixes ``{domain: weight}`` one after the other (weights need not sum to 1);
-            domains are keys of :data:`DOMAIN_SOURCES` or the source's own domain names.
+            domains are the source's own domain names, keys of :data:`DOMAIN_SOURCES` (text
+            sources) or of :data:`REGIME_MIXES` (the DeepSeek-V3 regimes), see
+            :func:`resolve_domain`.
         boundaries: fractions of the trace where phase i ends (``len(phases) - 1`` values,
             increasing, in (0, 1)); ``None`` spreads the phases evenly.
         transition_seconds: width of the smooth change between two phases.
@@ -449,40 +678,41 @@ class Profile:
     popularity: str = "olmoe"
 
 
-_DSV3 = dict(model_shape="deepseek-v3", peak_tokens_per_step=4096.0)
+_DSV3 = dict(model_shape="deepseek-v3", peak_tokens_per_step=4096.0, popularity="deepseek-v3")
 _QWEN = dict(model_shape="qwen3-vl-30b-a3b", peak_tokens_per_step=256.0, request_tokens=1024.0)
 _STEADY_MIX = {"chat": 0.6, "code": 0.25, "math": 0.15}
 _CCM = ({"chat": 0.8, "code": 0.1, "math": 0.1}, {"chat": 0.2, "code": 0.7, "math": 0.1}, {"chat": 0.2, "code": 0.1, "math": 0.7})
+_ON_REGIMES = " (chat/code/math: request shapes over the SGLang prefill/decode regimes)"
 
 BUILTIN_PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile(
             name="deepseek-v3-chat-code-math",
-            description="DeepSeek-V3 shape; the mix moves chat -> code -> math in thirds, with bursts",
+            description="DeepSeek-V3; the mix moves chat -> code -> math in thirds, with bursts" + _ON_REGIMES,
             phases=_CCM,
             **_DSV3,
         ),
         Profile(
             name="deepseek-v3-steady",
-            description="DeepSeek-V3 shape; a steady chat/code/math mix (60/25/15) with bursts",
+            description="DeepSeek-V3; a steady chat/code/math mix (60/25/15) with bursts" + _ON_REGIMES,
             phases=(_STEADY_MIX,),
             **_DSV3,
         ),
         Profile(
             name="deepseek-v3-chat-to-code",
-            description="DeepSeek-V3 shape; chat-heavy, then one shift to code-heavy at the middle",
+            description="DeepSeek-V3; chat-heavy, then one shift to code-heavy at the middle" + _ON_REGIMES,
             phases=({"chat": 0.85, "code": 0.1, "math": 0.05}, {"chat": 0.2, "code": 0.75, "math": 0.05}),
             **_DSV3,
         ),
         Profile(
             name="deepseek-v3-diurnal",
-            description="DeepSeek-V3 shape for a day: chat overnight, code in office hours, math in the evening",
+            description="DeepSeek-V3 for a day: chat overnight, code in office hours, math in the evening" + _ON_REGIMES,
             phases=(
-                {"chat": 0.8, "web": 0.1, "code": 0.1},
+                {"chat": 0.9, "code": 0.1},
                 {"chat": 0.3, "code": 0.6, "math": 0.1},
                 {"chat": 0.4, "math": 0.5, "code": 0.1},
-                {"chat": 0.8, "web": 0.1, "code": 0.1},
+                {"chat": 0.9, "code": 0.1},
             ),
             boundaries=(9 / 24, 18 / 24, 22 / 24),
             transition_seconds=1800.0,
@@ -491,10 +721,9 @@ BUILTIN_PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="deepseek-v3-flat",
-            description="DeepSeek-V3 shape with Mixtral-8x7B's nearly even popularity (a control where EPLB gains little)",
+            description="DeepSeek-V3 shape with Mixtral-8x7B's nearly even popularity (the flat control: EPLB gains little)",
             phases=(_STEADY_MIX,),
-            popularity="mixtral",
-            **_DSV3,
+            **{**_DSV3, "popularity": "mixtral"},
         ),
         Profile(
             name="qwen3-vl-30b-a3b-steady",

@@ -10,6 +10,12 @@ Method, in order (everything is drawn from one ``numpy`` generator seeded by ``s
    expert with the r-th smallest coordinate gets the curve's value at ``r / (E - 1)``. So each
    domain keeps the real max/mean and the shape of its popularity curve, and two domains share
    their hot experts as much as they do in the real model (hence similar total-variation distances).
+   With a source fitted with expert groups (DeepSeek-V3: 8 groups of 32) and a target with groups,
+   an expert's latent is ``a * g[group] + sqrt(1 - a^2) * eps``: the hot experts cluster in a few
+   groups as in the real model, which is what loads the GPUs of a static placement unevenly
+   (:func:`profiles.static_imbalance`). A profile's workload domain is a source domain, a
+   stand-in for one (:data:`profiles.DOMAIN_SOURCES`), or, for a source whose domains are serving
+   regimes, a token-weighted mixture of regimes (:data:`profiles.REGIME_MIXES`).
 2. **Domain mix over time**: the profile's phases with smooth (logistic) transitions, a slow
    log-normal AR(1) drift per domain, and Poisson bursts that add requests from one domain.
 3. **Request rate and steps**: a day/night curve (trough 04:00, peak 16:00, ``night_ratio``) times
@@ -41,7 +47,7 @@ import numpy as np
 from moe_eplb.eplb import profiles as _profiles
 from moe_eplb.eplb.profiles import (
     DOMAIN_SOURCES,
-    QUANTILE_RANKS,
+    REGIME_MIXES,
     PopularityFit,
     Profile,
     TemporalFit,
@@ -99,9 +105,15 @@ def resolve_shape(model_shape: str | Sequence[int]) -> tuple[str, tuple[int, int
 # --------------------------------------------------------------------------------------------------
 
 
-def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None]:
+def _load_sources(
+    source: Any, num_experts: int = 0, num_groups: int = 1
+) -> tuple[PopularityFit | None, TemporalFit | None]:
     """Turn ``source`` (path(s) to real routing files, DomainCounts / TokenRouting objects, or
     fits) into a popularity fit and/or a temporal fit.
+
+    Expert counts with the target's ``num_experts`` are taken to be of the target model and, if it
+    has ``num_groups > 1`` expert groups, fitted with that group structure (on the static placement
+    over 32 GPUs if the experts split evenly over 32, else over one GPU per group).
 
     Token-routing files of one model give the temporal fit. Expert-counts files: with one, it is
     the popularity source; with two, the one with the routing model's expert count and top-k (e.g.
@@ -120,7 +132,9 @@ def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None
         if isinstance(item, (str, os.PathLike)):
             item = tracefile.read_routing_file(item)
         if isinstance(item, tracefile.DomainCounts):
-            item = _profiles.fit_popularity(item)
+            same_shape = item.num_experts == num_experts and num_groups > 1 and num_experts % num_groups == 0
+            ep = 32 if num_experts % 32 == 0 else num_groups
+            item = _profiles.fit_popularity(item, num_groups=num_groups, ep_size=ep) if same_shape else _profiles.fit_popularity(item)
         if isinstance(item, PopularityFit):
             pops.append(item)
         elif isinstance(item, tracefile.TokenRouting):
@@ -152,23 +166,20 @@ def _load_sources(source: Any) -> tuple[PopularityFit | None, TemporalFit | None
     return pop, temporal
 
 
-def _resolve_domains(fit: PopularityFit, wanted: Sequence[str]) -> dict[str, str]:
-    """Profile domain -> source domain of ``fit``."""
+def _resolve_domains(fit: PopularityFit, wanted: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Profile domain -> ``{source domain of fit: weight}`` (:func:`profiles.resolve_domain`)."""
     out = {}
     for d in wanted:
-        if d in fit.domains:
-            out[d] = d
-            continue
-        for cand in DOMAIN_SOURCES.get(d, ()):
-            if cand in fit.domains:
-                out[d] = cand
-                break
-        else:
-            needs = DOMAIN_SOURCES.get(d, (d,))
+        got = _profiles.resolve_domain(d, fit.domains)
+        if got is None:
+            needs = " or ".join(DOMAIN_SOURCES.get(d, (d,)))
+            if d in REGIME_MIXES:
+                needs += f" (or the regimes {' + '.join(REGIME_MIXES[d])})"
             raise SynthError(
-                f"profile: domain {d!r} needs source domain {' or '.join(needs)}, which {fit.source} "
+                f"profile: domain {d!r} needs source domain {needs}, which {fit.source} "
                 f"does not have (it has: {', '.join(fit.domains)}); use another source or profile"
             )
+        out[d] = got
     return out
 
 
@@ -177,10 +188,46 @@ def _resolve_domains(fit: PopularityFit, wanted: Sequence[str]) -> dict[str, str
 # --------------------------------------------------------------------------------------------------
 
 
+def _valid_corr(c: np.ndarray, floor: float = 1e-4) -> np.ndarray:
+    """``[..., D, D]`` symmetric matrices with unit diagonal -> the nearest-by-eigenvalue-clipping
+    positive-definite correlation matrices (rounded correlations of near-identical domains, e.g.
+    0.999 between two prefill regimes, can be slightly indefinite)."""
+    w, v = np.linalg.eigh(c)
+    out = np.einsum("...ij,...j,...kj->...ik", v, np.maximum(w, floor), v)
+    sd = np.sqrt(np.diagonal(out, axis1=-2, axis2=-1))
+    return out / (sd[..., :, None] * sd[..., None, :])
+
+
+def _cholesky_corr(c: np.ndarray) -> np.ndarray:
+    """Cholesky factors of ``[..., D, D]`` correlation matrices, made valid first if they are not."""
+    eye = 1e-9 * np.eye(c.shape[-1])
+    try:
+        return np.linalg.cholesky(c + eye)
+    except np.linalg.LinAlgError:
+        return np.linalg.cholesky(_valid_corr(c) + eye)
+
+
+def _residual_corr(corr: np.ndarray, a: np.ndarray, group_corr: np.ndarray) -> np.ndarray:
+    """Correlation between domains of the experts' own latents ``eps`` such that the whole latent
+    ``a * g + sqrt(1 - a^2) * eps`` keeps the fitted correlation ``corr`` ``[L, D, D]`` (``a``
+    ``[L, D]``, ``group_corr`` ``[D, D]`` of ``g``), made a valid correlation matrix."""
+    b = np.sqrt(np.maximum(1.0 - a**2, 1e-6))
+    ce = (corr - a[:, :, None] * a[:, None, :] * group_corr) / (b[:, :, None] * b[:, None, :])
+    ce = np.clip(ce, -1.0, 1.0)
+    idx = np.arange(ce.shape[-1])
+    ce[:, idx, idx] = 1.0
+    return _valid_corr(ce)
+
+
 def domain_popularity(
-    fit: PopularityFit, num_layers: int, num_experts: int, seed: int = 0
+    fit: PopularityFit, num_layers: int, num_experts: int, seed: int = 0, num_groups: int = 1
 ) -> np.ndarray:
     """Expert shares of every source domain mapped onto a target shape.
+
+    With a group structure in ``fit`` and ``num_groups > 1`` the target's experts come in
+    ``num_groups`` contiguous groups: expert e's latent is ``a * g[group(e)] + sqrt(1 - a^2) *
+    eps[e]`` with the fitted loading ``a^2`` per domain, group latents correlated between domains
+    by ``fit.group_corr`` and ``eps`` by what keeps the fitted total correlation per layer.
 
     Returns:
         float64 ``[D, L, E]`` (D = ``fit.domains``); each ``[d, l]`` row sums to 1.
@@ -196,15 +243,23 @@ def domain_popularity(
     logq = np.stack([fit.log_quantiles[d] for d in fit.domains])  # [D, K, Q]
     logq_l = logq[:, lo] * (1 - w) + logq[:, hi] * w  # [D, L, Q]
     corr = fit.corr[lo] * (1 - w[:, :, None]) + fit.corr[hi] * w[:, :, None]  # [L, D, D]
-    chol = np.linalg.cholesky(corr + 1e-9 * np.eye(d_count))
+    grouped = (
+        fit.group_loading is not None and fit.group_corr is not None and num_groups > 1 and num_experts % num_groups == 0
+    )
+    if grouped:
+        a = np.broadcast_to(np.sqrt(np.clip(fit.group_loading, 0.0, 0.999)), (num_layers, d_count))  # [L, D]
+        group_corr = _valid_corr(fit.group_corr)
+        corr = _residual_corr(corr, a, group_corr)
+    chol = _cholesky_corr(corr)
     z = np.einsum("lij,lej->lie", chol, rng.standard_normal((num_layers, num_experts, d_count)))  # [L, D, E]
+    if grouped:
+        chol_g = _cholesky_corr(group_corr)
+        g = np.einsum("ij,lgj->lig", chol_g, rng.standard_normal((num_layers, num_groups, d_count)))  # [L, D, G]
+        g = np.repeat(g, num_experts // num_groups, axis=-1)  # [L, D, E]
+        z = a[:, :, None] * g + np.sqrt(1.0 - a**2)[:, :, None] * z
     ranks = np.argsort(np.argsort(z, axis=-1, kind="stable"), axis=-1, kind="stable")
     u = ranks / max(num_experts - 1, 1)  # [L, D, E]
-    xp = np.asarray(QUANTILE_RANKS)
-    j = np.clip(np.searchsorted(xp, u, side="right") - 1, 0, len(xp) - 2)
-    frac = (u - xp[j]) / (xp[j + 1] - xp[j])
-    lq = np.moveaxis(logq_l, 0, 1)  # [L, D, Q]
-    vals = np.exp(np.take_along_axis(lq, j, -1) * (1 - frac) + np.take_along_axis(lq, j + 1, -1) * frac)
+    vals = _profiles.curve_values(np.moveaxis(logq_l, 0, 1), u)  # [L, D, E]
     shares = vals / vals.sum(axis=-1, keepdims=True)
     return np.moveaxis(shares, 1, 0)  # [D, L, E]
 
@@ -354,7 +409,7 @@ def generate(
     prof = get_profile(profile) if isinstance(profile, str) else profile
     if not isinstance(prof, Profile):
         raise SynthError(f"profile: expected a name or a Profile, got {type(prof).__name__}")
-    shape_name, (num_layers, num_experts, _groups, top_k) = resolve_shape(model_shape or prof.model_shape)
+    shape_name, (num_layers, num_experts, num_groups, top_k) = resolve_shape(model_shape or prof.model_shape)
     if not hours > 0:
         raise SynthError(f"hours: must be > 0, got {hours}")
     if not bucket_seconds > 0:
@@ -371,7 +426,7 @@ def generate(
     if not peak_tokens > 0:
         raise SynthError(f"peak_tokens_per_step: must be > 0, got {peak_tokens}")
 
-    pop_fit, temporal = _load_sources(source)
+    pop_fit, temporal = _load_sources(source, num_experts, num_groups)
     pop_fit = pop_fit or _profiles.builtin_popularity(prof.popularity)
     temporal = temporal or _profiles.builtin_temporal()
 
@@ -379,9 +434,11 @@ def generate(
     if prof.bursts is not None and prof.bursts.domain is not None and prof.bursts.domain not in wanted:
         wanted.append(prof.bursts.domain)
     mapping = _resolve_domains(pop_fit, wanted)
-    layout = domain_popularity(pop_fit, num_layers, num_experts, seed)  # [D_src, L, E]
+    layout = domain_popularity(pop_fit, num_layers, num_experts, seed, num_groups)  # [D_src, L, E]
     src_index = {d: i for i, d in enumerate(pop_fit.domains)}
-    dom_pop = layout[[src_index[mapping[d]] for d in wanted]]  # [D, L, E]
+    dom_pop = np.stack([
+        sum(wgt * layout[src_index[src]] for src, wgt in mapping[d].items()) for d in wanted
+    ])  # [D, L, E]
 
     rng_mix, rng_burst, rng_rate, rng_noise, rng_count = (
         np.random.default_rng([seed, 2, i]) for i in range(5)
