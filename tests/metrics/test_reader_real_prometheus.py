@@ -123,3 +123,23 @@ def test_a_shape_the_series_contradict_is_an_error(prom):
     with pytest.raises(LoadReadError, match=r"num_layers: is 2 but the answer has a series for layer 2") as ei:
         _read(prom, num_layers=2)
     assert ei.value.reason == "InconsistentSeries"
+
+
+def test_trace_from_prometheus_command_writes_the_same_trace(prom, tmp_path):
+    from click.testing import CliRunner
+
+    from moe_eplb.cli import main
+    from moe_eplb.eplb.tracefile import load_trace
+
+    base, t0 = prom
+    out = tmp_path / "t.npz"
+    result = CliRunner().invoke(main, ["trace", "from-prometheus", "--url", base, "--namespace", "ns", "--name", "moe",
+                                       "--hours", str(T * BUCKET / 3600), "--bucket-seconds", str(BUCKET),
+                                       "--end", str(t0 + T * BUCKET + 1), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    trace = load_trace(out)
+    np.testing.assert_array_equal(trace.load, LOAD)
+    np.testing.assert_array_equal(trace.bucket_steps, STEPS)
+    missing = CliRunner().invoke(main, ["trace", "from-prometheus", "--url", base, "--name", "nobody",
+                                        "--end", str(t0 + T * BUCKET + 1), "-o", str(tmp_path / "x.npz")])
+    assert missing.exit_code == 1 and "NoData" in missing.output and not (tmp_path / "x.npz").exists()

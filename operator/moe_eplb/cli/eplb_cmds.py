@@ -206,6 +206,44 @@ def _add_trace(main: click.Group) -> None:
             err=True,
         )
 
+    @trace_group.command("from-prometheus")
+    @click.option("--url", required=True, help="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090.")
+    @click.option("--namespace", default="default", show_default=True, help="Namespace of the MoEInference.")
+    @click.option("--name", required=True, help="Name of the MoEInference (the series' moeinference label).")
+    @click.option("--hours", type=float, default=1.0, show_default=True, help="How much history to read.")
+    @click.option("--bucket-seconds", type=float, default=15.0, show_default=True, help="Seconds per bucket.")
+    @click.option("--end", type=float, default=None, metavar="UNIX_SECONDS",
+                  help="End of the window (default: now).")
+    @click.option("--model", default=None, help="Served model name to read (default: the only one, or the main model).")
+    @click.option("-o", "--output", required=True, metavar="OUT.json|.json.gz|.npz", help="Trace file to write.")
+    def trace_from_prometheus_cmd(url, namespace, name, hours, bucket_seconds, end, model, output) -> None:
+        """Read a MoEInference's expert load from Prometheus into a trace file (the operator's reader:
+        raw counter samples, exact per bucket; restarts, joins and scrape gaps handled)."""
+        from moe_eplb.eplb import tracefile
+        from moe_eplb.eplb.trace import TraceError
+        from moe_eplb.metrics.errors import LoadReadError
+        from moe_eplb.metrics.reader import read_load_trace
+
+        try:
+            tracefile.trace_suffix(output)
+        except TraceError as exc:
+            raise _trace_error(exc, "--output") from None
+        if not (hours > 0 and bucket_seconds > 0):
+            raise click.BadParameter("must be > 0", param_hint="--hours/--bucket-seconds")
+        try:
+            trace = read_load_trace(prometheus_url=url, namespace=namespace, name=name, window_seconds=hours * 3600,
+                                    bucket_seconds=bucket_seconds, now=end, model=model)
+        except LoadReadError as exc:
+            raise click.ClickException(f"{exc.reason}: {exc.message}") from None
+        try:
+            tracefile.save_trace(trace, output)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output") from None
+        spread = trace.meta.get("interpolated_fraction", 0.0)
+        click.echo(f"wrote {output}: {trace.num_buckets} buckets x {trace.num_layers} layers x {trace.num_experts} "
+                   f"experts, {trace.total_steps} engine steps, model {trace.model or '?'}"
+                   + (f"; {spread:.1%} of the load spread over scrape gaps" if spread else ""), err=True)
+
     @trace_group.command("info")
     @click.argument("path", metavar="FILE")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
