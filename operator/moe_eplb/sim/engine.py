@@ -143,6 +143,7 @@ class SimulatedEplb:
         self.window_steps = 0
         self.rearrangements = 0
         self.rearrangement_seconds: list[float] = []
+        self.moved: list[int] = []  # replicas the GPUs received, per rearrangement (all GPUs together)
         self._rng = np.random.default_rng(seed)
 
     def _counts(self, phy2log: np.ndarray) -> np.ndarray:
@@ -175,6 +176,7 @@ class SimulatedEplb:
         phy2log, _, logcnt = rebalance(weight, self.R, self.s.num_groups, self.s.num_nodes, self.P,
                                        old_phy2log=self.phy2log)
         self.rearrangement_seconds.append(time.perf_counter() - t0)
+        self.moved.append(received_replicas(self.phy2log, phy2log, self.P))
         self.phy2log, self.logcnt = phy2log, logcnt
         self.rearrangements += 1
 
@@ -206,6 +208,21 @@ class SimulatedEplb:
                 self._rearrange()
                 self.next_rearrange = self.steps + self.s.knobs.step_interval
         return out
+
+
+def received_replicas(old: np.ndarray, new: np.ndarray, ranks: int) -> int:
+    """Expert replicas the GPUs must receive going from placement ``old`` to ``new`` (both ``[L, R]``
+    physical -> logical, GPU-major): per layer and GPU, the new slots whose expert the GPU did not
+    hold before (as a multiset), summed."""
+    L, R = new.shape
+    o = np.sort(np.asarray(old).reshape(L * ranks, R // ranks), axis=1)
+    n = np.sort(np.asarray(new).reshape(L * ranks, R // ranks), axis=1)
+    received = 0
+    for a, b in zip(o, n):
+        kept = np.intersect1d(a, b).size if a.size == np.unique(a).size and b.size == np.unique(b).size else \
+            sum(min(int(np.count_nonzero(a == e)), int(np.count_nonzero(b == e))) for e in np.unique(b))
+        received += b.size - kept
+    return int(received)
 
 
 def balancedness(rank_tokens: np.ndarray) -> np.ndarray:
