@@ -92,7 +92,7 @@ def _with(**changes) -> dict:
     (dict(rank_load=[[[1, 2]] * L] * (T - 1)), "rank_load:", "T x L x ep"),
     (dict(rank_load=[[[1, -2]] * L] * T), "rank_load:", "negative value at bucket 0, layer 0, rank 1"),
     (dict(kv_cache_usage=[50, 40, 97, 99]), "kv_cache_usage:", "a fraction, not a percentage"),
-    (dict(kv_cache_usage=[0.5, float("nan"), 0.5, 0.5]), "kv_cache_usage:", "NaN"),
+    (dict(kv_cache_usage=[0.5, 0.4, float("nan"), 0.5]), "kv_cache_usage:", "no value at bucket 2"),
     (dict(preemptions=[0, -1, 0, 0]), "preemptions:", ">= 0"),
     (dict(requests_waiting=[0, 0, 0]), "requests_waiting:", "4 numbers"),
     (dict(rearrangements=[{"bucket": 4, "seconds": 1}]), "rearrangements[0].bucket:", "0..3"),

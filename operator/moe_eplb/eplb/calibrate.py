@@ -38,7 +38,8 @@ settings) tells what the constants of the cost model only assume. :func:`calibra
     size is capped by the cache). A bucket is KV-bound when its mean usage is at least
     :data:`KV_FULL_USAGE` and requests were preempted or waiting (usage alone when neither series
     was recorded). A cache that is not full costs nothing to shrink a little: elasticity 0.
-    Uncertainty: the binomial standard error, at least ``1 / n`` in variance.
+    Uncertainty: the binomial standard error, at least ``1 / n`` in variance. Buckets without a
+    usage sample (no engine ran) are left out.
 
 ``kv_cache_bytes_per_gpu`` -- the recorded value, plus the bytes the running redundancy takes
     (the cost model's parameter is the cache without redundant experts).
@@ -122,7 +123,7 @@ class Calibration:
     @property
     def measured(self) -> tuple[str, ...]:
         """Names of the measured parameters."""
-        return tuple(n for n in PARAMETERS if self.parameters[n].source == MEASURED)
+        return tuple(n for n, p in self.parameters.items() if p.source == MEASURED)
 
     def apply(self, cost: CostModel) -> CostModel:
         """``cost`` with the measured values (and the recorded async/sync mode) in place."""
@@ -164,6 +165,12 @@ class StepFit:
     outliers: int
     imbalance_range: tuple[float, float]
     reason: str = ""
+    coefficients: tuple[float, float, float, float] | None = None  # (c0, c1, tok_mean, f used)
+
+    def predict(self, tokens_per_step: np.ndarray, imbalance: np.ndarray) -> np.ndarray:
+        """Step time (s) the fitted model predicts without rearrangements."""
+        c0, c1, tok_mean, f = self.coefficients
+        return (c0 + c1 * np.asarray(tokens_per_step) / tok_mean) * (1.0 + f * (np.asarray(imbalance) - 1.0))
 
 
 def _robust_sigma(r: np.ndarray) -> float:
@@ -208,7 +215,8 @@ def fit_step_model(step_seconds: np.ndarray, steps: np.ndarray, tokens_per_step:
         fit_f = False
         est = _least_squares(y, n, t, x, k_over_n if fit_d else None, False, default_share)
     return StepFit(est["f"] if fit_f else None, est["f_se"] if fit_f else None, est["s0"], est["s0_se"],
-                   est.get("d"), est.get("d_se"), est["sigma"], B, est["outliers"], (lo, hi), reason)
+                   est.get("d"), est.get("d_se"), est["sigma"], B, est["outliers"], (lo, hi), reason,
+                   (est["c0"], est["c1"], tok_mean, est["f"]))
 
 
 def _least_squares(y: np.ndarray, n: np.ndarray, t: np.ndarray, x: np.ndarray, k_over_n: np.ndarray | None,
@@ -267,7 +275,7 @@ def _least_squares(y: np.ndarray, n: np.ndarray, t: np.ndarray, x: np.ndarray, k
     idx = {nm: i for i, nm in enumerate(names)}
     grad = np.zeros(len(names))
     grad[idx["c0"]], grad[idx["c1"]] = 1.0, float(np.average(t, weights=n))
-    out = {"f": float(f), "f_se": float(math.sqrt(max(cov[idx["f"], idx["f"]], 0.0))) if fit_f else 0.0,
+    out = {"c0": float(c0), "c1": float(c1), "f": float(f), "f_se": float(math.sqrt(max(cov[idx["f"], idx["f"]], 0.0))) if fit_f else 0.0,
            "s0": float(c0 + c1 * grad[idx["c1"]]), "s0_se": float(math.sqrt(max(grad @ cov @ grad, 0.0))),
            "sigma": sigma, "outliers": int(np.count_nonzero(~inl))}
     if fit_d:
@@ -301,14 +309,16 @@ def kv_pressure(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.n
     waiting (usage alone when neither series exists); the elasticity is the KV-bound share times
     :data:`FULL_KV_ELASTICITY`."""
     u = np.asarray(usage, np.float64)
-    full = u >= KV_FULL_USAGE
+    seen = np.isfinite(u)  # buckets where an engine ran
+    full = np.where(seen, u, 0.0) >= KV_FULL_USAGE
     if preemptions is not None or waiting is not None:
         queue = np.zeros(u.shape, bool)
         if preemptions is not None:
             queue |= np.asarray(preemptions) > 0
         if waiting is not None:
-            queue |= np.asarray(waiting) >= 0.5
+            queue |= np.nan_to_num(np.asarray(waiting, np.float64)) >= 0.5
         full &= queue
+    u, full = u[seen], full[seen]
     n = max(u.size, 1)
     share = float(full.mean()) if u.size else 0.0
     se = math.sqrt(max(share * (1 - share), 1.0 / n) / n)
@@ -338,6 +348,18 @@ def _moved_bytes_per_rearrangement(trace: LoadTrace, tel: Telemetry, cost: CostM
     if moved.size == 0 or moved.mean() <= 0:
         return None, "the replay of the recorded config moves no expert"
     return float(moved.mean()) * per_expert / tel.ep_size, ""
+
+
+def _with_rearrangement_cost(fit: StepFit, step: np.ndarray, n: np.ndarray, tok: np.ndarray, imb: np.ndarray,
+                             count: np.ndarray, ok: np.ndarray) -> StepFit:
+    """``fit`` (made on buckets without a rearrangement) with the seconds one rearrangement costs:
+    the step model refitted on every bucket with a term per rearrangement, the share held at
+    ``fit``'s (``d`` of :func:`fit_step_model`)."""
+    if np.count_nonzero(ok & (count > 0)) < MIN_REARRANGEMENTS:
+        return fit
+    c0, c1, tok_mean, f = fit.coefficients
+    est = _least_squares(step[ok], n[ok], tok[ok] / tok_mean, imb[ok], count[ok] / n[ok], False, f)
+    return replace(fit, rearrangement_s=est["d"], rearrangement_se=est["d_se"])
 
 
 def _tokens_per_step(trace: LoadTrace) -> np.ndarray:
@@ -390,18 +412,27 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
         imb = tel.served_imbalance()
         step = tel.step_seconds.copy()
         n = trace.bucket_steps.astype(np.float64)
-        k = None
-        if counts is not None:
-            if mode_async:
-                k = counts[0]
-            else:  # a sync stall happens inside an engine step: take it out of the bucket's mean
-                step = step - np.divide(counts[1], n, out=np.zeros_like(step), where=n > 0)
+        tok = _tokens_per_step(trace)
         ok = (n > 0) & np.isfinite(step) & (step > 0) & np.isfinite(imb)
-        step_fit = fit_step_model(step[ok], n[ok], _tokens_per_step(trace)[ok], imb[ok],
-                                  None if k is None else k[ok], default_share=cost.moe_time_share)
+        use, k = ok, None
+        if counts is not None:
+            # A bucket that spans a rearrangement served two placements: its summed rank load hides
+            # part of the imbalance its steps saw. Fit on the buckets without one when enough remain.
+            clean = ok & (counts[0] == 0)
+            if clean.sum() >= MIN_FIT_BUCKETS:
+                use = clean
+            elif mode_async:
+                k = counts[0]
+            if not mode_async:  # a sync stall happens inside an engine step: out of the bucket's mean
+                step = step - np.divide(counts[1], n, out=np.zeros_like(step), where=n > 0)
+        step_fit = fit_step_model(step[use], n[use], tok[use], imb[use], None if k is None else k[use],
+                                  default_share=cost.moe_time_share)
+        if counts is not None and mode_async and use is not ok and step_fit.coefficients is not None:
+            step_fit = _with_rearrangement_cost(step_fit, step, n, tok, imb, counts[0], ok)
         fit_info.update({"step_buckets": step_fit.buckets, "outlier_buckets": step_fit.outliers,
                          "residual_sigma": step_fit.sigma,
-                         "served_imbalance_p5_p95": list(step_fit.imbalance_range)})
+                         "served_imbalance_p5_p95": list(step_fit.imbalance_range),
+                         "buckets_with_rearrangement_left_out": bool(use is not ok)})
         if step_fit.share is not None:
             params["moe_time_share"] = Parameter(step_fit.share, step_fit.share_se, MEASURED,
                                                  f"step time against served imbalance {step_fit.imbalance_range[0]:.3f}-"

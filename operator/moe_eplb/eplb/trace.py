@@ -85,9 +85,11 @@ class Telemetry:
             rearrangement time spent inside a step; NaN exactly where ``bucket_steps`` is 0.
         rank_load: float64 ``[T, L, ep]``, tokens each EP rank served per MoE layer under the running
             placement (one per (token, top-k slot)).
-        kv_cache_usage: float64 ``[T]`` in [0, 1], mean KV-cache usage (``vllm:kv_cache_usage_perc``).
+        kv_cache_usage: float64 ``[T]`` in [0, 1], mean KV-cache usage (``vllm:kv_cache_usage_perc``);
+            NaN allowed only where ``bucket_steps`` is 0 (no engine ran, no sample).
         preemptions: float64 ``[T]`` >= 0, preemptions in the bucket (``vllm:num_preemptions_total``).
-        requests_waiting: float64 ``[T]`` >= 0, mean waiting requests (``vllm:num_requests_waiting``).
+        requests_waiting: float64 ``[T]`` >= 0, mean waiting requests (``vllm:num_requests_waiting``);
+            NaN allowed as for ``kv_cache_usage``.
         rearrangements: each observed rearrangement (bucket, seconds), in bucket order.
         config: the EPLB settings that ran.
         kv_cache_bytes_per_gpu: KV-cache bytes of one GPU.
@@ -139,9 +141,16 @@ class Telemetry:
             arr = _per_bucket(name, getattr(self, name), T)
             if arr is None:
                 continue
-            if not np.all(np.isfinite(arr)):
-                raise TraceError(f"{name}: NaN or infinite value at bucket {int(np.argmax(~np.isfinite(arr)))}")
-            bad = (arr < lo) | ((arr > hi) if hi is not None else False)
+            # a gauge has no sample where no engine ran: null there (only there)
+            bad = ~np.isfinite(arr) & ~(np.isnan(arr) & (bucket_steps == 0) & (name != "preemptions"))
+            if bad.any():
+                t = int(np.argmax(bad))
+                raise TraceError(f"{name}: {'NaN or infinite value' if not np.isnan(arr[t]) or name == 'preemptions' else 'no value'} "
+                                 f"at bucket {t}" + ("" if name == "preemptions" else
+                                                     " (null only where bucket_steps is 0)"))
+            arr = np.where(np.isfinite(arr), arr, np.nan)
+            with np.errstate(invalid="ignore"):
+                bad = (arr < lo) | ((arr > hi) if hi is not None else False)
             if np.any(bad):
                 t = int(np.argmax(bad))
                 want = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"

@@ -149,9 +149,10 @@ def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
     if not present:
         return None
     kw: dict[str, Any] = {}
-    if "step_seconds" in present:
-        kw["step_seconds"] = _nullable_numbers(d["step_seconds"], "step_seconds")
-    for key in ("rank_load", "kv_cache_usage", "preemptions", "requests_waiting"):
+    for key in ("step_seconds", "kv_cache_usage", "requests_waiting"):  # null: no measurement (no steps)
+        if key in present:
+            kw[key] = _nullable_numbers(d[key], key)
+    for key in ("rank_load", "preemptions"):
         if key in present:
             kw[key] = _numeric_array(d[key], key)
     if "rearrangements" in present:
@@ -233,7 +234,7 @@ def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]
             continue
         if arrays:
             d[key] = value
-        elif key == "step_seconds":
+        elif key in ("step_seconds", "kv_cache_usage", "requests_waiting"):
             d[key] = [None if math.isnan(v) else v for v in value.tolist()]
         else:
             d[key] = value.tolist()

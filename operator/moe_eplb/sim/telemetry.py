@@ -19,6 +19,8 @@ The forward model (one engine, per bucket of ``n`` steps with ``tok`` tokens per
 - the KV cache holds ``kv_demand * tok / tok_ref`` of its size (``tok_ref``: the trace's median
   tokens per step) on a cache shrunk by the redundant experts; above 97 % the excess
   requests wait and some are preempted;
+- ``bytes_per_expert``: the expert size (None: the known shapes' or 0), for the async copy cost and
+  the cache the redundant experts take;
 - ``kv_throughput_elasticity`` is the throughput lost per share of cache lost (the truth the
   benchmark scores with; 0 for a cache with room to spare, 1 when the cache is the bottleneck).
 """
@@ -32,7 +34,6 @@ import numpy as np
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.costmodel import GIB, CostModel
 from moe_eplb.eplb.trace import LoadTrace, RecordedConfig, Rearrangement, Telemetry, served_imbalance
-from moe_eplb.sim.engine import EngineSettings, SimulatedEplb
 
 __all__ = ["TrueCost", "record", "tokens_per_step"]
 
@@ -60,9 +61,14 @@ class TrueCost:
     kv_cache_bytes_per_gpu: float = 40 * GIB
     kv_demand: float = 0.6
     kv_throughput_elasticity: float = 0.0
+    bytes_per_expert: float | None = None
     step_noise: float = 0.02
     outlier_share: float = 0.02
     stall_noise: float = 0.15
+
+    def expert_bytes(self, num_layers: int, num_experts: int) -> float:
+        """Bytes of one expert of one MoE layer: ``bytes_per_expert``, else the known shape's, else 0."""
+        return CostModel(bytes_per_expert=self.bytes_per_expert).resolve_bytes_per_expert(num_layers, num_experts) or 0.0
 
     def balanced_step_s(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Balanced step time (s) at ``tokens`` per step."""
@@ -112,7 +118,8 @@ class TrueCost:
         s0 = float(self.balanced_step_s(np.average(tok, weights=n) if n.sum() > 0 else 0.0))
         return CostModel(moe_time_share=self.moe_time_share, seconds_per_step=s0, use_async=self.use_async,
                          sync_stall_s=self.sync_stall_s, async_s_per_moved_byte=self.async_s_per_moved_byte,
-                         bytes_per_expert=bytes_per_expert, kv_cache_bytes_per_gpu=self.kv_cache_bytes_per_gpu,
+                         bytes_per_expert=self.bytes_per_expert if bytes_per_expert is None else bytes_per_expert,
+                         kv_cache_bytes_per_gpu=self.kv_cache_bytes_per_gpu,
                          kv_throughput_elasticity=self.kv_throughput_elasticity)
 
 
@@ -123,9 +130,11 @@ def record(trace: LoadTrace, knobs: Knobs, ep_size: int, true: TrueCost, *, num_
 
     The engine starts cold at bucket 0 (vLLM's start-up placement). ``bytes_per_expert``: the
     expert size (None: the cost model's known shapes; unknown shapes move no bytes)."""
+    from moe_eplb.sim.engine import EngineSettings, SimulatedEplb  # the engine imports this module
+
     rng = np.random.default_rng(seed)
     L, E, T = trace.num_layers, trace.num_experts, trace.num_buckets
-    per_expert = CostModel(bytes_per_expert=bytes_per_expert).resolve_bytes_per_expert(L, E) or 0.0
+    per_expert = true.expert_bytes(L, E) if bytes_per_expert is None else float(bytes_per_expert)
     eplb = SimulatedEplb(L, E, EngineSettings(model=trace.model or "model", ep_size=ep_size, knobs=knobs,
                                               num_nodes=num_nodes, num_groups=num_groups))
     tok = tokens_per_step(trace)
