@@ -25,9 +25,12 @@ from __future__ import annotations
 import math
 import time
 
+from dataclasses import replace
+
 import numpy as np
 
 from moe_eplb import metric_names
+from moe_eplb.trace_format import TELEMETRY_KEYS
 from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
@@ -178,14 +181,14 @@ def with_telemetry(trace: LoadTrace, src: TelemetrySeries, grid, pods_per_engine
     ``trace.meta["telemetry_skipped"]`` says why each missing key is missing."""
     got = telemetry_from_series(src, grid, trace.bucket_steps, num_layers=trace.num_layers, model=trace.model,
                                 pods_per_engine=pods_per_engine, start_times=starts)
-    meta = {**trace.meta, "telemetry_skipped": got.skipped}
-    if got.telemetry is None:
-        return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
-                         top_k=trace.top_k, model=trace.model, meta=meta)
-    try:
-        return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
-                         top_k=trace.top_k, model=trace.model, meta=meta, telemetry=got.telemetry)
-    except TraceError as exc:  # inconsistent telemetry never spoils the load
-        meta["telemetry_skipped"] = {**got.skipped, "telemetry": str(exc)}
-        return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
-                         top_k=trace.top_k, model=trace.model, meta=meta)
+    skipped = dict(got.skipped)
+    tel = got.telemetry
+    while True:
+        try:
+            return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
+                             top_k=trace.top_k, model=trace.model, meta={**trace.meta, "telemetry_skipped": skipped},
+                             telemetry=tel)
+        except TraceError as exc:  # an inconsistent key is left out; it never spoils the load or the others
+            key = str(exc).split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+            skipped[key] = str(exc)
+            tel = replace(tel, **{key: None}) if key in TELEMETRY_KEYS and tel is not None else None
