@@ -370,7 +370,7 @@ def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
     return run_tuner(trace, inf, current, search, cost=cost), calibration
 
 
-def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
+def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict, *,
               cost: CostModel = CostModel()) -> TuneResult:
     """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread)."""
     shape, cfg = inf.moe_shape, inf.autotune
