@@ -99,3 +99,61 @@ def evaluate_holdout(
     rows["clairvoyant"] = HoldoutRow("clairvoyant", Knobs(1, 1, r_max), replay.run_clairvoyant(r_max),
                                      f"every bucket, own load, R={r_max}, free")
     return Holdout(rows, tuned, cut)
+
+
+# --------------------------------------------------------------------------------------------------
+# calibration: tune on telemetry recorded under true cost parameters, score with the truth
+# --------------------------------------------------------------------------------------------------
+
+CALIBRATED_ROWS = ("no_eplb", "vllm_defaults", "constant", "calibrated", "hindsight")
+
+
+@dataclass
+class CalibratedHoldout:
+    """Rows scored on the held-out part with the TRUE cost; ``calibration`` is what the tuner
+    measured on the first part, ``true`` the cost model of the truth on the held-out part."""
+
+    rows: dict[str, HoldoutRow]
+    calibration: object
+    constant: TuneResult
+    calibrated: TuneResult
+    true: CostModel
+
+    def ratio(self, row: str) -> float:
+        return self.rows[row].throughput / self.rows["hindsight"].throughput
+
+
+def evaluate_calibrated_holdout(history: LoadTrace, future: LoadTrace, true_cost: CostModel, *, ep_size: int,
+                                num_nodes: int = 1, num_groups: int = 1, **tune_kwargs) -> CalibratedHoldout:
+    """``history`` carries telemetry recorded under the true parameters (its ``config`` is the
+    running configuration). Tune on it twice -- with today's constant cost model and with the
+    calibrated one (:func:`moe_eplb.eplb.calibrate.calibrate`) -- and replay both picks, vLLM's
+    defaults, no EPLB and every configuration of the grid on ``future`` with ``true_cost``; the
+    hindsight row is the grid's best there."""
+    from moe_eplb.eplb.calibrate import calibrate
+
+    tel = history.telemetry
+    current = tel.config.knobs if tel is not None and tel.config is not None else None
+    topo = dict(ep_size=ep_size, num_nodes=num_nodes, num_groups=num_groups)
+    constant = tune(history, current=current, **topo, **tune_kwargs)
+    cal = calibrate(history, num_nodes=num_nodes, num_groups=num_groups)
+    calibrated = tune(history, current=current, cost=cal.apply(CostModel()), **topo, **tune_kwargs)
+    replay = Replay(future, Topology(ep_size, num_nodes, num_groups), true_cost)
+
+    def run(knobs: Knobs) -> SimResult | None:
+        try:
+            return replay.run(knobs)
+        except SimError:
+            return None
+
+    rows = {"no_eplb": HoldoutRow("no_eplb", None, replay.run_static()),
+            "vllm_defaults": HoldoutRow("vllm_defaults", VLLM_DEFAULTS, run(VLLM_DEFAULTS)),
+            "constant": HoldoutRow("constant", constant.recommendation, run(constant.recommendation),
+                                   f"today's constant cost model ({constant.decision})"),
+            "calibrated": HoldoutRow("calibrated", calibrated.recommendation, run(calibrated.recommendation),
+                                     f"calibrated cost model ({calibrated.decision})")}
+    grid = list(dict.fromkeys([c.knobs for c in calibrated.candidates] + [c.knobs for c in constant.candidates]))
+    scored = [(r.throughput.relative, k, r) for k in grid if (r := run(k)) is not None]
+    best = max(scored, key=lambda x: x[0])
+    rows["hindsight"] = HoldoutRow("hindsight", best[1], best[2], f"best of {len(scored)} on the future, true cost")
+    return CalibratedHoldout(rows, cal, constant, calibrated, true_cost)

@@ -18,6 +18,7 @@ ENGINE_STEPS = "moe_eplb_engine_steps_total"  # counter {model_name}
 STEP_SECONDS = "moe_eplb_step_duration_seconds"  # histogram {model_name, rank}: wall time of one engine step
 STEP_TOKENS = "moe_eplb_step_tokens"  # histogram {model_name, rank}: tokens one engine step routed
 BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model_name, layer}
+KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV-cache bytes of one GPU
 CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model_name, window_size, step_interval, num_redundant_experts, ep_size}
 EXPORTER_START_TIME = "moe_eplb_exporter_start_time_seconds"  # gauge {model_name}: unix time the counters started at 0
 EXPORTER_RANKS = "moe_eplb_exporter_ranks"  # gauge {model_name}: EP ranks whose counters this pod serves
@@ -28,6 +29,9 @@ LABEL_LAYER = "layer"  # MoE layer index 0..L-1 (vLLM's moe_layers order)
 LABEL_EXPERT = "expert"  # logical expert index 0..E-1
 LABEL_RANK = "rank"  # EP rank that processes the tokens (destination), 0..EP-1
 CONFIG_INFO_LABELS = ("window_size", "step_interval", "num_redundant_experts", "ep_size")
+#: Optional label of CONFIG_INFO: the rearrangement mode, ``true`` (async) or ``false`` (sync). The
+#: calibration reads it when present (the simulated engines export it); without it the mode is unknown.
+LABEL_USE_ASYNC = "use_async"
 
 #: Bucket bounds (seconds) of STEP_SECONDS: 1 ms .. 10 s, about three per decade.
 STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)

@@ -17,7 +17,8 @@ key                         type                           meaning
 ``bucket_seconds``          number > 0, optional           wall-clock length of one bucket
 ``top_k``                   int > 0, optional              experts per token
 ``model``                   str, optional                  served model name the load came from
-``step_seconds``            T numbers > 0, optional        mean wall time of one engine step
+``step_seconds``            T numbers > 0, optional        mean wall time of one engine step (null /
+                                                           NaN only where ``bucket_steps`` is 0)
 ``rank_load``               T x L x ep numbers >= 0, opt.  tokens each EP rank served per MoE layer
                                                            (physical, under the running placement)
 ``kv_cache_usage``          T numbers in [0, 1], optional  mean KV-cache usage (``vllm:kv_cache_usage_perc``)
@@ -179,6 +180,8 @@ def read_trace_file(path: str | os.PathLike, *, max_bytes: int = MAX_TRACE_BYTES
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and np.isnan(value).any():  # JSON has no NaN: null (no measurement)
+            return np.where(np.isnan(value), None, value.astype(object)).tolist()
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()

@@ -144,6 +144,28 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class CalibratedParameter:
+    """One cost-model parameter the evaluation used: its value, one standard error (None for a
+    default) and its source (``measured`` from the deployment's telemetry, or ``default``)."""
+
+    value: float
+    uncertainty: float | None = None
+    source: str = "default"
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """``status.autotune.lastEvaluation.calibration``: the cost model the tuner ran with, by
+    parameter name (the cost model's own names: ``moe_time_share``, ``seconds_per_step``,
+    ``sync_stall_s``, ``async_s_per_moved_byte``, ``kv_throughput_elasticity``,
+    ``kv_cache_bytes_per_gpu``), the measured ones and the recorded rearrangement mode."""
+
+    parameters: dict[str, CalibratedParameter] = field(default_factory=dict)
+    measured: tuple[str, ...] = ()
+    use_async: bool | None = None
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """``status.autotune.lastEvaluation``: what the last evaluation saw and decided."""
 
@@ -155,7 +177,7 @@ class Evaluation:
     gain_breakdown: dict | None = field(default=None, metadata={"raw": True})
     tuner_decision: str | None = None
     tuner_reason: str | None = None
-    calibration: dict | None = field(default=None, metadata={"raw": True})
+    calibration: CalibrationRecord | None = None
     decision: str | None = None
     reason: str | None = None
     evaluated_by: str | None = None

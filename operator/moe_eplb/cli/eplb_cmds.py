@@ -20,6 +20,7 @@ def register(main: click.Group) -> None:
     _add_trace(main)
     _add_simulate(main)
     _add_tune(main)
+    _add_calibrate(main)
 
 
 # --- rebalance (policy) ------------------------------------------------------------------------
@@ -440,17 +441,21 @@ def _add_tune(main: click.Group) -> None:
                   help="Extra relative gain required before recommending a change.")
     @click.option("--workers", type=int, default=1, show_default=True,
                   help="Processes for policy calls.")
+    @click.option("--no-calibrate", "no_calibrate", is_flag=True,
+                  help="Keep the cost model's constants even when the trace has telemetry.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
     def tune_cmd(trace_path, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
-                 bytes_per_expert, sync_mode, min_gain, workers, as_json, report_dir) -> None:
+                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, as_json, report_dir) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
         Prints the recommendation (keep or change), every evaluated candidate ranked, and the
-        baselines (no EPLB, vLLM defaults 1000/3000/0, current).
+        baselines (no EPLB, vLLM defaults 1000/3000/0, current). A trace with telemetry calibrates
+        the cost model first (see `moe-eplb calibrate`; --no-calibrate keeps the constants) and
+        its recorded config is the current configuration unless --current is given.
         """
-        from moe_eplb.cli.tune_output import bad_parameter, print_tune, progress_bar
+        from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
         from moe_eplb.eplb.costmodel import CostModel
         from moe_eplb.eplb.simulator import SimError
         from moe_eplb.eplb.tuner import (
@@ -464,11 +469,22 @@ def _add_tune(main: click.Group) -> None:
 
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path)
+        calibration, notes = None, []
         try:
             budget = parse_bytes(memory_budget) if memory_budget is not None else None
             bounds = parse_bounds(bounds_text) if bounds_text else Bounds()
             current = parse_knobs(current_text) if current_text else None
             cost = CostModel(use_async=not sync_mode)
+            tel = trace.telemetry
+            if current is None and tel is not None and tel.config is not None:
+                if tel.config.ep_size in (None, ep_size):
+                    current = tel.config.knobs
+                    notes.append(f"current configuration {current.label}: the trace's recorded config")
+                else:
+                    notes.append(f"the trace's recorded config ran on ep_size {tel.config.ep_size}, not "
+                                 f"{ep_size}: not taken as the current configuration")
+            if tel is not None and not no_calibrate:
+                calibration, cost = _calibrated(trace, cost, nodes, groups, bytes_per_expert, sync_mode)
             with progress_bar(not as_json and sys.stderr.isatty(), "tuning") as progress:
                 result = tune(trace, ep_size=ep_size, num_nodes=nodes, num_groups=groups,
                               memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
@@ -481,11 +497,77 @@ def _add_tune(main: click.Group) -> None:
 
             write_tune_report(report_dir, trace, result)
         if as_json:
-            json.dump(result.to_dict(), sys.stdout)
+            out = result.to_dict()
+            if calibration is not None:
+                out["calibration"] = calibration.to_dict()
+            if notes:
+                out["notes"] = notes
+            json.dump(out, sys.stdout)
             sys.stdout.write("\n")
             return
         from rich.console import Console
 
-        print_tune(Console(), result)
+        console = Console()
+        if calibration is not None:
+            print_calibration(console, calibration, brief=True)
+        for note in notes:
+            console.print(f"Note: {note}")
+        print_tune(console, result)
         if report_dir:
             click.echo(f"Report written to {Path(report_dir) / 'summary.md'}")
+
+
+def _calibrated(trace, cost, nodes: int, groups: int, bytes_per_expert: float | None, sync_flag: bool):
+    """(Calibration, calibrated cost model) of a trace with telemetry; ``--sync`` wins over the
+    recorded mode."""
+    from dataclasses import replace
+
+    from moe_eplb.eplb.calibrate import calibrate
+
+    if bytes_per_expert is not None:
+        cost = replace(cost, bytes_per_expert=float(bytes_per_expert))
+    calibration = calibrate(trace, cost=cost, num_nodes=nodes, num_groups=groups)
+    cost = calibration.apply(cost)
+    if sync_flag:
+        cost = replace(cost, use_async=False)
+    return calibration, cost
+
+
+def _add_calibrate(main: click.Group) -> None:
+    @main.command("calibrate")
+    @click.option("--trace", "trace_path", required=True, metavar="FILE",
+                  help="Load trace with telemetry (.json, .json.gz or .npz; see docs/traces.md).")
+    @click.option("--nodes", type=int, default=1, show_default=True,
+                  help="Nodes the EP ranks span (replay of the recorded config, async mode).")
+    @click.option("--groups", type=int, default=1, show_default=True,
+                  help="Expert groups (DeepSeek-V3: 8; 1 for models without groups).")
+    @_cost_options
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+    def calibrate_cmd(trace_path, nodes, groups, bytes_per_expert, sync_mode, as_json) -> None:
+        """Fit the cost model to a trace's telemetry: the MoE share of a step, the rearrangement
+        cost and the KV-cache penalty of redundant experts, each with its uncertainty and source
+        (measured, or the default kept and why). See docs/tuner.md ("Calibration")."""
+        from moe_eplb.cli.tune_output import bad_parameter, print_calibration
+        from moe_eplb.eplb.calibrate import CalibrationError
+        from moe_eplb.eplb.costmodel import CostModel
+        from moe_eplb.eplb.simulator import SimError
+
+        trace = _load_trace_arg(trace_path)
+        if trace.telemetry is None:
+            from moe_eplb.trace_format import TELEMETRY_KEYS
+
+            raise click.ClickException(
+                f"{trace_path}: the trace has none of the telemetry keys ({', '.join(TELEMETRY_KEYS)}), so there is "
+                "nothing to calibrate on; record one with the operator's reader or the exporter's trace capture")
+        try:
+            calibration, cost = _calibrated(trace, CostModel(use_async=not sync_mode), nodes, groups,
+                                            bytes_per_expert, sync_mode)
+        except (CalibrationError, SimError, ValueError) as exc:
+            raise bad_parameter(exc)
+        if as_json:
+            json.dump({**calibration.to_dict(), "cost_model": cost.to_dict()}, sys.stdout)
+            sys.stdout.write("\n")
+            return
+        from rich.console import Console
+
+        print_calibration(Console(), calibration)

@@ -22,6 +22,9 @@ FLAG_OF = {
     "bytes_per_expert": "--bytes-per-expert",
     "current": "--current",
     "topology": "--ep-size/--nodes/--groups",
+    "step_seconds": "--trace",
+    "rank_load": "--trace",
+    "config": "--trace",
 }
 
 
@@ -110,6 +113,43 @@ def print_tune(console, result, top: int = 10) -> None:
         f"{_pct(rec['gain_vs_vllm_defaults'])}, vs current {_pct(rec['gain_vs_current'])})"
     )
     console.print(f"Reason: {rec['reason']}")
+
+
+def _num(name: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if name == "kv_cache_bytes_per_gpu":
+        return f"{v / 2**30:.2f} GiB"
+    if name == "async_s_per_moved_byte":
+        return f"{v:.3g}"
+    return f"{v:.4g}"
+
+
+def print_calibration(console, calibration, *, brief: bool = False) -> None:
+    """The calibrated parameters (value, uncertainty, source, note); ``brief``: one line each for
+    the measured ones and the names of the defaults (``tune``'s header)."""
+    from rich import box
+    from rich.table import Table
+
+    params = calibration.parameters
+    if brief:
+        measured = [f"{n} {_num(n, p.value)} +/- {_num(n, p.uncertainty)}" for n, p in params.items()
+                    if p.source == "measured"]
+        defaults = [n for n, p in params.items() if p.source != "measured"]
+        console.print("Calibrated from the trace's telemetry: "
+                      + ("; ".join(measured) if measured else "nothing measured")
+                      + (f". Defaults kept: {', '.join(defaults)}" if defaults else "")
+                      + " (details: moe-eplb calibrate).")
+        return
+    table = Table(title="Cost model calibrated from telemetry", box=box.SIMPLE_HEAD)
+    for col in ("parameter", "value", "+/-", "source", "how / why"):
+        table.add_column(col, justify="right" if col in ("value", "+/-") else "left")
+    for name, p in params.items():
+        table.add_row(name, _num(name, p.value), _num(name, p.uncertainty), p.source, p.note,
+                      style="bold" if p.source == "measured" else None)
+    console.print(table)
+    mode = "async" if calibration.use_async else "sync" if calibration.use_async is not None else "not recorded"
+    console.print(f"Rearrangement mode: {mode}. Measured: {', '.join(calibration.measured) or 'nothing'}.")
 
 
 @contextlib.contextmanager

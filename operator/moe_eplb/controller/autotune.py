@@ -52,6 +52,8 @@ from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
+from moe_eplb.eplb.calibrate import Calibration, calibrate
+from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, TuneResult, tune
 from moe_eplb.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
@@ -312,11 +314,13 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
                                   f"{rt.lookback_seconds:.0f}s; need at least {rt.min_steps}")
     except LoadUnavailable as exc:
         load_error = (exc.reason, exc.message)
+    calibration = None
     if load_error is None:
         t0 = time.process_time()
         try:
-            answer = dec.TunerAnswer.of(await asyncio.to_thread(run_tuner, trace, inf, current,
-                                                                {**rt.search, "min_steps": rt.min_steps}))
+            result, calibration = await asyncio.to_thread(run_calibrated_tuner, trace, inf, current,
+                                                          {**rt.search, "min_steps": rt.min_steps})
+            answer = dec.TunerAnswer.of(result)
         except Exception as exc:  # TuneError or a bug in the search: no change, say why
             tune_error = f"{type(exc).__name__}: {exc}"
         tuner_seconds = time.process_time() - t0
@@ -325,7 +329,8 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
         baseline = await _measure(rt, inf, pods, max(start, now - cfg.evaluation_interval_s), now)
     out = dec.evaluate(cfg, state, now=now, generation=inf.generation, current=current, spec_eplb=inf.spec_knobs,
                        data_window=data_window, load_error=load_error, answer=answer, tune_error=tune_error,
-                       workload_blocker=blocker, baseline=baseline, from_hash=view.template_hash)
+                       workload_blocker=blocker, baseline=baseline, from_hash=view.template_hash,
+                       calibration=dec.calibration_record(calibration) if calibration is not None else None)
     ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=actor,
                              tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None)
     new_status = out.status.replace(last_evaluation=ev)
@@ -335,12 +340,39 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
         await _event(client, inf, etype, reason, message)
     opmetrics.record_evaluation(inf.namespace or "default", inf.name, decision=out.decision,
                                 predicted_gain=out.predicted_gain, tuner_seconds=tuner_seconds, now=now)
+    if ev.calibration is not None:
+        opmetrics.record_calibration(inf.namespace or "default", inf.name, ev.calibration)
     if rt.observer:
         rt.observer("evaluation", inf, ev)
     return f"evaluation:{out.decision}"
 
 
-def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict) -> TuneResult:
+def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
+    """The cost model calibrated from the trace's telemetry (:func:`moe_eplb.eplb.calibrate.calibrate`),
+    or None when the trace has none or the calibration fails (the constants are used then)."""
+    if trace.telemetry is None:
+        return None
+    try:
+        return calibrate(trace, cost=CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert),
+                         num_nodes=max(1, int(inf.parallelism.nodes or 1)),
+                         num_groups=int(inf.moe_shape.num_expert_groups or 1))
+    except Exception as exc:  # noqa: BLE001 - calibration is an improvement, never a reason not to tune
+        log.warning("autotune %s/%s: calibration failed, using the cost model's constants: %s: %s",
+                    inf.namespace, inf.name, type(exc).__name__, exc)
+        return None
+
+
+def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
+                         search: dict) -> tuple[TuneResult, Calibration | None]:
+    """Calibrate on the trace's telemetry (when it has some), then tune with that cost model
+    (CPU-bound; called in a thread)."""
+    calibration = calibrate_for(trace, inf)
+    cost = calibration.apply(CostModel()) if calibration is not None else CostModel()
+    return run_tuner(trace, inf, current, search, cost=cost), calibration
+
+
+def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict, *,
+              cost: CostModel = CostModel()) -> TuneResult:
     """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread)."""
     shape, cfg = inf.moe_shape, inf.autotune
     return tune(
@@ -352,6 +384,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict)
         bytes_per_expert=shape.bytes_per_expert,
         bounds=cfg.bounds,
         current=current,
+        cost=cost,
         min_gain=cfg.min_gain,
         workers=1,
         **search,
@@ -463,7 +496,7 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
         raise LoadUnavailable("LoadReadError", f"{type(exc).__name__}: {exc}") from exc
     if trace.bucket_seconds and scale != 1.0:
         trace = LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds * scale,
-                          top_k=trace.top_k, model=trace.model, meta=trace.meta)
+                          top_k=trace.top_k, model=trace.model, meta=trace.meta, telemetry=trace.telemetry)
     span = trace.num_buckets * (trace.bucket_seconds or 0.0)
     window = DataWindow(start=end - span if span else start, end=end, buckets=trace.num_buckets,
                         steps=trace.total_steps, source="prometheus" if url else "pods")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from moe_eplb.api.autotune_status import (
     ROLLING,
     AutotuneStatus,
+    CalibratedParameter,
+    CalibrationRecord,
     DataWindow,
     Evaluation,
     Measurement,
@@ -39,6 +41,7 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
+from moe_eplb.eplb.calibrate import Calibration
 from moe_eplb.eplb.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
@@ -104,6 +107,16 @@ class TunerAnswer:
         return cls(result.recommendation, result.decision == "change", result.reason, gain, breakdown)
 
 
+def calibration_record(cal: Calibration) -> CalibrationRecord:
+    """The status record of a calibration (values rounded to 6 significant digits)."""
+    def sig(v: float | None) -> float | None:
+        return None if v is None else float(f"{v:.6g}")
+
+    return CalibrationRecord(
+        parameters={n: CalibratedParameter(sig(p.value), sig(p.uncertainty), p.source) for n, p in cal.parameters.items()},
+        measured=cal.measured, use_async=cal.use_async)
+
+
 # --- one evaluation ----------------------------------------------------------------------------
 
 
@@ -149,7 +162,7 @@ def evaluate(
     workload_blocker: str | None = None,
     baseline: Measurement | None = None,
     from_hash: str | None = None,
-    calibration: dict | None = None,
+    calibration: CalibrationRecord | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -262,4 +275,5 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 
 
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
-           "evaluate", "change_blocker", "due", "set_conditions", "describe", "iso", "parse_iso"]
+           "evaluate", "change_blocker", "due", "set_conditions", "describe", "iso", "parse_iso",
+           "calibration_record"]

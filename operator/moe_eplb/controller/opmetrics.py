@@ -12,7 +12,12 @@ Names are pinned in :mod:`moe_eplb.metric_names`:
 - ``moe_eplb_tuner_last_success_timestamp_seconds{namespace,name}`` -- when the last evaluation
   with a tuner result finished (POSIX seconds, of the operator's clock);
 - ``moe_eplb_rollbacks_total{namespace,name,reason}`` -- rollbacks by reason (``regression``,
-  ``crashloop``, ``timeout``).
+  ``crashloop``, ``timeout``);
+- ``moe_eplb_calibration_value{namespace,name,parameter,source}`` -- each cost-model parameter the
+  last evaluation used (``parameter``: the cost model's name, e.g. ``moe_time_share``; ``source``:
+  ``measured`` or ``default``; the series of the other source is removed);
+- ``moe_eplb_calibration_uncertainty{namespace,name,parameter}`` -- its standard error (absent for
+  a default).
 
 Created once per process (the registry refuses duplicates), on first use.
 """
@@ -36,6 +41,8 @@ class _Metrics:
     duration: Any
     last_success: Any
     rollbacks: Any
+    calibration_value: Any
+    calibration_uncertainty: Any
 
 
 def no_created_series() -> None:
@@ -62,6 +69,12 @@ def metrics() -> _Metrics:
                            ["namespace", "name"]),
         rollbacks=Counter(strip(metric_names.ROLLBACKS), "Rollbacks of tuner changes by reason (regression, crashloop, timeout)",
                           ["namespace", "name", "reason"]),
+        calibration_value=Gauge(metric_names.CALIBRATION_VALUE,
+                                "Cost-model parameter the last autotune evaluation used (measured or default)",
+                                ["namespace", "name", "parameter", "source"]),
+        calibration_uncertainty=Gauge(metric_names.CALIBRATION_UNCERTAINTY,
+                                      "Standard error of a measured cost-model parameter",
+                                      ["namespace", "name", "parameter"]),
     )
 
 
@@ -82,3 +95,25 @@ def record_evaluation(namespace: str, name: str, *, decision: str, predicted_gai
 
 def record_rollback(namespace: str, name: str, reason: str) -> None:
     metrics().rollbacks.labels(namespace=namespace, name=name, reason=reason).inc()
+
+
+def record_calibration(namespace: str, name: str, record: Any) -> None:
+    """Set the calibration gauges from a :class:`~moe_eplb.api.autotune_status.CalibrationRecord`
+    (one series per parameter: the series of the other source, and the uncertainty of a default,
+    are removed)."""
+    m = metrics()
+    for param, p in record.parameters.items():
+        other = "default" if p.source == "measured" else "measured"
+        _remove(m.calibration_value, namespace, name, param, other)
+        m.calibration_value.labels(namespace=namespace, name=name, parameter=param, source=p.source).set(p.value)
+        if p.uncertainty is None:
+            _remove(m.calibration_uncertainty, namespace, name, param)
+        else:
+            m.calibration_uncertainty.labels(namespace=namespace, name=name, parameter=param).set(p.uncertainty)
+
+
+def _remove(metric: Any, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass

@@ -23,10 +23,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from moe_eplb import trace_format
+from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import (
     TRACE_KEYS_OPTIONAL,
     TRACE_KEYS_REQUIRED,
+    TRACE_KEYS_TELEMETRY,
     LoadTrace,
+    RecordedConfig,
+    Rearrangement,
+    Telemetry,
     TraceError,
 )
 
@@ -64,20 +69,119 @@ def _numeric_array(value: Any, key: str) -> np.ndarray:
     return arr
 
 
+def _scalar(value: Any) -> Any:
+    return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+
+def _nullable_numbers(value: Any, key: str) -> np.ndarray:
+    """A 1-D list of numbers in which JSON ``null`` (None) stands for NaN (``step_seconds`` of a
+    bucket without steps); arrays pass through :func:`_numeric_array`."""
+    if isinstance(value, (list, tuple)) and any(v is None for v in value):
+        out = []
+        for i, v in enumerate(value):
+            if v is None:
+                out.append(math.nan)
+            elif isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TraceError(f"{key}: expected numbers or null, got {v!r} at bucket {i}")
+            else:
+                out.append(float(v))
+        return np.asarray(out, dtype=np.float64)
+    return _numeric_array(value, key)
+
+
+def _whole_field(value: Any, key: str, minimum: int) -> int:
+    value = _scalar(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < minimum:
+        raise TraceError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _rearrangements(value: Any) -> tuple[Rearrangement, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TraceError(f'rearrangements: expected a list of {{"bucket": int, "seconds": number}}, '
+                         f"got {type(value).__name__}")
+    out = []
+    for i, ev in enumerate(value):
+        where = f"rearrangements[{i}]"
+        if not isinstance(ev, Mapping):
+            raise TraceError(f'{where}: expected {{"bucket": int, "seconds": number}}, got {ev!r}')
+        unknown = sorted(set(ev) - {"bucket", "seconds"})
+        if unknown:
+            raise TraceError(f"{where}.{unknown[0]}: unknown key (allowed: bucket, seconds)")
+        for k in ("bucket", "seconds"):
+            if k not in ev:
+                raise TraceError(f"{where}.{k}: required key is missing")
+        secs = ev["seconds"]
+        if isinstance(secs, bool) or not isinstance(secs, numbers.Real) or not math.isfinite(secs) or secs < 0:
+            raise TraceError(f"{where}.seconds: expected a duration >= 0 (seconds), got {secs!r}")
+        out.append(Rearrangement(_whole_field(ev["bucket"], f"{where}.bucket", 0), float(secs)))
+    return tuple(out)
+
+
+def _config(value: Any) -> RecordedConfig:
+    from moe_eplb.trace_format import CONFIG_KEYS
+
+    if not isinstance(value, Mapping):
+        raise TraceError(f"config: expected an object with keys {', '.join(CONFIG_KEYS)}, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(CONFIG_KEYS))
+    if unknown:
+        raise TraceError(f"config.{unknown[0]}: unknown key (allowed: {', '.join(CONFIG_KEYS)})")
+    knob_keys = ("window_size", "step_interval", "num_redundant_experts")
+    for k in knob_keys:
+        if value.get(k) is None:
+            raise TraceError(f"config.{k}: required key is missing")
+    try:
+        knobs = Knobs(*(_whole_field(value[k], f"config.{k}", 0) for k in knob_keys))
+    except KnobsError as exc:
+        raise TraceError(f"config.{exc}") from None
+    ep = value.get("ep_size")
+    ep = None if ep is None else _whole_field(ep, "config.ep_size", 1)
+    use_async = _scalar(value.get("use_async"))
+    if use_async is not None and not isinstance(use_async, (bool, np.bool_)):
+        raise TraceError(f"config.use_async: expected true, false or null, got {use_async!r}")
+    return RecordedConfig(knobs, ep, None if use_async is None else bool(use_async))
+
+
+def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
+    """The telemetry keys of a file-format dict as a :class:`Telemetry` (None when there are none).
+    Types are checked here; shapes and ranges against the trace in :meth:`Telemetry.check`."""
+    present = [k for k in TRACE_KEYS_TELEMETRY if d.get(k) is not None]
+    if not present:
+        return None
+    kw: dict[str, Any] = {}
+    for key in ("step_seconds", "kv_cache_usage", "requests_waiting"):  # null: no measurement (no steps)
+        if key in present:
+            kw[key] = _nullable_numbers(d[key], key)
+    for key in ("rank_load", "preemptions"):
+        if key in present:
+            kw[key] = _numeric_array(d[key], key)
+    if "rearrangements" in present:
+        kw["rearrangements"] = _rearrangements(d["rearrangements"])
+    if "config" in present:
+        kw["config"] = _config(d["config"])
+    if "kv_cache_bytes_per_gpu" in present:
+        kv = _scalar(d["kv_cache_bytes_per_gpu"])
+        if isinstance(kv, bool) or not isinstance(kv, numbers.Real) or not math.isfinite(kv) or kv <= 0:
+            raise TraceError(f"kv_cache_bytes_per_gpu: expected a number > 0 (bytes), got {kv!r}")
+        kw["kv_cache_bytes_per_gpu"] = float(kv)
+    return Telemetry(**kw)
+
+
 def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
     """Build a :class:`LoadTrace` from the file-format dict (keys in the module docstring).
 
     Strict: unknown or missing keys, ``num_layers`` / ``num_experts`` that disagree with ``load``'s
-    shape, a ``bucket_steps`` whose length is not T, empty, negative, NaN or infinite values all
-    raise :class:`TraceError` naming the key.
+    shape, a ``bucket_steps`` whose length is not T, empty, negative, NaN or infinite values, and
+    telemetry keys of the wrong shape or range all raise :class:`TraceError` naming the key.
     """
     if not isinstance(d, Mapping):
         raise TraceError(f"trace: expected a JSON object with keys {list(TRACE_KEYS_REQUIRED)}, got {type(d).__name__}")
-    allowed = set(TRACE_KEYS_REQUIRED) | set(TRACE_KEYS_OPTIONAL)
+    allowed = set(TRACE_KEYS_REQUIRED) | set(TRACE_KEYS_OPTIONAL) | set(TRACE_KEYS_TELEMETRY)
     unknown = sorted(set(d) - allowed)
     if unknown:
         raise TraceError(
-            f"{unknown[0]}: unknown key (allowed keys: {', '.join(TRACE_KEYS_REQUIRED + TRACE_KEYS_OPTIONAL)})"
+            f"{unknown[0]}: unknown key (allowed keys: "
+            f"{', '.join(TRACE_KEYS_REQUIRED + TRACE_KEYS_OPTIONAL + TRACE_KEYS_TELEMETRY)})"
         )
     missing = [k for k in TRACE_KEYS_REQUIRED if k not in d]
     if missing:
@@ -115,7 +219,32 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
         if not isinstance(model, str):
             raise TraceError(f"model: expected a string, got {type(model).__name__}")
         kwargs["model"] = model
+    telemetry = telemetry_from_dict(d)
+    if telemetry is not None:
+        kwargs["telemetry"] = telemetry
     return LoadTrace(load=load, bucket_steps=steps, **kwargs)
+
+
+def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]:
+    """The file-format keys of ``tel`` (arrays, or JSON-ready lists with null for NaN)."""
+    d: dict[str, Any] = {}
+    for key in ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting"):
+        value = getattr(tel, key)
+        if value is None:
+            continue
+        if arrays:
+            d[key] = value
+        elif key in ("step_seconds", "kv_cache_usage", "requests_waiting"):
+            d[key] = [None if math.isnan(v) else v for v in value.tolist()]
+        else:
+            d[key] = value.tolist()
+    if tel.rearrangements is not None:
+        d["rearrangements"] = [e.to_dict() for e in tel.rearrangements]
+    if tel.config is not None:
+        d["config"] = tel.config.to_dict()
+    if tel.kv_cache_bytes_per_gpu is not None:
+        d["kv_cache_bytes_per_gpu"] = float(tel.kv_cache_bytes_per_gpu)
+    return d
 
 
 def trace_to_dict(trace: LoadTrace, *, arrays: bool = False) -> dict[str, Any]:
@@ -134,6 +263,8 @@ def trace_to_dict(trace: LoadTrace, *, arrays: bool = False) -> dict[str, Any]:
         d["top_k"] = int(trace.top_k)
     if trace.model is not None:
         d["model"] = trace.model
+    if trace.telemetry is not None:
+        d.update(telemetry_to_dict(trace.telemetry, arrays=arrays))
     if arrays:
         return d
     whole = np.all(load == np.round(load)) and load.max() < 2**53

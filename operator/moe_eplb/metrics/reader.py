@@ -12,6 +12,10 @@
   across calls scrapes every pod once per call; successive rounds are differenced
   (:func:`~moe_eplb.metrics.assemble.trace_from_rounds`; bucket = time between two rounds).
 
+Both sources also read the telemetry the calibration fits on (step durations, rank tokens,
+rearrangement durations, the running config, KV-cache series;
+:mod:`moe_eplb.metrics.telemetry`); a missing source leaves its trace key absent.
+
 Every problem is a :class:`~moe_eplb.metrics.errors.LoadReadError` with a status reason; nothing
 here returns a partial matrix.
 """
@@ -21,8 +25,13 @@ from __future__ import annotations
 import math
 import time
 
+from dataclasses import replace
+
+import numpy as np
+
 from moe_eplb import metric_names
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.trace_format import TELEMETRY_KEYS
+from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
     grid_for,
@@ -33,6 +42,7 @@ from moe_eplb.metrics.errors import INSUFFICIENT_DATA, LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
+from moe_eplb.metrics.telemetry import SAMPLE_NAMES, TelemetrySeries, series_from_rounds, telemetry_from_series
 
 
 def _q(value: str) -> str:
@@ -133,11 +143,13 @@ def read_load_trace(
         def read(metric: str) -> list[Series]:
             return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1])
 
-        return trace_from_raw_counters(read(metric_names.EXPERT_TOKENS), read(metric_names.ENGINE_STEPS), grid,
-                                       start_times=read(metric_names.EXPORTER_START_TIME),
-                                       pods_per_engine=pods_per_engine, num_layers=num_layers,
-                                       num_experts=num_experts, model=model, what=what,
-                                       max_interpolated_fraction=max_interpolated_fraction)
+        starts = read(metric_names.EXPORTER_START_TIME)
+        trace = trace_from_raw_counters(read(metric_names.EXPERT_TOKENS), read(metric_names.ENGINE_STEPS), grid,
+                                        start_times=starts,
+                                        pods_per_engine=pods_per_engine, num_layers=num_layers,
+                                        num_experts=num_experts, model=model, what=what,
+                                        max_interpolated_fraction=max_interpolated_fraction)
+        return with_telemetry(trace, read_telemetry_series(read), grid, pods_per_engine, starts)
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
                             "set a Prometheus URL or keep a PodScraper per MoEInference")
@@ -145,5 +157,38 @@ def read_load_trace(
     scraper.scrape(targets)
     horizon = scraper.rounds[-1].time - window_seconds
     rounds = [r for r in scraper.rounds if r.time >= horizon - 1e-9]
-    return trace_from_rounds(rounds, model=model, pods_per_engine=pods_per_engine,
-                             num_layers=num_layers, num_experts=num_experts)
+    trace = trace_from_rounds(rounds, model=model, pods_per_engine=pods_per_engine,
+                              num_layers=num_layers, num_experts=num_experts)
+    src, starts = series_from_rounds(rounds)
+    return with_telemetry(trace, src, np.array([r.time for r in rounds]), pods_per_engine, starts)
+
+
+def read_telemetry_series(read) -> TelemetrySeries:
+    """Every telemetry source through ``read(metric) -> [Series]`` (raw samples with baselines); a
+    source whose query fails is left empty (its trace key absent)."""
+    src = TelemetrySeries()
+    for attr, metric in SAMPLE_NAMES.items():
+        try:
+            setattr(src, attr, read(metric))
+        except LoadReadError:
+            pass
+    return src
+
+
+def with_telemetry(trace: LoadTrace, src: TelemetrySeries, grid, pods_per_engine: int,
+                   starts: list[Series]) -> LoadTrace:
+    """``trace`` with the telemetry its sources give (:func:`moe_eplb.metrics.telemetry.telemetry_from_series`);
+    ``trace.meta["telemetry_skipped"]`` says why each missing key is missing."""
+    got = telemetry_from_series(src, grid, trace.bucket_steps, num_layers=trace.num_layers, model=trace.model,
+                                pods_per_engine=pods_per_engine, start_times=starts)
+    skipped = dict(got.skipped)
+    tel = got.telemetry
+    while True:
+        try:
+            return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
+                             top_k=trace.top_k, model=trace.model, meta={**trace.meta, "telemetry_skipped": skipped},
+                             telemetry=tel)
+        except TraceError as exc:  # an inconsistent key is left out; it never spoils the load or the others
+            key = str(exc).split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+            skipped[key] = str(exc)
+            tel = replace(tel, **{key: None}) if key in TELEMETRY_KEYS and tel is not None else None

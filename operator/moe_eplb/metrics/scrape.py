@@ -17,7 +17,7 @@ from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.errors import NO_TARGETS, SCRAPE_FAILED, LoadReadError
 
 
@@ -61,6 +61,18 @@ class PodSample:
     start_time: dict[str, float] = field(default_factory=dict)
     steps: dict[str, float] = field(default_factory=dict)
     tokens: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
+    #: (sample name, labels, value) of the telemetry sources the target serves
+    #: (:data:`TELEMETRY_SAMPLES`; vLLM's own series only where the target serves them too)
+    telemetry: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+
+#: Sample names kept for the calibration's telemetry (moe_eplb.metrics.telemetry.SAMPLE_NAMES).
+TELEMETRY_SAMPLES = frozenset({
+    metric_names.STEP_SECONDS + "_sum", metric_names.STEP_SECONDS + "_count", metric_names.RANK_TOKENS,
+    metric_names.REARRANGEMENT_SECONDS + "_sum", metric_names.REARRANGEMENT_SECONDS + "_count",
+    metric_names.CONFIG_INFO, metric_names.KV_CACHE_BYTES, vllm_facts.KV_CACHE_USAGE, vllm_facts.PREEMPTIONS,
+    vllm_facts.REQUESTS_WAITING,
+})
 
 
 def parse_exposition(text: str) -> PodSample:
@@ -83,6 +95,9 @@ def parse_exposition(text: str) -> PodSample:
         elif fam.name == metric_names.EXPORTER_START_TIME:
             for s in fam.samples:
                 sample.start_time[s.labels[metric_names.LABEL_MODEL]] = float(s.value)
+        else:
+            sample.telemetry += [(s.name, dict(s.labels), float(s.value)) for s in fam.samples
+                                 if s.name in TELEMETRY_SAMPLES]
     return sample
 
 

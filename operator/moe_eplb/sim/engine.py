@@ -14,7 +14,13 @@ through vLLM's EPLB behaviour with the EPLB settings the pod was started with:
   placements as vLLM); an expert's tokens are split evenly over its replicas;
 - so a change of window, interval or redundancy (a new pod) really changes what the pod reports;
 - a start-up delay (model loading) before the pod is ready and reports anything; a restarted pod
-  starts with a fresh EPLB state, as a restarted vLLM does.
+  starts with a fresh EPLB state, as a restarted vLLM does;
+- the deployment's physics from its true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`,
+  given by the test or demo, never seen by the operator): step durations from the true MoE share
+  and the imbalance the engine serves, rearrangement stalls or copy costs, KV-cache usage,
+  preemptions and waiting requests from the true memory pressure -- the telemetry the operator
+  calibrates its cost model on. vLLM's own series are served on the same port here (a real pod
+  serves them on vLLM's API port, which the PodMonitor scrapes too).
 
 Time may be accelerated (:class:`SimClock`): ``scale`` simulated seconds pass per wall second, so a
 few simulated hours replay in minutes while Prometheus scrapes in wall time.
@@ -26,7 +32,11 @@ Exported (per pod; ``model_name`` label = the served model):
 ``moe_eplb_engine_steps_total{model_name}``, ``moe_eplb_exporter_start_time_seconds{model_name}`` (wall clock),
 ``moe_eplb_balancedness{model_name,layer}`` (last bucket, per
 layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model_name,window_size,step_interval,
-num_redundant_experts,ep_size}``.
+num_redundant_experts,ep_size}``, ``moe_eplb_step_duration_seconds{model_name,rank}`` and
+``moe_eplb_step_tokens{model_name,rank}`` (histograms), ``moe_eplb_kv_cache_bytes{model_name,rank}``,
+and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:num_requests_waiting``
+``{model_name,engine}``. ``moe_eplb_rearrangement_duration_seconds`` observes the true cost's stall
+(sync) or copy time (async).
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ import numpy as np
 from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs
 from moe_eplb.eplb.policy import rebalance
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.trace import LoadTrace, served_imbalance
+from moe_eplb.sim.telemetry import TrueCost, tokens_per_step
 
 __all__ = ["SimClock", "EngineSettings", "EngineFaults", "SimulatedEplb", "SimulatedEngine"]
 
@@ -143,6 +154,7 @@ class SimulatedEplb:
         self.window_steps = 0
         self.rearrangements = 0
         self.rearrangement_seconds: list[float] = []
+        self.moved: list[int] = []  # replicas the GPUs received, per rearrangement (all GPUs together)
         self._rng = np.random.default_rng(seed)
 
     def _counts(self, phy2log: np.ndarray) -> np.ndarray:
@@ -175,6 +187,7 @@ class SimulatedEplb:
         phy2log, _, logcnt = rebalance(weight, self.R, self.s.num_groups, self.s.num_nodes, self.P,
                                        old_phy2log=self.phy2log)
         self.rearrangement_seconds.append(time.perf_counter() - t0)
+        self.moved.append(received_replicas(self.phy2log, phy2log, self.P))
         self.phy2log, self.logcnt = phy2log, logcnt
         self.rearrangements += 1
 
@@ -208,6 +221,21 @@ class SimulatedEplb:
         return out
 
 
+def received_replicas(old: np.ndarray, new: np.ndarray, ranks: int) -> int:
+    """Expert replicas the GPUs must receive going from placement ``old`` to ``new`` (both ``[L, R]``
+    physical -> logical, GPU-major): per layer and GPU, the new slots whose expert the GPU did not
+    hold before (as a multiset), summed."""
+    L, R = new.shape
+    o = np.sort(np.asarray(old).reshape(L * ranks, R // ranks), axis=1)
+    n = np.sort(np.asarray(new).reshape(L * ranks, R // ranks), axis=1)
+    received = 0
+    for a, b in zip(o, n):
+        kept = np.intersect1d(a, b).size if a.size == np.unique(a).size and b.size == np.unique(b).size else \
+            sum(min(int(np.count_nonzero(a == e)), int(np.count_nonzero(b == e))) for e in np.unique(b))
+        received += b.size - kept
+    return int(received)
+
+
 def balancedness(rank_tokens: np.ndarray) -> np.ndarray:
     """Per layer balancedness of ``rank_tokens [L, P]`` (:func:`moe_eplb.vllm_facts.balancedness_per_layer`;
     1.0 for idle layers, as the gauge shows them)."""
@@ -216,6 +244,23 @@ def balancedness(rank_tokens: np.ndarray) -> np.ndarray:
 
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Histogram:
+    """A Prometheus histogram's state: per-bucket counts (not cumulative), count and sum."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = np.zeros(len(bounds))
+        self.count = 0.0
+        self.total = 0.0
+
+    def observe(self, value: float, times: float = 1.0) -> None:
+        i = int(np.searchsorted(self.bounds, value, side="left"))
+        if i < len(self.bounds):
+            self.counts[i] += times
+        self.count += times
+        self.total += value * times
 
 
 class _Exposition:
@@ -260,10 +305,11 @@ class _Exposition:
                               self.le, e.replay.logcnt.ravel().tolist())
         lines += self._family(strip(n.REARRANGEMENTS), "counter", "EPLB rearrangements (simulated)",
                               [f'{{{M}="{m}"}} '], [e.replay.rearrangements])
-        secs = e.replay.rearrangement_seconds
+        secs = e.rearrangement_seconds
         h = n.REARRANGEMENT_SECONDS
-        lines += [f"# HELP {h} EPLB rearrangement duration (simulated: the policy's CPU time)", f"# TYPE {h} histogram"]
-        for b in ("0.001", "0.01", "0.1", "1.0", "10.0", "+Inf"):
+        lines += [f"# HELP {h} EPLB rearrangement duration (simulated: the true cost's stall or copy time)",
+                  f"# TYPE {h} histogram"]
+        for b in (*n.REARRANGEMENT_SECONDS_BUCKETS, "+Inf"):
             c = len(secs) if b == "+Inf" else sum(1 for x in secs if x <= float(b))
             lines.append(f'{h}_bucket{{{M}="{m}",le="{b}"}} {float(c)!r}')
         lines += [f'{h}_count{{{M}="{m}"}} {float(len(secs))!r}', f'{h}_sum{{{M}="{m}"}} {float(sum(secs))!r}']
@@ -273,10 +319,28 @@ class _Exposition:
                               self.ll, e.last_balancedness.tolist())
         lines += self._family(n.EXPORTER_START_TIME, "gauge", "Unix time the counters started at 0 (simulated engine start)",
                               [f'{{{M}="{m}"}} '], [e.started_wall])
+        P = e.settings.ep_size
+        for hist, name, help_ in ((e.step_hist, n.STEP_SECONDS, "Wall time of one engine step (simulated)"),
+                                  (e.tokens_hist, n.STEP_TOKENS, "Tokens one engine step routed (simulated)")):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+            for r in range(P):
+                lab = f'{M}="{m}",rank="{r}"'
+                for le, c in zip(hist.bounds, np.cumsum(hist.counts)):
+                    lines.append(f'{name}_bucket{{{lab},le="{le}"}} {float(c)!r}')
+                lines += [f'{name}_bucket{{{lab},le="+Inf"}} {float(hist.count)!r}',
+                          f'{name}_count{{{lab}}} {float(hist.count)!r}', f'{name}_sum{{{lab}}} {float(hist.total)!r}']
+        lines += self._family(n.KV_CACHE_BYTES, "gauge", "KV-cache bytes of one GPU (simulated)",
+                              [f'{{{M}="{m}",rank="{r}"}} ' for r in range(P)], [e.kv_bytes] * P)
+        eng = f'{{{M}="{m}",engine="0"}} '
+        lines += self._family(vllm_facts.KV_CACHE_USAGE, "gauge", "KV-cache usage (simulated vLLM)", [eng], [e.kv_usage])
+        lines += self._family(vllm_facts.PREEMPTIONS, "counter", "Preemptions (simulated vLLM)", [eng], [e.preemptions])
+        lines += self._family(vllm_facts.REQUESTS_WAITING, "gauge", "Waiting requests (simulated vLLM)", [eng],
+                              [e.requests_waiting])
         st = e.settings
         lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
                               [f'{{{M}="{m}",window_size="{st.knobs.window_size}",step_interval="{st.knobs.step_interval}",'
-                               f'num_redundant_experts="{st.num_redundant_experts}",ep_size="{st.ep_size}"}} '], [1])
+                               f'num_redundant_experts="{st.num_redundant_experts}",ep_size="{st.ep_size}",'
+                               f'{n.LABEL_USE_ASYNC}="{str(e.true.use_async).lower()}"}} '], [1])
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -290,7 +354,7 @@ class SimulatedEngine:
 
     def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, *,
                  startup_seconds: float = 120.0, tick: float = 0.1, faults: EngineFaults = EngineFaults(),
-                 port: int = 0, seed: int = 0) -> None:
+                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None) -> None:
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         self.trace, self.settings, self.clock = trace, settings, clock
@@ -299,6 +363,20 @@ class SimulatedEngine:
         self.expert_tokens = np.zeros((trace.num_layers, trace.num_experts))
         self.rank_tokens = np.zeros((trace.num_layers, settings.ep_size))
         self.last_balancedness = np.ones(trace.num_layers)
+        # the deployment's physics (hidden from the operator): telemetry from the true cost
+        self.true = true_cost or TrueCost()
+        self._rng = np.random.default_rng(seed + 7919)
+        self._bytes = self.true.expert_bytes(trace.num_layers, trace.num_experts)
+        self._red_bytes = trace.num_layers * self._bytes * settings.num_redundant_experts / settings.ep_size
+        tok = tokens_per_step(trace) * settings.share
+        self._tok_ref = float(np.median(tok[trace.bucket_steps > 0])) if np.any(trace.bucket_steps > 0) else 1.0
+        self.step_hist = _Histogram(metric_names.STEP_SECONDS_BUCKETS)
+        self.tokens_hist = _Histogram(metric_names.STEP_TOKENS_BUCKETS)
+        self.rearrangement_seconds: list[float] = []
+        self.kv_bytes = self.true.kv_cache_bytes_per_gpu - self._red_bytes
+        self.kv_usage = 0.0
+        self.preemptions = 0.0
+        self.requests_waiting = 0.0
         self.ready = False
         self.started_at: float | None = None  # simulated time
         self.started_wall = time.time()
@@ -328,13 +406,43 @@ class SimulatedEngine:
             done_after = int(round((end - b * bs) / bs * steps_total))
             steps = done_after - done_before
             load = self.trace.load[t] * (frac * self.settings.share)
+            moved_before = len(self.replay.moved)
             rank = self.replay.run(load, steps)
+            self._observe(load, self.replay.rank_tokens(self.trace.load[t]), steps, self.replay.moved[moved_before:])
             self.expert_tokens += load
             self.rank_tokens += rank
             last_rank = rank if last_rank is None else last_rank + rank
             self._pos = end
         if last_rank is not None and last_rank.any():
             self.last_balancedness = balancedness(last_rank)
+
+    def _observe(self, load: np.ndarray, rank: np.ndarray, steps: int, moved: list[int]) -> None:
+        """The telemetry of ``steps`` engine steps serving ``load [L, E]``, with the rearrangements
+        (replicas received) that happened among them (:class:`TrueCost`). ``rank [L, P]``: the trace
+        bucket's load under the placement now; its served imbalance sets the step time (the
+        resolution of the workload, and of the simulator the tuner replays)."""
+        if steps <= 0:
+            return
+        true, rng = self.true, self._rng
+        tok = float(load.sum(axis=1).mean()) / float(self.trace.top_k or 1) / steps
+        base = float(true.balanced_step_s(tok))
+        lost = [true.rearrangement(m, self.settings.ep_size, self.trace.num_layers, self._bytes, base, rng)
+                for m in moved]
+        self.rearrangement_seconds += [d for _, d in lost]
+        stall = sum(x for x, _ in lost) if not true.use_async else 0.0
+        spread = sum(x for x, _ in lost) if true.use_async else 0.0
+        imb = served_imbalance(rank[None])
+        mean = float(true.step_seconds(np.array([tok]), imb, np.array([spread]), np.array([steps]), rng)[0])
+        if stall:  # a sync stall is one long step
+            self.step_hist.observe(mean + stall)
+            if steps > 1:
+                self.step_hist.observe(mean, steps - 1)
+        else:
+            self.step_hist.observe(mean, steps)
+        self.tokens_hist.observe(tok, steps)
+        usage, preempt, waiting = true.kv_state(np.array([tok]), self._tok_ref, self._red_bytes, np.array([steps]), rng)
+        self.kv_usage, self.requests_waiting = float(usage[0]), float(waiting[0])
+        self.preemptions += float(preempt[0])
 
     async def _loop(self) -> None:
         ready_at = self.started_at + self.startup_seconds

@@ -161,13 +161,16 @@ class FakeKubelet:
         num_groups: expert groups of the model (hierarchical policy), default 1.
         poll: wall seconds between reconciliations.
         on_change: called with :meth:`targets` whenever the set of ready pods changes.
+        true_cost: the deployment's true cost parameters the engines' telemetry comes from
+            (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
     """
 
     def __init__(self, api_url: str, workload: LoadTrace, clock: SimClock, *, startup_seconds: float = 120.0,
                  namespace: str | None = None, crash_if: Callable[[EngineSettings], bool] | None = None,
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None, num_groups: int = 1,
                  poll: float = 0.1, engine_tick: float = 0.1,
-                 on_change: Callable[[list[dict]], Any] | None = None) -> None:
+                 on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None) -> None:
+        self.true_cost = true_cost
         self.url = api_url.rstrip("/")
         self.workload, self.clock = workload, clock
         self.startup_seconds = startup_seconds
@@ -367,6 +370,7 @@ class FakeKubelet:
             try:
                 engine = SimulatedEngine(self.workload, settings, self.clock, startup_seconds=self.startup_seconds,
                                          tick=self.engine_tick, faults=self.faults_for(settings),
+                                         true_cost=self.true_cost,
                                          seed=self.pods_created)
                 await engine.start()
             except ValueError as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up

@@ -137,6 +137,8 @@ class SimWorld:
         crash_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model.
         observer: autotune observer (see ``AutotuneRuntime.observer``).
+        true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
+            the engines produce their telemetry from; never given to the operator.
     """
 
     workload: LoadTrace
@@ -154,6 +156,7 @@ class SimWorld:
     num_groups: int = 1
     observer: Callable[[str, dict, dict], None] | None = None
     engine_tick: float = 0.05
+    true_cost: Any = None
     # handles, set by run()
     cluster: Any = None
     clock: SimClock | None = None
@@ -194,7 +197,8 @@ class SimWorld:
                                            startup_seconds=self.startup_seconds, crash_if=self.crash_if,
                                            faults_for=self.faults_for, num_groups=self.num_groups,
                                            engine_tick=self.engine_tick,
-                                           on_change=self.prom.update if self.prom else None)
+                                           on_change=self.prom.update if self.prom else None,
+                                           true_cost=self.true_cost)
                 await self.kubelet.start()
                 try:
                     yield self

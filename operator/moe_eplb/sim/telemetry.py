@@ -1,0 +1,161 @@
+"""SIMULATED deployment physics: the true cost parameters of a deployment and the telemetry they produce.
+
+The operator and the tuner never see :class:`TrueCost`: tests, the benchmark and the demo give it to
+the simulated engines (:class:`moe_eplb.sim.engine.SimulatedEngine`) or to :func:`record`, which turn
+it into what a real deployment would measure -- step times, rearrangement durations, KV-cache usage,
+preemptions and waiting requests -- and the calibration (:mod:`moe_eplb.eplb.calibrate`) has to find
+the parameters again from those measurements alone.
+
+The forward model (one engine, per bucket of ``n`` steps with ``tok`` tokens per step):
+
+- balanced step time ``s0(tok) = step_base_s + step_per_token_s * tok``; a step with served
+  imbalance ``x`` (``sum_l max_rank / sum_l mean_rank``) takes ``s0 * ((1 - f) + f * x)``
+  (``f = moe_time_share``); the bucket's mean step time gets log-normal noise (``step_noise``) and,
+  in a share ``outlier_share`` of buckets, a 20-60 % outlier (a GC pause, a burst of long prefills);
+- a rearrangement costs ``sync_stall_s`` (sync; log-normal ``stall_noise``; the stall is part of
+  one step, so of the bucket's mean step time) or ``async_s_per_moved_byte`` per byte a GPU
+  receives (async; spread over the bucket's steps). Its recorded duration is the stall (sync) or
+  the time the copies ran, one layer per step (async);
+- the KV cache holds ``kv_demand * tok / tok_ref`` of its size (``tok_ref``: the trace's median
+  tokens per step) on a cache shrunk by the redundant experts; above 97 % the excess
+  requests wait and some are preempted;
+- ``bytes_per_expert``: the expert size (None: the known shapes' or 0), for the async copy cost and
+  the cache the redundant experts take;
+- ``kv_throughput_elasticity`` is the throughput lost per share of cache lost (the truth the
+  benchmark scores with; 0 for a cache with room to spare, 1 when the cache is the bottleneck).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_eplb.api.knobs import Knobs
+from moe_eplb.eplb.costmodel import GIB, CostModel
+from moe_eplb.eplb.trace import LoadTrace, RecordedConfig, Rearrangement, Telemetry, served_imbalance
+
+__all__ = ["TrueCost", "record", "tokens_per_step"]
+
+#: Usage at which a simulated KV cache counts as full (requests queue beyond it).
+FULL_USAGE = 0.97
+
+
+def tokens_per_step(trace: LoadTrace) -> np.ndarray:
+    """``[T]`` tokens per engine step (routed per layer / top_k / steps; top_k 1 when unknown)."""
+    routed = trace.load.sum(axis=2).mean(axis=1) / float(trace.top_k or 1)
+    steps = trace.bucket_steps.astype(np.float64)
+    return np.divide(routed, steps, out=np.zeros_like(routed), where=steps > 0)
+
+
+@dataclass(frozen=True)
+class TrueCost:
+    """A deployment's true cost parameters (hidden from the operator; see the module docstring)."""
+
+    moe_time_share: float = 0.35
+    step_base_s: float = 0.012
+    step_per_token_s: float = 8e-6
+    use_async: bool = True
+    sync_stall_s: float = 0.91
+    async_s_per_moved_byte: float = CostModel().async_s_per_moved_byte
+    kv_cache_bytes_per_gpu: float = 40 * GIB
+    kv_demand: float = 0.6
+    kv_throughput_elasticity: float = 0.0
+    bytes_per_expert: float | None = None
+    step_noise: float = 0.02
+    outlier_share: float = 0.02
+    stall_noise: float = 0.15
+
+    def expert_bytes(self, num_layers: int, num_experts: int) -> float:
+        """Bytes of one expert of one MoE layer: ``bytes_per_expert``, else the known shape's, else 0."""
+        return CostModel(bytes_per_expert=self.bytes_per_expert).resolve_bytes_per_expert(num_layers, num_experts) or 0.0
+
+    def balanced_step_s(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Balanced step time (s) at ``tokens`` per step."""
+        return self.step_base_s + self.step_per_token_s * np.asarray(tokens, np.float64)
+
+    def step_seconds(self, tokens: np.ndarray, imbalance: np.ndarray, overhead_s: np.ndarray, steps: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+        """Measured mean step time ``[T]`` (s; NaN where ``steps`` is 0) for buckets with ``tokens``
+        per step, served ``imbalance``, ``overhead_s`` seconds of rearrangement in the bucket."""
+        tokens, imbalance = np.asarray(tokens, np.float64), np.asarray(imbalance, np.float64)
+        n = np.asarray(steps, np.float64)
+        x = np.where(np.isfinite(imbalance), imbalance, 1.0)
+        step = self.balanced_step_s(tokens) * (1.0 + self.moe_time_share * (x - 1.0))
+        step = step * np.exp(rng.normal(0.0, self.step_noise, step.shape))
+        out = rng.random(step.shape) < self.outlier_share
+        step = np.where(out, step * rng.uniform(1.2, 1.6, step.shape), step)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, step + np.asarray(overhead_s, np.float64) / np.maximum(n, 1), np.nan)
+
+    def rearrangement(self, moved_replicas: int, ep_size: int, num_layers: int, bytes_per_expert: float,
+                      step_s: float, rng: np.random.Generator) -> tuple[float, float]:
+        """``(seconds of step time lost, recorded duration)`` of one rearrangement that makes the GPUs
+        receive ``moved_replicas`` replicas in all."""
+        if not self.use_async:
+            stall = float(self.sync_stall_s * np.exp(rng.normal(0.0, self.stall_noise)))
+            return stall, stall
+        lost = self.async_s_per_moved_byte * bytes_per_expert * moved_replicas / ep_size
+        return float(lost), float(num_layers * step_s * np.exp(rng.normal(0.0, self.stall_noise)))
+
+    def kv_state(self, tokens: np.ndarray, tokens_ref: float, redundant_bytes: float, steps: np.ndarray,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(usage, preemptions, waiting)`` per bucket for ``tokens`` per step, on a cache shrunk by
+        ``redundant_bytes`` per GPU."""
+        capacity = max(1e-6, 1.0 - redundant_bytes / self.kv_cache_bytes_per_gpu)
+        want = self.kv_demand * np.asarray(tokens, np.float64) / max(tokens_ref, 1e-9) / capacity
+        usage = np.clip(np.minimum(want, FULL_USAGE) + rng.normal(0.0, 0.01, want.shape), 0.0, 1.0)
+        excess = np.maximum(want - FULL_USAGE, 0.0)
+        preempt = rng.poisson(np.asarray(steps, np.float64) * 0.01 * excess).astype(np.float64)
+        waiting = np.round(100.0 * excess * np.exp(rng.normal(0.0, 0.2, want.shape)), 1)
+        return usage, preempt, waiting
+
+    def cost_model(self, trace: LoadTrace, bytes_per_expert: float | None = None) -> CostModel:
+        """The truth as the simulator's :class:`CostModel` on ``trace`` (balanced step time at the
+        trace's step-weighted mean batch)."""
+        tok = tokens_per_step(trace)
+        n = trace.bucket_steps.astype(np.float64)
+        s0 = float(self.balanced_step_s(np.average(tok, weights=n) if n.sum() > 0 else 0.0))
+        return CostModel(moe_time_share=self.moe_time_share, seconds_per_step=s0, use_async=self.use_async,
+                         sync_stall_s=self.sync_stall_s, async_s_per_moved_byte=self.async_s_per_moved_byte,
+                         bytes_per_expert=self.bytes_per_expert if bytes_per_expert is None else bytes_per_expert,
+                         kv_cache_bytes_per_gpu=self.kv_cache_bytes_per_gpu,
+                         kv_throughput_elasticity=self.kv_throughput_elasticity)
+
+
+def record(trace: LoadTrace, knobs: Knobs, ep_size: int, true: TrueCost, *, num_nodes: int = 1,
+           num_groups: int = 1, bytes_per_expert: float | None = None, seed: int = 0) -> LoadTrace:
+    """``trace`` served by one simulated engine running ``knobs`` on ``ep_size`` GPUs, with the
+    telemetry a real deployment with cost ``true`` would record (every key of docs/traces.md).
+
+    The engine starts cold at bucket 0 (vLLM's start-up placement). ``bytes_per_expert``: the
+    expert size (None: the cost model's known shapes; unknown shapes move no bytes)."""
+    from moe_eplb.sim.engine import EngineSettings, SimulatedEplb  # the engine imports this module
+
+    rng = np.random.default_rng(seed)
+    L, E, T = trace.num_layers, trace.num_experts, trace.num_buckets
+    per_expert = true.expert_bytes(L, E) if bytes_per_expert is None else float(bytes_per_expert)
+    eplb = SimulatedEplb(L, E, EngineSettings(model=trace.model or "model", ep_size=ep_size, knobs=knobs,
+                                              num_nodes=num_nodes, num_groups=num_groups))
+    tok = tokens_per_step(trace)
+    base = np.asarray(true.balanced_step_s(tok), np.float64)
+    rank_load = np.zeros((T, L, ep_size))
+    overhead = np.zeros(T)
+    events: list[Rearrangement] = []
+    for t in range(T):
+        before = len(eplb.moved)
+        rank_load[t] = eplb.run(trace.load[t], int(trace.bucket_steps[t]))
+        for moved in eplb.moved[before:]:
+            lost, duration = true.rearrangement(moved, ep_size, L, per_expert, float(base[t]), rng)
+            overhead[t] += lost
+            events.append(Rearrangement(t, duration))
+    step = true.step_seconds(tok, served_imbalance(rank_load), overhead, trace.bucket_steps, rng)
+    red_bytes = L * per_expert * knobs.num_redundant_experts / ep_size
+    ref = float(np.median(tok[trace.bucket_steps > 0])) if np.any(trace.bucket_steps > 0) else 1.0
+    usage, preempt, waiting = true.kv_state(tok, ref, red_bytes, trace.bucket_steps, rng)
+    tel = Telemetry(step_seconds=step, rank_load=rank_load, kv_cache_usage=usage, preemptions=preempt,
+                    requests_waiting=waiting, rearrangements=tuple(events),
+                    config=RecordedConfig(knobs, ep_size, true.use_async),
+                    kv_cache_bytes_per_gpu=true.kv_cache_bytes_per_gpu - red_bytes)
+    return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
+                     top_k=trace.top_k, model=trace.model, meta=dict(trace.meta), telemetry=tel)
