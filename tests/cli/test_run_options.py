@@ -92,6 +92,10 @@ def test_default_priority_differs_per_process(monkeypatch):
     ("MOE_EPLB_RESYNC_SECONDS", "0"),
     ("MOE_EPLB_LIVENESS", "healthz"),
     ("MOE_EPLB_STANDALONE", "maybe"),
+    ("MOE_EPLB_POD_MONITOR_LABELS", "release"),
+    ("MOE_EPLB_POD_MONITOR_LABELS", "release=kube prometheus"),
+    ("MOE_EPLB_POD_MONITOR_LABELS", '{"release": 3'),
+    ("MOE_EPLB_EXPORTER_IMAGE", "Not An Image"),
 ])
 def test_bad_env_value_is_a_usage_error_naming_the_variable(monkeypatch, env, value):
     for var in ENV_VARS:
@@ -115,3 +119,29 @@ def test_controller_carries_the_settings():
     assert Controller().settings == s.OperatorSettings()
     custom = s.build(prometheus_url="http://prom:9090", priority=1)
     assert Controller(settings=custom).settings.prometheus_url == "http://prom:9090"
+
+
+def test_pod_monitor_labels_and_exporter_image(monkeypatch):
+    """The chart's operator.podMonitorLabels (JSON) and image; the CLI's key=value form."""
+    got = parse(monkeypatch, {"MOE_EPLB_POD_MONITOR_LABELS": '{"release": "kube-prometheus-stack"}',
+                              "MOE_EPLB_EXPORTER_IMAGE": "registry.example.com/moe-eplb/operator:0.3.0"})
+    assert dict(got.pod_monitor_labels) == {"release": "kube-prometheus-stack"}
+    assert got.defaults.exporter_image == "registry.example.com/moe-eplb/operator:0.3.0"
+    assert dict(got.defaults.pod_monitor_labels) == {"release": "kube-prometheus-stack"}
+    got = parse(monkeypatch, {}, ("--pod-monitor-labels", "release=kps, team=ml"))
+    assert dict(got.pod_monitor_labels) == {"release": "kps", "team": "ml"}
+    assert got.exporter_image is None
+    assert dict(parse(monkeypatch, {"MOE_EPLB_POD_MONITOR_LABELS": ""}).pod_monitor_labels) == {}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("release", "'release' is not key=value"),
+    ('["release"]', "expected a JSON object"),
+    ('{"release": 3}', "3 is not a label value"),
+    ("bad key=x", "is not a Kubernetes label key"),
+    ("release=" + "x" * 64, "is not a label value"),
+])
+def test_bad_pod_monitor_labels_name_the_problem(text, words):
+    with pytest.raises(s.SettingsError, match="^MOE_EPLB_POD_MONITOR_LABELS / --pod-monitor-labels: ") as err:
+        s.build(pod_monitor_labels=text)
+    assert words in str(err.value)

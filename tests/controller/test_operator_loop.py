@@ -131,6 +131,27 @@ async def test_create_makes_children_and_status(kube, operator_runner, eventuall
         assert "Created" in reasons
 
 
+async def test_operator_wide_defaults_reach_the_children(kube, eventually, started):
+    """``moe-eplb run --pod-monitor-labels release=kube-prometheus-stack --exporter-image ...`` (the
+    chart's operator.podMonitorLabels and its own image): the PodMonitor carries the label that
+    kube-prometheus-stack selects by, the injection runs the operator's image; the resource is
+    not changed (the defaults are the operator's, not written back)."""
+    from moe_eplb.controller import settings as s
+
+    settings = s.build(pod_monitor_labels='{"release": "kube-prometheus-stack"}',
+                       exporter_image="registry.example.com/moe-eplb/operator:0.3.0")
+    res = example()
+    name = res["metadata"]["name"]
+    async with started(res, operator_settings=settings) as obj:
+        kids = await children(kube, name)
+        assert kids[f"PodMonitor/{name}"]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        (workload,) = workloads(kids).values()
+        inits = pod_template(workload)["spec"]["initContainers"]
+        assert [c["image"] for c in inits] == ["registry.example.com/moe-eplb/operator:0.3.0"]
+        assert "labels" not in (obj["spec"].get("monitoring") or {}).get("podMonitor", {})
+        assert "image" not in (obj["spec"]["engine"].get("exporter") or {})
+
+
 async def _phase(kube, name, phase):
     obj = await kube.get(kube.moeinference_path(NS, name))
     return obj if (obj.get("status") or {}).get("phase") == phase else None

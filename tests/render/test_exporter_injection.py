@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from moe_eplb import __version__, k8s_names
-from moe_eplb.api.spec import parse
+from moe_eplb.api.spec import OperatorDefaults, parse
 from moe_eplb.exporter.inject import inject
 from moe_eplb.render.objects import render_children
 
@@ -98,3 +98,22 @@ def test_pod_monitor_carries_the_configured_labels(variant) -> None:
     pm = next(c for c in render_children(parse(res)) if c["kind"] == "PodMonitor")
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert pm["metadata"]["labels"][k8s_names.NAME_LABEL] == res["metadata"]["name"]  # ours cannot be overridden
+
+
+def test_operator_defaults_fill_what_the_resource_leaves_unset(variant) -> None:
+    """The chart's operator.podMonitorLabels and the operator's own image (MOE_EPLB_POD_MONITOR_LABELS,
+    MOE_EPLB_EXPORTER_IMAGE): the resource's own values win, ours win over both."""
+    defaults = OperatorDefaults(pod_monitor_labels={"release": "kps", "team": "ml", k8s_names.NAME_LABEL: "x"},
+                                exporter_image="registry.example.com/moe-eplb/operator:0.3.0")
+    res = variant({"spec.monitoring.podMonitor": {"enabled": True, "labels": {"team": "serving"}}})
+    children = render_children(parse(res).with_operator_defaults(defaults))
+    pm = next(c for c in children if c["kind"] == "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kps" and pm["metadata"]["labels"]["team"] == "serving"
+    assert pm["metadata"]["labels"][k8s_names.NAME_LABEL] == res["metadata"]["name"]
+    dep = next(c for c in children if c["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["initContainers"][0]["image"] == defaults.exporter_image
+    own = variant({"spec.engine.exporter": {"image": "registry.local/moe-eplb/operator:dev"}})
+    dep = next(c for c in render_children(parse(own).with_operator_defaults(defaults)) if c["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["initContainers"][0]["image"] == "registry.local/moe-eplb/operator:dev"
+    off = parse(variant({"spec.engine.exporter": {"inject": False}}))
+    assert off.with_operator_defaults(OperatorDefaults(exporter_image="a/b:1")) is off  # nothing to inject

@@ -10,7 +10,7 @@ import copy
 import aiohttp
 import pytest
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.api.spec import parse
+from moe_eplb.api.spec import OperatorDefaults, parse
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.simulator import simulate
 from moe_eplb.render.objects import render_children
@@ -113,13 +113,14 @@ def test_default_prometheus_url_fills_only_an_empty_spec_url():
     res = copy.deepcopy(RESOURCE)
     res["spec"].pop("monitoring", None)
     inf = parse(res)
+    prom = OperatorDefaults(prometheus_url="http://prom:9090")
     assert inf.prometheus_url is None
-    assert inf.with_default_prometheus("http://prom:9090").prometheus_url == "http://prom:9090"
-    assert inf.with_default_prometheus(None) is inf
+    assert inf.with_operator_defaults(prom).prometheus_url == "http://prom:9090"
+    assert inf.with_operator_defaults(OperatorDefaults()) is inf
     res["spec"]["monitoring"] = {"prometheusUrl": "http://mine:9090"}
-    assert parse(res).with_default_prometheus("http://prom:9090").prometheus_url == "http://mine:9090"
+    assert parse(res).with_operator_defaults(prom).prometheus_url == "http://mine:9090"
     res["spec"]["monitoring"] = {"prometheusUrl": ""}
-    assert parse(res).with_default_prometheus(None).prometheus_url is None
+    assert parse(res).with_operator_defaults(OperatorDefaults()).prometheus_url is None
 
 
 def render_children_of(resource):

@@ -297,6 +297,16 @@ class Monitoring:
 
 
 @dataclass(frozen=True)
+class OperatorDefaults:
+    """Operator-wide defaults (``moe-eplb run`` options, set by the Helm chart) for what a resource
+    leaves unset; applied by :meth:`MoEInference.with_operator_defaults`, never written back."""
+
+    prometheus_url: str | None = None
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    exporter_image: str | None = None
+
+
+@dataclass(frozen=True)
 class Spec:
     model: Model
     engine: Engine
@@ -409,13 +419,23 @@ class MoEInference:
     def prometheus_url(self) -> str | None:
         return self.monitoring.prometheus_url or None
 
-    def with_default_prometheus(self, url: str | None) -> "MoEInference":
-        """This resource with ``spec.monitoring.prometheusUrl`` set to the operator's default
-        (``--prometheus-url``) when the spec leaves it empty (a private copy: never written back)."""
-        if self.monitoring.prometheus_url or not url:
+    def with_operator_defaults(self, defaults: "OperatorDefaults") -> "MoEInference":
+        """This resource with what the operator process fills in where the spec leaves it unset (a
+        private copy: never written back): ``spec.monitoring.prometheusUrl`` (``--prometheus-url``),
+        the PodMonitor's labels (``--pod-monitor-labels``; the resource's own labels win) and the
+        exporter-injection image (``--exporter-image``, the operator's own image in the chart)."""
+        monitoring, engine = self.monitoring, self.engine
+        if defaults.prometheus_url and not monitoring.prometheus_url:
+            monitoring = dataclasses.replace(monitoring, prometheus_url=defaults.prometheus_url)
+        if defaults.pod_monitor_labels:
+            labels = {**defaults.pod_monitor_labels, **monitoring.pod_monitor_labels}
+            monitoring = dataclasses.replace(monitoring, pod_monitor_labels=labels)
+        if defaults.exporter_image and engine.exporter.inject and not engine.exporter.image:
+            engine = dataclasses.replace(engine, exporter=dataclasses.replace(engine.exporter,
+                                                                              image=defaults.exporter_image))
+        if monitoring is self.monitoring and engine is self.engine:
             return self
-        monitoring = dataclasses.replace(self.monitoring, prometheus_url=url)
-        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, monitoring=monitoring))
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, monitoring=monitoring, engine=engine))
 
     def knobs_problem(self, knobs: Knobs) -> str | None:
         """Why ``knobs`` cannot run with this spec (vLLM's limit, divisibility of experts +

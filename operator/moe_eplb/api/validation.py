@@ -266,7 +266,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                             "options for it); remove the field")
                 )
 
-    problems += _label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+    problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
 
     for i, arg in enumerate(engine.extra_args):
         flag = arg.split("=", 1)[0]
@@ -313,12 +313,7 @@ def metadata_problems(meta: Mapping[str, Any]) -> list[Problem]:
         if not isinstance(labels, Mapping):
             problems.append(Problem("metadata.labels", f"expected an object of labels, got {show(labels)}"))
         else:
-            problems += _label_problems(labels, "metadata.labels")
-            for key, value in labels.items():
-                if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-                    problems.append(Problem(f"metadata.labels[{str(key)[:80]!r}]", f"{show(value)} is not a label "
-                                            "value: at most 63 letters, digits, '-', '_' or '.', starting and "
-                                            "ending with a letter or digit"))
+            problems += label_problems(labels, "metadata.labels")
     annotations = meta.get("annotations")
     if isinstance(annotations, Mapping):
         size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
@@ -373,15 +368,20 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
-def _label_problems(labels: Mapping[str, str], where: str) -> list[Problem]:
-    """Kubernetes label keys (``[prefix/]name``, name <= 63 characters, prefix a DNS subdomain)."""
+def label_problems(labels: Mapping[str, Any], where: str) -> list[Problem]:
+    """Kubernetes label keys (``[prefix/]name``, name <= 63 characters, prefix a DNS subdomain) and
+    values (<= 63 characters, alphanumeric at both ends), as the API server checks them."""
     out = []
-    for key in labels:
+    for key, value in labels.items():
+        key = str(key)
         prefix = key.split("/", 1)[0] if "/" in key else ""
         if not _LABEL_KEY.match(key) or len(prefix) > 253:
             out.append(Problem(f"{where}[{key[:80]!r}]", "is not a Kubernetes label key: [prefix/]name with name "
                                "at most 63 letters, digits, '-', '_' or '.' (starting and ending with a letter or "
                                "digit) and prefix a DNS subdomain"))
+        elif not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            out.append(Problem(f"{where}[{key[:80]!r}]", f"{show(value)} is not a label value: at most 63 letters, "
+                               "digits, '-', '_' or '.', starting and ending with a letter or digit"))
     return out
 
 

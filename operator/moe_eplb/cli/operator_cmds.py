@@ -67,6 +67,14 @@ class _NamespaceList(click.ParamType):
 @click.option("--log-format", type=click.Choice(s.LOG_FORMATS, case_sensitive=False), default="text",
               show_default=True, **_env("log_format"),
               help="text: timestamped lines; json: one JSON object per line (kopf's JSON formatter).")
+@click.option("--pod-monitor-labels", default=None, **_env("pod_monitor_labels"),
+              help='Labels every rendered PodMonitor carries, as key=value,key=value or a JSON object, e.g. '
+                   'release=kube-prometheus-stack (what that stack\'s Prometheus selects PodMonitors by); '
+                   "a resource's spec.monitoring.podMonitor.labels win.")
+@click.option("--exporter-image", default=None, **_env("exporter_image"),
+              help="Image of the exporter-injection init container for resources without "
+                   "spec.engine.exporter.image (default: the operator image of this version; the chart sets "
+                   "the image it runs).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs (same as --log-level DEBUG).")
 @click.option("--debug", is_flag=True, help="Debug logs, including every API call kopf makes.")
 @click.pass_context
@@ -127,5 +135,6 @@ def settings_from_cli(ctx: click.Context, values: Mapping[str, Any], environ: Ma
         health_port=values.get("health_port"), liveness=values.get("liveness"),
         metrics_port=values["metrics_port"], resync_seconds=values["resync_seconds"],
         log_level=values["log_level"], log_format=values["log_format"],
-        pod_name=environ.get("POD_NAME"), pod_namespace=environ.get("POD_NAMESPACE"))
+        pod_name=environ.get("POD_NAME"), pod_namespace=environ.get("POD_NAMESPACE"),
+        pod_monitor_labels=values.get("pod_monitor_labels"), exporter_image=values.get("exporter_image"))
 

@@ -202,8 +202,10 @@ def register(registry: Any, controller: Any = None, rt: AutotuneRuntime | None =
             log.info("autotune: %s/%s: %s", (body.get("metadata") or {}).get("namespace"),
                      (body.get("metadata") or {}).get("name"), exc)
             return
-        # an empty spec.monitoring.prometheusUrl takes the operator's --prometheus-url (this copy only)
-        inf = inf.with_default_prometheus(getattr(getattr(ctl, "settings", None), "prometheus_url", None))
+        # what the spec leaves unset takes the operator's defaults, e.g. --prometheus-url (this copy only)
+        settings = getattr(ctl, "settings", None)
+        if settings is not None:
+            inf = inf.with_operator_defaults(settings.defaults)
 
         async def rerender() -> None:
             # A status change does not trigger kopf's update handlers: have the reconciler render the

@@ -69,7 +69,8 @@ class Controller:
         client = KubeClient(Connection.from_info(info))
         old, self.client = self.client, client
         if self.reconciler is None:
-            self.reconciler = Reconciler(client, counter=self._counter, refresh_delay_s=self._refresh_delay_s)
+            self.reconciler = Reconciler(client, counter=self._counter, refresh_delay_s=self._refresh_delay_s,
+                                         defaults=self.settings.defaults)
         else:
             self.reconciler.client = client
         if old is not None:

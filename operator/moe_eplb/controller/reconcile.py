@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb.api.spec import status_eplb
+from moe_eplb.api.spec import OperatorDefaults, status_eplb
 from moe_eplb.api.validation import check
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
@@ -128,12 +128,14 @@ class Reconciler:
     """Reconciles MoEInference resources through a :class:`KubeClient`.
 
     ``counter`` (optional) is called as ``counter(result)`` once per reconcile with
-    ``ok | invalid | rejected | error`` (the operator's ``moe_eplb_reconciles_total``).
+    ``ok | invalid | rejected | error`` (the operator's ``moe_eplb_reconciles_total``);
+    ``defaults``: the operator-wide defaults filled in where a resource leaves them unset.
     """
 
     def __init__(self, client: KubeClient, *, counter: Callable[[str], None] | None = None,
-                 refresh_delay_s: float = 0.1) -> None:
+                 refresh_delay_s: float = 0.1, defaults: OperatorDefaults | None = None) -> None:
         self.client = client
+        self.defaults = defaults or OperatorDefaults()
         self.counter = counter or (lambda result: None)
         self.refresh_delay_s = refresh_delay_s
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -215,6 +217,8 @@ class Reconciler:
         checked = check(resource)  # validation and the typed model, one defaulting pass
         problems = list(checked.problems)
         inf = checked.inference
+        if inf is not None:
+            inf = inf.with_operator_defaults(self.defaults)  # this copy only; the resource is not changed
         desired: list[dict[str, Any]] = []
         if not problems and inf is not None:
             try:

@@ -15,17 +15,29 @@ Env contract (chart -> operator):
 - ``MOE_EPLB_METRICS_PORT`` (0 = off), ``MOE_EPLB_HEALTH_PORT`` (``/healthz``, 0 = off);
 - ``MOE_EPLB_LOG_LEVEL`` (DEBUG|INFO|WARNING|ERROR), ``MOE_EPLB_LOG_FORMAT`` (text|json);
 - ``MOE_EPLB_RESYNC_SECONDS``, ``MOE_EPLB_STANDALONE``, ``MOE_EPLB_KUBECONFIG``;
+- ``MOE_EPLB_POD_MONITOR_LABELS``: labels every rendered PodMonitor carries (a JSON object, or
+  ``key=value,key=value``), e.g. ``{"release": "kube-prometheus-stack"}`` so that
+  kube-prometheus-stack's Prometheus selects them; a resource's ``spec.monitoring.podMonitor.labels``
+  win over them;
+- ``MOE_EPLB_EXPORTER_IMAGE``: the image the exporter-injection init container runs when a
+  resource leaves ``spec.engine.exporter.image`` empty (the chart sets the operator's own image);
 - ``POD_NAME``, ``POD_NAMESPACE`` (downward API): the replica's identity (kopf peering id, logs).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from moe_eplb import k8s_names
+from moe_eplb.api.imageref import parse_image
+from moe_eplb.api.spec import OperatorDefaults
+from moe_eplb.api.validation import label_problems
 
 PEERING_NAME = "moe-eplb"
 DEFAULT_HEALTH_PORT = 8081
@@ -49,6 +61,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "resync_seconds": ("--resync-seconds", "MOE_EPLB_RESYNC_SECONDS"),
     "log_level": ("--log-level", "MOE_EPLB_LOG_LEVEL"),
     "log_format": ("--log-format", "MOE_EPLB_LOG_FORMAT"),
+    "pod_monitor_labels": ("--pod-monitor-labels", "MOE_EPLB_POD_MONITOR_LABELS"),
+    "exporter_image": ("--exporter-image", "MOE_EPLB_EXPORTER_IMAGE"),
 }
 
 #: No longer read: spec.autotune's fields are defaulted by the CRD (per MoEInference).
@@ -76,7 +90,9 @@ class OperatorSettings:
     ``spec.monitoring.prometheusUrl`` (None: read the pods' exporters directly);
     ``namespaces``: served namespaces (empty: all, cluster-wide); ``priority``: kopf peering
     priority; ``liveness_endpoint``: kopf's liveness URL or None; ``metrics_port``: 0 = off;
-    ``resync_seconds``: drift/status timer period (s); ``log_level``/``log_format``: logging.
+    ``resync_seconds``: drift/status timer period (s); ``log_level``/``log_format``: logging;
+    ``pod_monitor_labels`` / ``exporter_image``: defaults for resources that leave them unset
+    (:attr:`defaults`).
     """
 
     prometheus_url: str | None = None
@@ -91,10 +107,18 @@ class OperatorSettings:
     log_format: str = "text"
     pod_name: str | None = None
     pod_namespace: str | None = None
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    exporter_image: str | None = None
 
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    @property
+    def defaults(self) -> OperatorDefaults:
+        """What this operator fills in where a MoEInference leaves it unset."""
+        return OperatorDefaults(prometheus_url=self.prometheus_url, pod_monitor_labels=dict(self.pod_monitor_labels),
+                                exporter_image=self.exporter_image)
 
 
 def random_priority() -> int:
@@ -118,11 +142,42 @@ def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_labels(text: str | Mapping[str, str] | None) -> dict[str, str]:
+    """``'{"release": "kps"}'`` or ``"release=kps,team=ml"`` (or a mapping) -> checked labels."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return {}
+    if isinstance(text, Mapping):
+        labels: Any = dict(text)
+    elif text.lstrip().startswith(("{", "[")):
+        try:
+            labels = json.loads(text)
+        except json.JSONDecodeError as exc:
+            labels = f"not JSON ({exc.msg} at character {exc.pos})"
+        if not isinstance(labels, dict):
+            problem = labels if isinstance(labels, str) else "expected a JSON object"
+            raise SettingsError("pod_monitor_labels", f"{text[:200]!r}: {problem}; give e.g. "
+                                                      '{"release": "kube-prometheus-stack"}')
+    else:
+        labels = {}
+        for item in text.split(","):
+            key, sep, value = item.strip().partition("=")
+            if not sep or not key.strip():
+                raise SettingsError("pod_monitor_labels", f"{item.strip()[:80]!r} is not key=value; give e.g. "
+                                                          "release=kube-prometheus-stack,team=ml")
+            labels[key.strip()] = value.strip()
+    problems = label_problems(labels, "labels")
+    if problems:
+        shown = text if isinstance(text, str) else json.dumps(labels)
+        raise SettingsError("pod_monitor_labels", f"{shown[:200]!r}: {problems[0]}")
+    return labels
+
+
 def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), standalone: bool = False,
           peering_name: str | None = None, priority: int | None = None, health_port: int | None = None,
           liveness: str | None = None, metrics_port: int = k8s_names.OPERATOR_METRICS_PORT, resync_seconds: float = 60.0,
           log_level: str = "INFO", log_format: str = "text", pod_name: str | None = None,
-          pod_namespace: str | None = None,
+          pod_namespace: str | None = None, pod_monitor_labels: str | Mapping[str, str] | None = None,
+          exporter_image: str | None = None,
           draw_priority: Callable[[], int] = random_priority) -> OperatorSettings:
     """Check raw option values and return the settings.
 
@@ -159,8 +214,14 @@ def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), 
         endpoint = f"http://0.0.0.0:{port}/healthz" if port else None
     if priority is None:
         priority = draw_priority()
+    labels = parse_labels(pod_monitor_labels)
+    image = (exporter_image or "").strip() or None
+    if image is not None and parse_image(image) is None:
+        raise SettingsError("exporter_image", f"{image[:200]!r} is not an image reference; give e.g. "
+                                              "ghcr.io/moe-eplb/operator:0.3.0 (the operator's own image)")
     return OperatorSettings(
         prometheus_url=url, namespaces=split_namespaces(namespaces), standalone=bool(standalone),
         peering_name=(peering_name or PEERING_NAME).strip(), priority=int(priority), liveness_endpoint=endpoint,
         metrics_port=int(metrics_port), resync_seconds=float(resync_seconds), log_level=level, log_format=fmt,
-        pod_name=pod_name or None, pod_namespace=pod_namespace or None)
+        pod_name=pod_name or None, pod_namespace=pod_namespace or None,
+        pod_monitor_labels=MappingProxyType(labels), exporter_image=image)
