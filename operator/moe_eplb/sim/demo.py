@@ -21,6 +21,7 @@ import asyncio
 import copy
 import json
 import os
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -72,6 +73,16 @@ class DemoRecord:
     samples: list[dict] = field(default_factory=list)  # {t_h, balancedness, settings}
     decisions: list[dict] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
+
+
+def short(text: Any, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters, cut only between words (" …" marks a cut)."""
+    return textwrap.shorten(str(text or ""), width=width, placeholder=" …")
+
+
+#: (action in status.autotune.history, colour, legend label) of the vertical change markers
+CHANGE_MARKERS = (("Kept", "tab:green", "change applied, judged and kept"),
+                  ("RolledBack", "tab:orange", "change rolled back"))
 
 
 def _fmt_t(seconds: float) -> str:
@@ -143,12 +154,12 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
                      if rec else "-")
             g = f"{100 * gain:+.1f}%" if isinstance(gain, (int, float)) else "   - "
             echo(f"[sim {_fmt_t(t)}] {payload.get('decision', '?'):9s} best {knobs:>14s} gain {g:>7s}  "
-                 f"{payload.get('reason', '')[:110]}")
+                 f"{short(payload.get('reason'), 110)}")
         elif kind == "rollout":
             echo(f"[sim {_fmt_t(t)}] rollout   {payload.get('kind')} -> {payload.get('phase')}")
         elif kind == "history":
             record.history.append({"t_h": t / 3600.0, **payload})
-            echo(f"[sim {_fmt_t(t)}] {payload.get('action'):9s} {payload.get('reason', '')[:140]}")
+            echo(f"[sim {_fmt_t(t)}] {payload.get('action'):9s} {short(payload.get('reason'), 140)}")
 
     world = SimWorld(workload=workload, scale=speed, startup_seconds=180.0, prometheus=use_prom,
                      scrape_interval=1.0, tick_seconds=0.25, lookback_seconds=1800.0,
@@ -247,13 +258,12 @@ def _summarize(record: DemoRecord, workload: LoadTrace, ep: int, hours: float, f
     }
 
 
-def _write_report(out_dir: str, record: DemoRecord, summary: dict, workload: LoadTrace, ep: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def balancedness_figure(record: DemoRecord, hours: float, ep: int) -> Any:
+    """The balancedness plot over simulated hours: tuned and untuned, the domain shift and every
+    change (kept or rolled back); every line drawn is in the legend."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    hours = summary["hours"]
     s = record.samples
     fig, ax = plt.subplots(figsize=(10, 4.5))
     if s:
@@ -262,13 +272,30 @@ def _write_report(out_dir: str, record: DemoRecord, summary: dict, workload: Loa
         ax.plot([x["t_h"] for x in s], [x["balancedness"] for x in s], label="tuned (measured on the pods)",
                 color="tab:blue", lw=1)
     ax.axvline(hours / 2, color="tab:red", ls="--", label="domain shift")
-    for h in record.history:
-        ax.axvline(h["t_h"], color="tab:green" if h.get("action") == "Kept" else "tab:orange", ls=":", lw=1)
+    handles, _ = ax.get_legend_handles_labels()
+    for action, color, label in CHANGE_MARKERS:
+        times = [h["t_h"] for h in record.history if h.get("action") == action]
+        for t in times:
+            ax.axvline(t, color=color, ls=":", lw=1)
+        if times:  # one legend entry per kind of marker, however many were drawn
+            handles.append(Line2D([], [], color=color, ls=":", lw=1, label=label))
     ax.set_xlabel("simulated hours")
     ax.set_ylabel("balancedness (mean / max tokens per GPU)")
     ax.set_title(f"moe-eplb demo (simulated): EP {ep}, {hours:g} h")
-    ax.legend(loc="lower right")
+    ax.legend(handles=handles, loc="lower right")
     fig.tight_layout()
+    return fig
+
+
+def _write_report(out_dir: str, record: DemoRecord, summary: dict, workload: LoadTrace, ep: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = summary["hours"]
+    s = record.samples
+    fig = balancedness_figure(record, hours, ep)
     fig.savefig(os.path.join(out_dir, "balancedness.png"), dpi=110)
     plt.close(fig)
 
@@ -319,11 +346,16 @@ def _write_report(out_dir: str, record: DemoRecord, summary: dict, workload: Loa
         kn = lambda x: f"{x.get('windowSize')}/{x.get('stepInterval')}/{x.get('numRedundantExperts')}" if x else "-"  # noqa: E731
         g = d.get("predictedGain")
         lines.append(f"| {_fmt_t(d['t_h'] * 3600)} | {d['decision']} | {kn(cur)} | {kn(rec)} | "
-                     f"{'-' if g is None else f'{100 * g:+.1f}%'} | {str(d.get('reason', '')).replace('|', '/')[:160]} |")
+                     f"{'-' if g is None else f'{100 * g:+.1f}%'} | {_cell(d.get('reason'))} |")
     lines += ["", "## Rollouts", "", "| sim time | outcome | from | to | reason |", "| --- | --- | --- | --- | --- |"]
     for h in record.history:
         kn = lambda x: f"{x.get('windowSize')}/{x.get('stepInterval')}/{x.get('numRedundantExperts')}" if x else "-"  # noqa: E731
         lines.append(f"| {_fmt_t(h['t_h'] * 3600)} | {h.get('action')} | {kn(h.get('from'))} | {kn(h.get('to'))} | "
-                     f"{str(h.get('reason', '')).replace('|', '/')[:160]} |")
+                     f"{_cell(h.get('reason'))} |")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _cell(text: Any) -> str:
+    """A reason as one Markdown table cell: whole (never cut), on one line, no column separators."""
+    return " ".join(str(text or "").split()).replace("|", "\\|")
