@@ -25,8 +25,10 @@ cache full with a queue, sync rearrangements of 1.5 s). The first hour is record
 generated from the TRUE parameters under vLLM's defaults; the tuner calibrates on it; rows no
 EPLB, vLLM defaults, today's constant cost model, the calibrated pick and the hindsight best of the
 full grid (redundancy included) are scored on the second hour with the true parameters. Exit
-status 1 also if a calibrated pick is below 97 % of that best or below the defaults, or the fitted
-MoE share is more than 0.05 off.
+status 1 also if a calibrated pick is below 97 % of that best or below the defaults, or the MoE
+share is not recovered: over 5 independent telemetry draws of the same hour, the median measured
+share more than 0.05 off, or a measured share whose +/- 3 standard errors miss the truth (a draw the
+calibration refuses as too uncertain keeps the default and is reported, not hidden).
 """
 
 from __future__ import annotations
@@ -72,6 +74,38 @@ CALIBRATION_CASES = {
 }
 
 
+#: Independent telemetry draws (step-time noise, outliers, stalls) the MoE-share recovery is judged on.
+SHARE_DRAWS = 5
+
+
+def share_recovery(hour, topo: dict, true: TrueCost, seed: int) -> tuple[bool, str]:
+    """Calibrate the MoE share on ``SHARE_DRAWS`` telemetry recordings of the same hour (the noise
+    drawn anew each time). Recovered: the median of the measured values is within 0.05 of the truth
+    and every measured value's +/- 3 standard errors cover it (the stated uncertainty is honest); a
+    draw the calibration refuses (too narrow or too noisy to tell) keeps the default and is counted."""
+    from moe_eplb.eplb.calibrate import calibrate
+
+    measured, refused = [], 0
+    for s in range(seed, seed + SHARE_DRAWS):
+        history = record(hour, VLLM_DEFAULTS, topo["ep_size"], true, num_nodes=topo["num_nodes"],
+                         num_groups=topo["num_groups"], seed=s)
+        p = calibrate(history).parameters["moe_time_share"]
+        if p.source == "measured":
+            measured.append((p.value, p.uncertainty or 0.0))
+        else:
+            refused += 1
+    if not measured:
+        return False, f"MoE share over {SHARE_DRAWS} telemetry draws: refused in every one"
+    median = float(sorted(v for v, _ in measured)[len(measured) // 2])
+    honest = all(abs(v - true.moe_time_share) <= 3 * se for v, se in measured)
+    within = sum(abs(v - true.moe_time_share) <= 0.05 for v, _ in measured)
+    ok = abs(median - true.moe_time_share) <= 0.05 and honest
+    values = ", ".join(f"{v:.3f}+/-{se:.3f}" for v, se in measured)
+    return ok, (f"MoE share over {SHARE_DRAWS} telemetry draws: {values} (true {true.moe_time_share}); median "
+                f"{median:.3f}; within 0.05 in {within}/{SHARE_DRAWS}; refused in {refused}; truth inside +/-3 "
+                f"s.e. of every measured draw: {honest}")
+
+
 def run_calibration_cases(names, hours: float, seed: int, dump: dict) -> list[str]:
     """Print the calibration table; returns the failed cases."""
     failures = []
@@ -100,7 +134,7 @@ def run_calibration_cases(names, hours: float, seed: int, dump: dict) -> list[st
                                        "balancedness": r.balancedness, "throughput": r.throughput}
         p = ho.calibration.parameters
         fitted = p["moe_time_share"]
-        share_ok = fitted.source == "measured" and abs(fitted.value - true.moe_time_share) <= 0.05
+        share_ok, share_line = share_recovery(trace.slice(0, cut), topo, true, seed)
         print(f"{name:<10} fitted vs true: moe_time_share {fitted.value:.3f} +/- {fitted.uncertainty or 0:.3f} "
               f"({fitted.source}) vs {true.moe_time_share}; "
               + (f"sync_stall_s {p['sync_stall_s'].value:.3f} vs {true.sync_stall_s}; " if not true.use_async else
@@ -109,8 +143,9 @@ def run_calibration_cases(names, hours: float, seed: int, dump: dict) -> list[st
               f"seconds_per_step {p['seconds_per_step'].value:.4f} vs {true.cost_model(history).seconds_per_step:.4f}")
         ok_ratio = ho.ratio("calibrated") >= 0.97
         ok_def = ho.rows["calibrated"].throughput >= ho.rows["vllm_defaults"].throughput
+        print(f"{name:<10} {share_line}")
         print(f"{name:<10} calibrated/hindsight {ho.ratio('calibrated'):.2%} (>= 97%: {ok_ratio}); >= defaults: "
-              f"{ok_def}; share within 0.05: {share_ok}; constant model/hindsight {ho.ratio('constant'):.2%} "
+              f"{ok_def}; share recovered: {share_ok}; constant model/hindsight {ho.ratio('constant'):.2%} "
               f"[{secs:.1f} s]")
         print()
         if not (ok_ratio and ok_def and share_ok):
@@ -182,7 +217,7 @@ def main() -> int:
         return 1
     print("OK: on every workload the tuner's pick is >= 97% of hindsight-best and never below "
           "the vLLM defaults or the seed config; calibrated picks >= 97% of hindsight under the true "
-          "parameters, never below the defaults, MoE share recovered within 0.05")
+          "parameters, never below the defaults, MoE share recovered (median of 5 draws within 0.05, truth within +/-3 s.e.)")
     return 0
 
 
