@@ -90,9 +90,14 @@ def test_modes_and_cardinality_deepseek_v3_shape():
     pm.balancedness = balancedness(pm.rank_tokens)
     full = _series(families({"x": pm}, "full"))
     reduced = _series(families({"x": pm}, "reduced"))
-    assert full == L * E * 2 + L * EP + L + 1 + 1 + 1 + 1 + 1 + (len(snap.DURATION_BUCKETS) + 1 + 2)
-    assert reduced == L * E + L * EP + L * R + L + 5 + len(snap.DURATION_BUCKETS) + 3
+    # per rank (one worker here): the step-duration and step-token histograms (buckets + +Inf +
+    # _sum + _count each); the KV-cache gauge only when the worker saw its cache (not here)
+    per_rank = (len(metric_names.STEP_SECONDS_BUCKETS) + 3) + (len(metric_names.STEP_TOKENS_BUCKETS) + 3)
+    assert full == L * E * 2 + L * EP + L + 1 + 1 + 1 + 1 + 1 + (len(snap.DURATION_BUCKETS) + 1 + 2) + per_rank
+    assert reduced == L * E + L * EP + L * R + L + 5 + len(snap.DURATION_BUCKETS) + 3 + per_rank
     assert full > 20_000 > reduced
+    # a pod holding all 32 ranks (one worker each, KV gauge on) stays under 20 000 in reduced mode
+    assert reduced + (EP - 1) * per_rank + EP < 20_000
 
 
 def test_exposition_keeps_exact_names_and_labels(tmp_path):

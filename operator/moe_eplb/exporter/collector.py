@@ -7,6 +7,8 @@ Aggregation over the pod's workers (one per EP rank), per model:
   nothing counted twice;
 * engine steps, rearrangements, their durations, the replica map and the config are the same
   engine-wide quantity on every rank, so they are taken from the pod's lowest EP rank (never summed);
+* step durations, tokens per step and the KV-cache size are per rank: exported per rank (label
+  ``rank`` = the worker's own EP rank), never summed;
 * balancedness per layer = mean over ranks / max over ranks of the tokens each rank processed in the
   last ``window`` seconds. It is exported only when this pod holds every EP rank (then its
   rank counters are complete); for engines spanning pods use the PromQL in docs/exporter.md.
@@ -57,6 +59,7 @@ class PodModel:
     num_redundant_experts: int | None
     start_time: float
     balancedness: dict[int, float] = field(default_factory=dict)
+    per_rank: list[snap.ModelSnapshot] = field(default_factory=list)  # this pod's workers, by EP rank
 
     @property
     def complete(self) -> bool:
@@ -94,6 +97,7 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
             step_interval=first.step_interval,
             num_redundant_experts=first.num_redundant_experts,
             start_time=min(m.start_time for m in same),
+            per_rank=same,
         )
     return out
 
@@ -151,6 +155,12 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
     hist = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS,
                                  "Duration of EPLB rearrangements (sync: the call; async: until the last "
                                  "layer is committed).", labels=[M])
+    step_s = HistogramMetricFamily(metric_names.STEP_SECONDS, "Wall time of the engine steps of each EP rank "
+                                   "(end of one EPLB step to the end of the next; waits for work excluded).",
+                                   labels=[M, RK])
+    step_t = HistogramMetricFamily(metric_names.STEP_TOKENS, "Real (unpadded) tokens the rank's router dispatched "
+                                   "per engine step (each to top_k experts; dummy steps count 0).", labels=[M, RK])
+    kv = GaugeMetricFamily(metric_names.KV_CACHE_BYTES, "Bytes of KV cache the EP rank allocated.", labels=[M, RK])
     for pm in models.values():
         L, E = pm.expert_tokens.shape
         layer_s = [str(l) for l in range(L)]
@@ -182,7 +192,22 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
         cum = np.cumsum(pm.duration_buckets)
         bounds = [repr(float(b)) for b in snap.DURATION_BUCKETS] + ["+Inf"]
         hist.add_metric([pm.name], list(zip(bounds, [float(c) for c in cum])), sum_value=pm.duration_sum)
-    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks]
+        for m in pm.per_rank:
+            r = str(m.ep_rank)
+            step_s.add_metric([pm.name, r], _buckets(metric_names.STEP_SECONDS_BUCKETS, m.step_seconds_buckets),
+                              sum_value=m.step_seconds_sum)
+            step_t.add_metric([pm.name, r], _buckets(metric_names.STEP_TOKENS_BUCKETS, m.step_tokens_buckets),
+                              sum_value=m.step_tokens_sum)
+            if m.kv_cache_bytes:
+                kv.add_metric([pm.name, r], float(m.kv_cache_bytes))
+    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks, step_s, step_t, kv]
+
+
+def _buckets(bounds, counts) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs of a histogram from per-bucket counts (last = +Inf)."""
+    cum = np.cumsum(np.asarray(counts, np.int64))
+    les = [repr(float(b)) for b in bounds] + ["+Inf"]
+    return list(zip(les, [float(c) for c in cum]))
 
 
 def _s(v) -> str:

@@ -53,7 +53,7 @@ def _recorder_factory(settings: st.Settings):
         if "writer" not in _state and settings.directory:
             _state["writer"] = SnapshotWriter(settings.directory)
         return StateRecorder(eplb_state, layout, _state.get("writer"), flush_seconds=settings.flush_seconds,
-                             vllm_version=_vllm_version())
+                             vllm_version=_vllm_version(), idle_flush=True)
 
     return factory
 
