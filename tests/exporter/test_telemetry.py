@@ -179,6 +179,8 @@ def test_exporter_times_its_own_per_step_work(real_eplb):
 def test_idle_engine_exports_its_last_counts(real_eplb, tmp_path):
     """Read-backs used to start only from a step: the last flush interval before the engine went idle
     stayed unexported until the next request. The idle-flush thread writes it."""
+    import torch
+
     writer = SnapshotWriter(str(tmp_path))
     recs = _install(real_eplb, writer=writer, flush_seconds=0.2, idle_flush=True)
     state, [(model, mc)] = _state(real_eplb)
@@ -187,10 +189,13 @@ def test_idle_engine_exports_its_last_counts(real_eplb, tmp_path):
     try:
         for _ in range(30):  # busy for well over one flush interval, then idle
             ids = rng.integers(0, 4, size=(2, 3, 2))
-            state.prepare_forward(mc, 3)
-            route(model, ids)
+            # vLLM's model runner steps under inference mode (the recorder's tensors are then
+            # inference tensors, which the idle thread may update only in that mode)
+            with torch.inference_mode():
+                state.prepare_forward(mc, 3)
+                route(model, ids)
+                state.step()
             total += logical_counts(ids, 4)
-            state.step()
             time.sleep(0.01)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

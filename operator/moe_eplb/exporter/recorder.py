@@ -430,7 +430,10 @@ class StateRecorder:
                 last = self._last_step_end
                 idle = last is not None and self.clock() - last >= self.flush_seconds
                 if idle and (self.recorded_steps != self._steps_read or self._pending is not None):
-                    self.flush_now()
+                    # vLLM steps under torch.inference_mode(), so the accumulators are inference
+                    # tensors: updating them in place is allowed only in that mode (thread-local)
+                    with self.torch.inference_mode():
+                        self.flush_now()
             except Exception:  # noqa: BLE001 - never take the worker down
                 log.exception("moe-eplb exporter: idle flush failed; it stops")
                 return
