@@ -29,6 +29,7 @@ import functools
 import importlib.abc
 import logging
 import sys
+import time
 from typing import Any, Callable
 
 from moe_eplb.exporter.layout import NAMES_ATTR, UnsupportedLayout, check_step_signature, detect
@@ -43,6 +44,7 @@ VLLM_CONFIG = "_moe_eplb_vllm_config"  # the worker's VllmConfig, seen while add
 _DISABLED = object()
 
 RecorderFactory = Callable[[Any, Any], Any]  # (eplb_state, layout) -> StateRecorder
+_now = time.perf_counter  # the exporter's own cost per step is timed with this
 
 
 def _fail_soft(where: str, exc: BaseException, owner: Any | None = None) -> None:
@@ -93,6 +95,7 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
 
     @functools.wraps(orig_step)
     def step(self, is_dummy: bool = False, is_profile: bool = False, *args, **kwargs):
+        t0 = _now()
         rec = None
         if not is_profile:
             try:
@@ -102,10 +105,13 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("reading the expert load", exc, self)
                 rec = None
+        t1 = _now()
         result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
         if rec is not None:
+            t2 = _now()
             try:
                 rec.after_step()
+                rec.exporter_seconds += (t1 - t0) + (_now() - t2)  # the exporter's share of the step
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("after the EPLB step", exc, self)
         return result
@@ -156,11 +162,13 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
         @functools.wraps(orig_prepare)
         def prepare_forward(self, model_config, num_unpadded_tokens, *args, **kwargs):
             result = orig_prepare(self, model_config, num_unpadded_tokens, *args, **kwargs)
+            t0 = _now()
             try:
                 rec = recorder_of(self, factory)
                 if rec is not None:
                     key = _hash_key(model_config)
                     rec.forward_started(self.model_states.get(key), int(num_unpadded_tokens))
+                    rec.exporter_seconds += _now() - t0
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("reading the forward's token count", exc, self)
             return result

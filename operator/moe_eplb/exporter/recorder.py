@@ -31,8 +31,9 @@ Step telemetry, per model on this rank, host-side only (no device work, no sync)
   (so ``tokens * top_k`` is the step's load pass summed over the slots of any MoE layer). Dummy
   steps count 0.
 
-The recorder also times its own per-step work (``exporter_seconds``, in the snapshot) so the cost
-of the exporter can be read off a running engine.
+``exporter_seconds`` (in the snapshot) is the time the hook spent in the exporter's per-step code
+(its part of the patched ``step`` and ``prepare_forward``), so the exporter's cost can be read off a
+running engine (``bench/bench_exporter_real.py``).
 """
 
 from __future__ import annotations
@@ -287,7 +288,7 @@ class StateRecorder:
         self._step_begin = 0.0
         self._step_dummy = False
         self._last_step_end: float | None = None
-        self.exporter_seconds = 0.0  # time spent in this recorder's per-step methods
+        self.exporter_seconds = 0.0  # time the hook spent in exporter code around vLLM's step (perf_counter)
         self.recorded_steps = 0
         self._steps_read = 0  # recorded_steps at the last read-back
         # idle flush
@@ -308,15 +309,13 @@ class StateRecorder:
             m.forward_tokens += num_unpadded_tokens
 
     def before_step(self, is_dummy: bool) -> None:
-        t0 = self.clock()
-        self._step_begin = t0
+        self._step_begin = self.clock()
         self._step_dummy = is_dummy
         with self._lock:
             for m in self.models:
                 if not is_dummy:
                     m.add_pass()
                 m.steps += 1
-        self.exporter_seconds += self.clock() - t0
 
     def after_step(self) -> None:
         end = self.clock()
@@ -348,7 +347,6 @@ class StateRecorder:
             self.poll()
             if self._pending is None and self.clock() - self._last_flush >= self.flush_seconds:
                 self.start_readback()
-        self.exporter_seconds += self.clock() - end
 
     def rearrange_started(self) -> None:
         self._rearrange_started = self.clock()
