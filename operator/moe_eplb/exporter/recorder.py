@@ -31,9 +31,9 @@ Step telemetry, per model on this rank, host-side only (no device work, no sync)
   (so ``tokens * top_k`` is the step's load pass summed over the slots of any MoE layer). Dummy
   steps count 0.
 
-``exporter_seconds`` (in the snapshot) is the time the hook spent in the exporter's per-step code
-(its part of the patched ``step`` and ``prepare_forward``), so the exporter's cost can be read off a
-running engine (``bench/bench_exporter_real.py``).
+``exporter_seconds`` (in the snapshot) is the CPU time the step thread spent in the exporter's
+per-step code (its part of the patched ``step`` and ``prepare_forward``), so the exporter's cost can
+be read off a running engine (``bench/bench_exporter_real.py``).
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ class ModelAccumulator:
         if tuple(load_pass.shape) != self.shape_physical:  # elastic EP resized the slots
             self.shape_physical = tuple(load_pass.shape)
             self.acc_physical = self.torch.zeros(self.shape_physical, dtype=self.torch.int32, device=self.device)
-        self.acc_logical.scatter_add_(1, self._index(), load_pass.to(self.torch.int32))
+        src = load_pass if load_pass.dtype == self.torch.int32 else load_pass.to(self.torch.int32)
+        self.acc_logical.scatter_add_(1, self._index(), src)
         self.acc_physical.add_(load_pass)
 
     def add_host(self, logical: np.ndarray, physical: np.ndarray, replicas: np.ndarray) -> None:
@@ -288,7 +289,7 @@ class StateRecorder:
         self._step_begin = 0.0
         self._step_dummy = False
         self._last_step_end: float | None = None
-        self.exporter_seconds = 0.0  # time the hook spent in exporter code around vLLM's step (perf_counter)
+        self.exporter_seconds = 0.0  # CPU time the hook spent in exporter code around vLLM's step
         self.recorded_steps = 0
         self._steps_read = 0  # recorded_steps at the last read-back
         # idle flush

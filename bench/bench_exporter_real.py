@@ -1,0 +1,184 @@
+"""Exporter overhead on the REAL engine: decode step time with and without the exporter.
+
+    python bench/bench_exporter_real.py [--runs 7] [--requests 8] [--tokens 64] [--concurrency 4]
+                                        [--sequential] [--json FILE]
+
+"vLLM on CPU with the test bridge": vLLM 0.32.0's CPU wheel serving the tiny Qwen3-MoE of
+tests/vllm_engine (TP 2 = EP 2, sync EPLB every 32 steps, 2 redundant experts), started from the
+args ``moe-eplb render`` makes for the "full" MoEInference (tests/vllm_engine/harness.py). Two
+engines, identical but for ``VLLM_PLUGINS``: A with the rendered ``moe_eplb_exporter``, B without.
+Both stay up (an idle engine uses no CPU) and the runs alternate A, B, A, B, ... so drift on the
+shared machine hits both arms alike (``--sequential``: one engine at a time, for small machines).
+
+Each run sends the same requests (``--requests`` prompts, ``--tokens`` generated tokens each, greedy,
+``--concurrency`` in flight). Two figures:
+
+* A/B: the decode step time of each run = vLLM's own mean inter-token latency
+  (``vllm:inter_token_latency_seconds`` sum/count over the run), with the exporter (A) and without
+  (B); overhead = median(A) / median(B) - 1. On two shared cores the run-to-run spread is several
+  percent, so this bounds the overhead only coarsely; it includes everything (the snapshot writer
+  thread, the exporter process serving scrapes -- none here).
+* in engine: the exporter times its own per-step work in each worker (the patched
+  ``EplbState.step``/``prepare_forward`` around vLLM's code, ``exporter_seconds`` in its snapshot)
+  next to the step durations it records; overhead = exporter time / step time over the measured
+  runs. This is the headline figure (``exporter_step_overhead_pct`` of scripts/e2e_vllm_cpu.sh):
+  precise, but it leaves out work off the step path (the snapshot writer thread, once per flush).
+
+Exit status 1 if the in-engine overhead is 1 % of the step or more (the target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "operator")]
+
+from tests.vllm_engine import harness  # noqa: E402
+
+TARGET_PCT = 1.0
+
+
+def itl(engine: harness.Engine) -> tuple[float, float]:
+    s = harness.Samples(engine.vllm_metrics_text())
+    return (s.total("vllm:inter_token_latency_seconds_sum"), s.total("vllm:inter_token_latency_seconds_count"))
+
+
+def exporter_totals(engine: harness.Engine, timeout: float = 20.0) -> dict:
+    """Per-worker exporter totals once the idle flush has exported every step vLLM ran."""
+    from moe_eplb.exporter import snapshot
+
+    deadline = time.monotonic() + timeout
+    while True:
+        target = harness.Samples(engine.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
+        workers = snapshot.read_all(engine.exporter_dir)
+        if workers and all(w.models[0].steps == target for w in workers):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"exporter snapshots did not reach {target} steps")
+        time.sleep(0.25)
+    return {w.models[0].ep_rank: {"exporter_seconds": w.exporter_seconds, "steps": w.recorded_steps,
+                                  "step_seconds": w.models[0].step_seconds_sum} for w in workers}
+
+
+def prompts(n: int) -> list[str]:
+    return [harness.PROMPTS[i % len(harness.PROMPTS)] + f" #{i}" for i in range(n)]
+
+
+def one_run(engine: harness.Engine, n: int, tokens: int, concurrency: int) -> float:
+    """Mean decode step (inter-token latency) of one run, seconds."""
+    s0, c0 = itl(engine)
+    engine.run_requests(prompts(n), tokens, concurrency)
+    s1, c1 = itl(engine)
+    return (s1 - s0) / (c1 - c0)
+
+
+def measure(with_exporter: harness.Engine, without: harness.Engine | None, runs: int = 7, requests: int = 8,
+            tokens: int = 64, concurrency: int = 4) -> dict:
+    """Alternate runs on the two engines (``without=None``: in-engine figure only)."""
+    engines = [("with", with_exporter)] + ([("without", without)] if without is not None else [])
+    for _, e in engines:  # warm: first forwards, prefix cache of the prompts
+        one_run(e, requests, 8, concurrency)
+    base = exporter_totals(with_exporter)
+    itls: dict[str, list[float]] = {name: [] for name, _ in engines}
+    for _ in range(runs):
+        for name, e in engines:
+            itls[name].append(one_run(e, requests, tokens, concurrency))
+    end = exporter_totals(with_exporter)
+    ranks = {}
+    for r in sorted(end):
+        d = {k: end[r][k] - base[r][k] for k in end[r]}
+        ranks[r] = {"steps": d["steps"], "exporter_us_per_step": 1e6 * d["exporter_seconds"] / d["steps"],
+                    "step_ms": 1e3 * d["step_seconds"] / d["steps"],
+                    "overhead_pct": 100.0 * d["exporter_seconds"] / d["step_seconds"]}
+    out = {"engine": harness.LABEL, "runs": runs, "requests": requests, "tokens": tokens,
+           "concurrency": concurrency, "itl_ms": {k: [1e3 * x for x in v] for k, v in itls.items()},
+           "in_engine": ranks,
+           "exporter_step_overhead_pct": statistics.mean(x["overhead_pct"] for x in ranks.values())}
+    if without is not None:
+        a, b = statistics.median(itls["with"]), statistics.median(itls["without"])
+        out["ab_overhead_pct"] = 100.0 * (a / b - 1.0)
+        out["ab_spread_pct"] = 100.0 * (max(itls["without"]) - min(itls["without"])) / b
+    return out
+
+
+def table(res: dict) -> str:
+    lines = [f"Exporter overhead on the real engine ({res['engine']}): {res['runs']} runs per arm, "
+             f"{res['requests']} requests x {res['tokens']} tokens, {res['concurrency']} in flight", "",
+             "| run | decode step with exporter (ms) | without (ms) |", "| --- | --- | --- |"]
+    w, wo = res["itl_ms"]["with"], res["itl_ms"].get("without", [])
+    for i in range(len(w)):
+        lines.append(f"| {i + 1} | {w[i]:.2f} | {wo[i]:.2f} |" if wo else f"| {i + 1} | {w[i]:.2f} | - |")
+    if wo:
+        lines.append(f"| median | {statistics.median(w):.2f} | {statistics.median(wo):.2f} |")
+        lines += ["", f"A/B: {res['ab_overhead_pct']:+.2f} % (run-to-run spread without the exporter: "
+                      f"{res['ab_spread_pct']:.1f} %)"]
+    lines += ["", "| EP rank | steps | exporter per step (us) | mean step (ms) | exporter share of the step |",
+              "| --- | --- | --- | --- | --- |"]
+    for r, x in res["in_engine"].items():
+        lines.append(f"| {r} | {x['steps']} | {x['exporter_us_per_step']:.1f} | {x['step_ms']:.2f} | "
+                     f"{x['overhead_pct']:.3f} % |")
+    lines += ["", f"exporter_step_overhead_pct = {res['exporter_step_overhead_pct']:.3f} (target < {TARGET_PCT} %)"]
+    return "\n".join(lines)
+
+
+def start_engines(work: str, sequential: bool):
+    """Yield (with, without) engines built from the rendered "full" MoEInference."""
+    from tests.vllm_engine import tiny_model
+
+    model = tiny_model.build_tiny_moe(os.path.join(work, "tiny-qwen3-moe"))
+    bridge = harness.bridge_site(os.path.join(work, "bridge-site"))
+    rendered = harness.render(harness.manifest("full"), work)
+    return [harness.Engine(rendered, model, bridge, os.path.join(work, name), exporter=(name == "with"))
+            for name in ("with", "without")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--sequential", action="store_true", help="one engine at a time (less memory, more drift)")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args(argv)
+    problem = harness.cpu_wheel_problem()
+    if problem:
+        print(f"bench_exporter_real: {problem}", file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="bench-exporter-real-")
+    with_e, without_e = start_engines(work, args.sequential)
+    kw = dict(runs=args.runs, requests=args.requests, tokens=args.tokens, concurrency=args.concurrency)
+    try:
+        if args.sequential:
+            # arm B first, alone; then arm A alone (its in-engine figure needs no partner)
+            with without_e:
+                one_run(without_e, args.requests, 8, args.concurrency)
+                b = [one_run(without_e, args.requests, args.tokens, args.concurrency) for _ in range(args.runs)]
+            with with_e:
+                res = measure(with_e, None, **kw)
+            res["itl_ms"]["without"] = [1e3 * x for x in b]
+            a, bm = statistics.median(res["itl_ms"]["with"]), statistics.median(res["itl_ms"]["without"])
+            res["ab_overhead_pct"] = 100.0 * (a / bm - 1.0)
+            res["ab_spread_pct"] = 100.0 * (max(b) - min(b)) / statistics.median(b)
+        else:
+            with with_e, without_e:
+                res = measure(with_e, without_e, **kw)
+    finally:
+        with_e.stop()
+        without_e.stop()
+    print(table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0 if res["exporter_step_overhead_pct"] < TARGET_PCT else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
