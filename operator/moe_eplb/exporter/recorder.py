@@ -1,18 +1,27 @@
 """Worker side: accumulate vLLM's per-step expert load on the device and read it back rarely.
 
 Per engine step and model (called from the patched ``EplbState.step``, before vLLM's own step):
+``acc_epoch[l, p] += pass[l, p]`` -- one ``add_`` (and nothing else on the device) as long as the
+expert map stays the same. Whenever vLLM changes the map (a rearrangement, detected by the map
+tensor's in-place version counter) and at every read-back, the epoch is folded, with the map it was
+recorded under:
 
-* ``acc_logical[l, e] += pass[l, p]`` for ``e = physical_to_logical[l, p]`` (one ``scatter_add_``;
-  done in logical space every step so a rearrangement never mixes old and new slot meanings);
-* ``acc_physical[l, p] += pass[l, p]`` (slot ``p`` belongs to EP rank ``p // (P / EP)`` for good,
-  so tokens per destination rank can be summed later).
+* ``acc_logical[l, e] += acc_epoch[l, p]`` for ``e = physical_to_logical[l, p]`` (one
+  ``scatter_add_`` per map, so old and new slot meanings never mix);
+* ``acc_physical[l, p] += acc_epoch[l, p]`` (slot ``p`` belongs to EP rank ``p // (P / EP)`` for
+  good, so tokens per destination rank can be summed later).
 
-Both are int32 device tensors holding the tokens since the last read-back. Every
+The pass of step ``n`` was recorded in forward ``n`` with the map that step ``n - 1`` (its
+rearrangement included) left, and is added before step ``n`` may rearrange: so the fold at the
+first step after a map change attributes every token to the map it was routed with.
+
+The accumulators are int32 device tensors holding the tokens since the last read-back. Every
 ``flush_seconds`` the recorder enqueues a non-blocking copy to pinned host memory, records an event
 and zeroes the accumulators (stream order keeps that exact); a later step polls the event and, once
 it has fired, adds the copy to float64 host totals and hands a snapshot to a writer thread. Nothing
-here waits for the GPU. Per step that is 2 small kernels (+1 ``zero_`` and +1 ``fill_`` on layouts
-that gate recording), measured by ``bench/bench_exporter.py``.
+here waits for the GPU. Per step that is 1 small kernel (+1 ``zero_`` and +1 ``fill_`` on layouts
+that gate recording), measured by ``bench/bench_exporter.py`` and, inside a real engine,
+``bench/bench_exporter_real.py``.
 
 An idle engine runs no steps, so no step can start the last read-back. With ``idle_flush`` (the
 plugin turns it on) a daemon thread does it once no step has run for ``flush_seconds`` and counts
@@ -115,6 +124,7 @@ class ModelAccumulator:
         self.shape_physical = tuple(load_pass.shape)
         self.acc_logical = torch.zeros((L, E + 1), dtype=torch.int32, device=self.device)
         self.acc_physical = torch.zeros(self.shape_physical, dtype=torch.int32, device=self.device)
+        self.acc_epoch = torch.zeros(self.shape_physical, dtype=torch.int32, device=self.device)
         self._idx = None
         self._idx_key: tuple | None = None
         self.expert_tokens = np.zeros((L, E), np.float64)
@@ -134,25 +144,28 @@ class ModelAccumulator:
         self._rank_warned = False
         self.host_buffers = None  # pinned copies of (acc_logical, acc_physical, replica_count)
 
-    def _index(self):
-        """physical_to_logical as int64 with empty slots (-1) sent to column E (dropped later).
-        Recomputed only when vLLM changed the map (tensor identity or in-place version)."""
-        p2l = self.handle.physical_to_logical
-        key = (id(p2l), p2l._version, tuple(p2l.shape))
-        if key != self._idx_key:
-            E = self.handle.num_experts
-            self._idx = self.torch.where(p2l >= 0, p2l, E).to(self.torch.int64)
-            self._idx_key = key
-        return self._idx
-
     def add_pass(self) -> None:
         load_pass = self.handle.load_pass
-        if tuple(load_pass.shape) != self.shape_physical:  # elastic EP resized the slots
-            self.shape_physical = tuple(load_pass.shape)
-            self.acc_physical = self.torch.zeros(self.shape_physical, dtype=self.torch.int32, device=self.device)
-        src = load_pass if load_pass.dtype == self.torch.int32 else load_pass.to(self.torch.int32)
-        self.acc_logical.scatter_add_(1, self._index(), src)
-        self.acc_physical.add_(load_pass)
+        p2l = self.handle.physical_to_logical
+        key = (id(p2l), p2l._version, tuple(p2l.shape))
+        if key != self._idx_key:  # first step, or vLLM changed the map during the previous step
+            self.fold()  # the epoch so far was routed with the old map (self._idx)
+            if tuple(load_pass.shape) != self.shape_physical:  # elastic EP resized the slots
+                self.shape_physical = tuple(load_pass.shape)
+                zeros = lambda: self.torch.zeros(self.shape_physical, dtype=self.torch.int32, device=self.device)  # noqa: E731
+                self.acc_physical, self.acc_epoch = zeros(), zeros()
+            E = self.handle.num_experts
+            self._idx = self.torch.where(p2l >= 0, p2l, E).to(self.torch.int64)  # empty slots -> column E
+            self._idx_key = key
+        self.acc_epoch.add_(load_pass)
+
+    def fold(self) -> None:
+        """Move the epoch's tokens into the logical and per-slot accumulators (device ops only)."""
+        if self._idx is None or tuple(self._idx.shape) != tuple(self.acc_epoch.shape):
+            return  # nothing recorded yet
+        self.acc_logical.scatter_add_(1, self._idx, self.acc_epoch)
+        self.acc_physical.add_(self.acc_epoch)
+        self.acc_epoch.zero_()
 
     def add_host(self, logical: np.ndarray, physical: np.ndarray, replicas: np.ndarray) -> None:
         """Fold one read-back (host copies of the accumulators) into the cumulative totals."""
@@ -375,6 +388,7 @@ class StateRecorder:
         event = None
         for m in self.models:
             m.kv_cache_bytes = kv
+            m.fold()
             srcs = (m.acc_logical, m.acc_physical, m.handle.replica_count)
             if m.device.type == "cpu":
                 copies.append(tuple(s.clone() for s in srcs))
