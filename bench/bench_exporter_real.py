@@ -35,101 +35,15 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "operator")]
 
 from tests.vllm_engine import harness  # noqa: E402
+from tests.vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
 
-TARGET_PCT = 1.0
-
-
-def itl(engine: harness.Engine) -> tuple[float, float]:
-    s = harness.Samples(engine.vllm_metrics_text())
-    return (s.total("vllm:inter_token_latency_seconds_sum"), s.total("vllm:inter_token_latency_seconds_count"))
-
-
-def exporter_totals(engine: harness.Engine, timeout: float = 20.0) -> dict:
-    """Per-worker exporter totals once the idle flush has exported every step vLLM ran."""
-    from moe_eplb.exporter import snapshot
-
-    deadline = time.monotonic() + timeout
-    while True:
-        target = harness.Samples(engine.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
-        workers = snapshot.read_all(engine.exporter_dir)
-        if workers and all(w.models[0].steps == target for w in workers):
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"exporter snapshots did not reach {target} steps")
-        time.sleep(0.25)
-    return {w.models[0].ep_rank: {"exporter_seconds": w.exporter_seconds, "steps": w.recorded_steps,
-                                  "step_seconds": w.models[0].step_seconds_sum} for w in workers}
-
-
-def prompts(n: int) -> list[str]:
-    return [harness.PROMPTS[i % len(harness.PROMPTS)] + f" #{i}" for i in range(n)]
-
-
-def one_run(engine: harness.Engine, n: int, tokens: int, concurrency: int) -> float:
-    """Mean decode step (inter-token latency) of one run, seconds."""
-    s0, c0 = itl(engine)
-    engine.run_requests(prompts(n), tokens, concurrency)
-    s1, c1 = itl(engine)
-    return (s1 - s0) / (c1 - c0)
-
-
-def measure(with_exporter: harness.Engine, without: harness.Engine | None, runs: int = 7, requests: int = 8,
-            tokens: int = 64, concurrency: int = 4) -> dict:
-    """Alternate runs on the two engines (``without=None``: in-engine figure only)."""
-    engines = [("with", with_exporter)] + ([("without", without)] if without is not None else [])
-    for _, e in engines:  # warm: first forwards, prefix cache of the prompts
-        one_run(e, requests, 8, concurrency)
-    base = exporter_totals(with_exporter)
-    itls: dict[str, list[float]] = {name: [] for name, _ in engines}
-    for _ in range(runs):
-        for name, e in engines:
-            itls[name].append(one_run(e, requests, tokens, concurrency))
-    end = exporter_totals(with_exporter)
-    ranks = {}
-    for r in sorted(end):
-        d = {k: end[r][k] - base[r][k] for k in end[r]}
-        ranks[r] = {"steps": d["steps"], "exporter_us_per_step": 1e6 * d["exporter_seconds"] / d["steps"],
-                    "step_ms": 1e3 * d["step_seconds"] / d["steps"],
-                    "overhead_pct": 100.0 * d["exporter_seconds"] / d["step_seconds"]}
-    out = {"engine": harness.LABEL, "runs": runs, "requests": requests, "tokens": tokens,
-           "concurrency": concurrency, "itl_ms": {k: [1e3 * x for x in v] for k, v in itls.items()},
-           "in_engine": ranks,
-           "exporter_step_overhead_pct": statistics.mean(x["overhead_pct"] for x in ranks.values())}
-    if without is not None:
-        a, b = statistics.median(itls["with"]), statistics.median(itls["without"])
-        out["ab_overhead_pct"] = 100.0 * (a / b - 1.0)
-        out["ab_spread_pct"] = 100.0 * (max(itls["without"]) - min(itls["without"])) / b
-    return out
-
-
-def table(res: dict) -> str:
-    lines = [f"Exporter overhead on the real engine ({res['engine']}): {res['runs']} runs per arm, "
-             f"{res['requests']} requests x {res['tokens']} tokens, {res['concurrency']} in flight", "",
-             "| run | decode step with exporter (ms) | without (ms) |", "| --- | --- | --- |"]
-    w, wo = res["itl_ms"]["with"], res["itl_ms"].get("without", [])
-    for i in range(len(w)):
-        lines.append(f"| {i + 1} | {w[i]:.2f} | {wo[i]:.2f} |" if wo else f"| {i + 1} | {w[i]:.2f} | - |")
-    if wo:
-        lines.append(f"| median | {statistics.median(w):.2f} | {statistics.median(wo):.2f} |")
-        lines += ["", f"A/B: {res['ab_overhead_pct']:+.2f} % (run-to-run spread without the exporter: "
-                      f"{res['ab_spread_pct']:.1f} %)"]
-    lines += ["", "| EP rank | steps | exporter per step (us) | mean step (ms) | exporter share of the step |",
-              "| --- | --- | --- | --- | --- |"]
-    for r, x in res["in_engine"].items():
-        lines.append(f"| {r} | {x['steps']} | {x['exporter_us_per_step']:.1f} | {x['step_ms']:.2f} | "
-                     f"{x['overhead_pct']:.3f} % |")
-    lines += ["", f"exporter_step_overhead_pct = {res['exporter_step_overhead_pct']:.3f} (target < {TARGET_PCT} %)"]
-    return "\n".join(lines)
-
-
-def start_engines(work: str, sequential: bool):
-    """Yield (with, without) engines built from the rendered "full" MoEInference."""
+def make_engines(work: str) -> list[harness.Engine]:
+    """[with, without]: engines (not started) built from the rendered "full" MoEInference."""
     from tests.vllm_engine import tiny_model
 
     model = tiny_model.build_tiny_moe(os.path.join(work, "tiny-qwen3-moe"))
@@ -153,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_exporter_real: {problem}", file=sys.stderr)
         return 2
     work = tempfile.mkdtemp(prefix="bench-exporter-real-")
-    with_e, without_e = start_engines(work, args.sequential)
+    with_e, without_e = make_engines(work)
     kw = dict(runs=args.runs, requests=args.requests, tokens=args.tokens, concurrency=args.concurrency)
     try:
         if args.sequential:

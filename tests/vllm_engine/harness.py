@@ -354,25 +354,27 @@ class Engine:
         except OSError:
             return "(no log)"
 
-    def wait_exported(self, steps: int | None = None, timeout: float = 15.0) -> "Samples":
-        """Scrape the exporter until its engine-step counter stops moving (the idle flush has
-        landed) — or reaches ``steps``; returns the last scrape."""
+    def vllm_steps(self) -> float:
+        """Engine iterations vLLM itself counted (``vllm:iteration_tokens_total_count``)."""
+        return Samples(self.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
+
+    def wait_exported(self, timeout: float = 30.0) -> tuple["Samples", "Samples"]:
+        """Poll until the exporter's engine-step counter equals vLLM's own iteration count: all the
+        engine did is exported (after the last request that takes the idle flush, ~1-2 s).
+        Returns (exporter scrape, vLLM /metrics scrape)."""
         from moe_eplb import metric_names
 
         deadline = time.monotonic() + timeout
-        last, stable = None, 0
         while True:
-            s = Samples(self.exporter_text())
-            cur = s.total(metric_names.ENGINE_STEPS)
-            if steps is not None and cur >= steps:
-                return s
-            stable = stable + 1 if cur == last and cur > 0 else 0
-            if steps is None and stable >= 3:
-                return s
+            vllm = Samples(self.vllm_metrics_text())
+            exp = Samples(self.exporter_text())
+            target = vllm.total("vllm:iteration_tokens_total_count")
+            if target > 0 and exp.total(metric_names.ENGINE_STEPS) == target:
+                return exp, vllm
             if time.monotonic() > deadline:
-                return s
-            last = cur
-            time.sleep(0.5)
+                raise AssertionError(f"exporter shows {exp.total(metric_names.ENGINE_STEPS)} engine steps, vLLM ran "
+                                     f"{target}, {timeout} s after the engine went idle")
+            time.sleep(0.25)
 
 
 def _shm_entries() -> set[str]:
@@ -567,6 +569,38 @@ class Prometheus:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def read_trace_via_prometheus(prom: Prometheus, namespace: str, name: str, steps: float, started: float,
+                              bucket_seconds: float):
+    """Wait until Prometheus stored the final engine-step sample of ``namespace/name``, then read the
+    load trace with the operator's reader (``moe_eplb.metrics.reader.read_load_trace``) over
+    everything since ``started`` (unix time), the grid ending after that sample."""
+    import math
+
+    from moe_eplb import metric_names as mn
+    from moe_eplb.metrics.reader import read_load_trace
+
+    sel = f'{{namespace="{namespace}", {mn.MOEINFERENCE_LABEL}="{name}"}}'
+    res = prom.wait_for(f"timestamp({mn.ENGINE_STEPS}{sel}) and ({mn.ENGINE_STEPS}{sel} == {steps})",
+                        lambda r: len(r) == 1, timeout=30)
+    t_final = float(res[0]["value"][1])
+    now = math.floor(t_final / bucket_seconds) * bucket_seconds + bucket_seconds + 0.1
+    time.sleep(max(0.0, now - time.time()))
+    window = math.ceil((now - started) / bucket_seconds) * bucket_seconds + bucket_seconds
+    return read_load_trace(prometheus_url=prom.url, namespace=namespace, name=name, window_seconds=window,
+                           bucket_seconds=bucket_seconds, now=now)
+
+
+def tune(trace_path: str, ep_size: int, current: tuple[int, int, int], timeout: float = 600) -> dict:
+    """``moe-eplb tune --trace T --ep-size N --sync --current W,I,R --json`` (the CLI); its JSON."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([OPERATOR_DIR, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([PYTHON, "-m", "moe_eplb", "tune", "--trace", str(trace_path), "--ep-size", str(ep_size),
+                          "--sync", "--current", ",".join(map(str, current)), "--json"],
+                         capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"moe-eplb tune failed ({out.returncode}): {out.stderr[-3000:]}")
+    return json.loads(out.stdout)
 
 
 PROMPTS = [

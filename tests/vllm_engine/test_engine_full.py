@@ -24,10 +24,8 @@ Operator does), every 1 s instead of 15 s.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 
@@ -63,22 +61,6 @@ class Run:
         return self.after.total(mn.ENGINE_STEPS)
 
 
-def wait_exported(engine: harness.Engine, timeout: float = 30.0) -> tuple[harness.Samples, harness.Samples]:
-    """Poll until the exporter's engine-step counter equals vLLM's own engine-iteration count
-    (``vllm:iteration_tokens_total_count``): everything the engine did is exported."""
-    deadline = time.monotonic() + timeout
-    while True:
-        vllm = harness.Samples(engine.vllm_metrics_text())
-        exp = harness.Samples(engine.exporter_text())
-        target = vllm.total("vllm:iteration_tokens_total_count")
-        if target > 0 and exp.total(mn.ENGINE_STEPS) == target:
-            return exp, vllm
-        if time.monotonic() > deadline:
-            raise AssertionError(f"exporter shows {exp.total(mn.ENGINE_STEPS)} engine steps, vLLM ran {target}, "
-                                 f"{timeout} s after the engine went idle")
-        time.sleep(0.25)
-
-
 @pytest.fixture(scope="module")
 def full(cpu_wheel, prometheus_binary, tiny_model, bridge_dir, engine_root):
     work = os.path.join(engine_root, "full")
@@ -98,11 +80,11 @@ def full(cpu_wheel, prometheus_binary, tiny_model, bridge_dir, engine_root):
         t0 = time.monotonic()
         engine.complete("warm up", 2)  # the first forward is slow (one-time kernel set-up)
         record_time("full engine: warm-up request", time.monotonic() - t0)
-        before, _ = wait_exported(engine)
+        before, _ = engine.wait_exported()
         wl = harness.workload(engine, rounds=2, max_tokens=24, concurrency=4)
         record_time("full engine: workload (16 requests x 24 tokens)", wl["wall_seconds"])
         t0 = time.monotonic()
-        after, vllm = wait_exported(engine)
+        after, vllm = engine.wait_exported()
         idle_export = time.monotonic() - t0
         record_time("full engine: idle until everything exported", idle_export)
         yield Run(engine, prom, rendered, trace_dir, wl, before, after, vllm, idle_export, prom_started)
@@ -240,19 +222,17 @@ def test_no_created_series(full):
     assert "_created" not in full.after.text
 
 
-def _wait_prometheus_final(full) -> float:
-    """Wait until Prometheus stored the final counters; return that sample's time."""
-    sel = f'{{namespace="{harness.NAMESPACE}", {mn.MOEINFERENCE_LABEL}="{harness.FULL}"}}'
-    res = full.prom.wait_for(f"timestamp({mn.ENGINE_STEPS}{sel}) and ({mn.ENGINE_STEPS}{sel} == {full.steps})",
-                             lambda r: len(r) == 1, timeout=30)
-    return float(res[0]["value"][1])
-
-
 def test_prometheus_reader_and_tuner_on_the_real_engine(full, tmp_path):
     from moe_eplb.eplb.tracefile import save_trace
-    from moe_eplb.metrics.reader import read_load_trace
 
-    t_final = _wait_prometheus_final(full)
+    t0 = time.monotonic()
+    trace = harness.read_trace_via_prometheus(full.prom, harness.NAMESPACE, harness.FULL, full.steps,
+                                              full.prom_started, BUCKET)
+    record_time("reader: wait for the last scrape + read_load_trace", time.monotonic() - t0)
+    counters = full.after.matrix(mn.EXPERT_TOKENS, "layer", "expert", (L, E))
+    np.testing.assert_array_equal(trace.load.sum(axis=0), counters)
+    assert int(trace.bucket_steps.sum()) == full.steps
+    assert trace.meta.get("interpolated_fraction", 0.0) == 0.0
     sel = f'{{namespace="{harness.NAMESPACE}", {mn.MOEINFERENCE_LABEL}="{harness.FULL}"}}'
     # vLLM's own series arrive with the same labels (the PodMonitor's second endpoint) ...
     (it,) = full.prom.query(f"vllm:iteration_tokens_total_count{sel}")
@@ -261,27 +241,11 @@ def test_prometheus_reader_and_tuner_on_the_real_engine(full, tmp_path):
     joined = full.prom.query(f"count by (model_name) ({mn.ENGINE_STEPS}{sel}) and on (model_name) "
                              f"count by (model_name) (vllm:num_requests_running{sel})")
     assert [r["metric"]["model_name"] for r in joined] == [harness.SERVED_NAME]
-    # the reader's grid ends at the last multiple of the bucket before "now": wait past the final sample
-    now = math.floor(t_final / BUCKET) * BUCKET + BUCKET + 0.1
-    time.sleep(max(0.0, now - time.time()))
-    window = math.ceil((now - full.prom_started) / BUCKET) * BUCKET + BUCKET
-    t0 = time.monotonic()
-    trace = read_load_trace(prometheus_url=full.prom.url, namespace=harness.NAMESPACE, name=harness.FULL,
-                            window_seconds=window, bucket_seconds=BUCKET, now=now)
-    record_time("reader: read_load_trace from Prometheus", time.monotonic() - t0)
-    counters = full.after.matrix(mn.EXPERT_TOKENS, "layer", "expert", (L, E))
-    np.testing.assert_array_equal(trace.load.sum(axis=0), counters)
-    assert int(trace.bucket_steps.sum()) == full.steps
-    assert trace.meta.get("interpolated_fraction", 0.0) == 0.0
     path = save_trace(trace, tmp_path / "real-engine.npz")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([harness.OPERATOR_DIR, os.environ.get("PYTHONPATH", "")]))
     t0 = time.monotonic()
-    out = subprocess.run([harness.PYTHON, "-m", "moe_eplb", "tune", "--trace", str(path), "--ep-size", str(EP),
-                          "--sync", "--current", f"{harness.WINDOW},{harness.INTERVAL},{R}", "--json"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = harness.tune(str(path), EP, (harness.WINDOW, harness.INTERVAL, R))
     record_time("tuner: moe-eplb tune on the trace", time.monotonic() - t0)
-    assert out.returncode == 0, out.stderr
-    rec = json.loads(out.stdout)["recommendation"]
+    rec = out["recommendation"]
     assert {"window_size", "step_interval", "num_redundant_experts", "decision"} <= set(rec)
     assert rec["window_size"] > 0 and rec["step_interval"] > 0
     assert (E + rec["num_redundant_experts"]) % EP == 0

@@ -46,21 +46,6 @@ class Observe:
     rendered: harness.Rendered
 
 
-def vllm_steps(engine: harness.Engine) -> float:
-    return harness.Samples(engine.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
-
-
-def exported_after(engine: harness.Engine, steps: float, timeout: float = 20.0) -> harness.Samples:
-    """Scrape the exporter until it shows ``steps`` engine steps (the idle flush landed)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = harness.Samples(engine.exporter_text())
-        if s.total(mn.ENGINE_STEPS) == steps:
-            return s
-        assert time.monotonic() < deadline, f"exporter at {s.total(mn.ENGINE_STEPS)} steps, vLLM at {steps}"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def observe(cpu_wheel, tiny_model, bridge_dir, engine_root):
     work = os.path.join(engine_root, "observe")
@@ -72,7 +57,7 @@ def observe(cpu_wheel, tiny_model, bridge_dir, engine_root):
         engine.start()
         record_time("observe engine: start until /health (s)", engine.ready_seconds)
         engine.complete("warm up", 2)
-        exported_after(engine, vllm_steps(engine))
+        engine.wait_exported()[0]
         yield Observe(engine, rendered)
     finally:
         engine.stop()
@@ -84,13 +69,12 @@ def _rank_tokens(s: harness.Samples) -> np.ndarray:
 
 def test_one_step_balancedness_equals_vllms_logged_line(observe):
     engine = observe.engine
-    a = exported_after(engine, vllm_steps(engine))
+    a = engine.wait_exported()[0]
     log_mark = len(engine.log())
     time.sleep(WINDOW_SECONDS + 0.3)  # let scrape A be the window's baseline
     out = engine.complete("The quick brown fox jumps over the lazy dog, again and again.", 1)
     assert out["usage"]["completion_tokens"] == 1
-    steps = vllm_steps(engine)
-    b = exported_after(engine, steps)
+    b, _ = engine.wait_exported()
     assert b.total(mn.ENGINE_STEPS) - a.total(mn.ENGINE_STEPS) == 1, "one prefill step, nothing else"
     delta = _rank_tokens(b) - _rank_tokens(a)  # [L, EP] tokens each rank processed in that step
     assert delta.sum() > 0
@@ -114,12 +98,12 @@ def test_one_step_balancedness_equals_vllms_logged_line(observe):
 
 def test_many_steps_vllm_avg_tokens_add_up_to_the_rank_counters(observe):
     engine = observe.engine
-    a = exported_after(engine, vllm_steps(engine))
+    a = engine.wait_exported()[0]
     log_mark = len(engine.log())
     t0 = time.monotonic()
     harness.workload(engine, rounds=1, max_tokens=16, concurrency=4)
     record_time("observe engine: workload (8 requests x 16 tokens)", time.monotonic() - t0)
-    b = exported_after(engine, vllm_steps(engine))
+    b = engine.wait_exported()[0]
     steps = b.total(mn.ENGINE_STEPS) - a.total(mn.ENGINE_STEPS)
     lines = harness.vllm_balancedness_lines(engine.log()[log_mark:])
     assert len(lines) == steps > 16  # vLLM logs every step (log_balancedness_interval 1)
@@ -132,7 +116,7 @@ def test_many_steps_vllm_avg_tokens_add_up_to_the_rank_counters(observe):
 
 def test_observe_only_counts_load_and_never_rearranges(observe):
     engine = observe.engine
-    s = exported_after(engine, vllm_steps(engine))
+    s = engine.wait_exported()[0]
     assert s.total(mn.EXPERT_TOKENS) > 0
     assert s.total(mn.REARRANGEMENTS) == 0 and "Rearranging experts" not in engine.log()
     replicas = s.matrix(mn.EXPERT_REPLICAS, "layer", "expert", (L, E))
@@ -146,7 +130,7 @@ def test_observe_only_counts_load_and_never_rearranges(observe):
 def test_without_served_name_model_name_is_the_model_path(observe):
     engine = observe.engine
     assert "--served-model-name" not in observe.rendered.container["args"]
-    s = exported_after(engine, vllm_steps(engine))
+    s = engine.wait_exported()[0]
     vllm = harness.Samples(engine.vllm_metrics_text())
     ours = {lab[mn.LABEL_MODEL] for _, lab, _ in s.samples}
     theirs = {lab["model_name"] for _, lab, _ in vllm.samples if "model_name" in lab}
