@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo test bench clean
+.PHONY: setup setup-vllm demo test test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ demo: setup
 
 test: setup setup-vllm
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# only the real-engine tier (vLLM's CPU wheel + the test bridge; ~2 min on two cores)
+test-engine: setup setup-vllm
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm_engine tests/vllm_engine
+
+# the whole path once on the real engine; last line of output is one JSON object
+e2e-vllm: setup setup-vllm
+	PYTHON=$(PY) bash scripts/e2e_vllm_cpu.sh
 
 bench: setup setup-vllm
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
