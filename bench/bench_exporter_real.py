@@ -37,14 +37,15 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "operator")]
+# the engine harness lives with the tests (as the package ``vllm_engine``, the name pytest gives it)
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "operator")]
 
-from tests.vllm_engine import harness  # noqa: E402
-from tests.vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
+from vllm_engine import harness  # noqa: E402
+from vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
 
 def make_engines(work: str) -> list[harness.Engine]:
     """[with, without]: engines (not started) built from the rendered "full" MoEInference."""
-    from tests.vllm_engine import tiny_model
+    from vllm_engine import tiny_model
 
     model = tiny_model.build_tiny_moe(os.path.join(work, "tiny-qwen3-moe"))
     bridge = harness.bridge_site(os.path.join(work, "bridge-site"))

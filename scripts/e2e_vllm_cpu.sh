@@ -26,6 +26,7 @@ fi
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
   echo "[e2e] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
 
-# this checkout's code first (the venv may hold an editable install of another checkout)
-export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 1500 "$PY" -m tests.vllm_engine.e2e "$@"
+# this checkout's code first (the venv may hold an editable install of another checkout); the
+# engine harness is the test package tests/vllm_engine, imported as `vllm_engine` (as pytest does)
+export PYTHONPATH="$PWD/operator:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+exec timeout 1500 "$PY" -m vllm_engine.e2e "$@"

@@ -1,7 +1,7 @@
 """The whole path once, on the real engine: render -> vLLM (CPU wheel + test bridge) -> exporter ->
 Prometheus -> the operator's load reader -> ``moe-eplb tune``; plus the exporter's overhead.
 
-    python -m tests.vllm_engine.e2e [--runs 3] [--workdir DIR] [--keep]
+    PYTHONPATH=operator:tests python -m vllm_engine.e2e [--runs 3] [--workdir DIR] [--keep]
 
 (run by ``scripts/e2e_vllm_cpu.sh``). Prints what it does, then as its LAST line one JSON object:
 ``{"engine", "vllm_version", "rearrangements", "expert_tokens_equal_rank_tokens", "trace_buckets",
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from tests.vllm_engine import harness
+from . import harness
 
 BUCKET = 2.0
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from moe_eplb import metric_names as mn
     from moe_eplb.eplb.tracefile import save_trace
-    from tests.vllm_engine import overhead, tiny_model
+    from . import overhead, tiny_model
 
     work = args.workdir or tempfile.mkdtemp(prefix="e2e-vllm-cpu-")
     os.makedirs(work, exist_ok=True)

@@ -1,7 +1,7 @@
 """The real vLLM engine (CPU wheel + test bridge) driven from a rendered MoEInference.
 
 Shared by the engine tests (``tests/vllm_engine/test_*.py``), the one-command run
-(``scripts/e2e_vllm_cpu.sh`` -> :mod:`tests.vllm_engine.e2e`) and the benchmark
+(``scripts/e2e_vllm_cpu.sh`` -> :mod:`vllm_engine.e2e`) and the benchmark
 (``bench/bench_exporter_real.py``), so the three start the engine the same way.
 
 Path: a MoEInference (:func:`manifest`) -> ``moe-eplb render -f FILE`` (the operator's real renderer,
@@ -93,7 +93,7 @@ def manifest(mode: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     ``observe``: the observe-only pattern of examples/qwen3-235b-observe-only.yaml (step interval
     10^9, so vLLM never rearranges; ``logBalancedness`` on), served under the model path.
     """
-    from tests.vllm_engine import tiny_model as tm
+    from . import tiny_model as tm
 
     engine_env = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
                   {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "0|1"}]
@@ -173,7 +173,7 @@ def render(resource: dict[str, Any], workdir: str) -> Rendered:
 def bridge_site(directory: str) -> str:
     """A directory with the test bridge module and its dist-info (entry point ``cpu_eplb_bridge``
     in ``vllm.general_plugins``); put it on the engine's ``PYTHONPATH``."""
-    from tests.vllm_engine import plugin_dist
+    from . import plugin_dist
 
     return plugin_dist.make_plugin_dir(directory, [os.path.join(HERE, "cpu_eplb_bridge.py")], "cpu-eplb-bridge",
                                        {BRIDGE_NAME: "cpu_eplb_bridge:register"}, version="0.0.0+test")
@@ -215,7 +215,7 @@ class Engine:
         return [PYTHON, os.path.join(HERE, "vllm_cli.py"), "serve", *args]  # adaptation 1
 
     def env(self) -> dict[str, str]:
-        from tests.vllm_engine import plugin_dist
+        from . import plugin_dist
 
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_EPLB_", "VLLM_"))}
         env.update(self.rendered.env)  # the pod's env: VLLM_PLUGINS, the CPU settings, ...

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tests.vllm_engine import harness
+from . import harness
 
 TARGET_PCT = 1.0
 

@@ -5,7 +5,7 @@ Results here are "vLLM on CPU with the test bridge" (vLLM 0.32.0's CPU wheel, fi
 bridged by tests/vllm_engine/cpu_eplb_bridge.py), not stock vLLM on a GPU.
 
 The engine runs the args ``moe-eplb render`` produces for the MoEInference of
-:func:`tests.vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
+:func:`vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
 2 redundant experts, served as ``tiny-moe``; CPU settings in ``spec.engine``) with these
 adaptations, and nothing else changed (see harness.py for why each is needed):
 
@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 
 from moe_eplb import metric_names as mn
-from tests.vllm_engine import harness
-from tests.vllm_engine import tiny_model as tm
-from tests.vllm_engine.conftest import record_time
+from . import harness
+from . import tiny_model as tm
+from .conftest import record_time
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]
 
