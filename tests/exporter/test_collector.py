@@ -43,11 +43,12 @@ def test_snapshot_roundtrip(tmp_path):
     np.testing.assert_array_equal(m0.replicas, m1.replicas)
 
 
-def test_aggregate_sums_load_and_takes_engine_values_from_lowest_rank():
+def test_aggregate_sums_load_and_takes_engine_values_from_the_most_advanced_rank():
     pm = aggregate([_worker(1, 0, 2), _worker(2, 1, 2, scale=2.0)])["m"]
     np.testing.assert_array_equal(pm.expert_tokens, np.arange(8.0).reshape(2, 4) * 3)
     np.testing.assert_array_equal(pm.rank_tokens, [[1 + 4, 2 + 2]] * 2)
-    assert pm.steps == 10 and pm.rearrangements == 3, "lockstep values must not be summed over ranks"
+    # lockstep values are never summed over ranks; rank 1's snapshot is one step further (11, 4)
+    assert pm.steps == 11 and pm.rearrangements == 4, "lockstep values must not be summed over ranks"
     assert pm.complete and pm.ranks == {0, 1}
     assert pm.start_time == 100.0
 

@@ -320,3 +320,54 @@ def test_exporter_process_cleans_up_on_sigterm(tmp_path):
         assert not os.path.exists(directory)
     finally:
         proc.kill()
+
+
+def _rank_snapshot(rank, steps, rearrangements, start):
+    m = snap.ModelSnapshot(name="tiny", ep_rank=rank, ep_size=2, expert_tokens=np.full((1, 2), float(steps)),
+                           rank_tokens=np.full((1, 2), float(steps)), replicas=np.ones((1, 2), np.int64),
+                           steps=steps, rearrangements=rearrangements, start_time=start)
+    return snap.WorkerSnapshot(pid=100 + rank, time=0, models=[m])
+
+
+def test_engine_wide_counters_never_go_down_as_ranks_report(tmp_path):
+    """Seen on the real engine: the two workers' first snapshots land milliseconds apart; a scrape in
+    between saw one rank. Taking engine-wide values from a fixed rank (the lowest) or the start time
+    from whichever ranks are present then made the pod look restarted to Prometheus and the load
+    reader (which counted the first snapshot twice)."""
+    from moe_eplb.exporter.collector import aggregate
+
+    seen = []
+    # rank 1 reports first, then rank 0 (a step behind), then both move on
+    rounds = [[_rank_snapshot(1, 10, 1, 50.0)],
+              [_rank_snapshot(1, 10, 1, 50.0), _rank_snapshot(0, 9, 1, 50.0)],
+              [_rank_snapshot(1, 11, 1, 50.0), _rank_snapshot(0, 12, 2, 50.0)]]
+    for snapshots in rounds:
+        (pm,) = aggregate(snapshots).values()
+        seen.append((pm.steps, pm.rearrangements, pm.start_time))
+    assert seen == [(10, 1, 50.0), (10, 1, 50.0), (12, 2, 50.0)]
+
+
+def test_all_workers_of_a_pod_share_one_counter_start_time(real_eplb, monkeypatch):
+    """The pod's first vLLM process sets MOE_EPLB_EXPORTER_START_TIME; every worker inherits it, so
+    moe_eplb_exporter_start_time_seconds does not change when a later worker reports."""
+    from moe_eplb.exporter import plugin, settings
+
+    monkeypatch.setenv(settings.ENV_START_TIME, "1234.5")
+    monkeypatch.delenv(settings.ENV_DIR, raising=False)
+    s = settings.Settings.from_env()
+    assert s.start_time == 1234.5
+    recs = []
+    factory = plugin._recorder_factory(s)
+
+    def keep(state, layout):
+        rec = factory(state, layout)
+        recs.append(rec)
+        return rec
+
+    assert hook.patch_eplb_state(real_eplb.EplbState, keep)
+    state, _ = _state(real_eplb)
+    state.step()
+    try:
+        assert recs[0].models[0].start_time == 1234.5
+    finally:
+        recs[0].close()

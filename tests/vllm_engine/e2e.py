@@ -98,8 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         trace = harness.read_trace_via_prometheus(prom, harness.NAMESPACE, harness.FULL, steps, prom_started, BUCKET)
         result["trace_buckets"] = int(trace.load.shape[0])
         checks["trace_equals_counters"] = bool(np.array_equal(trace.load.sum(axis=0), expert))
-        log(f"reader: {result['trace_buckets']} buckets of {BUCKET:.0f} s from Prometheus "
+        log(f"reader: {result['trace_buckets']} buckets of {BUCKET:.0f} s from Prometheus, "
+            f"{int(trace.load.sum())} expert tokens, {int(trace.bucket_steps.sum())} steps "
             f"({'equal to' if checks['trace_equals_counters'] else 'DIFFERENT from'} the exporter's counters)")
+        if not checks["trace_equals_counters"]:
+            log(f"  trace per layer {trace.load.sum(axis=(0, 2)).tolist()} vs counters {expert.sum(axis=1).tolist()}; "
+                f"meta {trace.meta}")
         path = save_trace(trace, os.path.join(work, "real-engine-trace.npz"))
         tuned = harness.tune(str(path), 2, (harness.WINDOW, harness.INTERVAL, harness.REDUNDANT))
         rec = tuned["recommendation"]

@@ -6,7 +6,11 @@ Aggregation over the pod's workers (one per EP rank), per model:
   router dispatched, so the sum over workers (and, in PromQL, over pods) is the engine's load with
   nothing counted twice;
 * engine steps, rearrangements, their durations, the replica map and the config are the same
-  engine-wide quantity on every rank, so they are taken from the pod's lowest EP rank (never summed);
+  engine-wide quantity on every rank (ranks step in lockstep), so they are taken once (never
+  summed), from the pod's most advanced rank (most steps, then most rearrangements, then the lowest
+  rank): ranks write their snapshots at slightly different moments, and taking a fixed rank would
+  make a counter go DOWN when that rank's first snapshot lands after another's -- which Prometheus
+  and the load reader take for a restart (seen on the real engine);
 * step durations, tokens per step and the KV-cache size are per rank: exported per rank (label
   ``rank`` = the worker's own EP rank), never summed;
 * balancedness per layer = mean over ranks / max over ranks of the tokens each rank processed in the
@@ -68,7 +72,7 @@ class PodModel:
 
 
 def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
-    """Sum the per-rank load over workers; take engine-wide values from the lowest rank."""
+    """Sum the per-rank load over workers; take engine-wide values from the most advanced rank."""
     by_model: dict[str, list[snap.ModelSnapshot]] = {}
     for ws in snapshots:
         for m in ws.models:
@@ -82,20 +86,21 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
         if len(same) != len(parts):
             log.warning("moe-eplb exporter: model %s: %d worker(s) disagree on shapes; ignoring them",
                         name, len(parts) - len(same))
+        lead = max(same, key=lambda m: (m.steps, m.rearrangements, -m.ep_rank))
         out[name] = PodModel(
             name=name,
             ep_size=first.ep_size,
             ranks={m.ep_rank for m in same},
             expert_tokens=np.sum([m.expert_tokens for m in same], axis=0),
             rank_tokens=np.sum([m.rank_tokens for m in same], axis=0),
-            replicas=first.replicas,
-            steps=first.steps,
-            rearrangements=first.rearrangements,
-            duration_buckets=first.duration_buckets,
-            duration_sum=first.duration_sum,
-            window_size=first.window_size,
-            step_interval=first.step_interval,
-            num_redundant_experts=first.num_redundant_experts,
+            replicas=lead.replicas,
+            steps=lead.steps,
+            rearrangements=lead.rearrangements,
+            duration_buckets=lead.duration_buckets,
+            duration_sum=lead.duration_sum,
+            window_size=lead.window_size,
+            step_interval=lead.step_interval,
+            num_redundant_experts=lead.num_redundant_experts,
             start_time=min(m.start_time for m in same),
             per_rank=same,
         )

@@ -110,7 +110,8 @@ def kv_cache_bytes(vllm_config: Any) -> int | None:
 class ModelAccumulator:
     """Device accumulators and host totals for one model on one EP rank."""
 
-    def __init__(self, handle: ModelHandle, ep_rank: int, ep_size: int, layout: Layout):
+    def __init__(self, handle: ModelHandle, ep_rank: int, ep_size: int, layout: Layout,
+                 start_time: float | None = None):
         import torch
 
         self.torch = torch
@@ -134,7 +135,7 @@ class ModelAccumulator:
         self.rearrangements = 0
         self.duration_buckets = np.zeros(len(snap.DURATION_BUCKETS) + 1, np.int64)
         self.duration_sum = 0.0
-        self.start_time = time.time()
+        self.start_time = time.time() if start_time is None else start_time
         self.step_seconds_buckets = np.zeros(len(metric_names.STEP_SECONDS_BUCKETS) + 1, np.int64)
         self.step_seconds_sum = 0.0
         self.step_tokens_buckets = np.zeros(len(metric_names.STEP_TOKENS_BUCKETS) + 1, np.int64)
@@ -270,6 +271,7 @@ class StateRecorder:
         clock: Callable[[], float] = time.monotonic,
         vllm_version: str = "",
         idle_flush: bool = False,
+        start_time: float | None = None,
     ):
         import torch
 
@@ -289,7 +291,7 @@ class StateRecorder:
                 ep_rank, ep_size = 0, (P // int(local)) if local else 1
             else:
                 ep_rank, ep_size = info
-            models.append(ModelAccumulator(h, ep_rank, ep_size, layout))
+            models.append(ModelAccumulator(h, ep_rank, ep_size, layout, start_time))
         self.models = models
         self._by_state = {id(m.handle.state): m for m in models}
         self._model_keys = [h.key for h in layout.models]
