@@ -82,6 +82,21 @@ def test_replicas_share_an_experts_tokens_by_token_hash(bridge):
     assert load.tolist()[1] == 0 and sum(load.tolist()) == 64 and min(load[0], load[2]) > 16
 
 
+def test_a_one_token_batch_always_takes_the_first_replica(bridge):
+    """vLLM hashes the token's index IN THE BATCH (hash(0) = 0): when each step routes one token
+    (a single request decoding), an expert's redundant replicas get none of its load. The
+    simulated engines split an expert's tokens evenly over its replicas whatever the batch."""
+    import torch
+
+    l2p = torch.tensor([[0, 2], [1, -1]])
+    count = torch.tensor([2, 1])
+    load = torch.zeros(3, dtype=torch.int32)
+    for _ in range(50):  # 50 decode steps of one token, top-1 on the replicated expert
+        bridge.eplb_map_to_physical_and_record(torch.zeros((1, 1), dtype=torch.int64), load, l2p, count,
+                                               torch.tensor(True))
+    assert load.tolist() == [50, 0, 0]
+
+
 def test_each_point_refuses_code_vllm_no_longer_has(bridge, monkeypatch):
     import vllm
     from vllm.model_executor.layers.fused_moe.router import base_router
