@@ -6,7 +6,7 @@ it is "vLLM on CPU with the test bridge", not stock vLLM.
 How it is loaded: vLLM calls the entry points of the group ``vllm.general_plugins`` (filtered by
 ``VLLM_PLUGINS``) in every process it starts, before any config or worker is built. The bridge is
 not installed, so :mod:`vllm_engine.plugin_dist` copies this file into a temporary directory
-next to a generated ``cpu_eplb_bridge-0.test.dist-info`` (``METADATA`` + ``entry_points.txt``) and
+next to a generated ``cpu_eplb_bridge-0.0.0+test.dist-info`` (``METADATA`` + ``entry_points.txt``) and
 that directory goes on the engine's ``PYTHONPATH``; ``VLLM_PLUGINS`` gets ``cpu_eplb_bridge``
 added. Nothing in vLLM's files is edited: each gap is bridged by replacing one attribute at load
 time.
