@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with_e.stop()
         without_e.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(table(res))
     if args.json:
         with open(args.json, "w") as f:
