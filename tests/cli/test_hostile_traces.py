@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import pathlib
 import zipfile
 
@@ -127,3 +128,16 @@ def test_tune_on_one_bucket_says_it_is_too_little_data(tmp_path):
     result = _run("tune", "--trace", path, "--ep-size", 4)
     _file_error(result, "1 bucket(s) and 30 engine steps are too little to tune on", "InsufficientData")
     assert "consistent" not in result.output
+
+
+def test_tune_min_steps_allows_a_short_experiment_and_says_so(tmp_path):
+    path = tmp_path / "short.json"
+    rng = np.random.default_rng(0)
+    save_trace(LoadTrace(load=rng.uniform(5, 50, (6, 2, 8)), bucket_steps=np.full(6, 40), bucket_seconds=15.0), path)
+    refused = _run("tune", "--trace", path, "--ep-size", 4)
+    _file_error(refused, "240 engine steps are too little to tune on")
+    out = _run("tune", "--trace", path, "--ep-size", 4, "--min-steps", 200, "--json")
+    assert out.exit_code == 0, out.output
+    notes = json.loads(out.stdout)["notes"]
+    assert any("--min-steps 200: tuned on 240 engine steps, fewer than the 2000" in n for n in notes)
+    _flag_error(_run("tune", "--trace", path, "--ep-size", 4, "--min-steps", 0), "--min-steps")

@@ -22,7 +22,8 @@ def test_capture_buckets_and_restart(tmp_path):
     cap = TraceCapture(sd, td, bucket_seconds=5, max_buckets=3, host="pod-a")
     a = np.array([[1, 2, 3], [4, 5, 6]])
     _write(sd, 1, a, 10)
-    _write(sd, 2, a * 10, 11, rank=1)  # the pod's second rank: load adds up, steps do not
+    _write(sd, 2, a * 10, 11, rank=1)  # the pod's second rank: load adds up, steps do not (the
+    # most advanced rank's count is taken: rank 1's snapshot is one step ahead)
     (path,) = cap.tick()
     _write(sd, 1, a * 3, 30)
     _write(sd, 2, a * 20, 31, rank=1)
@@ -30,7 +31,7 @@ def test_capture_buckets_and_restart(tmp_path):
     tr = load_trace(path)
     assert path.endswith("-0000.npz") and "org_Model-1-pod-a-" in path
     np.testing.assert_array_equal(tr.load, [a * 11, a * 12])
-    np.testing.assert_array_equal(tr.bucket_steps, [10, 20])
+    np.testing.assert_array_equal(tr.bucket_steps, [11, 20])
     assert tr.bucket_seconds == 5 and tr.model == "org/Model-1"
     # the engine restarts: counters drop -> a new file part counting from zero
     _write(sd, 1, a, 2)

@@ -20,7 +20,7 @@ from moe_eplb.exporter.settings import Settings, SettingsError
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def _worker(pid, rank, ep, L=2, E=4, scale=1.0, steps=10, name="m"):
+def _worker(pid, rank, ep, L=2, E=4, scale=1.0, steps=10, name="m", use_async=False):
     et = np.arange(L * E, dtype=float).reshape(L, E) * scale
     rt = np.zeros((L, ep))
     rt[:, rank] = 1.0 * scale
@@ -30,7 +30,7 @@ def _worker(pid, rank, ep, L=2, E=4, scale=1.0, steps=10, name="m"):
     return snap.WorkerSnapshot(pid=pid, time=0.0, models=[snap.ModelSnapshot(
         name=name, ep_rank=rank, ep_size=ep, expert_tokens=et, rank_tokens=rt, replicas=reps, steps=steps + rank,
         rearrangements=3 + rank, duration_sum=1.5, window_size=1000, step_interval=3000, num_redundant_experts=4,
-        start_time=100.0 + rank)])
+        use_async=use_async, start_time=100.0 + rank)])
 
 
 def test_snapshot_roundtrip(tmp_path):
@@ -38,16 +38,17 @@ def test_snapshot_roundtrip(tmp_path):
     snap.write(str(tmp_path), w)
     (back,) = snap.read_all(str(tmp_path))
     m0, m1 = w.models[0], back.models[0]
-    assert (back.pid, m1.name, m1.ep_rank, m1.steps, m1.window_size) == (7, "m", 1, 11, 1000)
+    assert (back.pid, m1.name, m1.ep_rank, m1.steps, m1.window_size, m1.use_async) == (7, "m", 1, 11, 1000, False)
     np.testing.assert_array_equal(m0.expert_tokens, m1.expert_tokens)
     np.testing.assert_array_equal(m0.replicas, m1.replicas)
 
 
-def test_aggregate_sums_load_and_takes_engine_values_from_lowest_rank():
+def test_aggregate_sums_load_and_takes_engine_values_from_the_most_advanced_rank():
     pm = aggregate([_worker(1, 0, 2), _worker(2, 1, 2, scale=2.0)])["m"]
     np.testing.assert_array_equal(pm.expert_tokens, np.arange(8.0).reshape(2, 4) * 3)
     np.testing.assert_array_equal(pm.rank_tokens, [[1 + 4, 2 + 2]] * 2)
-    assert pm.steps == 10 and pm.rearrangements == 3, "lockstep values must not be summed over ranks"
+    # lockstep values are never summed over ranks; rank 1's snapshot is one step further (11, 4)
+    assert pm.steps == 11 and pm.rearrangements == 4, "lockstep values must not be summed over ranks"
     assert pm.complete and pm.ranks == {0, 1}
     assert pm.start_time == 100.0
 
@@ -90,9 +91,14 @@ def test_modes_and_cardinality_deepseek_v3_shape():
     pm.balancedness = balancedness(pm.rank_tokens)
     full = _series(families({"x": pm}, "full"))
     reduced = _series(families({"x": pm}, "reduced"))
-    assert full == L * E * 2 + L * EP + L + 1 + 1 + 1 + 1 + 1 + (len(snap.DURATION_BUCKETS) + 1 + 2)
-    assert reduced == L * E + L * EP + L * R + L + 5 + len(snap.DURATION_BUCKETS) + 3
+    # per rank (one worker here): the step-duration and step-token histograms (buckets + +Inf +
+    # _sum + _count each); the KV-cache gauge only when the worker saw its cache (not here)
+    per_rank = (len(metric_names.STEP_SECONDS_BUCKETS) + 3) + (len(metric_names.STEP_TOKENS_BUCKETS) + 3)
+    assert full == L * E * 2 + L * EP + L + 1 + 1 + 1 + 1 + 1 + (len(snap.DURATION_BUCKETS) + 1 + 2) + per_rank
+    assert reduced == L * E + L * EP + L * R + L + 5 + len(snap.DURATION_BUCKETS) + 3 + per_rank
     assert full > 20_000 > reduced
+    # a pod holding all 32 ranks (one worker each, KV gauge on) stays under 20 000 in reduced mode
+    assert reduced + (EP - 1) * per_rank + EP < 20_000
 
 
 @pytest.mark.integration
@@ -121,7 +127,7 @@ def test_exposition_keeps_exact_names_and_labels(tmp_path):
     assert tokens[("1", "3")] == 14.0 and len(tokens) == 8  # layer 1 expert 3 = 7 on each of the two ranks
     info = samples[metric_names.CONFIG_INFO].labels
     assert info == {"model_name": "m", "window_size": "1000", "step_interval": "3000", "num_redundant_experts": "4",
-                    "ep_size": "2"}
+                    "ep_size": "2", "use_async": "false"}  # the calibration reads the rearrangement mode from it
 
 
 def test_balancedness_is_not_exported_by_a_pod_missing_ranks(tmp_path):

@@ -443,11 +443,15 @@ def _add_tune(main: click.Group) -> None:
                   help="Processes for policy calls.")
     @click.option("--no-calibrate", "no_calibrate", is_flag=True,
                   help="Keep the cost model's constants even when the trace has telemetry.")
+    @click.option("--min-steps", type=click.IntRange(1), default=None,
+                  help="Fewest engine steps to tune on (default: the operator's InsufficientData threshold, "
+                       "2000). Lower it only for short experiments: the recommendation then rests on little data.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
     def tune_cmd(trace_path, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
-                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, as_json, report_dir) -> None:
+                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, min_steps, as_json,
+                 report_dir) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
         Prints the recommendation (keep or change), every evaluated candidate ranked, and the
@@ -459,6 +463,7 @@ def _add_tune(main: click.Group) -> None:
         from moe_eplb.eplb.costmodel import CostModel
         from moe_eplb.eplb.simulator import SimError
         from moe_eplb.eplb.tuner import (
+            MIN_TUNE_STEPS,
             Bounds,
             TuneError,
             parse_bounds,
@@ -470,6 +475,7 @@ def _add_tune(main: click.Group) -> None:
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path)
         calibration, notes = None, []
+        min_steps = MIN_TUNE_STEPS if min_steps is None else min_steps
         try:
             budget = parse_bytes(memory_budget) if memory_budget is not None else None
             bounds = parse_bounds(bounds_text) if bounds_text else Bounds()
@@ -489,7 +495,10 @@ def _add_tune(main: click.Group) -> None:
                 result = tune(trace, ep_size=ep_size, num_nodes=nodes, num_groups=groups,
                               memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
                               bounds=bounds, current=current, cost=cost, min_gain=min_gain,
-                              progress=progress, workers=workers)
+                              progress=progress, workers=workers, min_steps=min_steps)
+            if min_steps < MIN_TUNE_STEPS:
+                notes.append(f"--min-steps {min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
+                             f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")
         except (TuneError, SimError, ValueError) as exc:
             raise bad_parameter(exc)
         if report_dir:

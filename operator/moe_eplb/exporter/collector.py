@@ -6,7 +6,13 @@ Aggregation over the pod's workers (one per EP rank), per model:
   router dispatched, so the sum over workers (and, in PromQL, over pods) is the engine's load with
   nothing counted twice;
 * engine steps, rearrangements, their durations, the replica map and the config are the same
-  engine-wide quantity on every rank, so they are taken from the pod's lowest EP rank (never summed);
+  engine-wide quantity on every rank (ranks step in lockstep), so they are taken once (never
+  summed), from the pod's most advanced rank (most steps, then most rearrangements, then the lowest
+  rank): ranks write their snapshots at slightly different moments, and taking a fixed rank would
+  make a counter go DOWN when that rank's first snapshot lands after another's -- which Prometheus
+  and the load reader take for a restart (seen on the real engine);
+* step durations, tokens per step and the KV-cache size are per rank: exported per rank (label
+  ``rank`` = the worker's own EP rank), never summed;
 * balancedness per layer = mean over ranks / max over ranks of the tokens each rank processed in the
   last ``window`` seconds. It is exported only when this pod holds every EP rank (then its
   rank counters are complete); for engines spanning pods use the PromQL in docs/exporter.md.
@@ -55,8 +61,10 @@ class PodModel:
     window_size: int | None
     step_interval: int | None
     num_redundant_experts: int | None
+    use_async: bool | None
     start_time: float
     balancedness: dict[int, float] = field(default_factory=dict)
+    per_rank: list[snap.ModelSnapshot] = field(default_factory=list)  # this pod's workers, by EP rank
 
     @property
     def complete(self) -> bool:
@@ -65,7 +73,7 @@ class PodModel:
 
 
 def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
-    """Sum the per-rank load over workers; take engine-wide values from the lowest rank."""
+    """Sum the per-rank load over workers; take engine-wide values from the most advanced rank."""
     by_model: dict[str, list[snap.ModelSnapshot]] = {}
     for ws in snapshots:
         for m in ws.models:
@@ -79,21 +87,24 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
         if len(same) != len(parts):
             log.warning("moe-eplb exporter: model %s: %d worker(s) disagree on shapes; ignoring them",
                         name, len(parts) - len(same))
+        lead = max(same, key=lambda m: (m.steps, m.rearrangements, -m.ep_rank))
         out[name] = PodModel(
             name=name,
             ep_size=first.ep_size,
             ranks={m.ep_rank for m in same},
             expert_tokens=np.sum([m.expert_tokens for m in same], axis=0),
             rank_tokens=np.sum([m.rank_tokens for m in same], axis=0),
-            replicas=first.replicas,
-            steps=first.steps,
-            rearrangements=first.rearrangements,
-            duration_buckets=first.duration_buckets,
-            duration_sum=first.duration_sum,
-            window_size=first.window_size,
-            step_interval=first.step_interval,
-            num_redundant_experts=first.num_redundant_experts,
+            replicas=lead.replicas,
+            steps=lead.steps,
+            rearrangements=lead.rearrangements,
+            duration_buckets=lead.duration_buckets,
+            duration_sum=lead.duration_sum,
+            window_size=lead.window_size,
+            step_interval=lead.step_interval,
+            num_redundant_experts=lead.num_redundant_experts,
+            use_async=lead.use_async,
             start_time=min(m.start_time for m in same),
+            per_rank=same,
         )
     return out
 
@@ -144,13 +155,19 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
     bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
                             "per MoE layer, over the balancedness window.", labels=[M, LY])
     info = GaugeMetricFamily(metric_names.CONFIG_INFO, "Running EPLB configuration (value 1).",
-                             labels=[M, *metric_names.CONFIG_INFO_LABELS])
+                             labels=[M, *metric_names.CONFIG_INFO_LABELS, metric_names.LABEL_USE_ASYNC])
     start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
                               labels=[M])
     ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
     hist = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS,
                                  "Duration of EPLB rearrangements (sync: the call; async: until the last "
                                  "layer is committed).", labels=[M])
+    step_s = HistogramMetricFamily(metric_names.STEP_SECONDS, "Wall time of the engine steps of each EP rank "
+                                   "(end of one EPLB step to the end of the next; waits for work excluded).",
+                                   labels=[M, RK])
+    step_t = HistogramMetricFamily(metric_names.STEP_TOKENS, "Real (unpadded) tokens the rank's router dispatched "
+                                   "per engine step (each to top_k experts; dummy steps count 0).", labels=[M, RK])
+    kv = GaugeMetricFamily(metric_names.KV_CACHE_BYTES, "Bytes of KV cache the EP rank allocated.", labels=[M, RK])
     for pm in models.values():
         L, E = pm.expert_tokens.shape
         layer_s = [str(l) for l in range(L)]
@@ -176,13 +193,28 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
         for l, b in sorted(pm.balancedness.items()):
             bal.add_metric([pm.name, layer_s[l]], b)
         info.add_metric([pm.name, _s(pm.window_size), _s(pm.step_interval), _s(pm.num_redundant_experts),
-                         str(pm.ep_size)], 1.0)
+                         str(pm.ep_size), "" if pm.use_async is None else str(pm.use_async).lower()], 1.0)
         start.add_metric([pm.name], pm.start_time)
         ranks.add_metric([pm.name], float(len(pm.ranks)))
         cum = np.cumsum(pm.duration_buckets)
         bounds = [repr(float(b)) for b in snap.DURATION_BUCKETS] + ["+Inf"]
         hist.add_metric([pm.name], list(zip(bounds, [float(c) for c in cum])), sum_value=pm.duration_sum)
-    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks]
+        for m in pm.per_rank:
+            r = str(m.ep_rank)
+            step_s.add_metric([pm.name, r], _buckets(metric_names.STEP_SECONDS_BUCKETS, m.step_seconds_buckets),
+                              sum_value=m.step_seconds_sum)
+            step_t.add_metric([pm.name, r], _buckets(metric_names.STEP_TOKENS_BUCKETS, m.step_tokens_buckets),
+                              sum_value=m.step_tokens_sum)
+            if m.kv_cache_bytes:
+                kv.add_metric([pm.name, r], float(m.kv_cache_bytes))
+    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks, step_s, step_t, kv]
+
+
+def _buckets(bounds, counts) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs of a histogram from per-bucket counts (last = +Inf)."""
+    cum = np.cumsum(np.asarray(counts, np.int64))
+    les = [repr(float(b)) for b in bounds] + ["+Inf"]
+    return list(zip(les, [float(c) for c in cum]))
 
 
 def _s(v) -> str:

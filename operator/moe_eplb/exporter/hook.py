@@ -10,7 +10,11 @@ install, once per process, a method patch on the *class*
   accumulators; after it, clear the pass / keep recording on (gated layouts) and maybe start an
   asynchronous read-back (see :mod:`moe_eplb.exporter.recorder`);
 * ``rearrange``: count rearrangements and time them (sync: the call; async: until the last layer
-  is committed).
+  is committed);
+* ``add_model``: remember each model's served name (``model_config.served_model_name``, the value
+  of vLLM's own ``model_name`` label) and the worker's ``VllmConfig`` (for the KV-cache size);
+* ``prepare_forward``: remember the forward's real (unpadded) token count and when it started
+  (host values vLLM passes in; the step telemetry of :mod:`moe_eplb.exporter.recorder`).
 
 If ``eplb_state`` is not imported yet, the patch is applied by a ``sys.meta_path`` finder right
 after the module is executed. The patch finds the instance's recorder lazily on its first step
@@ -25,18 +29,24 @@ import functools
 import importlib.abc
 import logging
 import sys
+import time
 from typing import Any, Callable
 
-from moe_eplb.exporter.layout import UnsupportedLayout, check_step_signature, detect
+from moe_eplb.exporter.layout import NAMES_ATTR, UnsupportedLayout, check_step_signature, detect
 
 log = logging.getLogger("moe_eplb.exporter")
 
 EPLB_MODULE = "vllm.distributed.eplb.eplb_state"
 _PATCHED = "_moe_eplb_patched"
 _RECORDER = "_moe_eplb_recorder"
+NAMES = NAMES_ATTR  # {str(model_states key): (served_model_name, model_name given to add_model or None)}
+VLLM_CONFIG = "_moe_eplb_vllm_config"  # the worker's VllmConfig, seen while add_model ran
 _DISABLED = object()
 
 RecorderFactory = Callable[[Any, Any], Any]  # (eplb_state, layout) -> StateRecorder
+# The exporter's own cost per step: CPU time of the step thread spent in exporter code (not wall time,
+# which on a busy host also counts the thread being preempted; ~0.25 us per reading).
+_now = time.thread_time
 
 
 def _fail_soft(where: str, exc: BaseException, owner: Any | None = None) -> None:
@@ -87,6 +97,7 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
 
     @functools.wraps(orig_step)
     def step(self, is_dummy: bool = False, is_profile: bool = False, *args, **kwargs):
+        t0 = _now()
         rec = None
         if not is_profile:
             try:
@@ -96,10 +107,13 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("reading the expert load", exc, self)
                 rec = None
+        t1 = _now()
         result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
         if rec is not None:
+            t2 = _now()
             try:
                 rec.after_step()
+                rec.exporter_seconds += (t1 - t0) + (_now() - t2)  # the exporter's share of the step
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("after the EPLB step", exc, self)
         return result
@@ -129,9 +143,71 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
             return result
 
         cls.rearrange = rearrange
+    orig_add_model = getattr(cls, "add_model", None)
+    if orig_add_model is not None:
+
+        @functools.wraps(orig_add_model)
+        def add_model(self, model, model_config, *args, **kwargs):
+            before = set(getattr(self, "model_states", {}) or {})
+            result = orig_add_model(self, model, model_config, *args, **kwargs)
+            try:
+                remember_model(self, before, model_config, kwargs.get("model_name", args[0] if args else None))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("moe-eplb exporter: could not read the served model name (%s: %s)",
+                            type(exc).__name__, exc)
+            return result
+
+        cls.add_model = add_model
+    orig_prepare = getattr(cls, "prepare_forward", None)
+    if orig_prepare is not None:
+
+        @functools.wraps(orig_prepare)
+        def prepare_forward(self, model_config, num_unpadded_tokens, *args, **kwargs):
+            result = orig_prepare(self, model_config, num_unpadded_tokens, *args, **kwargs)
+            t0 = _now()
+            try:
+                rec = recorder_of(self, factory)
+                if rec is not None:
+                    key = _hash_key(model_config)
+                    rec.forward_started(self.model_states.get(key), int(num_unpadded_tokens))
+                    rec.exporter_seconds += _now() - t0
+            except Exception as exc:  # noqa: BLE001
+                _fail_soft("reading the forward's token count", exc, self)
+            return result
+
+        cls.prepare_forward = prepare_forward
     setattr(cls, _PATCHED, True)
-    cls._moe_eplb_originals = (orig_step, orig_rearrange)
+    cls._moe_eplb_originals = (orig_step, orig_rearrange, orig_add_model, orig_prepare)
     return True
+
+
+def _hash_key(model_config: Any):
+    """The ``model_states`` key vLLM uses for ``model_config`` (its cached config hash)."""
+    module = sys.modules.get(EPLB_MODULE)
+    cached = getattr(module, "compute_hash_cached", None)
+    if cached is not None:
+        return cached(model_config)
+    return model_config.compute_hash()
+
+
+def remember_model(eplb_state: Any, before: set, model_config: Any, model_name: str | None) -> None:
+    """Record the served name of the model(s) ``add_model`` just registered, and the worker's
+    ``VllmConfig`` (vLLM runs ``load_model`` inside ``set_current_vllm_config``)."""
+    served = getattr(model_config, "served_model_name", None)
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    served = served or getattr(model_config, "model", None)
+    names = eplb_state.__dict__.setdefault(NAMES, {})
+    for key in set(getattr(eplb_state, "model_states", {}) or {}) - before:
+        names[str(key)] = (str(served) if served else None, model_name)
+    if VLLM_CONFIG not in eplb_state.__dict__:
+        try:
+            from vllm.config import get_current_vllm_config_or_none
+        except ImportError:  # older vLLM
+            return
+        cfg = get_current_vllm_config_or_none()
+        if cfg is not None:
+            eplb_state.__dict__[VLLM_CONFIG] = cfg
 
 
 def unpatch_eplb_state(cls: type) -> None:
@@ -139,9 +215,10 @@ def unpatch_eplb_state(cls: type) -> None:
     originals = getattr(cls, "_moe_eplb_originals", None)
     if originals is None:
         return
-    cls.step, rearrange = originals
-    if rearrange is not None:
-        cls.rearrange = rearrange
+    cls.step, rearrange, add_model, prepare = originals
+    for name, orig in (("rearrange", rearrange), ("add_model", add_model), ("prepare_forward", prepare)):
+        if orig is not None:
+            setattr(cls, name, orig)
     del cls._moe_eplb_originals
     setattr(cls, _PATCHED, False)
 

@@ -41,9 +41,10 @@ class ModelHandle:
 
     key: str
     state: Any
-    name: str
+    name: str  # the model_name label: vLLM's served model name (see served_names)
     num_layers: int
     num_experts: int  # logical experts E
+    top_k: int | None = None  # experts per token (FusedMoE.top_k of the first MoE layer), if known
 
     @property
     def load_pass(self):  # int32 [L, P], this rank's tokens routed to every physical slot this step
@@ -76,6 +77,32 @@ class Layout:
     window_size: int | None
     step_interval: int | None
     num_redundant_experts: int | None
+
+
+NAMES_ATTR = "_moe_eplb_names"  # set on the EplbState by the hook's add_model wrapper
+
+
+def _top_k(model: Any) -> int | None:
+    try:
+        return int(model.moe_layers[0].top_k)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _served_names(handles: list[ModelHandle], names: dict) -> None:
+    """Name each model as vLLM's own metrics do (label ``model_name``): the main model by its served
+    name (``--served-model-name``, else the model path); a drafter registered under an explicit EPLB
+    name (vLLM 0.32: ``"<path> (draft)"``) by ``"<served name> (draft)"``. ``names`` maps a
+    ``model_states`` key to ``(served_model_name, explicit EPLB name or None)`` as the hook saw
+    ``add_model``; models it did not see keep vLLM's EPLB name (the model path)."""
+    main = next((names[h.key][0] for h in handles if h.key in names and names[h.key][1] is None
+                 and names[h.key][0]), None)
+    for h in handles:
+        served, explicit = names.get(h.key, (None, None))
+        if explicit is None and served:
+            h.name = served
+        elif explicit is not None and main:
+            h.name = f"{main} (draft)"
 
 
 def check_step_signature(step: Callable) -> None:
@@ -141,8 +168,9 @@ def detect(eplb_state: Any) -> Layout:
             raise UnsupportedLayout(
                 f"logical_replica_count shape {tuple(cnt.shape)} != ({num_layers}, {num_experts})"
             )
-        name = str(getattr(ms, "model_name", None) or key)
-        handles.append(ModelHandle(key=str(key), state=ms, name=name, num_layers=num_layers, num_experts=num_experts))
+        handles.append(ModelHandle(key=str(key), state=ms, name=str(getattr(ms, "model_name", None) or key),
+                                   num_layers=num_layers, num_experts=num_experts, top_k=_top_k(model)))
+    _served_names(handles, eplb_state.__dict__.get(NAMES_ATTR) or {})
     gated = hasattr(eplb_state, "should_record_tensor")
     window, interval, redundant = eplb_config_of(eplb_state)
     return Layout(

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from moe_eplb.exporter import settings as st
 
@@ -53,7 +54,7 @@ def _recorder_factory(settings: st.Settings):
         if "writer" not in _state and settings.directory:
             _state["writer"] = SnapshotWriter(settings.directory)
         return StateRecorder(eplb_state, layout, _state.get("writer"), flush_seconds=settings.flush_seconds,
-                             vllm_version=_vllm_version())
+                             vllm_version=_vllm_version(), idle_flush=True, start_time=settings.start_time)
 
     return factory
 
@@ -118,6 +119,7 @@ def register() -> None:
                 os.environ[st.ENV_DIR_OWNED] = "1"  # the exporter process removes it when it ends
             os.environ[st.ENV_DIR] = directory
             os.environ[st.ENV_SERVER_PID] = str(os.getpid())
+            os.environ[st.ENV_START_TIME] = repr(time.time())  # one counter start time for the pod
             settings = st.Settings.from_env()
             start_server_process()
         from moe_eplb.exporter import hook

@@ -7,19 +7,25 @@ serves the requests). With ``MOE_EPLB_TRACE_DIR`` set, this process also capture
 
 Always answers in the classic Prometheus text format (``text/plain; version=0.0.4``), whatever the
 scraper's ``Accept`` header asks for: Prometheus asks for OpenMetrics first, and serving the same
-bytes in every case keeps every name exactly as documented.
+bytes in every case keeps every name exactly as documented. No ``*_created`` series: they double
+the series count of every counter and histogram and nothing reads them (the start time is
+``moe_eplb_exporter_start_time_seconds``).
+
+On SIGTERM (a pod shutting down, or a test stopping the engine's process group) it ends like when
+its parent exits: last trace bucket written, owned directory removed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from moe_eplb import k8s_names
@@ -30,6 +36,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def make_registry(collector) -> CollectorRegistry:
+    """A registry with only ``collector``; ``*_created`` series are switched off for the process
+    (this is the exporter's own process, so vLLM's metrics are not affected)."""
+    disable_created_metrics()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
@@ -115,9 +124,14 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
         capture.start()
         log.info("moe-eplb exporter: capturing traces every %.1f s into %s", settings.trace_bucket_seconds,
                  settings.trace_dir)
+    stop = threading.Event()
     try:
-        while parent_pid is None or _alive(parent_pid):
-            time.sleep(poll_seconds)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    except ValueError:  # not the main thread (tests)
+        pass
+    try:
+        while (parent_pid is None or _alive(parent_pid)) and not stop.is_set():
+            stop.wait(poll_seconds)
     except KeyboardInterrupt:
         pass
     if capture is not None:

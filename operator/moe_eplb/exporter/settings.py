@@ -15,9 +15,11 @@ variable                               default     meaning
 ``MOE_EPLB_TRACE_MAX_BUCKETS``         ``360``     buckets per trace file before a new file starts
 =====================================  ==========  ===============================================
 
-``MOE_EPLB_EXPORTER_SERVER_PID`` is internal: the first vLLM process that loads the plugin sets it
-(with ``MOE_EPLB_EXPORTER_DIR``) so that its child processes (engine core, workers) know they are
-not the one that serves the port.
+``MOE_EPLB_EXPORTER_SERVER_PID`` and ``MOE_EPLB_EXPORTER_START_TIME`` are internal: the first vLLM
+process that loads the plugin sets them (with ``MOE_EPLB_EXPORTER_DIR``) so that its child
+processes (engine core, workers) know they are not the one that serves the port, and all report the
+same counter start time (``moe_eplb_exporter_start_time_seconds``; workers starting their counters
+at slightly different moments must not look like a restart to Prometheus and the load reader).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ENV_TRACE_DIR = "MOE_EPLB_TRACE_DIR"
 ENV_TRACE_BUCKET_SECONDS = "MOE_EPLB_TRACE_BUCKET_SECONDS"
 ENV_TRACE_MAX_BUCKETS = "MOE_EPLB_TRACE_MAX_BUCKETS"
 ENV_SERVER_PID = "MOE_EPLB_EXPORTER_SERVER_PID"
+ENV_START_TIME = "MOE_EPLB_EXPORTER_START_TIME"  # internal: when the pod's counters started (unix s)
 ENV_DIR_OWNED = "MOE_EPLB_EXPORTER_DIR_OWNED"  # internal: the directory was created by the plugin
 
 MODES = ("full", "reduced", "off")
@@ -59,6 +62,7 @@ class Settings:
     trace_bucket_seconds: float = 10.0
     trace_max_buckets: int = 360
     server_pid: int | None = None
+    start_time: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -67,6 +71,10 @@ class Settings:
         if mode not in MODES:
             raise SettingsError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected one of {', '.join(MODES)}")
         server_pid = env.get(ENV_SERVER_PID)
+        try:
+            start_time = float(env.get(ENV_START_TIME, ""))
+        except ValueError:
+            start_time = None
         return cls(
             mode=mode,
             port=_int(env, ENV_PORT, k8s_names.EXPORTER_PORT, 1, 65535),
@@ -78,6 +86,7 @@ class Settings:
             trace_bucket_seconds=_float(env, ENV_TRACE_BUCKET_SECONDS, 10.0, 0.1),
             trace_max_buckets=_int(env, ENV_TRACE_MAX_BUCKETS, 360, 1, 10**7),
             server_pid=int(server_pid) if server_pid and server_pid.isdigit() else None,
+            start_time=start_time,
         )
 
 

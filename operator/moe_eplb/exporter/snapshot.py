@@ -18,11 +18,17 @@ key                         shape / type      meaning
 ``m{i}_rank_tokens``        float64 [L, EP]   tokens this rank sent to each EP rank (cumulative)
 ``m{i}_replicas``           int64 [L, E]      replicas of each logical expert (current map)
 ``m{i}_duration_buckets``   int64 [B]         rearrangement durations per histogram bucket (not cumulative)
+``m{i}_step_seconds``       int64 [S]         engine-step durations of this rank per bucket of
+                                              ``metric_names.STEP_SECONDS_BUCKETS`` (+Inf last)
+``m{i}_step_tokens``        int64 [T]         tokens per engine step of this rank per bucket of
+                                              ``metric_names.STEP_TOKENS_BUCKETS`` (+Inf last)
 ==========================  ================  ====================================================
 
 ``models[i]`` holds ``name, ep_rank, ep_size, num_layers, num_experts, num_physical_experts,
-window_size, step_interval, num_redundant_experts, steps, rearrangements, duration_sum,
-start_time``.
+window_size, step_interval, num_redundant_experts, use_async, steps, rearrangements, duration_sum,
+start_time, step_seconds_sum, step_tokens_sum, top_k, kv_cache_bytes``; ``meta`` also holds
+``exporter_seconds`` (time the worker spent in the exporter's per-step code) and
+``recorded_steps``.
 """
 
 from __future__ import annotations
@@ -58,8 +64,17 @@ class ModelSnapshot:
     window_size: int | None = None
     step_interval: int | None = None
     num_redundant_experts: int | None = None
+    use_async: bool | None = None  # EPLB's rearrangement mode (None: not known)
     num_physical_experts: int | None = None
     start_time: float = 0.0
+    step_seconds_buckets: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(metric_names.STEP_SECONDS_BUCKETS) + 1, np.int64))
+    step_seconds_sum: float = 0.0
+    step_tokens_buckets: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(metric_names.STEP_TOKENS_BUCKETS) + 1, np.int64))
+    step_tokens_sum: float = 0.0
+    top_k: int | None = None
+    kv_cache_bytes: int | None = None  # this rank's KV cache, when the worker could see it
 
     @property
     def num_layers(self) -> int:
@@ -77,11 +92,15 @@ class WorkerSnapshot:
     models: list[ModelSnapshot]
     vllm: str = ""
     layout: str = ""
+    exporter_seconds: float = 0.0
+    recorded_steps: int = 0
 
 
 def encode(snapshot: WorkerSnapshot) -> bytes:
     """Serialise to ``.npz`` bytes (uncompressed: a few hundred kB for DeepSeek-V3)."""
-    meta = {"pid": snapshot.pid, "time": snapshot.time, "vllm": snapshot.vllm, "layout": snapshot.layout, "models": []}
+    meta = {"pid": snapshot.pid, "time": snapshot.time, "vllm": snapshot.vllm, "layout": snapshot.layout,
+            "exporter_seconds": float(snapshot.exporter_seconds), "recorded_steps": int(snapshot.recorded_steps),
+            "models": []}
     arrays: dict[str, np.ndarray] = {}
     for i, m in enumerate(snapshot.models):
         meta["models"].append(
@@ -95,14 +114,21 @@ def encode(snapshot: WorkerSnapshot) -> bytes:
                 "window_size": m.window_size,
                 "step_interval": m.step_interval,
                 "num_redundant_experts": m.num_redundant_experts,
+                "use_async": m.use_async,
                 "num_physical_experts": m.num_physical_experts,
                 "start_time": m.start_time,
+                "step_seconds_sum": float(m.step_seconds_sum),
+                "step_tokens_sum": float(m.step_tokens_sum),
+                "top_k": m.top_k,
+                "kv_cache_bytes": m.kv_cache_bytes,
             }
         )
         arrays[f"m{i}_expert_tokens"] = np.asarray(m.expert_tokens, np.float64)
         arrays[f"m{i}_rank_tokens"] = np.asarray(m.rank_tokens, np.float64)
         arrays[f"m{i}_replicas"] = np.asarray(m.replicas, np.int64)
         arrays[f"m{i}_duration_buckets"] = np.asarray(m.duration_buckets, np.int64)
+        arrays[f"m{i}_step_seconds"] = np.asarray(m.step_seconds_buckets, np.int64)
+        arrays[f"m{i}_step_tokens"] = np.asarray(m.step_tokens_buckets, np.int64)
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
     return buf.getvalue()
@@ -128,12 +154,21 @@ def decode(data: bytes) -> WorkerSnapshot:
                     window_size=mm.get("window_size"),
                     step_interval=mm.get("step_interval"),
                     num_redundant_experts=mm.get("num_redundant_experts"),
+                    use_async=mm.get("use_async"),
                     num_physical_experts=mm.get("num_physical_experts"),
                     start_time=float(mm.get("start_time") or 0.0),
+                    step_seconds_buckets=z[f"m{i}_step_seconds"],
+                    step_seconds_sum=float(mm.get("step_seconds_sum") or 0.0),
+                    step_tokens_buckets=z[f"m{i}_step_tokens"],
+                    step_tokens_sum=float(mm.get("step_tokens_sum") or 0.0),
+                    top_k=mm.get("top_k"),
+                    kv_cache_bytes=mm.get("kv_cache_bytes"),
                 )
             )
     return WorkerSnapshot(pid=int(meta["pid"]), time=float(meta["time"]), models=models,
-                          vllm=meta.get("vllm", ""), layout=meta.get("layout", ""))
+                          vllm=meta.get("vllm", ""), layout=meta.get("layout", ""),
+                          exporter_seconds=float(meta.get("exporter_seconds") or 0.0),
+                          recorded_steps=int(meta.get("recorded_steps") or 0))
 
 
 def snapshot_path(directory: str, pid: int) -> str:

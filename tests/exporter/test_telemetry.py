@@ -1,0 +1,373 @@
+"""Served model name, step telemetry, KV-cache size, idle flush and no ``_created`` series: against
+vLLM 0.32's REAL ``EplbState`` (``add_model``, ``prepare_forward``, ``step``) from the CPU wheel.
+The same properties are checked inside a serving engine by tests/vllm_engine/."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+from tests.exporter.exporter_helpers import env_without_exporter, free_port, logical_counts, make_moe_model, route, vllm_world
+from moe_eplb import metric_names
+from moe_eplb.exporter import hook
+from moe_eplb.exporter import snapshot as snap
+from moe_eplb.exporter.collector import PodCollector
+from moe_eplb.exporter.recorder import IDLE_GAP_SECONDS, SnapshotWriter, StateRecorder, kv_cache_bytes
+from moe_eplb.exporter.server import make_registry
+from prometheus_client import Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def _install(es, **kw):
+    recs = []
+
+    def factory(state, layout):
+        rec = StateRecorder(state, layout, kw.get("writer"), flush_seconds=kw.get("flush_seconds", 1e9),
+                            clock=kw.get("clock", time.monotonic), idle_flush=kw.get("idle_flush", False))
+        recs.append(rec)
+        return rec
+
+    assert hook.patch_eplb_state(es.EplbState, factory)
+    return recs
+
+
+def _model_config(model, served, tag=""):
+    """What EplbState.add_model reads of a ModelConfig (vLLM's ModelConfig needs a real checkpoint):
+    ``model``, ``served_model_name`` (already resolved to a string by vLLM) and ``compute_hash``."""
+    return types.SimpleNamespace(model=model, served_model_name=served, compute_hash=lambda: f"hash-{model}{tag}")
+
+
+def _state(es, L=2, E=4, R=0, interval=10**6, models=(("org/tiny", "tiny-served", None),)):
+    from vllm.config import ParallelConfig, set_current_vllm_config
+
+    import torch
+
+    vc = vllm_world()
+    pc = ParallelConfig()
+    pc.eplb_config.window_size = 4
+    pc.eplb_config.step_interval = interval
+    pc.eplb_config.num_redundant_experts = R
+    pc.eplb_config.use_async = False
+    pc.eplb_config.communicator = "torch_gloo"
+    state = es.EplbState(pc, torch.device("cpu"))
+    out = []
+    with set_current_vllm_config(vc):
+        for i, (path, served, eplb_name) in enumerate(models):
+            model = make_moe_model(L, E, R)
+            mc = _model_config(path, served, tag=str(i))
+            if eplb_name is None:
+                state.add_model(model, mc)
+            else:
+                state.add_model(model, mc, model_name=eplb_name)
+            out.append((model, mc))
+    return state, out
+
+
+pytestmark = pytest.mark.vllm
+
+
+def test_model_name_is_the_served_name_not_the_path(real_eplb):
+    recs = _install(real_eplb)
+    state, [(model, mc)] = _state(real_eplb)
+    route(model, np.zeros((2, 3, 2), np.int64))
+    state.step()
+    (rec,) = recs
+    assert [m.handle.name for m in rec.models] == ["tiny-served"]
+    # vLLM's own EPLB state still calls the model by its path (its log line); only the label changes
+    assert next(iter(state.model_states.values())).model_name == "org/tiny"
+    assert rec.snapshot().models[0].name == "tiny-served"
+
+
+def test_without_served_name_vllm_falls_back_to_the_path(real_eplb):
+    recs = _install(real_eplb)
+    # vLLM resolves an unset --served-model-name to the model path (ModelConfig.served_model_name)
+    state, [(model, _)] = _state(real_eplb, models=(("/models/tiny", "/models/tiny", None),))
+    state.step()
+    assert recs[0].models[0].handle.name == "/models/tiny"
+
+
+def test_drafter_is_named_after_the_served_main_model(real_eplb):
+    recs = _install(real_eplb)
+    # vLLM 0.32 registers the drafter first, under model_name "<draft path> (draft)"
+    state, _ = _state(real_eplb, models=(("org/draft", "org/draft", "org/draft (draft)"),
+                                         ("org/main", "main-served", None)))
+    state.step()
+    assert sorted(m.handle.name for m in recs[0].models) == ["main-served", "main-served (draft)"]
+
+
+def test_step_tokens_come_from_prepare_forward_and_match_the_load(real_eplb):
+    clock = FakeClock()
+    recs = _install(real_eplb, clock=clock)
+    state, [(model, mc)] = _state(real_eplb)
+    rng = np.random.default_rng(0)
+    tokens_per_step = [5, 1, 0, 17, 64]  # 0: a dummy step (no forward)
+    total = np.zeros((2, 4))
+    for i, n in enumerate(tokens_per_step):
+        dummy = n == 0
+        if not dummy:
+            state.prepare_forward(mc, n)
+            clock.t += 0.004  # forward
+            ids = rng.integers(0, 4, size=(2, n, 2))
+            route(model, ids)
+            total += logical_counts(ids, 4)
+        clock.t += 0.001
+        state.step(is_dummy=dummy)
+        clock.t += 0.002  # sampling, scheduling: part of the next step
+    (rec,) = recs
+    rec.flush_now()
+    (m,) = rec.models
+    assert m.step_tokens_sum == sum(tokens_per_step)
+    # tokens x top_k = the load this rank routed in every MoE layer
+    assert m.step_tokens_sum * 2 == total[0].sum() == m.rank_tokens[0].sum()
+    expected = np.zeros(len(metric_names.STEP_TOKENS_BUCKETS) + 1, np.int64)
+    for n in tokens_per_step:
+        expected[np.searchsorted(metric_names.STEP_TOKENS_BUCKETS, n, side="left")] += 1
+    np.testing.assert_array_equal(m.step_tokens_buckets, expected)
+    assert int(m.step_seconds_buckets.sum()) == len(tokens_per_step) == m.steps
+
+
+def test_step_duration_spans_step_ends_and_excludes_idle_waits(real_eplb):
+    clock = FakeClock()
+    recs = _install(real_eplb, clock=clock)
+    state, [(model, mc)] = _state(real_eplb)
+
+    def one_step(forward=0.010, rest=0.003):
+        state.prepare_forward(mc, 4)
+        clock.t += forward
+        state.step()
+        clock.t += rest  # sampling + scheduling of the next step, before its forward starts
+
+    one_step()  # first step: timed from its forward's start: 0.010
+    one_step()  # 0.003 + 0.010 since the previous step's end
+    one_step()
+    clock.t += IDLE_GAP_SECONDS + 5.0  # the engine waits for a request
+    one_step()  # timed from its own forward start: 0.010, not 5 s
+    (m,) = recs[0].models
+    assert m.step_seconds_sum == pytest.approx(0.010 + 0.013 + 0.013 + 0.010)
+    assert int(m.step_seconds_buckets.sum()) == 4
+    assert m.step_seconds_buckets[-1] == 0  # nothing in +Inf: the idle wait was not counted
+
+
+def test_exporter_times_its_own_per_step_work(real_eplb):
+    recs = _install(real_eplb)
+    state, [(model, mc)] = _state(real_eplb)
+    for _ in range(20):
+        state.prepare_forward(mc, 3)
+        route(model, np.ones((2, 3, 2), np.int64))
+        state.step()
+    rec = recs[0]
+    assert rec.recorded_steps == 20
+    assert 0 < rec.exporter_seconds < 20 * 0.05  # a few hundred microseconds per step on CPU at most
+
+
+def test_idle_engine_exports_its_last_counts(real_eplb, tmp_path):
+    """Read-backs used to start only from a step: the last flush interval before the engine went idle
+    stayed unexported until the next request. The idle-flush thread writes it."""
+    import torch
+
+    writer = SnapshotWriter(str(tmp_path))
+    recs = _install(real_eplb, writer=writer, flush_seconds=0.2, idle_flush=True)
+    state, [(model, mc)] = _state(real_eplb)
+    rng = np.random.default_rng(3)
+    total = np.zeros((2, 4))
+    try:
+        for _ in range(30):  # busy for well over one flush interval, then idle
+            ids = rng.integers(0, 4, size=(2, 3, 2))
+            # vLLM's model runner steps under inference mode (the recorder's tensors are then
+            # inference tensors, which the idle thread may update only in that mode)
+            with torch.inference_mode():
+                state.prepare_forward(mc, 3)
+                route(model, ids)
+                state.step()
+            total += logical_counts(ids, 4)
+            time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            got = snap.read_all(str(tmp_path))
+            if got and got[0].models[0].steps == 30:
+                break
+            time.sleep(0.05)
+        (ws,) = snap.read_all(str(tmp_path))
+        (ms,) = ws.models
+        assert ms.steps == 30, "the last steps before going idle were not exported"
+        np.testing.assert_array_equal(ms.expert_tokens, total)
+        assert ms.step_tokens_sum == 90 and int(ms.step_seconds_buckets.sum()) == 30
+        assert ws.recorded_steps == 30
+        # a snapshot is consistent: its step telemetry covers exactly the steps whose load it holds
+        assert ms.step_tokens_sum * 2 == ms.rank_tokens[0].sum()
+    finally:
+        recs[0].close()
+
+
+def test_snapshot_counts_only_steps_whose_load_landed(real_eplb, tmp_path):
+    clock = FakeClock()
+    writer = SnapshotWriter(str(tmp_path))
+    recs = _install(real_eplb, writer=writer, flush_seconds=1.0, clock=clock)
+    state, [(model, mc)] = _state(real_eplb)
+    for i in range(5):
+        state.prepare_forward(mc, 2)
+        route(model, np.ones((2, 2, 2), np.int64))
+        clock.t += 0.3
+        state.step()  # the read-back starts after the step that crosses 1 s (step 4)
+    writer.flush()
+    (ws,) = snap.read_all(str(tmp_path))
+    assert ws.models[0].steps == 4 and ws.models[0].step_tokens_sum == 8
+    assert ws.models[0].expert_tokens.sum() == 4 * 2 * 2 * 2  # steps x tokens x top-k x layers
+    del recs
+
+
+def test_kv_cache_bytes_counts_each_storage_once():
+    import torch
+    from vllm.config import VllmConfig
+
+    vc = VllmConfig()
+    shared = torch.zeros((4, 16, 8), dtype=torch.float32)  # 2 KiB, bound to two layers (KV sharing)
+    own = torch.zeros((2, 16, 8), dtype=torch.bfloat16)  # 512 B
+    ctx = vc.compilation_config.static_forward_context
+    ctx["model.layers.0.self_attn.attn"] = types.SimpleNamespace(kv_cache=shared)
+    ctx["model.layers.1.self_attn.attn"] = types.SimpleNamespace(kv_cache=shared[1:])  # a view: same storage
+    ctx["model.layers.2.self_attn.attn"] = types.SimpleNamespace(kv_cache=[own])  # per-virtual-engine list
+    ctx["model.layers.0.mlp.experts"] = types.SimpleNamespace()  # not attention: no kv_cache
+    assert kv_cache_bytes(vc) == 4 * 16 * 8 * 4 + 2 * 16 * 8 * 2
+    assert kv_cache_bytes(VllmConfig()) is None  # before the cache exists
+    assert kv_cache_bytes(None) is None
+
+
+def test_step_and_kv_series_per_rank(tmp_path):
+    for rank in (0, 1):
+        m = snap.ModelSnapshot(name="tiny", ep_rank=rank, ep_size=2, expert_tokens=np.ones((1, 2)),
+                               rank_tokens=np.ones((1, 2)), replicas=np.ones((1, 2), np.int64), steps=3)
+        m.step_seconds_buckets[3] = 2  # 2 steps in (0.005, 0.01]
+        m.step_seconds_buckets[4] = 1  # 1 step in (0.01, 0.02]
+        m.step_seconds_sum = 0.03
+        m.step_tokens_buckets[2] = 3  # (4, 16]
+        m.step_tokens_sum = 30.0 + rank
+        m.kv_cache_bytes = 1 << 30
+        snap.write(str(tmp_path), snap.WorkerSnapshot(pid=10 + rank, time=0, models=[m]))
+    samples = [s for f in PodCollector(str(tmp_path)).collect() for s in f.samples]
+
+    def value(name, **labels):
+        (v,) = [s.value for s in samples if s.name == name and all(s.labels.get(k) == x for k, x in labels.items())]
+        return v
+
+    for rank in ("0", "1"):
+        assert value(metric_names.STEP_SECONDS + "_count", rank=rank, model_name="tiny") == 3
+        assert value(metric_names.STEP_SECONDS + "_bucket", rank=rank, le="0.01") == 2
+        assert value(metric_names.STEP_SECONDS + "_bucket", rank=rank, le="0.02") == 3
+        assert value(metric_names.STEP_TOKENS + "_sum", rank=rank) == 30 + int(rank)
+        assert value(metric_names.KV_CACHE_BYTES, rank=rank) == float(1 << 30)
+
+
+def test_no_created_series():
+    """prometheus_client adds a ``*_created`` series to every counter and histogram unless told not to."""
+    from moe_eplb.exporter import collector
+
+    d = tempfile.mkdtemp()
+    registry = make_registry(collector.PodCollector(d))
+    Counter("moe_eplb_probe_total", "a plain counter in the exporter's registry", registry=registry).inc()
+    Histogram("moe_eplb_probe_seconds", "a plain histogram", registry=registry).observe(0.1)
+    m = snap.ModelSnapshot(name="tiny", ep_rank=0, ep_size=1, expert_tokens=np.ones((1, 2)),
+                           rank_tokens=np.ones((1, 1)), replicas=np.ones((1, 2), np.int64), steps=3,
+                           rearrangements=1)
+    snap.write(d, snap.WorkerSnapshot(pid=1, time=0, models=[m]))
+    text = generate_latest(registry).decode()
+    assert "moe_eplb_probe_total 1.0" in text and metric_names.REARRANGEMENTS in text
+    assert "_created" not in text
+
+
+SERVER_ON_SIGTERM = r"""
+import sys
+from moe_eplb.exporter import server
+sys.exit(server.run_forever(None, poll_seconds=0.05))
+"""
+
+
+def test_exporter_process_cleans_up_on_sigterm(tmp_path):
+    """Stopping a pod (or a test's process group) sends SIGTERM to every process: the exporter
+    process removes the directory it owns instead of dying with it in /dev/shm."""
+    directory = tmp_path / "pod"
+    directory.mkdir()
+    env = env_without_exporter()
+    env.update(MOE_EPLB_EXPORTER_DIR=str(directory), MOE_EPLB_EXPORTER_DIR_OWNED="1",
+               MOE_EPLB_EXPORTER_PORT=str(free_port()), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_ON_SIGTERM], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any("serving" in line for line in lines):
+            time.sleep(0.05)
+        assert any("serving" in line for line in lines), lines
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert not os.path.exists(directory)
+    finally:
+        proc.kill()
+
+
+def _rank_snapshot(rank, steps, rearrangements, start):
+    m = snap.ModelSnapshot(name="tiny", ep_rank=rank, ep_size=2, expert_tokens=np.full((1, 2), float(steps)),
+                           rank_tokens=np.full((1, 2), float(steps)), replicas=np.ones((1, 2), np.int64),
+                           steps=steps, rearrangements=rearrangements, start_time=start)
+    return snap.WorkerSnapshot(pid=100 + rank, time=0, models=[m])
+
+
+def test_engine_wide_counters_never_go_down_as_ranks_report(tmp_path):
+    """Seen on the real engine: the two workers' first snapshots land milliseconds apart; a scrape in
+    between saw one rank. Taking engine-wide values from a fixed rank (the lowest) or the start time
+    from whichever ranks are present then made the pod look restarted to Prometheus and the load
+    reader (which counted the first snapshot twice)."""
+    from moe_eplb.exporter.collector import aggregate
+
+    seen = []
+    # rank 1 reports first, then rank 0 (a step behind), then both move on
+    rounds = [[_rank_snapshot(1, 10, 1, 50.0)],
+              [_rank_snapshot(1, 10, 1, 50.0), _rank_snapshot(0, 9, 1, 50.0)],
+              [_rank_snapshot(1, 11, 1, 50.0), _rank_snapshot(0, 12, 2, 50.0)]]
+    for snapshots in rounds:
+        (pm,) = aggregate(snapshots).values()
+        seen.append((pm.steps, pm.rearrangements, pm.start_time))
+    assert seen == [(10, 1, 50.0), (10, 1, 50.0), (12, 2, 50.0)]
+
+
+def test_all_workers_of_a_pod_share_one_counter_start_time(real_eplb, monkeypatch):
+    """The pod's first vLLM process sets MOE_EPLB_EXPORTER_START_TIME; every worker inherits it, so
+    moe_eplb_exporter_start_time_seconds does not change when a later worker reports."""
+    from moe_eplb.exporter import plugin, settings
+
+    monkeypatch.setenv(settings.ENV_START_TIME, "1234.5")
+    monkeypatch.delenv(settings.ENV_DIR, raising=False)
+    s = settings.Settings.from_env()
+    assert s.start_time == 1234.5
+    recs = []
+    factory = plugin._recorder_factory(s)
+
+    def keep(state, layout):
+        rec = factory(state, layout)
+        recs.append(rec)
+        return rec
+
+    assert hook.patch_eplb_state(real_eplb.EplbState, keep)
+    state, _ = _state(real_eplb)
+    state.step()
+    try:
+        assert recs[0].models[0].start_time == 1234.5
+    finally:
+        recs[0].close()
