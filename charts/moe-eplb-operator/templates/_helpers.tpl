@@ -64,3 +64,13 @@ app.kubernetes.io/component: operator
 {{- define "moe-eplb.namespaced" -}}
 {{- if .Values.operator.watchNamespaces }}true{{ end }}
 {{- end }}
+
+{{/* operator.podMonitorLabels as MOE_EPLB_POD_MONITOR_LABELS: key=value pairs sorted by key
+     (range over a map is in key order), joined by ",". */}}
+{{- define "moe-eplb.podMonitorLabels" -}}
+{{- $pairs := list }}
+{{- range $k, $v := .Values.operator.podMonitorLabels }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

@@ -35,6 +35,17 @@ class _NamespaceList(click.ParamType):
         return str(value)
 
 
+class _LabelList(click.ParamType):
+    """``key=value``, or a comma-separated list of them (``MOE_EPLB_POD_MONITOR_LABELS=a=1,b=2``);
+    checked by :func:`moe_eplb.controller.settings.parse_labels`."""
+
+    name = "key=value"
+    envvar_list_splitter = ","
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        return str(value)
+
+
 @click.command("run")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), **_env("kubeconfig"),
               help="Kubeconfig to use (default: in-cluster service account, else $KUBECONFIG / ~/.kube/config).")
@@ -67,6 +78,10 @@ class _NamespaceList(click.ParamType):
 @click.option("--log-format", type=click.Choice(s.LOG_FORMATS, case_sensitive=False), default="text",
               show_default=True, **_env("log_format"),
               help="text: timestamped lines; json: one JSON object per line (kopf's JSON formatter).")
+@click.option("--pod-monitor-labels", "pod_monitor_labels", multiple=True, type=_LabelList(),
+              **_env("pod_monitor_labels"),
+              help="Labels for every PodMonitor the operator renders, key=value (repeatable or comma-separated), "
+                   "e.g. release=kube-prometheus-stack: what your Prometheus selects PodMonitors by. Default: none.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs (same as --log-level DEBUG).")
 @click.option("--debug", is_flag=True, help="Debug logs, including every API call kopf makes.")
 @click.pass_context
@@ -127,5 +142,6 @@ def settings_from_cli(ctx: click.Context, values: Mapping[str, Any], environ: Ma
         health_port=values.get("health_port"), liveness=values.get("liveness"),
         metrics_port=values["metrics_port"], resync_seconds=values["resync_seconds"],
         log_level=values["log_level"], log_format=values["log_format"],
-        pod_name=environ.get("POD_NAME"), pod_namespace=environ.get("POD_NAMESPACE"))
+        pod_name=environ.get("POD_NAME"), pod_namespace=environ.get("POD_NAMESPACE"),
+        pod_monitor_labels=values.get("pod_monitor_labels") or ())
 

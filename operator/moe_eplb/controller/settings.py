@@ -14,6 +14,9 @@ Env contract (chart -> operator):
 - ``MOE_EPLB_PRIORITY``: peering priority; unset = random in [1, 2**31 - 1] per process;
 - ``MOE_EPLB_METRICS_PORT`` (0 = off), ``MOE_EPLB_HEALTH_PORT`` (``/healthz``, 0 = off);
 - ``MOE_EPLB_LOG_LEVEL`` (DEBUG|INFO|WARNING|ERROR), ``MOE_EPLB_LOG_FORMAT`` (text|json);
+- ``MOE_EPLB_POD_MONITOR_LABELS``: comma-separated ``key=value`` labels put on every PodMonitor the
+  operator renders (e.g. ``release=kube-prometheus-stack``, what a stock kube-prometheus-stack
+  selects PodMonitors by); empty = none;
 - ``MOE_EPLB_RESYNC_SECONDS``, ``MOE_EPLB_STANDALONE``, ``MOE_EPLB_KUBECONFIG``;
 - ``POD_NAME``, ``POD_NAMESPACE`` (downward API): the replica's identity (kopf peering id, logs).
 """
@@ -49,6 +52,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "resync_seconds": ("--resync-seconds", "MOE_EPLB_RESYNC_SECONDS"),
     "log_level": ("--log-level", "MOE_EPLB_LOG_LEVEL"),
     "log_format": ("--log-format", "MOE_EPLB_LOG_FORMAT"),
+    "pod_monitor_labels": ("--pod-monitor-labels", "MOE_EPLB_POD_MONITOR_LABELS"),
 }
 
 #: No longer read: spec.autotune's fields are defaulted by the CRD (per MoEInference).
@@ -57,6 +61,11 @@ RETIRED_ENV = ("MOE_EPLB_AUTOTUNE_DEFAULTS",)
 _URL = re.compile(r"^https?://[^\s/]+\S*$")  # the CRD's spec.monitoring.prometheusUrl pattern, host required
 # A namespace name (DNS-1123 label) or a kopf namespace pattern (globs, leading ! to exclude).
 _NAMESPACE = re.compile(r"^!?[a-z0-9*?\[\]]([-a-z0-9*?\[\]]{0,61}[a-z0-9*?\[\]])?$")
+# Kubernetes label syntax: key = [DNS-subdomain prefix (<= 253) "/"] name (<= 63); value <= 63, may be empty.
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: Labels the operator itself sets on every child (selectors, ownership): not overridable.
+OPERATOR_OWNED_LABELS = (k8s_names.NAME_LABEL, k8s_names.MANAGED_BY_LABEL, k8s_names.COMPONENT_LABEL)
 
 
 class SettingsError(ValueError):
@@ -76,7 +85,9 @@ class OperatorSettings:
     ``spec.monitoring.prometheusUrl`` (None: read the pods' exporters directly);
     ``namespaces``: served namespaces (empty: all, cluster-wide); ``priority``: kopf peering
     priority; ``liveness_endpoint``: kopf's liveness URL or None; ``metrics_port``: 0 = off;
-    ``resync_seconds``: drift/status timer period (s); ``log_level``/``log_format``: logging.
+    ``resync_seconds``: drift/status timer period (s); ``log_level``/``log_format``: logging;
+    ``pod_monitor_labels``: operator-wide labels for the PodMonitors it renders, ``(key, value)``
+    pairs sorted by key (``dict(...)`` gives the mapping).
     """
 
     prometheus_url: str | None = None
@@ -91,6 +102,7 @@ class OperatorSettings:
     log_format: str = "text"
     pod_name: str | None = None
     pod_namespace: str | None = None
+    pod_monitor_labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def clusterwide(self) -> bool:
@@ -118,11 +130,47 @@ def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_labels(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``("release=kube-prometheus-stack, team=ml", "a=")`` -> ``(("a", ""), ("release", ...), ("team", "ml"))``.
+
+    Comma lists are flattened, blanks dropped, pairs sorted by key; each must be ``key=value`` with
+    Kubernetes label syntax, a key may appear once (twice with the same value is fine), and the
+    operator's own labels (:data:`OPERATOR_OWNED_LABELS`, the ``eplb.ai/`` prefix) are refused.
+    """
+    out: dict[str, str] = {}
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, eq, val = item.partition("=")
+            key, val = key.strip(), val.strip()
+            if not eq or not key:
+                raise SettingsError("pod_monitor_labels", f"{item!r} is not key=value (e.g. "
+                                                          "release=kube-prometheus-stack; pairs separated by ',')")
+            prefix, slash, name = key.rpartition("/")
+            if not _LABEL_NAME.match(name) or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix))):
+                raise SettingsError("pod_monitor_labels", f"{key!r} is not a label key (an optional DNS-subdomain "
+                                                          "prefix and '/', then at most 63 letters, digits, '-', '_', "
+                                                          "'.', starting and ending alphanumeric)")
+            if val and not _LABEL_NAME.match(val):
+                raise SettingsError("pod_monitor_labels", f"{val!r} (label {key}) is not a label value (at most 63 "
+                                                          "letters, digits, '-', '_', '.', starting and ending "
+                                                          "alphanumeric, or empty)")
+            if key in OPERATOR_OWNED_LABELS or prefix == k8s_names.API_GROUP:
+                raise SettingsError("pod_monitor_labels", f"{key!r} is set by the operator itself on every PodMonitor "
+                                                          "(its selector and ownership labels); choose another label")
+            if out.get(key, val) != val:
+                raise SettingsError("pod_monitor_labels", f"label {key!r} is given twice ({out[key]!r} and {val!r})")
+            out[key] = val
+    return tuple(sorted(out.items()))
+
+
 def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), standalone: bool = False,
           peering_name: str | None = None, priority: int | None = None, health_port: int | None = None,
           liveness: str | None = None, metrics_port: int = k8s_names.OPERATOR_METRICS_PORT, resync_seconds: float = 60.0,
           log_level: str = "INFO", log_format: str = "text", pod_name: str | None = None,
-          pod_namespace: str | None = None,
+          pod_namespace: str | None = None, pod_monitor_labels: Iterable[str] = (),
           draw_priority: Callable[[], int] = random_priority) -> OperatorSettings:
     """Check raw option values and return the settings.
 
@@ -163,4 +211,5 @@ def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), 
         prometheus_url=url, namespaces=split_namespaces(namespaces), standalone=bool(standalone),
         peering_name=(peering_name or PEERING_NAME).strip(), priority=int(priority), liveness_endpoint=endpoint,
         metrics_port=int(metrics_port), resync_seconds=float(resync_seconds), log_level=level, log_format=fmt,
-        pod_name=pod_name or None, pod_namespace=pod_namespace or None)
+        pod_name=pod_name or None, pod_namespace=pod_namespace or None,
+        pod_monitor_labels=parse_labels(pod_monitor_labels))
