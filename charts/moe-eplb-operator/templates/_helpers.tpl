@@ -74,3 +74,23 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/* Whether a Prometheus Operator object is rendered, from its auto|true|false value:
+     "true" (non-empty) for true, or for auto when the cluster serves monitoring.coreos.com/v1
+     (helm install/upgrade ask the API server; helm template only knows --api-versions).
+     Call: include "moe-eplb.monitoringOn" (list <value> $) */}}
+{{- define "moe-eplb.monitoringOn" -}}
+{{- $value := index . 0 }}
+{{- $root := index . 1 }}
+{{- if eq (toString $value) "auto" }}
+{{- if $root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- else if $value }}true{{ end }}
+{{- end }}
+
+{{- define "moe-eplb.serviceMonitorOn" -}}
+{{- include "moe-eplb.monitoringOn" (list .Values.metrics.serviceMonitor.enabled .) }}
+{{- end }}
+
+{{- define "moe-eplb.prometheusRuleOn" -}}
+{{- include "moe-eplb.monitoringOn" (list .Values.prometheusRule.enabled .) }}
+{{- end }}
