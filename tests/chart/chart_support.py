@@ -49,7 +49,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 # Alert "for" durations cut to zero so that the rules fire within the test's seconds.
-FAST_ALERTS = {"prometheusRule": {"balancednessFor": "0s", "exporterMissingFor": "0s", "operatorDownFor": "0s"}}
+FAST_ALERTS = {"prometheusRule": {"balancednessFor": "0s", "exporterMissingFor": "0s", "operatorDownFor": "0s",
+                                  "rearrangementStallWindow": "10s", "rearrangementStallFor": "0s"}}
 
 
 def helm():

@@ -94,3 +94,9 @@ app.kubernetes.io/component: operator
 {{- define "moe-eplb.prometheusRuleOn" -}}
 {{- include "moe-eplb.monitoringOn" (list .Values.prometheusRule.enabled .) }}
 {{- end }}
+
+{{/* runbook_url of an alert: prometheusRule.runbookUrl + "#" + the alert name in lower case (the
+     anchor of its section in docs/runbook.md). Call: include "moe-eplb.runbookUrl" (list $ "Alert") */}}
+{{- define "moe-eplb.runbookUrl" -}}
+{{- printf "%s#%s" (index . 0).Values.prometheusRule.runbookUrl (lower (index . 1)) }}
+{{- end }}
