@@ -5,8 +5,10 @@ with matplotlib from SIMULATED data (not a Grafana screenshot).
 The data: one hour of the synthetic "qwen3-vl-30b-a3b-chat-to-math" workload (the seed model's
 shape: 48 MoE layers x 128 experts, top-8; the mix shifts from chat to math), replayed through the
 project's model of vLLM's EPLB (``moe_eplb.sim.engine.SimulatedEplb``) on EP 4 — first with EPLB off
-(vLLM's static placement), then, from minute 30, on fresh pods with EPLB on and 8 redundant experts. The panels are the dashboard's: tokens/s per expert (heatmap) of one layer, the
-hottest experts, per-rank load, balancedness per layer, and replicas per expert.
+(vLLM's static placement), then, from minute 30, on fresh pods with EPLB on and 8 redundant experts.
+The panels are those of the dashboard's default view (scripts/dashboards.py) that the simulation
+can feed: overview numbers, the layer x time balancedness heatmap, the top-5 imbalanced layers, and
+the per-expert heatmap and per-rank load of the most imbalanced layer (the default ``$layer``).
 
     python scripts/render_dashboard_picture.py [--out docs/img/expert-load-dashboard.png]
 """
@@ -22,7 +24,7 @@ from moe_eplb.eplb import synth
 from moe_eplb.sim.engine import EngineSettings, SimulatedEplb, balancedness
 
 ROOT = Path(__file__).resolve().parent.parent
-EP, LAYER, SWITCH_MIN = 4, 20, 30.0
+EP, SWITCH_MIN = 4, 30.0
 
 
 def simulate(seed: int = 0) -> dict[str, np.ndarray]:
@@ -46,6 +48,13 @@ def simulate(seed: int = 0) -> dict[str, np.ndarray]:
             "switch": np.array(SWITCH_MIN)}
 
 
+def worst_layer(rank_rate: np.ndarray) -> int:
+    """The dashboard's default ``$layer``: the layer with the highest busiest-rank / mean load over
+    the time range (rank_rate [T, L, P])."""
+    total = rank_rate.sum(axis=0)  # [L, P]
+    return int(np.argmax(total.max(axis=1) / np.maximum(total.mean(axis=1), 1e-9)))
+
+
 def render(data: dict[str, np.ndarray], out: Path) -> None:
     import matplotlib
 
@@ -58,72 +67,72 @@ def render(data: dict[str, np.ndarray], out: Path) -> None:
                          "axes.titlecolor": fg, "axes.titlesize": 10, "axes.titleweight": "bold",
                          "font.size": 8, "grid.color": grid, "axes.grid": True, "legend.frameon": False})
     m, sw = data["minutes"], float(data["switch"])
+    bal, rr = data["balancedness"], data["rank_rate"]
+    layer = worst_layer(rr)
+    L = bal.shape[1]
     fig = plt.figure(figsize=(16, 9.5))
-    gs = fig.add_gridspec(3, 3, height_ratios=[1.25, 1, 1], hspace=0.45, wspace=0.22,
+    gs = fig.add_gridspec(3, 6, height_ratios=[0.32, 1, 1], hspace=0.5, wspace=0.35,
                           left=0.04, right=0.99, top=0.9, bottom=0.06)
-    fig.suptitle("MoE expert load  —  namespace team-a · MoEInference qwen3-vl · layer 20 · EP 4"
-                 "          (rendered from SIMULATED data)", x=0.04, ha="left", fontsize=12, color=fg)
-    fig.text(0.04, 0.925, "Mean balancedness with EPLB off: %.2f   with EPLB on (window 1000, interval 3000, "
-             "8 redundant experts): %.2f"
-             % (data["balancedness"][m < sw].mean(), data["balancedness"][m > sw + 5].mean()),
-             fontsize=10, color="#73bf69")
+    fig.suptitle(f"MoE expert load  —  namespace team-a · MoEInference qwen3-vl · layer {layer} (worst first) · "
+                 f"EP {EP}          (rendered from SIMULATED data, not a Grafana screenshot)",
+                 x=0.04, ha="left", fontsize=12, color=fg)
 
     def annotate(ax: plt.Axes) -> None:
         ax.axvline(sw, color="#73bf69", lw=1.5, ls="--")
         ax.text(sw, ax.get_ylim()[1], " EPLB on (new pods)", color="#73bf69", va="top", fontsize=8)
 
-    ax = fig.add_subplot(gs[0, :2])
-    rate = data["expert_rate"][:, LAYER, :].T  # [E, T]
+    # Overview: stat panels over the last 5 minutes
+    last = m > m[-1] - 5
+    stats = (("Balancedness (mean of layers)", f"{bal[last].mean():.1%}"),
+             ("Worst layer balancedness", f"{bal[last].mean(axis=0).min():.1%}"),
+             ("Balancedness with EPLB off", f"{bal[m < sw].mean():.1%}"),
+             ("Routed tokens/s", f"{data['expert_rate'][last].sum(axis=(1, 2)).mean():,.0f}"),
+             ("MoE layers x experts", f"{L} x {data['expert_rate'].shape[2]}"),
+             ("Redundant experts", "8"))
+    for i, (title, value) in enumerate(stats):
+        ax = fig.add_subplot(gs[0, i])
+        ax.set_xticks([]), ax.set_yticks([]), ax.grid(False)
+        ax.set_title(title, fontsize=8)
+        ax.text(0.5, 0.4, value, ha="center", va="center", fontsize=16, color="#73bf69", transform=ax.transAxes)
+
+    # Balance across layers: layer x time heatmap of balancedness, top-k imbalanced layers
+    ax = fig.add_subplot(gs[1, :3])
+    im = ax.imshow(bal.T, aspect="auto", origin="lower", cmap="RdYlGn", vmin=0, vmax=1,
+                   extent=(m[0], m[-1], -0.5, L - 0.5))
+    ax.grid(False)
+    ax.set_title("Balancedness per layer (layer x time)")
+    ax.set_ylabel("layer")
+    fig.colorbar(im, ax=ax, pad=0.01, label="balancedness")
+    annotate(ax)
+
+    ax = fig.add_subplot(gs[1, 3:])
+    imb = rr.max(axis=2) / np.maximum(rr.mean(axis=2), 1e-9)  # [T, L]
+    top = np.argsort(imb.mean(axis=0))[::-1][:5]
+    for l in top:
+        ax.plot(m, imb[:, l], lw=1.2, label=f"layer {l}")
+    ax.set_title("Top 5 imbalanced layers: max / mean rank load")
+    ax.legend(ncol=5, loc="upper right")
+    annotate(ax)
+
+    # Layer $layer: experts and ranks
+    ax = fig.add_subplot(gs[2, :3])
+    rate = data["expert_rate"][:, layer, :].T  # [E, T]
     im = ax.imshow(rate, aspect="auto", origin="lower", cmap="inferno",
                    extent=(m[0], m[-1], -0.5, rate.shape[0] - 0.5), norm=matplotlib.colors.PowerNorm(0.5))
     ax.grid(False)
-    ax.set_title("Layer 20: tokens/s per expert")
+    ax.set_title(f"Layer {layer}: tokens/s per expert")
     ax.set_ylabel("expert")
     ax.set_xlabel("minutes")
     fig.colorbar(im, ax=ax, pad=0.01, label="tokens/s")
     annotate(ax)
 
-    ax = fig.add_subplot(gs[0, 2])
-    total = data["expert_rate"][-20:].mean(axis=0)  # [L, E], last 5 minutes
-    flat = np.argsort(total, axis=None)[::-1][:12]
-    ls, es = np.unravel_index(flat, total.shape)
-    ax.barh(range(len(flat))[::-1], total[ls, es], color="#ff9830")
-    ax.set_yticks(range(len(flat))[::-1], [f"layer {l} expert {e}" for l, e in zip(ls, es)])
-    ax.set_title("Top 12 hot experts (tokens/s)")
-    ax.grid(axis="y")
-
-    ax = fig.add_subplot(gs[1, :2])
-    rr = data["rank_rate"][:, LAYER, :]
-    for r in range(EP):
-        ax.plot(m, rr[:, r], lw=1.2, label=f"rank {r}")
-    ax.plot(m, rr.mean(axis=1), color="white", lw=1, ls=":", label="mean")
-    ax.set_title("Per-rank load, layer 20 (tokens/s)")
+    ax = fig.add_subplot(gs[2, 3:])
+    for r in range(rr.shape[2]):
+        ax.plot(m, rr[:, layer, r], lw=1.2, label=f"rank {r}")
+    ax.plot(m, rr[:, layer].mean(axis=1), color="white", lw=1, ls=":", label="mean")
+    ax.set_title(f"Layer {layer}: tokens/s per EP rank")
+    ax.set_xlabel("minutes")
     ax.legend(ncol=5, loc="upper left")
-    annotate(ax)
-
-    ax = fig.add_subplot(gs[1, 2])
-    rep = data["replicas"][LAYER]
-    ax.bar(np.arange(rep.size), rep, color="#5794f2", width=1.0)
-    ax.set_title("Replicas per expert, layer 20 (after)")
-    ax.set_xlabel("expert")
-    ax.set_ylim(0, rep.max() + 0.5)
-
-    ax = fig.add_subplot(gs[2, :2])
-    bal = data["balancedness"]
-    for layer, color in ((0, "#b877d9"), (LAYER, "#ff9830"), (47, "#5794f2")):
-        ax.plot(m, bal[:, layer], lw=1.2, color=color, label=f"layer {layer}")
-    ax.plot(m, bal.mean(axis=1), lw=2, color="#73bf69", label="mean of layers")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Balancedness per layer (mean / max tokens per rank)")
-    ax.set_xlabel("minutes")
-    ax.legend(ncol=4, loc="lower right")
-    annotate(ax)
-
-    ax = fig.add_subplot(gs[2, 2])
-    imb = (data["rank_rate"].max(axis=2) / np.maximum(data["rank_rate"].mean(axis=2), 1e-9)).mean(axis=1)
-    ax.plot(m, imb, color="#f2495c", lw=1.5)
-    ax.set_title("Max / mean rank load (mean of layers)")
-    ax.set_xlabel("minutes")
     annotate(ax)
 
     out.parent.mkdir(parents=True, exist_ok=True)

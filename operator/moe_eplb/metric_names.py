@@ -29,9 +29,9 @@ LABEL_MODEL = "model_name"  # vLLM's served model name (vLLM's own label name)
 LABEL_LAYER = "layer"  # MoE layer index 0..L-1 (vLLM's moe_layers order)
 LABEL_EXPERT = "expert"  # logical expert index 0..E-1
 LABEL_RANK = "rank"  # EP rank that processes the tokens (destination), 0..EP-1
-CONFIG_INFO_LABELS = ("window_size", "step_interval", "num_redundant_experts", "ep_size")
-#: Label of CONFIG_INFO: the rearrangement mode, ``true`` (async) or ``false`` (sync); empty when the
-#: exporter could not tell. The calibration reads it; without it the mode is unknown.
+CONFIG_INFO_LABELS = ("window_size", "step_interval", "num_redundant_experts", "ep_size", "use_async")
+#: Label of CONFIG_INFO (the last of CONFIG_INFO_LABELS): the rearrangement mode, ``true`` (async)
+#: or ``false`` (sync); empty when the exporter could not tell. The calibration reads it.
 LABEL_USE_ASYNC = "use_async"
 
 #: Bucket bounds (seconds) of STEP_SECONDS: 1 ms .. 10 s, about three per decade.

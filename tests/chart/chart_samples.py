@@ -5,7 +5,8 @@ text format, and a real Prometheus server (``/usr/bin/prometheus``) scraping it 
 The sample values are chosen so that the shipped alerts have something to find: one MoEInference
 (``team-a/demo``) is badly balanced and was rolled back, one (``team-a/noexporter``) serves vLLM
 metrics but no exporter metrics, one (``team-a/failing``) only ever fails to tune and one
-(``team-a/stale``) has not tuned successfully for a long time.
+(``team-a/stale``) has not tuned successfully for a long time, and one (``team-a/stalled``) keeps
+stepping with EPLB on but never rearranges.
 """
 
 from __future__ import annotations
@@ -35,18 +36,28 @@ from scripts import vllm_metric_names as v
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------
 # (names.py states these in comments; tests/chart/test_chart_promql.py checks this covers it)
+M, LAYER, EXPERT, RANK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
 EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
-    metric_names.EXPERT_TOKENS: ("counter", ("model", "layer", "expert")),
-    metric_names.RANK_TOKENS: ("counter", ("model", "layer", "rank")),
-    metric_names.EXPERT_REPLICAS: ("gauge", ("model", "layer", "expert")),
-    metric_names.REARRANGEMENTS: ("counter", ("model",)),
-    metric_names.REARRANGEMENT_SECONDS: ("histogram", ("model",)),
-    metric_names.ENGINE_STEPS: ("counter", ("model",)),
-    metric_names.BALANCEDNESS: ("gauge", ("model", "layer")),
-    metric_names.CONFIG_INFO: ("gauge", ("model", "window_size", "step_interval", "num_redundant_experts", "ep_size")),
-    metric_names.EXPORTER_START_TIME: ("gauge", ("model",)),
-    metric_names.EXPORTER_RANKS: ("gauge", ("model",)),
+    metric_names.EXPERT_TOKENS: ("counter", (M, LAYER, EXPERT)),
+    metric_names.RANK_TOKENS: ("counter", (M, LAYER, RANK)),
+    metric_names.EXPERT_REPLICAS: ("gauge", (M, LAYER, EXPERT)),
+    metric_names.REARRANGEMENTS: ("counter", (M,)),
+    metric_names.REARRANGEMENT_SECONDS: ("histogram", (M,)),
+    metric_names.ENGINE_STEPS: ("counter", (M,)),
+    metric_names.STEP_SECONDS: ("histogram", (M, RANK)),
+    metric_names.STEP_TOKENS: ("histogram", (M, RANK)),
+    metric_names.KV_CACHE_BYTES: ("gauge", (M, RANK)),
+    metric_names.BALANCEDNESS: ("gauge", (M, LAYER)),
+    metric_names.CONFIG_INFO: ("gauge", (M, *metric_names.CONFIG_INFO_LABELS)),
+    metric_names.EXPORTER_START_TIME: ("gauge", (M,)),
+    metric_names.EXPORTER_RANKS: ("gauge", (M,)),
 }
+#: Optional labels a series may carry besides its catalog labels (none at present).
+OPTIONAL_LABELS: dict[str, tuple[str, ...]] = {}
+#: Exporter series planned in metric_names.py that the real exporter (moe_eplb.exporter) may not
+#: emit yet (the simulated engines do): the contract test reports them as a skip, not a failure.
+PLANNED_EXPORTER_METRICS = frozenset({metric_names.STEP_SECONDS, metric_names.STEP_TOKENS,
+                                      metric_names.KV_CACHE_BYTES})
 OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
     metric_names.TUNER_DECISIONS: ("counter", ("namespace", "name", "decision")),
@@ -55,7 +66,14 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.TUNER_LAST_SUCCESS: ("gauge", ("namespace", "name")),
     metric_names.ROLLBACKS: ("counter", ("namespace", "name", "reason")),
     metric_names.RECONCILES: ("counter", ("result",)),
+    metric_names.CALIBRATION_VALUE: ("gauge", ("namespace", "name", "parameter", "source")),
+    metric_names.CALIBRATION_UNCERTAINTY: ("gauge", ("namespace", "name", "parameter")),
 }
+#: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
+#: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
+#: tuner's own namespace).
+SCRAPE_LABELS = frozenset({"namespace", "pod", "container", "endpoint", "job", "instance", "service",
+                           metric_names.MOEINFERENCE_LABEL})
 # Series Prometheus makes itself for every target.
 PROMETHEUS_BUILTIN = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 
@@ -66,6 +84,24 @@ def _series(name: str, kind: str) -> tuple[str, ...]:
     if kind == "histogram":
         return (name + "_bucket", name + "_sum", name + "_count")
     return (name,)
+
+
+def series_labels() -> dict[str, frozenset[str]]:
+    """Series name -> the label names it carries in Prometheus (its own, optional and scrape-time
+    labels, ``le`` on histogram buckets): what a dashboard or alert may select or group by."""
+    out: dict[str, frozenset[str]] = {}
+    for cat in (EXPORTER_METRICS, OPERATOR_METRICS):
+        for name, (kind, labels) in cat.items():
+            for s in _series(name, kind):
+                extra = {"le"} if s.endswith("_bucket") else set()
+                out[s] = frozenset(labels) | frozenset(OPTIONAL_LABELS.get(name, ())) | SCRAPE_LABELS | extra
+    for name, kind in v.VLLM_METRICS.items():
+        for s in v.exposed_series(name, kind):
+            extra = {"le"} if s.endswith("_bucket") else set()
+            out[s] = frozenset(v.VLLM_LABELS) | frozenset(v.VLLM_EXTRA_LABELS.get(name, ())) | SCRAPE_LABELS | extra
+    for s in PROMETHEUS_BUILTIN:
+        out[s] = SCRAPE_LABELS
+    return out
 
 
 def known_series() -> frozenset[str]:
@@ -80,9 +116,12 @@ MODEL = "Qwen/Qwen3-30B-A3B"
 LAYERS, EXPERTS, RANKS = 4, 16, 4
 NS, OP_NS, OP_JOB = "team-a", "moe-system", "moe-eplb-metrics"
 DEMO, NOEXPORTER, FAILING, STALE = "demo", "noexporter", "failing", "stale"
+STALLED = "stalled"  # steps 20/s with step_interval 10 and never rearranges
+CALIBRATION_PARAMETERS = ("moe_time_share", "sync_stall_s", "async_s_per_moved_byte", "kv_throughput_elasticity")
 MULTINODE = "multinode"  # an engine spanning pods: the exporter has no balancedness gauge
 BALANCEDNESS = (0.55, 0.6, 0.65, 0.62)  # per layer; mean 0.605 < the default threshold 0.7
 BUCKETS = (0.05, 0.1, 0.5, 1.0, 5.0)
+STEP_BUCKETS, TOKEN_BUCKETS = metric_names.STEP_SECONDS_BUCKETS, metric_names.STEP_TOKENS_BUCKETS
 
 
 def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
@@ -90,9 +129,10 @@ def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
     return CounterMetricFamily(base, doc, labels=list(labels))
 
 
-def _hist(fam: HistogramMetricFamily, labels: list[str], count: float, mean: float) -> None:
+def _hist(fam: HistogramMetricFamily, labels: list[str], count: float, mean: float,
+          bounds: Iterable[float] = None) -> None:
     """Add one histogram child with ``count`` observations spread around ``mean``."""
-    buckets = [(str(b), count * (1.0 if b >= 2 * mean else 0.6 if b >= mean else 0.2)) for b in BUCKETS]
+    buckets = [(str(b), count * (1.0 if b >= 2 * mean else 0.6 if b >= mean else 0.2)) for b in bounds or BUCKETS]
     fam.add_metric(labels, buckets + [("+Inf", count)], sum_value=count * mean)
 
 
@@ -106,36 +146,54 @@ class SampleCollector:
         dt = time.time() - self.t0 + 1.0
         if self.part == "exporter-multinode":
             return [f for f in self._exporter(dt) if f.name != metric_names.BALANCEDNESS]
+        if self.part == "exporter-stalled":
+            return self._exporter(dt, step_interval="10", rearranging=False)
         return {"exporter": self._exporter, "vllm": self._vllm, "operator": self._operator}[self.part](dt)
 
-    def _exporter(self, dt: float) -> list[Any]:
-        tok = _counter(metric_names.EXPERT_TOKENS, "tokens per expert", ["model", "layer", "expert"])
-        rep = GaugeMetricFamily(metric_names.EXPERT_REPLICAS, "replicas", labels=["model", "layer", "expert"])
+    @staticmethod
+    def _family(name: str, doc: str) -> Any:
+        kind, labels = EXPORTER_METRICS.get(name) or OPERATOR_METRICS[name]
+        if kind == "counter":
+            return _counter(name, doc, labels)
+        cls = GaugeMetricFamily if kind == "gauge" else HistogramMetricFamily
+        return cls(name, doc, labels=list(labels))
+
+    def _exporter(self, dt: float, step_interval: str = "3000", rearranging: bool = True) -> list[Any]:
+        f = self._family
+        tok, rep = f(metric_names.EXPERT_TOKENS, "tokens per expert"), f(metric_names.EXPERT_REPLICAS, "replicas")
         for layer in range(LAYERS):
             for e in range(EXPERTS):
                 rate = 1000.0 / (1 + e + layer)  # expert 0 is hot
                 tok.add_metric([MODEL, str(layer), str(e)], rate * dt)
                 rep.add_metric([MODEL, str(layer), str(e)], 2.0 if e < 2 else 1.0)
-        rank = _counter(metric_names.RANK_TOKENS, "tokens per rank", ["model", "layer", "rank"])
+        rank = f(metric_names.RANK_TOKENS, "tokens per rank")
         for layer in range(LAYERS):
             for r in range(RANKS):
-                rank.add_metric([MODEL, str(layer), str(r)], (800.0 if r == 0 else 400.0) * dt)
-        bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "balancedness", labels=["model", "layer"])
+                # layer 2 is the most imbalanced (max / mean 1.9), the others 1.6
+                busy = 1200.0 if layer == 2 else 800.0
+                rank.add_metric([MODEL, str(layer), str(r)], (busy if r == 0 else 400.0) * dt)
+        bal = f(metric_names.BALANCEDNESS, "balancedness")
         for layer, b in enumerate(BALANCEDNESS):
             bal.add_metric([MODEL, str(layer)], b)
-        rea = _counter(metric_names.REARRANGEMENTS, "rearrangements", ["model"])
-        rea.add_metric([MODEL], dt / 2)
-        steps = _counter(metric_names.ENGINE_STEPS, "steps", ["model"])
+        rea = f(metric_names.REARRANGEMENTS, "rearrangements")
+        rea.add_metric([MODEL], dt / 2 if rearranging else 3.0)
+        steps = f(metric_names.ENGINE_STEPS, "steps")
         steps.add_metric([MODEL], 20.0 * dt)
-        dur = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS, "rearrangement duration", labels=["model"])
+        dur = f(metric_names.REARRANGEMENT_SECONDS, "rearrangement duration")
         _hist(dur, [MODEL], dt / 2, 0.3)
-        info = GaugeMetricFamily(metric_names.CONFIG_INFO, "config", labels=list(EXPORTER_METRICS[metric_names.CONFIG_INFO][1]))
-        info.add_metric([MODEL, "1000", "3000", "4", "4"], 1.0)
-        start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "start time", labels=["model"])
+        step_s, step_tok = f(metric_names.STEP_SECONDS, "step duration"), f(metric_names.STEP_TOKENS, "step tokens")
+        kv = f(metric_names.KV_CACHE_BYTES, "kv cache bytes")
+        for r in range(RANKS):
+            _hist(step_s, [MODEL, str(r)], 20.0 * dt, 0.08 if r == 0 else 0.04, STEP_BUCKETS)
+            _hist(step_tok, [MODEL, str(r)], 20.0 * dt, 256.0, TOKEN_BUCKETS)
+            kv.add_metric([MODEL, str(r)], 40e9)
+        info = f(metric_names.CONFIG_INFO, "config")
+        info.add_metric([MODEL, "1000", step_interval, "4", "4"], 1.0)
+        start = f(metric_names.EXPORTER_START_TIME, "start time")
         start.add_metric([MODEL], self.t0)
-        ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "ranks", labels=["model"])
+        ranks = f(metric_names.EXPORTER_RANKS, "ranks")
         ranks.add_metric([MODEL], float(RANKS))
-        return [tok, rep, rank, bal, rea, steps, dur, info, start, ranks]
+        return [tok, rep, rank, bal, rea, steps, dur, step_s, step_tok, kv, info, start, ranks]
 
     def _vllm(self, dt: float) -> list[Any]:
         out: list[Any] = []
@@ -176,7 +234,14 @@ class SampleCollector:
         rec.add_metric(["error"], dt / 10)
         dur = HistogramMetricFamily(metric_names.TUNER_DURATION_SECONDS, "tuner duration", labels=[])
         _hist(dur, [], dt, 0.2)
-        return [ev, dec, gain, last, rb, rec, dur]
+        cal = self._family(metric_names.CALIBRATION_VALUE, "calibration")
+        unc = self._family(metric_names.CALIBRATION_UNCERTAINTY, "uncertainty")
+        for i, param in enumerate(CALIBRATION_PARAMETERS):
+            measured = i % 2 == 0  # every other parameter kept at its default
+            cal.add_metric([NS, DEMO, param, "measured" if measured else "default"], 0.5 + 0.1 * i)
+            if measured:
+                unc.add_metric([NS, DEMO, param], 0.05)
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -205,10 +270,10 @@ def free_port() -> int:
 
 
 def start_sample_server() -> tuple[http.server.ThreadingHTTPServer, int]:
-    """Serve /exporter, /exporter-multinode, /vllm and /operator on a free loopback port."""
+    """Serve /exporter, /exporter-multinode, /exporter-stalled, /vllm and /operator on a free loopback port."""
     t0 = time.time()
     regs = {}
-    for part in ("exporter", "exporter-multinode", "vllm", "operator"):
+    for part in ("exporter", "exporter-multinode", "exporter-stalled", "vllm", "operator"):
         reg = CollectorRegistry(auto_describe=False)
         reg.register(SampleCollector(part, t0))
         regs[part] = reg
@@ -235,6 +300,9 @@ def prometheus_config(target_port: int, rule_files: list[str]) -> dict[str, Any]
             job(f"{NS}/demo-vllm", "/vllm", {**pod, "endpoint": "http"}),
             job(f"{NS}/multinode-exporter", "/exporter-multinode",
                 {"namespace": NS, "moeinference": MULTINODE, "pod": "multinode-0",
+                 "endpoint": k8s_names.EXPORTER_PORT_NAME}),
+            job(f"{NS}/stalled-exporter", "/exporter-stalled",
+                {"namespace": NS, "moeinference": STALLED, "pod": "stalled-0",
                  "endpoint": k8s_names.EXPORTER_PORT_NAME}),
             job(f"{NS}/noexporter-vllm", "/vllm",
                 {"namespace": NS, "moeinference": NOEXPORTER, "pod": "noexporter-0", "endpoint": "http"}),

@@ -32,7 +32,9 @@ def chart():
 
 @pytest.fixture(scope="session")
 def render(chart):
-    return lambda values=None: render_chart(chart, values)
+    """``render(values, api_versions=...)``: objects of an install on a cluster with the Prometheus
+    Operator CRDs unless ``api_versions`` says otherwise (chart_support.BARE_CLUSTER)."""
+    return lambda values=None, **kw: render_chart(chart, values, **kw)
 
 
 @pytest.fixture(scope="session")

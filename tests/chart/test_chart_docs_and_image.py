@@ -107,3 +107,26 @@ def test_notes_point_at_an_existing_example(chart):
     examples = re.findall(r"examples/[\w.-]+\.yaml", notes)
     assert examples and all((ROOT / e).exists() for e in examples)
     assert "kubectl get crd moeinferences.eplb.ai" in notes
+
+
+def test_kube_prometheus_stack_values_in_the_docs_label_everything(render, monkeypatch):
+    """The values docs/chart.md gives for a stock kube-prometheus-stack put its `release` label on the
+    ServiceMonitor, the PrometheusRule and (through the operator's env) every PodMonitor, and the
+    Grafana sidecar's label on the dashboards."""
+    from tests.chart.chart_support import PROMETHEUS_OPERATOR
+    from tests.chart.test_chart_operator_env import operator_settings
+
+    text = (ROOT / "docs" / "chart.md").read_text()
+    block = text.split("<!-- kube-prometheus-stack values:", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    values = yaml.safe_load(block)
+    objs = render(values, api_versions=PROMETHEUS_OPERATOR)
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (obj,) = by_kind[kind]
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in by_kind["ConfigMap"])
+    settings = operator_settings(objs, monkeypatch)
+    assert dict(settings.pod_monitor_labels) == {"release": "kube-prometheus-stack"}
+    assert settings.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"

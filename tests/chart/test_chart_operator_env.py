@@ -50,6 +50,10 @@ def test_default_values(render, monkeypatch):
     assert (got.log_level, got.log_format) == ("INFO", "json")
     assert (got.pod_name, got.pod_namespace) == ("moe-eplb-abc", "moe-system")
     assert s.PRIORITY_RANGE[0] <= got.priority <= s.PRIORITY_RANGE[1]  # drawn per replica
+    assert dict(got.pod_monitor_labels) == {}
+    assert {"name": "MOE_EPLB_POD_MONITOR_LABELS", "value": ""} in container(objs)["env"]
+    # the exporter-injection init containers run the operator's own image
+    assert got.exporter_image == container(objs)["image"]
 
 
 def test_values_reach_the_operator(render, monkeypatch):
@@ -73,3 +77,64 @@ def test_every_value_set_parses(render, monkeypatch, value_set):
 def test_peering_off_is_standalone(render, monkeypatch):
     got = operator_settings(render({"peering": {"enabled": False}, "replicaCount": 1}), monkeypatch)
     assert got.standalone
+
+
+def test_pod_monitor_labels_reach_the_operator_sorted(render, monkeypatch):
+    objs = render({"operator": {"podMonitorLabels": {"release": "kube-prometheus-stack", "team": "ml",
+                                                     "example.com/tier": "gpu", "empty": ""}}})
+    env = {e["name"]: e.get("value") for e in container(objs)["env"]}
+    assert env["MOE_EPLB_POD_MONITOR_LABELS"] == "empty=,example.com/tier=gpu,release=kube-prometheus-stack,team=ml"
+    got = operator_settings(objs, monkeypatch)
+    assert dict(got.pod_monitor_labels) == {"empty": "", "example.com/tier": "gpu",
+                                            "release": "kube-prometheus-stack", "team": "ml"}
+
+
+def test_schema_refuses_malformed_pod_monitor_labels(chart):
+    from tests.chart.chart_support import helm, render_chart
+
+    for bad, where in (({"Bad Key": "x"}, "invalid propertyName 'Bad Key'"),
+                       ({"release": "has space"}, "podMonitorLabels/release"),
+                       ({"release": "x" * 64}, "podMonitorLabels/release"),
+                       ({"release": 1}, "podMonitorLabels/release")):
+        with pytest.raises(helm().HelmValuesError, match=where):
+            render_chart(chart, {"operator": {"podMonitorLabels": bad}})
+
+
+def test_operator_refuses_its_own_labels_naming_the_variable(render, monkeypatch):
+    """Well-formed labels the operator owns pass the schema but stop the operator at start, with an
+    error naming the variable (what `moe-eplb run` prints as a usage error)."""
+    objs = render({"operator": {"podMonitorLabels": {"eplb.ai/name": "other"}}})
+    with pytest.raises(s.SettingsError, match="MOE_EPLB_POD_MONITOR_LABELS / --pod-monitor-labels: "
+                                              "'eplb.ai/name' is set by the operator itself"):
+        operator_settings(objs, monkeypatch)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("release", "'release' is not key=value"),
+    ("release=a,release=b", "label 'release' is given twice"),
+    ("bad key=x", "is not a Kubernetes label key"),
+    ("release=-x", "'-x' is not a label value"),
+    ("app.kubernetes.io/managed-by=me", "is set by the operator itself"),
+])
+def test_bad_pod_monitor_labels_name_the_variable(monkeypatch, value, message):
+    from click.testing import CliRunner
+    from moe_eplb.cli import main
+
+    for _opt, var in s.OPTIONS.values():
+        monkeypatch.delenv(var, raising=False)
+    result = CliRunner().invoke(main, ["run"], env={"MOE_EPLB_POD_MONITOR_LABELS": value})
+    assert result.exit_code == 2, result.output
+    assert "MOE_EPLB_POD_MONITOR_LABELS / --pod-monitor-labels" in result.output and message in result.output
+
+
+def test_pod_monitor_labels_option_and_env(monkeypatch):
+    """The command line wins over the env."""
+    import os
+
+    for _opt, var in s.OPTIONS.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MOE_EPLB_POD_MONITOR_LABELS", "release=from-env")
+    ctx = run.make_context("run", ["--pod-monitor-labels", "b=2,a=1"])
+    assert dict(settings_from_cli(ctx, ctx.params, os.environ).pod_monitor_labels) == {"a": "1", "b": "2"}
+    ctx = run.make_context("run", [])
+    assert dict(settings_from_cli(ctx, ctx.params, os.environ).pod_monitor_labels) == {"release": "from-env"}

@@ -12,13 +12,16 @@ from moe_eplb import k8s_names
 from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
 
 from tests.chart.chart_support import (
+    BARE_CLUSTER,
     CHART_DIR,
+    PROMETHEUS_OPERATOR,
     RELEASE,
     RELEASE_NS,
     ROOT,
     VALUE_SETS,
     helm,
     render_chart,
+    render_manifests,
 )
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
@@ -189,6 +192,69 @@ def test_monitoring_off_renders_no_monitoring_objects(render):
     assert not kinds & MONITORING_KINDS
     assert not by_kind(objs, "ConfigMap")
     assert "Deployment" in kinds and "Service" in kinds
+
+
+def test_bare_cluster_installs_cleanly(chart, render):
+    """On a cluster without the Prometheus Operator CRDs the default install renders no
+    ServiceMonitor/PrometheusRule (Helm would refuse the whole release: "no matches for kind"), and
+    every object it does render is of a built-in API (kubernetes-validate knows the kind) or of a CRD
+    the chart itself installs from crds/."""
+    objs = render(api_versions=BARE_CLUSTER)
+    assert not {o["kind"] for o in objs} & MONITORING_KINDS
+    own_crds = {(d["spec"]["group"], v["name"], d["spec"]["names"]["kind"])
+                for c in chart.crds for d in yaml.safe_load_all(c["data"]) if d for v in d["spec"]["versions"]}
+    for o in objs:
+        group, _, version = o["apiVersion"].rpartition("/")
+        if (group, version, o["kind"]) in own_crds:
+            continue
+        kv.validate(o, K8S_VERSION, strict=True)  # raises for a kind the built-in schemas lack
+    assert {"Deployment", "Service", "ClusterKopfPeering", "ConfigMap"} <= {o["kind"] for o in objs}
+    notes = render_manifests(chart, api_versions=BARE_CLUSTER)["moe-eplb-operator/templates/NOTES.txt"]
+    assert "No ServiceMonitor for the operator's own metrics (metrics.serviceMonitor.enabled=auto, and the " \
+           "cluster does not serve monitoring.coreos.com/v1)" in notes
+    assert "No PrometheusRule" in notes
+
+
+def test_the_guard_asks_for_the_api_version_not_a_kind_or_another_group(render):
+    """Only monitoring.coreos.com/v1 itself switches them on (Has on the group/version)."""
+    for served in (("monitoring.coreos.com/v1alpha1",), ("monitoring.coreos.com/v1/PodMonitor",),
+                   ("example.com/v1",)):
+        assert not {o["kind"] for o in render(api_versions=served)} & MONITORING_KINDS, served
+    assert {o["kind"] for o in render(api_versions=PROMETHEUS_OPERATOR)} >= MONITORING_KINDS
+
+
+def test_prometheus_operator_cluster_renders_them_with_the_configured_labels(render):
+    release = {"release": "kube-prometheus-stack"}
+    objs = render({"metrics": {"serviceMonitor": {"labels": release}},
+                   "prometheusRule": {"labels": release}}, api_versions=PROMETHEUS_OPERATOR)
+    for kind in MONITORING_KINDS:
+        labels = one(objs, kind)["metadata"]["labels"]
+        assert labels["release"] == "kube-prometheus-stack", kind
+        assert labels["app.kubernetes.io/part-of"] == "moe-eplb"
+    alerts = {r["alert"] for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert "MoEEPLBOperatorDown" in alerts  # the ServiceMonitor is there, so is its alert
+
+
+@pytest.mark.parametrize("served", [BARE_CLUSTER, PROMETHEUS_OPERATOR])
+def test_explicit_values_win_over_the_cluster(render, served):
+    forced = render(VALUE_SETS["monitoring-forced"], api_versions=served)
+    assert {o["kind"] for o in forced} >= MONITORING_KINDS
+    off = render({"metrics": {"serviceMonitor": {"enabled": False}}, "prometheusRule": {"enabled": False}},
+                 api_versions=served)
+    assert not {o["kind"] for o in off} & MONITORING_KINDS
+    # the rule without the ServiceMonitor: no operator-down alert (nothing would scrape the operator)
+    rule_only = render({"metrics": {"serviceMonitor": {"enabled": False}}, "prometheusRule": {"enabled": True}},
+                       api_versions=served)
+    alerts = {r["alert"] for g in one(rule_only, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert alerts and "MoEEPLBOperatorDown" not in alerts
+
+
+def test_schema_takes_auto_true_false_only(chart):
+    for good in ("auto", True, False):
+        render_chart(chart, {"metrics": {"serviceMonitor": {"enabled": good}}, "prometheusRule": {"enabled": good}})
+    for bad in ("yes", "Auto", 1, None):
+        with pytest.raises(helm().HelmValuesError, match="enabled"):
+            render_chart(chart, {"prometheusRule": {"enabled": bad}})
 
 
 def test_dashboards_ship_as_sidecar_configmaps(render):

@@ -64,3 +64,39 @@ app.kubernetes.io/component: operator
 {{- define "moe-eplb.namespaced" -}}
 {{- if .Values.operator.watchNamespaces }}true{{ end }}
 {{- end }}
+
+{{/* operator.podMonitorLabels as MOE_EPLB_POD_MONITOR_LABELS: key=value pairs sorted by key
+     (range over a map is in key order), joined by ",". */}}
+{{- define "moe-eplb.podMonitorLabels" -}}
+{{- $pairs := list }}
+{{- range $k, $v := .Values.operator.podMonitorLabels }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/* Whether a Prometheus Operator object is rendered, from its auto|true|false value:
+     "true" (non-empty) for true, or for auto when the cluster serves monitoring.coreos.com/v1
+     (helm install/upgrade ask the API server; helm template only knows --api-versions).
+     Call: include "moe-eplb.monitoringOn" (list <value> $) */}}
+{{- define "moe-eplb.monitoringOn" -}}
+{{- $value := index . 0 }}
+{{- $root := index . 1 }}
+{{- if eq (toString $value) "auto" }}
+{{- if $root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- else if $value }}true{{ end }}
+{{- end }}
+
+{{- define "moe-eplb.serviceMonitorOn" -}}
+{{- include "moe-eplb.monitoringOn" (list .Values.metrics.serviceMonitor.enabled .) }}
+{{- end }}
+
+{{- define "moe-eplb.prometheusRuleOn" -}}
+{{- include "moe-eplb.monitoringOn" (list .Values.prometheusRule.enabled .) }}
+{{- end }}
+
+{{/* runbook_url of an alert: prometheusRule.runbookUrl + "#" + the alert name in lower case (the
+     anchor of its section in docs/runbook.md). Call: include "moe-eplb.runbookUrl" (list $ "Alert") */}}
+{{- define "moe-eplb.runbookUrl" -}}
+{{- printf "%s#%s" (index . 0).Values.prometheusRule.runbookUrl (lower (index . 1)) }}
+{{- end }}

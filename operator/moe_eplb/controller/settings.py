@@ -142,6 +142,11 @@ def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: Labels the operator sets on what it renders: not to be given as operator-wide PodMonitor labels.
+OWN_LABEL_PREFIX = k8s_names.API_GROUP + "/"
+OWN_LABELS = (k8s_names.MANAGED_BY_LABEL, k8s_names.COMPONENT_LABEL)
+
+
 def parse_labels(text: str | Mapping[str, str] | None) -> dict[str, str]:
     """``'{"release": "kps"}'`` or ``"release=kps,team=ml"`` (or a mapping) -> checked labels."""
     if text is None or (isinstance(text, str) and not text.strip()):
@@ -161,10 +166,17 @@ def parse_labels(text: str | Mapping[str, str] | None) -> dict[str, str]:
         labels = {}
         for item in text.split(","):
             key, sep, value = item.strip().partition("=")
-            if not sep or not key.strip():
+            key = key.strip()
+            if not sep or not key:
                 raise SettingsError("pod_monitor_labels", f"{item.strip()[:80]!r} is not key=value; give e.g. "
                                                           "release=kube-prometheus-stack,team=ml")
-            labels[key.strip()] = value.strip()
+            if key in labels:
+                raise SettingsError("pod_monitor_labels", f"label {key[:80]!r} is given twice")
+            labels[key] = value.strip()
+    own = [k for k in labels if k.startswith(OWN_LABEL_PREFIX) or k in OWN_LABELS]
+    if own:
+        raise SettingsError("pod_monitor_labels", f"{own[0][:80]!r} is set by the operator itself (it selects "
+                                                  "the pods); leave it out")
     problems = label_problems(labels, "labels")
     if problems:
         shown = text if isinstance(text, str) else json.dumps(labels)

@@ -155,7 +155,7 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
     bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
                             "per MoE layer, over the balancedness window.", labels=[M, LY])
     info = GaugeMetricFamily(metric_names.CONFIG_INFO, "Running EPLB configuration (value 1).",
-                             labels=[M, *metric_names.CONFIG_INFO_LABELS, metric_names.LABEL_USE_ASYNC])
+                             labels=[M, *metric_names.CONFIG_INFO_LABELS])
     start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
                               labels=[M])
     ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])

@@ -122,6 +122,12 @@ def register() -> None:
             os.environ[st.ENV_START_TIME] = repr(time.time())  # one counter start time for the pod
             settings = st.Settings.from_env()
             start_server_process()
+            import moe_eplb
+
+            # where the plugin was loaded from tells an injected copy (the init container's volume)
+            # from one installed in the image
+            log.info("moe-eplb exporter %s loaded from %s; /metrics on %s:%d", moe_eplb.__version__,
+                     os.path.dirname(os.path.abspath(moe_eplb.__file__)), settings.address, settings.port)
         from moe_eplb.exporter import hook
 
         hook.install(_recorder_factory(settings))
