@@ -16,7 +16,7 @@ from moe_eplb.exporter.collector import (
     families,
 )
 from moe_eplb.exporter.server import make_registry, serve
-from moe_eplb.exporter.settings import Settings, SettingsError
+from moe_eplb.exporter.settings import Settings, ExporterSettingsError
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -144,7 +144,7 @@ def test_balancedness_is_not_exported_by_a_pod_missing_ranks(tmp_path):
     ({"MOE_EPLB_TRACE_BUCKET_SECONDS": "0"}, "MOE_EPLB_TRACE_BUCKET_SECONDS"),
 ])
 def test_bad_settings_name_the_variable(env, key):
-    with pytest.raises(SettingsError, match=key):
+    with pytest.raises(ExporterSettingsError, match=key):
         Settings.from_env(env)
     s = Settings.from_env({})
     assert (s.mode, s.port, s.trace_dir) == ("full", k8s_names.EXPORTER_PORT, None)

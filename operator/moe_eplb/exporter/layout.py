@@ -69,7 +69,7 @@ class ModelHandle:
 
 
 @dataclass
-class Layout:
+class EplbLayout:
     name: str
     models: list[ModelHandle]
     gated: bool  # has should_record_tensor
@@ -131,7 +131,7 @@ def eplb_config_of(eplb_state: Any) -> tuple[int | None, int | None, int | None]
     return (None, None, None)
 
 
-def detect(eplb_state: Any) -> Layout:
+def detect(eplb_state: Any) -> EplbLayout:
     """Describe ``eplb_state`` or raise :class:`UnsupportedLayout` saying what is missing."""
     model_states = getattr(eplb_state, "model_states", None)
     if not isinstance(model_states, dict):
@@ -173,7 +173,7 @@ def detect(eplb_state: Any) -> Layout:
     _served_names(handles, eplb_state.__dict__.get(NAMES_ATTR) or {})
     gated = hasattr(eplb_state, "should_record_tensor")
     window, interval, redundant = eplb_config_of(eplb_state)
-    return Layout(
+    return EplbLayout(
         name="multi-model-gated" if gated else "multi-model",
         models=handles,
         gated=gated,

@@ -99,7 +99,7 @@ def register() -> None:
         log.setLevel(logging.INFO)
     try:
         settings = st.Settings.from_env()
-    except st.SettingsError as exc:
+    except st.ExporterSettingsError as exc:
         log.error("moe-eplb exporter disabled: %s", exc)
         return
     if settings.mode == "off":

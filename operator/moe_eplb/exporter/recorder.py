@@ -59,7 +59,7 @@ import numpy as np
 
 from moe_eplb import metric_names
 from moe_eplb.exporter import snapshot as snap
-from moe_eplb.exporter.layout import Layout, ModelHandle
+from moe_eplb.exporter.layout import EplbLayout, ModelHandle
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -110,7 +110,7 @@ def kv_cache_bytes(vllm_config: Any) -> int | None:
 class ModelAccumulator:
     """Device accumulators and host totals for one model on one EP rank."""
 
-    def __init__(self, handle: ModelHandle, ep_rank: int, ep_size: int, layout: Layout,
+    def __init__(self, handle: ModelHandle, ep_rank: int, ep_size: int, layout: EplbLayout,
                  start_time: float | None = None):
         import torch
 
@@ -265,7 +265,7 @@ class StateRecorder:
     def __init__(
         self,
         eplb_state: Any,
-        layout: Layout,
+        layout: EplbLayout,
         writer: SnapshotWriter | None,
         flush_seconds: float = 1.0,
         ep_info: Callable[[], tuple[int, int] | None] = default_ep_info,

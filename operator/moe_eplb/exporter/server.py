@@ -100,7 +100,7 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     st.setup_logging()
     try:
         settings = st.Settings.from_env()
-    except st.SettingsError as exc:
+    except st.ExporterSettingsError as exc:
         log.error("moe-eplb exporter disabled: %s", exc)
         return 2
     if not settings.directory:

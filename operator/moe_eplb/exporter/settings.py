@@ -46,7 +46,7 @@ ENV_DIR_OWNED = "MOE_EPLB_EXPORTER_DIR_OWNED"  # internal: the directory was cre
 MODES = ("full", "reduced", "off")
 
 
-class SettingsError(ValueError):
+class ExporterSettingsError(ValueError):
     """A bad environment variable; the message names it and says what to set instead."""
 
 
@@ -69,7 +69,7 @@ class Settings:
         env = os.environ if env is None else env
         mode = env.get(ENV_MODE, "full").strip().lower() or "full"
         if mode not in MODES:
-            raise SettingsError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected one of {', '.join(MODES)}")
+            raise ExporterSettingsError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected one of {', '.join(MODES)}")
         server_pid = env.get(ENV_SERVER_PID)
         try:
             start_time = float(env.get(ENV_START_TIME, ""))
@@ -97,9 +97,9 @@ def _int(env, key: str, default: int, lo: int, hi: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise SettingsError(f"{key}={raw!r}: expected a whole number between {lo} and {hi}") from None
+        raise ExporterSettingsError(f"{key}={raw!r}: expected a whole number between {lo} and {hi}") from None
     if not lo <= value <= hi:
-        raise SettingsError(f"{key}={raw!r}: expected a whole number between {lo} and {hi}")
+        raise ExporterSettingsError(f"{key}={raw!r}: expected a whole number between {lo} and {hi}")
     return value
 
 
@@ -110,9 +110,9 @@ def _float(env, key: str, default: float, lo: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{key}={raw!r}: expected a number of seconds >= {lo}") from None
+        raise ExporterSettingsError(f"{key}={raw!r}: expected a number of seconds >= {lo}") from None
     if not value >= lo or value != value or value == float("inf"):
-        raise SettingsError(f"{key}={raw!r}: expected a finite number of seconds >= {lo}")
+        raise ExporterSettingsError(f"{key}={raw!r}: expected a finite number of seconds >= {lo}")
     return value
 
 
