@@ -20,9 +20,10 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, ClassVar
 
 from moe_eplb import k8s_names, metric_names
 from prometheus_client import CollectorRegistry, generate_latest
@@ -35,7 +36,9 @@ from prometheus_client.core import (
 from scripts import vllm_metric_names as v
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------
-# (names.py states these in comments; tests/chart/test_chart_promql.py checks this covers it)
+# Names from metric_names.py; tests/chart/test_chart_promql.py checks that the names are exactly the
+# pinned ones and that types and label names are exactly what the real exporter
+# (moe_eplb.exporter.collector) and the operator's registry emit.
 M, LAYER, EXPERT, RANK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
 EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.EXPERT_TOKENS: ("counter", (M, LAYER, EXPERT)),
@@ -52,12 +55,6 @@ EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.EXPORTER_START_TIME: ("gauge", (M,)),
     metric_names.EXPORTER_RANKS: ("gauge", (M,)),
 }
-#: Optional labels a series may carry besides its catalog labels (none at present).
-OPTIONAL_LABELS: dict[str, tuple[str, ...]] = {}
-#: Exporter series planned in metric_names.py that the real exporter (moe_eplb.exporter) may not
-#: emit yet (the simulated engines do): the contract test reports them as a skip, not a failure.
-PLANNED_EXPORTER_METRICS = frozenset({metric_names.STEP_SECONDS, metric_names.STEP_TOKENS,
-                                      metric_names.KV_CACHE_BYTES})
 OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
     metric_names.TUNER_DECISIONS: ("counter", ("namespace", "name", "decision")),
@@ -87,14 +84,14 @@ def _series(name: str, kind: str) -> tuple[str, ...]:
 
 
 def series_labels() -> dict[str, frozenset[str]]:
-    """Series name -> the label names it carries in Prometheus (its own, optional and scrape-time
-    labels, ``le`` on histogram buckets): what a dashboard or alert may select or group by."""
+    """Series name -> the label names it carries in Prometheus (its own and scrape-time labels,
+    ``le`` on histogram buckets): what a dashboard or alert may select or group by."""
     out: dict[str, frozenset[str]] = {}
     for cat in (EXPORTER_METRICS, OPERATOR_METRICS):
         for name, (kind, labels) in cat.items():
             for s in _series(name, kind):
                 extra = {"le"} if s.endswith("_bucket") else set()
-                out[s] = frozenset(labels) | frozenset(OPTIONAL_LABELS.get(name, ())) | SCRAPE_LABELS | extra
+                out[s] = frozenset(labels) | SCRAPE_LABELS | extra
     for name, kind in v.VLLM_METRICS.items():
         for s in v.exposed_series(name, kind):
             extra = {"le"} if s.endswith("_bucket") else set()
@@ -125,12 +122,12 @@ STEP_BUCKETS, TOKEN_BUCKETS = metric_names.STEP_SECONDS_BUCKETS, metric_names.ST
 
 
 def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
-    base = name[: -len("_total")] if name.endswith("_total") else name
+    base = name.removesuffix("_total")
     return CounterMetricFamily(base, doc, labels=list(labels))
 
 
 def _hist(fam: HistogramMetricFamily, labels: list[str], count: float, mean: float,
-          bounds: Iterable[float] = None) -> None:
+          bounds: Iterable[float] | None = None) -> None:
     """Add one histogram child with ``count`` observations spread around ``mean``."""
     buckets = [(str(b), count * (1.0 if b >= 2 * mean else 0.6 if b >= mean else 0.2)) for b in bounds or BUCKETS]
     fam.add_metric(labels, buckets + [("+Inf", count)], sum_value=count * mean)
@@ -188,7 +185,7 @@ class SampleCollector:
             _hist(step_tok, [MODEL, str(r)], 20.0 * dt, 256.0, TOKEN_BUCKETS)
             kv.add_metric([MODEL, str(r)], 40e9)
         info = f(metric_names.CONFIG_INFO, "config")
-        info.add_metric([MODEL, "1000", step_interval, "4", "4"], 1.0)
+        info.add_metric([MODEL, "1000", step_interval, "4", "4", "true"], 1.0)
         start = f(metric_names.EXPORTER_START_TIME, "start time")
         start.add_metric([MODEL], self.t0)
         ranks = f(metric_names.EXPORTER_RANKS, "ranks")
@@ -245,9 +242,9 @@ class SampleCollector:
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    registries: dict[str, CollectorRegistry] = {}
+    registries: ClassVar[dict[str, CollectorRegistry]] = {}
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+    def do_GET(self) -> None:
         reg = self.registries.get(self.path.strip("/"))
         if reg is None:
             self.send_error(404)
