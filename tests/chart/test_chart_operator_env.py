@@ -89,6 +89,31 @@ def test_pod_monitor_labels_reach_the_operator_sorted(render, monkeypatch):
                                             "release": "kube-prometheus-stack", "team": "ml"}
 
 
+def test_exporter_image_follows_the_image_values(render, monkeypatch):
+    """MOE_EPLB_EXPORTER_IMAGE is exactly the image the Deployment runs, by tag or by digest, and
+    the operator accepts it as an image reference."""
+    for values, image in (({"image": {"tag": "0.2.0-rc1"}}, "ghcr.io/moe-eplb/operator:0.2.0-rc1"),
+                          ({"image": {"repository": "registry.local:5000/mirror/moe-eplb",
+                                      "digest": "sha256:" + "b" * 64}},
+                           "registry.local:5000/mirror/moe-eplb@sha256:" + "b" * 64)):
+        objs = render(values)
+        env = {e["name"]: e.get("value") for e in container(objs)["env"]}
+        assert env["MOE_EPLB_EXPORTER_IMAGE"] == container(objs)["image"] == image
+        assert operator_settings(objs, monkeypatch).exporter_image == image
+
+
+def test_every_env_the_chart_sets_is_a_run_option(render):
+    """Each MOE_EPLB_* variable the Deployment sets is read by an option of `moe-eplb run`: nothing
+    the chart says is silently ignored by the operator (POD_NAME/POD_NAMESPACE are read directly)."""
+    objs = render({"operator": {"podMonitorLabels": {"release": "kube-prometheus-stack"}}})
+    names = {e["name"] for e in container(objs)["env"]}
+    ours = {n for n in names if n.startswith("MOE_EPLB_")}
+    assert {"MOE_EPLB_POD_MONITOR_LABELS", "MOE_EPLB_EXPORTER_IMAGE"} <= ours
+    read = {p.envvar for p in run.params if isinstance(p.envvar, str)}
+    assert ours <= read, f"env the operator does not read: {sorted(ours - read)}"
+    assert names - ours == {"POD_NAME", "POD_NAMESPACE"}
+
+
 def test_schema_refuses_malformed_pod_monitor_labels(chart):
     from tests.chart.chart_support import helm, render_chart
 
