@@ -19,7 +19,6 @@ STEP_SECONDS = "moe_eplb_step_duration_seconds"  # histogram {model_name, rank}:
 STEP_TOKENS = "moe_eplb_step_tokens"  # histogram {model_name, rank}: tokens one engine step routed
 KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV cache the rank allocated
 BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model_name, layer}
-KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV-cache bytes of one GPU
 CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model_name, window_size, step_interval, num_redundant_experts, ep_size}
 EXPORTER_START_TIME = "moe_eplb_exporter_start_time_seconds"  # gauge {model_name}: unix time the counters started at 0
 EXPORTER_RANKS = "moe_eplb_exporter_ranks"  # gauge {model_name}: EP ranks whose counters this pod serves
