@@ -53,3 +53,10 @@ CALIBRATION_UNCERTAINTY = "moe_eplb_calibration_uncertainty"  # gauge {namespace
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"
+#: Labels the PodMonitor copies from the pods of a multi-node replica group (a LeaderWorkerSet
+#: group): the group's index (pod label ``leaderworkerset.sigs.k8s.io/group-index``), the pod's
+#: index in its group (``.../worker-index``, 0 = leader) and the group's size in pods (pod annotation
+#: ``leaderworkerset.sigs.k8s.io/size``). Series of single-node pods carry none of them.
+GROUP_LABEL = "replica_group"
+GROUP_WORKER_LABEL = "group_worker"
+GROUP_SIZE_LABEL = "group_size"

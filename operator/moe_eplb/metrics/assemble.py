@@ -139,7 +139,7 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
     if not c.expert_tokens or not c.engine_steps:
         missing = metric_names.EXPERT_TOKENS if not c.expert_tokens else metric_names.ENGINE_STEPS
         raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
-    if model is None:
+    if model is None and len({s.label(metric_names.LABEL_MODEL) for s in c.expert_tokens}) > 1:
         shapes = _shapes_of(c.expert_tokens)
         if len(shapes) > 1:
             model = pick_model(shapes, num_layers, num_experts, what)
@@ -203,25 +203,34 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
     same pod and sample times are differenced as one matrix (DeepSeek-V3: 14 848 series per pod);
     the pod's step counter sets the gap rule, so its steps and these counters are spread alike."""
     out = FamilyIncrements({}, {})
-    groups: dict[tuple, list[tuple[tuple[int, ...], Series]]] = {}
+    groups: dict[tuple, list[Series]] = {}
     for s in series:
         if s.pod not in steps.max_gap:
             raise LoadReadError(INCONSISTENT_SERIES, f"{what}: series {dict(s.labels)} has no matching "
                                 f"{metric_names.ENGINE_STEPS} series (same pod labels)")
-        key = tuple(s.int_label(k, what) for k in keys)
-        groups.setdefault((s.pod, s.ts.tobytes()), []).append((key, s))
+        groups.setdefault((s.pod, s.ts.tobytes()), []).append(s)
+    index: dict[tuple[int, ...], int] = {}  # series key -> row of the sum
+    parsed: dict[tuple, tuple[int, ...]] = {}  # label values -> key (the same few hundred strings)
+    parts = []
     for (pod, _), members in groups.items():
-        ts = members[0][1].ts
-        inc: Increments = counter_increments(grid, ts, np.stack([s.vs for _, s in members]), c.starts_at(pod, ts),
+        ts = members[0].ts
+        inc: Increments = counter_increments(grid, ts, np.stack([s.vs for s in members]), c.starts_at(pod, ts),
                                              max_gap=steps.max_gap[pod])
         if inc.interpolated.any():
             out.spread[pod] = out.spread.get(pod, 0.0) + float(inc.interpolated.sum())
             steps.gaps.setdefault(pod, set()).update(inc.gaps)
-        for (key, _), row in zip(members, inc.values):
-            if key in out.rows:
-                out.rows[key] = out.rows[key] + row
-            else:
-                out.rows[key] = row
+        rows = np.empty(len(members), np.int64)
+        for j, s in enumerate(members):
+            raw = tuple(s.labels.get(k) for k in keys)
+            key = parsed.get(raw)
+            if key is None:
+                key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
+            rows[j] = index.setdefault(key, len(index))
+        parts.append((rows, inc.values))
+    total = np.zeros((len(index), grid.shape[0] - 1))
+    for rows, values in parts:
+        np.add.at(total, rows, values)  # a pod may report a key twice (two sample-time groups)
+    out.rows = {key: total[i] for key, i in index.items()}
     return out
 
 
