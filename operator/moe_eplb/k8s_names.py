@@ -29,7 +29,18 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_TEMPLATE_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
-LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+#: the same value on every pod of one group (a hash of the leader pod's namespace/name)
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"  # pods per group, on every pod
+LWS_LEADER_NAME_ANNOTATION = "leaderworkerset.sigs.k8s.io/leader-name"  # on worker pods
+#: env vars the LWS webhook injects into every container of a group
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+#: Event reason of the LWS pod controller when a pod of a group failed (a container restarted or a
+#: pod was deleted) and it deleted the leader to recreate the whole group (restartPolicy
+#: RecreateGroupOnPodRestart); the message names the failed pod: "Worker pod <pod> failed, ...".
+LWS_RECREATE_GROUP_REASON = "RecreateGroup"
 
 # --- monitoring objects (Prometheus Operator) -----------------------------------------------------
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"

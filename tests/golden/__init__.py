@@ -1,8 +1,11 @@
 """Golden copies of user-visible output. ``tune-*.json`` were made with the code before the
 typed-model refactor (issue 10) and must not change; ``render-*.yaml`` likewise, regenerated once on
 purpose when the exporter injection (issue 14: an init container, a volume, PYTHONPATH) and plain
-YAML output (no anchors) changed what ``moe-eplb render`` prints, and once more when the seed and
-DeepSeek-V3 examples moved to the stock ``vllm/vllm-openai`` image (the plugin injected).
+YAML output (no anchors) changed what ``moe-eplb render`` prints, once more when the seed and
+DeepSeek-V3 examples moved to the stock ``vllm/vllm-openai`` image (the plugin injected), and
+``render-deepseek-v3-multinode`` once more when the PodMonitor of a multi-node resource started
+copying the LWS group labels onto the series (issue 13: ``replica_group``, ``group_worker``,
+``group_size``).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

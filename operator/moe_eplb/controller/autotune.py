@@ -4,8 +4,10 @@ Every ``tick_seconds`` (wall) the timer of each MoEInference parses the resource
 (:func:`moe_eplb.api.spec.parse`) and runs :func:`tick`:
 
 1. a rollout in progress (``status.autotune.rollout``) is advanced (:mod:`.rollout`): the child
-   workloads and pods are read into a :class:`~.rollout.WorkloadView`, the new pods' measured
-   balancedness is read when the rollout is ready to be judged;
+   workloads and pods are read into a :class:`~.rollout.WorkloadView` (:func:`workload_view`: the
+   Deployment, or for a multi-node resource the LeaderWorkerSet, its groups and their
+   ``RecreateGroup`` Events), the new pods' measured balancedness is read when the rollout is ready to
+   be judged;
 2. otherwise, when ``spec.autotune.mode`` is not ``Off`` and ``evaluationIntervalSeconds`` have
    passed since the last evaluation: the recent load is read (:mod:`moe_eplb.metrics`: Prometheus,
    or the pods directly when no Prometheus URL is set), the tuner searches within the spec's bounds
@@ -30,6 +32,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -44,7 +47,9 @@ from moe_eplb.api.autotune_status import (
     DataWindow,
     Evaluation,
     Measurement,
+    Rollout,
     autotune_status_patch,
+    parse_iso,
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference, SpecError, parse
@@ -258,12 +263,13 @@ async def _advance_rollout(inf: MoEInference, client: Any, rt: AutotuneRuntime, 
     cur = state.rollout
     assert cur is not None
     target = cur.to_knobs if cur.kind == "apply" else None
-    view, pods = await workload_view(client, inf, rt, target=target)
+    since = _crash_evidence_since(cur)
+    view, pods = await workload_view(client, inf, rt, target=target, since=since)
     stale = (cur.phase == ROLLING and view.template_hash == cur.from_hash) or (
         cur.phase == ROLLING_BACK and cur.to_hash and view.template_hash == cur.to_hash)
     if stale and rerender is not None and ro.superseded_reason(cur, view) is None:
         await rerender()  # the template still shows the settings before the change: render it again
-        view, pods = await workload_view(client, inf, rt, target=target)
+        view, pods = await workload_view(client, inf, rt, target=target, since=since)
     measured = None
     window = ro.measurement_window(cfg, state, now)
     if window is not None and not view.crashlooping:
@@ -283,6 +289,14 @@ async def _advance_rollout(inf: MoEInference, client: Any, rt: AutotuneRuntime, 
         rt.observer("rollout" if new_ro is not None else "history", inf,
                     new_ro if new_ro is not None else step.status.history[-1])
     return f"rollout:{new_ro.phase if new_ro is not None else step.status.history[-1].action}"
+
+
+def _crash_evidence_since(cur: Rollout) -> float | None:
+    """From when a group recreation counts against the rollout's pods: the rollback's start while
+    rolling back (the crashes that caused it are the new settings' ones), else the rollout's."""
+    if cur.phase == ROLLING_BACK and cur.rollback_started_at is not None:
+        return cur.rollback_started_at
+    return cur.started_at
 
 
 def _blocker(view: ro.WorkloadView) -> str | None:
@@ -396,23 +410,139 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
 # --- reading the cluster -------------------------------------------------------------------------
 
 
-async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime,
-                        target: Knobs | None = None) -> tuple[ro.WorkloadView, list[dict]]:
-    """The child Deployments and Pods of a MoEInference -> (WorkloadView, pods).
+async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, target: Knobs | None = None,
+                        since: float | None = None) -> tuple[ro.WorkloadView, list[dict]]:
+    """The child workload and Pods of a MoEInference -> (WorkloadView, pods).
 
+    Single-node replicas: the Deployment(s). Multi-node replicas (``parallelism.nodes > 1``): the
+    LeaderWorkerSet, settled by group (:func:`lws_settled`), its template hash from both the leader
+    and the worker template, and crash loops of any pod of a group on the current template -- also
+    the ones LeaderWorkerSet hides by recreating the group on every restart, counted from its
+    ``RecreateGroup`` Events since ``since`` (clock seconds; None: not counted).
     ``target``: a rollout's target knobs, checked against the spec now (``target_invalid``)."""
     ns = inf.namespace or "default"
     selector = f"{k8s_names.NAME_LABEL}={inf.name}"
     extra = dict(spec_eplb=inf.spec_knobs, eplb_enabled=inf.eplb.enabled,
                  target_invalid=inf.knobs_problem(target) if target is not None else None)
-    deps = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
+    multinode = int(inf.parallelism.nodes or 1) > 1
+    if multinode:
+        workloads = await client.list(k8s_names.LWS_API_VERSION, k8s_names.LWS_KIND, ns, label_selector=selector)
+    else:
+        workloads = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
     pods = await client.list("v1", "Pod", ns, label_selector=selector)
-    if not deps:
+    if not workloads:
         return ro.WorkloadView(inf.generation, False, None, **extra), pods
-    hashes = sorted({((d["spec"].get("template") or {}).get("metadata") or {}).get("annotations", {}).get(
-        k8s_names.CONFIG_HASH_ANNOTATION, "") for d in deps})
-    settled = all(_deployment_settled(d) for d in deps)
-    return ro.WorkloadView(inf.generation, settled, ",".join(hashes), crashlooping(pods, hashes, rt), **extra), pods
+    hashes = sorted({_config_hash(t) for w in workloads for t in _pod_templates(w)})
+    crashes = list(crashlooping(pods, hashes, rt))
+    if multinode:
+        settled = all(lws_settled(w, pods, hashes) for w in workloads)
+        if since is not None:
+            for w in workloads:
+                crashes += await recreated_groups(client, w, pods, hashes, since, rt)
+    else:
+        settled = all(_deployment_settled(d) for d in workloads)
+    return ro.WorkloadView(inf.generation, settled, ",".join(hashes), tuple(sorted(set(crashes))), **extra), pods
+
+
+def _pod_templates(workload: dict) -> list[dict]:
+    spec = workload.get("spec") or {}
+    if workload.get("kind") == k8s_names.LWS_KIND:
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        return [t for t in (lwt.get("leaderTemplate"), lwt.get("workerTemplate")) if t]
+    return [spec.get("template") or {}]
+
+
+def _config_hash(template: dict) -> str:
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(k8s_names.CONFIG_HASH_ANNOTATION, "")
+
+
+def _pod_ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def lws_groups(lws: dict, pods: list[dict]) -> dict[int, dict[int, dict]]:
+    """The pods of a LeaderWorkerSet by group index and worker index (0 = leader)."""
+    name = lws["metadata"]["name"]
+    out: dict[int, dict[int, dict]] = {}
+    for p in pods:
+        labels = (p.get("metadata") or {}).get("labels") or {}
+        if labels.get(k8s_names.LWS_NAME_LABEL) != name or (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            group, worker = int(labels[k8s_names.LWS_GROUP_INDEX_LABEL]), int(labels[k8s_names.LWS_WORKER_INDEX_LABEL])
+        except (KeyError, ValueError):
+            continue
+        out.setdefault(group, {})[worker] = p
+    return out
+
+
+def lws_settled(lws: dict, pods: list[dict], hashes: list[str]) -> bool:
+    """A LeaderWorkerSet has rolled out its current template: its status observed the generation and
+    counts every group updated and ready with no surge group left, and the pods agree -- each of
+    the ``replicas`` groups has its leader and all ``size - 1`` workers, every one ready and on the
+    current template, and no pod of a group beyond ``replicas`` remains."""
+    spec, st = lws.get("spec") or {}, lws.get("status") or {}
+    want = int(spec.get("replicas", 1))
+    size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
+    if not (int(st.get("observedGeneration") or 0) >= int(lws["metadata"].get("generation") or 1)
+            and int(st.get("updatedReplicas") or 0) >= want and int(st.get("readyReplicas") or 0) >= want
+            and int(st.get("replicas") or 0) == want):
+        return False
+    groups = lws_groups(lws, pods)
+    if set(groups) != set(range(want)):
+        return False
+    for members in groups.values():
+        if set(members) != set(range(size)):
+            return False
+        for p in members.values():
+            ann = (p.get("metadata") or {}).get("annotations") or {}
+            if ann.get(k8s_names.CONFIG_HASH_ANNOTATION) not in hashes or not _pod_ready(p):
+                return False
+    return True
+
+
+_RECREATE_MESSAGE = re.compile(r"[Ww]orker pod (?P<pod>\S+) failed.*recreate group (?P<group>\d+)")
+
+
+async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: list[str], since: float,
+                           rt: AutotuneRuntime) -> list[str]:
+    """Crash loops that LeaderWorkerSet's ``RecreateGroupOnPodRestart`` hides: a pod that restarts
+    makes it recreate the whole group (fresh pods, ``restartCount`` 0), so the restarts are counted
+    from its ``RecreateGroup`` Events on the LWS (``series.count`` for repeats) since ``since``. A
+    group recreated at least ``rt.crashloop_restarts`` times whose pods now run a current template
+    (or that has no pods at this instant) crash-loops; returns ``"<pod> (group <i> recreated <n>x)"``."""
+    ns = lws["metadata"].get("namespace") or "default"
+    try:
+        events = await client.list("v1", "Event", ns, field_selector=(
+            f"involvedObject.kind={k8s_names.LWS_KIND},involvedObject.name={lws['metadata']['name']},"
+            f"reason={k8s_names.LWS_RECREATE_GROUP_REASON}"))
+    except ApiError as exc:  # no Events (RBAC): crash loops are then seen as restarts only
+        log.info("autotune: cannot list events of LeaderWorkerSet %s/%s: %s", ns, lws["metadata"]["name"], exc)
+        return []
+    counts: dict[int, int] = {}
+    failed: dict[int, str] = {}
+    for e in events:
+        uid = (e.get("involvedObject") or {}).get("uid")
+        if uid and uid != lws["metadata"].get("uid"):
+            continue  # an earlier LWS of the same name
+        series = e.get("series") or {}
+        last = parse_iso(series.get("lastObservedTime") or e.get("lastTimestamp") or e.get("eventTime"))
+        m = _RECREATE_MESSAGE.search(e.get("message") or "")
+        if last is None or last < since or m is None:
+            continue
+        group = int(m.group("group"))
+        counts[group] = counts.get(group, 0) + max(int(series.get("count") or 0), int(e.get("count") or 0), 1)
+        failed[group] = m.group("pod")
+    groups = lws_groups(lws, pods)
+    out = []
+    for group, n in sorted(counts.items()):
+        members = groups.get(group, {})
+        current = all(((p.get("metadata") or {}).get("annotations") or {}).get(k8s_names.CONFIG_HASH_ANNOTATION)
+                      in hashes for p in members.values())
+        if n >= rt.crashloop_restarts and current:
+            out.append(f"{failed[group]} (group {group} recreated {n}x)")
+    return out
 
 
 def crashlooping(pods: list[dict], hashes: list[str], rt: AutotuneRuntime) -> tuple[str, ...]:
@@ -535,7 +665,8 @@ async def _measure(rt: AutotuneRuntime, inf: MoEInference, pods: list[dict], sta
             return await asyncio.to_thread(measure_mod.measure_prometheus, client, inf.namespace or "default",
                                            inf.name, rt.clock.to_wall(start), rt.clock.to_wall(end))
         counts = await asyncio.to_thread(measure_mod.scrape_rank_counts, pods, rt.http_timeout)
-        return rt.direct(inf).ranks.measure(counts, start, end)
+        engines = {p["metadata"]["name"]: measure_mod.engine_of_pod(p) for p in pods}
+        return rt.direct(inf).ranks.measure(counts, start, end, engines=engines)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - no measurement: the rollout waits or keeps on prediction

@@ -223,10 +223,12 @@ class KubeClient:
             raise
 
     async def list(self, api_version: str, kind: str, namespace: str | None,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
-        """Objects of a kind in a namespace (all namespaces with ``None``), filtered by labels."""
+                   label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """Objects of a kind in a namespace (all namespaces with ``None``), filtered by labels and fields."""
         k = kind_of(api_version, kind)
         params = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
         result = await self._call("list", "GET", k, k.path(namespace), params=params)
         return list(result.get("items") or [])
 

@@ -73,7 +73,9 @@ def summarize_workloads(children: Iterable[Mapping[str, Any]]) -> Workloads:
                 or int(st.get("replicas", 0)) > want:
             rolled = False
         for cond in st.get("conditions") or []:
-            if cond.get("type") == "Progressing" and cond.get("status") == "False":
+            # a Deployment's Progressing=False is a failure (ProgressDeadlineExceeded); a
+            # LeaderWorkerSet sets Progressing=False when Available turns true (the two exclude each other)
+            if child.get("kind") == "Deployment" and cond.get("type") == "Progressing" and cond.get("status") == "False":
                 failure = f"{child.get('kind')} {meta.get('name')}: {cond.get('reason')}: {cond.get('message', '')}"
     return Workloads(desired, replicas, ready, updated, reported, rolled, failure)
 

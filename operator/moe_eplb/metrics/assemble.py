@@ -7,6 +7,10 @@ them once (:mod:`moe_eplb.metrics.series`) and builds the :class:`~moe_eplb.eplb
 directly, in named phases:
 
 1. :func:`select_model` -- the model to read (a DeepSeek MTP drafter registers its own);
+   :func:`check_pods` -- every pod reports both counters and every layer, and every pod of a
+   multi-node replica group (LeaderWorkerSet group: the ``replica_group``, ``group_worker``,
+   ``group_size`` labels the PodMonitor copies) reports: a group's load is the sum over its pods, so
+   a missing pod is refused (``IncompleteGroup``) rather than read as a lighter load;
 2. :func:`step_increments` -- per pod, the engine-step counter's exact increments per bucket, which
    also fix each pod's scrape-gap rule;
 3. :func:`family_increments` -- the same for every series of a labelled counter family (expert
@@ -21,7 +25,9 @@ the pods. Buckets: ``grid`` [T+1] edges (unix s); bucket k holds samples with
 
 Engine steps: a pod's step counter counts its engine's steps; an engine spanning
 ``pods_per_engine`` pods (``spec.parallelism.nodes``) is counted once, and independent engines
-(``spec.replicas``) add up, so ``load / steps`` is the load of one engine step.
+(``spec.replicas``) add up, so ``load / steps`` is the load of one engine step. The expert tokens
+of an engine spanning pods are the sum over its pods (each pod counts what its own ranks routed), so
+the tuner sees one EP group of ``tensor x data`` ranks.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import numpy as np
 from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.metrics.errors import (
+    INCOMPLETE_GROUP,
     INCONSISTENT_SERIES,
     INSUFFICIENT_DATA,
     NO_DATA,
@@ -155,6 +162,76 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
         models = {s.label(metric_names.LABEL_MODEL) for s in c.expert_tokens + c.engine_steps} - {None}
         model = models.pop() if len(models) == 1 else None
     return c, model
+
+
+def _group_of(labels: Mapping[str, str]) -> tuple[tuple, int, int] | None:
+    """``(group identity, worker index, group size)`` of a pod of a multi-node replica group."""
+    group = labels.get(metric_names.GROUP_LABEL)
+    if group is None:
+        return None
+    try:
+        worker, size = int(labels.get(metric_names.GROUP_WORKER_LABEL, "")), int(labels.get(metric_names.GROUP_SIZE_LABEL, ""))
+    except ValueError:
+        raise LoadReadError(INCONSISTENT_SERIES, f"pod {labels.get('pod')}: replica group {group} without a whole "
+                            f"{metric_names.GROUP_WORKER_LABEL} / {metric_names.GROUP_SIZE_LABEL} label") from None
+    return (labels.get("namespace"), labels.get(metric_names.MOEINFERENCE_LABEL), group), worker, size
+
+
+def _member_name(members: dict[int, str], worker: int) -> str:
+    """The pod name of worker ``worker`` of a LeaderWorkerSet group from its members' names
+    (leader ``<lws>-<g>``, workers ``<lws>-<g>-<w>``)."""
+    if 0 in members:
+        leader = members[0]
+    else:
+        w, name = next(iter(sorted(members.items())))
+        leader = name[: -len(f"-{w}")] if name.endswith(f"-{w}") else f"{name}(leader)"
+    return leader if worker == 0 else f"{leader}-{worker}"
+
+
+def check_pods(c: Counters, what: str) -> None:
+    """Phase 1b: the pods' series fit together (raises ``LoadReadError`` otherwise).
+
+    * every pod with an engine-step series has expert-token series and the reverse (one without the
+      other is a partial answer: its load would be counted without its steps, or not at all);
+    * every pod reports every layer that any pod reports (a pod's missing layer is refused like a
+      layer missing everywhere);
+    * every pod of a multi-node replica group reports: reason ``IncompleteGroup`` naming the group and
+      the missing pod (the group's load is the sum over its pods).
+    """
+    step_pods = {s.pod for s in c.engine_steps}
+    token_layers: dict[tuple, set] = {}
+    for s in c.expert_tokens:
+        token_layers.setdefault(s.pod, set()).add(s.labels.get(metric_names.LABEL_LAYER))
+    groups: dict[tuple, dict[int, str]] = {}
+    sizes: dict[tuple, int] = {}
+    for pod in step_pods | set(token_layers):
+        g = _group_of(dict(pod))
+        if g is not None:
+            groups.setdefault(g[0], {})[g[1]] = pod_name(pod)
+            sizes[g[0]] = max(sizes.get(g[0], 0), g[2])
+    for key, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        missing = sorted(set(range(sizes[key])) - set(members))
+        if missing:
+            names = ", ".join(f"{_member_name(members, w)} (worker {w})" for w in missing)
+            raise LoadReadError(INCOMPLETE_GROUP, f"replica group {key[2]} of {key[0]}/{key[1]}: no series from pod "
+                                f"{names} of its {sizes[key]}{what}; the group's load is the sum over its pods, so "
+                                "it cannot be read without them (check that Prometheus scrapes every pod of the group)")
+    for pod in sorted(set(token_layers) - step_pods) + sorted(step_pods - set(token_layers)):
+        has, lacks = ((metric_names.ENGINE_STEPS, metric_names.EXPERT_TOKENS) if pod in step_pods
+                      else (metric_names.EXPERT_TOKENS, metric_names.ENGINE_STEPS))
+        g = _group_of(dict(pod))
+        raise LoadReadError(INCOMPLETE_GROUP if g else INCONSISTENT_SERIES,
+                            f"pod {pod_name(pod)}{f' (replica group {g[0][2]})' if g else ''}: {has} series but no "
+                            f"matching {lacks} series (same pod labels){what}; a partial answer, refused rather "
+                            "than read as less load")
+    if token_layers:
+        every = set().union(*token_layers.values())
+        for pod, layers in sorted(token_layers.items()):
+            if layers != every:
+                gone = sorted(every - layers, key=lambda x: int(x) if str(x).isdigit() else -1)
+                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod_name(pod)}: no {metric_names.EXPERT_TOKENS} series "
+                                    f"for layer(s) {gone[:10]} that other pods report{what}; the exporter reports "
+                                    "every layer, so this answer is partial")
 
 
 @dataclass
@@ -321,6 +398,7 @@ def trace_from_raw_counters(
                          f"got {max_interpolated_fraction}")
     counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times})
     counters, model = select_model(counters, model, num_layers, num_experts, what)
+    check_pods(counters, what)
     steps = step_increments(counters, grid, what)
     tokens = family_increments(counters.expert_tokens, (metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT),
                                counters, steps, grid, metric_names.EXPERT_TOKENS)

@@ -11,6 +11,7 @@ NO_DATA = "NoData"  # no exporter series at all
 INSUFFICIENT_DATA = "InsufficientData"  # fewer than one full bucket of samples
 INCONSISTENT_SERIES = "InconsistentSeries"  # missing layers, mixed models, shape mismatch
 SCRAPE_GAPS = "ScrapeGaps"  # too much of the window's load fell in scrape gaps (spread by time, not measured)
+INCOMPLETE_GROUP = "IncompleteGroup"  # a pod of a multi-node replica group reports no series: its load is unknown
 
 
 class LoadReadError(Exception):

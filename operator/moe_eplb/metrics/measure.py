@@ -3,8 +3,11 @@
 From Prometheus, ``increase`` of ``moe_eplb_rank_tokens_total`` per pod, layer and rank over the
 window; without Prometheus, by scraping each pod's exporter and differencing against the counters
 seen at an earlier round (:class:`RankHistory`). Balancedness is :func:`moe_eplb.vllm_facts.balancedness`
-(``sum mean_rank / sum max_rank`` over pods and layers). Blocking (HTTP); call with
-``asyncio.to_thread`` from async code.
+(``sum mean_rank / sum max_rank`` over engines and layers). An engine is a pod, or a multi-node
+replica group (a LeaderWorkerSet group): each of its pods counts the tokens its own ranks' routers
+dispatched to every EP rank, so the group's rank load is the sum over its pods (series label
+``replica_group`` from Prometheus; the pods' LWS group labels when scraping). Blocking (HTTP); call
+with ``asyncio.to_thread`` from async code.
 """
 
 from __future__ import annotations
@@ -23,23 +26,46 @@ from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.series import parse_vector
 
-RankCounts = dict[str, np.ndarray]  # pod -> [L, EP] rank tokens
+RankCounts = dict[str, np.ndarray]  # pod (or engine) -> [L, EP] rank tokens
 
 
-def balancedness_of(per_pod: RankCounts) -> float | None:
-    """``sum_{pod,l} mean_rank / sum_{pod,l} max_rank`` of per-pod ``[L, EP]`` token counts."""
-    terms = [vllm_facts.balancedness_terms(a) for a in per_pod.values()]
+def engine_of_pod(pod: Mapping) -> str:
+    """The engine a pod belongs to: its LeaderWorkerSet group (``<lws>/group <i>``), else itself."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    group = labels.get(k8s_names.LWS_GROUP_INDEX_LABEL)
+    if group is not None and labels.get(k8s_names.LWS_NAME_LABEL):
+        return f"{labels[k8s_names.LWS_NAME_LABEL]}/group {group}"
+    return (pod.get("metadata") or {}).get("name", "")
+
+
+def by_engine(per_pod: RankCounts, engines: Mapping[str, str] | None) -> RankCounts:
+    """Per-pod counts summed per engine (``engines``: pod -> engine; a pod not in it is its own)."""
+    if not engines:
+        return per_pod
+    out: RankCounts = {}
+    for pod, counts in per_pod.items():
+        key = engines.get(pod, pod)
+        if key in out and out[key].shape == counts.shape:
+            out[key] = out[key] + counts
+        else:
+            out[key] = counts
+    return out
+
+
+def balancedness_of(per_engine: RankCounts) -> float | None:
+    """``sum_{engine,l} mean_rank / sum_{engine,l} max_rank`` of per-engine ``[L, EP]`` token counts."""
+    terms = [vllm_facts.balancedness_terms(a) for a in per_engine.values()]
     num, den = sum(t[0] for t in terms), sum(t[1] for t in terms)
     return num / den if den > 0 else None
 
 
-def _measurement(per_pod: RankCounts, seconds: float, source: str) -> Measurement | None:
-    b = balancedness_of(per_pod)
+def _measurement(per_engine: RankCounts, seconds: float, source: str, pods: int) -> Measurement | None:
+    b = balancedness_of(per_engine)
     if b is None:
         return None
-    tokens = sum(float(a.sum()) for a in per_pod.values())
+    tokens = sum(float(a.sum()) for a in per_engine.values())
     return Measurement(balancedness=round(b, 6), tokens_per_second=round(tokens / max(seconds, 1e-9), 3),
-                       pods=len(per_pod), source=source)
+                       pods=pods, source=source)
 
 
 def _cells_to_array(cells: Mapping[tuple[int, int], float]) -> np.ndarray:
@@ -52,14 +78,19 @@ def _cells_to_array(cells: Mapping[tuple[int, int], float]) -> np.ndarray:
 def measure_prometheus(client: PrometheusClient, namespace: str, name: str, start: float, end: float) -> Measurement | None:
     """Balancedness over wall-clock ``[start, end]`` from Prometheus (None when there is no load)."""
     rng = max(1, int(math.ceil(end - start)))
-    q = (f"sum by (pod, {metric_names.LABEL_LAYER}, {metric_names.LABEL_RANK}) "
+    q = (f"sum by (pod, {metric_names.GROUP_LABEL}, {metric_names.LABEL_LAYER}, {metric_names.LABEL_RANK}) "
          f"(increase({metric_names.RANK_TOKENS}{selector(namespace, name)}[{rng}s]))")
-    per_pod: dict[str, dict[tuple[int, int], float]] = {}
+    per_engine: dict[str, dict[tuple[int, int], float]] = {}
+    pods = set()
     for s in parse_vector(client.query(q, time=end), "rank tokens"):
         if s.vs.size:
             cell = (s.int_label(metric_names.LABEL_LAYER, "rank tokens"), s.int_label(metric_names.LABEL_RANK, "rank tokens"))
-            per_pod.setdefault(s.label("pod", "") or "", {})[cell] = float(s.vs[0])
-    return _measurement({p: _cells_to_array(c) for p, c in per_pod.items()}, end - start, "prometheus")
+            group = s.label(metric_names.GROUP_LABEL)
+            engine = f"group {group}" if group else s.label("pod", "") or ""
+            pods.add(s.label("pod", "") or engine)
+            cells = per_engine.setdefault(engine, {})
+            cells[cell] = cells.get(cell, 0.0) + float(s.vs[0])
+    return _measurement({p: _cells_to_array(c) for p, c in per_engine.items()}, end - start, "prometheus", len(pods))
 
 
 def rank_counts_from_exposition(text: str) -> np.ndarray | None:
@@ -121,9 +152,11 @@ class RankHistory:
             self.rounds.append((t, counts))
         del self.rounds[: max(0, len(self.rounds) - self.keep)]
 
-    def measure(self, now_counts: RankCounts, start: float, end: float) -> Measurement | None:
+    def measure(self, now_counts: RankCounts, start: float, end: float,
+                engines: Mapping[str, str] | None = None) -> Measurement | None:
         """Balancedness of ``now_counts`` minus the earliest remembered round at or after ``start``
-        with the same pods (None without such a round); remembers ``now_counts`` at ``end``."""
+        with the same pods (None without such a round), the pods' differences summed per engine
+        (``engines``: pod -> engine, see :func:`engine_of_pod`); remembers ``now_counts`` at ``end``."""
         earlier = list(self.rounds)
         self.remember(end, now_counts)
         base = next(((t, c) for t, c in earlier if t >= start - 1e-6 and set(c) == set(now_counts) and t < end), None)
@@ -131,8 +164,8 @@ class RankHistory:
             return None
         deltas = {p: np.maximum(now_counts[p] - base[1][p], 0.0) for p in now_counts
                   if now_counts[p].shape == base[1][p].shape}
-        return _measurement(deltas, end - base[0], "pods")
+        return _measurement(by_engine(deltas, engines), end - base[0], "pods", len(deltas))
 
 
-__all__ = ["balancedness_of", "measure_prometheus", "rank_counts_from_exposition", "scrape_rank_counts",
-           "RankHistory"]
+__all__ = ["balancedness_of", "by_engine", "engine_of_pod", "measure_prometheus", "rank_counts_from_exposition",
+           "scrape_rank_counts", "RankHistory"]

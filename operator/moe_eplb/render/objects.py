@@ -328,7 +328,9 @@ def pod_disruption_budget(inf: MoEInference) -> dict[str, Any]:
 def pod_monitor(inf: MoEInference) -> dict[str, Any]:
     """PodMonitor scraping the exporter (``eplb-metrics``) and vLLM's own ``/metrics`` (``http``).
 
-    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name``.
+    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name``; for a multi-node
+    resource (LeaderWorkerSet) also ``replica_group``, ``group_worker`` and ``group_size`` from the
+    pod's LWS group-index and worker-index labels and size annotation.
     """
     relabel = [
         {
@@ -337,6 +339,13 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
             "action": "replace",
         }
     ]
+    if inf.parallelism.nodes > 1:  # so that the load reader can sum a group's pods and refuse an incomplete group
+        relabel += [{"sourceLabels": [source], "targetLabel": target, "action": "replace"} for source, target in (
+            ("__meta_kubernetes_pod_label_" + _prom_label(k8s_names.LWS_GROUP_INDEX_LABEL), metric_names.GROUP_LABEL),
+            ("__meta_kubernetes_pod_label_" + _prom_label(k8s_names.LWS_WORKER_INDEX_LABEL),
+             metric_names.GROUP_WORKER_LABEL),
+            ("__meta_kubernetes_pod_annotation_" + _prom_label(k8s_names.LWS_SIZE_ANNOTATION),
+             metric_names.GROUP_SIZE_LABEL))]
     endpoints = [
         {"port": k8s_names.EXPORTER_PORT_NAME, "path": k8s_names.EXPORTER_PATH, "interval": SCRAPE_INTERVAL,
          "relabelings": [dict(r) for r in relabel]},

@@ -25,6 +25,17 @@ through vLLM's EPLB behaviour with the EPLB settings the pod was started with:
 Time may be accelerated (:class:`SimClock`): ``scale`` simulated seconds pass per wall second, so a
 few simulated hours replay in minutes while Prometheus scrapes in wall time.
 
+A multi-node replica group (``pods > 1``: a LeaderWorkerSet group running one vLLM data-parallel
+engine over several pods) is ONE engine: one EPLB replay whose ranks step in lockstep, served by one
+HTTP endpoint per pod. Each pod exports what its own ranks' routers counted, as the exporter of a
+pod holding some of an engine's ranks does: a share of the engine's tokens per (layer, expert) --
+the pods' shares of each expert differ (their data-parallel ranks serve different requests) and add
+up to the engine's load -- and the tokens those routers dispatched to every EP rank (so the engine's
+rank load is the sum over its pods); engine-wide values (steps, rearrangements, replica map, config)
+are the same on every pod, per-rank telemetry (step histograms, KV bytes) is each pod's own ranks',
+vLLM's own series come from the leader (the pod serving the API), and ``moe_eplb_balancedness`` is
+left out (no pod holds every rank).
+
 Exported (per pod; ``model_name`` label = the served model):
 ``moe_eplb_expert_tokens_total{model_name,layer,expert}``, ``moe_eplb_rank_tokens_total{model_name,layer,rank}``,
 ``moe_eplb_expert_replicas{model_name,layer,expert}``, ``moe_eplb_rearrangements_total{model_name}``,
@@ -35,8 +46,8 @@ layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model_name,wind
 num_redundant_experts,ep_size}``, ``moe_eplb_step_duration_seconds{model_name,rank}`` and
 ``moe_eplb_step_tokens{model_name,rank}`` (histograms), ``moe_eplb_kv_cache_bytes{model_name,rank}``,
 and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:num_requests_waiting``
-``{model_name,engine}``. ``moe_eplb_rearrangement_duration_seconds`` observes the true cost's stall
-(sync) or copy time (async).
+``{model_name,engine}``, ``moe_eplb_exporter_ranks{model_name}`` (EP ranks per pod).
+``moe_eplb_rearrangement_duration_seconds`` observes the true cost's stall (sync) or copy time (async).
 """
 
 from __future__ import annotations
@@ -123,9 +134,12 @@ class EngineFaults:
     ``inverted_placement``: the engine places experts from an inverted view of its load (hot
     experts taken for cold ones, as a broken expert map would): balancedness drops although the
     settings look fine.
+    ``silent``: the engine serves and is ready, but its exporter answers an empty ``/metrics``
+    (a broken plugin): nothing can be measured.
     """
 
     inverted_placement: bool = False
+    silent: bool = False
 
 
 class SimulatedEplb:
@@ -163,10 +177,12 @@ class SimulatedEplb:
 
     def rank_tokens(self, load: np.ndarray) -> np.ndarray:
         """``[L, P]`` tokens each rank processes for logical load ``[L, E]`` with the current
-        placement (an expert's tokens split evenly over its replicas)."""
+        placement (an expert's tokens split evenly over its replicas); ``[K, L, P]`` for ``K``
+        loads ``[K, L, E]`` (each pod's routers' share)."""
         per_replica = load / self.logcnt
-        slot = np.take_along_axis(per_replica, self.phy2log, axis=1)  # [L, R]
-        return slot.reshape(self.L, self.P, self.R // self.P).sum(axis=2)
+        index = self.phy2log if load.ndim == 2 else self.phy2log[None]
+        slot = np.take_along_axis(per_replica, index, axis=-1)  # [(K,) L, R]
+        return slot.reshape(*slot.shape[:-1], self.P, self.R // self.P).sum(axis=-1)
 
     def _window_load(self) -> np.ndarray:
         total = np.zeros((self.L, self.E))
@@ -191,15 +207,21 @@ class SimulatedEplb:
         self.phy2log, self.logcnt = phy2log, logcnt
         self.rearrangements += 1
 
-    def run(self, load: np.ndarray, steps: int) -> np.ndarray:
+    def run(self, load: np.ndarray, steps: int, parts: np.ndarray | None = None) -> np.ndarray:
         """Serve ``steps`` engine steps carrying logical load ``[L, E]`` (spread evenly).
 
-        Returns the ``[L, P]`` tokens per rank; rearranges at vLLM's step points in between.
+        Returns the ``[L, P]`` tokens per rank; rearranges at vLLM's step points in between. With
+        ``parts`` ``[K, L, E]`` (shares of each expert's tokens routed by K pods, summing to 1 over
+        K), returns ``[K, L, P]``: the tokens each pod's routers dispatched to each rank.
         """
-        out = np.zeros((self.L, self.P))
+        out = np.zeros((self.L, self.P) if parts is None else (parts.shape[0], self.L, self.P))
+
+        def dispatch(seg_load: np.ndarray) -> np.ndarray:
+            return self.rank_tokens(seg_load if parts is None else seg_load[None] * parts)
+
         if steps <= 0:
             if load.any():
-                out += self.rank_tokens(load)
+                out += dispatch(load)
             return out
         per_step = load / steps
         left = steps
@@ -208,7 +230,7 @@ class SimulatedEplb:
             if self.s.eplb_enabled:
                 seg = min(left, self.next_rearrange - self.steps)
             seg_load = per_step * seg
-            out += self.rank_tokens(seg_load)
+            out += dispatch(seg_load)
             self.window.append((seg, seg_load))
             self.window_steps += seg
             while self.window and self.window_steps - self.window[0][0] >= self.s.knobs.window_size:
@@ -272,8 +294,11 @@ class _Exposition:
     the event loop the whole simulated cluster shares. Output parses with prometheus_client's parser.
     """
 
-    def __init__(self, engine: "SimulatedEngine") -> None:
+    def __init__(self, engine: "SimulatedEngine", pod: int = 0) -> None:
         e = engine
+        self.pod = pod
+        per_pod = e.settings.ep_size // e.pods
+        self.ranks = range(pod * per_pod, (pod + 1) * per_pod)  # the EP ranks this pod holds
         m = _label(e.settings.model)
         M = metric_names.LABEL_MODEL
         L, E, P = e.replay.L, e.replay.E, e.replay.P
@@ -292,15 +317,15 @@ class _Exposition:
 
     def render(self) -> bytes:
         e, m, M = self.e, self.m, metric_names.LABEL_MODEL
-        if not e.ready:
+        if not e.ready or e.silent:
             return b""
         n = metric_names
         strip = lambda x: x.removesuffix("_total")  # noqa: E731
         lines: list[str] = []
         lines += self._family(strip(n.EXPERT_TOKENS), "counter", "Tokens routed to each logical expert (simulated)",
-                              self.le, e.expert_tokens.ravel().tolist())
+                              self.le, e.pod_expert_tokens[self.pod].ravel().tolist())
         lines += self._family(strip(n.RANK_TOKENS), "counter", "Tokens processed by each EP rank (simulated)",
-                              self.lr, e.rank_tokens.ravel().tolist())
+                              self.lr, e.pod_rank_tokens[self.pod].ravel().tolist())
         lines += self._family(n.EXPERT_REPLICAS, "gauge", "Replicas of each logical expert (simulated)",
                               self.le, e.replay.logcnt.ravel().tolist())
         lines += self._family(strip(n.REARRANGEMENTS), "counter", "EPLB rearrangements (simulated)",
@@ -315,27 +340,32 @@ class _Exposition:
         lines += [f'{h}_count{{{M}="{m}"}} {float(len(secs))!r}', f'{h}_sum{{{M}="{m}"}} {float(sum(secs))!r}']
         lines += self._family(strip(n.ENGINE_STEPS), "counter", "Engine steps (simulated)",
                               [f'{{{M}="{m}"}} '], [e.replay.steps])
-        lines += self._family(n.BALANCEDNESS, "gauge", "Per-layer balancedness of the last bucket (simulated)",
-                              self.ll, e.last_balancedness.tolist())
+        if e.pods == 1:  # only a pod holding every EP rank exports it
+            lines += self._family(n.BALANCEDNESS, "gauge", "Per-layer balancedness of the last bucket (simulated)",
+                                  self.ll, e.last_balancedness.tolist())
+        lines += self._family(n.EXPORTER_RANKS, "gauge", "EP ranks whose counters this pod serves (simulated)",
+                              [f'{{{M}="{m}"}} '], [len(self.ranks)])
         lines += self._family(n.EXPORTER_START_TIME, "gauge", "Unix time the counters started at 0 (simulated engine start)",
                               [f'{{{M}="{m}"}} '], [e.started_wall])
-        P = e.settings.ep_size
         for hist, name, help_ in ((e.step_hist, n.STEP_SECONDS, "Wall time of one engine step (simulated)"),
                                   (e.tokens_hist, n.STEP_TOKENS, "Tokens one engine step routed (simulated)")):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-            for r in range(P):
+            for r in self.ranks:
                 lab = f'{M}="{m}",rank="{r}"'
                 for le, c in zip(hist.bounds, np.cumsum(hist.counts)):
                     lines.append(f'{name}_bucket{{{lab},le="{le}"}} {float(c)!r}')
                 lines += [f'{name}_bucket{{{lab},le="+Inf"}} {float(hist.count)!r}',
                           f'{name}_count{{{lab}}} {float(hist.count)!r}', f'{name}_sum{{{lab}}} {float(hist.total)!r}']
         lines += self._family(n.KV_CACHE_BYTES, "gauge", "KV-cache bytes of one GPU (simulated)",
-                              [f'{{{M}="{m}",rank="{r}"}} ' for r in range(P)], [e.kv_bytes] * P)
-        eng = f'{{{M}="{m}",engine="0"}} '
-        lines += self._family(vllm_facts.KV_CACHE_USAGE, "gauge", "KV-cache usage (simulated vLLM)", [eng], [e.kv_usage])
-        lines += self._family(vllm_facts.PREEMPTIONS, "counter", "Preemptions (simulated vLLM)", [eng], [e.preemptions])
-        lines += self._family(vllm_facts.REQUESTS_WAITING, "gauge", "Waiting requests (simulated vLLM)", [eng],
-                              [e.requests_waiting])
+                              [f'{{{M}="{m}",rank="{r}"}} ' for r in self.ranks], [e.kv_bytes] * len(self.ranks))
+        if self.pod == 0:  # vLLM's own series: the pod serving the API
+            eng = f'{{{M}="{m}",engine="0"}} '
+            lines += self._family(vllm_facts.KV_CACHE_USAGE, "gauge", "KV-cache usage (simulated vLLM)", [eng],
+                                  [e.kv_usage])
+            lines += self._family(vllm_facts.PREEMPTIONS, "counter", "Preemptions (simulated vLLM)", [eng],
+                                  [e.preemptions])
+            lines += self._family(vllm_facts.REQUESTS_WAITING, "gauge", "Waiting requests (simulated vLLM)", [eng],
+                                  [e.requests_waiting])
         st = e.settings
         lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
                               [f'{{{M}="{m}",window_size="{st.knobs.window_size}",step_interval="{st.knobs.step_interval}",'
@@ -344,24 +374,39 @@ class _Exposition:
         return ("\n".join(lines) + "\n").encode()
 
 
-class SimulatedEngine:
-    """One simulated vLLM pod: an aiohttp server on 127.0.0.1 serving ``/metrics`` and ``/health``.
+#: Concentration of the pods' shares of an expert's tokens in a multi-pod engine (Dirichlet): the
+#: data-parallel ranks of different pods serve different requests, so their expert mixes differ.
+POD_SHARE_CONCENTRATION = 8.0
 
-    ``start()`` binds the port at once (so the fake kubelet can publish it) and becomes ready
+
+class SimulatedEngine:
+    """One simulated vLLM engine: ``pods`` aiohttp servers on 127.0.0.1 (one per pod of the replica
+    group, 1 for a single-node replica), each serving ``/metrics`` and ``/health``.
+
+    ``start()`` binds the ports at once (so the fake kubelet can publish them) and becomes ready
     (``/health`` 200, metrics present) ``startup_seconds`` simulated seconds later; from then on a
     background task replays the workload up to the clock's present every ``tick`` wall seconds.
+    ``expert_tokens`` / ``rank_tokens`` are the engine's totals; ``pod_expert_tokens[k]`` /
+    ``pod_rank_tokens[k]`` what pod k exports.
     """
 
     def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, *,
                  startup_seconds: float = 120.0, tick: float = 0.1, faults: EngineFaults = EngineFaults(),
-                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None) -> None:
+                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None, pods: int = 1) -> None:
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
+        if pods < 1 or settings.ep_size % pods:
+            raise ValueError(f"pods: an engine of {settings.ep_size} EP ranks cannot span {pods} pods evenly")
         self.trace, self.settings, self.clock = trace, settings, clock
         self.startup_seconds, self.tick, self.port = float(startup_seconds), float(tick), port
+        self.pods = int(pods)
+        self.silent = faults.silent
         self.replay = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults, seed=seed)
-        self.expert_tokens = np.zeros((trace.num_layers, trace.num_experts))
-        self.rank_tokens = np.zeros((trace.num_layers, settings.ep_size))
+        L, E = trace.num_layers, trace.num_experts
+        self.parts = (None if pods == 1 else np.random.default_rng([seed, 7]).dirichlet(
+            np.full(pods, POD_SHARE_CONCENTRATION), size=(L, E)).transpose(2, 0, 1))  # [K, L, E]
+        self.pod_expert_tokens = np.zeros((pods, L, E))
+        self.pod_rank_tokens = np.zeros((pods, L, settings.ep_size))
         self.last_balancedness = np.ones(trace.num_layers)
         # the deployment's physics (hidden from the operator): telemetry from the true cost
         self.true = true_cost or TrueCost()
@@ -380,10 +425,21 @@ class SimulatedEngine:
         self.ready = False
         self.started_at: float | None = None  # simulated time
         self.started_wall = time.time()
+        self.ports: list[int] = []
         self._pos: float | None = None  # workload seconds served up to
-        self._runner = None
+        self._runners: list = []
         self._task: asyncio.Task | None = None
-        self._exposition = _Exposition(self)
+        self._expositions = [_Exposition(self, k) for k in range(pods)]
+
+    @property
+    def expert_tokens(self) -> np.ndarray:
+        """``[L, E]`` tokens the engine routed to each expert (sum over its pods)."""
+        return self.pod_expert_tokens.sum(axis=0)
+
+    @property
+    def rank_tokens(self) -> np.ndarray:
+        """``[L, P]`` tokens the engine's EP ranks processed (sum over its pods' routers)."""
+        return self.pod_rank_tokens.sum(axis=0)
 
     # --- replay --------------------------------------------------------------------------------
 
@@ -407,10 +463,16 @@ class SimulatedEngine:
             steps = done_after - done_before
             load = self.trace.load[t] * (frac * self.settings.share)
             moved_before = len(self.replay.moved)
-            rank = self.replay.run(load, steps)
+            if self.parts is None:
+                rank = self.replay.run(load, steps)
+                self.pod_expert_tokens[0] += load
+                self.pod_rank_tokens[0] += rank
+            else:
+                per_pod = self.replay.run(load, steps, parts=self.parts)  # [K, L, P]
+                self.pod_expert_tokens += load[None] * self.parts
+                self.pod_rank_tokens += per_pod
+                rank = per_pod.sum(axis=0)
             self._observe(load, self.replay.rank_tokens(self.trace.load[t]), steps, self.replay.moved[moved_before:])
-            self.expert_tokens += load
-            self.rank_tokens += rank
             last_rank = rank if last_rank is None else last_rank + rank
             self._pos = end
         if last_rank is not None and last_rank.any():
@@ -461,11 +523,13 @@ class SimulatedEngine:
 
     # --- HTTP ----------------------------------------------------------------------------------
 
-    async def _metrics(self, request):
-        from aiohttp import web
-        # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
-        return web.Response(body=self._exposition.render(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    def _metrics_of(self, pod: int):
+        async def metrics(request):
+            from aiohttp import web
+            # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
+            return web.Response(body=self._expositions[pod].render(),
+                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return metrics
 
     async def _health(self, request):
         from aiohttp import web
@@ -473,17 +537,21 @@ class SimulatedEngine:
         return web.Response(status=200 if self.ready else 503, text="ok" if self.ready else "loading")
 
     async def start(self) -> int:
-        """Bind the HTTP server (returns the port) and start the replay task."""
+        """Bind the HTTP servers (one per pod; returns the first pod's port, all in ``ports``) and
+        start the replay task."""
         from aiohttp import web
 
-        app = web.Application()
-        app.router.add_get(k8s_names.EXPORTER_PATH, self._metrics)
-        app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        for k in range(self.pods):
+            app = web.Application()
+            app.router.add_get(k8s_names.EXPORTER_PATH, self._metrics_of(k))
+            app.router.add_get("/health", self._health)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+            await runner.setup()
+            self._runners.append(runner)
+            site = web.TCPSite(runner, "127.0.0.1", self.port if k == 0 else 0)
+            await site.start()
+            self.ports.append(site._server.sockets[0].getsockname()[1])
+        self.port = self.ports[0]
         self.started_at = self.clock.now()
         self.started_wall = time.time()
         self._task = asyncio.create_task(self._loop(), name=f"sim-engine:{self.port}")
@@ -497,10 +565,10 @@ class SimulatedEngine:
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
-        if self._runner is not None:
+        for runner in self._runners:
             try:  # a scraper's open keep-alive connection must not hold the pod's deletion
-                await asyncio.wait_for(self._runner.cleanup(), 2.0)
+                await asyncio.wait_for(runner.cleanup(), 2.0)
             except (asyncio.TimeoutError, Exception):
                 pass
-            self._runner = None
+        self._runners = []
         self.ready = False

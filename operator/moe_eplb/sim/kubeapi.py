@@ -23,12 +23,21 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
   ``ownerReferences`` (background cascade; ``propagationPolicy: Orphan`` keeps them);
 - the resources the moe-eplb operator uses: the bundled built-ins (Deployments, Services,
   ConfigMaps, PodDisruptionBudgets, Pods, Events, ...), the MoEInference CRD (from ``crds/`` when
-  the file exists, else a minimal declaration), LeaderWorkerSet, PodMonitor and kopf's peering CRDs;
+  the file exists, else a minimal declaration), LeaderWorkerSet (the published CRD of
+  kubernetes-sigs/lws, pod templates trimmed: ``sim/lws_crd.yaml``, so ``/scale`` reports
+  ``status.hpaPodSelector``), PodMonitor and kopf's peering CRDs;
+- admission of LeaderWorkerSets like the apiserver's for a CRD with a structural schema: every
+  create, update and status write is defaulted from the CRD's ``openAPIV3Schema`` and refused with
+  422 ``Invalid`` when it breaks the schema (types, enums, bounds, patterns, required fields) or has
+  fields the schema does not declare (as strict field validation would);
+- Event field selectors (``involvedObject.kind|name|namespace|uid|apiVersion``, ``reason``, ``type``);
+- fault injection for tests: :attr:`KubeAPIEmulator.faults` may answer any request with an error
+  (a 500 or 409 on status writes, say) before it is served;
 - optionally, a stand-in for the workload controllers: ``workload_ready_delay`` seconds after a
   Deployment/StatefulSet/LeaderWorkerSet spec change, its status reports all replicas updated and
   ready (there are no pods or GPUs here).
 
-Not emulated: admission/validation against schemas, ``limit``/``continue`` paging, watch bookmarks,
+Not emulated: admission/validation of other kinds, ``limit``/``continue`` paging, watch bookmarks,
 watch events for objects that move in or out of a label selector, server-side apply.
 
 Public entry point: ``async with emulated_cluster() as cluster: ...`` (see :class:`EmulatedCluster`),
@@ -49,7 +58,7 @@ import re
 import secrets
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -62,7 +71,15 @@ from kmock._internal import (
 )
 from kmock._internal import parsing as _kmock_parsing
 
-from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
+from moe_eplb.k8s_names import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    LWS_NAME_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+    PLURAL,
+)
 
 __all__ = [
     "KubeAPIEmulator",
@@ -81,7 +98,6 @@ REQUESTS_KEPT = 50_000  # kmock's request log is trimmed to the newest half beyo
 
 #: (group, version, plural, kind, namespaced, subresources) of the non-built-in resources served.
 EXTRA_RESOURCES: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = (
-    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", True, ("status", "scale")),
     ("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", True, ()),
     ("kopf.dev", "v1", "kopfpeerings", "KopfPeering", True, ()),
     ("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", False, ()),
@@ -90,6 +106,20 @@ EXTRA_RESOURCES: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: The LeaderWorkerSet CRD served (and enforced) by the emulator: see ``scripts/vendor_lws_crd.py``.
+LWS_CRD_FILE = pathlib.Path(__file__).with_name("lws_crd.yaml")
+
+
+def lws_crd() -> dict[str, Any]:
+    """The LeaderWorkerSet CRD as published by kubernetes-sigs/lws (pod templates trimmed)."""
+    return yaml.safe_load(LWS_CRD_FILE.read_text())
+
+
+#: A fault injector: called with each request before it is served; an error to answer it with
+#: ``(status, reason, message)``, or None to serve it.
+Fault = Callable[[kmock.Request], "tuple[int, str, str] | None"]
 
 
 def _error(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> kmock.KubernetesError:
@@ -196,6 +226,10 @@ def _field_selector_matches(text: str | None, obj: Mapping[str, Any]) -> bool:
             actual = meta.get("name")
         elif key == "metadata.namespace":
             actual = meta.get("namespace")
+        elif key.startswith("involvedObject.") and obj.get("kind") == "Event":
+            actual = (obj.get("involvedObject") or {}).get(key.split(".", 1)[1])
+        elif key in ("reason", "type") and obj.get("kind") == "Event":
+            actual = obj.get(key)
         else:
             raise _error(400, "BadRequest", f"field label not supported by the emulator: {key}")
         if (actual == value) == neg:
@@ -257,6 +291,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     """
 
     workload_ready_delay: float | None = None  # seconds; None: nothing makes workloads ready
+    faults: Fault | None = None  # tests: answer some requests with an error before serving them
     store: dict[Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
     writes: list[tuple[str, str, str | None, str, str | None]] = attrs.field(factory=list, init=False)
     _rv: int = attrs.field(default=0, init=False)
@@ -267,6 +302,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     _builtin_payloads: int = attrs.field(default=0, init=False)
     _dry: bool = attrs.field(default=False, init=False)
     _scale_paths: dict[Any, tuple[str, str, str | None]] = attrs.field(factory=dict, init=False)
+    _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)  # enforced openAPIV3Schemas
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -274,6 +310,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         self.resources.load_bundled()
         for group, version, plural, kind, namespaced, subresources in EXTRA_RESOURCES:
             self.declare(group, version, plural, kind=kind, namespaced=namespaced, subresources=subresources)
+        self.install_crd(lws_crd(), enforce_schema=True)
         self._builtin_payloads = len(self._payloads)
 
     # ---- declarations ---------------------------------------------------------------------------
@@ -287,13 +324,19 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             shortnames=set(shortnames), subresources=set(subresources),
         )
 
-    def install_crd(self, crd: Mapping[str, Any]) -> None:
-        """Serve every version of a CustomResourceDefinition and store the CRD object itself."""
+    def install_crd(self, crd: Mapping[str, Any], *, enforce_schema: bool = False) -> None:
+        """Serve every version of a CustomResourceDefinition and store the CRD object itself.
+
+        ``enforce_schema``: default and validate every write against the version's
+        ``openAPIV3Schema`` (admission, see :meth:`_admit`)."""
         spec = crd["spec"]
         names = spec["names"]
         for ver in spec["versions"]:
             if not ver.get("served", True):
                 continue
+            schema = (ver.get("schema") or {}).get("openAPIV3Schema")
+            if enforce_schema and schema:
+                self._schemas[kmock.resource(spec["group"], ver["name"], names["plural"])] = schema
             scale = (ver.get("subresources") or {}).get("scale")
             if scale:
                 self._scale_paths[kmock.resource(spec["group"], ver["name"], names["plural"])] = (
@@ -327,6 +370,23 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         new["metadata"]["resourceVersion"] = (scale.get("metadata") or {}).get("resourceVersion")
         return self._scale_view(res, self._write_object(key, new, None, verb))
 
+    def _admit(self, res: Any, obj: dict[str, Any]) -> dict[str, Any]:
+        """Admission of a custom resource with an enforced schema, as the apiserver does it: fill in
+        the schema's defaults, then refuse (422 Invalid) what breaks the schema or is not in it."""
+        schema = self._schemas.get(res)
+        if schema is None:
+            return obj
+        obj = fill_schema_defaults(obj, schema)
+        problems = unknown_field_problems(obj, schema) + schema_problems(obj, schema)
+        if problems:
+            kind = obj.get("kind") or res.plural
+            name = (obj.get("metadata") or {}).get("name")
+            text = "; ".join(f"{p.field}: {p.message}" for p in problems[:10])
+            raise _error(422, "Invalid", f'{kind}.{res.group} "{name}" is invalid: {text}',
+                         {"name": name, "group": res.group, "kind": kind,
+                          "causes": [{"field": p.field, "message": p.message} for p in problems[:10]]})
+        return obj
+
     def _info(self, res: Any) -> kmock.ResourceInfo | None:
         try:
             return self.resources[res]
@@ -342,6 +402,12 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         # (it mutates kmock's own store before dispatching).
         if len(self._requests) > REQUESTS_KEPT:
             del self._requests[: REQUESTS_KEPT // 2]
+        fault = self.faults(request) if self.faults is not None else None
+        if fault is not None:
+            status, reason, message = fault
+            return await kmock.Response(status=status, payload={
+                "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": status, "reason": reason,
+                "message": message})(request)
         serve = None
         if request.resource is not None and request.resource.plural is not None \
                 and len(self._payloads) <= self._builtin_payloads:
@@ -421,6 +487,8 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                          {"name": name, "kind": res.plural})
         if "status" in info.subresources:
             obj.pop("status", None)
+        obj = self._admit(res, obj)
+        meta = obj["metadata"]
         meta.update(name=name, uid=str(uuid.uuid4()), resourceVersion=str(self._next_rv()),
                     generation=1, creationTimestamp=_now())
         meta.pop("deletionTimestamp", None)
@@ -465,6 +533,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             obj["apiVersion"], obj["kind"] = old["apiVersion"], old["kind"]
         else:
             raise _error(404, "NotFound", f"subresource {subresource!r} is not emulated")
+        obj = self._admit(res, obj)
         obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if obj == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
@@ -552,7 +621,11 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                 {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
             ]
         elif obj.get("kind") == "LeaderWorkerSet":
-            status["conditions"] = [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}]
+            name = obj["metadata"]["name"]
+            status["hpaPodSelector"] = f"{LWS_NAME_LABEL}={name},{LWS_WORKER_INDEX_LABEL}=0"
+            status["conditions"] = [{"type": "Available", "status": "True", "reason": "AllGroupsReady",
+                                     "message": "All replicas are ready", "lastTransitionTime": _now(),
+                                     "observedGeneration": gen}]
         else:
             status["currentReplicas"] = n
             status["availableReplicas"] = n
@@ -849,10 +922,12 @@ class EmulatedCluster:
 @contextlib.asynccontextmanager
 async def emulated_cluster(*, workload_ready_delay: float | None = None, port: int | None = None,
                            host: str = "127.0.0.1", crd: Mapping[str, Any] | None = None,
-                           namespaces: Iterable[str] = ("default",)) -> AsyncIterator[EmulatedCluster]:
+                           namespaces: Iterable[str] = ("default",),
+                           faults: Fault | None = None) -> AsyncIterator[EmulatedCluster]:
     """Start the emulated API server on ``host:port`` (a free port by default) with the MoEInference
-    CRD installed and the given namespaces created; yield an :class:`EmulatedCluster`."""
-    api = KubeAPIEmulator(workload_ready_delay=workload_ready_delay)
+    CRD installed and the given namespaces created; yield an :class:`EmulatedCluster`.
+    ``faults``: see :attr:`KubeAPIEmulator.faults` (may also be set later on ``cluster.api``)."""
+    api = KubeAPIEmulator(workload_ready_delay=workload_ready_delay, faults=faults)
     api.install_crd(dict(crd) if crd is not None else moeinference_crd())
     ns_res = kmock.resource("", "v1", "namespaces")
     for ns in namespaces:

@@ -1,50 +1,63 @@
-"""SIMULATED kubelet and Deployment controller, for tests and ``moe-eplb demo``. Not Kubernetes.
+"""SIMULATED kubelet, Deployment controller and LeaderWorkerSet controller, for tests and
+``moe-eplb demo``. Not Kubernetes.
 
-It watches (polls) the Deployments that moe-eplb manages in an emulated Kubernetes API
-(``moe_eplb.sim.kubeapi``; any API server reachable over plain HTTP works) and, for each:
+It watches (polls) the Deployments and LeaderWorkerSets that moe-eplb manages in an emulated
+Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HTTP works) and:
 
-- runs one :class:`~moe_eplb.sim.engine.SimulatedEngine` per pod, with the EPLB settings parsed
-  from the pod template's vLLM arguments (``--enable-eplb``, ``--eplb-config`` JSON or the old flat
-  flags, ``--tensor-parallel-size`` x ``--data-parallel-size``), so a tuner change rolls pods that
-  really behave differently;
+- runs one :class:`~moe_eplb.sim.engine.SimulatedEngine` per engine -- one per pod of a Deployment,
+  one per LeaderWorkerSet group, spanning the group's pods (its ranks step in lockstep, each pod
+  serving its own ranks' counters on its own port) -- with the EPLB settings parsed from the pod
+  template's vLLM arguments (``--enable-eplb``, ``--eplb-config`` JSON or the old flat flags,
+  ``--tensor-parallel-size`` x ``--data-parallel-size``), so a tuner change rolls pods that really
+  behave differently;
 - creates the Pod objects (``podIP: 127.0.0.1``, the container port named ``eplb-metrics`` set to
-  the engine's real port, the template's labels and annotations, an ownerReference to the
-  Deployment) and keeps their status (Ready once the engine has loaded; ``CrashLoopBackOff`` with a
-  growing ``restartCount`` for a crash-looping pod);
-- rolls pods like the Deployment controller's RollingUpdate: never more than ``replicas +
+  the engine's real port, the template's labels and annotations; for a group also what
+  LeaderWorkerSet adds, see :mod:`moe_eplb.sim.lws`) and keeps their status (Ready once the engine
+  has loaded; ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
+- rolls Deployment pods like the Deployment controller's RollingUpdate: never more than ``replicas +
   maxSurge`` pods, never fewer than ``replicas - maxUnavailable`` ready ones, new pods first, old
   pods removed as new ones become ready;
-- writes the Deployment's status (``observedGeneration``, ``replicas``, ``updatedReplicas``,
-  ``readyReplicas``, ``availableReplicas``, ``unavailableReplicas``, conditions).
+- rolls LeaderWorkerSet groups like the LWS controller (:mod:`moe_eplb.sim.lws`: partition by group,
+  ``maxUnavailable`` / ``maxSurge`` on groups), recreates a whole group when one of its pods restarts
+  (``RecreateGroupOnPodRestart``) and records the ``RecreateGroup`` Event;
+- writes the workloads' status (Deployment: ``observedGeneration``, ``replicas``,
+  ``updatedReplicas``, ``readyReplicas``, ``availableReplicas``, ``unavailableReplicas``,
+  conditions; LeaderWorkerSet: groups, ``hpaPodSelector``, conditions -- validated by the emulated
+  API against the published LWS CRD).
 
 Crash loops are emulated for the tests: ``crash_if(settings) -> bool`` decides which settings make
-the engine exit at start-up. ``faults_for(settings)`` can inject engine faults (see
+the engine exit at start-up (every pod of it), ``crash_pod_if(settings, worker_index)`` which pods of
+a group (0 = leader). ``faults_for(settings)`` can inject engine faults (see
 :class:`~moe_eplb.sim.engine.EngineFaults`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import hashlib
 import json
 import logging
-import math
 import secrets
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
 
-from moe_eplb import k8s_names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs, KnobsError
 from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.sim import lws as lws_mod
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 
 log = logging.getLogger(__name__)
 
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=moe-eplb"
 CRASH_BACKOFF_SECONDS = 10.0  # simulated seconds before the first restart; doubles, capped at 300
+EVENT_SERIES_SECONDS = 360.0  # client-go's event recorder aggregates isomorphic events this close
 
 
 class PodSpecError(ValueError):
@@ -55,8 +68,8 @@ def _tokens(container: dict) -> list[str]:
     raw = list(container.get("command") or []) + list(container.get("args") or [])
     out: list[str] = []
     for tok in raw:
-        if isinstance(tok, str) and (" --" in tok or tok.startswith("vllm ")) and "{" not in tok:
-            out += shlex.split(tok)  # a `sh -c "vllm serve ..."` command line
+        if isinstance(tok, str) and (tok.startswith(("vllm ", "exec vllm ")) or (" --" in tok and "{" not in tok)):
+            out += shlex.split(tok)  # a `sh -c "[exec] vllm serve ..."` command line (a JSON arg is one token)
         else:
             out.append(str(tok))
     return out
@@ -109,12 +122,7 @@ def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) 
 
 
 def _int_or_percent(value: Any, total: int, *, round_up: bool) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, str) and value.endswith("%"):
-        x = total * float(value[:-1]) / 100.0
-        return int(math.ceil(x) if round_up else math.floor(x))
-    return int(value)
+    return lws_mod.scaled(value, total, round_up=round_up)
 
 
 def template_hash(template: dict) -> str:
@@ -122,10 +130,14 @@ def template_hash(template: dict) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 @dataclass
 class SimPod:
     name: str
-    hash: str
+    hash: str  # the pod template's hash (Deployment) or the group's template revision (LWS)
     settings: EngineSettings | None
     engine: SimulatedEngine | None
     crash: bool
@@ -135,6 +147,11 @@ class SimPod:
     ready: bool = False
     deleted: bool = False
     status_sent: dict = field(default_factory=dict)
+    worker: int = 0  # index in its LWS group (0: leader, or a Deployment pod)
+
+    @property
+    def port(self) -> int | None:
+        return self.engine.ports[self.worker] if self.engine is not None and self.engine.ports else None
 
 
 @dataclass
@@ -147,28 +164,65 @@ class _Deploy:
     status_sent: dict = field(default_factory=dict)
 
 
+@dataclass
+class _Group:
+    """One LWS group: its pods (by worker index) share one engine."""
+
+    index: int
+    revision: str
+    pods: dict[int, SimPod]
+    engine: SimulatedEngine | None
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.pods) and all(p.ready for p in self.pods.values())
+
+
+@dataclass
+class _Lws:
+    namespace: str
+    name: str
+    uid: str
+    instance: str = ""
+    leader_set: lws_mod.LeaderSet | None = None
+    templates: dict[str, dict] = field(default_factory=dict)  # revision -> LWS spec (its ControllerRevisions)
+    groups: dict[int, _Group] = field(default_factory=dict)
+    status_sent: dict = field(default_factory=dict)
+    events: dict[tuple[int, str], tuple[str, int, float]] = field(default_factory=dict)  # -> (name, count, last)
+
+    @property
+    def pods(self) -> dict[str, SimPod]:
+        return {p.name: p for g in self.groups.values() for p in g.pods.values()}
+
+
 class FakeKubelet:
-    """Runs simulated engine pods for the moe-eplb Deployments of an API server (see module doc).
+    """Runs simulated engine pods for the moe-eplb Deployments and LeaderWorkerSets of an API server
+    (see module doc).
 
     Args:
         api_url: base URL of the API server (no auth, as the emulation serves it).
-        workload: the trace every engine replays (global, following ``clock``).
+        workload: the trace every engine replays (global, following ``clock``); or a mapping
+            MoEInference name -> trace (each resource its own workload; ``"*"``: the default).
         clock: shared simulated time.
         startup_seconds: simulated model-loading time of a pod.
         namespace: only this namespace (None: all).
-        crash_if: settings -> True when a pod with them crash-loops.
+        crash_if: settings -> True when every pod with them crash-loops.
+        crash_pod_if: (settings, worker index) -> True when that pod of an LWS group crash-loops.
         faults_for: settings -> engine faults to inject.
-        num_groups: expert groups of the model (hierarchical policy), default 1.
+        num_groups: expert groups of the model (hierarchical policy), default 1; or a mapping
+            MoEInference name -> groups.
         poll: wall seconds between reconciliations.
         on_change: called with :meth:`targets` whenever the set of ready pods changes.
         true_cost: the deployment's true cost parameters the engines' telemetry comes from
             (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
     """
 
-    def __init__(self, api_url: str, workload: LoadTrace, clock: SimClock, *, startup_seconds: float = 120.0,
-                 namespace: str | None = None, crash_if: Callable[[EngineSettings], bool] | None = None,
-                 faults_for: Callable[[EngineSettings], EngineFaults] | None = None, num_groups: int = 1,
-                 poll: float = 0.1, engine_tick: float = 0.1,
+    def __init__(self, api_url: str, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
+                 startup_seconds: float = 120.0, namespace: str | None = None,
+                 crash_if: Callable[[EngineSettings], bool] | None = None,
+                 crash_pod_if: Callable[[EngineSettings, int], bool] | None = None,
+                 faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
+                 num_groups: int | Mapping[str, int] = 1, poll: float = 0.1, engine_tick: float = 0.1,
                  on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None) -> None:
         self.true_cost = true_cost
         self.url = api_url.rstrip("/")
@@ -176,15 +230,27 @@ class FakeKubelet:
         self.startup_seconds = startup_seconds
         self.namespace = namespace
         self.crash_if = crash_if or (lambda s: False)
+        self.crash_pod_if = crash_pod_if or (lambda s, worker: False)
         self.faults_for = faults_for or (lambda s: EngineFaults())
         self.num_groups = num_groups
         self.poll, self.engine_tick = poll, engine_tick
         self.on_change = on_change
         self.deployments: dict[tuple[str, str], _Deploy] = {}
+        self.leaderworkersets: dict[tuple[str, str], _Lws] = {}
         self.pods_created = 0
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._last_targets: list[dict] | None = None
+
+    def trace_for(self, instance: str) -> LoadTrace:
+        if isinstance(self.workload, LoadTrace):
+            return self.workload
+        return self.workload.get(instance) or self.workload["*"]
+
+    def groups_for(self, instance: str) -> int:
+        if isinstance(self.num_groups, Mapping):
+            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
+        return int(self.num_groups)
 
     # --- HTTP --------------------------------------------------------------------------------------
 
@@ -203,6 +269,10 @@ class FakeKubelet:
 
     def _deploy_path(self, ns: str, name: str | None = None) -> str:
         base = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        return f"{base}/{name}" if name else base
+
+    def _lws_path(self, ns: str, name: str | None = None) -> str:
+        base = f"/apis/{k8s_names.LWS_API_VERSION}/namespaces/{ns}/leaderworkersets"
         return f"{base}/{name}" if name else base
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -224,7 +294,12 @@ class FakeKubelet:
             for p in d.pods.values():
                 if p.engine:
                     await p.engine.stop()
+        for lw in self.leaderworkersets.values():
+            for g in lw.groups.values():
+                if g.engine:
+                    await g.engine.stop()
         self.deployments.clear()
+        self.leaderworkersets.clear()
         if self._session:
             await self._session.close()
 
@@ -247,24 +322,44 @@ class FakeKubelet:
 
     # --- reconciliation ----------------------------------------------------------------------------
 
-    async def reconcile_once(self) -> None:
-        path = f"/apis/apps/v1/namespaces/{self.namespace}/deployments" if self.namespace else "/apis/apps/v1/deployments"
+    async def _list(self, path: str) -> list[dict] | None:
         async with self._session.get(self.url + path, params={"labelSelector": MANAGED_SELECTOR}) as resp:
-            items = (await resp.json(content_type=None)).get("items", []) if resp.status < 400 else []
-        seen = set()
-        for dep in items:
-            md = dep.get("metadata") or {}
-            key = (md.get("namespace") or "default", md["name"])
-            seen.add(key)
-            d = self.deployments.get(key)
-            if d is None or d.uid != md.get("uid"):
-                if d is not None:
-                    await self._remove_all(d)
-                d = self.deployments[key] = _Deploy(key[0], key[1], md.get("uid", ""))
-            await self._reconcile(d, dep)
-        for key in list(self.deployments):
-            if key not in seen:
-                await self._remove_all(self.deployments.pop(key), delete_objects=False)
+            return (await resp.json(content_type=None)).get("items", []) if resp.status < 400 else None
+
+    async def reconcile_once(self) -> None:
+        ns = self.namespace
+        items = await self._list(self._deploy_path(ns) if ns else "/apis/apps/v1/deployments")
+        if items is not None:
+            seen = set()
+            for dep in items:
+                md = dep.get("metadata") or {}
+                key = (md.get("namespace") or "default", md["name"])
+                seen.add(key)
+                d = self.deployments.get(key)
+                if d is None or d.uid != md.get("uid"):
+                    if d is not None:
+                        await self._remove_all(d)
+                    d = self.deployments[key] = _Deploy(key[0], key[1], md.get("uid", ""))
+                await self._reconcile(d, dep)
+            for key in list(self.deployments):
+                if key not in seen:
+                    await self._remove_all(self.deployments.pop(key), delete_objects=False)
+        items = await self._list(self._lws_path(ns) if ns else f"/apis/{k8s_names.LWS_API_VERSION}/leaderworkersets")
+        if items is not None:
+            seen = set()
+            for obj in items:
+                md = obj.get("metadata") or {}
+                key = (md.get("namespace") or "default", md["name"])
+                seen.add(key)
+                lw = self.leaderworkersets.get(key)
+                if lw is None or lw.uid != md.get("uid"):
+                    if lw is not None:
+                        await self._remove_lws(lw)
+                    lw = self.leaderworkersets[key] = _Lws(key[0], key[1], md.get("uid", ""))
+                await self._reconcile_lws(lw, obj)
+            for key in list(self.leaderworkersets):
+                if key not in seen:
+                    await self._remove_lws(self.leaderworkersets.pop(key), delete_objects=False)
         targets = self.targets()
         if targets != self._last_targets:
             self._last_targets = targets
@@ -274,14 +369,38 @@ class FakeKubelet:
                     await r
 
     def targets(self) -> list[dict]:
-        """Ready pods: ``[{namespace, pod, moeinference, port, hash}]`` sorted (for scrape configs)."""
+        """Ready pods: ``[{namespace, pod, moeinference, port, hash}]`` sorted (for scrape configs);
+        pods of an LWS group also carry the group labels a PodMonitor copies (``replica_group``,
+        ``group_worker``, ``group_size``)."""
         out = []
         for d in self.deployments.values():
             for p in d.pods.values():
                 if p.ready and p.engine is not None:
                     out.append({"namespace": d.namespace, "pod": p.name, "moeinference": d.instance or d.name,
-                                "port": p.engine.port, "hash": p.hash})
+                                "port": p.port, "hash": p.hash})
+        for lw in self.leaderworkersets.values():
+            for g in lw.groups.values():
+                for p in g.pods.values():
+                    if p.ready and p.engine is not None:
+                        out.append({"namespace": lw.namespace, "pod": p.name, "moeinference": lw.instance or lw.name,
+                                    "port": p.port, "hash": p.hash, metric_names.GROUP_LABEL: str(g.index),
+                                    metric_names.GROUP_WORKER_LABEL: str(p.worker),
+                                    metric_names.GROUP_SIZE_LABEL: str(len(g.pods))})
         return sorted(out, key=lambda x: (x["namespace"], x["pod"]))
+
+    def running(self) -> list[tuple[str, SimPod]]:
+        """``(MoEInference name, pod)`` of every pod (Deployments and LWS groups)."""
+        out = [(d.instance or d.name, p) for d in self.deployments.values() for p in d.pods.values()]
+        out += [(lw.instance or lw.name, p) for lw in self.leaderworkersets.values() for p in lw.pods.values()]
+        return out
+
+    def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
+        """The running engines (one per Deployment pod, one per LWS group), of one MoEInference or all."""
+        out = [p.engine for d in self.deployments.values() if instance in (None, d.instance)
+               for p in d.pods.values() if p.engine is not None]
+        out += [g.engine for lw in self.leaderworkersets.values() if instance in (None, lw.instance)
+                for g in lw.groups.values() if g.engine is not None]
+        return out
 
     async def _remove_all(self, d: _Deploy, delete_objects: bool = True) -> None:
         for p in list(d.pods.values()):
@@ -314,12 +433,7 @@ class FakeKubelet:
 
         # pod lifecycles: readiness, crash restarts
         for p in list(d.pods.values()):
-            if p.crash:
-                if now >= p.next_restart:
-                    p.restarts += 1
-                    p.next_restart = now + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
-            elif p.engine is not None:
-                p.ready = p.engine.ready
+            self._advance_pod(p, now)
 
         new = [p for p in d.pods.values() if p.hash == h]
         old = [p for p in d.pods.values() if p.hash != h]
@@ -351,35 +465,50 @@ class FakeKubelet:
                 await self._create_pod(d, dep, h, want)
 
         for p in list(d.pods.values()):
-            await self._write_pod_status(d, p)
+            await self._write_pod_status(d.namespace, p)
         await self._write_deploy_status(d, dep, h, want)
+
+    def _advance_pod(self, p: SimPod, now: float) -> None:
+        """Readiness from the engine; a crashing container restarts with a doubling back-off."""
+        if p.crash:
+            if now >= p.next_restart:
+                p.restarts += 1
+                p.next_restart = now + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
+        elif p.engine is not None:
+            p.ready = p.engine.ready
+
+    def _settings_of(self, instance: str, pod_spec: dict, replicas: int,
+                     pods: int = 1) -> tuple[EngineSettings | None, str | None]:
+        """The engine settings of a pod (of an engine spanning ``pods`` pods), or why it cannot run."""
+        try:
+            settings = engine_settings(pod_spec, share=1.0 / max(1, replicas), num_groups=self.groups_for(instance))
+        except (PodSpecError, ValueError) as exc:
+            return None, str(exc)
+        return (dataclasses.replace(settings, num_nodes=pods) if pods > 1 else settings), None
+
+    async def _engine(self, settings: EngineSettings, instance: str, pods: int = 1) -> SimulatedEngine:
+        engine = SimulatedEngine(self.trace_for(instance), settings, self.clock, startup_seconds=self.startup_seconds,
+                                 tick=self.engine_tick, faults=self.faults_for(settings), seed=self.pods_created,
+                                 true_cost=self.true_cost, pods=pods)
+        await engine.start()
+        return engine
 
     async def _create_pod(self, d: _Deploy, dep: dict, h: str, replicas: int) -> None:
         template = (dep["spec"].get("template") or {})
         tmd = template.get("metadata") or {}
         pod_spec = json.loads(json.dumps(template.get("spec") or {}))
         name = f"{d.name}-{h[:8]}-{secrets.token_hex(3)}"
-        try:
-            settings = engine_settings(pod_spec, share=1.0 / max(1, replicas), num_groups=self.num_groups)
-        except (PodSpecError, ValueError) as exc:
-            log.warning("fake kubelet: pod %s cannot run: %s", name, exc)
-            settings = None
+        settings, why = self._settings_of(d.instance, pod_spec, replicas)
+        if why:
+            log.warning("fake kubelet: pod %s cannot run: %s", name, why)
         crash = settings is None or bool(self.crash_if(settings))
         engine = None
         if not crash:
             try:
-                engine = SimulatedEngine(self.workload, settings, self.clock, startup_seconds=self.startup_seconds,
-                                         tick=self.engine_tick, faults=self.faults_for(settings),
-                                         true_cost=self.true_cost,
-                                         seed=self.pods_created)
-                await engine.start()
+                engine = await self._engine(settings, d.instance)
             except ValueError as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("fake kubelet: pod %s crashes: %s", name, exc)
                 engine, crash = None, True
-        for c in pod_spec.get("containers") or []:
-            for port in c.get("ports") or []:
-                if port.get("name") == k8s_names.EXPORTER_PORT_NAME and engine is not None:
-                    port["containerPort"] = engine.port
         now = self.clock.now()
         pod = SimPod(name=name, hash=h, settings=settings, engine=engine, crash=crash, created=now,
                      next_restart=now + CRASH_BACKOFF_SECONDS)
@@ -396,17 +525,15 @@ class FakeKubelet:
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name,
                                      "uid": d.uid, "controller": True, "blockOwnerDeletion": True}],
             },
-            "spec": pod_spec,
+            "spec": _with_exporter_port(pod_spec, pod.port),
         }
         await self._req("POST", f"/api/v1/namespaces/{d.namespace}/pods", body)
 
-    async def _write_pod_status(self, d: _Deploy, p: SimPod) -> None:
+    async def _write_pod_status(self, namespace: str, p: SimPod) -> None:
         cname = "vllm"
         if p.crash:
             state = {"waiting": {"reason": "CrashLoopBackOff" if p.restarts else "ContainerCreating",
                                  "message": "simulated crash at start-up"}}
-        elif p.ready:
-            state = {"running": {}}
         else:
             state = {"running": {}}
         status = {
@@ -419,7 +546,7 @@ class FakeKubelet:
                                    "started": not p.crash, "state": state, "image": "simulated"}],
         }
         if status != p.status_sent:
-            await self._req("PATCH", f"/api/v1/namespaces/{d.namespace}/pods/{p.name}/status",
+            await self._req("PATCH", f"/api/v1/namespaces/{namespace}/pods/{p.name}/status",
                             {"status": status}, "application/merge-patch+json")
             p.status_sent = status
 
@@ -446,3 +573,144 @@ class FakeKubelet:
             await self._req("PATCH", self._deploy_path(d.namespace, d.name) + "/status", {"status": status},
                             "application/merge-patch+json")
             d.status_sent = status
+
+    # --- LeaderWorkerSets --------------------------------------------------------------------------
+
+    async def _remove_lws(self, lw: _Lws, delete_objects: bool = True) -> None:
+        for g in list(lw.groups.values()):
+            await self._delete_group(lw, g, delete_objects=delete_objects)
+
+    async def _delete_group(self, lw: _Lws, g: _Group, delete_objects: bool = True) -> None:
+        if g.engine is not None:
+            await g.engine.stop()
+            g.engine = None
+        for p in g.pods.values():
+            p.engine, p.ready = None, False
+        lw.groups.pop(g.index, None)
+        if delete_objects:
+            for p in sorted(g.pods.values(), key=lambda p: p.worker):  # the leader first, as LWS does
+                await self._req("DELETE", f"/api/v1/namespaces/{lw.namespace}/pods/{p.name}")
+
+    async def _reconcile_lws(self, lw: _Lws, obj: dict) -> None:
+        spec = obj.get("spec") or {}
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        labels = ((lwt.get("workerTemplate") or {}).get("metadata") or {}).get("labels") or {}
+        lw.instance = labels.get(k8s_names.NAME_LABEL, lw.name)
+        strategy = lws_mod.Strategy.of(spec)
+        revision = lws_mod.template_revision(spec)
+        lw.templates.setdefault(revision, json.loads(json.dumps(spec)))
+        recreate = (lwt.get("restartPolicy") or "RecreateGroupOnPodRestart") in lws_mod.RECREATE_POLICIES
+        now = self.clock.now()
+
+        # pod lifecycles: readiness, crashes; a restarted pod recreates its group (restart policy)
+        for g in list(lw.groups.values()):
+            for p in g.pods.values():
+                self._advance_pod(p, now)
+            # the LWS pod controller reacts to a restart it has seen (the pod's status shows it)
+            failed = [p for p in g.pods.values() if _restarts_sent(p) > 0]
+            if recreate and failed:
+                await self._recreate_event(lw, obj, g.index, failed[0].name, now)
+                await self._delete_group(lw, g)
+
+        states = self._group_states(lw, revision, lw.leader_set.groups if lw.leader_set else 0)
+        ls = lws_mod.plan(strategy, revision, lw.leader_set, states)
+        lw.leader_set = ls
+        for i in sorted((i for i in lw.groups if i >= ls.groups), reverse=True):  # scale down
+            await self._delete_group(lw, lw.groups[i])
+        ready = {i: g.ready for i, g in lw.groups.items()}
+        for i in lws_mod.replacements(ls, strategy, {i: g.revision for i, g in lw.groups.items()}, ready):
+            await self._delete_group(lw, lw.groups[i])  # the StatefulSet replaces it with the new revision
+        for i in range(ls.groups):
+            if i not in lw.groups:
+                await self._create_group(lw, obj, i, ls.revision_of(i), strategy.replicas)
+
+        for g in lw.groups.values():
+            for p in g.pods.values():
+                await self._write_pod_status(lw.namespace, p)
+        states = self._group_states(lw, revision, ls.groups)
+        status = lws_mod.status(obj, ls, states, _iso(now)[:19] + "Z", (obj.get("status") or {}).get("conditions"))
+        if _strip_times(status) != _strip_times(lw.status_sent) or (obj.get("status") or {}).get(
+                "observedGeneration") != status["observedGeneration"]:
+            await self._req("PATCH", self._lws_path(lw.namespace, lw.name) + "/status", {"status": status},
+                            "application/merge-patch+json")
+            lw.status_sent = status
+
+    @staticmethod
+    def _group_states(lw: _Lws, revision: str, groups: int) -> list[lws_mod.GroupState]:
+        out = []
+        for i in range(max(groups, max(lw.groups, default=-1) + 1)):
+            g = lw.groups.get(i)
+            out.append(lws_mod.GroupState(ready=g is not None and g.ready,
+                                          updated=g is not None and g.revision == revision, exists=g is not None))
+        return out
+
+    async def _create_group(self, lw: _Lws, obj: dict, index: int, revision: str, replicas: int) -> None:
+        spec = lw.templates.get(revision) or obj.get("spec") or {}
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        size = int(lwt.get("size") or 1)
+        bodies = [lws_mod.group_pod(obj, spec, index, w, revision) for w in range(size)]
+        leader_settings, why = self._settings_of(lw.instance, bodies[0]["spec"], replicas, pods=size)
+        worker_settings = [self._settings_of(lw.instance, b["spec"], replicas, pods=size)[0] for b in bodies[1:]]
+        if why or any(ws is None or ws != leader_settings for ws in worker_settings):
+            log.warning("fake kubelet: group %s/%d cannot run: %s", lw.name, index,
+                        why or "the leader's and the workers' engine arguments differ")
+            leader_settings = None
+        crashing = {w for w in range(size) if leader_settings is None or self.crash_if(leader_settings)
+                    or self.crash_pod_if(leader_settings, w)}
+        engine = None
+        if not crashing:
+            try:
+                engine = await self._engine(leader_settings, lw.instance, pods=size)
+            except ValueError as exc:  # vLLM fails at start-up: every pod of the group
+                log.warning("fake kubelet: group %s/%d crashes: %s", lw.name, index, exc)
+                crashing = set(range(size))
+        now = self.clock.now()
+        g = _Group(index, revision, {}, engine)
+        lw.groups[index] = g
+        for w, body in enumerate(bodies):
+            pod = SimPod(name=body["metadata"]["name"], hash=revision, settings=leader_settings, engine=engine,
+                         crash=w in crashing, created=now, next_restart=now + CRASH_BACKOFF_SECONDS, worker=w)
+            g.pods[w] = pod
+            self.pods_created += 1
+            body["metadata"]["annotations"]["sim.eplb.ai/simulated"] = "true"
+            body["spec"] = _with_exporter_port(body["spec"], pod.port)
+            await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/pods", body)
+
+    async def _recreate_event(self, lw: _Lws, obj: dict, group: int, failed: str, now: float) -> None:
+        """Record (or count in its series) the LWS pod controller's RecreateGroup Event."""
+        key = (group, failed)
+        prev = lw.events.get(key)
+        if prev is not None and now - prev[2] <= EVENT_SERIES_SECONDS:
+            name, count, _ = prev
+            lw.events[key] = (name, count + 1, now)
+            await self._req("PATCH", f"/api/v1/namespaces/{lw.namespace}/events/{name}",
+                            {"series": {"count": count + 1, "lastObservedTime": _iso(now)}},
+                            "application/merge-patch+json")
+            return
+        event = lws_mod.recreate_event(obj, group, failed, _iso(now), suffix=secrets.token_hex(8))
+        lw.events[key] = (event["metadata"]["name"], 1, now)
+        await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/events", event)
+
+
+def _with_exporter_port(pod_spec: dict, port: int | None) -> dict:
+    """The pod spec with the ``eplb-metrics`` container port set to the engine's real port."""
+    spec = json.loads(json.dumps(pod_spec))
+    if port is None:
+        return spec
+    for c in spec.get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == k8s_names.EXPORTER_PORT_NAME:
+                p["containerPort"] = port
+    return spec
+
+
+def _restarts_sent(p: SimPod) -> int:
+    """The restart count the pod's status in the API shows."""
+    return int(((p.status_sent.get("containerStatuses") or [{}])[0]).get("restartCount") or 0)
+
+
+def _strip_times(status: dict) -> dict:
+    out = dict(status)
+    out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                         for c in status.get("conditions") or []]
+    return out

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
 
@@ -66,8 +67,12 @@ class LocalPrometheus:
         self.proc: subprocess.Popen | None = None
 
     def update(self, targets: list[dict]) -> None:
-        groups = [{"targets": [f"127.0.0.1:{t['port']}"],
-                   "labels": {"namespace": t["namespace"], "pod": t["pod"], "moeinference": t["moeinference"]}}
+        """Scrape ``targets`` (the fake kubelet's :meth:`~moe_eplb.sim.kubelet.FakeKubelet.targets`)
+        with the labels the PodMonitor puts on every series: ``namespace``, ``pod``, ``moeinference``
+        and, for pods of a LeaderWorkerSet group, the group labels (``metric_names.GROUP_*``)."""
+        keep = ("namespace", "pod", "moeinference", metric_names.GROUP_LABEL, metric_names.GROUP_WORKER_LABEL,
+                metric_names.GROUP_SIZE_LABEL)
+        groups = [{"targets": [f"127.0.0.1:{t['port']}"], "labels": {k: str(t[k]) for k in keep if k in t}}
                   for t in targets]
         tmp = self.targets_file + ".tmp"
         with open(tmp, "w") as f:
@@ -127,21 +132,22 @@ class SimWorld:
     """Configuration and handles of a simulated cluster (use ``async with world.run(): ...``).
 
     Attributes (configuration):
-        workload: the trace all engines replay (``bucket_seconds`` set).
+        workload: the trace all engines replay (``bucket_seconds`` set), or a mapping MoEInference
+            name -> trace (``"*"``: the default).
         scale: simulated seconds per wall second.
         startup_seconds: simulated model-loading time of an engine pod.
         prometheus: start a real Prometheus (needs the binary) -- else the operator scrapes pods.
         tick_seconds: wall seconds between autotune ticks.
         lookback_seconds, bucket_seconds, min_steps: the autotune loop's data window and bucket
             (simulated seconds) and the least engine steps it tunes on.
-        crash_if, faults_for: fault injection for the fake kubelet (tests).
-        num_groups: expert groups of the model.
+        crash_if, crash_pod_if, faults_for: fault injection for the fake kubelet (tests).
+        num_groups: expert groups of the model (or a mapping MoEInference name -> groups).
         observer: autotune observer (see ``AutotuneRuntime.observer``).
         true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
     """
 
-    workload: LoadTrace
+    workload: LoadTrace | dict[str, LoadTrace]
     scale: float = 100.0
     startup_seconds: float = 120.0
     prometheus: bool = False
@@ -152,8 +158,9 @@ class SimWorld:
     min_steps: int = 2000
     search: dict | None = None
     crash_if: Callable[[EngineSettings], bool] | None = None
+    crash_pod_if: Callable[[EngineSettings, int], bool] | None = None
     faults_for: Callable[[EngineSettings], EngineFaults] | None = None
-    num_groups: int = 1
+    num_groups: int | dict[str, int] = 1
     observer: Callable[[str, dict, dict], None] | None = None
     engine_tick: float = 0.05
     true_cost: Any = None
@@ -195,7 +202,8 @@ class SimWorld:
                     await self.prom.start()
                 self.kubelet = FakeKubelet(cluster.url, self.workload, self.clock,
                                            startup_seconds=self.startup_seconds, crash_if=self.crash_if,
-                                           faults_for=self.faults_for, num_groups=self.num_groups,
+                                           crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
+                                           num_groups=self.num_groups,
                                            engine_tick=self.engine_tick,
                                            on_change=self.prom.update if self.prom else None,
                                            true_cost=self.true_cost)

@@ -1,0 +1,64 @@
+"""Write ``operator/moe_eplb/sim/lws_crd.yaml``: the LeaderWorkerSet CRD published by
+kubernetes-sigs/lws, with its pod templates trimmed.
+
+The published CRD (``config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml``, 1.3 MB) is
+mostly three copies of the core v1 PodTemplateSpec / PersistentVolumeClaim schemas. This keeps every
+LeaderWorkerSet field as published -- names, types, enums, defaults, bounds, required lists, the
+status and the ``scale`` subresource paths -- and replaces only the schemas of
+``spec.leaderWorkerTemplate.{leaderTemplate,workerTemplate}`` and ``volumeClaimTemplates`` items by
+``x-kubernetes-preserve-unknown-fields`` objects (the renderer's pod templates are validated as core
+v1 PodTemplates with ``kubernetes-validate`` instead). The emulated API server serves the
+LeaderWorkerSet from this file and validates every LWS object and status written to it.
+
+Usage::
+
+    git -C <lws checkout> show HEAD:config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml \\
+        > /tmp/lws-crd.yaml
+    python scripts/vendor_lws_crd.py /tmp/lws-crd.yaml --source "kubernetes-sigs/lws@<commit>"
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import yaml
+
+OUT = pathlib.Path(__file__).resolve().parents[1] / "operator" / "moe_eplb" / "sim" / "lws_crd.yaml"
+TRIMMED = ("leaderTemplate", "workerTemplate")
+
+
+def _opaque(what: str, description: str | None) -> dict:
+    text = (description or "").strip()
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            "description": (text + "\n" if text else "") + f"(schema trimmed by moe-eplb: a core v1 {what})"}
+
+
+def trim(crd: dict) -> dict:
+    for version in crd["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        lwt = spec["properties"]["leaderWorkerTemplate"]["properties"]
+        for key in TRIMMED:
+            lwt[key] = _opaque("PodTemplateSpec", lwt[key].get("description"))
+        if "volumeClaimTemplates" in lwt:
+            items = lwt["volumeClaimTemplates"]
+            items["items"] = _opaque("PersistentVolumeClaim", items["items"].get("description"))
+    return crd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("crd", help="the published CRD file")
+    ap.add_argument("--source", required=True, help="where it came from, e.g. kubernetes-sigs/lws@<commit>")
+    args = ap.parse_args()
+    docs = [d for d in yaml.safe_load_all(pathlib.Path(args.crd).read_text()) if d]
+    crd = trim(docs[0])
+    header = (f"# LeaderWorkerSet CRD from {args.source}\n"
+              "# (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml), pod templates trimmed by\n"
+              "# scripts/vendor_lws_crd.py. Apache-2.0, The Kubernetes Authors. Do not edit by hand.\n")
+    OUT.write_text(header + yaml.safe_dump(crd, sort_keys=False, width=120))
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()
