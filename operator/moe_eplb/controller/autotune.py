@@ -319,7 +319,8 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
             return f"evaluation:{dec.KEEP}"
         return "conflict"
 
-    view, pods = await workload_view(client, inf, rt)
+    # a group recreated over and over since the last evaluation crash-loops (not merely "not ready")
+    view, pods = await workload_view(client, inf, rt, since=now - cfg.evaluation_interval_s)
     blocker = _blocker(view)
     start = now - rt.lookback_seconds
     load_error = answer = tune_error = data_window = tuner_seconds = None
