@@ -4,6 +4,10 @@ Each test runs a whole simulated cluster (:class:`moe_eplb.sim.world.SimWorld`) 
 the emulated Kubernetes API, the fake kubelet running simulated engine pods (real HTTP metrics),
 optionally a real Prometheus, and the real kopf operator with the autotune timer. Time is
 accelerated 100x (a 300 s evaluation interval is 3 s of wall time).
+
+The scenarios run for both workload kinds (``kind`` fixture): ``Deployment`` (single-node replicas:
+2 pods) and ``LeaderWorkerSet`` (the same EP 4 spread over 2 pods per replica group: 2 groups of a
+leader and a worker, one engine per group).
 """
 
 from __future__ import annotations
@@ -62,10 +66,26 @@ def workload():
                           bucket_seconds=15, seed=1, shift_at=0.5)
 
 
-def resource(**autotune: Any) -> dict:
+KINDS = ("Deployment", "LeaderWorkerSet")
+LWS_PATH = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets"
+
+
+@pytest.fixture(params=KINDS)
+def kind(request) -> str:
+    """The workload kind a scenario runs on (the resource's ``parallelism.nodes`` picks it)."""
+    return request.param
+
+
+def resource(kind: str = "Deployment", **autotune: Any) -> dict:
     r = copy.deepcopy(RESOURCE)
     r["spec"]["autotune"].update(autotune)
+    if kind == "LeaderWorkerSet":
+        r["spec"]["parallelism"] = {"tensor": 1, "data": 4, "nodes": 2}  # EP 4 over 2 pods per group
     return r
+
+
+def pods_per_replica(kind: str) -> int:
+    return 2 if kind == "LeaderWorkerSet" else 1
 
 
 def cond(obj: dict, ctype: str) -> dict:
@@ -101,5 +121,33 @@ async def deployment(world) -> dict:
     return await world.cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}")
 
 
-def template_hash(dep: dict) -> str:
-    return dep["spec"]["template"]["metadata"]["annotations"]["eplb.ai/eplb-config-hash"]
+async def workload_of(world, kind: str = "Deployment") -> dict:
+    """The child workload: the Deployment, or the LeaderWorkerSet."""
+    if kind == "LeaderWorkerSet":
+        return await world.cluster.get(f"{LWS_PATH}/{NAME}")
+    return await deployment(world)
+
+
+async def workload_or_none(world, kind: str) -> dict | None:
+    path = f"{LWS_PATH}/{NAME}" if kind == "LeaderWorkerSet" else f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
+    return await world.cluster.get_or_none(path)
+
+
+def template_hash(obj: dict) -> str:
+    """The config hash of the workload's pod template(s) (an LWS: its leader and worker templates agree)."""
+    if obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        hashes = {lwt[k]["metadata"]["annotations"]["eplb.ai/eplb-config-hash"]
+                  for k in ("leaderTemplate", "workerTemplate")}
+        assert len(hashes) == 1, hashes
+        return hashes.pop()
+    return obj["spec"]["template"]["metadata"]["annotations"]["eplb.ai/eplb-config-hash"]
+
+
+def running_settings(world) -> set[tuple]:
+    """(window, interval, redundant) of the engines the fake kubelet runs for ready pods."""
+    out = set()
+    for _, p in world.kubelet.running():
+        if p.ready and p.settings is not None:
+            out.add((p.settings.knobs.window_size, p.settings.knobs.step_interval, p.settings.num_redundant_experts))
+    return out

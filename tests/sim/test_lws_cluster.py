@@ -162,13 +162,14 @@ async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
             async def recreated():
                 events = await kube.request("GET", f"/api/v1/namespaces/{NS}/events", params={
                     "fieldSelector": "involvedObject.kind=LeaderWorkerSet,involvedObject.name=tiny,reason=RecreateGroup"})
-                items = events["items"]
-                return items if items and (items[0].get("series") or {}).get("count", 0) >= 3 else None
+                return events["items"] if len(events["items"]) >= 3 else None
 
             events = await _until(recreated, timeout=30)
-            assert len(events) == 1  # repeats aggregate into the event's series
-            assert events[0]["message"] == "Worker pod tiny-1-1 failed, deleted leader pod tiny-1 to recreate group 1"
-            assert events[0]["related"]["name"] == "tiny-1" and events[0]["type"] == "Normal"
+            # one Event per recreation: each is related to a new leader pod (its uid), never merged
+            assert len({e["related"]["uid"] for e in events}) == len(events) >= 3
+            assert {e["message"] for e in events} == {
+                "Worker pod tiny-1-1 failed, deleted leader pod tiny-1 to recreate group 1"}
+            assert all(e["related"]["name"] == "tiny-1" and e["type"] == "Normal" for e in events)
             st = (await kube.get(f"{LWS_PATH}/tiny"))["status"]
             # group 1 never becomes ready, so the update never reaches group 0 (still serving)
             assert st["readyReplicas"] == 1 and st["updatedReplicas"] == 1

@@ -510,9 +510,10 @@ async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: lis
                            rt: AutotuneRuntime) -> list[str]:
     """Crash loops that LeaderWorkerSet's ``RecreateGroupOnPodRestart`` hides: a pod that restarts
     makes it recreate the whole group (fresh pods, ``restartCount`` 0), so the restarts are counted
-    from its ``RecreateGroup`` Events on the LWS (``series.count`` for repeats) since ``since``. A
-    group recreated at least ``rt.crashloop_restarts`` times whose pods now run a current template
-    (or that has no pods at this instant) crash-loops; returns ``"<pod> (group <i> recreated <n>x)"``."""
+    from its ``RecreateGroup`` Events on the LWS since ``since`` (one per recreation; an Event
+    series that began earlier counts once). A group recreated at least ``rt.crashloop_restarts``
+    times whose pods now run a current template crash-loops; returns
+    ``"<pod> (group <i> recreated <n>x)"``."""
     ns = lws["metadata"].get("namespace") or "default"
     try:
         events = await client.list("v1", "Event", ns, field_selector=(
@@ -528,19 +529,22 @@ async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: lis
         if uid and uid != lws["metadata"].get("uid"):
             continue  # an earlier LWS of the same name
         series = e.get("series") or {}
-        last = parse_iso(series.get("lastObservedTime") or e.get("lastTimestamp") or e.get("eventTime"))
+        first = parse_iso(e.get("eventTime") or e.get("firstTimestamp"))
+        last = parse_iso(series.get("lastObservedTime") or e.get("lastTimestamp")) or first
         m = _RECREATE_MESSAGE.search(e.get("message") or "")
         if last is None or last < since or m is None:
             continue
         group = int(m.group("group"))
-        counts[group] = counts.get(group, 0) + max(int(series.get("count") or 0), int(e.get("count") or 0), 1)
+        repeats = max(int(series.get("count") or 0), int(e.get("count") or 0), 1)
+        counts[group] = counts.get(group, 0) + (repeats if first is not None and first >= since else 1)
         failed[group] = m.group("pod")
     groups = lws_groups(lws, pods)
     out = []
     for group, n in sorted(counts.items()):
         members = groups.get(group, {})
-        current = all(((p.get("metadata") or {}).get("annotations") or {}).get(k8s_names.CONFIG_HASH_ANNOTATION)
-                      in hashes for p in members.values())
+        current = bool(members) and all(
+            ((p.get("metadata") or {}).get("annotations") or {}).get(k8s_names.CONFIG_HASH_ANNOTATION) in hashes
+            for p in members.values())
         if n >= rt.crashloop_restarts and current:
             out.append(f"{failed[group]} (group {group} recreated {n}x)")
     return out

@@ -78,19 +78,24 @@ def _cells_to_array(cells: Mapping[tuple[int, int], float]) -> np.ndarray:
 def measure_prometheus(client: PrometheusClient, namespace: str, name: str, start: float, end: float) -> Measurement | None:
     """Balancedness over wall-clock ``[start, end]`` from Prometheus (None when there is no load)."""
     rng = max(1, int(math.ceil(end - start)))
-    q = (f"sum by (pod, {metric_names.GROUP_LABEL}, {metric_names.LABEL_LAYER}, {metric_names.LABEL_RANK}) "
-         f"(increase({metric_names.RANK_TOKENS}{selector(namespace, name)}[{rng}s]))")
+    q = (f"sum by (pod, {metric_names.GROUP_LABEL}, {metric_names.GROUP_SIZE_LABEL}, {metric_names.LABEL_LAYER}, "
+         f"{metric_names.LABEL_RANK}) (increase({metric_names.RANK_TOKENS}{selector(namespace, name)}[{rng}s]))")
     per_engine: dict[str, dict[tuple[int, int], float]] = {}
-    pods = set()
+    members: dict[str, set[str]] = {}
+    sizes: dict[str, int] = {}
     for s in parse_vector(client.query(q, time=end), "rank tokens"):
         if s.vs.size:
             cell = (s.int_label(metric_names.LABEL_LAYER, "rank tokens"), s.int_label(metric_names.LABEL_RANK, "rank tokens"))
             group = s.label(metric_names.GROUP_LABEL)
             engine = f"group {group}" if group else s.label("pod", "") or ""
-            pods.add(s.label("pod", "") or engine)
+            members.setdefault(engine, set()).add(s.label("pod", "") or engine)
+            sizes[engine] = int(s.label(metric_names.GROUP_SIZE_LABEL) or 1) if group else 1
             cells = per_engine.setdefault(engine, {})
             cells[cell] = cells.get(cell, 0.0) + float(s.vs[0])
-    return _measurement({p: _cells_to_array(c) for p, c in per_engine.items()}, end - start, "prometheus", len(pods))
+    # a group with a pod not (yet) in the window would be judged on part of its ranks' routers: left out
+    whole = {e: c for e, c in per_engine.items() if len(members[e]) >= sizes[e]}
+    return _measurement({e: _cells_to_array(c) for e, c in whole.items()}, end - start, "prometheus",
+                        sum(len(members[e]) for e in whole))
 
 
 def rank_counts_from_exposition(text: str) -> np.ndarray | None:

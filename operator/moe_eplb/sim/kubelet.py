@@ -19,7 +19,8 @@ Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HT
   pods removed as new ones become ready;
 - rolls LeaderWorkerSet groups like the LWS controller (:mod:`moe_eplb.sim.lws`: partition by group,
   ``maxUnavailable`` / ``maxSurge`` on groups), recreates a whole group when one of its pods restarts
-  (``RecreateGroupOnPodRestart``) and records the ``RecreateGroup`` Event;
+  (``RecreateGroupOnPodRestart``) and records the ``RecreateGroup`` Event (one per recreation: the
+  Event's ``related`` leader pod is a new object each time, so client-go's recorder never merges them);
 - writes the workloads' status (Deployment: ``observedGeneration``, ``replicas``,
   ``updatedReplicas``, ``readyReplicas``, ``availableReplicas``, ``unavailableReplicas``,
   conditions; LeaderWorkerSet: groups, ``hpaPodSelector``, conditions -- validated by the emulated
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=moe-eplb"
 CRASH_BACKOFF_SECONDS = 10.0  # simulated seconds before the first restart; doubles, capped at 300
-EVENT_SERIES_SECONDS = 360.0  # client-go's event recorder aggregates isomorphic events this close
 
 
 class PodSpecError(ValueError):
@@ -148,6 +148,8 @@ class SimPod:
     deleted: bool = False
     status_sent: dict = field(default_factory=dict)
     worker: int = 0  # index in its LWS group (0: leader, or a Deployment pod)
+    uid: str = ""  # the Pod object's uid
+    group_restart: bool = False  # its LWS group is recreated when it restarts (RecreateGroupOnPodRestart)
 
     @property
     def port(self) -> int | None:
@@ -188,7 +190,6 @@ class _Lws:
     templates: dict[str, dict] = field(default_factory=dict)  # revision -> LWS spec (its ControllerRevisions)
     groups: dict[int, _Group] = field(default_factory=dict)
     status_sent: dict = field(default_factory=dict)
-    events: dict[tuple[int, str], tuple[str, int, float]] = field(default_factory=dict)  # -> (name, count, last)
 
     @property
     def pods(self) -> dict[str, SimPod]:
@@ -531,7 +532,12 @@ class FakeKubelet:
 
     async def _write_pod_status(self, namespace: str, p: SimPod) -> None:
         cname = "vllm"
-        if p.crash:
+        last = None
+        if p.crash and p.restarts and p.group_restart:
+            # restarted and running again (about to fail) when LWS notices the restart and recreates the group
+            state = {"running": {}}
+            last = {"terminated": {"reason": "Error", "exitCode": 1, "message": "simulated crash at start-up"}}
+        elif p.crash:
             state = {"waiting": {"reason": "CrashLoopBackOff" if p.restarts else "ContainerCreating",
                                  "message": "simulated crash at start-up"}}
         else:
@@ -543,7 +549,8 @@ class FakeKubelet:
             "conditions": [{"type": "Ready", "status": "True" if p.ready else "False"},
                            {"type": "ContainersReady", "status": "True" if p.ready else "False"}],
             "containerStatuses": [{"name": cname, "ready": p.ready, "restartCount": p.restarts,
-                                   "started": not p.crash, "state": state, "image": "simulated"}],
+                                   "started": not p.crash, "state": state, "image": "simulated",
+                                   **({"lastState": last} if last else {})}],
         }
         if status != p.status_sent:
             await self._req("PATCH", f"/api/v1/namespaces/{namespace}/pods/{p.name}/status",
@@ -609,7 +616,10 @@ class FakeKubelet:
             # the LWS pod controller reacts to a restart it has seen (the pod's status shows it)
             failed = [p for p in g.pods.values() if _restarts_sent(p) > 0]
             if recreate and failed:
-                await self._recreate_event(lw, obj, g.index, failed[0].name, now)
+                leader = g.pods.get(0)
+                event = lws_mod.recreate_event(obj, g.index, failed[0].name, _iso(now), suffix=secrets.token_hex(8),
+                                               leader_uid=leader.uid if leader is not None else "")
+                await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/events", event)
                 await self._delete_group(lw, g)
 
         states = self._group_states(lw, revision, lw.leader_set.groups if lw.leader_set else 0)
@@ -657,6 +667,7 @@ class FakeKubelet:
             leader_settings = None
         crashing = {w for w in range(size) if leader_settings is None or self.crash_if(leader_settings)
                     or self.crash_pod_if(leader_settings, w)}
+        recreate = (lwt.get("restartPolicy") or "RecreateGroupOnPodRestart") in lws_mod.RECREATE_POLICIES
         engine = None
         if not crashing:
             try:
@@ -669,28 +680,14 @@ class FakeKubelet:
         lw.groups[index] = g
         for w, body in enumerate(bodies):
             pod = SimPod(name=body["metadata"]["name"], hash=revision, settings=leader_settings, engine=engine,
-                         crash=w in crashing, created=now, next_restart=now + CRASH_BACKOFF_SECONDS, worker=w)
+                         crash=w in crashing, created=now, next_restart=now + CRASH_BACKOFF_SECONDS, worker=w,
+                         group_restart=recreate)
             g.pods[w] = pod
             self.pods_created += 1
             body["metadata"]["annotations"]["sim.eplb.ai/simulated"] = "true"
             body["spec"] = _with_exporter_port(body["spec"], pod.port)
-            await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/pods", body)
-
-    async def _recreate_event(self, lw: _Lws, obj: dict, group: int, failed: str, now: float) -> None:
-        """Record (or count in its series) the LWS pod controller's RecreateGroup Event."""
-        key = (group, failed)
-        prev = lw.events.get(key)
-        if prev is not None and now - prev[2] <= EVENT_SERIES_SECONDS:
-            name, count, _ = prev
-            lw.events[key] = (name, count + 1, now)
-            await self._req("PATCH", f"/api/v1/namespaces/{lw.namespace}/events/{name}",
-                            {"series": {"count": count + 1, "lastObservedTime": _iso(now)}},
-                            "application/merge-patch+json")
-            return
-        event = lws_mod.recreate_event(obj, group, failed, _iso(now), suffix=secrets.token_hex(8))
-        lw.events[key] = (event["metadata"]["name"], 1, now)
-        await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/events", event)
-
+            created = await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/pods", body)
+            pod.uid = (created or {}).get("metadata", {}).get("uid", "")
 
 def _with_exporter_port(pod_spec: dict, port: int | None) -> dict:
     """The pod spec with the ``eplb-metrics`` container port set to the engine's real port."""

@@ -25,8 +25,9 @@ a cluster with LWS installed shows it:
 * **restart policy** ``RecreateGroupOnPodRestart`` (the default): a container restart in any pod of
   a group deletes the leader, and with it the whole group, which is created again (same index, the
   revision its index should run); the controller records an Event ``RecreateGroup`` on the LWS
-  ("Worker pod <pod> failed, deleted leader pod <leader> to recreate group <i>"), aggregated like
-  client-go's event recorder (``series.count``). ``None`` (or the deprecated ``Default``): only the
+  ("Worker pod <pod> failed, deleted leader pod <leader> to recreate group <i>", related to the
+  leader pod -- a new object each time, so the events recorder keeps one Event per recreation).
+  ``None`` (or the deprecated ``Default``): only the
   failed pod's container restarts (``CrashLoopBackOff``, growing ``restartCount``).
 * **status**: ``replicas`` (groups that exist, surge included), ``readyReplicas`` (ready groups,
   any revision), ``updatedReplicas`` (groups on the new revision, ready or not),
@@ -288,7 +289,7 @@ def group_pod(lws: dict, template_spec: dict, group: int, worker: int, revision:
     }
 
 
-def recreate_event(lws: dict, group: int, failed_pod: str, now_iso: str, *, suffix: str) -> dict:
+def recreate_event(lws: dict, group: int, failed_pod: str, now_iso: str, *, suffix: str, leader_uid: str = "") -> dict:
     """The ``RecreateGroup`` Event of the LWS pod controller (core/v1 view of an events.k8s.io Event)."""
     meta = lws["metadata"]
     ns = meta.get("namespace") or "default"
@@ -298,7 +299,7 @@ def recreate_event(lws: dict, group: int, failed_pod: str, now_iso: str, *, suff
         "metadata": {"name": f"{leader}.{suffix}", "namespace": ns},
         "involvedObject": {"apiVersion": k8s_names.LWS_API_VERSION, "kind": k8s_names.LWS_KIND,
                            "name": meta["name"], "namespace": ns, "uid": meta.get("uid", "")},
-        "related": {"apiVersion": "v1", "kind": "Pod", "name": leader, "namespace": ns},
+        "related": {"apiVersion": "v1", "kind": "Pod", "name": leader, "namespace": ns, "uid": leader_uid},
         "reason": k8s_names.LWS_RECREATE_GROUP_REASON, "action": "Delete", "type": "Normal",
         "message": f"Worker pod {failed_pod} failed, deleted leader pod {leader} to recreate group {group}",
         "eventTime": now_iso, "reportingComponent": "lws", "reportingInstance": "lws-controller-manager",
