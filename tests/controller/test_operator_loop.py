@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
+import asyncio
 import copy
 import pathlib
 
@@ -394,3 +395,43 @@ async def test_child_no_longer_rendered_is_pruned(kube, eventually, started):
         reasons = [e["reason"] for e in await events_for(kube, name)]
     assert f"PodMonitor/{name}" not in kids and f"Service/{name}" in kids
     assert "Pruned" in reasons
+
+
+def _multinode() -> dict:
+    return next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
+                if d and d.get("kind") == "MoEInference")
+
+
+@pytest.mark.parametrize("make", [example, _multinode], ids=["Deployment", "LeaderWorkerSet"])
+async def test_status_heals_after_transient_status_write_failures(kube, eventually, started, make):
+    """Status writes of the operator fail for a while (500 and 409 in turn) just when the workload
+    becomes ready: the refresh that child event triggered is retried with backoff, so the status
+    reaches Running within seconds of the API recovering -- not at the next resync (an hour here)."""
+    from moe_eplb.controller.k8s import USER_AGENT
+
+    res = make()
+    name = res["metadata"]["name"]
+    failed = []
+
+    def faults(request):
+        if failing and request.subresource == "status" and request.resource is not None \
+                and request.resource.plural == "moeinferences" and request.headers.get("User-Agent") == USER_AGENT:
+            failed.append(request.method)
+            return (500, "InternalError", "etcdserver: request timed out") if len(failed) % 2 else \
+                (409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+        return None
+
+    failing = False
+    kube.api.faults = faults
+    async with started(res) as obj:
+        assert obj["status"]["phase"] in ("Pending", "Progressing")
+        failing = True
+        await make_ready(kube, await children(kube, name))  # a child event -> a refresh, which fails
+        await eventually(lambda: len(failed) >= 1, timeout=10)  # refused
+        await asyncio.sleep(1.0)  # the API keeps failing for a second
+        stale = (await kube.get(kube.moeinference_path(NS, name)))["status"]
+        assert stale["phase"] != "Running" and cond({"status": stale}, "Ready")["status"] == "False"
+        failing = False
+        healed = await eventually(lambda: _phase(kube, name, "Running"), timeout=8)
+    assert healed["status"]["readyReplicas"] == healed["spec"].get("replicas", 1)
+    assert cond(healed, "Ready")["status"] == "True" and cond(healed, "Progressing")["status"] == "False"

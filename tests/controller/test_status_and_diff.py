@@ -118,3 +118,11 @@ def test_autotune_degraded_record_keeps_degraded_true():
                            endpoint=None, now="t2", tuner=tuner_degraded_of({"autotune": {}}))
     deg = next(c for c in cleared["conditions"] if c["type"] == "Degraded")
     assert (deg["status"], deg["reason"]) == ("False", "AsExpected") and cleared["phase"] == "Running"
+
+
+def test_a_failed_refresh_is_retried_with_capped_exponential_backoff():
+    from moe_eplb.controller.reconcile import refresh_wait
+
+    assert refresh_wait(0, 0.1, 0.2, 30.0) == 0.1  # the coalescing delay, before any failure
+    assert [refresh_wait(n, 0.1, 0.2, 30.0) for n in (1, 2, 3, 4)] == [0.2, 0.4, 0.8, 1.6]
+    assert refresh_wait(20, 0.1, 0.2, 30.0) == 30.0

@@ -98,6 +98,14 @@ def merge_diff(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str,
     return patch
 
 
+def refresh_wait(failures: int, delay: float, retry: float, retry_max: float) -> float:
+    """Seconds before the next attempt of a refresh: ``delay`` (coalescing) at first, then
+    ``retry * 2**(failures - 1)`` capped at ``retry_max`` after ``failures`` failed attempts."""
+    if failures <= 0:
+        return delay
+    return min(retry_max, retry * 2 ** (failures - 1))
+
+
 def _child_id(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
@@ -130,14 +138,20 @@ class Reconciler:
     ``counter`` (optional) is called as ``counter(result)`` once per reconcile with
     ``ok | invalid | rejected | error`` (the operator's ``moe_eplb_reconciles_total``);
     ``defaults``: the operator-wide defaults filled in where a resource leaves them unset.
+    A refresh that fails (an API error, a status write refused with 500 or 409 Conflict) is retried
+    with exponential backoff from ``refresh_retry_s`` up to ``refresh_retry_max_s`` until it
+    succeeds, so the status heals within seconds instead of at the next resync.
     """
 
     def __init__(self, client: KubeClient, *, counter: Callable[[str], None] | None = None,
-                 refresh_delay_s: float = 0.1, defaults: OperatorDefaults | None = None) -> None:
+                 refresh_delay_s: float = 0.1, defaults: OperatorDefaults | None = None,
+                 refresh_retry_s: float = 0.2, refresh_retry_max_s: float = 30.0) -> None:
         self.client = client
         self.defaults = defaults or OperatorDefaults()
         self.counter = counter or (lambda result: None)
         self.refresh_delay_s = refresh_delay_s
+        self.refresh_retry_s = refresh_retry_s
+        self.refresh_retry_max_s = refresh_retry_max_s
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dirty: set[tuple[str, str]] = set()
@@ -175,16 +189,25 @@ class Reconciler:
         self._pending[key] = asyncio.get_running_loop().create_task(self._refresh_loop(key))
 
     async def _refresh_loop(self, key: tuple[str, str]) -> None:
+        failures = 0
         try:
             while True:
                 self._dirty.discard(key)
-                await asyncio.sleep(self.refresh_delay_s)
+                await asyncio.sleep(refresh_wait(failures, self.refresh_delay_s, self.refresh_retry_s,
+                                                 self.refresh_retry_max_s))
                 try:
                     parent = await self.client.get(PARENT_API_VERSION, KIND, *key)
                     if parent is not None and not parent["metadata"].get("deletionTimestamp"):
                         await self.reconcile(parent, prune=False, fresh=True)
-                except Exception:  # a refresh must never die silently; the timer retries anyway
-                    log.exception("refresh of %s/%s failed", key[0], key[1])
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # retried with backoff until it goes through
+                    failures += 1
+                    log.warning("refresh of %s/%s failed (attempt %d; retrying in %.1fs): %s", key[0], key[1],
+                                failures, refresh_wait(failures, self.refresh_delay_s, self.refresh_retry_s,
+                                                       self.refresh_retry_max_s), exc)
+                    self._dirty.add(key)
                 if key not in self._dirty:
                     return
         finally:
