@@ -259,3 +259,77 @@ def test_a_dropped_scrape_is_spread_over_the_buckets_it_spans():
     assert tb.meta["interpolated_fraction"] == 0.0 and tb.load.sum() == steps["b"][1:].sum() * per_step["b"].sum()
     with pytest.raises(ValueError, match="max_interpolated_fraction"):
         trace_from_raw_counters(_body(full), _body(step_body[1:]), GRID6, max_interpolated_fraction=10)
+
+
+def _member(pod, worker, size=2, group="0"):
+    return {**_pod(pod), metric_names.GROUP_LABEL: group, metric_names.GROUP_WORKER_LABEL: str(worker),
+            metric_names.GROUP_SIZE_LABEL: str(size)}
+
+
+def _group_series(pods):
+    """Expert tokens (2 layers x 2 experts) and steps of LWS group pods ``[(name, worker)]``."""
+    experts, steps = [], []
+    for name, worker in pods:
+        for l in range(2):
+            for e in range(2):
+                experts.append(({**_member(name, worker), "layer": str(l), "expert": str(e)},
+                                list(zip(TS, [10 * worker + l, 10 * worker + l + 2, 10 * worker + l + 5, 10 * worker + l + 9]))))
+        steps.append((_member(name, worker), list(zip(TS, [100, 110, 130, 160]))))
+    return experts, steps
+
+
+def test_a_replica_group_is_read_as_the_sum_of_its_pods():
+    experts, steps = _group_series([("lws-0", 0), ("lws-0-1", 1)])
+    tr = trace_from_raw_counters(_body(experts), _body(steps), GRID, pods_per_engine=2)
+    np.testing.assert_array_equal(tr.load[:, 0, 0], [2 + 2, 3 + 3, 4 + 4])  # both pods' routers
+    np.testing.assert_array_equal(tr.bucket_steps, [10, 20, 30])  # the engine's steps, once
+
+
+@pytest.mark.parametrize("pods,missing", [
+    ([("lws-0", 0)], "lws-0-1 (worker 1)"),
+    ([("lws-0-1", 1)], "lws-0 (worker 0)"),
+])
+def test_a_replica_group_with_a_pod_missing_is_refused(pods, missing):
+    experts, steps = _group_series(pods)
+    with pytest.raises(LoadReadError) as ei:
+        trace_from_raw_counters(_body(experts), _body(steps), GRID, pods_per_engine=2)
+    assert ei.value.reason == "IncompleteGroup"
+    assert "replica group 0 of ns/moe" in ei.value.message and missing in ei.value.message
+
+
+def test_a_pod_with_one_counter_family_or_a_missing_layer_is_refused():
+    experts, steps = _group_series([("lws-0", 0), ("lws-0-1", 1)])
+    with pytest.raises(LoadReadError, match="lws-0-1 .*replica group 0.*no matching") as ei:
+        trace_from_raw_counters(_body(experts), _body(steps[:1]), GRID, pods_per_engine=2)
+    assert ei.value.reason == "IncompleteGroup"
+    # a single-node pod that reports steps but no tokens (while another pod does) is refused too
+    a = [_expert_series("a", 0, 0, [1, 2, 3, 4])]
+    with pytest.raises(LoadReadError, match="pod b: moe_eplb_engine_steps_total series but no matching") as ei:
+        trace_from_raw_counters(_body(a), _body([(_pod("a"), list(zip(TS, [1, 2, 3, 4]))),
+                                                 (_pod("b"), list(zip(TS, [1, 2, 3, 4])))]), GRID)
+    assert ei.value.reason == "InconsistentSeries"
+    # a pod missing a layer another pod reports
+    two = a + [_expert_series("a", 1, 0, [1, 2, 3, 4]), _expert_series("b", 0, 0, [1, 2, 3, 4])]
+    with pytest.raises(LoadReadError, match=r"pod b: no moe_eplb_expert_tokens_total series for layer\(s\) \['1'\]"):
+        trace_from_raw_counters(_body(two), _body([(_pod("a"), list(zip(TS, [1, 2, 3, 4]))),
+                                                   (_pod("b"), list(zip(TS, [1, 2, 3, 4])))]), GRID)
+
+
+def test_a_group_is_judged_on_the_sum_of_its_pods_rank_counts():
+    from moe_eplb.metrics.measure import RankHistory, balancedness_of, engine_of_pod
+
+    def pod(name, group=None):
+        labels = {} if group is None else {k8s_names.LWS_NAME_LABEL: "lws", k8s_names.LWS_GROUP_INDEX_LABEL: group}
+        return {"metadata": {"name": name, "labels": labels}}
+
+    pods = [pod("lws-0", "0"), pod("lws-0-1", "0"), pod("single")]
+    engines = {p["metadata"]["name"]: engine_of_pod(p) for p in pods}
+    assert engines == {"lws-0": "lws/group 0", "lws-0-1": "lws/group 0", "single": "single"}
+    # each pod's routers sent their tokens to the other pod's ranks: each looks unbalanced alone,
+    # the engine (the sum) is perfectly balanced
+    leader, worker = np.array([[10.0, 0.0]]), np.array([[0.0, 10.0]])
+    hist = RankHistory()
+    hist.remember(0.0, {"lws-0": 0 * leader, "lws-0-1": 0 * worker})
+    got = hist.measure({"lws-0": leader, "lws-0-1": worker}, 0.0, 60.0, engines=engines)
+    assert got.balancedness == 1.0 and got.pods == 2
+    assert balancedness_of({"lws-0": leader, "lws-0-1": worker}) == 0.5  # per pod: wrong

@@ -133,6 +133,8 @@ class AutotuneRuntime:
             :class:`HistoryEntry`, ``rollout`` with a phase change's :class:`Rollout`) -- the demo
             prints these.
         http_timeout: seconds for a Prometheus or pod scrape request.
+        prometheus_budget_seconds: wall seconds one read of the load (or one measurement) may spend
+            on Prometheus, retries of transient errors included.
     """
 
     clock: Any = field(default_factory=WallClock)
@@ -143,6 +145,7 @@ class AutotuneRuntime:
     crashloop_restarts: int = 3
     observer: Callable[[str, MoEInference, Any], None] | None = None
     http_timeout: float = 10.0
+    prometheus_budget_seconds: float = 30.0
     bucket_seconds: float = 15.0
     min_wall_bucket_seconds: float = 0.0
     _direct: dict = field(default_factory=dict, repr=False)
@@ -617,7 +620,8 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
     kwargs = dict(namespace=inf.namespace or "default", name=inf.name, window_seconds=(end - start) / scale,
                   bucket_seconds=max(rt.bucket_seconds / scale, rt.min_wall_bucket_seconds),
                   num_layers=shape.num_moe_layers, num_experts=shape.num_experts,
-                  pods_per_engine=max(1, int(inf.parallelism.nodes or 1)), timeout=rt.http_timeout)
+                  pods_per_engine=max(1, int(inf.parallelism.nodes or 1)), timeout=rt.http_timeout,
+                  budget=rt.prometheus_budget_seconds)
     try:
         if url:
             trace = await asyncio.to_thread(reader.read_load_trace, prometheus_url=url, now=rt.clock.to_wall(end),
@@ -666,7 +670,7 @@ async def _measure(rt: AutotuneRuntime, inf: MoEInference, pods: list[dict], sta
     url = inf.prometheus_url
     try:
         if url:
-            client = PrometheusClient(url, timeout=rt.http_timeout)
+            client = PrometheusClient(url, timeout=rt.http_timeout, budget=rt.prometheus_budget_seconds)
             return await asyncio.to_thread(measure_mod.measure_prometheus, client, inf.namespace or "default",
                                            inf.name, rt.clock.to_wall(start), rt.clock.to_wall(end))
         counts = await asyncio.to_thread(measure_mod.scrape_rank_counts, pods, rt.http_timeout)

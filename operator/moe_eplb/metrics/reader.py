@@ -38,7 +38,7 @@ from moe_eplb.metrics.assemble import (
     trace_from_raw_counters,
     trace_from_rounds,
 )
-from moe_eplb.metrics.errors import INSUFFICIENT_DATA, LoadReadError
+from moe_eplb.metrics.errors import INCOMPLETE_GROUP, INCONSISTENT_SERIES, INSUFFICIENT_DATA, LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
@@ -90,6 +90,13 @@ def with_baselines(client: PrometheusClient, selector_expr: str, start: float, e
     values = {pod_key_all(s): s for s in parse_vector(client.query(selector_expr, time=start), selector_expr)}
     stamps = {pod_key_all(s): s for s in parse_vector(client.query(f"timestamp({selector_expr})", time=start),
                                                        f"timestamp({selector_expr})")}
+    if set(values) != set(stamps):  # the same instant, the same series: answers that disagree are partial
+        odd = dict(sorted(set(values) ^ set(stamps))[0])
+        group = odd.get(metric_names.GROUP_LABEL)
+        where = f"replica group {group}: pod {odd.get('pod')}" if group is not None else f"pod {odd.get('pod')}"
+        raise LoadReadError(INCOMPLETE_GROUP if group is not None else INCONSISTENT_SERIES,
+                            f"{selector_expr}: {where} is missing from one of the baseline answers at t={start:.3f} "
+                            f"({len(set(values) ^ set(stamps))} series differ, e.g. {odd}); a partial answer, refused")
     baselines = [Series(_without_name(v).labels, stamps[key].vs[:1], v.vs[:1])
                  for key, v in values.items() if key in stamps and v.vs.size and stamps[key].vs.size]
     return merge(raw + baselines)
@@ -115,6 +122,7 @@ def read_load_trace(
     pods_per_engine: int = 1,
     now: float | None = None,
     timeout: float = 10.0,
+    budget: float | None = 30.0,
     client: PrometheusClient | None = None,
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
 ) -> LoadTrace:
@@ -129,6 +137,7 @@ def read_load_trace(
     From Prometheus, load between missed scrapes is spread over the buckets by time;
     ``trace.meta["interpolated_fraction"]`` (0..1) is its share of the window's load, and a window
     where it exceeds ``max_interpolated_fraction`` is refused (:func:`trace_from_raw_counters`).
+    Transient Prometheus errors are retried within ``budget`` seconds (:class:`PrometheusClient`).
 
     Raises:
         LoadReadError: reason PrometheusUnavailable, PrometheusQueryFailed, ScrapeFailed,
@@ -136,7 +145,7 @@ def read_load_trace(
     """
     what = f" for {namespace}/{name}"
     if prometheus_url or client is not None:
-        client = client or PrometheusClient(prometheus_url, timeout=timeout)
+        client = client or PrometheusClient(prometheus_url, timeout=timeout, budget=budget)
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
