@@ -273,3 +273,22 @@ def test_conditions():
     ltt = c[1]["lastTransitionTime"]
     c2 = d.set_conditions(c, {"Tuned": ("True", "Applying", "m2")}, now=T0 + 100, generation=2)
     assert c2[1]["lastTransitionTime"] == ltt and c2[1]["reason"] == "Applying"
+
+
+def test_a_change_time_in_the_future_is_clamped_and_warned_about():
+    """A lastChangeTime (and restarts) a day in the future -- clock skew or a restored backup -- used
+    to block tuning for that day ("last change -86063s ago"). It is clamped to now (and written back
+    with the evaluation), so the cooldown runs from here and then tuning resumes."""
+    future = T0 + 86063
+    state = AutotuneStatus(last_change_time=future, restarts=(future,))
+    cfg = _cfg(cooldown_s=3600, max_restarts_per_day=4)
+    out = _evaluate(cfg, state)
+    assert out.decision == d.DEFER
+    assert "cooldown: last change 0s ago, 3600s of cooldownSeconds=3600 left" in out.reason
+    assert out.status.last_change_time == T0 and out.status.restarts == (T0,)
+    assert [e[:2] for e in out.events] == [("Warning", "ClockSkew")]
+    assert "86063s in the future" in out.events[0][2]
+    later = _evaluate(cfg, out.status, now=T0 + 3601)  # one cooldown later (not a day): a change
+    assert later.decision == d.APPLY and not later.events[:-1]
+    skewed = AutotuneStatus(last_change_time=T0 + 30, restarts=(T0 + 30,))
+    assert d.clamp_future(skewed, T0) == (skewed, None)  # a small skew between replicas is tolerated

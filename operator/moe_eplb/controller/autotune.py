@@ -357,6 +357,8 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
     if not await _write(client, inf, new_status, out.conditions, now):
         return "conflict"
     for etype, reason, message in out.events:
+        if etype == "Warning":
+            log.warning("autotune %s/%s: %s: %s", inf.namespace, inf.name, reason, message)
         await _event(client, inf, etype, reason, message)
     opmetrics.record_evaluation(inf.namespace or "default", inf.name, decision=out.decision,
                                 predicted_gain=out.predicted_gain, tuner_seconds=tuner_seconds, now=now)

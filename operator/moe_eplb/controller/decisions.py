@@ -59,6 +59,29 @@ def describe(k: Knobs | None) -> str:
 
 # --- gates -------------------------------------------------------------------------------------
 
+#: How far in the future a recorded change time may lie (clock skew between operator replicas)
+#: before it is taken for a wrong clock or a restored backup and clamped to now.
+FUTURE_TOLERANCE_S = 60.0
+
+
+def clamp_future(state: AutotuneStatus, now: float) -> tuple[AutotuneStatus, str | None]:
+    """``state`` with ``lastChangeTime`` and ``restarts`` that lie in the future (beyond
+    :data:`FUTURE_TOLERANCE_S`: clock skew, a restored backup) clamped to ``now``, and a warning
+    saying so (None when nothing was clamped). Written back with the evaluation, the cooldown then
+    runs from the first evaluation that noticed -- instead of blocking until the clock catches up."""
+    notes = []
+    last = state.last_change_time
+    if last is not None and last > now + FUTURE_TOLERANCE_S:
+        notes.append(f"lastChangeTime {iso(last)} lies {last - now:.0f}s in the future (clock skew or a restored "
+                     "backup); counted as now")
+        last = now
+    future = [t for t in state.restarts if t > now + FUTURE_TOLERANCE_S]
+    if future:
+        notes.append(f"{len(future)} restart time(s) in the future counted as now")
+    if not notes:
+        return state, None
+    return state.replace(last_change_time=last, restarts=tuple(min(t, now) for t in state.restarts)), "; ".join(notes)
+
 
 def change_blocker(cfg: AutotuneSpec, state: AutotuneStatus, now: float, *, workload_blocker: str | None) -> str | None:
     """Why a change may not start now, or None when it may.
@@ -72,8 +95,9 @@ def change_blocker(cfg: AutotuneSpec, state: AutotuneStatus, now: float, *, work
         return workload_blocker
     last = state.last_change_time
     if last is not None and now - last < cfg.cooldown_s:
-        left = cfg.cooldown_s - (now - last)
-        return f"cooldown: last change {now - last:.0f}s ago, {left:.0f}s of cooldownSeconds={cfg.cooldown_s:.0f} left"
+        ago = max(0.0, now - last)  # a time in the future (see clamp_future) counts as now
+        left = cfg.cooldown_s - ago
+        return f"cooldown: last change {ago:.0f}s ago, {left:.0f}s of cooldownSeconds={cfg.cooldown_s:.0f} left"
     n = len(state.recent_restarts(now))
     if n >= cfg.max_restarts_per_day:
         return f"restart budget spent: {n} restarts in the last 24h (maxRestartsPerDay={cfg.max_restarts_per_day})"
@@ -186,8 +210,11 @@ def evaluate(
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
     """
+    state, skew = clamp_future(state, now)
     ev = Evaluation(time=now, current=current, data_window=data_window, calibration=calibration)
     out = Evaluated(decision=KEEP, reason="", status=state)
+    if skew:
+        out.events.append(("Warning", "ClockSkew", skew))
     if load_error is not None:
         reason, message = load_error
         out.decision, out.reason = NODATA, f"{reason}: {message}"
@@ -275,5 +302,5 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 
 
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
-           "evaluate", "change_blocker", "due", "set_conditions", "describe", "iso", "parse_iso",
+           "evaluate", "change_blocker", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
            "calibration_record"]
