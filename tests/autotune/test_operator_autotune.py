@@ -348,3 +348,24 @@ async def test_user_edit_during_rollout_wins(workload, kind):
             child["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
         container = spec["containers"][0]
         assert '"window_size":2000' in " ".join(container.get("args") or container["command"])
+
+
+async def test_kept_without_a_measurement_sets_tuned(workload, kind):
+    """The tuned pods' exporters answer nothing (a broken plugin): the change cannot be judged, is
+    kept on the prediction after 2 x observeSeconds + 60 s, and that exit path sets the Tuned
+    condition too (it used to keep saying Applying)."""
+    from moe_eplb.sim.engine import EngineFaults
+
+    world = _world(workload, faults_for=lambda s: EngineFaults(silent=_knobs(s) != START_KNOBS))
+    async with world.run():
+        await world.start_operator()
+        await world.apply(resource(kind))
+        applying = await wait_for(world, lambda r: autotune_status(r).get("rollout") and r, timeout=40)
+        assert cond(applying, "Tuned")["reason"] == "Applying"
+        got = await wait_for(world, lambda r: autotune_status(r).get("history") and r, timeout=60)
+        entry = autotune_status(got)["history"][-1]
+        assert entry["action"] == "Kept" and "without a measurement" in entry["reason"]
+        assert "measured" not in entry
+        tuned = cond(got, "Tuned")
+        assert (tuned["status"], tuned["reason"]) == ("True", "KeptUnmeasured"), tuned
+        assert "rollout" not in autotune_status(got)
