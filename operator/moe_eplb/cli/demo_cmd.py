@@ -16,17 +16,22 @@ def register(main: click.Group) -> None:
     @click.option("--prometheus/--no-prometheus", default=None,
                   help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or scrape pods directly.")
     @click.option("--seed", type=int, default=0, show_default=True, help="Workload generator seed.")
-    def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, seed: int) -> None:
+    @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
+                  help="Also write the run's summary here (JSON: shift_at_s; per resource its kind, mode, "
+                       "applied changes and balancedness tuned/untuned).")
+    def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, seed: int,
+             summary_path: str | None) -> None:
         """Run the operator's closed tuning loop on a SIMULATED cluster in accelerated time.
 
         Starts a Kubernetes API emulation, simulated vLLM engine pods (they replay a generated
         workload through EPLB and serve the exporter's metrics), a real Prometheus when installed,
-        and the real operator; applies a Qwen3-VL-30B-A3B MoEInference in autotune Apply mode;
-        prints each decision; writes a report and prints balancedness tuned vs untuned.
+        and the real operator; applies two MoEInferences in autotune Apply mode -- Qwen3-VL-30B-A3B
+        on one node (a Deployment) and DeepSeek-V3 at EP 32 over 4 nodes (a LeaderWorkerSet);
+        prints each decision; writes a report and prints balancedness tuned vs untuned per resource.
         """
         import asyncio
 
         from moe_eplb.sim.demo import run_demo
 
         asyncio.run(run_demo(hours=hours, speed=speed, out_dir=out_dir, prometheus=prometheus, seed=seed,
-                             echo=lambda s: click.echo(s)))
+                             summary_path=summary_path, echo=lambda s: click.echo(s)))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-
 from dataclasses import replace
 
 import numpy as np
@@ -69,13 +68,19 @@ def raw_samples(client: PrometheusClient, selector_expr: str, start: float, end:
     while t > start + 1e-9:
         width = min(chunk_seconds, t - start)
         body = client.query(f"{selector_expr}[{int(math.ceil(width * 1000))}ms]", time=t)
-        parts += parse_matrix(body, selector_expr)
+        parts.append(parse_matrix(body, selector_expr))
         t -= width
-    return merge(_without_name(s) for s in parts)
+    if len(parts) == 1:  # one chunk: every series once
+        return [_without_name(s) for s in parts[0]]
+    return merge(_without_name(s) for chunk in parts for s in chunk)
 
 
 def _without_name(s: Series) -> Series:
-    return Series({k: v for k, v in s.labels.items() if k != "__name__"}, s.ts, s.vs)
+    if "__name__" not in s.labels:
+        return s
+    labels = dict(s.labels)
+    del labels["__name__"]
+    return Series(labels, s.ts, s.vs)
 
 
 def with_baselines(client: PrometheusClient, selector_expr: str, start: float, end: float,
@@ -97,14 +102,24 @@ def with_baselines(client: PrometheusClient, selector_expr: str, start: float, e
         raise LoadReadError(INCOMPLETE_GROUP if group is not None else INCONSISTENT_SERIES,
                             f"{selector_expr}: {where} is missing from one of the baseline answers at t={start:.3f} "
                             f"({len(set(values) ^ set(stamps))} series differ, e.g. {odd}); a partial answer, refused")
-    baselines = [Series(_without_name(v).labels, stamps[key].vs[:1], v.vs[:1])
-                 for key, v in values.items() if key in stamps and v.vs.size and stamps[key].vs.size]
-    return merge(raw + baselines)
+    out = []
+    for s in raw:  # the baseline first: it lies at or before the window, the raw samples inside it
+        key = pod_key_all(s)
+        v = values.pop(key, None)
+        if v is not None and v.vs.size and stamps[key].vs.size and (not s.ts.size or stamps[key].vs[0] < s.ts[0]):
+            s = Series(s.labels, np.concatenate([stamps[key].vs[:1], s.ts]), np.concatenate([v.vs[:1], s.vs]))
+        out.append(s)
+    for key, v in values.items():  # a series with a baseline but no sample in the window (it left)
+        if v.vs.size and stamps[key].vs.size:
+            out.append(Series(_without_name(v).labels, stamps[key].vs[:1], v.vs[:1]))
+    return out
 
 
 def pod_key_all(s: Series) -> tuple:
     """Every label but ``__name__`` (the identity of one series across queries)."""
-    return tuple(sorted((k, v) for k, v in s.labels.items() if k != "__name__"))
+    labels = dict(s.labels)
+    labels.pop("__name__", None)
+    return tuple(sorted(labels.items()))
 
 
 def read_load_trace(

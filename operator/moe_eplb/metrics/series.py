@@ -145,28 +145,49 @@ def parse_matrix(body: Any, what: str) -> list[Series]:
 
 
 def parse_vector(body: Any, what: str) -> list[Series]:
-    """The samples of an instant-vector answer, one single-point :class:`Series` each."""
+    """The samples of an instant-vector answer, one single-point :class:`Series` each (converted in
+    one pass; a malformed sample is then parsed alone, so the error names its series)."""
     data = _data(body, what)
     if data["result"] and data.get("resultType") != "vector":
         raise LoadReadError(INCONSISTENT_SERIES, f"{what}: expected an instant vector, got {data.get('resultType')!r}")
-    out = []
-    for item in data["result"]:
-        labels = dict(item.get("metric") or {})
-        value = item.get("value")
-        ts, vs = _points([value] if value is not None else [], labels, what)
-        out.append(Series(labels, ts, vs))
-    return out
+    items = data["result"]
+    try:
+        values = [item.get("value") for item in items]
+        if any(v is None or len(v) != 2 for v in values):
+            raise ValueError("a sample is not a [time, value] pair")
+        ts_all = np.fromiter(map(float, map(_first, values)), np.float64, len(values))
+        vs_all = np.fromiter(map(float, map(_second, values)), np.float64, len(values))
+        if not (np.all(np.isfinite(vs_all)) and np.all(vs_all >= 0)):
+            raise ValueError("NaN, infinite or negative values")
+    except (TypeError, ValueError, AttributeError):
+        out = []
+        for item in items:
+            labels = dict(item.get("metric") or {})
+            value = item.get("value")
+            ts, vs = _points([value] if value is not None else [], labels, what)
+            out.append(Series(labels, ts, vs))
+        return out
+    return [Series(dict(item.get("metric") or {}), ts_all[i:i + 1], vs_all[i:i + 1]) for i, item in enumerate(items)]
 
 
 def merge(parts: Iterable[Series]) -> list[Series]:
-    """Series with the same labels joined into one (samples de-duplicated by time, sorted)."""
+    """Series with the same labels joined into one (samples de-duplicated by time, sorted).
+
+    A series seen once is kept as it is, and parts that follow each other in time (a baseline
+    before the window, chunks of a long window) are joined without sorting."""
     by_labels: dict[tuple, list[Series]] = {}
     for s in parts:
         by_labels.setdefault(tuple(sorted(s.labels.items())), []).append(s)
     out = []
     for group in by_labels.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group.sort(key=lambda s: s.ts[0] if s.ts.size else -np.inf)
         ts = np.concatenate([s.ts for s in group])
         vs = np.concatenate([s.vs for s in group])
-        ts, idx = np.unique(ts, return_index=True)
-        out.append(Series(group[0].labels, ts, vs[idx]))
+        if ts.size > 1 and not np.all(np.diff(ts) > 0):
+            ts, idx = np.unique(ts, return_index=True)
+            vs = vs[idx]
+        out.append(Series(group[0].labels, ts, vs))
     return out

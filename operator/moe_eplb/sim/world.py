@@ -53,10 +53,13 @@ class LocalPrometheus:
     """A real Prometheus server on 127.0.0.1 scraping targets listed in a file (file_sd).
 
     ``update(targets)`` rewrites the target file (``[{namespace, pod, moeinference, port}]``);
-    Prometheus notices within a second. ``scrape_interval`` in wall seconds.
+    Prometheus notices within a second. ``scrape_interval`` in wall seconds. ``drop``: metric names
+    not kept at ingestion (``metric_relabel_configs``, as a PodMonitor's ``metricRelabelings`` would).
     """
 
-    def __init__(self, binary: str, *, scrape_interval: float = 1.0, workdir: str | None = None) -> None:
+    def __init__(self, binary: str, *, scrape_interval: float = 1.0, workdir: str | None = None,
+                 drop: tuple[str, ...] = ()) -> None:
+        self.drop = tuple(drop)
         self.binary = binary
         self.scrape_interval = scrape_interval
         self._tmp = tempfile.TemporaryDirectory(prefix="moe-eplb-prom-") if workdir is None else None
@@ -94,6 +97,10 @@ class LocalPrometheus:
                 "    file_sd_configs:\n"
                 f"      - files: ['{self.targets_file}']\n"
                 "        refresh_interval: 1s\n"
+                + ("    metric_relabel_configs:\n"
+                   "      - source_labels: [__name__]\n"
+                   f"        regex: '{'|'.join(self.drop)}'\n"
+                   "        action: drop\n" if self.drop else "")
             )
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
@@ -152,6 +159,8 @@ class SimWorld:
     startup_seconds: float = 120.0
     prometheus: bool = False
     scrape_interval: float = 0.5
+    drop_metrics: tuple[str, ...] = ()
+    http_timeout: float = 5.0
     tick_seconds: float = 0.2
     lookback_seconds: float = 3600.0
     bucket_seconds: float = 60.0
@@ -185,7 +194,8 @@ class SimWorld:
         self.clock = SimClock.started_now(self.scale)
         rt = autotune.AutotuneRuntime(clock=self.clock, tick_seconds=self.tick_seconds,
                                       lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
-                                      observer=self.observer, http_timeout=5.0, bucket_seconds=self.bucket_seconds,
+                                      observer=self.observer, http_timeout=self.http_timeout,
+                                      bucket_seconds=self.bucket_seconds,
                                       min_wall_bucket_seconds=2 * self.scrape_interval if self.prometheus else 0.0)
         if self.search is not None:
             rt.search = dict(self.search)
@@ -198,7 +208,7 @@ class SimWorld:
                     binary = prometheus_binary()
                     if binary is None:
                         raise RuntimeError("no Prometheus binary (apt-get install prometheus), or run without it")
-                    self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval)
+                    self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval, drop=self.drop_metrics)
                     await self.prom.start()
                 self.kubelet = FakeKubelet(cluster.url, self.workload, self.clock,
                                            startup_seconds=self.startup_seconds, crash_if=self.crash_if,
