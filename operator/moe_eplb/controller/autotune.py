@@ -347,6 +347,8 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
     baseline = None
     if answer is not None and cfg.mode == "Apply" and blocker is None:
         baseline = await _measure(rt, inf, pods, max(start, now - cfg.evaluation_interval_s), now)
+    # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
+    now = rt.clock.now()
     out = dec.evaluate(cfg, state, now=now, generation=inf.generation, current=current, spec_eplb=inf.spec_knobs,
                        data_window=data_window, load_error=load_error, answer=answer, tune_error=tune_error,
                        workload_blocker=blocker, baseline=baseline, from_hash=view.template_hash,

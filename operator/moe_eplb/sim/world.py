@@ -173,6 +173,7 @@ class SimWorld:
     observer: Callable[[str, dict, dict], None] | None = None
     engine_tick: float = 0.05
     true_cost: Any = None
+    kubelet_poll: float = 0.1
     # handles, set by run()
     cluster: Any = None
     clock: SimClock | None = None
@@ -214,7 +215,7 @@ class SimWorld:
                                            startup_seconds=self.startup_seconds, crash_if=self.crash_if,
                                            crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
                                            num_groups=self.num_groups,
-                                           engine_tick=self.engine_tick,
+                                           engine_tick=self.engine_tick, poll=self.kubelet_poll,
                                            on_change=self.prom.update if self.prom else None,
                                            true_cost=self.true_cost)
                 await self.kubelet.start()

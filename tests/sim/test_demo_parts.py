@@ -1,0 +1,55 @@
+"""The demo's own parts (no cluster): its resources render as a Deployment and a LeaderWorkerSet,
+its DeepSeek-V3 workload turns a few experts hot at the shift without changing the traffic, and
+``--summary`` writes exactly the documented keys."""
+
+from __future__ import annotations
+
+import numpy as np
+from click.testing import CliRunner
+from moe_eplb.api.spec import parse
+from moe_eplb.cli import main
+from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.render.objects import render_children
+from moe_eplb.sim import demo as D
+
+
+def test_the_demo_runs_one_deployment_and_one_leaderworkerset():
+    kinds = {r["metadata"]["name"]: {c["kind"] for c in render_children(parse(r))} for r in (D.QWEN, D.DEEPSEEK)}
+    assert "Deployment" in kinds["qwen3-vl-demo"] and "LeaderWorkerSet" not in kinds["qwen3-vl-demo"]
+    assert "LeaderWorkerSet" in kinds["deepseek-v3-demo"] and "Deployment" not in kinds["deepseek-v3-demo"]
+    ds = parse(D.DEEPSEEK)
+    assert (ds.parallelism.ep_size, ds.parallelism.nodes, ds.moe_shape.num_moe_layers, ds.moe_shape.num_experts) == (
+        32, 4, 58, 256)
+
+
+def test_hot_experts_concentrate_load_from_the_shift_and_keep_each_bucket_total():
+    rng = np.random.default_rng(0)
+    trace = LoadTrace(load=rng.integers(1, 20, (40, 3, 16)).astype(float), bucket_steps=np.full(40, 10),
+                      bucket_seconds=15.0)
+    hot = D.hot_experts(trace, from_second=300.0, experts=2, factor=6.0, ramp_seconds=60.0)
+    np.testing.assert_allclose(hot.load.sum(axis=(1, 2)), trace.load.sum(axis=(1, 2)))
+    np.testing.assert_array_equal(hot.load[:20], trace.load[:20])  # before the shift: untouched
+    share = hot.load[30:].sum(axis=0) / hot.load[30:].sum(axis=(0, 2))[:, None]
+    base = trace.load[30:].sum(axis=0) / trace.load[30:].sum(axis=(0, 2))[:, None]
+    top2 = np.sort(share / base, axis=1)[:, -2:]
+    assert np.all(top2 > 3.0)  # two experts per layer draw far more than before
+
+
+def test_summary_has_exactly_the_documented_keys():
+    result = {"name": "x", "kind": "LeaderWorkerSet", "mode": "Apply", "label": "l", "ep": 32, "final": {},
+              "evaluations": 3, "balancedness": {"tuned": 0.9, "untuned": 0.8, "after_shift_tuned": 0.85,
+                                                 "after_shift_untuned": 0.7},
+              "applied_changes": [{"at_s": 10.0, "window_size": 100, "step_interval": 1000,
+                                   "num_redundant_experts": 32, "measured_gain": 0.1, "kept": True, "reason": "r"}]}
+    s = D.summary_record(5400.0, {"x": result})
+    assert set(s) == {"shift_at_s", "resources"} and s["shift_at_s"] == 5400.0
+    (r,) = s["resources"]
+    assert set(r) == {"name", "kind", "mode", "applied_changes", "balancedness"}
+    assert set(r["applied_changes"][0]) == {"at_s", "window_size", "step_interval", "num_redundant_experts",
+                                            "measured_gain", "kept"}
+    assert set(r["balancedness"]) == {"tuned", "untuned", "after_shift_tuned", "after_shift_untuned"}
+
+
+def test_demo_command_offers_summary():
+    out = CliRunner().invoke(main, ["demo", "--help"])
+    assert out.exit_code == 0 and "--summary" in out.output
