@@ -70,14 +70,16 @@ from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 
 log = logging.getLogger("moe_eplb.autotune")
 
-#: The operator's search (a reduced ladder of the tuner's, 27 candidates) on the last 30 minutes
-#: of load, sized so one core evaluates >= 200 resources every 5 minutes (bench/bench_autotune.py).
-#: Override with MOE_EPLB_AUTOTUNE_SEARCH=full and MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS.
+#: The operator's search (a reduced ladder of the tuner's, 27 candidates, the 6 best of the screening
+#: re-scored on every layer) on the last 30 minutes of load, sized so one core evaluates >= 200
+#: resources every 5 minutes (bench/bench_autotune.py). Override with MOE_EPLB_AUTOTUNE_SEARCH=full
+#: and MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS.
 OPERATOR_SEARCH: dict[str, Any] = {
     "windows": (250, 1000, 4000),
     "intervals": (500, 2000, 8000),
     "max_redundancy_levels": 3,
     "segments": 4,
+    "finalists": 6,
 }
 
 

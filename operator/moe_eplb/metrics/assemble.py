@@ -306,7 +306,10 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
         parts.append((rows, inc.values))
     total = np.zeros((len(index), grid.shape[0] - 1))
     for rows, values in parts:
-        np.add.at(total, rows, values)  # a pod may report a key twice (two sample-time groups)
+        if np.unique(rows).size == rows.size:
+            total[rows] += values  # one series per key in a group (the usual case): plain indexing
+        else:
+            np.add.at(total, rows, values)
     out.rows = {key: total[i] for key, i in index.items()}
     return out
 
