@@ -99,7 +99,7 @@ def test_direct_scraping_of_a_simulated_engine_fills_every_key():
     rounds = []
     for t in range(15, 301, 15):
         eng.advance_to(float(t))
-        rounds.append(Round(time=float(t), pods={"p": parse_exposition(eng._exposition.render().decode())}))
+        rounds.append(Round(time=float(t), pods={"p": parse_exposition(eng.exposition().decode())}))
     trace = trace_from_rounds(rounds, num_layers=2, num_experts=8)
     src, starts = series_from_rounds(rounds)
     trace = with_telemetry(trace, src, np.array([r.time for r in rounds]), 1, starts)

@@ -28,6 +28,7 @@ def _record() -> DemoRecord:
 
 
 def test_every_line_drawn_is_in_the_legend():
+    """(one resource's panel; the report draws one such panel per resource)"""
     fig = balancedness_figure(_record(), hours=2.0, ep=16)
     ax = fig.axes[0]
     legend = {(h.get_color(), h.get_linestyle()): t.get_text()
@@ -48,10 +49,11 @@ def test_legend_lists_only_the_markers_drawn():
 
 
 def test_reasons_are_never_cut_mid_word(tmp_path):
-    summary = {"hours": 2.0, "prometheus": True, "wall_seconds": 1.0, "final": {}, "changes_kept": 2,
-               "rollbacks": 1, "balancedness": dict.fromkeys(("tuned", "untuned", "tuned_after_shift",
-                                                               "untuned_after_shift"), 0.9)}
-    _write_report(str(tmp_path), _record(), summary, workload=None, ep=16)
+    result = {"name": "r", "kind": "Deployment", "mode": "Apply", "label": "a resource", "ep": 16, "final": {},
+              "applied_changes": [], "evaluations": 1,
+              "balancedness": dict.fromkeys(("tuned", "untuned", "after_shift_tuned", "after_shift_untuned"), 0.9)}
+    _write_report(str(tmp_path), {"r": _record()}, {"r": result}, {"shift_at_s": 3600.0, "resources": []},
+                  hours=2.0, wall=1.0, prometheus=True)
     report = (tmp_path / "report.md").read_text()
     assert REASON.replace("|", "\\|") in report  # whole, the table's separator escaped
     console = short(REASON, 110)

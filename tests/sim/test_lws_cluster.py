@@ -92,7 +92,7 @@ async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
             for w in (0, 1):  # each pod serves its own endpoint
                 assert parse_exposition(await _metrics(group.pods[w].port)).steps["example/tiny-moe"] > 0
             # both pods' expositions rendered at one instant (no engine tick between them)
-            samples = [parse_exposition(engine._expositions[w].render().decode()) for w in (0, 1)]
+            samples = [parse_exposition(engine.exposition(w).decode()) for w in (0, 1)]
             steps = [s.steps["example/tiny-moe"] for s in samples]
             assert steps[0] == steps[1] == engine.replay.steps > 0  # lockstep: both count the engine's steps
             tokens = [np.array([v for _, v in sorted(s.tokens["example/tiny-moe"].items())]) for s in samples]

@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import json
 import os
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -177,6 +178,21 @@ class DemoRecord:
     last: dict = field(default_factory=dict)  # engine -> rank counters at the previous sample
 
 
+def short(text: Any, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters, cut only between words (" …" marks a cut)."""
+    return textwrap.shorten(str(text or ""), width=width, placeholder=" …")
+
+
+def _cell(text: Any) -> str:
+    """A reason as one Markdown table cell: whole (never cut), on one line, no column separators."""
+    return " ".join(str(text or "").split()).replace("|", "\\|")
+
+
+#: (action in status.autotune.history, colour, legend label) of the vertical change markers
+CHANGE_MARKERS = (("Kept", "tab:green", "change applied, judged and kept"),
+                  ("RolledBack", "tab:orange", "change rolled back"))
+
+
 def _fmt_t(seconds: float) -> str:
     seconds = max(0.0, seconds)
     return f"{int(seconds // 3600):d}:{int(seconds % 3600 // 60):02d}"
@@ -272,12 +288,12 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
                                   "predictedGain": gain, "reason": payload.get("reason", "")})
             g = f"{100 * gain:+.1f}%" if isinstance(gain, (int, float)) else "   - "
             echo(f"{tag} {payload.get('decision', '?'):9s} best {_kn(best):>12s} gain {g:>7s}  "
-                 f"{payload.get('reason', '')[:100]}")
+                 f"{short(payload.get('reason'), 100)}")
         elif kind == "rollout":
             echo(f"{tag} rollout   {payload.get('kind')} -> {payload.get('phase')}")
         elif kind == "history":
             rec.history.append({"t_h": t / 3600.0, **payload})
-            echo(f"{tag} {payload.get('action'):9s} {payload.get('reason', '')[:130]}")
+            echo(f"{tag} {payload.get('action'):9s} {short(payload.get('reason'), 130)}")
 
     # Prometheus scrapes each pod every 2 s (wall) and keeps what the operator reads (the replica-map
     # gauge, 15k series per DeepSeek-V3 pod, is dropped at ingestion); a bucket holds >= 2 scrapes
@@ -392,6 +408,41 @@ def summary_record(shift_at_s: float, results: dict[str, dict]) -> dict:
     }
 
 
+def _draw_balancedness(ax: Any, record: DemoRecord, hours: float, title: str) -> None:
+    """One resource's balancedness over simulated hours on ``ax``: tuned and untuned, the workload
+    shift and every change (kept or rolled back); every line drawn is in the legend."""
+    from matplotlib.lines import Line2D
+
+    s = record.samples
+    if s:
+        ax.plot([x["t_h"] for x in s], [x.get("untuned") for x in s], label="untuned (vLLM defaults, same workload)",
+                color="tab:gray", lw=1)
+        ax.plot([x["t_h"] for x in s], [x["balancedness"] for x in s], label="tuned (measured on the pods)",
+                color="tab:blue", lw=1)
+    ax.axvline(hours / 2, color="tab:red", ls="--", label="workload shift")
+    handles, _ = ax.get_legend_handles_labels()
+    for action, color, label in CHANGE_MARKERS:
+        times = [h["t_h"] for h in record.history if h.get("action") == action]
+        for t in times:
+            ax.axvline(t, color=color, ls=":", lw=1)
+        if times:  # one legend entry per kind of marker, however many were drawn
+            handles.append(Line2D([], [], color=color, ls=":", lw=1, label=label))
+    ax.set_ylabel("balancedness (mean / max tokens per GPU)")
+    ax.set_title(title)
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
+
+
+def balancedness_figure(record: DemoRecord, hours: float, ep: int) -> Any:
+    """The balancedness plot of one resource (see :func:`_draw_balancedness`)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    _draw_balancedness(ax, record, hours, f"moe-eplb demo (simulated): EP {ep}, {hours:g} h")
+    ax.set_xlabel("simulated hours")
+    fig.tight_layout()
+    return fig
+
+
 def _write_report(out_dir: str, records: dict[str, DemoRecord], results: dict[str, dict], summary: dict,
                   hours: float, wall: float, prometheus: bool) -> None:
     import matplotlib
@@ -400,20 +451,9 @@ def _write_report(out_dir: str, records: dict[str, DemoRecord], results: dict[st
     import matplotlib.pyplot as plt
 
     n = len(records)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 3.6 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(10, 3.8 * n), squeeze=False)
     for ax, (name, rec) in zip(axes[:, 0], records.items()):
-        s = rec.samples
-        if s:
-            ax.plot([x["t_h"] for x in s], [x.get("untuned") for x in s], label="untuned (vLLM defaults, same workload)",
-                    color="tab:gray", lw=1)
-            ax.plot([x["t_h"] for x in s], [x["balancedness"] for x in s], label="tuned (measured on the pods)",
-                    color="tab:blue", lw=1)
-        ax.axvline(hours / 2, color="tab:red", ls="--", label="workload shift")
-        for h in rec.history:
-            ax.axvline(h["t_h"], color="tab:green" if h.get("action") == "Kept" else "tab:orange", ls=":", lw=1)
-        ax.set_ylabel("balancedness")
-        ax.set_title(f"{name}: {results[name]['label']}")
-        ax.legend(loc="lower right", fontsize=8)
+        _draw_balancedness(ax, rec, hours, f"{name}: {results[name]['label']}")
     axes[-1, 0].set_xlabel("simulated hours")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "balancedness.png"), dpi=110)
@@ -462,11 +502,11 @@ def _write_report(out_dir: str, records: dict[str, DemoRecord], results: dict[st
             g = d.get("predictedGain")
             lines.append(f"| {_fmt_t(d['t_h'] * 3600)} | {d['decision']} | {_kn(d.get('current'))} | "
                          f"{_kn(d.get('recommended'))} | {'-' if g is None else f'{100 * g:+.1f}%'} | "
-                         f"{str(d.get('reason', '')).replace('|', '/')[:160]} |")
+                         f"{_cell(d.get('reason'))} |")
         lines += ["", "| sim time | outcome | from | to | reason |", "| --- | --- | --- | --- | --- |"]
         for h in rec.history:
             lines.append(f"| {_fmt_t(h['t_h'] * 3600)} | {h.get('action')} | {_kn(h.get('from'))} | {_kn(h.get('to'))} | "
-                         f"{str(h.get('reason', '')).replace('|', '/')[:160]} |")
+                         f"{_cell(h.get('reason'))} |")
         lines.append("")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -431,6 +431,10 @@ class SimulatedEngine:
         self._task: asyncio.Task | None = None
         self._expositions = [_Exposition(self, k) for k in range(pods)]
 
+    def exposition(self, pod: int = 0) -> bytes:
+        """What pod ``pod`` of the engine answers on ``/metrics`` now (classic text format)."""
+        return self._expositions[pod].render()
+
     @property
     def expert_tokens(self) -> np.ndarray:
         """``[L, E]`` tokens the engine routed to each expert (sum over its pods)."""
