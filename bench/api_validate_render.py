@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
+
 from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import apiserver_problems, validate
 from moe_eplb.render.objects import render_children

@@ -22,6 +22,7 @@ import argparse
 import time
 
 import numpy as np
+
 from moe_eplb import metric_names
 from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import parse

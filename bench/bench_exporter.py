@@ -31,11 +31,12 @@ import time
 import types
 
 import numpy as np
+from prometheus_client.exposition import generate_latest  # noqa: E402
+
 from moe_eplb.exporter import hook, snapshot  # noqa: E402
 from moe_eplb.exporter.collector import PodCollector  # noqa: E402
 from moe_eplb.exporter.recorder import SnapshotWriter, StateRecorder  # noqa: E402
 from moe_eplb.exporter.server import make_registry  # noqa: E402
-from prometheus_client.exposition import generate_latest  # noqa: E402
 
 
 def make_state_class(torch, L, E, R, device):

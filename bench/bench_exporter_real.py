@@ -44,6 +44,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "operator")]
 from tests.vllm_engine import harness  # noqa: E402
 from tests.vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
 
+
 def make_engines(work: str) -> list[harness.Engine]:
     """[with, without]: engines (not started) built from the rendered "full" MoEInference."""
     from tests.vllm_engine import tiny_model

@@ -26,6 +26,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+
 from moe_eplb.eplb.policy import rebalance, rebalance_batch  # noqa: E402
 
 LAYERS, EXPERTS = 58, 256

@@ -34,6 +34,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+
 from moe_eplb.eplb import synth  # noqa: E402
 from moe_eplb.eplb.policy import rebalance  # noqa: E402
 from moe_eplb.eplb.simulator import Replay, Topology  # noqa: E402

@@ -43,6 +43,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from holdout import CALIBRATED_ROWS, ROWS, evaluate_calibrated_holdout, evaluate_holdout  # noqa: E402
+
 from moe_eplb.api.knobs import VLLM_DEFAULTS  # noqa: E402
 from moe_eplb.eplb import synth  # noqa: E402
 from moe_eplb.sim.telemetry import TrueCost, record  # noqa: E402

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.profiles import static_imbalance, total_variation
 from moe_eplb.eplb.tracefile import save_trace

@@ -35,9 +35,9 @@ from grafana_foundation_sdk.models import common as gcm
 from grafana_foundation_sdk.models import dashboard as gdm
 from grafana_foundation_sdk.models import heatmap as ghm
 from grafana_foundation_sdk.models import prometheus as gpm
+
 from moe_eplb import metric_names as mn
 from moe_eplb.controller import decisions
-
 from scripts import vllm_metric_names as vllm
 
 DS = gdm.DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb import synth
 from moe_eplb.sim.engine import EngineSettings, SimulatedEplb, balancedness

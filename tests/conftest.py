@@ -57,6 +57,7 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
     ``namespaces`` serves only those (namespaced mode) instead of the whole cluster;
     ``operator_settings``: the process's OperatorSettings (``moe-eplb run`` options), e.g. defaults."""
     import kopf
+
     from moe_eplb.controller.handlers import Controller
     from moe_eplb.controller.main import build_settings, run_operator
 

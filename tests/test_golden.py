@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from moe_eplb.cli import main
 
+from moe_eplb.cli import main
 from tests.golden import HERE, make_trace, strip_timings
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))

@@ -43,8 +43,9 @@ import json
 import os
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

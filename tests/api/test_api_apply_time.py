@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from moe_eplb.api.validation import apiserver_problems
 
+from moe_eplb.api.validation import apiserver_problems
 from tests.example_manifests import DELETE, EXAMPLES, load_moeinferences
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

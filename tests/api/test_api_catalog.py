@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from moe_eplb.api import catalog
 from moe_eplb.api.catalog import ARCHITECTURES, MODELS, QUANTIZATIONS, lookup
 

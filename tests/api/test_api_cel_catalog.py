@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+
 from moe_eplb.api import catalog, cel_catalog
 from moe_eplb.api.crd import crd_text
 from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import apiserver_problems, semantic_problems
 from moe_eplb.api.versions import parse_version
-
 from tests.example_manifests import DELETE
 
 CRD_SOURCE = Path(cel_catalog.__file__).with_name("crd.yaml")

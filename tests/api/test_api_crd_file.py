@@ -9,6 +9,7 @@ import cel
 import pytest
 import yaml
 from click.testing import CliRunner
+
 from moe_eplb.api.crd import crd, crd_text, openapi_schema
 from moe_eplb.api.imageref import IMAGE_PATTERN
 from moe_eplb.api.schema import schema_problems

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import validate
 

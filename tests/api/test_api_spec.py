@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from moe_eplb.api.crd import default_engine_image
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.spec import apply_defaults, parse, status_eplb
 from moe_eplb.api.versions import parse_version, uses_eplb_config_json
-
 from tests.example_manifests import DELETE
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import (
     Problem,
@@ -16,7 +17,6 @@ from moe_eplb.api.validation import (
     nearest_redundant_values,
     validate,
 )
-
 from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

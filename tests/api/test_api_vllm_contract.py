@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
 from moe_eplb.api.spec import parse
 from moe_eplb.api.versions import parse_version

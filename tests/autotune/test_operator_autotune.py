@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from moe_eplb.sim.world import SimWorld, prometheus_binary
 from prometheus_client import REGISTRY
+
+from moe_eplb.sim.world import SimWorld, prometheus_binary
 
 from .conftest import (
     NAME,

@@ -6,9 +6,10 @@ calibration in ``status.autotune.lastEvaluation.calibration`` and its metrics.""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
+
 from moe_eplb.sim.telemetry import TrueCost
 from moe_eplb.sim.world import SimWorld, prometheus_binary
-from prometheus_client import REGISTRY
 
 from .conftest import NAME, NS, SCALE, autotune_status, resource, wait_for
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from moe_eplb.api.autotune_status import (
     HISTORY_LIMIT,
     AutotuneStatus,

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from moe_eplb import k8s_names, metric_names
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -33,6 +32,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from moe_eplb import k8s_names, metric_names
 from scripts import vllm_metric_names as v
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------

@@ -14,10 +14,9 @@ or on one without (:data:`BARE_CLUSTER`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
-
-import json
 
 import pytest
 import yaml

@@ -6,11 +6,11 @@ from __future__ import annotations
 import importlib.util
 import re
 
-import moe_eplb
 import pytest
 import yaml
-from moe_eplb import k8s_names, metric_names
 
+import moe_eplb
+from moe_eplb import k8s_names, metric_names
 from scripts import vllm_metric_names as v
 from tests.chart import chart_queries as cq
 from tests.chart.chart_support import CHART_DIR, ROOT

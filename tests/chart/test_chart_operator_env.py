@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from moe_eplb.cli.operator_cmds import run, settings_from_cli
 from moe_eplb.controller import settings as s
-
 from tests.chart.chart_support import VALUE_SETS
 
 
@@ -143,6 +143,7 @@ def test_operator_refuses_its_own_labels_naming_the_variable(render, monkeypatch
 ])
 def test_bad_pod_monitor_labels_name_the_variable(monkeypatch, value, message):
     from click.testing import CliRunner
+
     from moe_eplb.cli import main
 
     for _opt, var in s.OPTIONS.values():

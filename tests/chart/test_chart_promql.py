@@ -10,8 +10,8 @@ import time
 
 import pytest
 import yaml
-from moe_eplb import metric_names as mn
 
+from moe_eplb import metric_names as mn
 from tests.chart import chart_queries as cq
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import FAST_ALERTS, render_chart, rule_groups
@@ -92,8 +92,9 @@ def test_catalog_matches_the_real_exporter():
 def test_catalog_matches_the_operators_metrics():
     """Every moe_eplb_* metric the operator process registers (autotune metrics and the reconcile
     counter) has the catalog's type and label names, and the catalog has no operator metric more."""
-    from moe_eplb.controller import main, opmetrics
     from prometheus_client import REGISTRY
+
+    from moe_eplb.controller import main, opmetrics
 
     opmetrics.metrics()
     main.reconcile_counter()

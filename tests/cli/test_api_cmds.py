@@ -8,10 +8,10 @@ import sys
 import pytest
 import yaml
 from click.testing import CliRunner
+
 from moe_eplb.api.spec import parse
 from moe_eplb.cli import main
 from moe_eplb.render.objects import render_children
-
 from tests.example_manifests import EXAMPLES
 
 SEED = EXAMPLES / "qwen3-vl-30b-a3b-awq-eplb.yaml"

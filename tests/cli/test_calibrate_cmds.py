@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.cli import main
 from moe_eplb.eplb import synth

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+
 from moe_eplb import k8s_names
 from moe_eplb.cli import main
 from moe_eplb.cli.operator_cmds import run, settings_from_cli

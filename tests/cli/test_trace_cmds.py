@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from moe_eplb.cli import main
 from moe_eplb.eplb import profiles, synth
 from moe_eplb.eplb.tracefile import load_trace

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from moe_eplb.cli import main
 from moe_eplb.eplb.simulator import simulate, simulate_static
 from moe_eplb.eplb.trace import LoadTrace

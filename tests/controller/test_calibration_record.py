@@ -3,6 +3,8 @@ calibration metrics."""
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from moe_eplb.api.autotune_status import (
     AutotuneStatus,
     CalibratedParameter,
@@ -15,7 +17,6 @@ from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.eplb.calibrate import Calibration, Parameter
-from prometheus_client import REGISTRY
 
 
 def _cal(share_source: str = "measured") -> Calibration:

@@ -15,6 +15,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 import yaml
+
 from moe_eplb.controller.k8s import USER_AGENT
 from moe_eplb.controller.rbac import (
     NAMESPACED_MODE_CLUSTER_RULES,
@@ -23,7 +24,6 @@ from moe_eplb.controller.rbac import (
     grants,
     request_verb,
 )
-
 from tests.controller.test_operator_loop import (  # noqa: F401
     NS,
     ROOT,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from moe_eplb.cli import main
 from moe_eplb.eplb import policy
 from moe_eplb.eplb.policy import (

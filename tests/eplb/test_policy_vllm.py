@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.policy import rebalance, rebalance_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.policy import rebalance
 from moe_eplb.eplb.simulator import (

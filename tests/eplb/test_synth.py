@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb import profiles, synth
 from moe_eplb.eplb.profiles import total_variation
 from moe_eplb.eplb.trace import LoadTrace

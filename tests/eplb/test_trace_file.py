@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.eplb.tracefile import (
     load_trace,

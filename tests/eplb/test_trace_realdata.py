@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb import profiles, tracefile
 from moe_eplb.eplb.trace import TraceError
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.trace import LoadTrace, TraceError, served_imbalance
 from moe_eplb.eplb.tracefile import load_trace, save_trace, trace_from_dict, trace_to_dict
 from moe_eplb.trace_format import TELEMETRY_KEYS

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.simulator import Knobs, Replay, Topology
 from moe_eplb.eplb.trace import LoadTrace
@@ -216,9 +217,8 @@ def test_holdout_property_on_real_data_derived_workload(source):
     """Done-when on one small workload built from real routing data (the generator's shipped
     fits, or fitted now on the files in ../shared/traces): Qwen3-VL shape, a chat -> math shift,
     tuned on the first half only, scored on the second."""
-    from moe_eplb.eplb import synth
-
     from bench.holdout import evaluate_holdout
+    from moe_eplb.eplb import synth
 
     src = _real_source() if source == "real-files" else None
     trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", hours=1.0, seed=7, source=src)

@@ -19,8 +19,8 @@ import urllib.request
 def worker() -> None:
     import numpy as np
     import torch
-    from moe_eplb.exporter import hook, plugin, settings
 
+    from moe_eplb.exporter import hook, plugin, settings
     from tests.exporter.exporter_helpers import make_standin_v012
 
     plugin.register()

@@ -6,6 +6,8 @@ import urllib.request
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import (
@@ -16,8 +18,7 @@ from moe_eplb.exporter.collector import (
     families,
 )
 from moe_eplb.exporter.server import make_registry, serve
-from moe_eplb.exporter.settings import Settings, ExporterSettingsError
-from prometheus_client.parser import text_string_to_metric_families
+from moe_eplb.exporter.settings import ExporterSettingsError, Settings
 
 
 def _worker(pid, rank, ep, L=2, E=4, scale=1.0, steps=10, name="m", use_async=False):

@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 from moe_eplb.exporter import hook  # noqa: E402
 from moe_eplb.exporter.layout import UnsupportedLayout, detect  # noqa: E402
 from moe_eplb.exporter.recorder import StateRecorder  # noqa: E402
-
 from tests.exporter.exporter_helpers import make_standin_v010, make_standin_v012  # noqa: E402
 
 

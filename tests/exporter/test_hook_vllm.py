@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from moe_eplb.exporter import hook
 from moe_eplb.exporter.recorder import StateRecorder
-
 from tests.exporter.exporter_helpers import logical_counts, make_real_state, route
 
 pytestmark = pytest.mark.vllm

@@ -11,9 +11,9 @@ import urllib.request
 
 import numpy as np
 import pytest
+
 from moe_eplb.eplb.tracefile import load_trace
 from moe_eplb.exporter import snapshot
-
 from tests.exporter.exporter_helpers import env_without_exporter, free_port
 
 pytestmark = pytest.mark.integration  # exporter server processes

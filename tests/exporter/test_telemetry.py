@@ -15,15 +15,16 @@ import types
 
 import numpy as np
 import pytest
-from tests.exporter.exporter_helpers import env_without_exporter, free_port, logical_counts, make_moe_model, route, vllm_world
+from prometheus_client import Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
 from moe_eplb import metric_names
 from moe_eplb.exporter import hook
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
 from moe_eplb.exporter.recorder import IDLE_GAP_SECONDS, SnapshotWriter, StateRecorder, kv_cache_bytes
 from moe_eplb.exporter.server import make_registry
-from prometheus_client import Counter, Histogram
-from prometheus_client.exposition import generate_latest
+from tests.exporter.exporter_helpers import env_without_exporter, free_port, logical_counts, make_moe_model, route, vllm_world
 
 
 class FakeClock:
@@ -54,9 +55,8 @@ def _model_config(model, served, tag=""):
 
 
 def _state(es, L=2, E=4, R=0, interval=10**6, models=(("org/tiny", "tiny-served", None),)):
-    from vllm.config import ParallelConfig, set_current_vllm_config
-
     import torch
+    from vllm.config import ParallelConfig, set_current_vllm_config
 
     vc = vllm_world()
     pc = ParallelConfig()

@@ -16,8 +16,8 @@ import sys
 
 def main() -> None:
     import torch
-    from moe_eplb.exporter import hook, plugin, settings
 
+    from moe_eplb.exporter import hook, plugin, settings
     from tests.exporter.exporter_helpers import make_standin_v012
 
     L, E = int(os.environ["DRIVER_LAYERS"]), int(os.environ["DRIVER_EXPERTS"])

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import (
@@ -29,7 +30,6 @@ from moe_eplb.metrics.reader import (
     with_baselines,
 )
 from moe_eplb.metrics.scrape import PodScraper, Target
-
 from tests import ROOT
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.integration]

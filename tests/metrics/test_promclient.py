@@ -8,6 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import read_load_trace

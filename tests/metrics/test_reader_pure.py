@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.assemble import (
     grid_for,
@@ -181,10 +182,11 @@ def test_targets_from_pods():
 
 
 def test_parse_exposition_roundtrip_with_the_collector():
+    from prometheus_client.exposition import generate_latest
+
     from moe_eplb.exporter import snapshot as snap
     from moe_eplb.exporter.collector import aggregate, families
     from moe_eplb.exporter.server import make_registry
-    from prometheus_client.exposition import generate_latest
 
     m = snap.ModelSnapshot(name="m", ep_rank=0, ep_size=1, expert_tokens=np.array([[1.0, 2.0], [3.0, 4.0]]),
                            rank_tokens=np.ones((2, 1)), replicas=np.ones((2, 2), np.int64), steps=7, start_time=12.5)

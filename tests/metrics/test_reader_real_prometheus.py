@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from moe_eplb import metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.reader import read_load_trace

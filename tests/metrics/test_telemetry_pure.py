@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.trace import LoadTrace

@@ -94,7 +94,7 @@ class Override:
     spec_eplb: Knobs | None = None
 
     @classmethod
-    def of(cls, knobs: Knobs, *, spec_generation: int | None, spec_eplb: Knobs | None) -> "Override":
+    def of(cls, knobs: Knobs, *, spec_generation: int | None, spec_eplb: Knobs | None) -> Override:
         return cls(knobs.window_size, knobs.step_interval, knobs.num_redundant_experts, spec_generation, spec_eplb)
 
     def resolve(self, base: Knobs) -> Knobs:
@@ -225,10 +225,10 @@ class AutotuneStatus:
     #: the mapping as stored (what a status patch is computed against)
     stored: Mapping[str, Any] = field(default_factory=dict, metadata={"skip": True}, compare=False, repr=False)
 
-    def replace(self, **changes: Any) -> "AutotuneStatus":
+    def replace(self, **changes: Any) -> AutotuneStatus:
         return dataclasses.replace(self, **changes)
 
-    def with_history(self, entry: HistoryEntry) -> "AutotuneStatus":
+    def with_history(self, entry: HistoryEntry) -> AutotuneStatus:
         """This status with ``entry`` appended to the history (oldest dropped past HISTORY_LIMIT)."""
         return self.replace(history=(self.history + (entry,))[-HISTORY_LIMIT:])
 

@@ -44,7 +44,7 @@ def camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fields(cls: type) -> tuple[tuple[dataclasses.Field, Any, str], ...]:
     hints = typing.get_type_hints(cls)
     return tuple((f, hints[f.name], f.metadata.get("key") or camel(f.name))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from openapi_schema_validator import OAS30Validator
 

@@ -419,7 +419,7 @@ class MoEInference:
     def prometheus_url(self) -> str | None:
         return self.monitoring.prometheus_url or None
 
-    def with_operator_defaults(self, defaults: "OperatorDefaults") -> "MoEInference":
+    def with_operator_defaults(self, defaults: OperatorDefaults) -> MoEInference:
         """This resource with what the operator process fills in where the spec leaves it unset (a
         private copy: never written back): ``spec.monitoring.prometheusUrl`` (``--prometheus-url``),
         the PodMonitor's labels (``--pod-monitor-labels``; the resource's own labels win) and the

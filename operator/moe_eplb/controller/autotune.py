@@ -34,8 +34,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import kopf
 
@@ -153,7 +154,7 @@ class AutotuneRuntime:
     _direct: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_env(cls) -> "AutotuneRuntime":
+    def from_env(cls) -> AutotuneRuntime:
         """Defaults, with ``MOE_EPLB_AUTOTUNE_TICK_SECONDS``, ``MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS``
         and ``MOE_EPLB_AUTOTUNE_SEARCH=full`` (the tuner's full ladder) applied."""
         rt = cls()

@@ -124,7 +124,7 @@ class TunerAnswer:
     breakdown: dict[str, float]
 
     @classmethod
-    def of(cls, result: TuneResult) -> "TunerAnswer":
+    def of(cls, result: TuneResult) -> TunerAnswer:
         gain, _vs = result.headline_gain()
         breakdown = {k: (round(float(v), 6) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                      for k, v in result.chosen.result.throughput.to_dict().items()}

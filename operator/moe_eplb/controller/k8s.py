@@ -120,7 +120,7 @@ class Connection:
     private_key_data: str | bytes | None = None
 
     @classmethod
-    def from_info(cls, info: Any) -> "Connection":
+    def from_info(cls, info: Any) -> Connection:
         fields = cls.__dataclass_fields__
         return cls(**{k: getattr(info, k, None) for k in fields})
 
@@ -170,7 +170,7 @@ class KubeClient:
         self.calls: list[tuple[str, str, str, str | None]] = []
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "KubeClient":
+    async def __aenter__(self) -> KubeClient:
         await self.open()
         return self
 

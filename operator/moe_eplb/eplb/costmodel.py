@@ -86,7 +86,7 @@ class CostModel:
             if not ok:
                 raise ValueError(f"CostModel.{name}: invalid value {getattr(self, name)!r}")
 
-    def with_(self, **changes) -> "CostModel":
+    def with_(self, **changes) -> CostModel:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

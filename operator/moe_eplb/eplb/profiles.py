@@ -32,8 +32,9 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class PopularityFit:
     def domains(self) -> tuple[str, ...]:
         return tuple(self.log_quantiles)
 
-    def subset(self, domains: Sequence[str]) -> "PopularityFit":
+    def subset(self, domains: Sequence[str]) -> PopularityFit:
         """The same fit restricted to ``domains`` (in that order)."""
         idx = [self.domains.index(d) for d in domains]
         grouped = self.group_loading is not None and self.group_corr is not None
@@ -183,7 +184,7 @@ class PopularityFit:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PopularityFit":
+    def from_dict(cls, d: Mapping[str, Any]) -> PopularityFit:
         if not np.allclose(d["quantile_ranks"], QUANTILE_RANKS):
             raise TraceError("popularity fit: quantile_ranks differ from this version's; re-run bench/fit_profiles.py")
         groups = d.get("groups")
@@ -251,7 +252,7 @@ class TemporalFit:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TemporalFit":
+    def from_dict(cls, d: Mapping[str, Any]) -> TemporalFit:
         return cls(
             source=d["source"],
             num_experts=int(d["num_experts"]),
@@ -325,7 +326,7 @@ def kappa_for_tv(share: np.ndarray, tv: float) -> float:
     return max((spread / tv) ** 2 - 1.0, 0.0)
 
 
-def mean_domain_tv(fit: "PopularityFit") -> float | None:
+def mean_domain_tv(fit: PopularityFit) -> float | None:
     """Mean TV distance between two domains, over all pairs and sampled layers (None if < 2)."""
     d = len(fit.domains)
     if d < 2:
@@ -522,7 +523,7 @@ def fit_popularity(counts, num_groups: int = 1, ep_size: int = 32, digits: int |
 def fit_temporal(
     routings: Sequence[Any],
     windows: Sequence[int] = (4, 8, 16, 32, 64),
-    same_model_popularity: "PopularityFit | None" = None,
+    same_model_popularity: PopularityFit | None = None,
 ) -> TemporalFit:
     """Fit a :class:`TemporalFit` from :class:`~moe_eplb.eplb.tracefile.TokenRouting` objects of
     one source model (and, for ``domain_tv``, that model's :class:`PopularityFit`).

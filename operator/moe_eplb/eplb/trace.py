@@ -108,7 +108,7 @@ class Telemetry:
         """The trace keys present, in :data:`TRACE_KEYS_TELEMETRY` order."""
         return tuple(k for k in TRACE_KEYS_TELEMETRY if getattr(self, k) is not None)
 
-    def check(self, bucket_steps: np.ndarray, num_layers: int, num_experts: int) -> "Telemetry":
+    def check(self, bucket_steps: np.ndarray, num_layers: int, num_experts: int) -> Telemetry:
         """This telemetry validated against its trace (T buckets, L layers, E experts) and with
         plain NumPy types; raises :class:`TraceError` naming the key, the place and the fix."""
         T = int(bucket_steps.shape[0])
@@ -203,7 +203,7 @@ class Telemetry:
             secs[ev.bucket] += ev.seconds
         return count, secs
 
-    def slice(self, start: int, stop: int, num_buckets: int) -> "Telemetry":
+    def slice(self, start: int, stop: int, num_buckets: int) -> Telemetry:
         """Buckets ``[start, stop)`` (rearrangements renumbered from ``start``)."""
         lo, hi, _ = slice(start, stop).indices(num_buckets)
         cut = {k: getattr(self, k)[lo:hi] for k in ("step_seconds", "rank_load", "kv_cache_usage",
@@ -372,7 +372,7 @@ class LoadTrace:
             out.update(self.telemetry.summary())
         return out
 
-    def slice(self, start: int, stop: int) -> "LoadTrace":
+    def slice(self, start: int, stop: int) -> LoadTrace:
         """Buckets ``[start, stop)`` as a new trace."""
         return LoadTrace(
             load=self.load[start:stop],

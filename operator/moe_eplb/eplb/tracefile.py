@@ -16,9 +16,10 @@ import json
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -29,8 +30,8 @@ from moe_eplb.eplb.trace import (
     TRACE_KEYS_REQUIRED,
     TRACE_KEYS_TELEMETRY,
     LoadTrace,
-    RecordedConfig,
     Rearrangement,
+    RecordedConfig,
     Telemetry,
     TraceError,
 )

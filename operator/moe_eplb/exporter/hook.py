@@ -30,7 +30,8 @@ import importlib.abc
 import logging
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from moe_eplb.exporter.layout import NAMES_ATTR, UnsupportedLayout, check_step_signature, detect
 

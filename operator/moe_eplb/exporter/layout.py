@@ -23,8 +23,9 @@ it once and exports nothing for that process; the engine keeps running.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 class UnsupportedLayout(RuntimeError):

@@ -65,7 +65,7 @@ class Settings:
     start_time: float | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         mode = env.get(ENV_MODE, "full").strip().lower() or "full"
         if mode not in MODES:

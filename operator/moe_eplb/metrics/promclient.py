@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from moe_eplb.metrics.errors import (
     PROMETHEUS_QUERY_FAILED,
@@ -97,7 +97,7 @@ class PrometheusClient:
             raise err(PROMETHEUS_QUERY_FAILED,
                       f"{url}: {kind}: {body.get('error', exc.reason) if isinstance(body, dict) else exc.reason}"
                       ) from None
-        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise _Transient(PROMETHEUS_UNAVAILABLE,
                              f"cannot reach Prometheus at {self.url} ({reason}); check "

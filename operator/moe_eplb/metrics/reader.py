@@ -29,7 +29,6 @@ from dataclasses import replace
 import numpy as np
 
 from moe_eplb import metric_names
-from moe_eplb.trace_format import TELEMETRY_KEYS
 from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
@@ -42,6 +41,7 @@ from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
 from moe_eplb.metrics.telemetry import SAMPLE_NAMES, TelemetrySeries, series_from_rounds, telemetry_from_series
+from moe_eplb.trace_format import TELEMETRY_KEYS
 
 
 def _q(value: str) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
