@@ -95,7 +95,7 @@ def main() -> int:
     label, call = _single_call_timer()
     rng = np.random.default_rng(1)
     times = []
-    for i in range(15):
+    for _ in range(15):
         k = res.candidates[int(rng.integers(0, n_cand))].knobs
         wins = replay.windows(k)
         s, e = wins[int(rng.integers(0, len(wins)))]

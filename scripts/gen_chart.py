@@ -87,7 +87,8 @@ def render_rbac() -> dict[Path, str]:
               "# NAMESPACED_MODE_CLUSTER_RULES; do not edit.\n"
               "# clusterWide: the ClusterRole of cluster-wide mode (operator.watchNamespaces empty).\n"
               "# namespacedCluster + namespaced: namespaced mode's ClusterRole and per-namespace Role.\n")
-    body = yaml.safe_dump(split_rules(RBAC_RULES, NAMESPACED_MODE_CLUSTER_RULES), sort_keys=False, default_flow_style=None, width=100)
+    body = yaml.safe_dump(split_rules(RBAC_RULES, NAMESPACED_MODE_CLUSTER_RULES), sort_keys=False,
+                          default_flow_style=None, width=100)
     return {CHART / "files" / "rbac-rules.yaml": header + body}
 
 

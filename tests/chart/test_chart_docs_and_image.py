@@ -33,7 +33,7 @@ def test_reference_doc_is_generated_from_the_crd_and_up_to_date():
     # every field of the schema is in it, with its description
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for section in ("spec", "status"):
-        for path, sub, _ in gen.walk(schema["properties"][section], section):
+        for path, _sub, _ in gen.walk(schema["properties"][section], section):
             assert f"| `{path}`" in text, path
     for must in ("spec.eplb.windowSize", "spec.autotune.mode", "spec.parallelism.tensor", "status.conditions"):
         assert f"`{must}`" in text

@@ -97,8 +97,8 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
             procs[pod] = subprocess.Popen(
                 [sys.executable, "-m", "moe_eplb", "run"], stdout=subprocess.DEVNULL, stderr=open(logs[pod], "w"),
                 env=chart_env(kube, health, metrics, pod, MOE_EPLB_PEERING="moe-eplb"))
-        for pod, (health, _) in ports.items():
-            await eventually(lambda: http_get(f"http://127.0.0.1:{health}/healthz"), timeout=30)
+        for health, _ in ports.values():
+            await eventually(lambda h=health: http_get(f"http://127.0.0.1:{h}/healthz"), timeout=30)
 
         async def both_registered():
             peers = (await kube.get("/apis/kopf.dev/v1/clusterkopfpeerings/moe-eplb")).get("status") or {}
@@ -117,7 +117,7 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
         await asyncio.sleep(1.0)  # room for a (wrong) second actor to reconcile too
         counts = {}
         for pod, (_, metrics) in ports.items():
-            status, text = await eventually(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"))
+            status, text = await eventually(lambda m=metrics: http_get(f"http://127.0.0.1:{m}/metrics"))
             counts[pod] = reconciles(text)
         assert counts[leader] >= 1 and counts[standby] == 0, (priorities, counts)
         assert not any("Pausing" in r["message"] for r in json_logs(logs[leader]))

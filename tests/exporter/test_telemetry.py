@@ -118,7 +118,7 @@ def test_step_tokens_come_from_prepare_forward_and_match_the_load(real_eplb):
     rng = np.random.default_rng(0)
     tokens_per_step = [5, 1, 0, 17, 64]  # 0: a dummy step (no forward)
     total = np.zeros((2, 4))
-    for i, n in enumerate(tokens_per_step):
+    for n in tokens_per_step:
         dummy = n == 0
         if not dummy:
             state.prepare_forward(mc, n)
@@ -220,7 +220,7 @@ def test_snapshot_counts_only_steps_whose_load_landed(real_eplb, tmp_path):
     writer = SnapshotWriter(str(tmp_path))
     recs = _install(real_eplb, writer=writer, flush_seconds=1.0, clock=clock)
     state, [(model, mc)] = _state(real_eplb)
-    for i in range(5):
+    for _ in range(5):
         state.prepare_forward(mc, 2)
         route(model, np.ones((2, 2, 2), np.int64))
         clock.t += 0.3

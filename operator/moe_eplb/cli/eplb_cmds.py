@@ -40,9 +40,9 @@ def _read_weights(path: str) -> list:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--weights")
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--weights") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"{path} is not valid JSON ({exc})", param_hint="--weights")
+        raise click.BadParameter(f"{path} is not valid JSON ({exc})", param_hint="--weights") from None
     if not isinstance(data, list) or not data or not all(isinstance(row, list) for row in data):
         raise click.BadParameter(
             f"{path} must hold a non-empty 2-D list [layers][experts] of numbers",
@@ -95,7 +95,7 @@ def _add_rebalance(main: click.Group) -> None:
         except PolicyError as exc:
             hint = _REBALANCE_FLAGS.get(exc.param, exc.param)
             reason = f"{weights_path}: {exc.reason}" if exc.param == "weight" else exc.reason
-            raise click.BadParameter(reason, param_hint=hint)
+            raise click.BadParameter(reason, param_hint=hint) from None
         json.dump({"phy2log": phy2log.tolist(), "logcnt": logcnt.tolist()}, sys.stdout)
         sys.stdout.write("\n")
 
@@ -408,7 +408,7 @@ def _add_simulate(main: click.Group) -> None:
             eplb = replay.run(Knobs(window, interval, redundant))
             static = replay.run_static()
         except (SimError, ValueError) as exc:
-            raise bad_parameter(exc)
+            raise bad_parameter(exc) from None
         if report_dir:
             from moe_eplb.eplb.report import write_simulation_report
 
@@ -500,7 +500,7 @@ def _add_tune(main: click.Group) -> None:
                 notes.append(f"--min-steps {min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")
         except (TuneError, SimError, ValueError) as exc:
-            raise bad_parameter(exc)
+            raise bad_parameter(exc) from None
         if report_dir:
             from moe_eplb.eplb.report import write_tune_report
 
@@ -572,7 +572,7 @@ def _add_calibrate(main: click.Group) -> None:
             calibration, cost = _calibrated(trace, CostModel(use_async=not sync_mode), nodes, groups,
                                             bytes_per_expert, sync_mode)
         except (CalibrationError, SimError, ValueError) as exc:
-            raise bad_parameter(exc)
+            raise bad_parameter(exc) from None
         if as_json:
             json.dump({**calibration.to_dict(), "cost_model": cost.to_dict()}, sys.stdout)
             sys.stdout.write("\n")

@@ -59,7 +59,8 @@ def metrics() -> _Metrics:
     return _Metrics(
         evaluations=Counter(strip(metric_names.TUNER_EVALUATIONS), "Autotune evaluations by result (ok, nodata, error)",
                             ["namespace", "name", "result"]),
-        decisions=Counter(strip(metric_names.TUNER_DECISIONS), "Autotune decisions (Keep, Recommend, Apply, Defer, NoData, Error)",
+        decisions=Counter(strip(metric_names.TUNER_DECISIONS),
+                          "Autotune decisions (Keep, Recommend, Apply, Defer, NoData, Error)",
                           ["namespace", "name", "decision"]),
         predicted_gain=Gauge(metric_names.TUNER_PREDICTED_GAIN, "Predicted relative throughput gain of the last recommendation",
                              ["namespace", "name"]),

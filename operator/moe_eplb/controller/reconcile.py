@@ -9,7 +9,8 @@ The flow (one resource at a time, serialised per resource by :class:`Reconciler`
    apply order). A render error is handled like an invalid spec (nothing applied).
 3. Plan every child (GET, then absent -> create, else the minimal patch), send every pending write
    first with ``dryRun=All``: if the API server refuses any child, nothing is applied and the
-   status says so (``Degraded``, reason ``ChildRejected``, a Warning Event). Then, in order: absent -> POST (a 409 from a concurrent creator falls through
+   status says so (``Degraded``, reason ``ChildRejected``, a Warning Event). Then, in order:
+   absent -> POST (a 409 from a concurrent creator falls through
    to patching, so a re-run never fails with AlreadyExists); present -> compute the minimal merge
    patch that makes the live object cover the desired one (:func:`merge_diff`) and PATCH only that.
    Changing only ``spec.replicas`` therefore patches only ``spec.replicas`` of the workload (no pod

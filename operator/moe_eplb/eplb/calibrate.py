@@ -275,7 +275,8 @@ def _least_squares(y: np.ndarray, n: np.ndarray, t: np.ndarray, x: np.ndarray, k
     idx = {nm: i for i, nm in enumerate(names)}
     grad = np.zeros(len(names))
     grad[idx["c0"]], grad[idx["c1"]] = 1.0, float(np.average(t, weights=n))
-    out = {"c0": float(c0), "c1": float(c1), "f": float(f), "f_se": float(math.sqrt(max(cov[idx["f"], idx["f"]], 0.0))) if fit_f else 0.0,
+    f_se = float(math.sqrt(max(cov[idx["f"], idx["f"]], 0.0))) if fit_f else 0.0
+    out = {"c0": float(c0), "c1": float(c1), "f": float(f), "f_se": f_se,
            "s0": float(c0 + c1 * grad[idx["c1"]]), "s0_se": float(math.sqrt(max(grad @ cov @ grad, 0.0))),
            "sigma": sigma, "outliers": int(np.count_nonzero(~inl))}
     if fit_d:

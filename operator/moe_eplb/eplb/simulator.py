@@ -6,7 +6,8 @@ What is replayed (vLLM 0.32 ``EplbState.step`` / ``rearrange``, see ``docs/tuner
   ``[S_t, S_t + bucket_steps[t])``. **Load inside a bucket is taken as uniform over its steps**
   (the trace has no finer resolution): a part of a bucket carries the same share of its load.
 - A rearrangement happens after step ``k`` for ``k = max(I // 4, 1) + j * I < N`` (vLLM starts its
-  counter at ``I - I // 4``; :func:`moe_eplb.vllm_facts.rearrangement_steps`), from the logical load of steps ``[max(0, k - W), k)`` (its ring buffer
+  counter at ``I - I // 4``; :func:`moe_eplb.vllm_facts.rearrangement_steps`), from the logical
+  load of steps ``[max(0, k - W), k)`` (its ring buffer
   of the last W recorded steps; fewer at the start), computed by the project's policy, which gives
   vLLM's placements. The new placement serves from step ``k`` on.
 - Before the first rearrangement the placement is vLLM's initial one: slots ``0..E-1`` hold experts

@@ -135,7 +135,8 @@ def _load_sources(
         if isinstance(item, tracefile.DomainCounts):
             same_shape = item.num_experts == num_experts and num_groups > 1 and num_experts % num_groups == 0
             ep = 32 if num_experts % 32 == 0 else num_groups
-            item = _profiles.fit_popularity(item, num_groups=num_groups, ep_size=ep) if same_shape else _profiles.fit_popularity(item)
+            item = (_profiles.fit_popularity(item, num_groups=num_groups, ep_size=ep) if same_shape
+                    else _profiles.fit_popularity(item))
         if isinstance(item, PopularityFit):
             pops.append(item)
         elif isinstance(item, tracefile.TokenRouting):

@@ -145,7 +145,8 @@ class Telemetry:
             bad = ~np.isfinite(arr) & ~(np.isnan(arr) & (bucket_steps == 0) & (name != "preemptions"))
             if bad.any():
                 t = int(np.argmax(bad))
-                raise TraceError(f"{name}: {'NaN or infinite value' if not np.isnan(arr[t]) or name == 'preemptions' else 'no value'} "
+                what = "NaN or infinite value" if not np.isnan(arr[t]) or name == "preemptions" else "no value"
+                raise TraceError(f"{name}: {what} "
                                  f"at bucket {t}" + ("" if name == "preemptions" else
                                                      " (null only where bucket_steps is 0)"))
             arr = np.where(np.isfinite(arr), arr, np.nan)

@@ -443,7 +443,8 @@ def token_routing_from_dict(d: Mapping[str, Any], where: str = "token routing") 
     choices = np.full((len(experts), num_layers, top_k), -1, dtype=np.int64)
     for t, token in enumerate(experts):
         if not isinstance(token, list) or len(token) != num_layers:
-            raise TraceError(f"{where}: experts[{t}] has {len(token) if isinstance(token, list) else '?'} layers, expected {num_layers}")
+            got = len(token) if isinstance(token, list) else "?"
+            raise TraceError(f"{where}: experts[{t}] has {got} layers, expected {num_layers}")
         for layer, chosen in enumerate(token):
             if not chosen:
                 continue  # not recorded for this token and layer

@@ -224,6 +224,24 @@ def unpatch_eplb_state(cls: type) -> None:
     setattr(cls, _PATCHED, False)
 
 
+
+class _CallbackLoader(importlib.abc.Loader):
+    """Runs ``loader`` as usual, then ``callback(module)`` (a failure there never breaks the import)."""
+
+    def __init__(self, loader: importlib.abc.Loader, callback: Callable[[Any], None]) -> None:
+        self.loader, self.callback = loader, callback
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        try:
+            self.callback(module)
+        except Exception as exc:  # noqa: BLE001
+            _fail_soft("hook installation", exc)
+
+
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
     """Runs ``callback(module)`` right after ``module_name`` is first executed."""
 
@@ -239,20 +257,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                loader, callback = spec.loader, self.callback
-
-                class _Loader(importlib.abc.Loader):
-                    def create_module(self, spec):
-                        return loader.create_module(spec)
-
-                    def exec_module(self, module):
-                        loader.exec_module(module)
-                        try:
-                            callback(module)
-                        except Exception as exc:  # noqa: BLE001
-                            _fail_soft("hook installation", exc)
-
-                spec.loader = _Loader()
+                spec.loader = _CallbackLoader(spec.loader, self.callback)
                 return spec
         return None
 

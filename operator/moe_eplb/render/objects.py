@@ -171,7 +171,8 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     pvc = inf.model.pvc
     if pvc:
-        volumes.append({"name": "model-storage", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": pvc.read_only}})
+        claim = {"claimName": pvc.claim_name, "readOnly": pvc.read_only}
+        volumes.append({"name": "model-storage", "persistentVolumeClaim": claim})
         mount = {"name": "model-storage", "mountPath": pvc.mount_path, "readOnly": pvc.read_only}
         if pvc.sub_path:
             mount["subPath"] = pvc.sub_path
