@@ -26,6 +26,13 @@ Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HT
   conditions; LeaderWorkerSet: groups, ``hpaPodSelector``, conditions -- validated by the emulated
   API against the published LWS CRD).
 
+Which engine runs a pod is decided in ONE place, :meth:`FakeKubelet._engine`: a
+:class:`~moe_eplb.sim.engine.SimulatedEngine` by default, or whatever ``engine_factory`` builds from
+an :class:`EngineRequest` (the pod's parsed settings AND its pod spec, so a factory can start a real
+``vllm serve`` from the rendered container; the real-engine demo in tests/vllm_engine does). The
+kubelet only uses an engine's ``start()`` / ``stop()`` coroutines, ``ready`` and ``ports`` (one
+exporter port per pod of the engine, known before ``start()`` returns).
+
 Crash loops are emulated for the tests: ``crash_if(settings) -> bool`` decides which settings make
 the engine exit at start-up (every pod of it), ``crash_pod_if(settings, worker_index)`` which pods of
 a group (0 = leader). ``faults_for(settings)`` can inject engine faults (see
@@ -42,9 +49,9 @@ import json
 import logging
 import secrets
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
@@ -119,6 +126,29 @@ def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) 
         return EngineSettings(model=model, ep_size=tp * dp, knobs=knobs, eplb_enabled=enabled,
                               num_groups=num_groups, share=share)
     raise PodSpecError("no container runs `vllm serve`")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What the kubelet asks an engine factory for: the engine of one Deployment pod, or of one
+    LeaderWorkerSet group (``pods`` > 1: the leader's pod spec; every pod of it runs the same args).
+
+    Attributes:
+        settings: the EPLB settings parsed from the pod spec (:func:`engine_settings`).
+        instance: the MoEInference (pod label ``eplb.ai/name``).
+        namespace: the pod's namespace.
+        pod_spec: the pod's spec as the workload's template has it (containers, command, args, env);
+            a copy, the factory may keep it.
+        pods: pods the engine spans.
+        seed: a number distinct per engine the kubelet starts (the pods created so far).
+    """
+
+    settings: EngineSettings
+    instance: str
+    namespace: str
+    pod_spec: dict
+    pods: int = 1
+    seed: int = 0
 
 
 def _int_or_percent(value: Any, total: int, *, round_up: bool) -> int:
@@ -214,6 +244,11 @@ class FakeKubelet:
             MoEInference name -> groups.
         poll: wall seconds between reconciliations.
         on_change: called with :meth:`targets` whenever the set of ready pods changes.
+        engine_factory: ``factory(EngineRequest) -> engine`` (not started) instead of a
+            :class:`~moe_eplb.sim.engine.SimulatedEngine`; the kubelet awaits ``engine.start()``
+            (which must return quickly: readiness is read from ``engine.ready`` later), reads
+            ``engine.ports`` and awaits ``engine.stop()`` when the pod goes. A ``ValueError`` from
+            the factory is a crash at start-up.
         true_cost: the deployment's true cost parameters the engines' telemetry comes from
             (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
     """
@@ -224,8 +259,10 @@ class FakeKubelet:
                  crash_pod_if: Callable[[EngineSettings, int], bool] | None = None,
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, poll: float = 0.1, engine_tick: float = 0.1,
-                 on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None) -> None:
+                 on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None,
+                 engine_factory: Callable[[EngineRequest], Any] | None = None) -> None:
         self.true_cost = true_cost
+        self.engine_factory = engine_factory
         self.url = api_url.rstrip("/")
         self.workload, self.clock = workload, clock
         self.startup_seconds = startup_seconds
@@ -304,7 +341,7 @@ class FakeKubelet:
         if self._session:
             await self._session.close()
 
-    async def __aenter__(self) -> "FakeKubelet":
+    async def __aenter__(self) -> FakeKubelet:
         await self.start()
         return self
 
@@ -487,10 +524,19 @@ class FakeKubelet:
             return None, str(exc)
         return (dataclasses.replace(settings, num_nodes=pods) if pods > 1 else settings), None
 
-    async def _engine(self, settings: EngineSettings, instance: str, pods: int = 1) -> SimulatedEngine:
-        engine = SimulatedEngine(self.trace_for(instance), settings, self.clock, startup_seconds=self.startup_seconds,
-                                 tick=self.engine_tick, faults=self.faults_for(settings), seed=self.pods_created,
-                                 true_cost=self.true_cost, pods=pods)
+    async def _engine(self, settings: EngineSettings, instance: str, pods: int = 1, *, pod_spec: dict | None = None,
+                      namespace: str = "default") -> Any:
+        """Start the engine of a pod (or of an LWS group spanning ``pods`` pods): the factory's, else a
+        :class:`~moe_eplb.sim.engine.SimulatedEngine` replaying the instance's workload."""
+        if self.engine_factory is not None:
+            engine = self.engine_factory(EngineRequest(settings=settings, instance=instance, namespace=namespace,
+                                                       pod_spec=json.loads(json.dumps(pod_spec or {})), pods=pods,
+                                                       seed=self.pods_created))
+        else:
+            engine = SimulatedEngine(self.trace_for(instance), settings, self.clock,
+                                     startup_seconds=self.startup_seconds, tick=self.engine_tick,
+                                     faults=self.faults_for(settings), seed=self.pods_created,
+                                     true_cost=self.true_cost, pods=pods)
         await engine.start()
         return engine
 
@@ -506,7 +552,7 @@ class FakeKubelet:
         engine = None
         if not crash:
             try:
-                engine = await self._engine(settings, d.instance)
+                engine = await self._engine(settings, d.instance, pod_spec=pod_spec, namespace=d.namespace)
             except ValueError as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("fake kubelet: pod %s crashes: %s", name, exc)
                 engine, crash = None, True
@@ -671,7 +717,8 @@ class FakeKubelet:
         engine = None
         if not crashing:
             try:
-                engine = await self._engine(leader_settings, lw.instance, pods=size)
+                engine = await self._engine(leader_settings, lw.instance, pods=size, pod_spec=bodies[0]["spec"],
+                                            namespace=lw.namespace)
             except ValueError as exc:  # vLLM fails at start-up: every pod of the group
                 log.warning("fake kubelet: group %s/%d crashes: %s", lw.name, index, exc)
                 crashing = set(range(size))

@@ -26,8 +26,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace
@@ -152,6 +153,9 @@ class SimWorld:
         observer: autotune observer (see ``AutotuneRuntime.observer``).
         true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
+        engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
+            instead of a simulated one (see :class:`~moe_eplb.sim.kubelet.FakeKubelet`); ``workload``
+            is then only used by engines the factory does not build (pass an empty mapping).
     """
 
     workload: LoadTrace | dict[str, LoadTrace]
@@ -174,6 +178,7 @@ class SimWorld:
     engine_tick: float = 0.05
     true_cost: Any = None
     kubelet_poll: float = 0.1
+    engine_factory: Callable[[Any], Any] | None = None
     # handles, set by run()
     cluster: Any = None
     clock: SimClock | None = None
@@ -187,7 +192,7 @@ class SimWorld:
         return self.prom.url if self.prom else None
 
     @contextlib.asynccontextmanager
-    async def run(self) -> AsyncIterator["SimWorld"]:
+    async def run(self) -> AsyncIterator[SimWorld]:
         from moe_eplb.controller import autotune
         from moe_eplb.sim.kubeapi import emulated_cluster
         from moe_eplb.sim.kubelet import FakeKubelet
@@ -217,7 +222,7 @@ class SimWorld:
                                            num_groups=self.num_groups,
                                            engine_tick=self.engine_tick, poll=self.kubelet_poll,
                                            on_change=self.prom.update if self.prom else None,
-                                           true_cost=self.true_cost)
+                                           true_cost=self.true_cost, engine_factory=self.engine_factory)
                 await self.kubelet.start()
                 try:
                     yield self
