@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo test test-fast test-engine e2e-vllm bench clean
+.PHONY: setup setup-vllm demo demo-vllm-cpu test test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-engine: setup setup-vllm
 # the whole path once on the real engine; last line of output is one JSON object
 e2e-vllm: setup setup-vllm
 	PYTHON=$(PY) bash scripts/e2e_vllm_cpu.sh
+
+# the closed autotune loop with one REAL vLLM engine (CPU, test bridge) as the pod; ~4 min on two
+# cores; last line of output is one JSON object (docs/demo.md)
+demo-vllm-cpu: setup setup-vllm
+	PYTHON=$(PY) bash scripts/demo_vllm_cpu.sh
 
 bench: setup setup-vllm
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

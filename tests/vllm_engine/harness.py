@@ -257,7 +257,17 @@ class Engine:
         ]
 
     # --- life cycle ---------------------------------------------------------------------------
-    def start(self, timeout: float = START_TIMEOUT) -> "Engine":
+    def start(self, timeout: float = START_TIMEOUT) -> Engine:
+        self.launch()
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Start the process and return at once (:meth:`wait_ready` waits for ``/health``)."""
         os.makedirs(self.workdir, exist_ok=True)
         self.exporter_dir = self.exporter_dir or tempfile.mkdtemp(prefix="exporter-", dir=self.workdir)
         self.log_path = os.path.join(self.workdir, f"engine-{self.api_port}.log")
@@ -266,18 +276,15 @@ class Engine:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.argv(), env=self.env(), cwd=self.workdir, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def wait_ready(self, timeout: float) -> None:
         deadline = self.started_at + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} while starting; log tail:\n{self.tail()}")
+            proc = self.proc
+            if proc is None:
+                raise RuntimeError("vLLM was stopped while starting")
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode} while starting; log tail:\n{self.tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
                     if resp.status == 200:
@@ -314,7 +321,7 @@ class Engine:
                 with contextlib.suppress(OSError):
                     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:
@@ -371,7 +378,7 @@ class Engine:
         """Engine iterations vLLM itself counted (``vllm:iteration_tokens_total_count``)."""
         return Samples(self.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
 
-    def wait_exported(self, timeout: float = 30.0) -> tuple["Samples", "Samples"]:
+    def wait_exported(self, timeout: float = 30.0) -> tuple[Samples, Samples]:
         """Poll until the exporter's engine-step counter equals vLLM's own iteration count: all the
         engine did is exported (after the last request that takes the idle flush, ~1-2 s).
         Returns (exporter scrape, vLLM /metrics scrape)."""
@@ -521,7 +528,7 @@ class Prometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "Prometheus":
+    def start(self, timeout: float = 30.0) -> Prometheus:
         os.makedirs(self.workdir, exist_ok=True)
         cfg = os.path.join(self.workdir, "prometheus.yml")
         with open(cfg, "w") as f:

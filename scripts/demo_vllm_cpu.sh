@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The closed autotune loop with ONE REAL vLLM engine as the pod, CPU only ("vLLM on CPU with the
+# test bridge"): the simulated cluster of `moe-eplb demo` (emulated API, fake kubelet, a real
+# Prometheus, the real operator with autotune Apply) on the real clock, whose one pod is a real
+# `vllm serve` (vLLM 0.32.0 CPU wheel, tiny Qwen3-MoE, TP 2 = EP 2, sync EPLB) started from the args
+# the operator rendered; the tuner's change restarts it with the new --eplb-config and the judge
+# reads its real counters. Prints progress, then as its LAST line one JSON object
+# (see tests/vllm_engine/closed_loop.py).
+#
+#   bash scripts/demo_vllm_cpu.sh [--workdir DIR] [--keep] [--timeout S]
+#
+# Python: $PYTHON if set, else .venv/bin/python when it already has the engine's packages, else
+# `make setup-vllm` first. Needs the `prometheus` binary (Debian package prometheus). Offline.
+# About 3 minutes on two cores; gives up after --timeout (default 600 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+probe='import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client, kopf, kmock'
+if [ -n "${PYTHON:-}" ]; then
+  PY="$PYTHON"
+elif [ -x .venv/bin/python ] && .venv/bin/python -c "$probe" >/dev/null 2>&1; then
+  PY=.venv/bin/python
+else
+  echo "[demo-vllm-cpu] setting up .venv (make setup-vllm)" >&2
+  make setup-vllm >&2
+  PY=.venv/bin/python
+fi
+command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
+  echo "[demo-vllm-cpu] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
+
+# this checkout's code first (the venv may hold an editable install of another checkout); the
+# real-engine pieces (bridge, tiny model, launcher) are the test package tests.vllm_engine
+export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec timeout 900 "$PY" -m tests.vllm_engine.closed_loop "$@"
