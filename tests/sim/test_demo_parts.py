@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from click.testing import CliRunner
+
 from moe_eplb.api.spec import parse
 from moe_eplb.cli import main
 from moe_eplb.eplb.trace import LoadTrace

@@ -9,6 +9,7 @@ import copy
 
 import aiohttp
 import pytest
+
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import OperatorDefaults, parse
 from moe_eplb.eplb import synth
@@ -21,7 +22,6 @@ from moe_eplb.sim.engine import (
     SimulatedEngine,
     SimulatedEplb,
 )
-
 from tests.autotune.conftest import RESOURCE
 
 
@@ -31,8 +31,8 @@ def small_trace():
                           bucket_seconds=15, seed=2, shift_at=0.5)
 
 
-def _replay_balancedness(trace, settings: EngineSettings, faults=EngineFaults()) -> tuple[float, int]:
-    rp = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults)
+def _replay_balancedness(trace, settings: EngineSettings, faults: EngineFaults | None = None) -> tuple[float, int]:
+    rp = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults or EngineFaults())
     num = den = 0.0
     for t in range(trace.num_buckets):
         rank = rp.run(trace.load[t], int(trace.bucket_steps[t]))

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
 from moe_eplb.eplb import synth
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import aggregate, families
 from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
-from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 
 def _shape(text: str) -> dict[str, tuple[str, frozenset, tuple[float, ...]]]:

@@ -13,6 +13,7 @@ import json
 
 import aiohttp
 import pytest
+
 from moe_eplb.sim.kubeapi import label_selector_matches, parse_label_selector
 
 pytestmark = pytest.mark.integration  # an emulated API server

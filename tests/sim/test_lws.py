@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 import yaml
+
 from moe_eplb import k8s_names
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
 from moe_eplb.api.spec import parse

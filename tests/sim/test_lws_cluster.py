@@ -13,6 +13,7 @@ import time
 import aiohttp
 import numpy as np
 import pytest
+
 from moe_eplb import k8s_names
 from moe_eplb.api.spec import parse
 from moe_eplb.eplb import synth
@@ -21,7 +22,6 @@ from moe_eplb.render.objects import render_children
 from moe_eplb.sim.engine import SimClock
 from moe_eplb.sim.kubeapi import emulated_cluster
 from moe_eplb.sim.kubelet import FakeKubelet
-
 from tests.autotune.conftest import RESOURCE
 from tests.sim.test_lws import _problems
 

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from moe_eplb import metric_names as mn
     from moe_eplb.eplb.tracefile import save_trace
+
     from . import overhead, tiny_model
 
     work = args.workdir or tempfile.mkdtemp(prefix="e2e-vllm-cpu-")

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from moe_eplb import metric_names as mn
+
 from . import harness
 from . import tiny_model as tm
 from .conftest import record_time

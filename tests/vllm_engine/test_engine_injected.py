@@ -23,6 +23,7 @@ import yaml
 
 from moe_eplb import k8s_names
 from moe_eplb import metric_names as mn
+
 from . import harness
 from . import tiny_model as tm
 from .conftest import record_time

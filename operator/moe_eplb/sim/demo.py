@@ -34,8 +34,9 @@ import json
 import os
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -82,7 +82,7 @@ class SimClock:
     workload_start: float | None = None  # simulated POSIX seconds of trace bucket 0 (default: epoch)
 
     @classmethod
-    def started_now(cls, scale: float = 1.0) -> "SimClock":
+    def started_now(cls, scale: float = 1.0) -> SimClock:
         t = time.time()
         return cls(scale=float(scale), epoch=t, workload_start=t)
 
@@ -294,7 +294,7 @@ class _Exposition:
     the event loop the whole simulated cluster shares. Output parses with prometheus_client's parser.
     """
 
-    def __init__(self, engine: "SimulatedEngine", pod: int = 0) -> None:
+    def __init__(self, engine: SimulatedEngine, pod: int = 0) -> None:
         e = engine
         self.pod = pod
         per_pod = e.settings.ep_size // e.pods

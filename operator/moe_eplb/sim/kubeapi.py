@@ -638,7 +638,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         try:
             selector = parse_label_selector(request.params.get("labelSelector", ""))
         except ValueError as exc:
-            raise _error(400, "BadRequest", f"labelSelector: {exc}")
+            raise _error(400, "BadRequest", f"labelSelector: {exc}") from None
         return selector, request.params.get("fieldSelector")
 
     def _selected(self, request: kmock.Request) -> list[dict[str, Any]]:
@@ -767,9 +767,10 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                 try:
                     new = jsonpatch.apply_patch(current, request.data)
                 except jsonpatch.JsonPatchTestFailed as exc:
-                    raise _error(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
+                    raise _error(422, "Invalid",
+                                 f"the server rejected our request due to an error in our request: {exc}") from None
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                    raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}")
+                    raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
                 new.setdefault("metadata", {}).pop("resourceVersion", None)
             elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
                 if not isinstance(request.data, dict):

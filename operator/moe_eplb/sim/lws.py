@@ -76,7 +76,7 @@ class Strategy:
     partition: int = 0
 
     @classmethod
-    def of(cls, spec: dict) -> "Strategy":
+    def of(cls, spec: dict) -> Strategy:
         replicas = int(spec.get("replicas", 1))
         ru = (spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
         surge = min(scaled(ru.get("maxSurge", 0), replicas, round_up=True), replicas)

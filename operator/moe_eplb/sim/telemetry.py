@@ -33,7 +33,7 @@ import numpy as np
 
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.costmodel import GIB, CostModel
-from moe_eplb.eplb.trace import LoadTrace, RecordedConfig, Rearrangement, Telemetry, served_imbalance
+from moe_eplb.eplb.trace import LoadTrace, Rearrangement, RecordedConfig, Telemetry, served_imbalance
 
 __all__ = ["TrueCost", "record", "tokens_per_step"]
 
