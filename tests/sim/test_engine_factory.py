@@ -92,7 +92,10 @@ async def test_factory_engines_run_the_rendered_pods(kind):
         assert _eplb_config(req.pod_spec)["window_size"] == 1000
         assert first.started and not first.stopped
         # the Pod objects carry the engine's ports; not ready until the engine is
-        pods = await world.cluster.list(pods_path, f"eplb.ai/name={NAME}")
+        async def pods_with_status():  # the kubelet writes the Pod objects after the engine started
+            got = await world.cluster.list(pods_path, f"eplb.ai/name={NAME}")
+            return got if len(got) == req.pods and all("status" in p for p in got) else None
+        pods = await _until(pods_with_status)
         ports = sorted(p["containerPort"] for pod in pods for c in pod["spec"]["containers"]
                        for p in c.get("ports", []) if p["name"] == "eplb-metrics")
         assert ports == sorted(first.ports)
@@ -101,8 +104,9 @@ async def test_factory_engines_run_the_rendered_pods(kind):
 
         async def all_ready():
             got = await world.cluster.list(pods_path, f"eplb.ai/name={NAME}")
-            return got and all(c["status"] == "True" for pod in got for c in pod["status"]["conditions"]
-                               if c["type"] == "Ready")
+            return len(got) == req.pods and all(
+                c.get("status") == "True" for pod in got for c in (pod.get("status") or {}).get("conditions") or [{}]
+                if c.get("type", "Ready") == "Ready")
         await _until(all_ready)
         assert sorted(t["port"] for t in world.kubelet.targets()) == sorted(first.ports)
 
@@ -135,6 +139,7 @@ async def test_a_factory_error_is_a_crash_at_start_up():
 
         async def crashed():
             got = await world.cluster.list(f"/api/v1/namespaces/{NS}/pods", f"eplb.ai/name={NAME}")
-            return got and got[0]["status"]["containerStatuses"][0]["started"] is False
+            statuses = (got[0].get("status") or {}).get("containerStatuses") if got else None
+            return bool(statuses) and statuses[0]["started"] is False
         await _until(crashed)
         assert [p for _, p in world.kubelet.running() if p.crash]
