@@ -8,6 +8,7 @@ raw samples) or :func:`parse_vector` (instant vectors) exactly once; everything 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Iterable, Mapping
@@ -57,12 +58,20 @@ class Series:
         return key
 
 
+_SERIES_LABEL_SET = frozenset(SERIES_LABELS)
+
+
 def pod_key(labels: Mapping[str, str]) -> tuple:
-    """Sorted ``(label, value)`` pairs of ``labels`` without :data:`SERIES_LABELS`."""
-    rest = dict(labels)
-    for k in SERIES_LABELS:
-        rest.pop(k, None)
-    return tuple(sorted(rest.items()))
+    """Sorted ``(label, value)`` pairs of ``labels`` without :data:`SERIES_LABELS`.
+
+    The thousands of series of one pod share these pairs (usually in the same order, as Prometheus
+    sorts labels), so the sorted key is computed once per distinct ordering (:func:`_sorted_pairs`)."""
+    return _sorted_pairs(tuple([kv for kv in labels.items() if kv[0] not in _SERIES_LABEL_SET]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sorted_pairs(pairs: tuple) -> tuple:
+    return tuple(sorted(pairs))
 
 
 def pod_name(pod: tuple) -> str:
@@ -119,7 +128,7 @@ def parse_matrix(body: Any, what: str) -> list[Series]:
         points = list(itertools.chain.from_iterable(values))
         if set(map(len, points)) - {2}:
             raise ValueError("points must be [time, value] pairs")
-        ts_all = np.fromiter(map(float, map(_first, points)), np.float64, len(points))
+        ts_all = np.fromiter(map(_first, points), np.float64, len(points))  # numbers in Prometheus' JSON
         vs_all = np.fromiter(map(float, map(_second, points)), np.float64, len(points))  # "NaN", "+Inf" too
     except (TypeError, ValueError, KeyError, IndexError, AttributeError):
         out = []
