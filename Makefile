@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo demo-vllm-cpu test test-fast test-engine e2e-vllm bench clean
+.PHONY: setup setup-vllm demo demo-vllm-cpu lint test test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ demo: setup
 
 test: setup setup-vllm
 	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
