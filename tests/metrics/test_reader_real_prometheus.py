@@ -20,7 +20,8 @@ import pytest
 
 from moe_eplb import metric_names
 from moe_eplb.metrics.errors import LoadReadError
-from moe_eplb.metrics.reader import read_load_trace
+from moe_eplb.metrics.promclient import PrometheusClient
+from moe_eplb.metrics.reader import layer_groups, read_load_trace, with_matcher
 
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
 PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
@@ -108,7 +109,9 @@ def prom(tmp_path_factory):
 
 def _read(prom, **kw):
     base, t0 = prom
-    return read_load_trace(prometheus_url=base, namespace="ns", name="moe", window_seconds=T * BUCKET,
+    if "client" not in kw:
+        kw["prometheus_url"] = base
+    return read_load_trace(namespace="ns", name="moe", window_seconds=T * BUCKET,
                            bucket_seconds=BUCKET, now=t0 + T * BUCKET + 1, **kw)
 
 
@@ -118,6 +121,32 @@ def test_the_reader_gives_the_exact_trace(prom):
     np.testing.assert_array_equal(trace.bucket_steps, STEPS)
     np.testing.assert_array_equal(trace.load, LOAD)  # exact: raw samples, no extrapolation
     assert trace.meta["interpolated_fraction"] == 0.0
+
+
+def test_dense_families_are_read_in_groups_of_layers_with_the_same_trace(prom):
+    """An answer holds at most ~max_samples_per_answer raw samples (the operator's memory bound):
+    the expert tokens (layers of 4, 3 and 4 series, 25 samples each in the window) come in groups
+    of whole layers; the trace is the same as from one answer."""
+    base, t0 = prom
+    start, end = float(t0), float(t0 + T * BUCKET)
+    client = PrometheusClient(base)
+    sel = f'{metric_names.EXPERT_TOKENS}{{namespace="ns", moeinference="moe"}}'
+    assert layer_groups(client, sel, start, end, max_samples=10_000) is None  # 275 samples: one answer
+    assert layer_groups(client, sel, start, end, max_samples=200) == ['layer=~"0|1"', 'layer=~"2"']
+    assert layer_groups(client, sel, start, end, max_samples=60) == ['layer=~"0"', 'layer=~"1"', 'layer=~"2"']
+    steps = f'{metric_names.ENGINE_STEPS}{{namespace="ns"}}'  # no layer label: one group of its own
+    assert layer_groups(client, steps, start, end, max_samples=10) == ['layer=""']
+    assert with_matcher(sel, 'layer=~"2"') == (f'{metric_names.EXPERT_TOKENS}{{namespace="ns", moeinference="moe", '
+                                               'layer=~"2"}')
+    assert with_matcher("x", 'layer=""') == 'x{layer=""}' and with_matcher("x{}", 'a="b"') == 'x{a="b"}'
+
+    whole, grouped = PrometheusClient(base), PrometheusClient(base)
+    a = _read(prom, num_experts=E, client=whole)
+    b = _read(prom, num_experts=E, client=grouped, max_samples_per_answer=60)
+    np.testing.assert_array_equal(b.load, LOAD)
+    np.testing.assert_array_equal(b.load, a.load)
+    np.testing.assert_array_equal(b.bucket_steps, a.bucket_steps)
+    assert grouped.attempts > whole.attempts  # the expert tokens came in 3 answers (plus baselines), not 1
 
 
 def test_a_shape_the_series_contradict_is_an_error(prom):

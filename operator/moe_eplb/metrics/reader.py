@@ -23,6 +23,7 @@ here returns a partial matrix.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import replace
 
@@ -56,6 +57,62 @@ def selector(namespace: str, name: str, model: str | None = None) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+#: Raw samples one answer may hold (series x samples per series). A decoded sample costs ~150 bytes
+#: of Python objects, and a whole answer is decoded at once: a DeepSeek-V3 replica group over 4
+#: pods (59 392 expert-token series) scraped every 15 s has 7.2 million samples in 30 min, ~1.1 GB
+#: decoded in one answer -- more than the chart's 512 Mi operator limit. Reading the family in
+#: groups of layers keeps one answer to ~75 MB (:func:`layer_groups`).
+MAX_SAMPLES_PER_ANSWER = 500_000
+
+
+def layer_groups(client: PrometheusClient, selector_expr: str, start: float, end: float,
+                 max_samples: int = MAX_SAMPLES_PER_ANSWER) -> list[str] | None:
+    """Label matchers that split the series of ``selector_expr`` into answers of at most about
+    ``max_samples`` raw samples in ``(start, end]``, by ``layer`` (whole layers, in order; series
+    without a layer label in a group of their own), or None when one answer holds them all.
+
+    Two small aggregate queries size it: the number of series per layer and the sample count of
+    the densest series. Groups are disjoint, so their answers are simply concatenated."""
+    width = max(float(end) - float(start), 1e-3)
+    rng = f"[{int(math.ceil(width * 1000))}ms]"
+    label = metric_names.LABEL_LAYER
+    per_layer = parse_vector(client.query(f"count by ({label}) (count_over_time({selector_expr}{rng}))", time=end),
+                             selector_expr)
+    densest = parse_vector(client.query(f"max(count_over_time({selector_expr}{rng}))", time=end), selector_expr)
+    m = float(densest[0].vs[0]) if densest and densest[0].vs.size else 0.0
+    counts: dict[str, float] = {}
+    for s in per_layer:
+        counts[s.labels.get(label, "")] = float(s.vs[0]) if s.vs.size else 0.0
+    if sum(counts.values()) * m <= max_samples:
+        return None
+    out, group, size = [], [], 0.0
+    layers = sorted((k for k in counts if k), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+    for layer in layers:
+        if group and (size + counts[layer]) * m > max_samples:
+            out.append(group)
+            group, size = [], 0.0
+        group.append(layer)
+        size += counts[layer]
+    if group:
+        out.append(group)
+    matchers = [f'{label}=~"{"|".join(_re_escape(x) for x in g)}"' for g in out]
+    if "" in counts:
+        matchers.append(f'{label}=""')
+    return matchers
+
+
+def _re_escape(value: str) -> str:
+    return _q(re.escape(value))
+
+
+def with_matcher(selector_expr: str, matcher: str) -> str:
+    """``metric{a="b"}`` + ``c=~"d"`` -> ``metric{a="b", c=~"d"}`` (``metric`` -> ``metric{c=~"d"}``)."""
+    if selector_expr.endswith("}"):
+        head = selector_expr[:-1].rstrip()
+        return f"{head}{'' if head.endswith('{') else ', '}{matcher}}}"
+    return f"{selector_expr}{{{matcher}}}"
+
+
 def raw_samples(client: PrometheusClient, selector_expr: str, start: float, end: float,
                 chunk_seconds: float = 3600.0) -> list[Series]:
     """Every raw sample of ``selector_expr`` in ``(start, end]``, one :class:`Series` per series.
@@ -84,13 +141,19 @@ def _without_name(s: Series) -> Series:
 
 
 def with_baselines(client: PrometheusClient, selector_expr: str, start: float, end: float,
-                   chunk_seconds: float = 3600.0) -> list[Series]:
+                   chunk_seconds: float = 3600.0, max_samples: int | None = MAX_SAMPLES_PER_ANSWER) -> list[Series]:
     """:func:`raw_samples` in ``(start, end]`` plus, per series, its last raw sample at or before
     ``start`` (the baseline the first increment is taken from).
 
     The baseline comes from two instant queries at ``start`` (``x`` and ``timestamp(x)``: the value
     and the scrape time of the newest sample within Prometheus' lookback, 5 min by default) instead
-    of 5 minutes of raw samples, which would be most of the data on short windows."""
+    of 5 minutes of raw samples, which would be most of the data on short windows. A family with
+    more than ~``max_samples`` samples in the window is read in groups of layers
+    (:func:`layer_groups`; None: in one answer)."""
+    groups = layer_groups(client, selector_expr, start, end, max_samples) if max_samples else None
+    if groups:
+        return [s for g in groups for s in with_baselines(client, with_matcher(selector_expr, g), start, end,
+                                                          chunk_seconds, max_samples=None)]
     raw = raw_samples(client, selector_expr, start, end, chunk_seconds)
     values = {pod_key_all(s): s for s in parse_vector(client.query(selector_expr, time=start), selector_expr)}
     stamps = {pod_key_all(s): s for s in parse_vector(client.query(f"timestamp({selector_expr})", time=start),
@@ -140,6 +203,7 @@ def read_load_trace(
     budget: float | None = 30.0,
     client: PrometheusClient | None = None,
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
+    max_samples_per_answer: int = MAX_SAMPLES_PER_ANSWER,
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
 
@@ -153,6 +217,8 @@ def read_load_trace(
     ``trace.meta["interpolated_fraction"]`` (0..1) is its share of the window's load, and a window
     where it exceeds ``max_interpolated_fraction`` is refused (:func:`trace_from_raw_counters`).
     Transient Prometheus errors are retried within ``budget`` seconds (:class:`PrometheusClient`).
+    A family with more than ~``max_samples_per_answer`` raw samples in the window is read in groups
+    of layers (:func:`layer_groups`), which bounds the memory one answer needs.
 
     Raises:
         LoadReadError: reason PrometheusUnavailable, PrometheusQueryFailed, ScrapeFailed,
@@ -165,7 +231,7 @@ def read_load_trace(
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
         def read(metric: str) -> list[Series]:
-            return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1])
+            return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1], max_samples=max_samples_per_answer)
 
         starts = read(metric_names.EXPORTER_START_TIME)
         trace = trace_from_raw_counters(read(metric_names.EXPERT_TOKENS), read(metric_names.ENGINE_STEPS), grid,

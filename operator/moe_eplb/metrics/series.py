@@ -189,8 +189,13 @@ def merge(parts: Iterable[Series]) -> list[Series]:
     A series seen once is kept as it is, and parts that follow each other in time (a baseline
     before the window, chunks of a long window) are joined without sorting."""
     by_labels: dict[tuple, list[Series]] = {}
+    keys: dict[tuple, tuple] = {}  # labels as given -> sorted (answers list them alike: sorted once)
     for s in parts:
-        by_labels.setdefault(tuple(sorted(s.labels.items())), []).append(s)
+        given = tuple(s.labels.items())
+        key = keys.get(given)
+        if key is None:
+            key = keys[given] = tuple(sorted(given))
+        by_labels.setdefault(key, []).append(s)
     out = []
     for group in by_labels.values():
         if len(group) == 1:
