@@ -6,8 +6,15 @@ range-query answers into a load trace (the reader's pure part, on synthetic quer
 right size: one series per pod and counter, as many pods as one replica group spans), run the tuner
 with the operator's search ladder (``OPERATOR_SEARCH``) on the operator's default data window
 (``AutotuneRuntime.lookback_seconds``, 30 min) in 60 s buckets, and decide
-(``controller.decisions.evaluate``). HTTP time is not CPU time and is not counted. Workloads come
-from the built-in generator profiles.
+(``controller.decisions.evaluate``). HTTP time is not CPU time and is not counted, and neither is
+the JSON decoding of the answers (the client's ``json.loads``). Workloads come from the built-in
+generator profiles.
+
+The answers hold one raw sample per scrape (``--scrape-seconds``, default 15 s: the PodMonitor's
+interval, 121 samples per series in 30 min), and a family denser than
+``reader.MAX_SAMPLES_PER_ANSWER`` comes in groups of whole layers, as the reader asks for it. The
+table shows how many answers, the memory one of them takes decoded (``MB/answer``, tracemalloc of
+``json.loads``) and what the whole family would take in one answer.
 
 A multi-node replica group (a LeaderWorkerSet group of ``nodes`` pods) is read as the operator reads
 it: every pod reports the expert tokens its own ranks routed (the group's load is their sum) and the
@@ -19,7 +26,9 @@ Run: ``python bench/bench_autotune.py`` (prints a table; ``--quick`` for one sha
 from __future__ import annotations
 
 import argparse
+import json
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -31,6 +40,7 @@ from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_t
 from moe_eplb.eplb import synth
 
 RT = AutotuneRuntime()  # the operator's defaults: lookback window and search
+SCRAPE_SECONDS = 15.0  # the PodMonitor's scrape interval (render/objects.py SCRAPE_INTERVAL)
 
 CASES = [
     # (label, profile, model name, tensor, data, nodes)
@@ -55,12 +65,19 @@ def resource(model: str, tensor: int, data: int, nodes: int) -> dict:
     }
 
 
-def prometheus_bodies(trace, pods: int) -> tuple[dict, dict, dict, np.ndarray]:
+def prometheus_bodies(trace, pods: int, scrape_seconds: float = SCRAPE_SECONDS) -> tuple[dict, dict, dict, np.ndarray]:
     """Range-query answers (raw counters of ``pods`` pods of one replica group) for a trace, as
-    Prometheus returns them: each pod routed an uneven share of every bucket's tokens."""
+    Prometheus returns them: one raw sample per scrape (``scrape_seconds``; the PodMonitor scrapes
+    every 15 s, so a 30 min window holds 121 samples per series), each pod routing an uneven share
+    of every bucket's tokens. Returns the three bodies and the 60 s bucket grid."""
     T, L, E = trace.load.shape
-    grid = 1_800_000_000.0 + 60.0 * np.arange(T + 1)
-    steps = np.concatenate([[0], np.cumsum(trace.bucket_steps)])
+    per = int(round(trace.bucket_seconds / scrape_seconds))  # scrapes per bucket
+    grid = 1_800_000_000.0 + trace.bucket_seconds * np.arange(T + 1)
+    times = grid[0] + scrape_seconds * np.arange(T * per + 1)
+    # counters at every scrape: the bucket's load accrues evenly over its scrapes (whole tokens)
+    fine = np.repeat(trace.load / per, per, axis=0)  # [T*per, L, E]
+    fine_steps = np.repeat(trace.bucket_steps / per, per)
+    steps = np.round(np.concatenate([[0], np.cumsum(fine_steps)])).astype(np.int64)
     shares = np.random.default_rng(0).dirichlet(np.full(pods, 8.0), size=(L, E)).transpose(2, 0, 1)  # [P, L, E]
     wrap = lambda r: {"status": "success", "data": {"resultType": "matrix", "result": r}}  # noqa: E731
     expert, step, start = [], [], []
@@ -70,30 +87,64 @@ def prometheus_bodies(trace, pods: int) -> tuple[dict, dict, dict, np.ndarray]:
         if pods > 1:
             labels.update({metric_names.GROUP_LABEL: "0", metric_names.GROUP_WORKER_LABEL: str(k),
                            metric_names.GROUP_SIZE_LABEL: str(pods)})
-        cum = np.concatenate([np.zeros((1, L, E)), np.cumsum(np.round(trace.load * shares[k]), axis=0)])
+        cum = np.round(np.concatenate([np.zeros((1, L, E)), np.cumsum(fine * shares[k], axis=0)]))
+        ts = times.tolist()
         expert += [{"metric": {**labels, "__name__": metric_names.EXPERT_TOKENS, "layer": str(l), "expert": str(e)},
-                    "values": [[float(t), f"{cum[i, l, e]:.1f}"] for i, t in enumerate(grid)]}
+                    "values": [[t, f"{v:.1f}"] for t, v in zip(ts, cum[:, l, e].tolist())]}
                    for l in range(L) for e in range(E)]
         step.append({"metric": {**labels, "__name__": metric_names.ENGINE_STEPS},
-                     "values": [[float(t), str(int(steps[i]))] for i, t in enumerate(grid)]})
+                     "values": [[t, str(int(v))] for t, v in zip(ts, steps.tolist())]})
         start.append({"metric": {**labels, "__name__": metric_names.EXPORTER_START_TIME},
-                      "values": [[float(t), str(grid[0] - 1)] for t in grid]})
+                      "values": [[t, str(grid[0] - 1)] for t in ts]})
     return wrap(expert), wrap(step), wrap(start), grid
 
 
-def one_case(label, profile, model, tensor, data, nodes, repeats: int) -> dict:
+def _layer_groups(body: dict, max_samples: int) -> list[dict]:
+    """A matrix answer split as the reader asks for it: whole layers, in order, ~max_samples samples
+    per answer (the same packing as :func:`moe_eplb.metrics.reader.layer_groups`)."""
+    by_layer: dict[int, list] = {}
+    for r in body["data"]["result"]:
+        by_layer.setdefault(int(r["metric"]["layer"]), []).append(r)
+    out, cur, size = [], [], 0
+    for layer in sorted(by_layer):
+        n = sum(len(r["values"]) for r in by_layer[layer])
+        if cur and size + n > max_samples:
+            out.append(cur)
+            cur, size = [], 0
+        cur += by_layer[layer]
+        size += n
+    if cur:
+        out.append(cur)
+    return [{"status": "success", "data": {"resultType": "matrix", "result": r}} for r in out]
+
+
+def one_case(label, profile, model, tensor, data, nodes, repeats: int, scrape_seconds: float = SCRAPE_SECONDS) -> dict:
     from moe_eplb.metrics.assemble import trace_from_raw_counters
+    from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER
     from moe_eplb.metrics.series import parse_matrix
 
     full = synth.generate(profile, hours=RT.lookback_seconds / 3600.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
     inf = parse(resource(model, tensor, data, nodes))
     current = inf.effective.knobs
-    eb, sb, st, grid = prometheus_bodies(full, nodes)
+    eb, sb, st, grid = prometheus_bodies(full, nodes, scrape_seconds)
     read_s, tune_s = [], []
     decision = None
+    # the operator reads a dense family in groups of whole layers, ~MAX_SAMPLES_PER_ANSWER samples per
+    # answer (reader.layer_groups): the same series, in several disjoint answers
+    samples = sum(len(r["values"]) for r in eb["data"]["result"])
+    chunks = _layer_groups(eb, MAX_SAMPLES_PER_ANSWER)
+    # memory: one answer decoded from JSON (as the Prometheus client does), and the whole family in one
+    text = json.dumps(max(chunks, key=lambda c: sum(len(r["values"]) for r in c["data"]["result"])))
+    tracemalloc.start()
+    decoded = json.loads(text)
+    answer_mb = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    per_sample = answer_mb / sum(len(r["values"]) for r in decoded["data"]["result"])
+    del decoded, text
     for _ in range(repeats):
         t0 = time.process_time()
-        trace = trace_from_raw_counters(parse_matrix(eb, "experts"), parse_matrix(sb, "steps"), grid,
+        experts = [s for c in chunks for s in parse_matrix(c, "experts")]
+        trace = trace_from_raw_counters(experts, parse_matrix(sb, "steps"), grid,
                                         num_layers=full.num_layers, num_experts=full.num_experts,
                                         start_times=parse_matrix(st, "starts"), pods_per_engine=nodes)
         t1 = time.process_time()
@@ -108,6 +159,8 @@ def one_case(label, profile, model, tensor, data, nodes, repeats: int) -> dict:
     read_ms, tune_ms = 1000 * float(np.median(read_s)), 1000 * float(np.median(tune_s))
     total = read_ms + tune_ms
     return {"case": label, "shape": f"{full.num_layers}x{full.num_experts}", "pods": nodes,
+            "series": len(eb["data"]["result"]), "samples": samples, "answers": len(chunks), "answer_mb": answer_mb,
+            "one_answer_mb": per_sample * samples,
             "buckets": full.num_buckets, "read_ms": read_ms, "tune_ms": tune_ms, "total_ms": total,
             "per_5min": int(300_000 // total), "decision": decision}
 
@@ -117,15 +170,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one case, one repeat")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--case", type=int, action="append", help="only these cases (0-based index; repeatable)")
+    ap.add_argument("--scrape-seconds", type=float, default=SCRAPE_SECONDS,
+                    help="seconds between raw samples (default 15, the PodMonitor's interval; 60 = one per bucket)")
     args = ap.parse_args()
     cases = CASES[:1] if args.quick else [CASES[i] for i in args.case] if args.case else CASES
-    rows = [one_case(*c, repeats=1 if args.quick else args.repeats) for c in cases]
+    rows = [one_case(*c, repeats=1 if args.quick else args.repeats, scrape_seconds=args.scrape_seconds) for c in cases]
     print(f"autotune evaluation cost (CPU, one core; search {OPERATOR_SEARCH}; "
-          f"{RT.lookback_seconds / 60:.0f} min of load in 60 s buckets)")
-    print(f"{'case':30s} {'shape':>8s} {'pods':>5s} {'read ms':>9s} {'tune ms':>9s} {'total ms':>9s} "
-          f"{'per 5 min':>10s}  decision")
+          f"{RT.lookback_seconds / 60:.0f} min of load in 60 s buckets, raw samples every {args.scrape_seconds:g} s)")
+    print(f"{'case':30s} {'shape':>8s} {'pods':>5s} {'samples':>10s} {'answers':>8s} {'MB/answer':>10s} "
+          f"{'(one answer)':>13s} {'read ms':>9s} {'tune ms':>9s} {'total ms':>9s} {'per 5 min':>10s}  decision")
     for r in rows:
-        print(f"{r['case']:30s} {r['shape']:>8s} {r['pods']:5d} {r['read_ms']:9.0f} {r['tune_ms']:9.0f} "
+        print(f"{r['case']:30s} {r['shape']:>8s} {r['pods']:5d} {r['samples']:10d} {r['answers']:8d} "
+              f"{r['answer_mb']:10.0f} {r['one_answer_mb']:13.0f} {r['read_ms']:9.0f} {r['tune_ms']:9.0f} "
               f"{r['total_ms']:9.0f} {r['per_5min']:10d}  {r['decision']}")
     worst = min(r["per_5min"] for r in rows)
     print(f"resources one core can evaluate every 5 min: {worst} (worst case above; target >= 200)")
