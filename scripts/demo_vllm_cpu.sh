@@ -11,25 +11,11 @@
 #
 # Python: $PYTHON if set, else .venv/bin/python when it already has the engine's packages, else
 # `make setup-vllm` first. Needs the `prometheus` binary (Debian package prometheus). Offline.
-# About 3 minutes on two cores; gives up after --timeout (default 600 s).
+# About 4 minutes on two cores; gives up after --timeout (default 600 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-probe='import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client, kopf, kmock'
-if [ -n "${PYTHON:-}" ]; then
-  PY="$PYTHON"
-elif [ -x .venv/bin/python ] && .venv/bin/python -c "$probe" >/dev/null 2>&1; then
-  PY=.venv/bin/python
-else
-  echo "[demo-vllm-cpu] setting up .venv (make setup-vllm)" >&2
-  make setup-vllm >&2
-  PY=.venv/bin/python
-fi
-command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
-  echo "[demo-vllm-cpu] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
-
-# this checkout's code first (the venv may hold an editable install of another checkout); the
-# real-engine pieces (bridge, tiny model, launcher) are the test package tests.vllm_engine
-export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. scripts/vllm_cpu_env.sh
+vllm_cpu_env demo-vllm-cpu "kopf, kmock"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec timeout 900 "$PY" -m tests.vllm_engine.closed_loop "$@"

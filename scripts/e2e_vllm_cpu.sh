@@ -13,20 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-probe='import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client'
-if [ -n "${PYTHON:-}" ]; then
-  PY="$PYTHON"
-elif [ -x .venv/bin/python ] && .venv/bin/python -c "$probe" >/dev/null 2>&1; then
-  PY=.venv/bin/python
-else
-  echo "[e2e] setting up .venv (make setup-vllm)" >&2
-  make setup-vllm >&2
-  PY=.venv/bin/python
-fi
-command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
-  echo "[e2e] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
-
-# this checkout's code first (the venv may hold an editable install of another checkout); the
-# engine harness is the test package tests.vllm_engine
-export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. scripts/vllm_cpu_env.sh
+vllm_cpu_env e2e
 exec timeout 1500 "$PY" -m tests.vllm_engine.e2e "$@"
