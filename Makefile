@@ -43,7 +43,7 @@ test-engine: setup setup-vllm
 e2e-vllm: setup setup-vllm
 	PYTHON=$(PY) bash scripts/e2e_vllm_cpu.sh
 
-# the closed autotune loop with one REAL vLLM engine (CPU, test bridge) as the pod; ~4 min on two
+# the closed autotune loop with one REAL vLLM engine (CPU, test bridge) as the pod; 4-5 min on two
 # cores; last line of output is one JSON object (docs/demo.md)
 demo-vllm-cpu: setup setup-vllm
 	PYTHON=$(PY) bash scripts/demo_vllm_cpu.sh
