@@ -25,7 +25,7 @@ from moe_eplb import metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import read_load_trace
-from tests.metrics.test_reader_real_prometheus import PROMETHEUS, PROMTOOL, _free_port
+from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
 
 pytestmark = [
     pytest.mark.integration,
@@ -74,38 +74,10 @@ def _openmetrics(t0: int) -> str:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory):
-    import subprocess
-
     work = tmp_path_factory.mktemp("prom-faults")
     t0 = (int(time.time()) - 3 * 3600) // BUCKET * BUCKET
-    (work / "data.om").write_text(_openmetrics(t0))
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(work / "data.om"), str(work / "data")],
-                   check=True, capture_output=True, timeout=60)
-    (work / "p.yml").write_text("global:\n  scrape_interval: 1h\n")
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={work / 'p.yml'}", f"--storage.tsdb.path={work / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.1)
+    with backfilled_prometheus(work, _openmetrics(t0)) as base:
         yield base, t0
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except Exception:
-            proc.kill()
 
 
 class Proxy:

@@ -7,13 +7,7 @@ its HTTP API (raw samples plus baselines): the trace it builds is exact, whole n
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +16,7 @@ from moe_eplb import metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import layer_groups, read_load_trace, with_matcher
-
-PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
-PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
+from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
 
 pytestmark = [
     pytest.mark.integration,
@@ -64,47 +56,12 @@ def _openmetrics(t0: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory):
     work = tmp_path_factory.mktemp("prom-trace")
     t0 = (int(time.time()) - 3 * 3600) // BUCKET * BUCKET
-    (work / "data.om").write_text(_openmetrics(t0))
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(work / "data.om"), str(work / "data")],
-                   check=True, capture_output=True, timeout=60)
-    (work / "p.yml").write_text("global:\n  scrape_interval: 1h\n")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={work / 'p.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.1)
-
+    with backfilled_prometheus(work, _openmetrics(t0)) as base:
         yield base, t0
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _read(prom, **kw):
