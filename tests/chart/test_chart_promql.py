@@ -73,18 +73,10 @@ def _families(collected) -> dict[str, tuple[str, tuple[str, ...]]]:
 def test_catalog_matches_the_real_exporter():
     """The dashboards' and alerts' assumptions (names, types, label names) are exactly what the
     exporter emits: every family, nothing more, nothing less."""
-    np = pytest.importorskip("numpy")
-    from moe_eplb.exporter import snapshot as snap
-    from moe_eplb.exporter.collector import aggregate, families
+    from moe_eplb.exporter.collector import families
+    from tests.exporter.exporter_helpers import tiny_exporter_pods
 
-    L, E, EP = 2, 4, 2
-    snaps = [snap.WorkerSnapshot(pid=r, time=0.0, models=[snap.ModelSnapshot(
-        name="m", ep_rank=r, ep_size=EP, expert_tokens=np.ones((L, E)), rank_tokens=np.ones((L, EP)),
-        replicas=np.ones((L, E), np.int64), steps=5, window_size=1000, step_interval=3000,
-        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30)]) for r in range(EP)]
-    pod = aggregate(snaps)
-    for pm in pod.values():
-        pm.balancedness = {0: 1.0, 1: 1.0}  # what the pod collector sets for a pod holding every rank
+    pod = tiny_exporter_pods()
     got = _families(families(pod))
     assert got == samples.EXPORTER_METRICS
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from moe_eplb.eplb import synth
-from moe_eplb.exporter import snapshot as snap
-from moe_eplb.exporter.collector import aggregate, families
+from moe_eplb.exporter.collector import families
 from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
+from tests.exporter.exporter_helpers import tiny_exporter_pods
 
 
 def _shape(text: str) -> dict[str, tuple[str, frozenset, tuple[float, ...]]]:
@@ -31,14 +30,7 @@ def _shape(text: str) -> dict[str, tuple[str, frozenset, tuple[float, ...]]]:
 
 
 def _real_exporter_text() -> str:
-    L, E, EP = 2, 4, 2
-    snaps = [snap.WorkerSnapshot(pid=r, time=0.0, models=[snap.ModelSnapshot(
-        name="m", ep_rank=r, ep_size=EP, expert_tokens=np.ones((L, E)), rank_tokens=np.ones((L, EP)),
-        replicas=np.ones((L, E), np.int64), steps=5, window_size=1000, step_interval=3000,
-        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30)]) for r in range(EP)]
-    pods = aggregate(snaps)
-    for pm in pods.values():
-        pm.balancedness = {0: 1.0, 1: 1.0}  # a pod holding every EP rank exports the gauge
+    pods = tiny_exporter_pods()
 
     class _Collector:
         def collect(self):
