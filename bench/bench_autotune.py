@@ -38,6 +38,7 @@ from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
 from moe_eplb.eplb import synth
+from moe_eplb.metrics.reader import pack_layers
 
 RT = AutotuneRuntime()  # the operator's defaults: lookback window and search
 SCRAPE_SECONDS = 15.0  # the PodMonitor's scrape interval (render/objects.py SCRAPE_INTERVAL)
@@ -100,22 +101,14 @@ def prometheus_bodies(trace, pods: int, scrape_seconds: float = SCRAPE_SECONDS) 
 
 
 def _layer_groups(body: dict, max_samples: int) -> list[dict]:
-    """A matrix answer split as the reader asks for it: whole layers, in order, ~max_samples samples
-    per answer (the same packing as :func:`moe_eplb.metrics.reader.layer_groups`)."""
-    by_layer: dict[int, list] = {}
+    """A matrix answer split as the reader asks for it: whole layers packed by
+    :func:`moe_eplb.metrics.reader.pack_layers`, ~max_samples samples per answer."""
+    by_layer: dict[str, list] = {}
     for r in body["data"]["result"]:
-        by_layer.setdefault(int(r["metric"]["layer"]), []).append(r)
-    out, cur, size = [], [], 0
-    for layer in sorted(by_layer):
-        n = sum(len(r["values"]) for r in by_layer[layer])
-        if cur and size + n > max_samples:
-            out.append(cur)
-            cur, size = [], 0
-        cur += by_layer[layer]
-        size += n
-    if cur:
-        out.append(cur)
-    return [{"status": "success", "data": {"resultType": "matrix", "result": r}} for r in out]
+        by_layer.setdefault(r["metric"]["layer"], []).append(r)
+    groups = pack_layers({k: sum(len(r["values"]) for r in v) for k, v in by_layer.items()}, max_samples)
+    return [{"status": "success", "data": {"resultType": "matrix", "result": [r for k in g for r in by_layer[k]]}}
+            for g in (groups or [sorted(by_layer, key=int)])]
 
 
 def one_case(label, profile, model, tensor, data, nodes, repeats: int, scrape_seconds: float = SCRAPE_SECONDS) -> dict:

@@ -335,3 +335,13 @@ def test_a_group_is_judged_on_the_sum_of_its_pods_rank_counts():
     got = hist.measure({"lws-0": leader, "lws-0-1": worker}, 0.0, 60.0, engines=engines)
     assert got.balancedness == 1.0 and got.pods == 2
     assert balancedness_of({"lws-0": leader, "lws-0-1": worker}) == 0.5  # per pod: wrong
+
+
+def test_layers_are_packed_in_order_into_answers_of_bounded_size():
+    from moe_eplb.metrics.reader import pack_layers
+
+    per_layer = {"10": 40.0, "2": 100.0, "0": 100.0, "1": 75.0, "": 30.0}
+    assert pack_layers(per_layer, max_samples=1000) is None  # 345 samples: one answer
+    # numeric order (2 before 10), whole layers, the unlabelled series left to their own group
+    assert pack_layers(per_layer, max_samples=200) == [["0", "1"], ["2", "10"]]
+    assert pack_layers(per_layer, max_samples=60) == [["0"], ["1"], ["2"], ["10"]]  # a layer never splits

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -71,34 +72,40 @@ def layer_groups(client: PrometheusClient, selector_expr: str, start: float, end
     ``max_samples`` raw samples in ``(start, end]``, by ``layer`` (whole layers, in order; series
     without a layer label in a group of their own), or None when one answer holds them all.
 
-    Two small aggregate queries size it: the number of series per layer and the sample count of
-    the densest series. Groups are disjoint, so their answers are simply concatenated."""
+    One small aggregate query sizes it (the raw samples per layer in the window, :func:`pack_layers`
+    groups them). Groups are disjoint, so their answers are simply concatenated."""
     width = max(float(end) - float(start), 1e-3)
-    rng = f"[{int(math.ceil(width * 1000))}ms]"
     label = metric_names.LABEL_LAYER
-    per_layer = parse_vector(client.query(f"count by ({label}) (count_over_time({selector_expr}{rng}))", time=end),
-                             selector_expr)
-    densest = parse_vector(client.query(f"max(count_over_time({selector_expr}{rng}))", time=end), selector_expr)
-    m = float(densest[0].vs[0]) if densest and densest[0].vs.size else 0.0
-    counts: dict[str, float] = {}
-    for s in per_layer:
-        counts[s.labels.get(label, "")] = float(s.vs[0]) if s.vs.size else 0.0
-    if sum(counts.values()) * m <= max_samples:
+    expr = f"sum by ({label}) (count_over_time({selector_expr}[{int(math.ceil(width * 1000))}ms]))"
+    per_layer = {s.labels.get(label, ""): float(s.vs[0]) if s.vs.size else 0.0
+                 for s in parse_vector(client.query(expr, time=end), selector_expr)}
+    groups = pack_layers(per_layer, max_samples)
+    if groups is None:
         return None
-    out, group, size = [], [], 0.0
-    layers = sorted((k for k in counts if k), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
-    for layer in layers:
-        if group and (size + counts[layer]) * m > max_samples:
+    matchers = [f'{label}=~"{"|".join(_re_escape(x) for x in g)}"' for g in groups]
+    if "" in per_layer:
+        matchers.append(f'{label}=""')
+    return matchers
+
+
+def pack_layers(samples: Mapping[str, float], max_samples: int = MAX_SAMPLES_PER_ANSWER) -> list[list[str]] | None:
+    """Layers (label values; ``""`` = no layer label, left out) packed in order into groups of at
+    most ``max_samples`` raw samples each (a layer larger than that is a group alone), from the
+    samples each layer holds; None when all of them fit in one answer."""
+    if sum(samples.values()) <= max_samples:
+        return None
+    out: list[list[str]] = []
+    group: list[str] = []
+    size = 0.0
+    for layer in sorted((k for k in samples if k), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
+        if group and size + samples[layer] > max_samples:
             out.append(group)
             group, size = [], 0.0
         group.append(layer)
-        size += counts[layer]
+        size += samples[layer]
     if group:
         out.append(group)
-    matchers = [f'{label}=~"{"|".join(_re_escape(x) for x in g)}"' for g in out]
-    if "" in counts:
-        matchers.append(f'{label}=""')
-    return matchers
+    return out
 
 
 def _re_escape(value: str) -> str:
