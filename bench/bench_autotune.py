@@ -38,7 +38,9 @@ from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
 from moe_eplb.eplb import synth
-from moe_eplb.metrics.reader import pack_layers
+from moe_eplb.metrics.assemble import trace_from_raw_counters
+from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER, pack_layers
+from moe_eplb.metrics.series import parse_matrix
 
 RT = AutotuneRuntime()  # the operator's defaults: lookback window and search
 SCRAPE_SECONDS = 15.0  # the PodMonitor's scrape interval (render/objects.py SCRAPE_INTERVAL)
@@ -112,9 +114,6 @@ def _layer_groups(body: dict, max_samples: int) -> list[dict]:
 
 
 def one_case(label, profile, model, tensor, data, nodes, repeats: int, scrape_seconds: float = SCRAPE_SECONDS) -> dict:
-    from moe_eplb.metrics.assemble import trace_from_raw_counters
-    from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER
-    from moe_eplb.metrics.series import parse_matrix
 
     full = synth.generate(profile, hours=RT.lookback_seconds / 3600.0, bucket_seconds=60.0, seed=3, shift_at=0.5)
     inf = parse(resource(model, tensor, data, nodes))
