@@ -68,6 +68,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.api.convert import from_crd, to_crd
+from moe_eplb.api.knobs import Knobs
+
 from . import harness
 from . import tiny_model as tm
 
@@ -109,8 +112,8 @@ def resource(prometheus_url: str, **autotune: Any) -> dict:
 
 
 def _eplb_knobs(cfg: dict) -> dict:
-    return {"window_size": cfg.get("window_size"), "step_interval": cfg.get("step_interval"),
-            "num_redundant_experts": cfg.get("num_redundant_experts")}
+    """The knobs of a rendered ``--eplb-config`` (which carries more keys, e.g. ``use_async``)."""
+    return Knobs(cfg["window_size"], cfg["step_interval"], cfg["num_redundant_experts"]).to_dict()
 
 
 class RealPodEngine:
@@ -281,12 +284,13 @@ def log(msg: str, t0: float | None = None) -> None:
 
 
 def _kn(x: dict | None) -> str:
-    return f"{x.get('windowSize')}/{x.get('stepInterval')}/{x.get('numRedundantExperts')}" if x else "-"
+    """``W/I/R`` of the status' knobs (camelCase), ``-`` when absent."""
+    return from_crd(Knobs, x).label if x else "-"
 
 
 def _snake(x: dict | None) -> dict | None:
-    return None if not x else {"window_size": x.get("windowSize"), "step_interval": x.get("stepInterval"),
-                               "num_redundant_experts": x.get("numRedundantExperts")}
+    """The status' knobs (camelCase) as the summary's snake_case mapping."""
+    return from_crd(Knobs, x).to_dict() if x else None
 
 
 async def run_loop(workdir: str, *, timeout: float = 600.0, autotune: dict | None = None,
@@ -295,7 +299,6 @@ async def run_loop(workdir: str, *, timeout: float = 600.0, autotune: dict | Non
     TimeoutError (with where it was) after ``timeout`` seconds."""
     import vllm
 
-    from moe_eplb.api.convert import to_crd
     from moe_eplb.sim.world import SimWorld
 
     logging.getLogger("kopf").setLevel(logging.ERROR)
@@ -443,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _kn_snake(x: dict | None) -> str:
-    return f"{x['window_size']}/{x['step_interval']}/{x['num_redundant_experts']}" if x else "-"
+    return Knobs(**x).label if x else "-"
 
 
 def _pct(x: Any) -> str:

@@ -42,7 +42,7 @@ import numpy as np
 
 from moe_eplb import metric_names
 from moe_eplb.api.autotune_status import parse_iso
-from moe_eplb.api.convert import to_crd
+from moe_eplb.api.convert import from_crd, to_crd
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineSettings, SimulatedEplb
@@ -200,7 +200,8 @@ def _fmt_t(seconds: float) -> str:
 
 
 def _kn(x: dict | None) -> str:
-    return f"{x.get('windowSize')}/{x.get('stepInterval')}/{x.get('numRedundantExperts')}" if x else "-"
+    """``W/I/R`` of a status record's knobs (camelCase), ``-`` when absent."""
+    return from_crd(Knobs, x).label if x else "-"
 
 
 def untuned_rank_tokens(trace: LoadTrace, *, ep_size: int, num_buckets: int, settings: dict = INITIAL,
