@@ -202,9 +202,9 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
 async def test_regression_rolls_back(workload, kind):
     from moe_eplb.sim.engine import EngineFaults
 
-    # Pods with the tuned settings place experts from an inverted view of the load (a broken expert map):
+    # Pods with the tuned settings pack the hottest experts together (a broken expert map):
     # measured balancedness falls below the baseline, so the change must be rolled back.
-    world = _world(workload, faults_for=lambda s: EngineFaults(inverted_placement=_knobs(s) != START_KNOBS))
+    world = _world(workload, faults_for=lambda s: EngineFaults(clustered_placement=_knobs(s) != START_KNOBS))
     async with world.run():
         before = _metric("moe_eplb_rollbacks_total", reason="regression")
         await world.start_operator()

@@ -54,7 +54,7 @@ def test_settings_change_what_the_engine_reports(small_trace):
     untuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4))
     tuned, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, knobs=Knobs(250, 500, 4)))
     broken, _ = _replay_balancedness(small_trace, EngineSettings("m", ep_size=4, knobs=Knobs(250, 500, 4)),
-                                     EngineFaults(inverted_placement=True))
+                                     EngineFaults(clustered_placement=True))
     assert tuned > untuned + 0.05
     assert broken < untuned
 

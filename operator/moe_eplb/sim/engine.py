@@ -131,14 +131,16 @@ class EngineSettings:
 class EngineFaults:
     """Injected faults, to test the operator's safety nets (never used by default).
 
-    ``inverted_placement``: the engine places experts from an inverted view of its load (hot
-    experts taken for cold ones, as a broken expert map would): balancedness drops although the
-    settings look fine.
+    ``clustered_placement``: at each rearrangement the engine packs experts by load rank, hottest
+    first (rank 0 gets the hottest experts, the redundant slots copy the coldest), as a broken
+    expert map would: balancedness drops below static placement whatever the settings. (An
+    inverted view of the load is not a reliable fault: with an equal number of experts per rank,
+    balancing ``max - load`` balances ``load`` too.)
     ``silent``: the engine serves and is ready, but its exporter answers an empty ``/metrics``
     (a broken plugin): nothing can be measured.
     """
 
-    inverted_placement: bool = False
+    clustered_placement: bool = False
     silent: bool = False
 
 
@@ -197,11 +199,14 @@ class SimulatedEplb:
 
     def _rearrange(self) -> None:
         weight = self._window_load()
-        if self.faults.inverted_placement:
-            weight = weight.max(axis=1, keepdims=True) - weight
         t0 = time.perf_counter()
-        phy2log, _, logcnt = rebalance(weight, self.R, self.s.num_groups, self.s.num_nodes, self.P,
-                                       old_phy2log=self.phy2log)
+        if self.faults.clustered_placement:
+            hot_first = np.argsort(-weight, axis=1, kind="stable")
+            phy2log = np.concatenate([hot_first, hot_first[:, ::-1][:, :self.R - self.E]], axis=1)
+            logcnt = self._counts(phy2log)
+        else:
+            phy2log, _, logcnt = rebalance(weight, self.R, self.s.num_groups, self.s.num_nodes, self.P,
+                                           old_phy2log=self.phy2log)
         self.rearrangement_seconds.append(time.perf_counter() - t0)
         self.moved.append(received_replicas(self.phy2log, phy2log, self.P))
         self.phy2log, self.logcnt = phy2log, logcnt
