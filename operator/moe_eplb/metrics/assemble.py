@@ -48,7 +48,7 @@ from moe_eplb.metrics.errors import (
     SCRAPE_GAPS,
     LoadReadError,
 )
-from moe_eplb.metrics.increments import Increments, counter_increments
+from moe_eplb.metrics.increments import Increments, counter_increments, values_at_edges
 from moe_eplb.metrics.scrape import Round
 from moe_eplb.metrics.series import Series, pod_name
 
@@ -110,18 +110,26 @@ class Counters:
     expert_tokens: list[Series]
     engine_steps: list[Series]
     start_times: dict[tuple, Series] = field(default_factory=dict)  # pod -> exporter start time samples
+    #: the regular pods' expert counters summed at the bucket edges, and their series counts per
+    #: pod and layer (:class:`moe_eplb.metrics.edges.EdgeLoad`); empty when every pod is read raw
+    edge_sums: list[Series] = field(default_factory=list)
+    edge_counts: list[Series] = field(default_factory=list)
 
     def starts_at(self, pod: tuple, ts: np.ndarray) -> np.ndarray | None:
         """The pod's exporter start time at each sample time (same scrape, same timestamp)."""
         s = self.start_times.get(pod)
-        if s is None:
-            return None
-        out = np.full(ts.shape, np.nan)
-        if s.ts.size:
-            idx = np.clip(np.searchsorted(s.ts, ts), 0, s.ts.size - 1)
-            hit = np.abs(s.ts[idx] - ts) < 1e-3
-            out[hit] = s.vs[idx[hit]]
-        return out
+        return None if s is None else starts_at(s, ts)
+
+
+def starts_at(start: Series, ts: np.ndarray) -> np.ndarray:
+    """An exporter start-time series' value at each sample time ``ts`` of the same pod (scraped
+    together, so at the same timestamps); NaN where it has none."""
+    out = np.full(ts.shape, np.nan)
+    if start.ts.size:
+        idx = np.clip(np.searchsorted(start.ts, ts), 0, start.ts.size - 1)
+        hit = np.abs(start.ts[idx] - ts) < 1e-3
+        out[hit] = start.vs[idx[hit]]
+    return out
 
 
 def _shapes_of(series: list[Series]) -> dict[str, tuple[int, int]]:
@@ -139,15 +147,16 @@ def _shapes_of(series: list[Series]) -> dict[str, tuple[int, int]]:
 def select_model(c: Counters, model: str | None, num_layers: int | None, num_experts: int | None,
                  what: str) -> tuple[Counters, str | None]:
     """Phase 1: keep one model's series (given, the only one, or the one with the expected shape)."""
-    if not c.expert_tokens and not c.engine_steps:
+    tokens = c.expert_tokens + c.edge_sums
+    if not tokens and not c.engine_steps:
         raise LoadReadError(NO_DATA, f"no {metric_names.PREFIX}* series{what}; check that the pods run the "
                             "exporter (VLLM_PLUGINS=moe_eplb_exporter, EPLB enabled) and that Prometheus "
                             "scrapes them (PodMonitor)")
-    if not c.expert_tokens or not c.engine_steps:
-        missing = metric_names.EXPERT_TOKENS if not c.expert_tokens else metric_names.ENGINE_STEPS
+    if not tokens or not c.engine_steps:
+        missing = metric_names.EXPERT_TOKENS if not tokens else metric_names.ENGINE_STEPS
         raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
-    if model is None and len({s.label(metric_names.LABEL_MODEL) for s in c.expert_tokens}) > 1:
-        shapes = _shapes_of(c.expert_tokens)
+    if model is None and len({s.label(metric_names.LABEL_MODEL) for s in tokens}) > 1:
+        shapes = _shapes_of(tokens)
         if len(shapes) > 1:
             model = pick_model(shapes, num_layers, num_experts, what)
     if model is not None:
@@ -155,11 +164,12 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
             return s.label(metric_names.LABEL_MODEL, model) == model
 
         c = Counters([s for s in c.expert_tokens if keep(s)], [s for s in c.engine_steps if keep(s)],
-                     {p: s for p, s in c.start_times.items() if keep(s)})
-        if not c.expert_tokens or not c.engine_steps:
+                     {p: s for p, s in c.start_times.items() if keep(s)},
+                     [s for s in c.edge_sums if keep(s)], [s for s in c.edge_counts if keep(s)])
+        if not (c.expert_tokens or c.edge_sums) or not c.engine_steps:
             raise LoadReadError(NO_DATA, f"no series for model {model!r}{what}")
     else:
-        models = {s.label(metric_names.LABEL_MODEL) for s in c.expert_tokens + c.engine_steps} - {None}
+        models = {s.label(metric_names.LABEL_MODEL) for s in tokens + c.engine_steps} - {None}
         model = models.pop() if len(models) == 1 else None
     return c, model
 
@@ -201,6 +211,8 @@ def check_pods(c: Counters, what: str) -> None:
     step_pods = {s.pod for s in c.engine_steps}
     token_layers: dict[tuple, set] = {}
     for s in c.expert_tokens:
+        token_layers.setdefault(s.pod, set()).add(s.labels.get(metric_names.LABEL_LAYER))
+    for s in c.edge_counts:  # the regular pods: one series per pod and layer
         token_layers.setdefault(s.pod, set()).add(s.labels.get(metric_names.LABEL_LAYER))
     groups: dict[tuple, dict[int, str]] = {}
     sizes: dict[tuple, int] = {}
@@ -274,11 +286,13 @@ class FamilyIncrements:
 
 
 def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, steps: StepIncrements,
-                      grid: np.ndarray, what: str) -> FamilyIncrements:
+                      grid: np.ndarray, what: str, edge_sums: Sequence[Series] = ()) -> FamilyIncrements:
     """Phase 3: increments of a labelled counter family (``keys``: the labels that tell its series
     apart within a pod), summed over pods. A pod's counters are scraped together, so series with the
     same pod and sample times are differenced as one matrix (DeepSeek-V3: 14 848 series per pod);
-    the pod's step counter sets the gap rule, so its steps and these counters are spread alike."""
+    the pod's step counter sets the gap rule, so its steps and these counters are spread alike.
+    ``edge_sums``: the same family of the regular pods summed at the grid edges (checked complete
+    and never dropping, :mod:`moe_eplb.metrics.edges`); their differences are added."""
     out = FamilyIncrements({}, {})
     groups: dict[tuple, list[Series]] = {}
     for s in series:
@@ -304,6 +318,17 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
                 key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
             rows[j] = index.setdefault(key, len(index))
         parts.append((rows, inc.values))
+    if edge_sums:  # the regular pods, summed on the server: increments between consecutive edges
+        rows = np.empty(len(edge_sums), np.int64)
+        for j, s in enumerate(edge_sums):
+            raw = tuple(s.labels.get(k) for k in keys)
+            key = parsed.get(raw)
+            if key is None:
+                key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
+            rows[j] = index.setdefault(key, len(index))
+        T1 = grid.shape[0]
+        at_edges = np.stack([s.vs if s.vs.size == T1 else values_at_edges(grid, s.ts, s.vs) for s in edge_sums])
+        parts.append((rows, np.diff(at_edges, axis=1)))
     total = np.zeros((len(index), grid.shape[0] - 1))
     for rows, values in parts:
         if np.unique(rows).size == rows.size:
@@ -375,6 +400,8 @@ def trace_from_raw_counters(
     grid: np.ndarray,
     *,
     start_times: Sequence[Series] = (),
+    edge_sums: Sequence[Series] = (),
+    edge_counts: Sequence[Series] = (),
     pods_per_engine: int = 1,
     num_layers: int | None = None,
     num_experts: int | None = None,
@@ -393,23 +420,31 @@ def trace_from_raw_counters(
     joins apart from scrape gaps. ``trace.meta["interpolated_fraction"]`` is the share of load spread over scrape
     gaps (:func:`check_gaps`); ``trace.meta["start_time"]`` is ``grid[0]``.
 
+    ``edge_sums`` and ``edge_counts``: the expert counters of the *regular* pods summed at the grid
+    edges and their series counts per pod and layer (:mod:`moe_eplb.metrics.edges`, checked by the
+    caller); those pods' raw expert series are then not in ``expert_tokens``, while their step
+    counters still are. ``trace.meta["pods_at_edges"]`` and ``["pods_raw"]`` count the two.
+
     Raises:
         LoadReadError: reasons NoData, InsufficientData, InconsistentSeries or ScrapeGaps.
     """
     if not 0.0 <= max_interpolated_fraction <= 1.0:
         raise ValueError(f"max_interpolated_fraction: must be between 0 and 1 (a share of the load), "
                          f"got {max_interpolated_fraction}")
-    counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times})
+    counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times},
+                        list(edge_sums), list(edge_counts))
     counters, model = select_model(counters, model, num_layers, num_experts, what)
     check_pods(counters, what)
     steps = step_increments(counters, grid, what)
     tokens = family_increments(counters.expert_tokens, (metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT),
-                               counters, steps, grid, metric_names.EXPERT_TOKENS)
+                               counters, steps, grid, metric_names.EXPERT_TOKENS, edge_sums=counters.edge_sums)
     fraction = check_gaps(tokens, steps, grid, max_interpolated_fraction, what)
     load = load_matrix(tokens.rows, grid.shape[0] - 1, num_layers, num_experts, what)
     return LoadTrace(load=load, bucket_steps=round_steps(steps.total / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(grid[1] - grid[0]), model=model,
-                     meta={"start_time": float(grid[0]), "interpolated_fraction": fraction})
+                     meta={"start_time": float(grid[0]), "interpolated_fraction": fraction,
+                           "pods_at_edges": len({s.pod for s in counters.edge_counts}),
+                           "pods_raw": len({s.pod for s in counters.expert_tokens})})
 
 
 def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,

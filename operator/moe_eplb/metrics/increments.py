@@ -61,6 +61,18 @@ def bucket_of(grid: np.ndarray, ts: np.ndarray) -> np.ndarray:
     return np.searchsorted(grid, ts, side="left") - 1
 
 
+def values_at_edges(grid: np.ndarray, ts: np.ndarray, vs: np.ndarray) -> np.ndarray:
+    """``[T+1]``: a range query's points (``ts``, ``vs``, evaluated at the grid edges) placed on
+    ``grid``; NaN at an edge without a point."""
+    grid = np.asarray(grid, np.float64)
+    out = np.full(grid.shape[0], np.nan)
+    if ts.size:
+        idx = np.clip(np.searchsorted(grid, ts - 1e-3), 0, grid.shape[0] - 1)
+        hit = np.abs(grid[idx] - ts) < 1e-3
+        out[idx[hit]] = vs[hit]
+    return out
+
+
 def overlap_weights(grid: np.ndarray, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
     """``[G, T]``: the share of each interval ``(t1[g], t2[g]]`` (``t1 < t2``, unix s) that lies in
     bucket k of ``grid`` [T+1]. A row sums to the share of its interval inside the grid (<= 1)."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import numpy as np
 
 from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace, TraceError
+from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
     grid_for,
@@ -79,9 +80,14 @@ def layer_groups(client: PrometheusClient, selector_expr: str, start: float, end
     expr = f"sum by ({label}) (count_over_time({selector_expr}[{int(math.ceil(width * 1000))}ms]))"
     per_layer = {s.labels.get(label, ""): float(s.vs[0]) if s.vs.size else 0.0
                  for s in parse_vector(client.query(expr, time=end), selector_expr)}
+    return _layer_matchers(per_layer, max_samples)
+
+
+def _layer_matchers(per_layer: Mapping[str, float], max_samples: int) -> list[str] | None:
     groups = pack_layers(per_layer, max_samples)
     if groups is None:
         return None
+    label = metric_names.LABEL_LAYER
     matchers = [f'{label}=~"{"|".join(_re_escape(x) for x in g)}"' for g in groups]
     if "" in per_layer:
         matchers.append(f'{label}=""')
@@ -110,6 +116,56 @@ def pack_layers(samples: Mapping[str, float], max_samples: int = MAX_SAMPLES_PER
 
 def _re_escape(value: str) -> str:
     return _q(re.escape(value))
+
+
+def pod_matcher(pods: Iterable[str], negate: bool = False) -> str:
+    """``pod=~"a|b"`` (``pod!~"a|b"`` with ``negate``) for exactly these pod names."""
+    return f'{edges.POD}{"!~" if negate else "=~"}"{"|".join(_re_escape(p) for p in sorted(pods))}"'
+
+
+def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndarray, engine_steps: list[Series],
+                       start_times: list[Series], max_samples: int = MAX_SAMPLES_PER_ANSWER,
+                       at_edges: bool = True) -> tuple[list[Series], edges.EdgeLoad | None, str]:
+    """The expert-token family of ``selector_expr`` (``{...}`` matchers) over ``grid``: the
+    regular pods' counters summed at the bucket edges by Prometheus, the other pods' raw samples
+    with baselines (:mod:`moe_eplb.metrics.edges`). Returns the raw series, the edge load (None:
+    every pod read raw) and how it was read (``"edges"``, or ``"raw: <why>"``).
+
+    ``engine_steps`` and ``start_times`` are the raw step counters and exporter start times of the
+    same window (they tell regular pods apart and check the range queries)."""
+    metric = f"{metric_names.EXPERT_TOKENS}{selector_expr}"
+    g0, g1 = float(grid[0]), float(grid[-1])
+
+    def everything(why: str) -> tuple[list[Series], None, str]:
+        return with_baselines(client, metric, g0, g1, max_samples=max_samples), None, f"raw: {why}"
+
+    if not at_edges:
+        return everything("edge sums off")
+    pods = edges.regular_pods(engine_steps, start_times, grid)
+    if not pods:
+        return everything("no pod is regular over the window (restarts, joins, scrape gaps or no pod label)")
+    step = float(grid[1] - grid[0])
+    match = pod_matcher(pods)
+
+    def ranged(expr: str) -> list[Series]:
+        return parse_matrix(client.query_range(expr, g0, g1, step), expr)
+
+    regular_steps = with_matcher(f"{metric_names.ENGINE_STEPS}{selector_expr}", match)
+    regular_tokens = with_matcher(metric, match)
+    step_sums = ranged(f"sum({regular_steps})")
+    counts = ranged(f"count without ({metric_names.LABEL_EXPERT}) ({regular_tokens})")
+    why = edges.check_edges(pods, engine_steps, start_times, step_sums, counts, grid)
+    if why:
+        return everything(why)
+    by = ", ".join((metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT))
+    groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
+    sums = [s for g in groups
+            for s in ranged(f"sum by ({by}) ({with_matcher(regular_tokens, g) if g else regular_tokens})")]
+    why = edges.check_sums(sums, grid)
+    if why:
+        return everything(why)
+    rest = with_baselines(client, with_matcher(metric, pod_matcher(pods, negate=True)), g0, g1, max_samples=max_samples)
+    return rest, edges.EdgeLoad(sums, counts, pods), "edges"
 
 
 def with_matcher(selector_expr: str, matcher: str) -> str:
@@ -211,6 +267,7 @@ def read_load_trace(
     client: PrometheusClient | None = None,
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
     max_samples_per_answer: int = MAX_SAMPLES_PER_ANSWER,
+    at_edges: bool = True,
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
 
@@ -225,7 +282,10 @@ def read_load_trace(
     where it exceeds ``max_interpolated_fraction`` is refused (:func:`trace_from_raw_counters`).
     Transient Prometheus errors are retried within ``budget`` seconds (:class:`PrometheusClient`).
     A family with more than ~``max_samples_per_answer`` raw samples in the window is read in groups
-    of layers (:func:`layer_groups`), which bounds the memory one answer needs.
+    of layers (:func:`layer_groups`), which bounds the memory one answer needs. The expert counters
+    of pods that are regular over the window are summed at the bucket edges by Prometheus instead
+    (``at_edges``; :func:`read_expert_tokens`, :mod:`moe_eplb.metrics.edges`): the same trace from
+    ~15x fewer numbers; ``trace.meta["read"]`` says which way it went and why.
 
     Raises:
         LoadReadError: reason PrometheusUnavailable, PrometheusQueryFailed, ScrapeFailed,
@@ -241,11 +301,14 @@ def read_load_trace(
             return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1], max_samples=max_samples_per_answer)
 
         starts = read(metric_names.EXPORTER_START_TIME)
-        trace = trace_from_raw_counters(read(metric_names.EXPERT_TOKENS), read(metric_names.ENGINE_STEPS), grid,
-                                        start_times=starts,
+        steps = read(metric_names.ENGINE_STEPS)
+        tokens, edge, how = read_expert_tokens(client, sel, grid, steps, starts, max_samples_per_answer, at_edges)
+        trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts,
+                                        edge_sums=edge.sums if edge else (), edge_counts=edge.counts if edge else (),
                                         pods_per_engine=pods_per_engine, num_layers=num_layers,
                                         num_experts=num_experts, model=model, what=what,
                                         max_interpolated_fraction=max_interpolated_fraction)
+        trace.meta["read"] = how
         return with_telemetry(trace, read_telemetry_series(read), grid, pods_per_engine, starts)
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
