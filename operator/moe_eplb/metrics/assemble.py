@@ -132,6 +132,20 @@ def starts_at(start: Series, ts: np.ndarray) -> np.ndarray:
     return out
 
 
+def edge_matrix(series: Sequence[Series], grid: np.ndarray) -> np.ndarray:
+    """``[N, T+1]``: range-query series (evaluated at the grid edges) placed on ``grid``, NaN at an
+    edge without a point. In one step when every series has a point at every edge (the usual
+    answer), else series by series."""
+    grid = np.asarray(grid, np.float64)
+    if not series:
+        return np.zeros((0, grid.shape[0]))
+    if all(s.ts.size == grid.shape[0] for s in series):
+        ts = np.stack([s.ts for s in series])
+        if np.all(np.abs(ts - grid[None, :]) < 1e-3):
+            return np.stack([s.vs for s in series])
+    return np.stack([values_at_edges(grid, s.ts, s.vs) for s in series])
+
+
 def _shapes_of(series: list[Series]) -> dict[str, tuple[int, int]]:
     shapes: dict[str, list[int]] = {}
     for s in series:
@@ -326,9 +340,7 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
             if key is None:
                 key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
             rows[j] = index.setdefault(key, len(index))
-        T1 = grid.shape[0]
-        at_edges = np.stack([s.vs if s.vs.size == T1 else values_at_edges(grid, s.ts, s.vs) for s in edge_sums])
-        parts.append((rows, np.diff(at_edges, axis=1)))
+        parts.append((rows, np.diff(edge_matrix(edge_sums, grid), axis=1)))
     total = np.zeros((len(index), grid.shape[0] - 1))
     for rows, values in parts:
         if np.unique(rows).size == rows.size:

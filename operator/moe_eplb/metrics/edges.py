@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_eplb import metric_names
-from moe_eplb.metrics.assemble import max_gap_for, starts_at
+from moe_eplb.metrics.assemble import edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments, values_at_edges
 from moe_eplb.metrics.series import Series
 
@@ -146,12 +146,14 @@ def check_edges(pods: frozenset[str], engine_steps: Sequence[Series], start_time
 def check_sums(sums: Sequence[Series], grid: np.ndarray) -> str | None:
     """Why the summed expert counters cannot stand for the raw increments (a missing edge, a drop),
     or None."""
-    for s in sums:
-        v = edge_values(s, grid)
-        if np.isnan(v).any():
-            return f"series {dict(s.labels)} has no value at {int(np.isnan(v).sum())} bucket edge(s)"
-        if np.any(np.diff(v) < 0):
-            return f"series {dict(s.labels)} drops between two bucket edges"
+    m = edge_matrix(sums, grid)
+    missing = np.isnan(m).sum(axis=1)
+    if missing.any():
+        i = int(np.flatnonzero(missing)[0])
+        return f"series {dict(sums[i].labels)} has no value at {int(missing[i])} bucket edge(s)"
+    drops = np.flatnonzero((np.diff(m, axis=1) < 0).any(axis=1))
+    if drops.size:
+        return f"series {dict(sums[int(drops[0])].labels)} drops between two bucket edges"
     return None
 
 
