@@ -13,7 +13,8 @@ import pytest
 from moe_eplb import metric_names
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import trace_from_raw_counters
-from moe_eplb.metrics.reader import pod_matcher, read_load_trace
+from moe_eplb.metrics.promclient import PrometheusClient
+from moe_eplb.metrics.reader import pod_matcher, read_expert_tokens, read_load_trace, selector, with_baselines
 from moe_eplb.metrics.series import Series
 from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
 
@@ -251,3 +252,26 @@ def test_a_real_prometheus_gives_the_same_trace_either_way(tmp_path, mixed):
         assert got.meta["read"].startswith("raw: pod late-0 layer 0: the number of expert series changed")
         np.testing.assert_array_equal(got.load, want.load)
         assert got.load[:, 0, 1].sum() == late.tokens[-1, 0, 1] - 7.0  # its first value is history, not load
+
+        # a long window's range queries come in time chunks: the same sums
+        client = PrometheusClient(url)
+        sel = selector("ns", "moe")
+        g = GRID + shift
+
+        def inputs(grid):
+            return (with_baselines(client, f"{metric_names.ENGINE_STEPS}{sel}", grid[0], grid[-1]),
+                    with_baselines(client, f"{metric_names.EXPORTER_START_TIME}{sel}", grid[0], grid[-1]))
+
+        _, whole, how = read_expert_tokens(client, sel, g, *inputs(g))
+        _, chunked, how3 = read_expert_tokens(client, sel, g, *inputs(g), max_points=3)
+        assert how == how3 == "edges" and len(whole.sums) == L * E
+
+        def by_labels(load):
+            return {tuple(sorted(x.labels.items())): (x.ts.tolist(), x.vs.tolist()) for x in load.sums}
+
+        assert by_labels(chunked) == by_labels(whole)
+        # a range query Prometheus refuses (over 11 000 points per series): read raw, and say why
+        fine = g[0] + 0.01 * np.arange(12_001)
+        rest, none, why = read_expert_tokens(client, sel, fine, *inputs(fine), max_points=20_000)
+        assert none is None and why.startswith("raw: a range query was refused") and "11,000" in why
+        assert len(rest) == len(mixed) * L * E

@@ -39,7 +39,13 @@ from moe_eplb.metrics.assemble import (
     trace_from_raw_counters,
     trace_from_rounds,
 )
-from moe_eplb.metrics.errors import INCOMPLETE_GROUP, INCONSISTENT_SERIES, INSUFFICIENT_DATA, LoadReadError
+from moe_eplb.metrics.errors import (
+    INCOMPLETE_GROUP,
+    INCONSISTENT_SERIES,
+    INSUFFICIENT_DATA,
+    PROMETHEUS_QUERY_FAILED,
+    LoadReadError,
+)
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
@@ -123,9 +129,25 @@ def pod_matcher(pods: Iterable[str], negate: bool = False) -> str:
     return f'{edges.POD}{"!~" if negate else "=~"}"{"|".join(_re_escape(p) for p in sorted(pods))}"'
 
 
+#: Points per series one range query may return (Prometheus refuses more than 11 000).
+MAX_POINTS_PER_SERIES = 10_000
+
+
+def ranged(client: PrometheusClient, expr: str, grid: np.ndarray, max_points: int = MAX_POINTS_PER_SERIES) -> list[Series]:
+    """``expr`` evaluated at every edge of ``grid`` (a range query with ``step`` = the bucket), in
+    time chunks of at most ``max_points`` edges per series, joined series by series."""
+    step = float(grid[1] - grid[0])
+    parts = []
+    for a in range(0, grid.shape[0], max_points):
+        b = min(a + max_points, grid.shape[0]) - 1
+        parts.append(parse_matrix(client.query_range(expr, float(grid[a]), float(grid[b]), step), expr))
+    return parts[0] if len(parts) == 1 else merge(s for part in parts for s in part)
+
+
 def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndarray, engine_steps: list[Series],
                        start_times: list[Series], max_samples: int = MAX_SAMPLES_PER_ANSWER,
-                       at_edges: bool = True) -> tuple[list[Series], edges.EdgeLoad | None, str]:
+                       at_edges: bool = True, max_points: int = MAX_POINTS_PER_SERIES,
+                       ) -> tuple[list[Series], edges.EdgeLoad | None, str]:
     """The expert-token family of ``selector_expr`` (``{...}`` matchers) over ``grid``: the
     regular pods' counters summed at the bucket edges by Prometheus, the other pods' raw samples
     with baselines (:mod:`moe_eplb.metrics.edges`). Returns the raw series, the edge load (None:
@@ -144,23 +166,23 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
     pods = edges.regular_pods(engine_steps, start_times, grid)
     if not pods:
         return everything("no pod is regular over the window (restarts, joins, scrape gaps or no pod label)")
-    step = float(grid[1] - grid[0])
     match = pod_matcher(pods)
-
-    def ranged(expr: str) -> list[Series]:
-        return parse_matrix(client.query_range(expr, g0, g1, step), expr)
-
     regular_steps = with_matcher(f"{metric_names.ENGINE_STEPS}{selector_expr}", match)
     regular_tokens = with_matcher(metric, match)
-    step_sums = ranged(f"sum({regular_steps})")
-    counts = ranged(f"count without ({metric_names.LABEL_EXPERT}) ({regular_tokens})")
-    why = edges.check_edges(pods, engine_steps, start_times, step_sums, counts, grid)
-    if why:
-        return everything(why)
     by = ", ".join((metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT))
-    groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
-    sums = [s for g in groups
-            for s in ranged(f"sum by ({by}) ({with_matcher(regular_tokens, g) if g else regular_tokens})")]
+    try:
+        step_sums = ranged(client, f"sum({regular_steps})", grid, max_points)
+        counts = ranged(client, f"count without ({metric_names.LABEL_EXPERT}) ({regular_tokens})", grid, max_points)
+        why = edges.check_edges(pods, engine_steps, start_times, step_sums, counts, grid)
+        if why:
+            return everything(why)
+        groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
+        sums = [s for g in groups for s in ranged(
+            client, f"sum by ({by}) ({with_matcher(regular_tokens, g) if g else regular_tokens})", grid, max_points)]
+    except LoadReadError as exc:
+        if exc.reason != PROMETHEUS_QUERY_FAILED:  # unreachable: the raw read would fail alike
+            raise
+        return everything(f"a range query was refused ({exc.message})")
     why = edges.check_sums(sums, grid)
     if why:
         return everything(why)
