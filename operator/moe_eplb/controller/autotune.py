@@ -633,6 +633,9 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
         if url:
             trace = await asyncio.to_thread(reader.read_load_trace, prometheus_url=url, now=rt.clock.to_wall(end),
                                             **kwargs)
+            log.debug("autotune %s/%s: load read from Prometheus, %s (%s pods summed at the bucket edges, %s raw)",
+                      inf.namespace, inf.name, trace.meta.get("read"), trace.meta.get("pods_at_edges"),
+                      trace.meta.get("pods_raw"))
         else:
             trace = await asyncio.to_thread(reader.read_load_trace, pods=pods, scraper=rt.direct(inf).scraper,
                                             **kwargs)
