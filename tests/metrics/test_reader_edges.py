@@ -142,6 +142,11 @@ def mixed():
 def test_regular_pods_are_those_with_nothing_to_correct(mixed):
     _, steps, starts = _raw_inputs(mixed)
     assert edges.regular_pods(steps, starts, GRID) == {"r1", "r2"}
+    why = edges.irregular(steps, starts, GRID)
+    assert why["r1"] is None and why["restart"] == "restarted"
+    assert why["joined"].startswith("no sample at or before the window's start")
+    assert why["left"] == "no sample in the last 15s of the window (it left)"
+    assert why["gappy"] == "missed scrapes (45s between two samples)"
     # a series without a pod label: pods cannot be selected by name, so none is regular
     unnamed = [Series({k: v for k, v in s.labels.items() if k != "pod"}, s.ts, s.vs) for s in steps[:1]]
     assert edges.regular_pods(unnamed + steps[1:], starts, GRID) == frozenset()

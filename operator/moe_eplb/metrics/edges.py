@@ -73,33 +73,44 @@ class EdgeLoad:
 def regular_pods(engine_steps: Sequence[Series], start_times: Iterable[Series], grid: np.ndarray,
                  lookback: float = LOOKBACK_SECONDS) -> frozenset[str]:
     """Names (``pod`` label) of the pods whose counters are regular over ``grid`` (see the module
-    docstring), from their step counters' raw samples with baselines and their exporter start
-    times. A pod name carried by more than one series identity (two scrape jobs, two models) is
-    regular only if each is; a series without a ``pod`` label makes every pod irregular (the
-    range queries select pods by that label)."""
+    docstring; :func:`irregular` says why the others are not)."""
+    return frozenset(name for name, why in irregular(engine_steps, start_times, grid, lookback).items() if why is None)
+
+
+def irregular(engine_steps: Sequence[Series], start_times: Iterable[Series], grid: np.ndarray,
+              lookback: float = LOOKBACK_SECONDS) -> dict[str, str | None]:
+    """``{pod name: why its counters are not regular over grid, or None}`` from the pods' step
+    counters' raw samples with baselines and their exporter start times. A pod name carried by
+    more than one series identity (two scrape jobs, two models) is regular only if each is; a
+    series without a ``pod`` label makes every pod irregular (the range queries select pods by
+    that label)."""
     grid = np.asarray(grid, np.float64)
     bucket = float(grid[1] - grid[0])
     starts = {s.pod: s for s in start_times}
-    verdict: dict[str, bool] = {}
+    verdict: dict[str, str | None] = {}
     for s in engine_steps:
         name = s.labels.get(POD)
         if not name:
-            return frozenset()
-        verdict[name] = verdict.get(name, True) and _regular(s, starts.get(s.pod), grid, bucket, lookback)
-    return frozenset(name for name, ok in verdict.items() if ok)
+            return {str(dict(s.labels)): f"a {metric_names.ENGINE_STEPS} series has no pod label"}
+        verdict[name] = verdict.get(name) or _why_irregular(s, starts.get(s.pod), grid, bucket, lookback)
+    return verdict
 
 
-def _regular(s: Series, start: Series | None, grid: np.ndarray, bucket: float, lookback: float) -> bool:
+def _why_irregular(s: Series, start: Series | None, grid: np.ndarray, bucket: float, lookback: float) -> str | None:
     ts, vs = s.ts, s.vs
-    if ts.size < 2 or ts[0] > grid[0] or start is None or not start.vs.size:
-        return False
+    if start is None or not start.vs.size:
+        return "no exporter start time"
+    if ts.size < 2 or ts[0] > grid[0]:
+        return "no sample at or before the window's start (it joined, or its series are new)"
     max_gap = max_gap_for(ts, bucket)
-    spacing = np.diff(ts)
-    if ts[-1] <= grid[-1] - max_gap or spacing.max() > min(max_gap, 0.8 * lookback):
-        return False
+    if ts[-1] <= grid[-1] - max_gap:
+        return f"no sample in the last {max_gap:g}s of the window (it left)"
+    widest = float(np.diff(ts).max())
+    if widest > min(max_gap, 0.8 * lookback):
+        return f"missed scrapes ({widest:g}s between two samples)"
     if np.any(np.diff(vs) < 0) or np.ptp(start.vs) > 1e-6:
-        return False
-    return True
+        return "restarted"
+    return None
 
 
 def edge_values(s: Series, grid: np.ndarray) -> np.ndarray:

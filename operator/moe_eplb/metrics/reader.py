@@ -163,9 +163,11 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
 
     if not at_edges:
         return everything("edge sums off")
-    pods = edges.regular_pods(engine_steps, start_times, grid)
+    verdict = edges.irregular(engine_steps, start_times, grid)
+    pods = frozenset(name for name, why in verdict.items() if why is None)
     if not pods:
-        return everything("no pod is regular over the window (restarts, joins, scrape gaps or no pod label)")
+        name, why = next(iter(sorted(verdict.items())), ("", "no step counter"))
+        return everything(f"no pod is regular over the window (pod {name}: {why})")
     match = pod_matcher(pods)
     regular_steps = with_matcher(f"{metric_names.ENGINE_STEPS}{selector_expr}", match)
     regular_tokens = with_matcher(metric, match)
