@@ -51,6 +51,19 @@ class FakePod:
                                        "expert": str(e)}, self.ts[keep][ok], v[ok]))
         return out
 
+    first_rank = 0  # this pod's EP ranks: first_rank, first_rank + 1 (experts 0-1 and 2-3)
+
+    def rank_tokens(self) -> np.ndarray:
+        """``[n, L, 2]`` tokens each of the pod's two ranks processed (its experts' counters summed)."""
+        return np.nan_to_num(self.tokens).reshape(self.ts.size, L, 2, E // 2).sum(axis=3)
+
+    def rank_series(self, hi=np.inf) -> list[Series]:
+        keep = self.ts <= hi
+        rt = self.rank_tokens()
+        return [Series({**self.labels(), "__name__": metric_names.RANK_TOKENS, "layer": str(l),
+                        "rank": str(self.first_rank + j)}, self.ts[keep], rt[keep, l, j])
+                for l in range(L) for j in range(2)]
+
     def step_series(self) -> Series:
         return Series({**self.labels(), "__name__": metric_names.ENGINE_STEPS}, self.ts, self.steps)
 
@@ -130,13 +143,53 @@ def _raw_inputs(pods: list[FakePod], only=None):
 @pytest.fixture
 def mixed():
     rng = np.random.default_rng(7)
-    return [
+    pods = [
         make_pod("r1", rng), make_pod("r2", rng),
         make_pod("restart", rng, restart_at=G0 + 55),
         make_pod("joined", rng, first=G0 + 40),
         make_pod("left", rng, last=G0 + 70),
         make_pod("gappy", rng, gap=(G0 + 30, G0 + 75)),
     ]
+    for i, p in enumerate(pods):
+        p.first_rank = 2 * i  # EP 12 over the six pods
+    return pods
+
+
+def rank_edge_sums(pods: list[FakePod]) -> list[Series]:
+    """Prometheus' answer to ``sum by (model_name, layer, rank) (moe_eplb_rank_tokens_total{pods})``
+    at the grid edges."""
+    out = []
+    for p in pods:
+        rt = p.rank_tokens()
+        idx = [p.at(g) for g in GRID]
+        out += [Series({"model_name": "m", "layer": str(l), "rank": str(p.first_rank + j)}, GRID,
+                       np.array([rt[i, l, j] for i in idx])) for l in range(L) for j in range(2)]
+    return out
+
+
+def clip_to_window(s: Series) -> Series:
+    """The raw reader's view of a series: samples in (grid[0], grid[-1]] plus its baseline."""
+    keep = (s.ts > GRID[0]) & (s.ts <= GRID[-1])
+    base = np.flatnonzero(s.ts <= GRID[0])
+    if base.size:
+        keep[base[-1]] = True
+    return Series(s.labels, s.ts[keep], s.vs[keep])
+
+
+def test_rank_tokens_summed_at_the_edges_give_the_raw_rank_load(mixed):
+    from moe_eplb.metrics.telemetry import TelemetrySeries, telemetry_from_series
+
+    _, steps, starts = _raw_inputs(mixed)
+    regular = edges.regular_pods(steps, starts, GRID)
+    every = [clip_to_window(x) for p in mixed for x in p.rank_series()]
+    rest = [clip_to_window(x) for p in mixed if p.name not in regular for x in p.rank_series()]
+    bucket_steps = np.ones(T)
+    raw = telemetry_from_series(TelemetrySeries(rank_tokens=every), GRID, bucket_steps, num_layers=L,
+                                start_times=starts).telemetry.rank_load
+    fast = telemetry_from_series(TelemetrySeries(rank_tokens=rest, rank_edge_sums=rank_edge_sums(
+        [p for p in mixed if p.name in regular])), GRID, bucket_steps, num_layers=L, start_times=starts).telemetry.rank_load
+    assert raw.shape == (T, L, 12) and raw[:, :, :4].sum() > 0
+    np.testing.assert_allclose(fast, raw, rtol=1e-12, atol=1e-9)
 
 
 def test_regular_pods_are_those_with_nothing_to_correct(mixed):
@@ -210,13 +263,17 @@ def test_pod_matchers_select_exactly_the_named_pods():
 
 
 def _openmetrics(pods: list[FakePod], shift: float) -> str:
-    fams = {metric_names.EXPERT_TOKENS: [], metric_names.ENGINE_STEPS: [], metric_names.EXPORTER_START_TIME: []}
+    fams = {metric_names.EXPERT_TOKENS: [], metric_names.RANK_TOKENS: [], metric_names.ENGINE_STEPS: [],
+            metric_names.EXPORTER_START_TIME: []}
     for p in pods:
         lab = ",".join(f'{k}="{v}"' for k, v in p.labels().items())
         for s in p.token_series():
             fams[metric_names.EXPERT_TOKENS] += [
                 f'{metric_names.EXPERT_TOKENS}{{{lab},layer="{s.labels["layer"]}",expert="{s.labels["expert"]}"}} '
                 f'{v:.1f} {t + shift:.3f}' for t, v in zip(s.ts, s.vs)]
+        fams[metric_names.RANK_TOKENS] += [
+            f'{metric_names.RANK_TOKENS}{{{lab},layer="{x.labels["layer"]}",rank="{x.labels["rank"]}"}} '
+            f'{v:.1f} {t + shift:.3f}' for x in p.rank_series() for t, v in zip(x.ts, x.vs)]
         fams[metric_names.ENGINE_STEPS] += [f"{metric_names.ENGINE_STEPS}{{{lab}}} {v:.1f} {t + shift:.3f}"
                                             for t, v in zip(p.ts, p.steps)]
         fams[metric_names.EXPORTER_START_TIME] += [f"{metric_names.EXPORTER_START_TIME}{{{lab}}} {v + shift:.3f} "
@@ -246,6 +303,10 @@ def test_a_real_prometheus_gives_the_same_trace_either_way(tmp_path, mixed):
         assert raw.meta["read"] == "raw: edge sums off" and raw.meta["pods_at_edges"] == 0
         np.testing.assert_allclose(fast.load, raw.load, rtol=1e-12, atol=1e-9)
         np.testing.assert_array_equal(fast.bucket_steps, raw.bucket_steps)
+        # the rank tokens (telemetry) of the same regular pods are summed at the edges too
+        assert fast.meta["read_rank_tokens"] == "edges" and "read_rank_tokens" not in raw.meta
+        assert fast.telemetry.rank_load.shape == (T, L, 12) and fast.telemetry.rank_load.sum() > 0
+        np.testing.assert_allclose(fast.telemetry.rank_load, raw.telemetry.rank_load, rtol=1e-12, atol=1e-9)
         # the pure reference over the same samples agrees with both
         tokens, steps, starts = _raw_inputs(mixed)
         ref = trace_from_raw_counters(tokens, steps, GRID, start_times=starts, num_layers=L, num_experts=E,

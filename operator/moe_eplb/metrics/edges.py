@@ -121,9 +121,15 @@ def edge_values(s: Series, grid: np.ndarray) -> np.ndarray:
 def check_edges(pods: frozenset[str], engine_steps: Sequence[Series], start_times: Iterable[Series],
                 step_sums: Sequence[Series], counts: Sequence[Series], grid: np.ndarray) -> str | None:
     """Why the range queries of the regular ``pods`` cannot stand for their raw samples, or None
-    when they can: the summed step counter at the edges must give each bucket exactly the raw step
-    increments of those pods, and every (pod, layer) must have the same number of expert series
-    at every edge, for exactly these pods."""
+    when they can: :func:`check_steps` and :func:`check_counts` (of the expert family)."""
+    return check_steps(pods, engine_steps, start_times, step_sums, grid) or check_counts(pods, counts, grid)
+
+
+def check_steps(pods: frozenset[str], engine_steps: Sequence[Series], start_times: Iterable[Series],
+                step_sums: Sequence[Series], grid: np.ndarray) -> str | None:
+    """Why the summed step counter of the regular ``pods`` at the edges does not give each bucket
+    exactly their raw step increments (a pod stale or missing at an edge, another pod answering),
+    or None."""
     grid = np.asarray(grid, np.float64)
     bucket = float(grid[1] - grid[0])
     starts = {s.pod: s for s in start_times}
@@ -138,19 +144,28 @@ def check_edges(pods: frozenset[str], engine_steps: Sequence[Series], start_time
     summed = edge_values(step_sums[0], grid)
     if np.isnan(summed).any():
         return f"the summed step counter has no value at {int(np.isnan(summed).sum())} bucket edge(s)"
-    if not np.allclose(np.diff(summed), raw, rtol=0, atol=1e-6 * max(1.0, float(np.abs(raw).max()))):
-        k = int(np.flatnonzero(~np.isclose(np.diff(summed), raw, rtol=0, atol=1e-6 * max(1.0, float(np.abs(raw).max()))))[0])
+    off = ~np.isclose(np.diff(summed), raw, rtol=0, atol=1e-6 * max(1.0, float(np.abs(raw).max())))
+    if off.any():
+        k = int(np.flatnonzero(off)[0])
         return (f"bucket {k}: the step counter summed at the edges rose by {np.diff(summed)[k]:g}, its raw samples "
                 f"by {raw[k]:g}")
+    return None
+
+
+def check_counts(pods: frozenset[str], counts: Sequence[Series], grid: np.ndarray, family: str = "expert") -> str | None:
+    """Why the per-(pod, layer) series counts of a family (``count without (<per-series label>)``
+    at the edges) show that its sums cannot stand for the raw increments, or None: every count
+    must be the same at every edge (no series created, gone or stale within the window), for
+    exactly the regular ``pods``."""
     seen = set()
     for c in counts:
         seen.add(c.labels.get(POD))
         v = edge_values(c, grid)
         if np.isnan(v).any() or np.ptp(v) > 0:
-            return (f"pod {c.labels.get(POD)} layer {c.labels.get(metric_names.LABEL_LAYER)}: the number of expert "
+            return (f"pod {c.labels.get(POD)} layer {c.labels.get(metric_names.LABEL_LAYER)}: the number of {family} "
                     "series changed within the window")
     if seen != set(pods):
-        return f"the expert series came from pods {sorted(map(str, seen))[:5]}, expected {sorted(pods)[:5]}"
+        return f"the {family} series came from pods {sorted(map(str, seen))[:5]}, expected {sorted(pods)[:5]}"
     return None
 
 

@@ -168,28 +168,55 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
     if not pods:
         name, why = next(iter(sorted(verdict.items())), ("", "no step counter"))
         return everything(f"no pod is regular over the window (pod {name}: {why})")
-    match = pod_matcher(pods)
-    regular_steps = with_matcher(f"{metric_names.ENGINE_STEPS}{selector_expr}", match)
-    regular_tokens = with_matcher(metric, match)
-    by = ", ".join((metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT))
     try:
-        step_sums = ranged(client, f"sum({regular_steps})", grid, max_points)
-        counts = ranged(client, f"count without ({metric_names.LABEL_EXPERT}) ({regular_tokens})", grid, max_points)
-        why = edges.check_edges(pods, engine_steps, start_times, step_sums, counts, grid)
-        if why:
-            return everything(why)
-        groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
-        sums = [s for g in groups for s in ranged(
-            client, f"sum by ({by}) ({with_matcher(regular_tokens, g) if g else regular_tokens})", grid, max_points)]
+        step_sums = ranged(client, f"sum({with_matcher(f'{metric_names.ENGINE_STEPS}{selector_expr}', pod_matcher(pods))})",
+                           grid, max_points)
+        why = edges.check_steps(pods, engine_steps, start_times, step_sums, grid)
+        got = why or edge_family(client, metric, metric_names.LABEL_EXPERT, pods, grid, max_samples, max_points)
     except LoadReadError as exc:
         if exc.reason != PROMETHEUS_QUERY_FAILED:  # unreachable: the raw read would fail alike
             raise
-        return everything(f"a range query was refused ({exc.message})")
-    why = edges.check_sums(sums, grid)
-    if why:
-        return everything(why)
+        got = f"a range query was refused ({exc.message})"
+    if isinstance(got, str):
+        return everything(got)
     rest = with_baselines(client, with_matcher(metric, pod_matcher(pods, negate=True)), g0, g1, max_samples=max_samples)
-    return rest, edges.EdgeLoad(sums, counts, pods), "edges"
+    return rest, edges.EdgeLoad(*got, pods), "edges"
+
+
+def read_rank_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndarray, pods: frozenset[str],
+                     max_samples: int = MAX_SAMPLES_PER_ANSWER) -> tuple[list[Series], list[Series], str]:
+    """``moe_eplb_rank_tokens_total`` of ``selector_expr`` over ``grid``: the regular ``pods``
+    (already checked on the expert family) summed at the edges, the others raw; or all raw when the
+    sums cannot stand for them. Returns the raw series, the sums and how it was read."""
+    metric = f"{metric_names.RANK_TOKENS}{selector_expr}"
+    try:
+        got = edge_family(client, metric, metric_names.LABEL_RANK, pods, grid, max_samples)
+    except LoadReadError as exc:
+        got = f"a range query failed ({exc.message})"
+    if isinstance(got, str):
+        return with_baselines(client, metric, grid[0], grid[-1], max_samples=max_samples), [], f"raw: {got}"
+    rest = with_baselines(client, with_matcher(metric, pod_matcher(pods, negate=True)), grid[0], grid[-1],
+                          max_samples=max_samples)
+    return rest, got[0], "edges"
+
+
+def edge_family(client: PrometheusClient, metric: str, per_series: str, pods: frozenset[str], grid: np.ndarray,
+                max_samples: int = MAX_SAMPLES_PER_ANSWER, max_points: int = MAX_POINTS_PER_SERIES,
+                ) -> tuple[list[Series], list[Series]] | str:
+    """A counter family (``metric{...}``) of the regular ``pods`` (whose step counters passed
+    :func:`~moe_eplb.metrics.edges.check_steps`) summed at the bucket edges by
+    ``(model_name, layer, <per_series>)``, and its series counts per pod and layer; or why not
+    (:func:`~moe_eplb.metrics.edges.check_counts`, :func:`~moe_eplb.metrics.edges.check_sums`)."""
+    regular = with_matcher(metric, pod_matcher(pods))
+    counts = ranged(client, f"count without ({per_series}) ({regular})", grid, max_points)
+    why = edges.check_counts(pods, counts, grid, family=per_series)
+    if why:
+        return why
+    by = ", ".join((metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, per_series))
+    groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
+    sums = [s for g in groups
+            for s in ranged(client, f"sum by ({by}) ({with_matcher(regular, g) if g else regular})", grid, max_points)]
+    return edges.check_sums(sums, grid) or (sums, counts)
 
 
 def with_matcher(selector_expr: str, matcher: str) -> str:
@@ -333,7 +360,14 @@ def read_load_trace(
                                         num_experts=num_experts, model=model, what=what,
                                         max_interpolated_fraction=max_interpolated_fraction)
         trace.meta["read"] = how
-        return with_telemetry(trace, read_telemetry_series(read), grid, pods_per_engine, starts)
+        src = read_telemetry_series(read, skip=("rank_tokens",) if edge else ())
+        if edge:  # the rank tokens of the same regular pods, summed at the edges too
+            try:
+                src.rank_tokens, src.rank_edge_sums, trace.meta["read_rank_tokens"] = read_rank_tokens(
+                    client, sel, grid, edge.pods, max_samples_per_answer)
+            except LoadReadError:
+                pass  # as for any telemetry source: its key is left out
+        return with_telemetry(trace, src, grid, pods_per_engine, starts)
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
                             "set a Prometheus URL or keep a PodScraper per MoEInference")
@@ -347,11 +381,13 @@ def read_load_trace(
     return with_telemetry(trace, src, np.array([r.time for r in rounds]), pods_per_engine, starts)
 
 
-def read_telemetry_series(read) -> TelemetrySeries:
-    """Every telemetry source through ``read(metric) -> [Series]`` (raw samples with baselines); a
-    source whose query fails is left empty (its trace key absent)."""
+def read_telemetry_series(read, skip: tuple[str, ...] = ()) -> TelemetrySeries:
+    """Every telemetry source (but ``skip``) through ``read(metric) -> [Series]`` (raw samples with
+    baselines); a source whose query fails is left empty (its trace key absent)."""
     src = TelemetrySeries()
     for attr, metric in SAMPLE_NAMES.items():
+        if attr in skip:
+            continue
         try:
             setattr(src, attr, read(metric))
         except LoadReadError:

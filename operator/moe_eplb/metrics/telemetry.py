@@ -37,6 +37,7 @@ import numpy as np
 from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
+from moe_eplb.metrics.assemble import edge_matrix
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.scrape import Round
@@ -69,6 +70,9 @@ class TelemetrySeries:
     step_sum: list[Series] = field(default_factory=list)
     step_count: list[Series] = field(default_factory=list)
     rank_tokens: list[Series] = field(default_factory=list)
+    #: the regular pods' rank tokens summed at the grid edges by (model_name, layer, rank)
+    #: (:func:`moe_eplb.metrics.reader.edge_family`); their raw series are then not in rank_tokens
+    rank_edge_sums: list[Series] = field(default_factory=list)
     rearrangement_sum: list[Series] = field(default_factory=list)
     rearrangement_count: list[Series] = field(default_factory=list)
     config_info: list[Series] = field(default_factory=list)
@@ -192,12 +196,13 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
             kw["step_seconds"] = np.where(steps > 0, np.divide(total, count, out=np.zeros(T), where=count > 0), np.nan)
 
     ranks = _of_model(src.rank_tokens, model)
-    if not ranks:
+    rank_sums = _of_model(src.rank_edge_sums, model)
+    if not ranks and not rank_sums:
         skipped["rank_load"] = f"no {metric_names.RANK_TOKENS} series"
     else:
         try:
             keys = [(s.int_label(metric_names.LABEL_LAYER, "rank tokens"),
-                     s.int_label(metric_names.LABEL_RANK, "rank tokens")) for s in ranks]
+                     s.int_label(metric_names.LABEL_RANK, "rank tokens")) for s in ranks + rank_sums]
         except LoadReadError as exc:
             keys, skipped["rank_load"] = [], exc.message
         if keys:
@@ -209,6 +214,9 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
                 rl = np.zeros((T, num_layers, ep))
                 for (layer, rank), s in zip(keys, ranks):
                     rl[:, layer, rank] += counter_sum([s], grid, starts)
+                if rank_sums:  # increments between consecutive edges (checked complete and never dropping)
+                    at = np.asarray(keys[len(ranks):], np.int64)
+                    np.add.at(rl, (slice(None), at[:, 0], at[:, 1]), np.diff(edge_matrix(rank_sums, grid), axis=1).T)
                 kw["rank_load"] = np.maximum(rl, 0.0)
 
     rsum, rcount = _of_model(src.rearrangement_sum, model), _of_model(src.rearrangement_count, model)
