@@ -248,6 +248,49 @@ def test_known_load_in_same_load_out(cluster):
         assert direct.bucket_steps[i] == steps
 
 
+def test_steady_pods_are_summed_at_the_bucket_edges_with_the_same_trace(cluster):
+    """Two pods scraped since before the window, no restart, no missed scrape: the reader sums their
+    counters at the bucket edges on the server (metrics/edges.py) and gets exactly the load the
+    pods routed, bucket by bucket -- the same trace as from every raw sample."""
+    client, pods = cluster["client"], cluster["pods"]
+    deadline = time.time() + 30
+    while not all(_steps_sample(client, p) for p in ("a", "b")):
+        assert time.time() < deadline, "Prometheus never scraped the pods"
+        time.sleep(0.2)
+    rng = np.random.default_rng(5)
+    steps_seen = {"a": 0, "b": 0}
+    expected = {}
+    for _ in range(3):
+        g = _next_boundary()
+        total, total_steps = np.zeros((L, E)), 0
+        for n in ("a", "b"):
+            steps, per_step = int(rng.integers(2, 6)), rng.integers(0, 5, size=(L, E))
+            pods[n].run(steps, per_step)
+            steps_seen[n] += steps
+            total, total_steps = total + steps * per_step, total_steps + steps
+        for n in ("a", "b"):
+            assert _wait_scraped(client, n, steps_seen[n], g + B) < g + B - 0.05, "scrape landed in the next bucket"
+        expected[g + B] = (total, total_steps)
+    end = max(expected) + 0.5
+    _next_boundary(margin=0.6)  # every sample up to `end` is in
+    kw = dict(prometheus_url=cluster["url"], namespace="ns", name="moe", window_seconds=3 * B, bucket_seconds=B,
+              now=end, num_layers=L, num_experts=E)
+    fast, raw = read_load_trace(**kw), read_load_trace(**kw, at_edges=False)
+    assert fast.meta["read"] == "edges", fast.meta["read"]
+    assert (fast.meta["pods_at_edges"], fast.meta["pods_raw"]) == (2, 0)
+    assert fast.meta["read_rank_tokens"] == "edges"  # the telemetry's rank tokens too
+    np.testing.assert_array_equal(fast.telemetry.rank_load, raw.telemetry.rank_load)
+    np.testing.assert_array_equal(fast.telemetry.rank_load.sum(axis=2), fast.load.sum(axis=2))  # tokens = tokens
+    np.testing.assert_array_equal(fast.load, raw.load)
+    np.testing.assert_array_equal(fast.bucket_steps, raw.bucket_steps)
+    grid_ends = fast.meta["start_time"] + B * np.arange(1, fast.num_buckets + 1)
+    for t_end, (load_m, steps) in expected.items():
+        (idx,) = np.flatnonzero(np.isclose(grid_ends, t_end, rtol=0, atol=1e-3))
+        np.testing.assert_array_equal(fast.load[idx], load_m, err_msg=f"bucket ending {t_end}")
+        assert fast.bucket_steps[idx] == steps
+    assert fast.load.sum() == sum(v[0].sum() for v in expected.values())
+
+
 def test_missed_scrapes_are_spread_by_time(cluster):
     """Prometheus is paused (SIGSTOP) for ~2 buckets while pod a routes a known load: the reader
     spreads it over the buckets between the two samples around the pause, in proportion to time,
