@@ -52,6 +52,10 @@ from moe_eplb.metrics.increments import Increments, counter_increments, values_a
 from moe_eplb.metrics.scrape import Round
 from moe_eplb.metrics.series import Series, pod_name
 
+#: Prometheus' default ``--query.lookback-delta``: an instant vector (and a gauge here) is the newest
+#: sample at most this old.
+LOOKBACK_SECONDS = 300.0
+
 #: Refuse a window with more than 10 % of its load in scrape gaps (spread by time, not measured).
 DEFAULT_MAX_INTERPOLATED_FRACTION = 0.1
 
@@ -316,6 +320,17 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
         groups.setdefault((s.pod, s.ts.tobytes()), []).append(s)
     index: dict[tuple[int, ...], int] = {}  # series key -> row of the sum
     parsed: dict[tuple, tuple[int, ...]] = {}  # label values -> key (the same few hundred strings)
+
+    def rows_of(members: Sequence[Series]) -> np.ndarray:
+        rows = np.empty(len(members), np.int64)
+        for j, s in enumerate(members):
+            raw = tuple(s.labels.get(k) for k in keys)
+            key = parsed.get(raw)
+            if key is None:
+                key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
+            rows[j] = index.setdefault(key, len(index))
+        return rows
+
     parts = []
     for (pod, _), members in groups.items():
         ts = members[0].ts
@@ -324,23 +339,9 @@ def family_increments(series: list[Series], keys: tuple[str, ...], c: Counters, 
         if inc.interpolated.any():
             out.spread[pod] = out.spread.get(pod, 0.0) + float(inc.interpolated.sum())
             steps.gaps.setdefault(pod, set()).update(inc.gaps)
-        rows = np.empty(len(members), np.int64)
-        for j, s in enumerate(members):
-            raw = tuple(s.labels.get(k) for k in keys)
-            key = parsed.get(raw)
-            if key is None:
-                key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
-            rows[j] = index.setdefault(key, len(index))
-        parts.append((rows, inc.values))
+        parts.append((rows_of(members), inc.values))
     if edge_sums:  # the regular pods, summed on the server: increments between consecutive edges
-        rows = np.empty(len(edge_sums), np.int64)
-        for j, s in enumerate(edge_sums):
-            raw = tuple(s.labels.get(k) for k in keys)
-            key = parsed.get(raw)
-            if key is None:
-                key = parsed[raw] = tuple(s.int_label(k, what) for k in keys)
-            rows[j] = index.setdefault(key, len(index))
-        parts.append((rows, np.diff(edge_matrix(edge_sums, grid), axis=1)))
+        parts.append((rows_of(edge_sums), np.diff(edge_matrix(edge_sums, grid), axis=1)))
     total = np.zeros((len(index), grid.shape[0] - 1))
     for rows, values in parts:
         if np.unique(rows).size == rows.size:

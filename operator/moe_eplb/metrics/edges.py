@@ -32,20 +32,19 @@ Prometheus with a shorter lookback -- and the reader reads everything raw instea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from moe_eplb import metric_names
-from moe_eplb.metrics.assemble import edge_matrix, max_gap_for, starts_at
+from moe_eplb.metrics.assemble import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments, values_at_edges
 from moe_eplb.metrics.series import Series
 
-#: Prometheus' default ``--query.lookback-delta``: an instant vector is the newest sample at most
-#: this old. Regular pods are scraped at most 80 % of it apart (a Prometheus with a shorter
-#: lookback fails :func:`check_edges` and is read raw).
-LOOKBACK_SECONDS = 300.0
+#: The label the range queries select pods by. (Regular pods are scraped at most 80 % of
+#: Prometheus' lookback, ``LOOKBACK_SECONDS``, apart; a Prometheus with a shorter lookback fails
+#: :func:`check_edges` and is read raw.)
 POD = "pod"
 
 
@@ -64,10 +63,6 @@ class EdgeLoad:
     sums: list[Series]
     counts: list[Series]
     pods: frozenset[str]
-
-    def rows(self, grid: np.ndarray) -> list[tuple[Series, np.ndarray]]:
-        """Each sum series with its ``[T]`` increments (differences between consecutive edges)."""
-        return [(s, np.diff(edge_values(s, grid))) for s in self.sums]
 
 
 def regular_pods(engine_steps: Sequence[Series], start_times: Iterable[Series], grid: np.ndarray,
@@ -193,12 +188,4 @@ def points_per_layer(counts: Sequence[Series], edges: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for (_, layer), n in most.items():
         out[layer] = out.get(layer, 0.0) + n * edges
-    return out
-
-
-def token_layers(counts: Sequence[Series]) -> Mapping[tuple, set]:
-    """``{pod key: {layer label values}}`` of the regular pods (for the reader's completeness checks)."""
-    out: dict[tuple, set] = {}
-    for c in counts:
-        out.setdefault(c.pod, set()).add(c.labels.get(metric_names.LABEL_LAYER))
     return out

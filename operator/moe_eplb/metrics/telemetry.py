@@ -37,14 +37,12 @@ import numpy as np
 from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
-from moe_eplb.metrics.assemble import edge_matrix
+from moe_eplb.metrics.assemble import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.scrape import Round
 from moe_eplb.metrics.series import Series
 
-#: Seconds a gauge sample stays current (Prometheus' default lookback).
-LOOKBACK_SECONDS = 300.0
 LABEL_USE_ASYNC = metric_names.LABEL_USE_ASYNC
 
 #: trace key -> the sample names it is built from (what direct scraping keeps of a /metrics body)
@@ -96,31 +94,14 @@ def _of_model(series: Sequence[Series], model: str | None) -> list[Series]:
     return [s for s in series if s.label(metric_names.LABEL_MODEL, model) == model]
 
 
-def _gap(ts: np.ndarray, bucket: float) -> float:
-    spacing = float(np.median(np.diff(ts))) if ts.size > 2 else 0.0
-    return max(bucket, 3 * spacing)
-
-
 def counter_sum(series: Sequence[Series], grid: np.ndarray, starts: dict[tuple, Series] | None = None) -> np.ndarray:
     """``[T]`` increments of counters on ``grid``, summed over ``series``."""
     T = grid.shape[0] - 1
     out = np.zeros(T)
     bucket = float(grid[1] - grid[0])
     for s in series:
-        st = _start_times(starts, s)
-        out += counter_increments(grid, s.ts, s.vs[None, :], st, max_gap=_gap(s.ts, bucket)).values[0]
-    return out
-
-
-def _start_times(starts: dict[tuple, Series] | None, s: Series) -> np.ndarray | None:
-    if not starts or s.pod not in starts:
-        return None
-    ref = starts[s.pod]
-    out = np.full(s.ts.shape, np.nan)
-    if ref.ts.size:
-        idx = np.clip(np.searchsorted(ref.ts, s.ts), 0, ref.ts.size - 1)
-        hit = np.abs(ref.ts[idx] - s.ts) < 1e-3
-        out[hit] = ref.vs[idx[hit]]
+        st = starts_at(starts[s.pod], s.ts) if starts and s.pod in starts else None
+        out += counter_increments(grid, s.ts, s.vs[None, :], st, max_gap=max_gap_for(s.ts, bucket)).values[0]
     return out
 
 
