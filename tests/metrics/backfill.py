@@ -18,6 +18,18 @@ PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/
 PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
 
 
+def openmetrics_text(families: dict[str, list[str]]) -> str:
+    """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``: each family's sample
+    lines under its ``# TYPE`` line (``*_total`` families are counters, the others gauges), then
+    ``# EOF``."""
+    lines = []
+    for name, rows in families.items():
+        counter = name.endswith("_total")
+        lines.append(f"# TYPE {name.removesuffix('_total')} counter" if counter else f"# TYPE {name} gauge")
+        lines += rows
+    return "\n".join(lines + ["# EOF"]) + "\n"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

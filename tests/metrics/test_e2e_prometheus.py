@@ -119,6 +119,14 @@ def _steps_sample(client, pod):
     return (float(res[0]["value"][1]), float(res[0]["value"][0])) if res else None
 
 
+def _wait_first_scrapes(client, names=("a", "b"), timeout=30.0):
+    """Wait until Prometheus has scraped each of the pods ``names`` at least once."""
+    deadline = time.time() + timeout
+    while not all(_steps_sample(client, p) for p in names):
+        assert time.time() < deadline, "Prometheus never scraped the pods"
+        time.sleep(0.2)
+
+
 def _wait_scraped(client, pod, steps, deadline):
     """Wait until Prometheus has scraped ``steps`` for ``pod``; return the sample's timestamp."""
     while time.time() < deadline:
@@ -140,10 +148,7 @@ def _next_boundary(margin=0.25):
 
 def test_known_load_in_same_load_out(cluster):
     client, pods = cluster["client"], cluster["pods"]
-    deadline = time.time() + 30
-    while not all(_steps_sample(client, p) for p in ("a", "b")):
-        assert time.time() < deadline, "Prometheus never scraped the pods"
-        time.sleep(0.2)
+    _wait_first_scrapes(client)
     rng = np.random.default_rng(42)
     steps_seen = {"a": 0, "b": 0}
     expected: dict[float, tuple[np.ndarray, int]] = {}
@@ -253,10 +258,7 @@ def test_steady_pods_are_summed_at_the_bucket_edges_with_the_same_trace(cluster)
     counters at the bucket edges on the server (metrics/edges.py) and gets exactly the load the
     pods routed, bucket by bucket -- the same trace as from every raw sample."""
     client, pods = cluster["client"], cluster["pods"]
-    deadline = time.time() + 30
-    while not all(_steps_sample(client, p) for p in ("a", "b")):
-        assert time.time() < deadline, "Prometheus never scraped the pods"
-        time.sleep(0.2)
+    _wait_first_scrapes(client)
     rng = np.random.default_rng(5)
     steps_seen = {"a": 0, "b": 0}
     expected = {}
@@ -300,10 +302,7 @@ def test_missed_scrapes_are_spread_by_time(cluster):
     from moe_eplb.metrics.increments import overlap_weights
 
     client, pods, prom = cluster["client"], cluster["pods"], cluster["prom"]
-    deadline = time.time() + 30
-    while not all(_steps_sample(client, p) for p in ("a", "b")):
-        assert time.time() < deadline, "Prometheus never scraped the pods"
-        time.sleep(0.2)
+    _wait_first_scrapes(client)
     time.sleep(1.0)  # a few scrapes before the pause
     per_step = np.arange(L * E).reshape(L, E) % 4 + 1
     _next_boundary()

@@ -16,7 +16,7 @@ from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import pod_matcher, read_expert_tokens, read_load_trace, selector, with_baselines
 from moe_eplb.metrics.series import Series
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
+from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus, openmetrics_text
 
 L, E, T = 3, 4, 8
 B = 15.0  # bucket seconds
@@ -278,12 +278,7 @@ def _openmetrics(pods: list[FakePod], shift: float) -> str:
                                             for t, v in zip(p.ts, p.steps)]
         fams[metric_names.EXPORTER_START_TIME] += [f"{metric_names.EXPORTER_START_TIME}{{{lab}}} {v + shift:.3f} "
                                                    f"{t + shift:.3f}" for t, v in zip(p.ts, p.start)]
-    lines = []
-    for name, rows in fams.items():
-        kind = "gauge" if name == metric_names.EXPORTER_START_TIME else "counter"
-        lines.append(f"# TYPE {name.removesuffix('_total') if kind == 'counter' else name} {kind}")
-        lines += rows
-    return "\n".join(lines + ["# EOF"]) + "\n"
+    return openmetrics_text(fams)
 
 
 @pytest.mark.integration

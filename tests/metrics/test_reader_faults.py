@@ -25,7 +25,7 @@ from moe_eplb import metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import read_load_trace
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
+from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus, openmetrics_text
 
 pytestmark = [
     pytest.mark.integration,
@@ -64,12 +64,7 @@ def _openmetrics(t0: int) -> str:
                                             for ts, v in zip(times, values)]
         fams[metric_names.EXPORTER_START_TIME] += [f'{metric_names.EXPORTER_START_TIME}{{{labels}}} {t0 - 600} {ts}'
                                                    for ts in times]
-    lines = []
-    for name, rows in fams.items():
-        kind = "gauge" if name == metric_names.EXPORTER_START_TIME else "counter"
-        lines.append(f"# TYPE {name.removesuffix('_total') if kind == 'counter' else name} {kind}")
-        lines += rows
-    return "\n".join(lines + ["# EOF"]) + "\n"
+    return openmetrics_text(fams)
 
 
 @pytest.fixture(scope="module")
