@@ -112,7 +112,7 @@ def test_divisibility_messages_name_the_nearest_values_at_apply_time(variant) ->
     from moe_eplb.api.crd import openapi_schema
 
     hand = [r for r in openapi_schema()["properties"]["spec"]["x-kubernetes-validations"]
-            if "string(self.model.moe.numExperts)" in r.get("messageExpression", "")]
+            if "[self.model.moe.numExperts, " in r.get("messageExpression", "")]
     assert [r["messageExpression"] for r in hand] == [cel_catalog.divisibility_message("self.model.moe.numExperts")]
     crd = {p.field: p.message for p in apiserver_problems(variant({"spec.eplb.numRedundantExperts": 7}))}
     assert crd["spec.eplb.numRedundantExperts"].endswith("use numRedundantExperts 4 or 8")

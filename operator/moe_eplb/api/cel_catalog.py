@@ -97,13 +97,19 @@ EP_SIZE = "(self.parallelism.tensor * self.parallelism.data)"
 
 def divisibility_message(experts: str) -> str:
     """CEL ``messageExpression`` naming the nearest valid numRedundantExperts (``experts`` is a CEL
-    int expression)."""
+    int expression).
+
+    Built with the Kubernetes CEL strings library's ``format`` (``'%d'.format([...])``), not with
+    ``'...' + string(n)``: a real kube-apiserver estimates the size of ``string(int)`` as unbounded,
+    so every concatenation with it "exceeds budget by factor of more than 100x" and the CRD is
+    refused at install (seen on kube-apiserver 1.36; tests/kube). ``format`` has a bounded estimate.
+    """
     r, ep = "self.eplb.numRedundantExperts", EP_SIZE
     below = f"({r} - ({experts} + {r}) % {ep})"
-    return (f"'spec.eplb.numRedundantExperts: experts (' + string({experts}) + ') + numRedundantExperts (' + "
-            f"string({r}) + ') is not divisible by the EP size ' + string({ep}) + "
-            f"' (tensor x data); use numRedundantExperts ' + ({below} >= 0 ? string({below}) + ' or ' : '') + "
-            f"string({below} + {ep})")
+    return ("'spec.eplb.numRedundantExperts: experts (%d) + numRedundantExperts (%d) is not divisible by the "
+            "EP size %d (tensor x data); use numRedundantExperts %s'.format("
+            f"[{experts}, {r}, {ep}, {below} >= 0 ? '%d or %d'.format([{below}, {below} + {ep}]) "
+            f": '%d'.format([{below} + {ep}])])")
 
 
 def rules() -> list[dict[str, Any]]:

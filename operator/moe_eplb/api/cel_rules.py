@@ -19,6 +19,50 @@ from moe_eplb.api.schema import format_path
 Schema = dict[str, Any]
 
 
+def cel_format(template: Any, args: Any) -> str:
+    """The Kubernetes CEL strings library's ``'...'.format([args])`` for the verbs the CRD uses:
+    ``%d`` (an int), ``%s`` (any value as a string) and ``%%``. Python's CEL package has no
+    ``format``; the CRD's messages need it (see :func:`moe_eplb.api.cel_catalog.divisibility_message`).
+    A verb without an argument, an extra argument, or another verb raises ``ValueError`` (the
+    apiserver also fails the expression, and falls back to ``message``)."""
+    text, values = str(template), list(args)
+    out: list[str] = []
+    i = used = 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "%":
+            out.append(ch)
+            i += 1
+            continue
+        verb = text[i + 1:i + 2]
+        i += 2
+        if verb == "%":
+            out.append("%")
+            continue
+        if verb not in ("d", "s") or used >= len(values):
+            raise ValueError(f"format: unsupported verb %{verb} or too few arguments in {text!r}")
+        value = values[used]
+        used += 1
+        if verb == "d":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"format: %d needs an integer, got {value!r}")
+            out.append(str(int(value)))
+        else:
+            out.append(value if isinstance(value, str) else str(value))
+    if used != len(values):
+        raise ValueError(f"format: {len(values) - used} argument(s) left over in {text!r}")
+    return "".join(out)
+
+
+#: functions the apiserver's CEL environment has and Python's CEL package lacks
+FUNCTIONS = {"format": cel_format}
+
+
+def context_for(obj: Any) -> Any:
+    """A CEL evaluation context with ``self`` bound to ``obj`` and :data:`FUNCTIONS`."""
+    return cel.Context(variables={"self": obj}, functions=FUNCTIONS)
+
+
 @functools.lru_cache(maxsize=256)
 def _program(rule: str) -> Any:
     return cel.compile(rule)
@@ -52,7 +96,7 @@ def cel_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[Problem]:
             continue
         try:
             if context is None:
-                context = cel.Context(variables={"self": obj})
+                context = context_for(obj)
             ok = _program(expr).execute(context)
         except Exception as exc:  # the apiserver reports evaluation errors as invalid values too
             problems.append(Problem(_field(path, rule), f"{rule.get('message', 'rule failed')} (rule error: {exc})",
