@@ -120,3 +120,15 @@ def test_divisibility_messages_name_the_nearest_values_at_apply_time(variant) ->
     assert [p.message for p in over if p.field == "spec.eplb.numRedundantExperts"] == [
         "experts (60) + numRedundantExperts (1) is not divisible by the EP size 4 "
         "(tensor x data); use numRedundantExperts 0 or 4"]  # the field once, not again in the message
+
+
+def test_cel_format_like_the_kubernetes_strings_library() -> None:
+    """The apiserver's ``'...'.format([...])`` for the verbs the CRD's messages use."""
+    import pytest
+
+    from moe_eplb.api.cel_rules import cel_format
+
+    assert cel_format("experts (%d) + %s: 100%%", [128, "x"]) == "experts (128) + x: 100%"
+    for template, args in [("%d", ["1"]), ("%d", [True]), ("%d %d", [1]), ("%d", [1, 2]), ("%f", [1.0])]:
+        with pytest.raises(ValueError):
+            cel_format(template, args)

@@ -40,6 +40,21 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
 Not emulated: admission/validation of other kinds, ``limit``/``continue`` paging, watch bookmarks,
 watch events for objects that move in or out of a label selector, server-side apply.
 
+Differences from a real apiserver, checked against kube-apiserver 1.36.3 built from Kubernetes' Go
+modules (``tests/kube/test_shared_scenarios.py`` runs the same scenarios on both; server-set metadata,
+generation, status and ``/scale`` subresources, 409 on a stale resourceVersion, 422 on a failed JSON
+patch ``test``, dry-run, label selectors and garbage collection agree):
+
+- the MoEInference is stored without admission: no CRD schema, CEL rules or strict field validation
+  (the real apiserver refuses, e.g., experts + redundancy not divisible by the EP size with 422). The
+  operator's own validation refuses such a resource (``SpecValid=False``) on both;
+- no OpenAPI document: ``kubectl apply`` needs ``--validate=false`` here; no server-side apply (415);
+- garbage collection is immediate here; the real collector learns a new CRD's kind at its next
+  discovery resync (up to 30 s after the CRD was installed);
+- no CEL cost budget at CRD install: a CRD this emulation serves may still be refused by a real
+  apiserver (two such defects were found that way: ``tests/kube/test_kubectl.py``);
+- there are no Pods, ReplicaSets or controllers but those of ``sim/kubelet.py``.
+
 Public entry point: ``async with emulated_cluster() as cluster: ...`` (see :class:`EmulatedCluster`),
 or ``python -m moe_eplb.sim.kubeapi --port 8001 --kubeconfig kubeconfig.yaml`` as a process.
 """

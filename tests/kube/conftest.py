@@ -1,0 +1,126 @@
+"""The ``kube`` tier: tests against a REAL control plane (etcd, kube-apiserver,
+kube-controller-manager of one Kubernetes release, built from Go modules by ``tools/kube/build.sh``;
+``make kube``). See :mod:`moe_eplb.sim.controlplane`.
+
+- ``control_plane`` (session): the running :class:`~moe_eplb.sim.controlplane.ControlPlane`, with the
+  MoEInference CRD (``crds/``) installed and established. Started once (seconds); its logs stay in the
+  session's temporary folder, and the tail of each is attached to a failing test's report.
+- ``kube_ns``: a fresh namespace for one test, deleted afterwards.
+- ``real``: ``async with real(token=None) as cluster`` -- the async client
+  (:class:`~moe_eplb.sim.realapi.RealCluster`) with the emulation's calls.
+
+Without the built binaries the tier is skipped with the reason, except in CI
+(``MOE_EPLB_REQUIRE_KUBE=1``), where a missing binary fails every test here.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import secrets
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from moe_eplb.sim.controlplane import ControlPlane, default_bin_dir, find_binaries
+from tests.example_manifests import seed, variant  # noqa: F401  (pytest fixtures)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "moeinferences.eplb.ai.yaml"
+REQUIRE = os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1"
+
+_PLANE: ControlPlane | None = None
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in pathlib.Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.kube)
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """On a failure in this tier, attach the tail of every control-plane log to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _PLANE is not None and pathlib.Path(__file__).parent in pathlib.Path(str(item.fspath)).parents:
+        for name in _PLANE.logs:
+            lines = [ln for ln in _PLANE.log_tail(name, 200).splitlines() if "grpc" not in ln][-12:]
+            report.sections.append((f"control plane: {name} ({_PLANE.logs[name]})", "\n".join(lines)))
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
+    """Poll ``check()`` until truthy (``urllib`` 404s count as not yet); fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
+
+
+def install_crd(cp: ControlPlane, path: pathlib.Path = CRD_FILE) -> dict[str, Any]:
+    """``kubectl apply --server-side`` a CRD file and wait until the apiserver serves it."""
+    out = cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    assert out.returncode == 0, out.stderr
+    crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+    name = crd["metadata"]["name"]
+
+    def established() -> bool:
+        obj = cp.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
+        return conds.get("Established") == "True" and conds.get("NamesAccepted") == "True"
+
+    wait_for(established, what=f"CRD {name} established")
+    return crd
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    global _PLANE
+    bins = find_binaries()
+    if bins is None:
+        reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
+        if REQUIRE:
+            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
+        pytest.skip(reason)
+    cp = ControlPlane(bins, tmp_path_factory.mktemp("control-plane"))
+    _PLANE = cp
+    with cp:
+        install_crd(cp)
+        yield cp
+    _PLANE = None
+
+
+@pytest.fixture()
+def kube_ns(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace (deleted, without waiting, afterwards)."""
+    name = f"t-{secrets.token_hex(4)}"
+    control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: control_plane.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+             what=f"default ServiceAccount in {name}")
+    yield name
+    try:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+    except urllib.error.HTTPError:
+        pass
+
+
+@pytest.fixture()
+def real(control_plane: ControlPlane) -> Callable[..., Any]:
+    from moe_eplb.sim.realapi import real_cluster
+
+    return lambda token=None: real_cluster(control_plane, token=token)

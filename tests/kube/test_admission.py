@@ -1,0 +1,147 @@
+"""Admission parity on a REAL kube-apiserver: the CRD's schema and CEL rules as the apiserver runs
+them, against ``moe-eplb validate`` (``validate``) and the project's offline model of the apiserver
+(``apiserver_problems``, Python CEL), case by case on the apply-time table of tests/api.
+
+Every example is accepted; every bad manifest is refused by both the apiserver and ``validate``, and
+both name the same field. The table of which checks the apiserver makes itself and which only the
+operator makes is in docs/resource.md ("Who checks what"); ``test_docs_table_matches`` keeps it honest.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import urllib.error
+from typing import Any
+
+import pytest
+
+from moe_eplb.api.validation import apiserver_problems, validate
+from tests.api.test_api_apply_time import BAD
+from tests.example_manifests import DELETE, EXAMPLES, load_moeinferences, set_path
+from tests.kube.conftest import REPO
+
+EXAMPLE_DOCS = [(p.name, i, d) for p in sorted(EXAMPLES.glob("*.yaml")) for i, d in enumerate(load_moeinferences(p))]
+
+#: What only ``validate`` (the CLI and the operator) refuses: the apiserver ADMITS these (no CEL
+#: function parses a quantity or knows vLLM's flags), the operator then sets ``SpecValid=False`` and
+#: changes nothing. (changes to the seed, field ``validate`` names)
+OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
+    "4bit-name-without-quantization": ({"spec.model.quantization": DELETE}, "spec.model.quantization"),
+    "extra-arg-repeats-generated-flag": ({"spec.engine.extraArgs": ["--num-redundant-experts=16"]}, "spec.engine.extraArgs[0]"),
+    "moe-backend-not-triton": ({"spec.engine.extraArgs": ["--moe-backend", "marlin"]}, "spec.engine.extraArgs"),
+    "memory-budget-exceeded": ({"spec.autotune.mode": "Recommend", "spec.autotune.memoryBudgetPerGpu": "64Mi"},
+                               "spec.eplb.numRedundantExperts"),
+    "quantity-passes-pattern-only": ({"spec.engine.shmSize": "1.2.3"}, "spec.engine.shmSize"),
+    "extra-arg-sets-parallelism": ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]"),
+}
+
+
+def server_dry_run(cp: Any, namespace: str, obj: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST ``obj`` with ``dryRun=All`` and strict field validation (what ``kubectl apply`` sends);
+    (HTTP status, the answer: the object or the ``Status``)."""
+    body = copy.deepcopy(obj)
+    body.setdefault("metadata", {})["namespace"] = namespace
+    path = f"/apis/eplb.ai/v1alpha1/namespaces/{namespace}/moeinferences?dryRun=All&fieldValidation=Strict"
+    try:
+        return 201, cp.request("POST", path, body)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+_UNKNOWN = re.compile(r'unknown field "([^"]+)"')
+
+
+def status_fields(status: dict[str, Any]) -> set[str]:
+    """The fields an apiserver ``Status`` names: ``details.causes[].field`` (``spec.x[0].y`` as the
+    apiserver writes paths), and ``unknown field "spec.x"`` in a strict-validation message."""
+    fields = {c.get("field", "") for c in (status.get("details") or {}).get("causes", [])}
+    fields |= set(_UNKNOWN.findall(status.get("message", "")))
+    return {f.removeprefix(".") for f in fields if f}
+
+
+def check_kind(status: dict[str, Any], field: str) -> str:
+    """Which apiserver check refused ``field``: ``strict`` (unknown field, strict decoding), ``schema``
+    (OpenAPI types, bounds, enums, patterns, required: the apiserver's own wording, "in body should
+    ...", "Unsupported value", "Required value") or ``CEL`` (one of the CRD's rules: the project's
+    message)."""
+    message = status.get("message", "")
+    if "strict decoding error" in message:
+        return "strict"
+    causes = [c for c in (status.get("details") or {}).get("causes", []) if c.get("field", "").removeprefix(".") == field]
+    texts = [c.get("message", "") for c in causes] or [message]
+    schema_words = ("in body", "Unsupported value", "Required value", "must be of type")
+    return "schema" if any(w in t for t in texts for w in schema_words) else "CEL"
+
+
+def seed_with(seed: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    res = copy.deepcopy(seed)
+    for dotted, value in changes.items():
+        set_path(res, dotted, value)
+    return res
+
+
+@pytest.mark.parametrize(("name", "index", "doc"), EXAMPLE_DOCS, ids=[f"{n}[{i}]" for n, i, _ in EXAMPLE_DOCS])
+def test_examples_are_admitted(control_plane, kube_ns, name, index, doc) -> None:
+    code, answer = server_dry_run(control_plane, kube_ns, doc)
+    assert code == 201, (name, answer.get("message"))
+    assert validate(doc) == []
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_manifests_refused_by_both_naming_the_same_field(control_plane, kube_ns, seed, case) -> None:
+    changes, field, words = BAD[case]
+    res = seed_with(seed, changes)
+    code, status = server_dry_run(control_plane, kube_ns, res)
+    ours = {p.field for p in validate(res)}
+    assert field in ours, (case, validate(res))
+    assert code in (400, 422), (case, code, status)
+    message = status.get("message", "")
+    # the apiserver names the field as a cause; a rule on the object's root (metadata.name) can only
+    # name it in its message (CRD rules cannot point a fieldPath into metadata)
+    assert field in status_fields(status) or (field.startswith("metadata.") and field in message), (case, message)
+    kind = check_kind(status, field)
+    if kind == "CEL":  # the project's own message reaches the user
+        assert words in message, (case, message)
+    assert kind == DOC_KINDS.get(case), (case, kind, message)
+    # the offline model of the apiserver agrees with the real one on the field
+    assert field in {p.field for p in apiserver_problems(res)}, case
+
+
+@pytest.mark.parametrize("case", sorted(OPERATOR_ONLY))
+def test_operator_only_checks_are_admitted_by_the_apiserver(control_plane, kube_ns, seed, case) -> None:
+    changes, field = OPERATOR_ONLY[case]
+    res = seed_with(seed, changes)
+    code, status = server_dry_run(control_plane, kube_ns, res)
+    assert code == 201, (case, status.get("message"))
+    assert field in {p.field for p in validate(res)}, (case, validate(res))
+    assert field not in {p.field for p in apiserver_problems(res)}, case
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    text = (REPO / "docs" / "resource.md").read_text()
+    if "### Who checks what" not in text:
+        return {}
+    table = text.split("### Who checks what", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells
+    return rows
+
+
+#: the apiserver's check per case, as docs/resource.md states it ("refused (CEL)" ...)
+DOC_KINDS = {case: cells[1].split("(")[-1].rstrip(")") for case, cells in _doc_rows().items() if case in BAD}
+
+
+def test_docs_table_matches() -> None:
+    """docs/resource.md lists every case of both tables with where it is caught."""
+    rows = _doc_rows()
+    assert set(BAD) <= set(rows), sorted(set(BAD) - set(rows))
+    assert set(OPERATOR_ONLY) <= set(rows), sorted(set(OPERATOR_ONLY) - set(rows))
+    for case in BAD:
+        assert rows[case][1].startswith("refused (") and rows[case][3].startswith("refused"), rows[case]
+    for case in OPERATOR_ONLY:
+        assert rows[case][1] == "admitted" and rows[case][3].startswith("refused"), rows[case]
