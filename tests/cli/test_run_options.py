@@ -50,7 +50,7 @@ def test_chart_style_env(monkeypatch):
         "POD_NAME": "op-0", "POD_NAMESPACE": "moe-system"})
     assert got == s.OperatorSettings(
         prometheus_url="http://prometheus-operated.monitoring.svc:9090", namespaces=("team-a", "team-b"),
-        standalone=False, peering_name="ha", priority=7, liveness_endpoint="http://0.0.0.0:9101/healthz",
+        standalone=False, peering_name="ha", peering_required=True, priority=7, liveness_endpoint="http://0.0.0.0:9101/healthz",
         metrics_port=9100, resync_seconds=15.0, log_level="WARNING", log_format="json", pod_name="op-0",
         pod_namespace="moe-system")
     assert not got.clusterwide
@@ -78,6 +78,8 @@ def test_default_priority_differs_per_process(monkeypatch):
     assert len(drawn) == 20
     assert all(s.PRIORITY_RANGE[0] <= p <= s.PRIORITY_RANGE[1] for p in drawn)
     assert s.build(draw_priority=lambda: 42).priority == 42
+    # seniority: a process started a second later has a lower priority, whatever its tie-break
+    assert all(s.seniority_priority(1_800_000_001.0) < s.seniority_priority(1_800_000_000.0) for _ in range(50))
     assert s.build(priority=0, draw_priority=lambda: 42).priority == 0
 
 

@@ -22,7 +22,8 @@ from moe_eplb.k8s_names import API_GROUP
 
 
 def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
-                   standalone: bool = False, clusterwide: bool = True) -> kopf.OperatorSettings:
+                   standalone: bool = False, clusterwide: bool = True,
+                   peering_required: bool = False) -> kopf.OperatorSettings:
     """kopf settings: our finalizer and annotation prefix, peering, and no log-to-Event spam."""
     settings = kopf.OperatorSettings()
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
@@ -34,6 +35,9 @@ def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
     settings.peering.name = peering_name
     settings.peering.priority = priority
     settings.peering.standalone = standalone
+    # mandatory: every stream stays paused until the peering object was read (no start-up overlap
+    # of two replicas); only when the name was given on purpose, since it needs the peering object
+    settings.peering.mandatory = peering_required and not standalone
     settings.peering.clusterwide = clusterwide
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -73,6 +77,7 @@ async def run_operator(controller: Controller | None = None, *, registry: kopf.O
                        settings: kopf.OperatorSettings | None = None, clusterwide: bool = True,
                        namespaces: Collection[str] = (), standalone: bool = False,
                        peering_name: str = PEERING_NAME, priority: int = 0, liveness_endpoint: str | None = None,
+                       peering_required: bool = False,
                        stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run kopf with the moe-eplb handlers until ``stop_flag`` is set or the task is cancelled.
 
@@ -84,9 +89,13 @@ async def run_operator(controller: Controller | None = None, *, registry: kopf.O
     registry = registry or kopf.OperatorRegistry()
     register(registry, controller)
     settings = settings or build_settings(peering_name=peering_name, priority=priority, standalone=standalone,
-                                          clusterwide=clusterwide)
+                                          clusterwide=clusterwide, peering_required=peering_required)
+    identity = None
+    if settings.peering.mandatory:
+        identity = _identity()
+        register_announce(registry, controller, settings, identity, namespaces=() if clusterwide else namespaces)
     await kopf.operator(
-        registry=registry, settings=settings,
+        registry=registry, settings=settings, identity=identity,
         clusterwide=clusterwide and not namespaces, namespaces=list(namespaces),
         # peering_name goes through the settings: passed here, kopf would make peering mandatory
         # (and pause everything until the peering CRD exists, even when standalone).
@@ -94,6 +103,31 @@ async def run_operator(controller: Controller | None = None, *, registry: kopf.O
         liveness_endpoint=liveness_endpoint, stop_flag=stop_flag, ready_flag=ready_flag,
         memo=kopf.Memo(controller=controller),
     )
+
+
+def _identity() -> Any:
+    """kopf's own peer identity for this process (``POD_ID`` or user@host/pid-time)."""
+    from kopf._core.engines.peering import detect_own_id  # kopf 1.45's; what kopf.operator() calls itself
+
+    return detect_own_id(manual=False)
+
+
+def register_announce(registry: kopf.OperatorRegistry, controller: Controller, settings: kopf.OperatorSettings,
+                      identity: Any, namespaces: Collection[str] = ()) -> None:
+    """A start-up activity (kopf runs it before any watch) announcing this replica in the peering
+    object and waiting for replicas starting at the same time (:mod:`moe_eplb.controller.peering`)."""
+
+    @kopf.on.startup(registry=registry)
+    async def announce_peer(**kwargs: Any) -> None:
+        from moe_eplb.controller.k8s import Connection, KubeClient
+        from moe_eplb.controller.peering import announce
+
+        info = controller.connection or kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        if info is None:
+            return
+        async with KubeClient(Connection.from_info(info)) as client:
+            await announce(client, name=settings.peering.name, identity=str(identity), priority=settings.peering.priority,
+                           lifetime_s=int(settings.peering.lifetime), namespaces=namespaces)
 
 
 def main(**kwargs: Any) -> None:

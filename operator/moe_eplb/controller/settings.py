@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -43,9 +44,10 @@ PEERING_NAME = "moe-eplb"
 DEFAULT_HEALTH_PORT = 8081
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
-#: Range of the random per-process peering priority. kopf pauses every operator that sees a live
-#: peer with the same priority (and a higher one pauses the lower), so replicas must differ.
-PRIORITY_RANGE = (1, 2**31 - 1)
+#: Range of the per-process peering priority (whole numbers JSON carries exactly). kopf pauses every
+#: operator that sees a live peer with the same priority (and a higher one pauses the lower), so
+#: replicas must differ: see :func:`seniority_priority`.
+PRIORITY_RANGE = (1, 2**53)
 
 #: setting -> (command-line option, environment variable).
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -99,6 +101,11 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     standalone: bool = False
     peering_name: str = PEERING_NAME
+    #: peering named explicitly (``--peering NAME`` / ``MOE_EPLB_PEERING``, as the chart sets it): kopf's
+    #: *mandatory* peering -- nothing is processed until the peering object has been read, so replicas
+    #: started together never both act (seen on a real apiserver: with auto-detected peering both
+    #: replicas reconciled for ~0.3 s before the lower priority paused). Needs the peering object.
+    peering_required: bool = False
     priority: int = 0
     liveness_endpoint: str | None = f"http://0.0.0.0:{DEFAULT_HEALTH_PORT}/healthz"
     metrics_port: int = k8s_names.OPERATOR_METRICS_PORT
@@ -121,9 +128,15 @@ class OperatorSettings:
                                 exporter_image=self.exporter_image)
 
 
-def random_priority() -> int:
-    """A peering priority drawn from :data:`PRIORITY_RANGE` (OS entropy: differs per process)."""
-    return random.SystemRandom().randint(*PRIORITY_RANGE)
+def seniority_priority(now: float | None = None) -> int:
+    """The default peering priority: the earlier a process started, the higher (millisecond start
+    time, plus a random tie-break of 10 bits from OS entropy, so processes started in the same
+    millisecond still differ). The replica that already acts keeps acting while a newer one waits:
+    a newer replica never takes over (and never acts for a moment before it sees the older one,
+    which a random priority allowed when the newer drew the higher number; seen on a real apiserver).
+    Within :data:`PRIORITY_RANGE` until the year 2248."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return max(PRIORITY_RANGE[0], PRIORITY_RANGE[1] - (ms * 1024 + random.SystemRandom().randrange(1024)))
 
 
 def split_namespaces(values: Iterable[str]) -> tuple[str, ...]:
@@ -189,11 +202,12 @@ def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), 
           liveness: str | None = None, metrics_port: int = k8s_names.OPERATOR_METRICS_PORT, resync_seconds: float = 60.0,
           log_level: str = "INFO", log_format: str = "text", pod_name: str | None = None,
           pod_namespace: str | None = None, pod_monitor_labels: str | Mapping[str, str] | None = None,
-          exporter_image: str | None = None,
-          draw_priority: Callable[[], int] = random_priority) -> OperatorSettings:
+          exporter_image: str | None = None, peering_required: bool = False,
+          draw_priority: Callable[[], int] = seniority_priority) -> OperatorSettings:
     """Check raw option values and return the settings.
 
-    ``peering_name`` None means the default name, ``""`` means standalone; ``priority`` None draws
+    ``peering_name`` None means the default name, ``""`` means standalone; ``peering_required``: see
+    :attr:`OperatorSettings.peering_required` (ignored when standalone); ``priority`` None draws
     one with ``draw_priority``; ``liveness`` (a full URL, ``""`` = off) wins over ``health_port``
     (``http://0.0.0.0:<port>/healthz``, 0 = off; None = :data:`DEFAULT_HEALTH_PORT`).
     """
@@ -233,7 +247,8 @@ def build(*, prometheus_url: str | None = None, namespaces: Iterable[str] = (), 
                                               "ghcr.io/moe-eplb/operator:0.3.0 (the operator's own image)")
     return OperatorSettings(
         prometheus_url=url, namespaces=split_namespaces(namespaces), standalone=bool(standalone),
-        peering_name=(peering_name or PEERING_NAME).strip(), priority=int(priority), liveness_endpoint=endpoint,
+        peering_name=(peering_name or PEERING_NAME).strip(), peering_required=bool(peering_required) and not standalone,
+        priority=int(priority), liveness_endpoint=endpoint,
         metrics_port=int(metrics_port), resync_seconds=float(resync_seconds), log_level=level, log_format=fmt,
         pod_name=pod_name or None, pod_namespace=pod_namespace or None,
         pod_monitor_labels=MappingProxyType(labels), exporter_image=image)
