@@ -138,6 +138,24 @@ def test_every_example_reconciles_under_the_charts_rbac(control_plane, chart_rel
         assert op.proc.poll() is None
 
 
+def test_the_chart_with_monitoring_installs_where_the_prometheus_operator_api_is_served(control_plane, chart_release) -> None:
+    """Release ``moe-eplb-mon``: rendered for a cluster that serves monitoring.coreos.com/v1 (the
+    published CRDs installed), its ServiceMonitor and PrometheusRule are accepted by the apiserver."""
+    cp = control_plane
+    for name in MONITORING_CRDS:
+        install_crd(cp, crd_path(name))
+    cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "moe-mon"}})
+    objs = render("moe-eplb-mon", "moe-mon", {}, monitoring=True)
+    kinds = {o["kind"] for o in objs}
+    assert {"ServiceMonitor", "PrometheusRule"} <= kinds
+    apply(cp, objs)
+    rule = one(objs, "PrometheusRule")["metadata"]["name"]
+    stored = cp.request("GET", f"/apis/monitoring.coreos.com/v1/namespaces/moe-mon/prometheusrules/{rule}")
+    assert stored["spec"]["groups"] and all(g["rules"] for g in stored["spec"]["groups"])
+    monitor = one(objs, "ServiceMonitor")["metadata"]["name"]
+    assert cp.request("GET", f"/apis/monitoring.coreos.com/v1/namespaces/moe-mon/servicemonitors/{monitor}")
+
+
 def test_a_spec_change_rolls_the_deployment(control_plane, chart_release) -> None:
     cp = control_plane
     ns = new_namespace(cp)
