@@ -52,6 +52,17 @@ class Workloads:
     failure: str = ""
 
 
+def observed_generation(status: Mapping[str, Any]) -> int | None:
+    """The generation a workload's status describes: ``status.observedGeneration``, or, where the kind
+    has none (LeaderWorkerSet releases up to 0.8.0: the real apiserver prunes it from the status its
+    controller writes), the newest ``observedGeneration`` of its conditions (set on every reconcile by
+    ``meta.SetStatusCondition``). ``None``: not reported yet."""
+    if status.get("observedGeneration") is not None:
+        return int(status["observedGeneration"])
+    gens = [int(c["observedGeneration"]) for c in status.get("conditions") or [] if c.get("observedGeneration") is not None]
+    return max(gens) if gens else None
+
+
 def summarize_workloads(children: Iterable[Mapping[str, Any]]) -> Workloads:
     """Sum the readiness of the workload objects among ``children`` (live objects from the API)."""
     desired = replicas = ready = updated = 0
@@ -67,9 +78,10 @@ def summarize_workloads(children: Iterable[Mapping[str, Any]]) -> Workloads:
         ready += int(st.get("readyReplicas", 0))
         upd = int(st.get("updatedReplicas", 0))
         updated += upd
-        if "observedGeneration" not in st:
+        observed = observed_generation(st)
+        if observed is None:
             reported = False
-        if int(st.get("observedGeneration", 0)) < int(meta.get("generation", 1)) or upd < want \
+        if int(observed or 0) < int(meta.get("generation", 1)) or upd < want \
                 or int(st.get("replicas", 0)) > want:
             rolled = False
         for cond in st.get("conditions") or []:
