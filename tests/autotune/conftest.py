@@ -70,6 +70,25 @@ KINDS = ("Deployment", "LeaderWorkerSet")
 LWS_PATH = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets"
 
 
+@pytest.fixture(params=["emulated", "real"])
+def api(request) -> str:
+    """The API a scenario runs on: the emulation, or the real control plane (real Deployment and
+    ReplicaSet controllers and kube-scheduler, simulated GPU nodes; ``make kube``). The real one is
+    skipped without the built binaries, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
+    if request.param == "real":
+        import os
+
+        from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+
+        if find_binaries() is None:
+            reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
+            if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
+                pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
+            pytest.skip(reason)
+        request.node.add_marker(pytest.mark.kube)
+    return request.param
+
+
 @pytest.fixture(params=KINDS)
 def kind(request) -> str:
     """The workload kind a scenario runs on (the resource's ``parallelism.nodes`` picks it)."""

@@ -95,11 +95,11 @@ async def test_recommend_only_changes_nothing(workload, kind):
         assert any(e["reason"] == "Recommended" for e in await events(world))
 
 
-async def test_apply_rolls_out_and_keeps(workload, kind):
+async def test_apply_rolls_out_and_keeps(workload, kind, api):
     # the LWS path reads and judges through a real Prometheus when installed (group labels via its
     # scrape config, as the PodMonitor sets them); the Deployment path scrapes the pods
     use_prom = kind == "LeaderWorkerSet" and prometheus_binary() is not None
-    world = _world(workload, prometheus=use_prom, scrape_interval=0.5)
+    world = _world(workload, api=api, prometheus=use_prom, scrape_interval=0.5)
     min_ready = []
 
     async with world.run():
@@ -199,12 +199,12 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
         assert created["metadata"]["generation"] < got["metadata"]["generation"]
 
 
-async def test_regression_rolls_back(workload, kind):
+async def test_regression_rolls_back(workload, kind, api):
     from moe_eplb.sim.engine import EngineFaults
 
     # Pods with the tuned settings pack the hottest experts together (a broken expert map):
     # measured balancedness falls below the baseline, so the change must be rolled back.
-    world = _world(workload, faults_for=lambda s: EngineFaults(clustered_placement=_knobs(s) != START_KNOBS))
+    world = _world(workload, api=api, faults_for=lambda s: EngineFaults(clustered_placement=_knobs(s) != START_KNOBS))
     async with world.run():
         before = _metric("moe_eplb_rollbacks_total", reason="regression")
         await world.start_operator()
@@ -223,12 +223,12 @@ async def test_regression_rolls_back(workload, kind):
         assert any(e["reason"] == "RollingBack" and e["type"] == "Warning" for e in await events(world))
 
 
-async def test_crash_loop_rolls_back_and_degrades(workload, kind):
+async def test_crash_loop_rolls_back_and_degrades(workload, kind, api):
     if kind == "LeaderWorkerSet":
         # a WORKER pod of every group with the new settings crashes; LWS recreates the group each time
-        world = _world(workload, crash_pod_if=lambda s, worker: worker == 1 and _knobs(s) != START_KNOBS)
+        world = _world(workload, api=api, crash_pod_if=lambda s, worker: worker == 1 and _knobs(s) != START_KNOBS)
     else:
-        world = _world(workload, crash_if=lambda s: _knobs(s) != START_KNOBS)
+        world = _world(workload, api=api, crash_if=lambda s: _knobs(s) != START_KNOBS)
     degraded_seen = []
     async with world.run():
         await world.start_operator()
@@ -286,8 +286,8 @@ async def test_prometheus_down_changes_nothing(workload, kind):
         assert _metric("moe_eplb_tuner_evaluations_total", result="nodata") >= 2
 
 
-async def test_operator_killed_mid_rollout_resumes(workload, kind):
-    world = _world(workload)
+async def test_operator_killed_mid_rollout_resumes(workload, kind, api):
+    world = _world(workload, api=api)
     async with world.run():
         op = await world.start_operator()
         await world.apply(resource(kind))
@@ -306,8 +306,8 @@ async def test_operator_killed_mid_rollout_resumes(workload, kind):
                                                                              world.kubelet.pods_created)
 
 
-async def test_two_operators_only_one_acts(workload, kind):
-    world = _world(workload)
+async def test_two_operators_only_one_acts(workload, kind, api):
+    world = _world(workload, api=api)
     async with world.run():
         await world.cluster.create("/apis/kopf.dev/v1/clusterkopfpeerings",
                                    {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",

@@ -74,18 +74,8 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 
 
 def install_crd(cp: ControlPlane, path: pathlib.Path = CRD_FILE) -> dict[str, Any]:
     """``kubectl apply --server-side`` a CRD file and wait until the apiserver serves it."""
-    out = cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    assert out.returncode == 0, out.stderr
-    crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
-    name = crd["metadata"]["name"]
-
-    def established() -> bool:
-        obj = cp.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
-        return conds.get("Established") == "True" and conds.get("NamesAccepted") == "True"
-
-    wait_for(established, what=f"CRD {name} established")
-    return crd
+    cp.install_crd(path)
+    return next(d for d in yaml.safe_load_all(path.read_text()) if d)
 
 
 @pytest.fixture(scope="session")

@@ -279,6 +279,26 @@ class ControlPlane:
         return subprocess.run([str(self.binaries.kubectl), *args], input=input_text, capture_output=True, text=True,
                               env=env, timeout=timeout, check=check)
 
+    def install_crd(self, path: str | os.PathLike[str], timeout: float = 30.0) -> list[str]:
+        """``kubectl apply --server-side`` a CRD file (one or more CRDs) and wait until the apiserver
+        serves each (``Established`` and ``NamesAccepted``); their names."""
+        out = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path), timeout=120)
+        if out.returncode != 0:
+            raise ControlPlaneError(f"the CRD in {path} was refused: {out.stderr.strip()}")
+        names = [d["metadata"]["name"] for d in yaml.safe_load_all(pathlib.Path(path).read_text())
+                 if d and d.get("kind") == "CustomResourceDefinition"]
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                obj = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
+                if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"CRD {name} not established within {timeout} s: {conds}")
+                time.sleep(0.1)
+        return names
+
     # -- internals --------------------------------------------------------------------------------
     def _keys(self) -> None:
         """The service-account signing key pair, the apiserver's serving certificate (for 127.0.0.1
@@ -354,3 +374,15 @@ def apply_objects(cp: ControlPlane, objects: Sequence[Mapping[str, Any]], *, fie
     text = yaml.safe_dump_all([dict(o) for o in objects])
     return cp.kubectl("apply", "--server-side", f"--field-manager={field_manager}", "--force-conflicts", "-f", "-",
                       input_text=text, kubeconfig=kubeconfig, timeout=120)
+
+
+def project_crds() -> list[pathlib.Path]:
+    """The CRDs a cluster running moe-eplb has: the MoEInference CRD (package data), kopf's peering
+    CRDs (the chart's copy), and the LeaderWorkerSet CRD (the published one fetched by
+    ``tools/kube/crds.sh``, else the trimmed copy the emulation serves)."""
+    here = pathlib.Path(__file__).resolve()
+    repo = here.parents[3]
+    out = [here.parents[1] / "api" / "crd.yaml", repo / "charts" / "moe-eplb-operator" / "crds" / "kopfpeerings.kopf.dev.yaml"]
+    published = repo / "tools" / "kube" / "crds" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    out.append(published if published.exists() else here.parent / "lws_crd.yaml")
+    return [p for p in out if p.exists()]

@@ -397,7 +397,8 @@ class SimulatedEngine:
 
     def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, *,
                  startup_seconds: float = 120.0, tick: float = 0.1, faults: EngineFaults = EngineFaults(),
-                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None, pods: int = 1) -> None:
+                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None, pods: int = 1,
+                 hosts: tuple[str, ...] | None = None) -> None:
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         if pods < 1 or settings.ep_size % pods:
@@ -405,6 +406,11 @@ class SimulatedEngine:
         self.trace, self.settings, self.clock = trace, settings, clock
         self.startup_seconds, self.tick, self.port = float(startup_seconds), float(tick), port
         self.pods = int(pods)
+        # one loopback address per pod (a node agent gives each pod its own "pod IP", so every pod
+        # serves the pod spec's port); default: all on 127.0.0.1, pod 0 on ``port``, the others on free ports
+        self.hosts = tuple(hosts) if hosts else None
+        if self.hosts is not None and len(self.hosts) != self.pods:
+            raise ValueError(f"hosts: {len(self.hosts)} given for {pods} pods")
         self.silent = faults.silent
         self.replay = SimulatedEplb(trace.num_layers, trace.num_experts, settings, faults, seed=seed)
         L, E = trace.num_layers, trace.num_experts
@@ -557,7 +563,10 @@ class SimulatedEngine:
             runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
             await runner.setup()
             self._runners.append(runner)
-            site = web.TCPSite(runner, "127.0.0.1", self.port if k == 0 else 0)
+            if self.hosts is not None:
+                site = web.TCPSite(runner, self.hosts[k], self.port)
+            else:
+                site = web.TCPSite(runner, "127.0.0.1", self.port if k == 0 else 0)
             await site.start()
             self.ports.append(site._server.sockets[0].getsockname()[1])
         self.port = self.ports[0]

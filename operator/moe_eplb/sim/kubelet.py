@@ -260,8 +260,18 @@ class FakeKubelet:
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, poll: float = 0.1, engine_tick: float = 0.1,
                  on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None,
-                 engine_factory: Callable[[EngineRequest], Any] | None = None) -> None:
+                 engine_factory: Callable[[EngineRequest], Any] | None = None,
+                 headers: Mapping[str, str] | None = None, ssl: Any = None, deployments: bool = True,
+                 node_name: str | None = None) -> None:
         self.true_cost = true_cost
+        # a real API server: its credentials (``headers``: the Authorization header; ``ssl``: an
+        # SSLContext trusting its CA); ``deployments=False`` leaves Deployments to the real Deployment
+        # and ReplicaSet controllers (and their pods to :mod:`moe_eplb.sim.nodeagent`), so this plays
+        # only the LeaderWorkerSet controller and its pods' kubelet; ``node_name`` binds those pods
+        self.headers = dict(headers or {})
+        self.ssl = ssl
+        self.manage_deployments = deployments
+        self.node_name = node_name
         self.engine_factory = engine_factory
         self.url = api_url.rstrip("/")
         self.workload, self.clock = workload, clock
@@ -296,7 +306,7 @@ class FakeKubelet:
         assert self._session is not None
         data = None if body is None else json.dumps(body)
         async with self._session.request(method, self.url + path, data=data,
-                                         headers={"Content-Type": ctype}) as resp:
+                                         headers={"Content-Type": ctype, **self.headers}) as resp:
             payload = await resp.json(content_type=None)
             if resp.status == 404 and method in ("DELETE", "PATCH"):
                 return None
@@ -317,8 +327,9 @@ class FakeKubelet:
 
     async def start(self) -> None:
         # short timeouts and no keep-alive: a stalled request is retried on the next pass
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0),
-                                              connector=aiohttp.TCPConnector(force_close=True))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0), headers=self.headers,
+                                              connector=aiohttp.TCPConnector(force_close=True,
+                                                                             ssl=self.ssl if self.ssl else None))
         self._task = asyncio.create_task(self._run(), name="fake-kubelet")
 
     async def stop(self) -> None:
@@ -366,7 +377,9 @@ class FakeKubelet:
 
     async def reconcile_once(self) -> None:
         ns = self.namespace
-        items = await self._list(self._deploy_path(ns) if ns else "/apis/apps/v1/deployments")
+        items = None
+        if self.manage_deployments:
+            items = await self._list(self._deploy_path(ns) if ns else "/apis/apps/v1/deployments")
         if items is not None:
             seen = set()
             for dep in items:
@@ -451,7 +464,7 @@ class FakeKubelet:
         p.ready = False
         d.pods.pop(p.name, None)
         if delete_object:
-            await self._req("DELETE", f"/api/v1/namespaces/{d.namespace}/pods/{p.name}")
+            await self._req("DELETE", f"/api/v1/namespaces/{d.namespace}/pods/{p.name}?gracePeriodSeconds=0")
 
     async def _reconcile(self, d: _Deploy, dep: dict) -> None:
         spec = dep.get("spec") or {}
@@ -642,7 +655,7 @@ class FakeKubelet:
         lw.groups.pop(g.index, None)
         if delete_objects:
             for p in sorted(g.pods.values(), key=lambda p: p.worker):  # the leader first, as LWS does
-                await self._req("DELETE", f"/api/v1/namespaces/{lw.namespace}/pods/{p.name}")
+                await self._req("DELETE", f"/api/v1/namespaces/{lw.namespace}/pods/{p.name}?gracePeriodSeconds=0")
 
     async def _reconcile_lws(self, lw: _Lws, obj: dict) -> None:
         spec = obj.get("spec") or {}
@@ -733,6 +746,8 @@ class FakeKubelet:
             self.pods_created += 1
             body["metadata"]["annotations"]["sim.eplb.ai/simulated"] = "true"
             body["spec"] = _with_exporter_port(body["spec"], pod.port)
+            if self.node_name:
+                body["spec"]["nodeName"] = self.node_name
             created = await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/pods", body)
             pod.uid = (created or {}).get("metadata", {}).get("uid", "")
 

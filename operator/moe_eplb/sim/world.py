@@ -35,6 +35,23 @@ from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
+APIS = ("emulated", "real", "auto")
+
+
+def resolve_api(api: str) -> str:
+    """``emulated`` | ``real`` | ``auto`` (real when the control plane is built, else emulated)."""
+    if api not in APIS:
+        raise ValueError(f"api: {api!r} is not one of {', '.join(APIS)}")
+    if api == "auto":
+        from moe_eplb.sim.controlplane import find_binaries
+
+        return "real" if find_binaries() is not None else "emulated"
+    if api == "real":
+        from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+
+        if find_binaries() is None:
+            raise RuntimeError(f"api=real: no control plane built in {default_bin_dir()} (run `make kube`)")
+    return api
 
 
 def prometheus_binary() -> str | None:
@@ -76,8 +93,8 @@ class LocalPrometheus:
         and, for pods of a LeaderWorkerSet group, the group labels (``metric_names.GROUP_*``)."""
         keep = ("namespace", "pod", "moeinference", metric_names.GROUP_LABEL, metric_names.GROUP_WORKER_LABEL,
                 metric_names.GROUP_SIZE_LABEL)
-        groups = [{"targets": [f"127.0.0.1:{t['port']}"], "labels": {k: str(t[k]) for k in keep if k in t}}
-                  for t in targets]
+        groups = [{"targets": [f"{t.get('host', '127.0.0.1')}:{t['port']}"],
+                   "labels": {k: str(t[k]) for k in keep if k in t}} for t in targets]
         tmp = self.targets_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(groups, f)
@@ -153,6 +170,11 @@ class SimWorld:
         observer: autotune observer (see ``AutotuneRuntime.observer``).
         true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
+        api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
+            or ``"real"``: a real control plane (:mod:`moe_eplb.sim.controlplane`, built by ``make
+            kube``) with the real Deployment/ReplicaSet controllers and kube-scheduler, simulated GPU
+            nodes (:mod:`moe_eplb.sim.nodeagent`), and the emulated LeaderWorkerSet controller over the
+            real API. ``"auto"``: real when the binaries are built.
         engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
             instead of a simulated one (see :class:`~moe_eplb.sim.kubelet.FakeKubelet`); ``workload``
             is then only used by engines the factory does not build (pass an empty mapping).
@@ -179,7 +201,9 @@ class SimWorld:
     true_cost: Any = None
     kubelet_poll: float = 0.1
     engine_factory: Callable[[Any], Any] | None = None
+    api: str = "emulated"
     # handles, set by run()
+    plane: Any = None
     cluster: Any = None
     clock: SimClock | None = None
     kubelet: Any = None
@@ -194,7 +218,6 @@ class SimWorld:
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
         from moe_eplb.controller import autotune
-        from moe_eplb.sim.kubeapi import emulated_cluster
         from moe_eplb.sim.kubelet import FakeKubelet
 
         self.clock = SimClock.started_now(self.scale)
@@ -207,8 +230,9 @@ class SimWorld:
             rt.search = dict(self.search)
         self.runtime = rt
         autotune.configure(rt)
+        self.api = resolve_api(self.api)
         try:
-            async with emulated_cluster() as cluster:
+            async with self._cluster() as cluster:
                 self.cluster = cluster
                 if self.prometheus:
                     binary = prometheus_binary()
@@ -216,35 +240,94 @@ class SimWorld:
                         raise RuntimeError("no Prometheus binary (apt-get install prometheus), or run without it")
                     self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval, drop=self.drop_metrics)
                     await self.prom.start()
-                self.kubelet = FakeKubelet(cluster.url, self.workload, self.clock,
-                                           startup_seconds=self.startup_seconds, crash_if=self.crash_if,
-                                           crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
-                                           num_groups=self.num_groups,
-                                           engine_tick=self.engine_tick, poll=self.kubelet_poll,
-                                           on_change=self.prom.update if self.prom else None,
-                                           true_cost=self.true_cost, engine_factory=self.engine_factory)
-                await self.kubelet.start()
+                real = self.api == "real"
+                on_change = None
+                if self.prom:
+                    on_change = self._real_targets if real else self.prom.update
+                lws = FakeKubelet(cluster.url, self.workload, self.clock,
+                                  startup_seconds=self.startup_seconds, crash_if=self.crash_if,
+                                  crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
+                                  num_groups=self.num_groups,
+                                  engine_tick=self.engine_tick, poll=self.kubelet_poll,
+                                  on_change=on_change, true_cost=self.true_cost, engine_factory=self.engine_factory,
+                                  **(self._real_kubelet_options() if real else {}))
+                agent = None
+                if real:
+                    from moe_eplb.sim.nodeagent import NodeAgent, RealNodes
+
+                    agent = NodeAgent(cluster, self.workload, self.clock, nodes=8, gpus_per_node=16,
+                                      startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
+                                      poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
+                                      num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change)
+                    await agent.start()
+                    self.kubelet = RealNodes(agent, lws)
+                else:
+                    self.kubelet = lws
+                await lws.start()
                 try:
                     yield self
                 finally:
                     for op in list(self.operators):
                         await self.stop_operator(op)
-                    await self.kubelet.stop()
+                    await lws.stop()
+                    if agent is not None:
+                        await agent.stop()
                     if self.prom:
                         self.prom.stop()
                         self.prom = None
         finally:
             autotune.configure(None)
 
+    @contextlib.asynccontextmanager
+    async def _cluster(self) -> AsyncIterator[Any]:
+        """The API the world runs on: the emulation, or a real control plane started here."""
+        if self.api != "real":
+            from moe_eplb.sim.kubeapi import emulated_cluster
+
+            async with emulated_cluster() as cluster:
+                yield cluster
+            return
+        from moe_eplb.sim.controlplane import ControlPlane, find_binaries, project_crds
+        from moe_eplb.sim.realapi import real_cluster
+
+        with tempfile.TemporaryDirectory(prefix="moe-eplb-kube-") as tmp:
+            plane = ControlPlane(find_binaries(), tmp, scheduler=True)
+            await asyncio.to_thread(plane.start)
+            try:
+                for path in project_crds():
+                    await asyncio.to_thread(plane.install_crd, path)
+                self.plane = plane
+                async with real_cluster(plane) as cluster:
+                    yield cluster
+            finally:
+                self.plane = None
+                await asyncio.to_thread(plane.stop)
+
+    def _real_kubelet_options(self) -> dict[str, Any]:
+        return {"headers": {"Authorization": f"Bearer {self.plane.admin_token}"}, "ssl": self.plane.ssl_context(),
+                "deployments": False, "node_name": "gpu-node-7"}
+
+    def _real_targets(self, _changed: list[dict]) -> None:
+        if self.prom is not None and self.kubelet is not None:
+            self.prom.update(self.kubelet.targets())
+
+    def connection(self) -> Any:
+        """The operator's credentials for this world's API."""
+        import kopf
+
+        if self.plane is not None:
+            return kopf.ConnectionInfo(server=self.cluster.url, token=self.plane.admin_token,
+                                       ca_path=str(self.plane.ca_file))
+        return kopf.ConnectionInfo(server=self.cluster.url, token="emulated")
+
     async def start_operator(self, *, standalone: bool = True, priority: int = 0,
                              peering_name: str = "moe-eplb") -> dict:
         """Start the real operator in this loop; returns a handle for :meth:`stop_operator`."""
-        import kopf
 
         from moe_eplb.controller.handlers import Controller
         from moe_eplb.controller.main import build_settings, run_operator
 
-        controller = Controller(connection=kopf.ConnectionInfo(server=self.cluster.url, token="emulated"),
+        controller = Controller(connection=self.connection(),
                                 resync_seconds=3600.0, refresh_delay_s=0.02, retry_delay_s=0.2)
         settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority)
         if not standalone:

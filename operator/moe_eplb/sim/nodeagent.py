@@ -1,0 +1,318 @@
+"""SIMULATED GPU nodes for a REAL control plane (:mod:`moe_eplb.sim.controlplane`): a node agent that
+plays the kubelet, and only the kubelet. Not Kubernetes.
+
+On the emulation, :mod:`moe_eplb.sim.kubelet` also plays the Deployment controller. On a real
+apiserver the real Deployment and ReplicaSet controllers create the pods and the real kube-scheduler
+binds them; this agent
+
+- registers ``nodes`` Node objects as a GPU node would have them (``nvidia.com/gpu`` capacity and
+  allocatable, the GPU product and count labels, ``Ready``);
+- watches (polls) the pods bound to its nodes and runs one
+  :class:`~moe_eplb.sim.engine.SimulatedEngine` per pod, with the EPLB settings parsed from the pod's
+  own vLLM arguments (:func:`moe_eplb.sim.kubelet.engine_settings`), on a loopback address of its own
+  (the "pod IP": 127.0.x.y, so every pod serves the pod spec's ``eplb-metrics`` port, as on a cluster);
+- reports pod status like a kubelet (``Running``, ``podIP``, ``Ready`` once the engine has loaded,
+  ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
+- confirms a pod's deletion (the apiserver keeps a bound pod ``Terminating`` until its kubelet does).
+
+Pods the LeaderWorkerSet stand-in creates (annotation ``sim.eplb.ai/simulated``) run their group's
+engine in :class:`~moe_eplb.sim.kubelet.FakeKubelet` and are left alone here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from moe_eplb import k8s_names
+from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
+from moe_eplb.sim.kubelet import CRASH_BACKOFF_SECONDS, MANAGED_SELECTOR, PodSpecError, engine_settings
+
+log = logging.getLogger(__name__)
+
+SIMULATED_ANNOTATION = "sim.eplb.ai/simulated"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def node_object(name: str, *, gpus: int, product: str = "NVIDIA-H200") -> dict[str, Any]:
+    """A Node as a GPU node's kubelet and the NVIDIA device plugin / GPU feature discovery publish it."""
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus), "nvidia.com/gpu.present": "true"}},
+        "spec": {},
+    }
+
+
+def node_status(gpus: int, now: str) -> dict[str, Any]:
+    capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti", GPU_RESOURCE: str(gpus)}
+    return {"status": {
+        "capacity": capacity, "allocatable": capacity,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated node agent",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+        "nodeInfo": {"kubeletVersion": "v1.36.3-sim", "containerRuntimeVersion": "simulated://1",
+                     "architecture": "amd64", "operatingSystem": "linux", "kernelVersion": "", "osImage": "",
+                     "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
+
+
+def exporter_port(pod_spec: Mapping[str, Any]) -> int | None:
+    for c in pod_spec.get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == k8s_names.EXPORTER_PORT_NAME:
+                return int(p["containerPort"])
+    return None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class AgentPod:
+    uid: str
+    namespace: str
+    name: str
+    instance: str
+    ip: str
+    port: int | None
+    hash: str
+    settings: EngineSettings | None = None
+    engine: SimulatedEngine | None = None
+    crash: bool = False
+    restarts: int = 0
+    next_restart: float = 0.0
+    ready_since: str = ""
+    created_at: str = field(default_factory=lambda: _now())
+    status_sent: dict = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return (not self.crash) and self.engine is not None and self.engine.ready
+
+
+class NodeAgent:
+    """The simulated nodes' kubelet (see module doc). ``request(method, path, body=None,
+    content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`)."""
+
+    def __init__(self, cluster: Any, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
+                 nodes: int = 4, gpus_per_node: int = 8, startup_seconds: float = 120.0, engine_tick: float = 0.1,
+                 poll: float = 0.2, crash_if: Callable[[EngineSettings], bool] | None = None,
+                 faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
+                 num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
+                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str = "127.0.64.0/18") -> None:
+        self.cluster, self.workload, self.clock = cluster, workload, clock
+        self.node_names = [f"gpu-node-{i}" for i in range(nodes)]
+        self.gpus_per_node = gpus_per_node
+        self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
+        self.crash_if = crash_if or (lambda s: False)
+        self.faults_for = faults_for or (lambda s: EngineFaults())
+        self.num_groups, self.true_cost, self.on_change = num_groups, true_cost, on_change
+        self._ips = (str(ip) for ip in ipaddress.ip_network(subnet).hosts())
+        self.pods: dict[str, AgentPod] = {}
+        self.pods_started = 0
+        self._task: asyncio.Task | None = None
+        self._last_targets: list[dict] | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        now = _now()
+        for name in self.node_names:
+            try:
+                await self.cluster.create("/api/v1/nodes", node_object(name, gpus=self.gpus_per_node))
+            except aiohttp.ClientResponseError as exc:
+                if exc.status != 409:
+                    raise
+            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}/status", node_status(self.gpus_per_node, now),
+                                       content_type="application/merge-patch+json")
+            # the apiserver taints a new Node not-ready (TaintNodesByCondition); the node lifecycle
+            # controller lifts it once the node reports Ready. That controller is not run here (it
+            # would also evict pods of nodes without lease heartbeats), so the agent lifts it itself.
+            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
+                                       content_type="application/merge-patch+json")
+        self._task = asyncio.create_task(self._run(), name="sim-node-agent")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for p in self.pods.values():
+            if p.engine is not None:
+                await p.engine.stop()
+        self.pods.clear()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a transient API error must not kill the simulation
+                log.warning("node agent: %s", exc)
+            await asyncio.sleep(self.poll)
+
+    # --- the kubelet's work ------------------------------------------------------------------------
+    def trace_for(self, instance: str) -> LoadTrace:
+        if isinstance(self.workload, LoadTrace):
+            return self.workload
+        return self.workload.get(instance) or self.workload["*"]
+
+    def _groups(self, instance: str) -> int:
+        if isinstance(self.num_groups, Mapping):
+            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
+        return int(self.num_groups)
+
+    async def reconcile_once(self) -> None:
+        listed = await self.cluster.request("GET", "/api/v1/pods", params={"labelSelector": MANAGED_SELECTOR})
+        deployments = await self.cluster.request("GET", "/apis/apps/v1/deployments",
+                                                 params={"labelSelector": MANAGED_SELECTOR})
+        replicas = {(d["metadata"]["namespace"], d["metadata"]["name"]): int(d["spec"].get("replicas") or 1)
+                    for d in deployments.get("items", [])}
+        seen = set()
+        for pod in listed.get("items", []):
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            if spec.get("nodeName") not in self.node_names or SIMULATED_ANNOTATION in (meta.get("annotations") or {}):
+                continue
+            uid = meta["uid"]
+            seen.add(uid)
+            p = self.pods.get(uid)
+            if meta.get("deletionTimestamp"):
+                await self._finish(meta, p)
+                continue
+            if p is None:
+                p = await self._start_pod(pod, replicas)
+            self._advance(p)
+            await self._write_status(p)
+        for uid in [u for u in self.pods if u not in seen]:  # deleted without us (e.g. grace 0 by a test)
+            p = self.pods.pop(uid)
+            if p.engine is not None:
+                await p.engine.stop()
+        targets = self.targets()
+        if targets != self._last_targets:
+            self._last_targets = targets
+            if self.on_change:
+                result = self.on_change(targets)
+                if asyncio.iscoroutine(result):
+                    await result
+
+    async def _start_pod(self, pod: dict, replicas: Mapping[tuple[str, str], int]) -> AgentPod:
+        meta, spec = pod["metadata"], pod["spec"]
+        instance = (meta.get("labels") or {}).get(k8s_names.NAME_LABEL, meta["name"])
+        n = replicas.get((meta["namespace"], instance), 1)
+        p = AgentPod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], instance=instance,
+                     ip=next(self._ips), port=exporter_port(spec), hash=(meta.get("labels") or {}).get("pod-template-hash", ""))
+        self.pods[p.uid] = p
+        try:
+            p.settings = engine_settings(spec, share=1.0 / max(1, n), num_groups=self._groups(instance))
+        except (PodSpecError, ValueError) as exc:
+            log.warning("node agent: pod %s/%s cannot run: %s", p.namespace, p.name, exc)
+            p.crash = True
+        if p.settings is not None and self.crash_if(p.settings):
+            p.crash = True
+        if not p.crash:
+            try:
+                p.engine = SimulatedEngine(self.trace_for(instance), p.settings, self.clock,
+                                           startup_seconds=self.startup_seconds, tick=self.engine_tick,
+                                           faults=self.faults_for(p.settings), seed=self.pods_started,
+                                           true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,))
+                await p.engine.start()
+            except (ValueError, OSError) as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
+                log.warning("node agent: pod %s/%s crashes: %s", p.namespace, p.name, exc)
+                p.engine, p.crash = None, True
+        self.pods_started += 1
+        p.next_restart = self.clock.now() + CRASH_BACKOFF_SECONDS
+        return p
+
+    def _advance(self, p: AgentPod) -> None:
+        if p.crash and self.clock.now() >= p.next_restart:
+            p.restarts += 1
+            p.next_restart = self.clock.now() + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
+        if p.ready and not p.ready_since:
+            p.ready_since = _now()
+
+    async def _write_status(self, p: AgentPod) -> None:
+        if p.crash:
+            state = {"waiting": {"reason": "CrashLoopBackOff" if p.restarts else "ContainerCreating",
+                                 "message": "simulated crash at start-up"}}
+        else:
+            state = {"running": {"startedAt": p.created_at}}
+        ready = "True" if p.ready else "False"
+        since = p.ready_since or p.created_at
+        status = {
+            "phase": "Running", "podIP": p.ip, "podIPs": [{"ip": p.ip}], "hostIP": "127.0.0.1",
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Initialized", "status": "True"},
+                           {"type": "Ready", "status": ready, "lastTransitionTime": since},
+                           {"type": "ContainersReady", "status": ready, "lastTransitionTime": since}],
+            "containerStatuses": [{"name": "vllm", "ready": p.ready, "restartCount": p.restarts,
+                                   "started": not p.crash, "state": state, "image": "simulated",
+                                   "imageID": "simulated", "containerID": f"simulated://{p.uid}"}],
+        }
+        if status != p.status_sent:
+            try:
+                await self.cluster.request("PATCH", f"/api/v1/namespaces/{p.namespace}/pods/{p.name}/status",
+                                           {"status": status}, content_type="application/merge-patch+json")
+            except aiohttp.ClientResponseError as exc:
+                if exc.status != 404:
+                    raise
+            p.status_sent = status
+
+    async def _finish(self, meta: Mapping[str, Any], p: AgentPod | None) -> None:
+        """The kubelet's side of a graceful deletion: stop the container, then remove the object."""
+        if p is not None:
+            if p.engine is not None:
+                await p.engine.stop()
+            self.pods.pop(p.uid, None)
+        try:
+            await self.cluster.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                       {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                        "preconditions": {"uid": meta["uid"]}})
+        except aiohttp.ClientResponseError as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    # --- what Prometheus scrapes -------------------------------------------------------------------
+    def targets(self) -> list[dict]:
+        """Ready pods: ``[{namespace, pod, moeinference, host, port, hash}]`` (for scrape configs)."""
+        out = [{"namespace": p.namespace, "pod": p.name, "moeinference": p.instance, "host": p.ip,
+                "port": p.port, "hash": p.hash}
+               for p in self.pods.values() if p.ready and p.engine is not None and p.port]
+        return sorted(out, key=lambda x: (x["namespace"], x["pod"]))
+
+    def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
+        return [p.engine for p in self.pods.values() if p.engine is not None and instance in (None, p.instance)]
+
+
+class RealNodes:
+    """The kubelet side of a simulated cluster on a real control plane, with the calls the demo and
+    the tests use on :class:`~moe_eplb.sim.kubelet.FakeKubelet`: Deployment pods run by the
+    :class:`NodeAgent`, LeaderWorkerSet groups by the FakeKubelet in LWS-only mode (the emulated
+    LeaderWorkerSet controller: the real one is not run here, see docs/demo.md)."""
+
+    def __init__(self, agent: NodeAgent, lws: Any) -> None:
+        self.agent, self.lws = agent, lws
+
+    @property
+    def pods_created(self) -> int:
+        return self.agent.pods_started + self.lws.pods_created
+
+    def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
+        return self.agent.engines(instance) + self.lws.engines(instance)
+
+    def running(self) -> list[tuple[str, Any]]:
+        return [(p.instance, p) for p in self.agent.pods.values()] + self.lws.running()
+
+    def targets(self) -> list[dict]:
+        return sorted(self.agent.targets() + self.lws.targets(), key=lambda x: (x["namespace"], x["pod"]))
