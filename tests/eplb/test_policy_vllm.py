@@ -45,7 +45,9 @@ def _assert_same(ours, theirs, label):
 
 
 def test_vllm_is_the_version_the_fixtures_describe(vllm_policy):
-    assert vllm_policy.version.startswith("0.32")
+    """Fixtures were recorded from 0.32; 0.33's policy/default.py is the same file (this module
+    also runs against 0.33's sources: tests/test_vllm_033.py)."""
+    assert vllm_policy.version.startswith(("0.32", "0.33"))
 
 
 @pytest.mark.parametrize("seed", range(8))
