@@ -44,3 +44,35 @@ def vllm_033_root() -> tuple[Path | None, str]:
     if version != VERSION_033:
         return None, f"{root} holds vLLM {version}, not {VERSION_033}"
     return root, ""
+
+
+def policy_dir(root: Path) -> Path:
+    return root / "vllm" / "distributed" / "eplb" / "policy"
+
+
+def load_policy_classes(root: Path, tag: str) -> dict[str, type]:
+    """Every ``*EplbPolicy`` class in ``root``'s ``vllm/distributed/eplb/policy/*.py``, loaded from
+    the files under a private package name (``_vllm_policy_<tag>``), so several vLLM versions'
+    policies sit side by side in one process next to the installed ``vllm``. The policy modules
+    import only NumPy, torch and each other (the package ``__init__``, which imports vLLM's config,
+    is skipped)."""
+    import importlib
+    import types
+
+    directory = policy_dir(root)
+    if not (directory / "default.py").is_file():
+        raise FileNotFoundError(f"no vLLM EPLB policy at {directory}")
+    name = f"_vllm_policy_{re.sub(r'[^0-9A-Za-z_]', '_', tag)}"
+    package = types.ModuleType(name)
+    package.__path__ = [str(directory)]
+    sys.modules[name] = package
+    classes: dict[str, type] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"{name}.{path.stem}")
+        for attr, value in vars(module).items():
+            if (isinstance(value, type) and attr.endswith("EplbPolicy") and not attr.startswith("Abstract")
+                    and value.__module__ == module.__name__):
+                classes[attr] = value
+    return classes
