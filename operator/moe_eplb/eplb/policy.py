@@ -1,7 +1,7 @@
 """vLLM's default EPLB policy (DeepSeek EPLB), in NumPy, vectorised across layers and batches.
 
-Same placements as vLLM 0.32's ``DefaultEplbPolicy.rebalance_experts`` (``vllm/distributed/eplb/
-policy/default.py``), including its tie-breaking and its float32 view of the load, and
+Same placements as vLLM's ``DefaultEplbPolicy.rebalance_experts`` (``vllm/distributed/eplb/policy/
+default.py``, the same file in 0.32 and 0.33), including its tie-breaking and its float32 view of the load, and
 the same ``log2phy`` / ``logcnt`` as vLLM's ``compute_logical_maps``. vLLM loops over layers in
 Python; here every step runs on all rows (layers x batch x nodes) at once, so a loop only goes over
 the items of one pack or the replicas of one node.
