@@ -258,3 +258,16 @@ def test_batched_replay_equals_segment_by_segment(seed):
             per_layer = np.where(M.sum(0) > 0, rp.mean_gpu.sum(0) / M.sum(0), np.nan)
         np.testing.assert_allclose(res.balancedness_per_layer, per_layer, rtol=1e-6)
         assert res.balancedness == pytest.approx(rp.mean_gpu.sum() / M.sum(), rel=1e-6)
+
+
+def test_window_whose_group_sum_overflows_float32_names_the_steps():
+    """Loads that fit float32 but whose expert-group sum over a rearrangement window does not (the
+    1e38 case): a SimError on ``load`` naming the window's steps and the layer, not a policy crash."""
+    load = np.ones((4, 2, 8))
+    load[2, 1, :4] = 1e37 * 10  # bucket 2 (steps 20..29): 1e37 per step for experts 0..3, one group
+    trace = LoadTrace(load=load, bucket_steps=np.array([10, 10, 10, 10]))
+    with pytest.raises(SimError) as err:
+        Replay(trace, Topology(ep_size=4, num_nodes=2, num_groups=2)).run(Knobs(15, 8, 0))
+    msg = str(err.value)
+    assert msg.startswith("load: the window of engine steps 19..34, MoE layer 1: expert group 0")
+    assert "divide by 1e6" in msg

@@ -58,10 +58,11 @@ class PolicyError(ValueError):
     flag for it.
     """
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, where: tuple[int, int] | None = None) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
         self.reason = message
+        self.where = where  # (matrix, layer) of the load at fault, when one is
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ def _as_load(weight: object, ndim: int, what: str) -> np.ndarray:
         raise PolicyError(
             "weight",
             f"weight{list(idx)} = {arr[idx].item()!r}; loads must be finite, >= 0 and fit in float32",
+            (idx[0], idx[1]) if ndim == 3 else None,
         )
     return np.ascontiguousarray(w32)
 
@@ -420,6 +422,7 @@ def _check_group_sums(rows: np.ndarray, layout: Layout, layers: int, batched: bo
             "weight",
             f"{_where(row, layers, batched)}: expert group {group} (experts {group * size}..{(group + 1) * size - 1}) "
             f"sums to more than float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
+            divmod(row, layers),
         )
 
 
@@ -439,6 +442,7 @@ def _check_gpu_sums(rows: np.ndarray, phy2log: np.ndarray, layout: Layout, layer
             "weight",
             f"{_where(row, layers, batched)}: GPU {gpu} would carry {per_gpu[row, gpu]:.3g} tokens, more than "
             f"float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
+            divmod(row, layers),
         )
 
 

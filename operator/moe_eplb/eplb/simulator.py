@@ -201,6 +201,16 @@ def _policy_chunk(weights: np.ndarray, replicas: int, groups: int, nodes: int, g
     return phy2log.astype(np.int16)
 
 
+def _load_error(exc: PolicyError, wins: list[tuple[int, int]], layer_stride: int) -> SimError:
+    """A load the policy refuses (sums past float32), as a SimError naming the trace's steps."""
+    if exc.where is None:
+        return SimError(f"load: {exc.reason}")
+    b, layer = exc.where
+    start, end = wins[b]
+    detail = exc.reason.split(": ", 1)[-1] if exc.reason.startswith(("layer", "matrix")) else exc.reason
+    return SimError(f"load: the window of engine steps {start}..{end}, MoE layer {layer * layer_stride}: {detail}")
+
+
 class Replay:
     """A trace prepared for many replays on one topology (prefix sums, transposed load).
 
@@ -319,11 +329,17 @@ class Replay:
                     for r, wins in jobs
                 ]
                 for r, wins, fut in futures:
-                    store(r, wins, fut.result())
+                    try:
+                        store(r, wins, fut.result())
+                    except PolicyError as exc:
+                        raise _load_error(exc, wins, self.layer_stride) from None
         else:
             for r, wins in jobs:
-                store(r, wins, _policy_chunk(weights_of(wins), self.E + r, tp.num_groups,
-                                             tp.num_nodes, tp.ep_size))
+                try:
+                    placements = _policy_chunk(weights_of(wins), self.E + r, tp.num_groups, tp.num_nodes, tp.ep_size)
+                except PolicyError as exc:
+                    raise _load_error(exc, wins, self.layer_stride) from None
+                store(r, wins, placements)
 
     def replica_share(self, phy2log: np.ndarray) -> np.ndarray:
         """``[L, P]`` float32: share of its expert's tokens each slot takes (1 / replica count)."""
