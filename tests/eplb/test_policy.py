@@ -205,6 +205,50 @@ def test_bad_arguments_name_the_argument(args, param, fragment):
     assert isinstance(err.value, ValueError)
 
 
+# --- sums past float32 (loads near 1e38) ---------------------------------------------------------
+
+# 8 experts in 2 groups of 4 on 2 nodes, 4 GPUs, 8 slots (hierarchical): every load fits float32,
+# but group 0's four loads of 1e38 sum past its largest value (3.4e38). Before the check this gave
+# an IndexError or a placement with an expert missing, varying from run to run.
+OVERFLOW_GROUP = [[1e38, 1e38, 1e38, 1e38, 1.0, 2.0, 3.0, 4.0]]
+
+
+def test_group_sum_past_float32_is_refused_naming_layer_group_and_fix():
+    for _ in range(3):  # the same answer every time
+        with pytest.raises(PolicyError) as err:
+            rebalance(OVERFLOW_GROUP, 8, 2, 2, 4)
+        assert err.value.param == "weight"
+        assert "layer 0: expert group 0 (experts 0..3) sums to more than float32 holds" in str(err.value)
+        assert "divide by 1e6" in str(err.value)
+
+
+def test_gpu_sum_past_float32_is_refused():
+    """Global policy (1 group): no group sum, but the packing puts two of the 2e38 experts on one
+    GPU (4e38, past float32's 3.4e38)."""
+    w = [[2e38, 2e38, 2e38, 1.0, 1.0, 1.0]]
+    with pytest.raises(PolicyError) as err:
+        rebalance(w, 6, 1, 1, 2)  # 3 slots per GPU; any 2 of the heavy experts on one GPU overflow
+    assert err.value.param == "weight"
+    assert "layer 0: GPU " in str(err.value) and "more than float32 holds" in str(err.value)
+
+
+def test_batch_names_the_matrix_and_layer():
+    ok = np.ones((2, 8))
+    bad = np.array([ok, np.vstack([ok[0], OVERFLOW_GROUP[0]])])
+    with pytest.raises(PolicyError, match=r"weight: matrix 1, layer 1: expert group 0"):
+        rebalance_batch(bad, 8, 2, 2, 4)
+
+
+def test_loads_near_the_limit_that_fit_are_placed_as_scaled_down():
+    """Loads big enough to trigger the sum check but whose sums fit: same placement as the same
+    ratios at small scale (a power of two scales float32 exactly)."""
+    small = np.array([[3.0, 1.0, 2.0, 4.0, 1.0, 2.0, 3.0, 1.5]])
+    big = small * 2.0**124  # max 8.5e37: 4 of them could overflow, these groups sum to 2.1e38
+    for args in ((8, 2, 2, 4), (8, 1, 1, 4), (12, 2, 2, 4)):
+        got, want = rebalance(big, *args), rebalance(small, *args)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), args
+
+
 def test_global_policy_ignores_group_divisibility():
     """groups % nodes != 0 -> global policy; the experts need not split into those groups."""
     w = np.arange(1.0, 8.0)[None]  # 7 experts, 3 groups, 2 nodes
@@ -264,6 +308,14 @@ def test_cli_errors_name_the_flag(tmp_path, weights, flags, fragment):
     assert result.exit_code == 2
     assert fragment in result.output
     assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cli_group_sum_past_float32_exits_2(tmp_path):
+    result = _cli(tmp_path, OVERFLOW_GROUP, "--replicas", "8", "--groups", "2", "--nodes", "2", "--gpus", "4")
+    assert result.exit_code == 2, result.output
+    assert "--weights" in result.output and "expert group 0" in result.output
+    assert "divide by 1e6" in result.output and "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 

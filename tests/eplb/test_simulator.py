@@ -232,3 +232,42 @@ def test_cost_model_rejects_bad_parameters():
         CostModel(moe_time_share=1.5)
     with pytest.raises(ValueError, match="horizon_s"):
         CostModel(horizon_s=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_replay_equals_segment_by_segment(seed):
+    """``run`` replays every segment and counts every move in one pass; the same numbers as one
+    ``_replay`` segment and one ``moved`` pair at a time (zero-step buckets and redundancy with an
+    expert twice on a GPU included): moves exactly, loads up to the float32 summation order of the
+    per-GPU sum (BLAS may add a GPU's slots in another order for another number of rows)."""
+    trace = _int_trace(seed, T=9, L=3, E=8)
+    topo = Topology(ep_size=4, num_nodes=2, num_groups=4) if seed % 2 else Topology(ep_size=2)
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        knobs = Knobs(int(rng.integers(1, 25)), int(rng.integers(1, 14)), int(rng.choice([0, 4, 8])))
+        rp = Replay(trace, topo)
+        res = rp.run(knobs)
+        wins = rp.windows(knobs)
+        placements = [rp.initial_placement(knobs.num_redundant_experts)]
+        placements += [rp._cache[(s, e, knobs.num_redundant_experts)] for s, e in wins]
+        bounds = [0] + [e for _, e in wins] + [rp.N]
+        M = rp._replay([(bounds[j], bounds[j + 1], p) for j, p in enumerate(placements)])
+        moved = [rp.moved(a, b) for a, b in zip(placements, placements[1:])]
+        assert res.moved_per_rearrangement.tolist() == moved, knobs
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_layer = np.where(M.sum(0) > 0, rp.mean_gpu.sum(0) / M.sum(0), np.nan)
+        np.testing.assert_allclose(res.balancedness_per_layer, per_layer, rtol=1e-6)
+        assert res.balancedness == pytest.approx(rp.mean_gpu.sum() / M.sum(), rel=1e-6)
+
+
+def test_window_whose_group_sum_overflows_float32_names_the_steps():
+    """Loads that fit float32 but whose expert-group sum over a rearrangement window does not (the
+    1e38 case): a SimError on ``load`` naming the window's steps and the layer, not a policy crash."""
+    load = np.ones((4, 2, 8))
+    load[2, 1, :4] = 1e37 * 10  # bucket 2 (steps 20..29): 1e37 per step for experts 0..3, one group
+    trace = LoadTrace(load=load, bucket_steps=np.array([10, 10, 10, 10]))
+    with pytest.raises(SimError) as err:
+        Replay(trace, Topology(ep_size=4, num_nodes=2, num_groups=2)).run(Knobs(15, 8, 0))
+    msg = str(err.value)
+    assert msg.startswith("load: the window of engine steps 19..34, MoE layer 1: expert group 0")
+    assert "divide by 1e6" in msg

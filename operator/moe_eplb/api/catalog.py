@@ -70,6 +70,8 @@ ARCHITECTURES: dict[str, ArchitectureInfo] = {
             note="no EPLB before vLLM PR #22842 (Aug 2025); older engines reject --enable-eplb",
         ),
         ArchitectureInfo("Ernie4_5_MoeForCausalLM", (0, 11, 0)),
+        ArchitectureInfo("AliceAIForCausalLM", (0, 33, 0),
+                         note="new in vLLM 0.33 (hybrid linear-attention MoE; no pipeline parallelism)"),
     )
 }
 
@@ -93,15 +95,17 @@ QUANTIZATIONS: dict[str, QuantizationInfo] = {
         ),
         QuantizationInfo("compressed-tensors-w8a8-fp8", 1.0, (0, 11, 0), "CompressedTensorsW8A8Fp8MoEMethod"),
         QuantizationInfo("compressed-tensors-w4a8-fp8", _INT4_G128, None, "CompressedTensorsW4A8Fp8MoEMethod",
-                         "supports_eplb is False (vLLM 0.32)"),
+                         "supports_eplb is False (vLLM 0.32, 0.33)"),
         QuantizationInfo("compressed-tensors-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "CompressedTensorsW4A4Nvfp4MoEMethod",
                          "EPLB only with the NVFP4 MoE backends vLLM lists as EPLB-capable (backend-dependent)"),
         QuantizationInfo("compressed-tensors-mxfp4", 0.5 + 1 / 32, (0, 12, 0), "CompressedTensorsW4A4Mxfp4MoEMethod",
                          "EPLB only with FlashInfer MoE-EP MXFP4 backends (backend-dependent)"),
-        QuantizationInfo("modelopt-fp8", 1.0, None, "ModelOptFp8MoEMethod", "supports_eplb is False (vLLM 0.32)"),
+        QuantizationInfo("modelopt-fp8", 1.0, None, "ModelOptFp8MoEMethod", "supports_eplb is False (vLLM 0.32, 0.33)"),
         QuantizationInfo("modelopt-nvfp4", 0.5 + 1 / 16, (0, 11, 0), "ModelOptNvFp4FusedMoE"),
         QuantizationInfo("mxfp4", 0.5 + 1 / 32, (0, 11, 0), "Mxfp4MoEMethod"),
         QuantizationInfo("quark-mxfp4", 0.5 + 1 / 32, (0, 11, 0), "QuarkOCP_MX_MoEMethod"),
+        QuantizationInfo("quark-mxfp8", 1.0 + 1 / 32, (0, 33, 0), "QuarkW8A8Mxfp8MoEMethod",
+                         "Quark W8A8 MXFP8 checkpoints; the method is new in vLLM 0.33 (with supports_eplb)"),
         QuantizationInfo(
             "awq",
             _INT4_G128 + 0.5 / 128,

