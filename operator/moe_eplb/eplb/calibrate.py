@@ -238,14 +238,16 @@ def fit_step_model(step_seconds: np.ndarray, steps: np.ndarray, tokens_per_step:
                   "more varied window (e.g. across a rearrangement or a change of the traffic mix)")
 
     est = _least_squares(y, n, t, x, k_over_n if fit_d else None, fit_f, default_share)
+    refused = None
+    if not fit_f and hi - lo > 0:  # no point value, but the free fit still bounds the share
+        free = _least_squares(y, n, t, x, k_over_n if fit_d else None, True, default_share)
+        refused = (free["f"], free["f_se"])
     if fit_f and est["f_se"] > MAX_SHARE_UNCERTAINTY:
         reason = (f"the fitted share {est['f']:.3f} +/- {est['f_se']:.3f} is too uncertain (> {MAX_SHARE_UNCERTAINTY}): "
                   f"step-time noise {est['sigma']:.1%} against served imbalance {lo:.3f}-{hi:.3f}; record longer")
         fit_f = False
         refused = (est["f"], est["f_se"])
         est = _least_squares(y, n, t, x, k_over_n if fit_d else None, False, default_share)
-    else:
-        refused = None
     return StepFit(est["f"] if fit_f else None, est["f_se"] if fit_f else None, est["s0"], est["s0_se"],
                    est.get("d"), est.get("d_se"), est["sigma"], B, est["outliers"], (lo, hi), reason,
                    (est["c0"], est["c1"], tok_mean, est["f"]), refused)
@@ -333,6 +335,20 @@ def fit_sync_stall(seconds: np.ndarray) -> tuple[float, float] | None:
     return med, 1.2533 * 1.4826 * mad / math.sqrt(s.size)
 
 
+def _kv_bound(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.ndarray | None) -> np.ndarray:
+    """``[T]`` buckets whose KV cache is the bottleneck (see :func:`kv_pressure`)."""
+    u = np.asarray(usage, np.float64)
+    full = np.where(np.isfinite(u), u, 0.0) >= KV_FULL_USAGE
+    if preemptions is not None or waiting is not None:
+        queue = np.zeros(u.shape, bool)
+        if preemptions is not None:
+            queue |= np.asarray(preemptions) > 0
+        if waiting is not None:
+            queue |= np.nan_to_num(np.asarray(waiting, np.float64)) >= 0.5
+        full &= queue
+    return full
+
+
 def kv_pressure(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.ndarray | None
                 ) -> tuple[float, float, float]:
     """``(elasticity, standard error, KV-bound share of buckets)`` from per-bucket mean usage
@@ -343,14 +359,7 @@ def kv_pressure(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.n
     :data:`FULL_KV_ELASTICITY`."""
     u = np.asarray(usage, np.float64)
     seen = np.isfinite(u)  # buckets where an engine ran
-    full = np.where(seen, u, 0.0) >= KV_FULL_USAGE
-    if preemptions is not None or waiting is not None:
-        queue = np.zeros(u.shape, bool)
-        if preemptions is not None:
-            queue |= np.asarray(preemptions) > 0
-        if waiting is not None:
-            queue |= np.nan_to_num(np.asarray(waiting, np.float64)) >= 0.5
-        full &= queue
+    full = _kv_bound(u, preemptions, waiting)
     u, full = u[seen], full[seen]
     n = max(u.size, 1)
     share = float(full.mean()) if u.size else 0.0
@@ -616,6 +625,9 @@ def _ranges(params: dict[str, Parameter], mode_async: bool, memory: MemoryFit | 
 # the memory model: KV demand, prefix-cache hit rate against free cache, prefill share
 # --------------------------------------------------------------------------------------------------
 
+#: KV demand given to a KV-bound bucket (in caches): more than any cache holds, so its batch follows
+#: the cache's size whatever the redundancy.
+KV_BOUND_DEMAND = 2.0
 #: Quantiles of the per-bucket KV demand the cost model keeps.
 DEMAND_QUANTILES = 32
 #: Least spread (5th to 95th percentile, in caches) of the free cache over which the prefix-cache
@@ -683,7 +695,11 @@ def fit_memory(trace: LoadTrace, cost: CostModel, step_fit: StepFit | None, capa
         return None
     usage = tel.kv_cache_usage
     seen = np.isfinite(usage)
-    demand = usage[seen] * capacity_now
+    demand = usage * capacity_now
+    # a KV-bound bucket (full, with preemptions or a queue) wants more than any cache: its batch stays
+    # capped and follows the cache's size
+    bound = _kv_bound(usage, tel.preemptions, tel.requests_waiting)
+    demand = np.where(bound, KV_BOUND_DEMAND, demand)[seen]
     qs = (np.arange(DEMAND_QUANTILES) + 0.5) / DEMAND_QUANTILES
     values: dict = {"kv_demand": tuple(float(x) for x in np.quantile(demand, qs))}
     notes = {"kv_demand": f"KV usage of {int(seen.sum())} buckets x the running cache ({capacity_now:.3f} of the "

@@ -542,29 +542,42 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
 def _robust_decide(search: _Search, prior_margin: float, threshold: float,
                    tie_tolerance: float) -> tuple[str, Candidate, str, Candidate | None, dict]:
     """Phases 3-4 over parameter ranges: every exact candidate (the finalists, the known
-    configurations, current) is scored in every scenario (:mod:`moe_eplb.eplb.robust`); the pick
-    has the smallest largest regret (a known configuration within ``prior_margin`` of it wins); a
-    change from current is recommended only when the pick beats it in every scenario by more than
-    ``threshold``. Returns (decision, chosen, reason, current's candidate, report)."""
+    configurations, current) is scored in every scenario (:mod:`moe_eplb.eplb.robust`), a change
+    charged the restart (``restart_s / horizon_s`` of its throughput); the pick has the smallest
+    largest regret (a known configuration within ``prior_margin`` of it wins). So a change is
+    recommended only when, across the ranges, it loses less in the worst case than keeping current
+    does -- and it must also beat current by ``threshold`` at the point estimate. Returns
+    (decision, chosen, reason, current's candidate, report)."""
     ss = search.scenario_scores()
     current = search.current
-    options = [c for k, c in search.exact.items() if search.allowed(k) or k == current]
+    cur = search.candidate(current) if current is not None and search.runnable(current) else None
+    options = [c for k, c in search.exact.items() if search.allowed(k) or (cur is not None and k == current)]
     keys = [c.knobs for c in options]
     for c in options:
         ss.score(c.knobs, c.result)
     M = ss.matrix(keys)
-    reg = max_regret(M)
+    restart = search.cost.restart_s / search.cost.horizon_s
+    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
+                            for k in keys])[:, None]
+    reg = max_regret(charged)
     order = sorted(range(len(options)), key=lambda i: (round(reg[i] / tie_tolerance), -M[i, 0]))
     pick_i = order[0]
+    note = (f"{keys[pick_i].label}: smallest largest regret ({reg[pick_i]:.2%}, a change charged the restart's "
+            f"{restart:.2%}) over {len(ss.scen)} scenarios of the parameter ranges, among {len(options)} finalists")
     anchors = [i for i, k in enumerate(keys) if k in search.known]
-    if anchors:
+    if anchors and keys[pick_i] not in search.known:
+        # the known configurations first: a searched one replaces the best of them (by largest regret)
+        # only when it beats it in every scenario
         a = min(anchors, key=lambda i: (reg[i], -M[i, 0]))
-        if reg[a] <= reg[pick_i] + prior_margin:
+        win = float((M[pick_i] / np.maximum(M[a], 1e-12)).min() - 1.0)
+        if reg[a] <= reg[pick_i] + prior_margin or win <= tie_tolerance:
+            note = (f"{keys[a].label} (a known configuration, largest regret {reg[a]:.2%}): the searched "
+                    f"{keys[pick_i].label} (largest regret {reg[pick_i]:.2%}) does not beat it in every scenario of "
+                    f"the parameter ranges ({win:+.2%} at worst)")
             pick_i = a
+        else:
+            note += f"; it beats the best known configuration {keys[a].label} in every scenario ({win:+.2%} at worst)"
     pick = options[pick_i]
-    note = (f"{pick.knobs.label}: smallest largest regret ({reg[pick_i]:.2%}) over {len(ss.scen)} scenarios of the "
-            f"parameter ranges, among {len(options)} finalists")
-    cur = search.candidate(current) if current is not None and search.runnable(current) else None
     worst = None
     if current is None:
         decision, chosen, reason = "change", pick, f"no current configuration given; {note}"
@@ -574,26 +587,23 @@ def _robust_decide(search: _Search, prior_margin: float, threshold: float,
     elif pick.knobs == current:
         decision, chosen, reason, worst = "keep", cur, f"current configuration is the pick: {note}", 0.0
     else:
-        ratio = M[pick_i] / np.maximum(ss.score(current, cur.result), 1e-12)
+        i_cur = keys.index(current)
+        ratio = M[pick_i] / np.maximum(M[i_cur], 1e-12)
         worst = float(ratio.min() - 1.0)
         at = _values_text(ss.scen[int(ratio.argmin())].values)
-        restart = search.cost.restart_s / search.cost.horizon_s
-        if ratio[0] - 1.0 > threshold and worst > restart:
-            decision, chosen, reason = "change", pick, (
-                f"{note}; it beats current {current.label} by {ratio[0] - 1:+.2%} at the point estimate (> threshold "
-                f"{threshold:.2%}) and in every scenario, by {worst:+.2%} at worst ({at}; > the restart's "
-                f"{restart:.2%})")
+        gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
+                 f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
+        if ratio[0] - 1.0 > threshold:
+            decision, chosen, reason = "change", pick, f"{note}; {gains}"
         else:
-            decision, chosen, reason = "keep", cur, (
-                f"{pick.knobs.label} would gain {ratio[0] - 1:+.2%} over current at the point estimate and {worst:+.2%} "
-                f"at worst ({at}): a change needs more than {threshold:.2%} at the point estimate and more than the "
-                f"restart's {restart:.2%} across the parameter ranges")
+            decision, chosen, reason = "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point "
+                                                     f"estimate not more than the threshold {threshold:.2%}")
     contender = options[int(np.argmax(M[:, 0]))]
     if contender.knobs == chosen.knobs:
         others = [options[i] for i in order if options[i].knobs != chosen.knobs]
         contender = others[0] if others else None
     limiting = _limiting(search, chosen, contender)
-    report = {"criterion": "max_regret", "scenarios": len(ss.scen),
+    report = {"criterion": "max_regret", "scenarios": len(ss.scen), "restart_charge": restart,
               "parameters": {n: r.to_dict() for n, r in search.robust.ranges.items()},
               "max_regret": float(reg[keys.index(chosen.knobs)]) if chosen.knobs in keys else None,
               "worst_case_gain_vs_current": worst,
