@@ -586,7 +586,7 @@ def _ranges(params: dict[str, Parameter], mode_async: bool, memory: MemoryFit | 
     if refused_share is not None and out["moe_time_share"].source != MEASURED:
         p = params["moe_time_share"]
         # the point estimate inside the fit's own range: the middle of it, not the constant
-        out["moe_time_share"] = Range("moe_time_share", p.value if lo <= p.value <= hi else 0.5 * (lo + hi), lo, hi,
+        out["moe_time_share"] = Range("moe_time_share", 0.5 * (lo + hi), lo, hi,
                                       "prior", f"fit refused ({f:.3f} +/- {se:.3f}): the prior "
                                       f"{MOE_SHARE_PRIOR[0]}-{MOE_SHARE_PRIOR[1]} cut to +/- 2 standard errors")
     if mode_async:
@@ -731,7 +731,7 @@ def fit_memory(trace: LoadTrace, cost: CostModel, step_fit: StepFit | None, capa
                                                f"{np.percentile(free, 5):.2f}-{np.percentile(free, 95):.2f} caches)")
             else:
                 lo, hi = _working_set_range(hit_obs, free_obs)
-                values["prefix_working_set"] = math.sqrt(lo * hi)
+                values["prefix_working_set"] = 0.5 * (lo + hi)
                 values["prefix_hit_max"] = _hit_max(hit_obs, free_obs, values["prefix_working_set"])
                 notes["prefix_working_set"] = (f"prior range {lo:.3g}-{hi:.3g}: the free cache spans only {spread:.2f} "
                                                f"caches (< {MIN_FREE_SPREAD}) or too few buckets; hit rate {hit_obs:.1%} "
