@@ -584,7 +584,6 @@ def _ranges(params: dict[str, Parameter], mode_async: bool, memory: MemoryFit | 
         lo, hi = (lo, hi) if lo < hi else MOE_SHARE_PRIOR
     measured_or("moe_time_share", lo, hi, 0.0, 1.0, rel=0.0)
     if refused_share is not None and out["moe_time_share"].source != MEASURED:
-        p = params["moe_time_share"]
         # the point estimate inside the fit's own range: the middle of it, not the constant
         out["moe_time_share"] = Range("moe_time_share", 0.5 * (lo + hi), lo, hi,
                                       "prior", f"fit refused ({f:.3f} +/- {se:.3f}): the prior "
