@@ -24,7 +24,9 @@ tuned 5000/2000/64):
    parameters the tuner's cost model does not have.
 
 Printed per case: the truth, the running configuration, the pick, the best of the grid under the
-truth, the pick as a share of the best, of the running configuration and of vLLM's defaults.
+truth, the pick as a share of the best, of the running configuration and of vLLM's defaults, the
+running configuration's share of the best, and for comparison the previous tuner's pick (the
+calibrated point estimate with the KV elasticity rule, no ranges) and its share of the best.
 Exit 1 if any pick is below 97 % of the best, or below the running configuration or the defaults.
 """
 
@@ -143,8 +145,10 @@ def run_case(name: str, trace, seed: int) -> dict:
     cal = calibrate(history, num_nodes=TOPOLOGY["num_nodes"], num_groups=TOPOLOGY["num_groups"])
     res = tune(history, current=running, cost=cal.apply(CostModel()), robust=cal.robustness(), **TOPOLOGY)
     secs = time.perf_counter() - t0
+    # the previous tuner: the calibrated point estimate, KV cost by the elasticity rule, no ranges
+    before = tune(history, current=running, cost=replace(cal.apply(CostModel()), kv_demand=None), **TOPOLOGY)
     score = true_scorer(future, case.true)
-    grid = list(dict.fromkeys([c.knobs for c in res.candidates] + [running, VLLM_DEFAULTS]))
+    grid = list(dict.fromkeys([c.knobs for c in res.candidates] + [running, VLLM_DEFAULTS, before.recommendation]))
     scored = {k: v for k in grid if (v := score(k)) is not None}
     best = max(scored, key=scored.get)
     pick = res.recommendation
@@ -152,6 +156,7 @@ def run_case(name: str, trace, seed: int) -> dict:
             "best": best.label, "pick_vs_best": scored[pick] / scored[best],
             "pick_vs_running": scored[pick] / scored[running], "pick_vs_defaults": scored[pick] / scored[VLLM_DEFAULTS],
             "running_vs_best": scored[running] / scored[best], "defaults_vs_best": scored[VLLM_DEFAULTS] / scored[best],
+            "point_pick": before.recommendation.label, "point_vs_best": scored[before.recommendation] / scored[best],
             "limiting_parameter": (res.robust or {}).get("limiting_parameter"), "reason": res.reason,
             "tune_seconds": secs, "true": asdict(case.true)}
 
@@ -171,17 +176,18 @@ def main() -> int:
     trace = synth.generate(PROFILE, hours=args.hours, seed=args.seed, source=path)
     print(f"DeepSeek-V3 {PROFILE} from {REAL_FILE}, {trace.num_buckets} buckets of {trace.bucket_seconds:g} s, "
           f"EP {TOPOLOGY['ep_size']} on {TOPOLOGY['num_nodes']} nodes; tuned on the first half, judged on the second")
-    header = (f"{'case':<18} {'truth':<50} {'running':<14} {'pick':<14} {'best':<14} {'pick/best':>9} "
-              f"{'pick/run':>9} {'pick/def':>9} {'run/best':>9}  limiting")
+    header = (f"{'case':<18} {'truth':<56} {'running':<14} {'pick':<14} {'best':<14} {'pick/best':>9} "
+              f"{'pick/run':>9} {'pick/def':>9} {'run/best':>9} {'point est.':<14} {'/best':>7}  limiting")
     print(header)
     print("-" * len(header))
     rows, failures = [], []
     for name in args.only or CASES:
         r = run_case(name, trace, args.seed)
         rows.append(r)
-        print(f"{name:<18} {r['what']:<50} {r['running']:<14} {r['pick']:<14} {r['best']:<14} "
+        print(f"{name:<18} {r['what']:<56} {r['running']:<14} {r['pick']:<14} {r['best']:<14} "
               f"{r['pick_vs_best']:>9.2%} {r['pick_vs_running']:>9.2%} {r['pick_vs_defaults']:>9.2%} "
-              f"{r['running_vs_best']:>9.2%}  {r['limiting_parameter'] or '-'}", flush=True)
+              f"{r['running_vs_best']:>9.2%} {r['point_pick']:<14} {r['point_vs_best']:>7.2%}  "
+              f"{r['limiting_parameter'] or '-'}", flush=True)
         if r["pick_vs_best"] < 0.97 or r["pick_vs_running"] < 1.0 - 1e-9 or r["pick_vs_defaults"] < 1.0 - 1e-9:
             failures.append(name)
     worst = min(r["pick_vs_best"] for r in rows)

@@ -169,8 +169,9 @@ def test_robust_tuner_drops_redundancy_that_evicts_the_cache(deepseek, true):
     assert d["recommendation"]["memory"]["capacity"] == 1.0  # no redundancy: the whole cache
     # the point estimate alone (no ranges) is the old path: same JSON keys, no robust report
     plain = tune(hist, current=SEED_32, cost=cal.apply(CostModel()), **DS_TOPO).to_dict()
-    assert plain["robust"] is None and set(plain["recommendation"]) == set(d["recommendation"]) - {
+    assert "robust" not in plain and set(plain["recommendation"]) == set(d["recommendation"]) - {
         "max_regret", "worst_case_gain_vs_current", "limiting_parameter"}
+    assert set(d) == set(plain) | {"robust"} and d["cost_model"]["kv_demand"] == list(cal.apply(CostModel()).kv_demand)
 
 
 def test_robust_tuner_keeps_current_when_the_gain_is_within_the_ranges(workload):

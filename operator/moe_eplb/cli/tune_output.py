@@ -180,6 +180,19 @@ def print_calibration(console, calibration, *, brief: bool = False) -> None:
     console.print(table)
     mode = "async" if calibration.use_async else "sync" if calibration.use_async is not None else "not recorded"
     console.print(f"Rearrangement mode: {mode}. Measured: {', '.join(calibration.measured) or 'nothing'}.")
+    m = calibration.memory
+    if m is not None:
+        hit = "no prefix-cache telemetry" if not m.prefix_measured else f"prefix hit rate {m.hit_rate:.1%} at " \
+              f"{m.free:.2f} caches free"
+        console.print(f"KV memory model: demand from KV usage; {hit}; "
+                      + "; ".join(f"{k} {_num(k, v)}" for k, v in m.values.items() if k != "kv_demand"))
+    if calibration.ranges:
+        ranges = Table(title="Ranges a tuning decision holds over", box=box.SIMPLE_HEAD)
+        for col in ("parameter", "value", "low", "high", "source"):
+            ranges.add_column(col, justify="left" if col in ("parameter", "source") else "right")
+        for name, r in calibration.ranges.items():
+            ranges.add_row(name, _num(name, r.value), _num(name, r.low), _num(name, r.high), r.source)
+        console.print(ranges)
 
 
 @contextlib.contextmanager

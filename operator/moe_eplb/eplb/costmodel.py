@@ -72,6 +72,9 @@ KNOWN_BYTES_PER_EXPERT = {
 }
 
 GIB = 1024**3
+#: The memory model's fields (used only when ``kv_demand`` is set).
+MEMORY_FIELDS = ("kv_demand", "kv_full_usage", "kv_batch_elasticity", "prefix_hit_max", "prefix_working_set",
+                 "prefix_prefill_share", "kv_bytes_per_token")
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,14 @@ class CostModel:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field; the memory model's only when it is in use (``kv_demand`` set)."""
+        out = asdict(self)
+        if self.kv_demand is None:
+            for name in MEMORY_FIELDS:
+                out.pop(name)
+        else:
+            out["kv_demand"] = list(self.kv_demand)
+        return out
 
     # --- the three factors -------------------------------------------------------------------
 

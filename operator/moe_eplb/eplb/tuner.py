@@ -219,8 +219,8 @@ class TuneResult:
         if self.robust is not None:
             for key in ("max_regret", "worst_case_gain_vs_current", "limiting_parameter"):
                 rec[key] = self.robust.get(key)
-        rec["memory"] = self.cost.memory(ch.result.throughput.redundant_bytes_per_gpu) \
-            if self.cost.kv_demand is not None else None
+        if self.cost.kv_demand is not None:
+            rec["memory"] = self.cost.memory(ch.result.throughput.redundant_bytes_per_gpu)
         baselines = {
             "no_eplb": {
                 "score": no_score,
@@ -231,7 +231,7 @@ class TuneResult:
             "vllm_defaults": self.defaults.to_dict() if self.defaults else None,
             "current": self.current.to_dict() if self.current else None,
         }
-        return {
+        out = {
             "recommendation": rec,
             "candidates": [c.to_dict(i + 1, series=series) for i, c in enumerate(self.candidates)],
             "baselines": baselines,
@@ -240,8 +240,10 @@ class TuneResult:
             "segments": [int(x) for x in self.segment_edges],
             "search": {"candidates": len(self.candidates), "policy_windows": self.policy_windows,
                        "seconds": round(self.seconds, 3), **self.stats},
-            "robust": self.robust,
         }
+        if self.robust is not None:
+            out["robust"] = self.robust
+        return out
 
 
 def _cvar(values: np.ndarray) -> float:
