@@ -524,7 +524,15 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                     f"{step_fit.rearrangement_s:.3g} s of step time lost per rearrangement over "
                     f"{per_gpu / 1e6:.3g} MB received per GPU (replay of the recorded config)")
 
-    # --- KV cache ------------------------------------------------------------------------------
+    # --- KV cache and the memory model -------------------------------------------------------------
+    return _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
+
+
+def _kv_and_memory(trace: LoadTrace, cost: CostModel, params: dict, default, fit_info: dict, step_fit: StepFit | None,
+                   mode_async: bool, use_async: bool | None) -> Calibration:
+    """The KV parameters (elasticity, cache size), the memory model and the ranges; the finished
+    :class:`Calibration` (``default(name, why)`` records a default, as in :func:`calibrate`)."""
+    tel = trace.telemetry
     if tel.kv_cache_usage is None:
         default("kv_throughput_elasticity", "the trace has no kv_cache_usage")
     else:
