@@ -30,6 +30,13 @@ key                         type                           meaning
                                                            "num_redundant_experts", "ep_size",
                                                            "use_async"}`` running while recorded
 ``kv_cache_bytes_per_gpu``  number > 0, optional           KV-cache size of one GPU
+``prefix_cache_queries``    T numbers >= 0, optional       prompt tokens looked up in the prefix cache
+                                                           in the bucket (``vllm:prefix_cache_queries``)
+``prefix_cache_hit_rate``   T numbers in [0, 1] or null,   hits / queries of the prefix cache in the
+                            optional                       bucket (null where nothing was queried)
+``kv_cache_blocks``         int > 0, optional              KV-cache blocks of one engine's workers
+                                                           (``vllm:cache_config_info`` num_gpu_blocks)
+``kv_block_size``           int > 0, optional              tokens per KV-cache block (block_size)
 =========================== ============================== =========================================
 
 This module reads and writes the raw key -> value mapping and bounds what a hostile file can make
@@ -52,7 +59,8 @@ import numpy as np
 REQUIRED_KEYS = ("num_layers", "num_experts", "bucket_steps", "load")
 OPTIONAL_KEYS = ("bucket_seconds", "top_k", "model")
 TELEMETRY_KEYS = ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",
-                  "rearrangements", "config", "kv_cache_bytes_per_gpu")
+                  "rearrangements", "config", "kv_cache_bytes_per_gpu", "prefix_cache_queries",
+                  "prefix_cache_hit_rate", "kv_cache_blocks", "kv_block_size")
 ALL_KEYS = REQUIRED_KEYS + OPTIONAL_KEYS + TELEMETRY_KEYS
 JSON_VALUED_KEYS = ("rearrangements", "config")  # stored as JSON text inside .npz
 CONFIG_KEYS = ("window_size", "step_interval", "num_redundant_experts", "ep_size", "use_async")

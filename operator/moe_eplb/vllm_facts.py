@@ -46,6 +46,20 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1
 PREEMPTIONS = "vllm:num_preemptions_total"  # counter
 REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge
 VLLM_MODEL_LABEL = "model_name"  # the served model name
+#: Prefix cache (counters, in tokens): prompt tokens looked up and found. vLLM 0.32 names them
+#: ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` (``v1/metrics/loggers.py``); older
+#: engines exported the same counters as ``vllm:gpu_prefix_cache_queries`` / ``..._hits`` (later
+#: hidden behind ``--show-hidden-metrics-for-version``). The reader takes the new names and falls
+#: back to the old ones.
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_CACHE_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
+PREFIX_CACHE_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
+#: Gauge = 1 whose labels are the engine's ``CacheConfig`` (``metrics_info()``), among them the KV
+#: cache's size in blocks and the tokens per block.
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CACHE_CONFIG_BLOCKS_LABEL = "num_gpu_blocks"
+CACHE_CONFIG_BLOCK_SIZE_LABEL = "block_size"
 
 
 def smallest_valid_redundant(num_experts: int, ep_size: int) -> int:

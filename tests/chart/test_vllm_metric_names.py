@@ -78,3 +78,27 @@ def test_exposed_series_names():
     assert "vllm:time_to_first_token_seconds_bucket" in v.all_exposed_series()
     with pytest.raises(ValueError, match="unknown metric kind"):
         v.exposed_series("x", "summary")
+
+
+def test_the_series_the_reader_reads_are_vllms():
+    """vllm_facts' names (what the calibration reads, as Prometheus stores them) are the installed
+    vLLM's: the KV-cache and queue series, the prefix-cache counters (the older ``gpu_`` names are
+    the fallback for engines before the rename and are not in 0.32) and the CacheConfig info gauge
+    whose labels carry ``num_gpu_blocks`` and ``block_size``."""
+    from moe_eplb import vllm_facts as f
+
+    kinds, extras = vllm_declared_metrics()
+    for series, kind in ((f.KV_CACHE_USAGE, v.GAUGE), (f.REQUESTS_WAITING, v.GAUGE), (f.PREEMPTIONS, v.COUNTER),
+                         (f.PREFIX_CACHE_QUERIES, v.COUNTER), (f.PREFIX_CACHE_HITS, v.COUNTER)):
+        name = series.removesuffix("_total") if kind == v.COUNTER else series
+        assert kinds.get(name) == kind, f"{name}: not a {kind} of the installed vLLM"
+        assert series in v.exposed_series(name, kind) and extras.get(name) == []
+    for old in (f.PREFIX_CACHE_QUERIES_OLD, f.PREFIX_CACHE_HITS_OLD):
+        assert old.removesuffix("_total") not in kinds
+    spec = importlib.util.find_spec("vllm")
+    root = Path(list(spec.submodule_search_locations)[0])
+    assert f'name = "{f.CACHE_CONFIG_INFO}"' in (root / "v1" / "metrics" / "loggers.py").read_text()
+    cache = ast.parse((root / "config" / "cache.py").read_text())
+    fields = {n.target.id for c in ast.walk(cache) if isinstance(c, ast.ClassDef) and c.name == "CacheConfig"
+              for n in c.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert {f.CACHE_CONFIG_BLOCKS_LABEL, f.CACHE_CONFIG_BLOCK_SIZE_LABEL} <= fields

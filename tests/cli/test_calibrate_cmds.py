@@ -35,7 +35,9 @@ def test_calibrate_json_has_every_parameter_with_value_uncertainty_and_source(tr
     out = _run("calibrate", "--trace", tel, "--json")
     assert out.exit_code == 0, out.output
     d = json.loads(out.stdout)
-    assert set(d) == {"parameters", "measured", "use_async", "fit", "cost_model"}
+    assert set(d) == {"parameters", "measured", "use_async", "fit", "cost_model", "ranges", "memory"}
+    assert d["ranges"]["sync_stall_s"]["source"] == "measured" and "tighten" in d["ranges"]["sync_stall_s"]
+    assert d["ranges"]["kv_batch_elasticity"]["source"] == "prior" and len(d["cost_model"]["kv_demand"]) == 32
     assert list(d["parameters"]) == ["moe_time_share", "seconds_per_step", "sync_stall_s", "async_s_per_moved_byte",
                                      "kv_throughput_elasticity", "kv_cache_bytes_per_gpu"]
     share = d["parameters"]["moe_time_share"]

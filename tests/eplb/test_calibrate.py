@@ -136,7 +136,7 @@ def test_calibration_recovers_the_true_parameters(small_workload, true):
     assert cost.moe_time_share == p["moe_time_share"].value and cost.use_async is true.use_async
     assert cost.kv_cache_bytes_per_gpu == pytest.approx(true.kv_cache_bytes_per_gpu)
     d = cal.to_dict()
-    assert set(d) == {"parameters", "measured", "use_async", "fit"}
+    assert set(d) == {"parameters", "measured", "use_async", "fit", "ranges", "memory"}
     assert set(d["parameters"]["moe_time_share"]) == {"value", "uncertainty", "source", "note"}
 
 

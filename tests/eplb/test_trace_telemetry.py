@@ -27,7 +27,8 @@ def _good() -> dict:
             "rearrangements": [{"bucket": 3, "seconds": 1.2}, {"bucket": 0, "seconds": 0.8}],
             "config": {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0, "ep_size": EP,
                        "use_async": False},
-            "kv_cache_bytes_per_gpu": 2.5e10}
+            "kv_cache_bytes_per_gpu": 2.5e10, "prefix_cache_queries": [900, 0, 700, 800],
+            "prefix_cache_hit_rate": [0.6, None, 0.4, 0.45], "kv_cache_blocks": 22_000, "kv_block_size": 16}
 
 
 def test_every_key_is_read_into_typed_fields():
@@ -57,8 +58,10 @@ def test_round_trip_every_format(tmp_path, suffix):
         text = path.read_text()
         assert "NaN" not in text and json.loads(text)["step_seconds"][1] is None  # strict JSON: null
     back = load_trace(path).telemetry
-    for key in ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting"):
+    for key in ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",
+                "prefix_cache_queries", "prefix_cache_hit_rate"):
         np.testing.assert_array_equal(getattr(back, key), getattr(tr.telemetry, key))
+    assert (back.kv_cache_blocks, back.kv_block_size) == (22_000, 16) and back.kv_cache_tokens == 352_000
     assert back.rearrangements == tr.telemetry.rearrangements
     assert back.config == tr.telemetry.config
     assert back.kv_cache_bytes_per_gpu == tr.telemetry.kv_cache_bytes_per_gpu
@@ -113,6 +116,12 @@ def _with(**changes) -> dict:
      "config.policy:", "unknown key"),
     (dict(kv_cache_bytes_per_gpu=0), "kv_cache_bytes_per_gpu:", "> 0"),
     (dict(kv_cache_bytes_per_gpu=True), "kv_cache_bytes_per_gpu:", "> 0"),
+    (dict(prefix_cache_hit_rate=[60, None, 40, 45]), "prefix_cache_hit_rate:", "a fraction, not a percentage"),
+    (dict(prefix_cache_hit_rate=[0.6, None, None, 0.4]), "prefix_cache_hit_rate:", "no value at bucket 2"),
+    (dict(prefix_cache_hit_rate=[0.6, 0.5, 0.4]), "prefix_cache_hit_rate:", "4 numbers"),
+    (dict(prefix_cache_queries=[900, -1, 700, 800]), "prefix_cache_queries:", ">= 0"),
+    (dict(kv_cache_blocks=0), "kv_cache_blocks:", ">= 1"),
+    (dict(kv_block_size=16.5), "kv_block_size:", "integer"),
 ])
 def test_strict_errors_name_the_key(changes, prefix, words):
     with pytest.raises(TraceError) as err:
@@ -135,6 +144,8 @@ def test_slice_cuts_every_series_and_renumbers_rearrangements():
     assert part.telemetry.rank_load.shape == (2, L, EP)
     assert [(e.bucket, e.seconds) for e in part.telemetry.rearrangements] == [(1, 1.2)]
     assert part.telemetry.config == tr.telemetry.config
+    assert part.telemetry.prefix_cache_hit_rate.tolist() == [0.4, 0.45]
+    assert part.telemetry.prefix_cache_queries.tolist() == [700, 800] and part.telemetry.kv_cache_blocks == 22_000
 
 
 def test_summary_reports_the_telemetry():
@@ -143,6 +154,8 @@ def test_summary_reports_the_telemetry():
     assert s["step_seconds"] == {"min": 0.05, "median": 0.055, "max": 0.06}
     assert s["preemptions_total"] == 7.0 and s["rearrangements"] == {"count": 2, "median_seconds": 1.0}
     assert s["config"]["use_async"] is False and s["ep_size"] == EP
+    assert s["prefix_cache_hit_rate"] == {"min": 0.4, "median": 0.45, "max": 0.6}
+    assert s["prefix_cache_queries_total"] == 2400.0 and s["kv_cache_tokens"] == 352_000
 
 
 def test_load_trace_object_checks_telemetry_too():

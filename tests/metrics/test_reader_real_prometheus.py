@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from moe_eplb import metric_names
+from moe_eplb import metric_names, vllm_facts
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import layer_groups, read_load_trace, with_matcher
@@ -32,6 +32,8 @@ LOAD = (np.arange(T * L * E).reshape(T, L, E) % 7 + 1) * 30.0
 LOAD[:, 1, 3] = 0
 POD = 'namespace="ns",moeinference="moe",pod="moe-0",model_name="m"'
 STEPS = np.array([300, 300, 270, 300, 0, 150, 300, 300])
+PREFIX_QUERIES = np.array([900, 900, 900, 900, 0, 600, 900, 900], float)  # queried prompt tokens per bucket
+PREFIX_HIT = np.array([0.6, 0.6, 0.5, 0.5, 0.0, 0.4, 0.4, 0.4])
 
 
 def _openmetrics(t0: int) -> str:
@@ -52,6 +54,15 @@ def _openmetrics(t0: int) -> str:
     lines += [f'{metric_names.ENGINE_STEPS}{{{POD}}} {v:.1f} {ts}' for ts, v in zip(times, values)]
     lines.append(f"# TYPE {metric_names.EXPORTER_START_TIME} gauge")
     lines += [f'{metric_names.EXPORTER_START_TIME}{{{POD}}} {t0 - 3600} {ts}' for ts in times]
+    # vLLM's prefix-cache counters (per engine) and its CacheConfig info gauge, which has no model_name
+    for name, per_bucket in ((vllm_facts.PREFIX_CACHE_QUERIES, PREFIX_QUERIES), (vllm_facts.PREFIX_CACHE_HITS,
+                                                                                 PREFIX_QUERIES * PREFIX_HIT)):
+        lines.append(f"# TYPE {name.removesuffix('_total')} counter")
+        values = np.concatenate([[0.0], np.cumsum(np.repeat(per_bucket / per, per))])
+        lines += [f'{name}{{{POD},engine="0"}} {v:.1f} {ts}' for ts, v in zip(times, values)]
+    lines.append(f"# TYPE {vllm_facts.CACHE_CONFIG_INFO} gauge")
+    info = 'namespace="ns",moeinference="moe",pod="moe-0",engine="0",num_gpu_blocks="22000",block_size="16"'
+    lines += [f'{vllm_facts.CACHE_CONFIG_INFO}{{{info}}} 1 {ts}' for ts in times]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -78,6 +89,16 @@ def test_the_reader_gives_the_exact_trace(prom):
     np.testing.assert_array_equal(trace.bucket_steps, STEPS)
     np.testing.assert_array_equal(trace.load, LOAD)  # exact: raw samples, no extrapolation
     assert trace.meta["interpolated_fraction"] == 0.0
+
+
+def test_prefix_cache_telemetry_and_vllms_unlabelled_cache_config(prom):
+    """The prefix-cache counters give queries and hit rate per bucket; vLLM's cache_config_info
+    carries no model_name, yet a read for one model finds it."""
+    trace = _read(prom, num_experts=E, model="m")
+    tel = trace.telemetry
+    np.testing.assert_allclose(tel.prefix_cache_queries, PREFIX_QUERIES)
+    np.testing.assert_allclose(tel.prefix_cache_hit_rate, np.where(PREFIX_QUERIES > 0, PREFIX_HIT, np.nan))
+    assert (tel.kv_cache_blocks, tel.kv_block_size, tel.kv_cache_tokens) == (22000, 16, 352000)
 
 
 def test_dense_families_are_read_in_groups_of_layers_with_the_same_trace(prom):

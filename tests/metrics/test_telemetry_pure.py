@@ -45,6 +45,11 @@ def _src(**over) -> TelemetrySeries:
         kv_usage=[_s([0.5] * 4 + [0.9] * 6, engine="0")],
         preemptions=[_s(_counter([0, 0, 0, 0, 0, 0, 1, 1, 0]), engine="0")],
         waiting=[_s([0] * 7 + [2] * 3, engine="0"), _s([0] * 7 + [1] * 3, engine="1")],
+        # 100 queried tokens per sample; 60 hits per sample in bucket 0, then 30; nothing queried in bucket 2
+        prefix_queries=[_s(_counter([100] * 6 + [0] * 3), engine="0")],
+        prefix_hits=[_s(_counter([60] * 3 + [30] * 3 + [0] * 3), engine="0")],
+        cache_config=[Series({"engine": "0", "num_gpu_blocks": "22000", "block_size": "16", "gpu_memory_utilization":
+                              "0.9"}, TS, np.ones(10))],  # vLLM's info gauge has no model_name label
     )
     for k, v in over.items():
         setattr(src, k, v)
@@ -63,6 +68,23 @@ def test_every_key_from_its_series():
     np.testing.assert_allclose(tel.kv_cache_usage, [0.5, 0.9, 0.9])
     assert tel.preemptions.tolist() == [0.0, 0.0, 2.0]
     np.testing.assert_allclose(tel.requests_waiting, [0, 0, 3])  # summed over engines
+    assert tel.prefix_cache_queries.tolist() == [300.0, 300.0, 0.0]
+    np.testing.assert_allclose(tel.prefix_cache_hit_rate, [0.6, 0.3, np.nan])  # nothing queried: no rate
+    assert (tel.kv_cache_blocks, tel.kv_block_size, tel.kv_cache_tokens) == (22000, 16, 352000)
+
+
+def test_prefix_cache_counters_of_older_engines_are_read_by_their_gpu_names():
+    new = _src()
+    src = _src(prefix_queries=[], prefix_hits=[], prefix_queries_old=new.prefix_queries,
+               prefix_hits_old=new.prefix_hits)
+    tel = telemetry_from_series(src, GRID, np.array([9, 9, 9]), num_layers=2, model="m").telemetry
+    np.testing.assert_allclose(tel.prefix_cache_hit_rate, [0.6, 0.3, np.nan])
+    got = telemetry_from_series(_src(prefix_hits=[], cache_config=[Series({"engine": "0", "block_size": "16"}, TS,
+                                                                            np.ones(10))]),
+                                GRID, np.array([9, 9, 9]), num_layers=2, model="m")
+    assert got.telemetry.prefix_cache_hit_rate is None and "vllm:prefix_cache_hits_total" in got.skipped[
+        "prefix_cache_hit_rate"]
+    assert got.telemetry.kv_cache_blocks is None and "num_gpu_blocks" in got.skipped["kv_cache_blocks"]
 
 
 def test_missing_or_incomplete_sources_leave_keys_absent():
@@ -92,7 +114,7 @@ def test_a_gauge_without_samples_where_engines_ran_is_left_out():
 
 def test_direct_scraping_of_a_simulated_engine_fills_every_key():
     wl = synth.generate("qwen3-vl-30b-a3b-steady", model_shape=(2, 8, 1, 2), hours=0.1, seed=0)
-    true = TrueCost(moe_time_share=0.5, use_async=False, bytes_per_expert=1e6)
+    true = TrueCost(moe_time_share=0.5, use_async=False, bytes_per_expert=1e6, prefix_reuse=0.6)
     eng = SimulatedEngine(wl, EngineSettings(model="m", ep_size=2, knobs=Knobs(100, 300, 0)), SimClock(),
                           true_cost=true)
     eng.ready = True
@@ -107,12 +129,17 @@ def test_direct_scraping_of_a_simulated_engine_fills_every_key():
     tel = trace.telemetry
     assert trace.meta["telemetry_skipped"] == {}
     assert set(tel.keys()) == {"step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",
-                               "rearrangements", "config", "kv_cache_bytes_per_gpu"}
+                               "rearrangements", "config", "kv_cache_bytes_per_gpu", "prefix_cache_queries",
+                               "prefix_cache_hit_rate", "kv_cache_blocks", "kv_block_size"}
     assert tel.config.use_async is False and tel.config.knobs == Knobs(100, 300, 0)
     np.testing.assert_allclose(tel.rank_load.sum(axis=2), trace.load.sum(axis=2))  # same tokens, by rank
     assert np.all(tel.step_seconds > true.step_base_s)
     assert len(tel.rearrangements) > 3 and all(0.5 < e.seconds < 3 for e in tel.rearrangements)
     assert tel.kv_cache_bytes_per_gpu == true.kv_cache_bytes_per_gpu
+    assert tel.kv_cache_blocks == true.kv_cache_blocks(0.0) and tel.kv_block_size == true.kv_block_size
+    assert np.all(tel.prefix_cache_queries[trace.bucket_steps > 0] > 0)
+    ran = np.isfinite(tel.prefix_cache_hit_rate)
+    assert ran.sum() >= 15 and np.all((tel.prefix_cache_hit_rate[ran] > 0.3) & (tel.prefix_cache_hit_rate[ran] <= 0.6))
 
 
 def test_the_trace_keeps_its_load_when_telemetry_is_inconsistent():

@@ -443,6 +443,8 @@ def _add_tune(main: click.Group) -> None:
                   help="Processes for policy calls.")
     @click.option("--no-calibrate", "no_calibrate", is_flag=True,
                   help="Keep the cost model's constants even when the trace has telemetry.")
+    @click.option("--no-robust", "no_robust", is_flag=True,
+                  help="Decide on the calibrated point estimate alone, not over the parameters' ranges.")
     @click.option("--min-steps", type=click.IntRange(1), default=None,
                   help="Fewest engine steps to tune on (default: the operator's InsufficientData threshold, "
                        "2000). Lower it only for short experiments: the recommendation then rests on little data.")
@@ -450,14 +452,16 @@ def _add_tune(main: click.Group) -> None:
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
     def tune_cmd(trace_path, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
-                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, min_steps, as_json,
+                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, no_robust, min_steps, as_json,
                  report_dir) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
         Prints the recommendation (keep or change), every evaluated candidate ranked, and the
         baselines (no EPLB, vLLM defaults 1000/3000/0, current). A trace with telemetry calibrates
-        the cost model first (see `moe-eplb calibrate`; --no-calibrate keeps the constants) and
-        its recorded config is the current configuration unless --current is given.
+        the cost model first (see `moe-eplb calibrate`; --no-calibrate keeps the constants), the
+        decision then holds over the ranges of what the telemetry cannot pin down (--no-robust:
+        the point estimate decides), and its recorded config is the current configuration unless
+        --current is given.
         """
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
         from moe_eplb.eplb.costmodel import CostModel
@@ -495,7 +499,8 @@ def _add_tune(main: click.Group) -> None:
                 result = tune(trace, ep_size=ep_size, num_nodes=nodes, num_groups=groups,
                               memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
                               bounds=bounds, current=current, cost=cost, min_gain=min_gain,
-                              progress=progress, workers=workers, min_steps=min_steps)
+                              progress=progress, workers=workers, min_steps=min_steps,
+                              robust=calibration.robustness() if calibration is not None and not no_robust else None)
             if min_steps < MIN_TUNE_STEPS:
                 notes.append(f"--min-steps {min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")

@@ -113,6 +113,36 @@ def print_tune(console, result, top: int = 10) -> None:
         f"{_pct(rec['gain_vs_vllm_defaults'])}, vs current {_pct(rec['gain_vs_current'])})"
     )
     console.print(f"Reason: {rec['reason']}")
+    mem = rec.get("memory")
+    if mem is not None:
+        lost = f"{mem['kv_tokens_lost']:.0f} KV tokens per GPU, " if mem.get("kv_tokens_lost") is not None else ""
+        console.print(f"KV cache: the redundancy leaves {mem['capacity']:.1%} of it ({lost}prefix hit rate "
+                      f"{mem['prefix_hit_rate_without_redundancy']:.1%} -> {mem['prefix_hit_rate']:.1%}); "
+                      f"x {mem['batch_factor']:.4f} batch, x {mem['prefix_factor']:.4f} prefill of prefix misses")
+    if d.get("robust"):
+        print_robust(console, d["robust"])
+
+
+def print_robust(console, robust: dict) -> None:
+    """The robust decision: each parameter's range, the limiting one and what tightens it."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"Held over {robust['scenarios']} scenarios of these ranges (pick: smallest largest regret)",
+                  box=box.SIMPLE_HEAD)
+    for col in ("parameter", "value", "low", "high", "source"):
+        table.add_column(col, justify="left" if col in ("parameter", "source") else "right")
+    for name, r in robust["parameters"].items():
+        table.add_row(name, _num(name, r["value"]), _num(name, r["low"]), _num(name, r["high"]), r["source"])
+    console.print(table)
+    worst = robust.get("worst_case_gain_vs_current")
+    console.print(f"Largest regret of the choice {_pct(robust.get('max_regret'))}; worst-case gain vs current "
+                  f"{_pct(worst)}; point-estimate pick {robust['point_estimate_pick']}")
+    if robust.get("limiting_parameter"):
+        console.print(f"Limited by {robust['limiting_parameter']} (against {robust['contender']}: "
+                      f"{_pct(robust.get('limiting_effect'))} of worst case); tighten it with: {robust['tighten']}")
+    else:
+        console.print("No parameter's range changes the choice.")
 
 
 def _num(name: str, v: float | None) -> str:
@@ -150,6 +180,19 @@ def print_calibration(console, calibration, *, brief: bool = False) -> None:
     console.print(table)
     mode = "async" if calibration.use_async else "sync" if calibration.use_async is not None else "not recorded"
     console.print(f"Rearrangement mode: {mode}. Measured: {', '.join(calibration.measured) or 'nothing'}.")
+    m = calibration.memory
+    if m is not None:
+        hit = "no prefix-cache telemetry" if not m.prefix_measured else f"prefix hit rate {m.hit_rate:.1%} at " \
+              f"{m.free:.2f} caches free"
+        console.print(f"KV memory model: demand from KV usage; {hit}; "
+                      + "; ".join(f"{k} {_num(k, v)}" for k, v in m.values.items() if k != "kv_demand"))
+    if calibration.ranges:
+        ranges = Table(title="Ranges a tuning decision holds over", box=box.SIMPLE_HEAD)
+        for col in ("parameter", "value", "low", "high", "source"):
+            ranges.add_column(col, justify="left" if col in ("parameter", "source") else "right")
+        for name, r in calibration.ranges.items():
+            ranges.add_row(name, _num(name, r.value), _num(name, r.low), _num(name, r.high), r.source)
+        console.print(ranges)
 
 
 @contextlib.contextmanager

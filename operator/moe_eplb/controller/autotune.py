@@ -392,15 +392,17 @@ def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
 
 def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
                          search: dict) -> tuple[TuneResult, Calibration | None]:
-    """Calibrate on the trace's telemetry (when it has some), then tune with that cost model
-    (CPU-bound; called in a thread)."""
+    """Calibrate on the trace's telemetry (when it has some), then tune with that cost model, the
+    decision held over the ranges of what the telemetry cannot pin down (CPU-bound; called in a
+    thread)."""
     calibration = calibrate_for(trace, inf)
     cost = calibration.apply(CostModel()) if calibration is not None else CostModel()
-    return run_tuner(trace, inf, current, search, cost=cost), calibration
+    robust = calibration.robustness() if calibration is not None else None
+    return run_tuner(trace, inf, current, search, cost=cost, robust=robust), calibration
 
 
 def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict, *,
-              cost: CostModel = CostModel()) -> TuneResult:
+              cost: CostModel = CostModel(), robust=None) -> TuneResult:
     """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread)."""
     shape, cfg = inf.moe_shape, inf.autotune
     return tune(
@@ -415,6 +417,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
         cost=cost,
         min_gain=cfg.min_gain,
         workers=1,
+        robust=robust,
         **search,
     )
 

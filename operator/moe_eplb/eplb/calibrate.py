@@ -119,6 +119,10 @@ class Calibration:
     parameters: dict[str, Parameter]
     use_async: bool | None = None
     fit: dict = field(default_factory=dict)
+    #: the ranges a robust decision holds over (:mod:`moe_eplb.eplb.robust`), by cost-model field
+    ranges: dict = field(default_factory=dict)
+    #: the memory model fitted on KV usage and the prefix cache, or None without KV usage
+    memory: MemoryFit | None = None
 
     @property
     def measured(self) -> tuple[str, ...]:
@@ -130,7 +134,25 @@ class Calibration:
         changes = {n: self.parameters[n].value for n in self.measured}
         if self.use_async is not None:
             changes["use_async"] = self.use_async
+        if self.memory is not None:
+            changes.update(self.memory.values)
         return replace(cost, **changes)
+
+    def cost_at(self, cost: CostModel, values: dict) -> CostModel:
+        """``cost`` with ``values`` (a scenario of :attr:`ranges`) in place; a working set without
+        its own hit max takes the one that reproduces the observed hit rate."""
+        values = dict(values)
+        m = self.memory
+        if (m is not None and m.prefix_measured and m.hit_rate and "prefix_working_set" in values
+                and "prefix_hit_max" not in values):
+            values["prefix_hit_max"] = _hit_max(m.hit_rate, m.free, values["prefix_working_set"])
+        return replace(cost, **values)
+
+    def robustness(self):
+        """The ranges a tuner decision should hold over (:class:`moe_eplb.eplb.robust.Robustness`)."""
+        from moe_eplb.eplb.robust import Robustness
+
+        return Robustness(self.ranges, self.cost_at)
 
     def to_dict(self) -> dict:
         return {
@@ -138,6 +160,12 @@ class Calibration:
             "measured": list(self.measured),
             "use_async": self.use_async,
             "fit": self.fit,
+            "ranges": {n: r.to_dict() for n, r in self.ranges.items()},
+            "memory": None if self.memory is None else {
+                "values": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.memory.values.items()},
+                "prefix_hit_rate": self.memory.hit_rate, "free_cache": self.memory.free,
+                "prefix_working_set_se": self.memory.working_set_se,
+                "prefix_measured": self.memory.prefix_measured, "notes": self.memory.notes},
         }
 
 
@@ -166,6 +194,7 @@ class StepFit:
     imbalance_range: tuple[float, float]
     reason: str = ""
     coefficients: tuple[float, float, float, float] | None = None  # (c0, c1, tok_mean, f used)
+    refused_share: tuple[float, float] | None = None  # (f, se) of a fit refused as too uncertain
 
     def predict(self, tokens_per_step: np.ndarray, imbalance: np.ndarray) -> np.ndarray:
         """Step time (s) the fitted model predicts without rearrangements."""
@@ -209,14 +238,19 @@ def fit_step_model(step_seconds: np.ndarray, steps: np.ndarray, tokens_per_step:
                   "more varied window (e.g. across a rearrangement or a change of the traffic mix)")
 
     est = _least_squares(y, n, t, x, k_over_n if fit_d else None, fit_f, default_share)
+    refused = None
+    if not fit_f and hi - lo > 0:  # no point value, but the free fit still bounds the share
+        free = _least_squares(y, n, t, x, k_over_n if fit_d else None, True, default_share)
+        refused = (free["f"], free["f_se"])
     if fit_f and est["f_se"] > MAX_SHARE_UNCERTAINTY:
         reason = (f"the fitted share {est['f']:.3f} +/- {est['f_se']:.3f} is too uncertain (> {MAX_SHARE_UNCERTAINTY}): "
                   f"step-time noise {est['sigma']:.1%} against served imbalance {lo:.3f}-{hi:.3f}; record longer")
         fit_f = False
+        refused = (est["f"], est["f_se"])
         est = _least_squares(y, n, t, x, k_over_n if fit_d else None, False, default_share)
     return StepFit(est["f"] if fit_f else None, est["f_se"] if fit_f else None, est["s0"], est["s0_se"],
                    est.get("d"), est.get("d_se"), est["sigma"], B, est["outliers"], (lo, hi), reason,
-                   (est["c0"], est["c1"], tok_mean, est["f"]))
+                   (est["c0"], est["c1"], tok_mean, est["f"]), refused)
 
 
 def _least_squares(y: np.ndarray, n: np.ndarray, t: np.ndarray, x: np.ndarray, k_over_n: np.ndarray | None,
@@ -301,6 +335,20 @@ def fit_sync_stall(seconds: np.ndarray) -> tuple[float, float] | None:
     return med, 1.2533 * 1.4826 * mad / math.sqrt(s.size)
 
 
+def _kv_bound(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.ndarray | None) -> np.ndarray:
+    """``[T]`` buckets whose KV cache is the bottleneck (see :func:`kv_pressure`)."""
+    u = np.asarray(usage, np.float64)
+    full = np.where(np.isfinite(u), u, 0.0) >= KV_FULL_USAGE
+    if preemptions is not None or waiting is not None:
+        queue = np.zeros(u.shape, bool)
+        if preemptions is not None:
+            queue |= np.asarray(preemptions) > 0
+        if waiting is not None:
+            queue |= np.nan_to_num(np.asarray(waiting, np.float64)) >= 0.5
+        full &= queue
+    return full
+
+
 def kv_pressure(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.ndarray | None
                 ) -> tuple[float, float, float]:
     """``(elasticity, standard error, KV-bound share of buckets)`` from per-bucket mean usage
@@ -311,14 +359,7 @@ def kv_pressure(usage: np.ndarray, preemptions: np.ndarray | None, waiting: np.n
     :data:`FULL_KV_ELASTICITY`."""
     u = np.asarray(usage, np.float64)
     seen = np.isfinite(u)  # buckets where an engine ran
-    full = np.where(seen, u, 0.0) >= KV_FULL_USAGE
-    if preemptions is not None or waiting is not None:
-        queue = np.zeros(u.shape, bool)
-        if preemptions is not None:
-            queue |= np.asarray(preemptions) > 0
-        if waiting is not None:
-            queue |= np.nan_to_num(np.asarray(waiting, np.float64)) >= 0.5
-        full &= queue
+    full = _kv_bound(u, preemptions, waiting)
     u, full = u[seen], full[seen]
     n = max(u.size, 1)
     share = float(full.mean()) if u.size else 0.0
@@ -430,6 +471,8 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                                   default_share=cost.moe_time_share)
         if counts is not None and mode_async and use is not ok and step_fit.coefficients is not None:
             step_fit = _with_rearrangement_cost(step_fit, step, n, tok, imb, counts[0], ok)
+        if step_fit.refused_share is not None:
+            fit_info["refused_share"] = list(step_fit.refused_share)
         fit_info.update({"step_buckets": step_fit.buckets, "outlier_buckets": step_fit.outliers,
                          "residual_sigma": step_fit.sigma,
                          "served_imbalance_p5_p95": list(step_fit.imbalance_range),
@@ -481,7 +524,15 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                     f"{step_fit.rearrangement_s:.3g} s of step time lost per rearrangement over "
                     f"{per_gpu / 1e6:.3g} MB received per GPU (replay of the recorded config)")
 
-    # --- KV cache ------------------------------------------------------------------------------
+    # --- KV cache and the memory model -------------------------------------------------------------
+    return _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
+
+
+def _kv_and_memory(trace: LoadTrace, cost: CostModel, params: dict, default, fit_info: dict, step_fit: StepFit | None,
+                   mode_async: bool, use_async: bool | None) -> Calibration:
+    """The KV parameters (elasticity, cache size), the memory model and the ranges; the finished
+    :class:`Calibration` (``default(name, why)`` records a default, as in :func:`calibrate`)."""
+    tel = trace.telemetry
     if tel.kv_cache_usage is None:
         default("kv_throughput_elasticity", "the trace has no kv_cache_usage")
     else:
@@ -504,4 +555,227 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                 kv += extra
                 note = f"recorded, plus the {extra / 2**30:.2f} GiB the running redundancy takes"
         params["kv_cache_bytes_per_gpu"] = Parameter(kv, 0.0, MEASURED, note)
-    return Calibration({n: params[n] for n in PARAMETERS}, use_async, fit_info)
+    capacity_now = (tel.kv_cache_bytes_per_gpu / params["kv_cache_bytes_per_gpu"].value
+                    if tel.kv_cache_bytes_per_gpu is not None else 1.0)
+    memory = fit_memory(trace, cost, step_fit, capacity_now)
+    if memory is not None:
+        fit_info["memory"] = memory.notes
+    ordered = {n: params[n] for n in PARAMETERS}
+    refused = step_fit.refused_share if step_fit is not None else None
+    return Calibration(ordered, use_async, fit_info, _ranges(ordered, mode_async, memory, cost, refused), memory)
+
+
+def _ranges(params: dict[str, Parameter], mode_async: bool, memory: MemoryFit | None, cost: CostModel,
+            refused_share: tuple[float, float] | None = None) -> dict:
+    """The range of every parameter the decision should hold over (:class:`moe_eplb.eplb.robust.Range`):
+    a measured one +/- 2 standard errors, the others over a stated prior range."""
+    from moe_eplb.eplb.robust import Range
+
+    out: dict = {}
+
+    def add(name, value, lo, hi, source, note=""):
+        out[name] = Range(name, float(value), float(min(lo, value)), float(max(hi, value)), source, note)
+
+    def measured_or(name, prior_lo, prior_hi, floor=0.0, ceil=math.inf, rel=0.1):
+        p = params[name]
+        if p.source == MEASURED:
+            half = max(2.0 * (p.uncertainty or 0.0), rel * abs(p.value))
+            add(name, p.value, max(floor, p.value - half), min(ceil, p.value + half), MEASURED,
+                "+/- 2 standard errors (at least 10 %)")
+        else:
+            add(name, p.value, prior_lo, prior_hi, "prior", "not measured: " + p.note)
+
+    lo, hi = MOE_SHARE_PRIOR
+    if refused_share is not None:  # too uncertain for a point value, but it still narrows the prior
+        f, se = refused_share
+        lo, hi = max(lo, f - 2 * se), min(hi, f + 2 * se)
+        lo, hi = (lo, hi) if lo < hi else MOE_SHARE_PRIOR
+    measured_or("moe_time_share", lo, hi, 0.0, 1.0, rel=0.0)
+    if refused_share is not None and out["moe_time_share"].source != MEASURED:
+        # the point estimate inside the fit's own range: the middle of it, not the constant
+        out["moe_time_share"] = Range("moe_time_share", 0.5 * (lo + hi), lo, hi,
+                                      "prior", f"fit refused ({f:.3f} +/- {se:.3f}): the prior "
+                                      f"{MOE_SHARE_PRIOR[0]}-{MOE_SHARE_PRIOR[1]} cut to +/- 2 standard errors")
+    if mode_async:
+        v = params["async_s_per_moved_byte"].value
+        measured_or("async_s_per_moved_byte", 0.25 * v, 4.0 * v)
+    else:
+        measured_or("sync_stall_s", 0.3, 2.0)
+    if memory is None:
+        measured_or("kv_throughput_elasticity", 0.0, 1.0, 0.0, 1.0)
+        return out
+    v = memory.values
+    add("kv_batch_elasticity", cost.kv_batch_elasticity, *KV_BATCH_ELASTICITY_PRIOR, "prior",
+        "throughput against batch once the cache caps it")
+    add("kv_full_usage", cost.kv_full_usage, *KV_FULL_USAGE_PRIOR, "prior", "usage at which vLLM preempts")
+    if not memory.prefix_measured:
+        add("prefix_hit_max", 0.0, *PREFIX_HIT_PRIOR, "prior", "no prefix-cache telemetry")
+        add("prefix_working_set", cost.prefix_working_set, *PREFIX_WORKING_SET_PRIOR, "prior", "no prefix-cache telemetry")
+        add("prefix_prefill_share", 0.3, 0.1, 0.6, "prior", "no prefix-cache telemetry")
+        return out
+    if not memory.hit_rate:
+        return out  # nothing hits the prefix cache: redundancy cannot evict what is never reused
+    k = v["prefix_working_set"]
+    if memory.working_set_se is not None:
+        add("prefix_working_set", k, max(1e-3, k - 2 * memory.working_set_se), k + 2 * memory.working_set_se,
+            MEASURED, "hit rate against free cache, +/- 2 standard errors")
+    else:
+        lo, hi = _working_set_range(memory.hit_rate, memory.free)
+        add("prefix_working_set", k, lo, hi, "prior", memory.notes.get("prefix_working_set", ""))
+    sh = v["prefix_prefill_share"]
+    add("prefix_prefill_share", sh, sh * PREFILL_SHARE_PRIOR[0], min(0.9, sh * PREFILL_SHARE_PRIOR[1]), "prior",
+        "measured share x 0.5-2 (what a prompt token costs against an average token)")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the memory model: KV demand, prefix-cache hit rate against free cache, prefill share
+# --------------------------------------------------------------------------------------------------
+
+#: KV demand given to a KV-bound bucket (in caches): more than any cache holds, so its batch follows
+#: the cache's size whatever the redundancy.
+KV_BOUND_DEMAND = 2.0
+#: Quantiles of the per-bucket KV demand the cost model keeps.
+DEMAND_QUANTILES = 32
+#: Least spread (5th to 95th percentile, in caches) of the free cache over which the prefix-cache
+#: curve's working set is fitted; narrower keeps the prior range.
+MIN_FREE_SPREAD = 0.1
+#: Prior range of the prefix working set (in caches without redundant experts) where the telemetry
+#: cannot pin it: from a cache 20x the working set up to 2 caches.
+PREFIX_WORKING_SET_PRIOR = (0.05, 2.0)
+#: Prior range of the prefix hit rate an unlimited cache would reach, without prefix telemetry
+#: (the llm-d study measured 68.6 % with prefix-affinity routing).
+PREFIX_HIT_PRIOR = (0.0, 0.7)
+#: Prior factor range on the measured prefill share: a prompt token may cost from half to twice an
+#: average token of the step (attention over long prompts, chunked prefill).
+PREFILL_SHARE_PRIOR = (0.5, 2.0)
+#: Prior range of the MoE share of a step where the fit cannot pin it (published 0.03 on H800 to
+#: about 0.6 for prefill-heavy work).
+MOE_SHARE_PRIOR = (0.03, 0.6)
+#: Prior ranges of the batch elasticity and of the usage at which vLLM starts preempting.
+KV_BATCH_ELASTICITY_PRIOR = (0.5, 1.0)
+KV_FULL_USAGE_PRIOR = (0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The memory model's values (:class:`CostModel` field -> value) and what pins them: ``hit_rate``
+    the observed (queries-weighted) prefix hit rate, ``free`` the median free cache it was seen at
+    (in caches without redundant experts), ``working_set`` the fitted K with its standard error
+    (None when the prior range stands), ``notes`` by field."""
+
+    values: dict
+    hit_rate: float | None
+    free: float | None
+    working_set_se: float | None
+    prefix_measured: bool
+    notes: dict
+
+
+def _fit_prefix_curve(free: np.ndarray, hit: np.ndarray, w: np.ndarray) -> tuple[float, float, float] | None:
+    """``(hit_max, working_set, working_set se)`` of ``hit = hit_max (1 - exp(-free / K))`` fitted
+    on buckets (weights ``w``), or None when the fit fails."""
+    from scipy.optimize import least_squares
+
+    sw = np.sqrt(w / w.mean())
+
+    def resid(p):
+        return sw * (p[0] * (1.0 - np.exp(-free / p[1])) - hit)
+
+    try:
+        res = least_squares(resid, [min(0.99, max(hit.max(), 0.05)), max(float(np.median(free)), 0.05)],
+                            bounds=([0.0, 1e-3], [1.0, 20.0]))
+    except ValueError:
+        return None
+    J = res.jac
+    sigma2 = float(res.fun @ res.fun) / max(free.size - 2, 1)
+    cov = np.linalg.pinv(J.T @ J) * sigma2
+    return float(res.x[0]), float(res.x[1]), float(math.sqrt(max(cov[1, 1], 0.0)))
+
+
+def fit_memory(trace: LoadTrace, cost: CostModel, step_fit: StepFit | None, capacity_now: float) -> MemoryFit | None:
+    """The memory model from ``trace.telemetry`` (KV usage required; prefix counters and the step
+    fit used when present), ``capacity_now`` the running cache as a share of the cache without
+    redundant experts. None without ``kv_cache_usage``."""
+    tel = trace.telemetry
+    if tel is None or tel.kv_cache_usage is None:
+        return None
+    usage = tel.kv_cache_usage
+    seen = np.isfinite(usage)
+    demand = usage * capacity_now
+    # a KV-bound bucket (full, with preemptions or a queue) wants more than any cache: its batch stays
+    # capped and follows the cache's size
+    bound = _kv_bound(usage, tel.preemptions, tel.requests_waiting)
+    demand = np.where(bound, KV_BOUND_DEMAND, demand)[seen]
+    qs = (np.arange(DEMAND_QUANTILES) + 0.5) / DEMAND_QUANTILES
+    values: dict = {"kv_demand": tuple(float(x) for x in np.quantile(demand, qs))}
+    notes = {"kv_demand": f"KV usage of {int(seen.sum())} buckets x the running cache ({capacity_now:.3f} of the "
+                          "cache without redundant experts)"}
+    if tel.kv_cache_tokens:
+        values["kv_bytes_per_token"] = float(tel.kv_cache_bytes_per_gpu or cost.kv_cache_bytes_per_gpu * capacity_now) \
+            / tel.kv_cache_tokens
+    full = cost.kv_full_usage
+    hit_obs = free_obs = k_se = None
+    measured = False
+    if tel.prefix_cache_hit_rate is not None and tel.prefix_cache_queries is not None:
+        q = tel.prefix_cache_queries
+        ok = seen & np.isfinite(tel.prefix_cache_hit_rate) & (q > 0)
+        if ok.any():
+            measured = True
+            h = tel.prefix_cache_hit_rate[ok]
+            free = capacity_now - np.minimum(usage[ok] * capacity_now, full * capacity_now)
+            hit_obs = float(np.average(h, weights=q[ok]))
+            free_obs = float(np.median(free))
+            spread = float(np.percentile(free, 95) - np.percentile(free, 5))
+            fitted = _fit_prefix_curve(free, h, q[ok]) if ok.sum() >= MIN_FIT_BUCKETS and spread >= MIN_FREE_SPREAD \
+                and hit_obs >= 1e-3 else None
+            if hit_obs < 1e-3:
+                values["prefix_hit_max"] = 0.0
+                notes["prefix_working_set"] = f"the prefix cache hit {hit_obs:.2%} of {q[ok].sum():.3g} queried tokens"
+            elif fitted is not None and fitted[2] < fitted[1]:
+                values["prefix_hit_max"], values["prefix_working_set"], k_se = fitted
+                notes["prefix_working_set"] = (f"hit rate against free cache over {int(ok.sum())} buckets (free "
+                                               f"{np.percentile(free, 5):.2f}-{np.percentile(free, 95):.2f} caches)")
+            else:
+                lo, hi = _working_set_range(hit_obs, free_obs)
+                values["prefix_working_set"] = 0.5 * (lo + hi)
+                values["prefix_hit_max"] = _hit_max(hit_obs, free_obs, values["prefix_working_set"])
+                notes["prefix_working_set"] = (f"prior range {lo:.3g}-{hi:.3g}: the free cache spans only {spread:.2f} "
+                                               f"caches (< {MIN_FREE_SPREAD}) or too few buckets; hit rate {hit_obs:.1%} "
+                                               f"at {free_obs:.2f} caches free")
+            values["prefix_prefill_share"] = _prefill_share(trace, step_fit, ok, hit_obs)
+    if not measured:
+        values["prefix_hit_max"] = 0.0
+        notes["prefix_working_set"] = "no prefix-cache telemetry: hit rate 0 assumed, prior range kept"
+    return MemoryFit(values, hit_obs, free_obs, k_se, measured, notes)
+
+
+def _hit_max(hit: float, free: float, k: float) -> float:
+    return float(min(1.0, hit / max(1.0 - math.exp(-free / k), 1e-9))) if hit > 0 else 0.0
+
+
+def _working_set_range(hit: float, free: float) -> tuple[float, float]:
+    """Prior range of K where one (hit rate, free cache) point cannot pin it: up to where the hit
+    rate of an unlimited cache would have to be 1."""
+    lo, hi = PREFIX_WORKING_SET_PRIOR
+    if 0 < hit < 1 and free > 0:
+        hi = min(hi, free / -math.log(1.0 - hit))
+    return min(lo, hi), max(hi, lo)
+
+
+def _prefill_share(trace: LoadTrace, step_fit: StepFit | None, ok: np.ndarray, hit: float) -> float:
+    """Share of a step the queried prompt tokens would take if none hit (step-weighted): from the
+    step fit's cost per token where there is one (a fixed part per step otherwise taken as 0)."""
+    tel = trace.telemetry
+    n = trace.bucket_steps.astype(np.float64)
+    use = ok & (n > 0)
+    if not use.any():
+        return 0.0
+    q = tel.prefix_cache_queries[use] * float(trace.top_k or 1) / n[use]  # routed units, as tokens_per_step
+    tok = _tokens_per_step(trace)[use]
+    h = tel.prefix_cache_hit_rate[use]
+    c0, c1, tok_mean = 0.0, 1.0, 1.0
+    if step_fit is not None and step_fit.coefficients is not None:
+        c0, c1, tok_mean, _ = step_fit.coefficients
+    share = c1 * q / tok_mean / (c0 + c1 * (tok + q * h) / tok_mean)
+    return float(min(0.9, np.average(share, weights=n[use])))

@@ -16,6 +16,23 @@ never rearranges and that spends no memory on redundant experts. Three factors m
    Fewer concurrent sequences cost throughput: the factor is
    ``1 - kv_throughput_elasticity * redundant_bytes / kv_cache_bytes_per_gpu``.
 
+   With the deployment's KV telemetry (:mod:`moe_eplb.eplb.calibrate` sets ``kv_demand``) the
+   factor is instead the **memory model** (:meth:`CostModel.memory`): per recorded bucket b with
+   KV demand ``d_b`` (cache the running requests want, in caches without redundant experts) a
+   cache left at ``c = 1 - redundant_bytes / kv_cache_bytes_per_gpu`` of its size
+
+   - caps the batch once the running requests no longer fit: ``batch_b = min(1, u c / d_b) **
+     kv_batch_elasticity`` (``u = kv_full_usage``, where vLLM starts preempting);
+   - keeps prefixes only in the part no running request holds, ``free_b = c - min(d_b, u c)``,
+     with hit rate ``h_b = prefix_hit_max (1 - exp(-free_b / prefix_working_set))``;
+   - and every prefix miss is recomputed: step time ``~ 1 - prefix_prefill_share * h_b``
+     (``prefix_prefill_share``: the share of a step the queried prompt tokens would take if none
+     hit).
+
+   The factor is the step-weighted mean over buckets of ``batch_b(c) / batch_b(1) * (1 - s
+   h_b(1)) / (1 - s h_b(c))``: 1 without redundancy, below 1 as soon as the redundant experts eat
+   into the prefix cache -- long before any preemption.
+
 Default parameters and where they come from (numbers from ``shared/notes/vllm-eplb.md``):
 
 - ``moe_time_share = 0.35``: the value that makes this model reproduce SGLang's reported 1.49x
@@ -46,6 +63,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
+
 #: (num_layers, num_experts) -> bytes per expert per MoE layer, for the shapes the project ships.
 KNOWN_BYTES_PER_EXPERT = {
     (58, 256): 3 * 7168 * 2048,  # DeepSeek-V3/R1, FP8: 44.0 MB
@@ -53,6 +72,9 @@ KNOWN_BYTES_PER_EXPERT = {
 }
 
 GIB = 1024**3
+#: The memory model's fields (used only when ``kv_demand`` is set).
+MEMORY_FIELDS = ("kv_demand", "kv_full_usage", "kv_batch_elasticity", "prefix_hit_max", "prefix_working_set",
+                 "prefix_prefill_share", "kv_bytes_per_token")
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,14 @@ class CostModel:
     kv_throughput_elasticity: float = 0.5
     restart_s: float = 300.0
     horizon_s: float = 6 * 3600.0
+    # the memory model (used when kv_demand is set; see the module docstring)
+    kv_demand: tuple[float, ...] | None = None
+    kv_full_usage: float = 0.95
+    kv_batch_elasticity: float = 1.0
+    prefix_hit_max: float = 0.0
+    prefix_working_set: float = 0.5
+    prefix_prefill_share: float = 0.0
+    kv_bytes_per_token: float | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -81,6 +111,13 @@ class CostModel:
             "kv_throughput_elasticity": self.kv_throughput_elasticity >= 0,
             "restart_s": self.restart_s >= 0,
             "horizon_s": self.horizon_s > 0,
+            "kv_demand": self.kv_demand is None or (len(self.kv_demand) > 0 and all(d >= 0 for d in self.kv_demand)),
+            "kv_full_usage": 0 < self.kv_full_usage <= 1,
+            "kv_batch_elasticity": self.kv_batch_elasticity >= 0,
+            "prefix_hit_max": 0 <= self.prefix_hit_max <= 1,
+            "prefix_working_set": self.prefix_working_set > 0,
+            "prefix_prefill_share": 0 <= self.prefix_prefill_share < 1,
+            "kv_bytes_per_token": self.kv_bytes_per_token is None or self.kv_bytes_per_token > 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -90,7 +127,14 @@ class CostModel:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field; the memory model's only when it is in use (``kv_demand`` set)."""
+        out = asdict(self)
+        if self.kv_demand is None:
+            for name in MEMORY_FIELDS:
+                out.pop(name)
+        else:
+            out["kv_demand"] = list(self.kv_demand)
+        return out
 
     # --- the three factors -------------------------------------------------------------------
 
@@ -109,9 +153,39 @@ class CostModel:
         return num_layers * per_expert * num_redundant / ep_size
 
     def kv_factor(self, redundant_bytes_per_gpu: float) -> float:
-        """Throughput factor (<= 1) from KV-cache memory taken by redundant experts."""
+        """Throughput factor (<= 1) from KV-cache memory taken by redundant experts: the memory
+        model's (:meth:`memory`) when ``kv_demand`` is known, else the elasticity rule."""
+        if self.kv_demand is not None:
+            return self.memory(redundant_bytes_per_gpu)["factor"]
         share = redundant_bytes_per_gpu / self.kv_cache_bytes_per_gpu
         return max(0.0, 1.0 - self.kv_throughput_elasticity * share)
+
+    def memory(self, redundant_bytes_per_gpu: float) -> dict:
+        """What redundancy taking ``redundant_bytes_per_gpu`` costs in KV cache (module docstring):
+        ``capacity`` (share of the cache left), ``kv_tokens_lost`` (per GPU, when the bytes per token
+        are known), ``prefix_hit_rate`` (mean over buckets) with and without the redundancy,
+        ``batch_factor``, ``prefix_factor`` and their product ``factor``."""
+        c = max(1e-6, 1.0 - redundant_bytes_per_gpu / self.kv_cache_bytes_per_gpu)
+        d = np.asarray(self.kv_demand if self.kv_demand is not None else (0.0,), np.float64)
+
+        def state(cap: float) -> tuple[np.ndarray, np.ndarray]:
+            u = self.kv_full_usage * cap
+            with np.errstate(divide="ignore", invalid="ignore"):
+                batch = np.where(d > u, u / np.where(d > 0, d, 1.0), 1.0) ** self.kv_batch_elasticity
+            free = np.maximum(cap - np.minimum(d, u), 0.0)
+            hit = self.prefix_hit_max * (1.0 - np.exp(-free / self.prefix_working_set))
+            return batch, hit
+
+        b1, h1 = state(1.0)
+        bc, hc = state(c)
+        s_ = self.prefix_prefill_share
+        batch = float(np.mean(bc / b1))
+        prefix = float(np.mean((1.0 - s_ * h1) / (1.0 - s_ * hc)))
+        factor = float(np.mean(bc / b1 * (1.0 - s_ * h1) / (1.0 - s_ * hc)))
+        lost = (redundant_bytes_per_gpu / self.kv_bytes_per_token) if self.kv_bytes_per_token else None
+        return {"capacity": c, "kv_tokens_lost": lost, "prefix_hit_rate": float(hc.mean()),
+                "prefix_hit_rate_without_redundancy": float(h1.mean()), "batch_factor": batch,
+                "prefix_factor": prefix, "factor": factor}
 
     def overhead_seconds(
         self, rearrangements, moved_experts, ep_size: int, num_layers: int, num_experts: int

@@ -75,6 +75,38 @@ def _bad_index(mask: np.ndarray) -> str:
     return ", ".join(f"{axis} {int(i)}" for axis, i in zip(("bucket", "layer", "rank"), idx))
 
 
+def _check_prefix(tel: Telemetry, T: int) -> dict:
+    """The prefix-cache keys of ``tel`` validated (see :meth:`Telemetry.check`)."""
+    out: dict = {}
+    q = _per_bucket("prefix_cache_queries", tel.prefix_cache_queries, T)
+    if q is not None:
+        if not np.all(np.isfinite(q)) or np.any(q < 0):
+            t = int(np.argmax(~np.isfinite(q) | (q < 0)))
+            raise TraceError(f"prefix_cache_queries: must be a number >= 0 (tokens), got {q[t]} at bucket {t}")
+        out["prefix_cache_queries"] = q
+    h = _per_bucket("prefix_cache_hit_rate", tel.prefix_cache_hit_rate, T)
+    if h is not None:
+        with np.errstate(invalid="ignore"):
+            bad = np.isinf(h) | (h < 0) | (h > 1)
+        if bad.any():
+            t = int(np.argmax(bad))
+            raise TraceError(f"prefix_cache_hit_rate: must be in [0, 1] (hits / queries), got {h[t]} at bucket {t}"
+                             + (" (a fraction, not a percentage)" if h[t] > 1 else ""))
+        if q is not None and np.any(np.isnan(h) & (q > 0)):
+            t = int(np.argmax(np.isnan(h) & (q > 0)))
+            raise TraceError(f"prefix_cache_hit_rate: no value at bucket {t}, which has {q[t]:g} queried tokens "
+                             "(null only where nothing was queried)")
+        out["prefix_cache_hit_rate"] = h
+    for name in ("kv_cache_blocks", "kv_block_size"):
+        v = getattr(tel, name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not np.isfinite(float(v)) or float(v) != int(v) or int(v) <= 0:
+            raise TraceError(f"{name}: must be a whole number > 0, got {v!r}")
+        out[name] = int(v)
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class Telemetry:
     """What the deployment measured while the load was recorded (the optional trace keys of
@@ -93,6 +125,12 @@ class Telemetry:
         rearrangements: each observed rearrangement (bucket, seconds), in bucket order.
         config: the EPLB settings that ran.
         kv_cache_bytes_per_gpu: KV-cache bytes of one GPU.
+        prefix_cache_queries: float64 ``[T]`` >= 0, prompt tokens looked up in the prefix cache in the
+            bucket (``vllm:prefix_cache_queries``), summed over engines.
+        prefix_cache_hit_rate: float64 ``[T]`` in [0, 1], hits / queries of the prefix cache in the
+            bucket; NaN where nothing was queried.
+        kv_cache_blocks: KV-cache blocks of one engine (vLLM's ``num_gpu_blocks``).
+        kv_block_size: tokens per KV-cache block (vLLM's ``block_size``).
     """
 
     step_seconds: np.ndarray | None = None
@@ -103,6 +141,10 @@ class Telemetry:
     rearrangements: tuple[Rearrangement, ...] | None = None
     config: RecordedConfig | None = None
     kv_cache_bytes_per_gpu: float | None = None
+    prefix_cache_queries: np.ndarray | None = None
+    prefix_cache_hit_rate: np.ndarray | None = None
+    kv_cache_blocks: int | None = None
+    kv_block_size: int | None = None
 
     def keys(self) -> tuple[str, ...]:
         """The trace keys present, in :data:`TRACE_KEYS_TELEMETRY` order."""
@@ -181,7 +223,15 @@ class Telemetry:
             if not (np.isfinite(kv) and kv > 0):
                 raise TraceError(f"kv_cache_bytes_per_gpu: must be a number > 0, got {self.kv_cache_bytes_per_gpu!r}")
             out["kv_cache_bytes_per_gpu"] = kv
+        out.update(_check_prefix(self, T))
         return Telemetry(**out)
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the KV cache of one engine holds (``kv_cache_blocks * kv_block_size``), or None."""
+        if self.kv_cache_blocks is None or self.kv_block_size is None:
+            return None
+        return int(self.kv_cache_blocks) * int(self.kv_block_size)
 
     @property
     def ep_size(self) -> int | None:
@@ -208,7 +258,8 @@ class Telemetry:
         """Buckets ``[start, stop)`` (rearrangements renumbered from ``start``)."""
         lo, hi, _ = slice(start, stop).indices(num_buckets)
         cut = {k: getattr(self, k)[lo:hi] for k in ("step_seconds", "rank_load", "kv_cache_usage",
-                                                     "preemptions", "requests_waiting")
+                                                     "preemptions", "requests_waiting", "prefix_cache_queries",
+                                                     "prefix_cache_hit_rate")
                if getattr(self, k) is not None}
         if self.rearrangements is not None:
             cut["rearrangements"] = tuple(Rearrangement(e.bucket - lo, e.seconds) for e in self.rearrangements
@@ -241,6 +292,12 @@ class Telemetry:
             out["config"] = self.config.to_dict()
         if self.kv_cache_bytes_per_gpu is not None:
             out["kv_cache_bytes_per_gpu"] = self.kv_cache_bytes_per_gpu
+        if self.prefix_cache_hit_rate is not None:
+            out["prefix_cache_hit_rate"] = spread(self.prefix_cache_hit_rate)
+        if self.prefix_cache_queries is not None:
+            out["prefix_cache_queries_total"] = float(self.prefix_cache_queries.sum())
+        if self.kv_cache_tokens is not None:
+            out["kv_cache_tokens"] = self.kv_cache_tokens
         return out
 
 

@@ -150,10 +150,11 @@ def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
     if not present:
         return None
     kw: dict[str, Any] = {}
-    for key in ("step_seconds", "kv_cache_usage", "requests_waiting"):  # null: no measurement (no steps)
+    for key in ("step_seconds", "kv_cache_usage", "requests_waiting",  # null: no measurement (no steps)
+                "prefix_cache_hit_rate"):  # null: nothing queried
         if key in present:
             kw[key] = _nullable_numbers(d[key], key)
-    for key in ("rank_load", "preemptions"):
+    for key in ("rank_load", "preemptions", "prefix_cache_queries"):
         if key in present:
             kw[key] = _numeric_array(d[key], key)
     if "rearrangements" in present:
@@ -165,6 +166,9 @@ def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
         if isinstance(kv, bool) or not isinstance(kv, numbers.Real) or not math.isfinite(kv) or kv <= 0:
             raise TraceError(f"kv_cache_bytes_per_gpu: expected a number > 0 (bytes), got {kv!r}")
         kw["kv_cache_bytes_per_gpu"] = float(kv)
+    for key in ("kv_cache_blocks", "kv_block_size"):
+        if key in present:
+            kw[key] = _whole_field(d[key], key, 1)
     return Telemetry(**kw)
 
 
@@ -229,13 +233,14 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
 def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]:
     """The file-format keys of ``tel`` (arrays, or JSON-ready lists with null for NaN)."""
     d: dict[str, Any] = {}
-    for key in ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting"):
+    for key in ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",
+                "prefix_cache_queries", "prefix_cache_hit_rate"):
         value = getattr(tel, key)
         if value is None:
             continue
         if arrays:
             d[key] = value
-        elif key in ("step_seconds", "kv_cache_usage", "requests_waiting"):
+        elif key in ("step_seconds", "kv_cache_usage", "requests_waiting", "prefix_cache_hit_rate"):
             d[key] = [None if math.isnan(v) else v for v in value.tolist()]
         else:
             d[key] = value.tolist()
@@ -245,6 +250,9 @@ def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]
         d["config"] = tel.config.to_dict()
     if tel.kv_cache_bytes_per_gpu is not None:
         d["kv_cache_bytes_per_gpu"] = float(tel.kv_cache_bytes_per_gpu)
+    for key in ("kv_cache_blocks", "kv_block_size"):
+        if getattr(tel, key) is not None:
+            d[key] = int(getattr(tel, key))
     return d
 
 

@@ -49,6 +49,7 @@ from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs, KnobsE
 from moe_eplb.api.quantity import QuantityError
 from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
 from moe_eplb.eplb.costmodel import CostModel
+from moe_eplb.eplb.robust import Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.trace import LoadTrace
 
@@ -177,6 +178,7 @@ class TuneResult:
     seconds: float = 0.0
     policy_windows: int = 0
     stats: dict = field(default_factory=dict)
+    robust: dict | None = None  # the robust decision's report (_robust_decide), when ranges were given
 
     def gain_over(self, other: Candidate | None) -> float | None:
         if other is None or other.score <= 0:
@@ -214,6 +216,11 @@ class TuneResult:
         }
         rec["predicted_gain"], rec["predicted_gain_vs"] = self.headline_gain()
         rec["breakdown"] = ch.result.throughput.to_dict()
+        if self.robust is not None:
+            for key in ("max_regret", "worst_case_gain_vs_current", "limiting_parameter"):
+                rec[key] = self.robust.get(key)
+        if self.cost.kv_demand is not None:
+            rec["memory"] = self.cost.memory(ch.result.throughput.redundant_bytes_per_gpu)
         baselines = {
             "no_eplb": {
                 "score": no_score,
@@ -224,7 +231,7 @@ class TuneResult:
             "vllm_defaults": self.defaults.to_dict() if self.defaults else None,
             "current": self.current.to_dict() if self.current else None,
         }
-        return {
+        out = {
             "recommendation": rec,
             "candidates": [c.to_dict(i + 1, series=series) for i, c in enumerate(self.candidates)],
             "baselines": baselines,
@@ -234,6 +241,9 @@ class TuneResult:
             "search": {"candidates": len(self.candidates), "policy_windows": self.policy_windows,
                        "seconds": round(self.seconds, 3), **self.stats},
         }
+        if self.robust is not None:
+            out["robust"] = self.robust
+        return out
 
 
 def _cvar(values: np.ndarray) -> float:
@@ -350,6 +360,12 @@ class _Search:
     policy_windows: int = 0
     stride: int = 1
     workers: int = 1
+    robust: Robustness | None = None
+
+    def scenario_scores(self) -> ScenarioScores:
+        """A fresh scorer of candidates under the robust search's scenarios."""
+        return ScenarioScores(self.robust.scenarios(self.cost), self.trace.bucket_steps, self.edges,
+                              self.topology.ep_size, self.trace.num_layers, self.trace.num_experts)
 
     @property
     def known(self) -> list[Knobs]:
@@ -455,6 +471,13 @@ def _evaluate(search: _Search, full: Replay, screen_layers: int | None, finalist
         screened.sort(key=rank_key)
         top = [c.knobs for c in screened[:finalists]]
         top += [k for k in dict.fromkeys(search.known) if k in search.grid and k not in top]  # once each
+        if search.robust is not None:  # and the candidates that hold up best over the parameter ranges
+            ss = search.scenario_scores()
+            keys = [c.knobs for c in screened]
+            for c in screened:
+                ss.score(c.knobs, c.result)
+            order = np.argsort(max_regret(ss.matrix(keys)), kind="stable")
+            top += [k for k in (keys[i] for i in order[:search.robust.finalists]) if k not in top]
         stage2 = top + extra_runs
         total = keys1 + len(search.grid) + len(_window_keys(full, stage2)) + len(stage2)
         exact, keys2 = _score(search, full, stage2, keys1 + len(search.grid), total)
@@ -518,6 +541,109 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
                          f"threshold {threshold:.2%} that pays for a restart"), cur
 
 
+def _robust_decide(search: _Search, prior_margin: float, threshold: float,
+                   tie_tolerance: float) -> tuple[str, Candidate, str, Candidate | None, dict]:
+    """Phases 3-4 over parameter ranges: every exact candidate (the finalists, the known
+    configurations, current) is scored in every scenario (:mod:`moe_eplb.eplb.robust`), a change
+    charged the restart (``restart_s / horizon_s`` of its throughput); the pick has the smallest
+    largest regret (a known configuration within ``prior_margin`` of it wins). So a change is
+    recommended only when, across the ranges, it loses less in the worst case than keeping current
+    does -- and it must also beat current by ``threshold`` at the point estimate. Returns
+    (decision, chosen, reason, current's candidate, report)."""
+    ss = search.scenario_scores()
+    current = search.current
+    cur = search.candidate(current) if current is not None and search.runnable(current) else None
+    options = [c for k, c in search.exact.items() if search.allowed(k) or (cur is not None and k == current)]
+    keys = [c.knobs for c in options]
+    for c in options:
+        ss.score(c.knobs, c.result)
+    M = ss.matrix(keys)
+    restart = search.cost.restart_s / search.cost.horizon_s
+    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
+                            for k in keys])[:, None]
+    reg = max_regret(charged)
+    order = sorted(range(len(options)), key=lambda i: (round(reg[i] / tie_tolerance), -M[i, 0]))
+    pick_i = order[0]
+    note = (f"{keys[pick_i].label}: smallest largest regret ({reg[pick_i]:.2%}, a change charged the restart's "
+            f"{restart:.2%}) over {len(ss.scen)} scenarios of the parameter ranges, among {len(options)} finalists")
+    anchors = [i for i, k in enumerate(keys) if k in search.known]
+    if anchors and keys[pick_i] not in search.known:
+        # the known configurations first: a searched one replaces the best of them (by largest regret)
+        # only when it beats it in every scenario
+        a = min(anchors, key=lambda i: (reg[i], -M[i, 0]))
+        win = float((M[pick_i] / np.maximum(M[a], 1e-12)).min() - 1.0)
+        if reg[a] <= reg[pick_i] + prior_margin or win <= tie_tolerance:
+            note = (f"{keys[a].label} (a known configuration, largest regret {reg[a]:.2%}): the searched "
+                    f"{keys[pick_i].label} (largest regret {reg[pick_i]:.2%}) does not beat it in every scenario of "
+                    f"the parameter ranges ({win:+.2%} at worst)")
+            pick_i = a
+        else:
+            note += f"; it beats the best known configuration {keys[a].label} in every scenario ({win:+.2%} at worst)"
+    pick = options[pick_i]
+    worst = None
+    if current is None:
+        decision, chosen, reason = "change", pick, f"no current configuration given; {note}"
+    elif cur is None:
+        decision, chosen, reason = "change", pick, (f"current {current.label} is not a configuration vLLM accepts here "
+                                                    f"((E + R) % ep != 0 or topology), so a change is required; {note}")
+    elif pick.knobs == current:
+        decision, chosen, reason, worst = "keep", cur, f"current configuration is the pick: {note}", 0.0
+    else:
+        i_cur = keys.index(current)
+        ratio = M[pick_i] / np.maximum(M[i_cur], 1e-12)
+        worst = float(ratio.min() - 1.0)
+        at = _values_text(ss.scen[int(ratio.argmin())].values)
+        gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
+                 f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
+        if ratio[0] - 1.0 > threshold:
+            decision, chosen, reason = "change", pick, f"{note}; {gains}"
+        else:
+            decision, chosen, reason = "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point "
+                                                     f"estimate not more than the threshold {threshold:.2%}")
+    contender = options[int(np.argmax(M[:, 0]))]
+    if contender.knobs == chosen.knobs:
+        others = [options[i] for i in order if options[i].knobs != chosen.knobs]
+        contender = others[0] if others else None
+    limiting = _limiting(search, chosen, contender)
+    report = {"criterion": "max_regret", "scenarios": len(ss.scen), "restart_charge": restart,
+              "parameters": {n: r.to_dict() for n, r in search.robust.ranges.items()},
+              "max_regret": float(reg[keys.index(chosen.knobs)]) if chosen.knobs in keys else None,
+              "worst_case_gain_vs_current": worst,
+              "point_estimate_pick": keys[int(np.argmax(M[:, 0]))].label,
+              "contender": None if contender is None else contender.knobs.label, **limiting,
+              "finalists": [{**k.to_dict(), "point_score": float(M[i, 0]), "worst_score": float(M[i].min()),
+                             "max_regret": float(reg[i])} for i, k in ((i, keys[i]) for i in order)]}
+    return decision, chosen, reason, cur, report
+
+
+def _values_text(values: dict) -> str:
+    return ", ".join(f"{k}={v:.3g}" for k, v in values.items()) or "point estimate"
+
+
+def _limiting(search: _Search, chosen: Candidate, contender: Candidate | None) -> dict:
+    """Which parameter's range stands between ``chosen`` and ``contender`` (the point estimate's pick,
+    or the runner-up): the one whose pinning to its point estimate moves the contender's worst-case
+    gain over the choice the most; and what telemetry would tighten it."""
+    from moe_eplb.eplb.robust import TIGHTEN, ScenarioScores
+
+    if contender is None:
+        return {"limiting_parameter": None, "limiting_effect": 0.0, "tighten": None}
+
+    def worst_gain(pinned: str | None) -> float:
+        ss = ScenarioScores(search.robust.scenarios(search.cost, pinned), search.trace.bucket_steps, search.edges,
+                            search.topology.ep_size, search.trace.num_layers, search.trace.num_experts)
+        return float((ss.score(0, contender.result) / np.maximum(ss.score(1, chosen.result), 1e-12)).min() - 1.0)
+
+    full = worst_gain(None)
+    effects = {n: worst_gain(n) - full for n, r in search.robust.ranges.items() if r.width > 0}
+    if not effects or max(effects.values()) <= 1e-6:
+        return {"limiting_parameter": None, "limiting_effect": 0.0, "contender_worst_case_gain": full,
+                "tighten": None}
+    name = max(effects, key=effects.get)
+    return {"limiting_parameter": name, "limiting_effect": effects[name], "contender_worst_case_gain": full,
+            "tighten": TIGHTEN.get(name)}
+
+
 def tune(
     trace: LoadTrace,
     *,
@@ -541,6 +667,7 @@ def tune(
     finalists: int = 12,
     prior_margin: float = 0.002,
     min_steps: int = MIN_TUNE_STEPS,
+    robust: Robustness | None = None,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -574,6 +701,11 @@ def tune(
             bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it.
         min_steps: fewer engine steps than this in the trace (or fewer than two buckets) is too
             little data: TuneError.
+        robust: parameter ranges (:class:`~moe_eplb.eplb.robust.Robustness`, e.g.
+            ``Calibration.robustness()``): the pick is the finalist with the smallest largest regret
+            over every corner of the ranges, and a change from ``current`` is recommended only when
+            the pick beats it in every corner by the threshold (:func:`_robust_decide`). None: the
+            point estimate ``cost`` decides (:func:`_pick`, :func:`_decide`).
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -590,14 +722,19 @@ def tune(
     r_levels, r_valid, _per_r = _redundancy_levels(L, E, topology, bounds.redundant, memory_budget_bytes,
                                                    cost.resolve_bytes_per_expert(L, E), max_redundancy_levels)
     search = _Search(trace, topology, cost, bounds, current, segment_edges(trace.num_buckets, segments),
-                     r_levels, r_valid, progress=progress, workers=workers if workers is not None else 1)
+                     r_levels, r_valid, progress=progress, workers=workers if workers is not None else 1,
+                     robust=robust if robust is not None and robust.ranges else None)
     _build_grid(search, windows, intervals)
     full = _replay(search, 1)
     _evaluate(search, full, screen_layers, finalists, tie_tolerance)
     t_policy = time.perf_counter() - t0
-    pick, pick_note = _pick(search, prior_margin)
     threshold = cost.change_threshold(min_gain)
-    decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
+    robust_report = None
+    if search.robust is not None:
+        decision, chosen, reason, cur, robust_report = _robust_decide(search, prior_margin, threshold, tie_tolerance)
+    else:
+        pick, pick_note = _pick(search, prior_margin)
+        decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
     no_eplb = full.run_static()
     return TuneResult(
         recommendation=chosen.knobs,
@@ -619,4 +756,5 @@ def tune(
         stats={"evaluate_seconds": round(t_policy, 3), "workers": search.workers,
                "redundancy_levels": r_levels, "screen_layer_stride": search.stride,
                "finalists": len(search.exact) - len(search.extra) if search.stride > 1 else len(search.candidates)},
+        robust=robust_report,
     )

@@ -49,7 +49,7 @@ from moe_eplb.metrics.errors import (
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
-from moe_eplb.metrics.telemetry import SAMPLE_NAMES, TelemetrySeries, series_from_rounds, telemetry_from_series
+from moe_eplb.metrics.telemetry import NO_MODEL_LABEL, SAMPLE_NAMES, TelemetrySeries, series_from_rounds, telemetry_from_series
 from moe_eplb.trace_format import TELEMETRY_KEYS
 
 
@@ -348,8 +348,11 @@ def read_load_trace(
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
-        def read(metric: str) -> list[Series]:
+        def read(metric: str, sel: str = sel) -> list[Series]:
             return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1], max_samples=max_samples_per_answer)
+
+        def read_any_model(metric: str) -> list[Series]:  # series without a model_name label
+            return read(metric, selector(namespace, name))
 
         starts = read(metric_names.EXPORTER_START_TIME)
         steps = read(metric_names.ENGINE_STEPS)
@@ -360,7 +363,7 @@ def read_load_trace(
                                         num_experts=num_experts, model=model, what=what,
                                         max_interpolated_fraction=max_interpolated_fraction)
         trace.meta["read"] = how
-        src = read_telemetry_series(read, skip=("rank_tokens",) if edge else ())
+        src = read_telemetry_series(read, skip=("rank_tokens",) if edge else (), read_any_model=read_any_model)
         if edge:  # the rank tokens of the same regular pods, summed at the edges too
             try:
                 src.rank_tokens, src.rank_edge_sums, trace.meta["read_rank_tokens"] = read_rank_tokens(
@@ -381,15 +384,17 @@ def read_load_trace(
     return with_telemetry(trace, src, np.array([r.time for r in rounds]), pods_per_engine, starts)
 
 
-def read_telemetry_series(read, skip: tuple[str, ...] = ()) -> TelemetrySeries:
+def read_telemetry_series(read, skip: tuple[str, ...] = (), read_any_model=None) -> TelemetrySeries:
     """Every telemetry source (but ``skip``) through ``read(metric) -> [Series]`` (raw samples with
-    baselines); a source whose query fails is left empty (its trace key absent)."""
+    baselines); a source whose query fails is left empty (its trace key absent). Sources vLLM
+    exports without a ``model_name`` label (:data:`NO_MODEL_LABEL`) go through ``read_any_model``
+    when given."""
     src = TelemetrySeries()
     for attr, metric in SAMPLE_NAMES.items():
         if attr in skip:
             continue
         try:
-            setattr(src, attr, read(metric))
+            setattr(src, attr, (read_any_model or read)(metric) if attr in NO_MODEL_LABEL else read(metric))
         except LoadReadError:
             pass
     return src

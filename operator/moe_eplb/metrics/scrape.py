@@ -71,7 +71,8 @@ TELEMETRY_SAMPLES = frozenset({
     metric_names.STEP_SECONDS + "_sum", metric_names.STEP_SECONDS + "_count", metric_names.RANK_TOKENS,
     metric_names.REARRANGEMENT_SECONDS + "_sum", metric_names.REARRANGEMENT_SECONDS + "_count",
     metric_names.CONFIG_INFO, metric_names.KV_CACHE_BYTES, vllm_facts.KV_CACHE_USAGE, vllm_facts.PREEMPTIONS,
-    vllm_facts.REQUESTS_WAITING,
+    vllm_facts.REQUESTS_WAITING, vllm_facts.PREFIX_CACHE_QUERIES, vllm_facts.PREFIX_CACHE_HITS,
+    vllm_facts.PREFIX_CACHE_QUERIES_OLD, vllm_facts.PREFIX_CACHE_HITS_OLD, vllm_facts.CACHE_CONFIG_INFO,
 })
 
 

@@ -19,6 +19,12 @@ trace key                         from
                                   lookback), averaged over engines
 ``preemptions``                   ``vllm:num_preemptions_total`` increments summed over engines
 ``requests_waiting``              ``vllm:num_requests_waiting``, as usage but summed over engines
+``prefix_cache_queries``          ``vllm:prefix_cache_queries_total`` increments summed over engines (the
+                                  older ``vllm:gpu_prefix_cache_queries_total`` when the new name is absent)
+``prefix_cache_hit_rate``         ``vllm:prefix_cache_hits_total`` increments / the queries' (NaN where
+                                  nothing was queried; same fallback)
+``kv_cache_blocks``,              labels ``num_gpu_blocks`` and ``block_size`` of the newest
+``kv_block_size``                 ``vllm:cache_config_info``
 ================================  =======================================================================
 
 A key whose series are missing, incomplete (a bucket with engine steps but no step-duration count, a
@@ -57,7 +63,15 @@ SAMPLE_NAMES = {
     "kv_usage": vllm_facts.KV_CACHE_USAGE,
     "preemptions": vllm_facts.PREEMPTIONS,
     "waiting": vllm_facts.REQUESTS_WAITING,
+    "prefix_queries": vllm_facts.PREFIX_CACHE_QUERIES,
+    "prefix_hits": vllm_facts.PREFIX_CACHE_HITS,
+    "prefix_queries_old": vllm_facts.PREFIX_CACHE_QUERIES_OLD,
+    "prefix_hits_old": vllm_facts.PREFIX_CACHE_HITS_OLD,
+    "cache_config": vllm_facts.CACHE_CONFIG_INFO,
 }
+#: Sources vLLM exports without a ``model_name`` label (its CacheConfig info gauge): read for the
+#: MoEInference as a whole, a series without the label belongs to every model.
+NO_MODEL_LABEL = frozenset({"cache_config"})
 
 
 @dataclass
@@ -78,6 +92,11 @@ class TelemetrySeries:
     kv_usage: list[Series] = field(default_factory=list)
     preemptions: list[Series] = field(default_factory=list)
     waiting: list[Series] = field(default_factory=list)
+    prefix_queries: list[Series] = field(default_factory=list)
+    prefix_hits: list[Series] = field(default_factory=list)
+    prefix_queries_old: list[Series] = field(default_factory=list)
+    prefix_hits_old: list[Series] = field(default_factory=list)
+    cache_config: list[Series] = field(default_factory=list)
 
 
 @dataclass
@@ -235,11 +254,48 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
             skipped[key] = f"no sample for bucket {int(np.argmax(gap))}, which ran engine steps"
             continue
         kw[key] = np.clip(values, 0.0, 1.0) if key == "kv_cache_usage" else np.maximum(values, 0.0)
+    _prefix_cache(src, grid, steps, model, kw, skipped)
     if "config" in kw and "rank_load" in kw and kw["config"].ep_size not in (None, kw["rank_load"].shape[2]):
         skipped["config"] = (f"config_info says ep_size {kw['config'].ep_size}, the rank series "
                              f"{kw['rank_load'].shape[2]} ranks")
         del kw["config"]
     return TelemetryRead(Telemetry(**kw) if kw else None, skipped)
+
+
+def _prefix_cache(src: TelemetrySeries, grid: np.ndarray, steps: np.ndarray, model: str | None, kw: dict,
+                  skipped: dict) -> None:
+    """The prefix-cache keys into ``kw`` (or why not into ``skipped``): queries and hit rate from
+    vLLM's counters (the new names, else the older ``gpu_`` ones), the cache's size from
+    ``vllm:cache_config_info``."""
+    queries, hits = _of_model(src.prefix_queries, model), _of_model(src.prefix_hits, model)
+    if not queries or not hits:
+        queries, hits = _of_model(src.prefix_queries_old, model), _of_model(src.prefix_hits_old, model)
+    if not queries or not hits:
+        why = f"no {vllm_facts.PREFIX_CACHE_QUERIES} / {vllm_facts.PREFIX_CACHE_HITS} series (nor the older gpu_ names)"
+        skipped["prefix_cache_queries"] = skipped["prefix_cache_hit_rate"] = why
+    else:
+        q, h = counter_sum(queries, grid), counter_sum(hits, grid)
+        q = np.maximum(q, 0.0)
+        kw["prefix_cache_queries"] = q
+        kw["prefix_cache_hit_rate"] = np.where(q > 0, np.clip(np.divide(h, q, out=np.zeros_like(q), where=q > 0),
+                                                              0.0, 1.0), np.nan)
+    info = _newest([s for s in _of_model(src.cache_config, model) if s.vs.size and s.vs[-1] > 0])
+    got = {}
+    if info is not None:
+        for key, label in (("kv_cache_blocks", vllm_facts.CACHE_CONFIG_BLOCKS_LABEL),
+                           ("kv_block_size", vllm_facts.CACHE_CONFIG_BLOCK_SIZE_LABEL)):
+            try:
+                value = int(float(info.label(label, "") or "nan"))
+            except (ValueError, OverflowError):
+                continue
+            if value > 0:
+                got[key] = value
+    for key in ("kv_cache_blocks", "kv_block_size"):
+        if key in got and len(got) == 2 and kw:  # (the gauge has no model label: only beside the model's own)
+            kw[key] = got[key]
+        else:
+            skipped[key] = (f"no {vllm_facts.CACHE_CONFIG_INFO} series with labels "
+                            f"{vllm_facts.CACHE_CONFIG_BLOCKS_LABEL} and {vllm_facts.CACHE_CONFIG_BLOCK_SIZE_LABEL} > 0")
 
 
 def series_from_rounds(rounds: Sequence[Round]) -> tuple[TelemetrySeries, list[Series]]:

@@ -45,8 +45,9 @@ Exported (per pod; ``model_name`` label = the served model):
 layer: mean over ranks / max over ranks), ``moe_eplb_config_info{model_name,window_size,step_interval,
 num_redundant_experts,ep_size}``, ``moe_eplb_step_duration_seconds{model_name,rank}`` and
 ``moe_eplb_step_tokens{model_name,rank}`` (histograms), ``moe_eplb_kv_cache_bytes{model_name,rank}``,
-and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:num_requests_waiting``
-``{model_name,engine}``, ``moe_eplb_exporter_ranks{model_name}`` (EP ranks per pod).
+and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:num_requests_waiting``,
+``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` ``{model_name,engine}`` and
+``vllm:cache_config_info{engine,num_gpu_blocks,block_size}``, ``moe_eplb_exporter_ranks{model_name}`` (EP ranks per pod).
 ``moe_eplb_rearrangement_duration_seconds`` observes the true cost's stall (sync) or copy time (async).
 """
 
@@ -371,6 +372,14 @@ class _Exposition:
                                   [e.preemptions])
             lines += self._family(vllm_facts.REQUESTS_WAITING, "gauge", "Waiting requests (simulated vLLM)", [eng],
                                   [e.requests_waiting])
+            lines += self._family(strip(vllm_facts.PREFIX_CACHE_QUERIES), "counter",
+                                  "Prefix cache queries, in queried tokens (simulated vLLM)", [eng], [e.prefix_queries])
+            lines += self._family(strip(vllm_facts.PREFIX_CACHE_HITS), "counter",
+                                  "Prefix cache hits, in cached tokens (simulated vLLM)", [eng], [e.prefix_hits])
+            # vLLM's CacheConfig info gauge: no model_name label, one series per engine
+            lines += self._family(vllm_facts.CACHE_CONFIG_INFO, "gauge", "Information of the CacheConfig (simulated vLLM)",
+                                  [f'{{{vllm_facts.CACHE_CONFIG_BLOCK_SIZE_LABEL}="{e.true.kv_block_size}",engine="0",'
+                                   f'{vllm_facts.CACHE_CONFIG_BLOCKS_LABEL}="{e.kv_blocks}"}} '], [1])
         st = e.settings
         lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
                               [f'{{{M}="{m}",window_size="{st.knobs.window_size}",step_interval="{st.knobs.step_interval}",'
@@ -433,6 +442,9 @@ class SimulatedEngine:
         self.kv_usage = 0.0
         self.preemptions = 0.0
         self.requests_waiting = 0.0
+        self.prefix_queries = 0.0
+        self.prefix_hits = 0.0
+        self.kv_blocks = self.true.kv_cache_blocks(self._red_bytes)
         self.ready = False
         self.started_at: float | None = None  # simulated time
         self.started_wall = time.time()
@@ -520,6 +532,9 @@ class SimulatedEngine:
         usage, preempt, waiting = true.kv_state(np.array([tok]), self._tok_ref, self._red_bytes, np.array([steps]), rng)
         self.kv_usage, self.requests_waiting = float(usage[0]), float(waiting[0])
         self.preemptions += float(preempt[0])
+        queried, hit = true.prefix_state(np.array([tok]), self._tok_ref, self._red_bytes, np.array([steps]), rng)
+        self.prefix_queries += float(queried[0])
+        self.prefix_hits += float(queried[0] * np.nan_to_num(hit[0]))
 
     async def _loop(self) -> None:
         ready_at = self.started_at + self.startup_seconds

@@ -22,7 +22,18 @@ The forward model (one engine, per bucket of ``n`` steps with ``tok`` tokens per
 - ``bytes_per_expert``: the expert size (None: the known shapes' or 0), for the async copy cost and
   the cache the redundant experts take;
 - ``kv_throughput_elasticity`` is the throughput lost per share of cache lost (the truth the
-  benchmark scores with; 0 for a cache with room to spare, 1 when the cache is the bottleneck).
+  benchmark scores with; 0 for a cache with room to spare, 1 when the cache is the bottleneck);
+- the prefix cache (:meth:`TrueCost.prefix_hit_rate`): the part of the cache no running request
+  holds keeps prefixes; of the prompt tokens (``prompt_share`` of all tokens a step would compute
+  without a cache) a share ``prefix_reuse`` could be served from it, reached as a power law of the
+  free cache over the reused prefixes' working set (``prefix_working_set``, in caches without
+  redundant experts): ``hit = prefix_reuse * min(1, (free / working_set) ** 0.7)``. Queried prompt
+  tokens and the hit rate are recorded per bucket (vLLM's ``prefix_cache_queries`` / ``_hits``), the
+  cache's size in blocks of ``kv_block_size`` tokens (``kv_bytes_per_token`` bytes each);
+- :meth:`TrueCost.memory_factor` is the truth the judge (``bench/bench_judge.py``) scores a
+  redundancy with: per bucket, the batch capped by a cache too small for the running requests
+  (throughput ~ capacity ** ``kv_throughput_elasticity`` beyond ``FULL_USAGE``) and the prefill of
+  the prefix hits lost (a prompt token costing ``prefill_cost_ratio`` times an average token).
 """
 
 from __future__ import annotations
@@ -65,6 +76,64 @@ class TrueCost:
     step_noise: float = 0.02
     outlier_share: float = 0.02
     stall_noise: float = 0.15
+    prefix_reuse: float = 0.0
+    prefix_working_set: float = 0.5
+    prompt_share: float = 0.7
+    prefill_cost_ratio: float = 1.0
+    kv_bytes_per_token: float = 70_272.0  # DeepSeek-V3 MLA: (512 + 64) x 61 layers x 2 bytes
+    kv_block_size: int = 16
+
+    def kv_capacity(self, redundant_bytes: float) -> float:
+        """The cache left by ``redundant_bytes`` per GPU, as a share of the cache without them."""
+        return max(1e-6, 1.0 - redundant_bytes / self.kv_cache_bytes_per_gpu)
+
+    def kv_demand_share(self, tokens: np.ndarray, tokens_ref: float) -> np.ndarray:
+        """``[T]`` cache the running requests want, in caches without redundant experts."""
+        return self.kv_demand * np.asarray(tokens, np.float64) / max(tokens_ref, 1e-9)
+
+    def prefix_hit_rate(self, demand: np.ndarray, capacity: float) -> np.ndarray:
+        """``[T]`` prefix-cache hit rate with ``demand`` (:meth:`kv_demand_share`) on a cache of
+        ``capacity`` (:meth:`kv_capacity`)."""
+        free = np.maximum(capacity - np.minimum(np.asarray(demand, np.float64), FULL_USAGE * capacity), 0.0)
+        return self.prefix_reuse * np.minimum(1.0, (free / max(self.prefix_working_set, 1e-9)) ** 0.7)
+
+    def memory_factor(self, trace: LoadTrace, redundant_bytes: float) -> float:
+        """True relative throughput of a cache shrunk by ``redundant_bytes`` per GPU against the
+        same deployment without redundant experts, over ``trace`` (step-weighted)."""
+        tok = tokens_per_step(trace)
+        n = trace.bucket_steps.astype(np.float64)
+        ref = float(np.median(tok[n > 0])) if np.any(n > 0) else 1.0
+        demand = self.kv_demand_share(tok, ref)
+
+        def throughput(capacity: float) -> np.ndarray:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                batch = np.where(demand > 0, np.minimum(1.0, FULL_USAGE * capacity / demand), 1.0)
+            hit = self.prefix_hit_rate(demand, capacity)
+            # time per step ~ base + per_token * (decode + prompt * (1 - hit) * ratio); tokens as if uncached
+            base = self.step_base_s / np.maximum(self.step_per_token_s * tok, 1e-12)
+            work = base + (1 - self.prompt_share) + self.prompt_share * self.prefill_cost_ratio * (1 - hit)
+            return batch ** self.kv_throughput_elasticity / work
+
+        ratio = throughput(self.kv_capacity(redundant_bytes)) / throughput(1.0)
+        return float(np.average(ratio, weights=n)) if n.sum() > 0 else 1.0
+
+    def prefix_state(self, tokens: np.ndarray, tokens_ref: float, redundant_bytes: float, steps: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``(queried prompt tokens, hit rate)`` per bucket (the hit rate with 1 % noise; NaN where
+        nothing was queried)."""
+        demand = self.kv_demand_share(tokens, tokens_ref)
+        hit = self.prefix_hit_rate(demand, self.kv_capacity(redundant_bytes))
+        computed = np.asarray(tokens, np.float64) * np.asarray(steps, np.float64)
+        # computed = queried * (1 - hit) + decode, with queried = prompt_share of the uncached tokens
+        uncached = computed / np.maximum(1.0 - self.prompt_share * hit, 1e-9)
+        queried = np.round(self.prompt_share * uncached)
+        noisy = np.clip(hit + rng.normal(0.0, 0.01, hit.shape) * (hit > 0), 0.0, 1.0)
+        return queried, np.where(queried > 0, noisy, np.nan)
+
+    def kv_cache_blocks(self, redundant_bytes: float) -> int:
+        """KV-cache blocks of one engine's worker with ``redundant_bytes`` taken per GPU."""
+        tokens = (self.kv_cache_bytes_per_gpu - redundant_bytes) / self.kv_bytes_per_token
+        return max(1, int(tokens // self.kv_block_size))
 
     def expert_bytes(self, num_layers: int, num_experts: int) -> float:
         """Bytes of one expert of one MoE layer: ``bytes_per_expert``, else the known shape's, else 0."""
@@ -153,9 +222,12 @@ def record(trace: LoadTrace, knobs: Knobs, ep_size: int, true: TrueCost, *, num_
     red_bytes = L * per_expert * knobs.num_redundant_experts / ep_size
     ref = float(np.median(tok[trace.bucket_steps > 0])) if np.any(trace.bucket_steps > 0) else 1.0
     usage, preempt, waiting = true.kv_state(tok, ref, red_bytes, trace.bucket_steps, rng)
+    queried, hit = true.prefix_state(tok, ref, red_bytes, trace.bucket_steps, rng)
     tel = Telemetry(step_seconds=step, rank_load=rank_load, kv_cache_usage=usage, preemptions=preempt,
                     requests_waiting=waiting, rearrangements=tuple(events),
                     config=RecordedConfig(knobs, ep_size, true.use_async),
-                    kv_cache_bytes_per_gpu=true.kv_cache_bytes_per_gpu - red_bytes)
+                    kv_cache_bytes_per_gpu=true.kv_cache_bytes_per_gpu - red_bytes,
+                    prefix_cache_queries=queried, prefix_cache_hit_rate=hit,
+                    kv_cache_blocks=true.kv_cache_blocks(red_bytes), kv_block_size=true.kv_block_size)
     return LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds,
                      top_k=trace.top_k, model=trace.model, meta=dict(trace.meta), telemetry=tel)
