@@ -102,7 +102,7 @@ def _with(**changes) -> dict:
     (dict(rearrangements=[{"bucket": 1, "seconds": 1, "moved": 3}]), "rearrangements[0].moved:", "unknown key"),
     (dict(rearrangements={"bucket": 1}), "rearrangements:", "list"),
     (dict(config={"window_size": 1000, "step_interval": 3000}), "config.num_redundant_experts:", "missing"),
-    (dict(config={"window_size": 0, "step_interval": 3000, "num_redundant_experts": 0}), "config.window_size:", ">= 1"),
+    (dict(config={"window_size": 0, "step_interval": 3000, "num_redundant_experts": 0}), "config.window_size:", "> 0 and <= 100000"),
     (dict(config={"window_size": 10, "step_interval": 30, "num_redundant_experts": 1, "ep_size": 2}), "config:",
      "divisible"),
     (dict(config={"window_size": 10, "step_interval": 30, "num_redundant_experts": 0, "ep_size": 4}),
