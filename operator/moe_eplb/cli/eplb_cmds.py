@@ -265,7 +265,10 @@ def _add_trace(main: click.Group) -> None:
             if path.lower().endswith((".json", ".json.gz")) and _is_routing_file(path):
                 info = _routing_info(tracefile.read_routing_file(path))
             else:
-                info = tracefile.load_trace(path, max_bytes=max_trace_bytes).summary()
+                trace = tracefile.load_trace(path, max_bytes=max_trace_bytes)
+                info = trace.summary()
+                if trace.meta.get("warnings"):
+                    info["warnings"] = list(trace.meta["warnings"])
         except TraceError as exc:
             raise _trace_error(exc) from None
         if as_json:
@@ -275,6 +278,8 @@ def _add_trace(main: click.Group) -> None:
         for key, value in info.items():
             if isinstance(value, dict):
                 value = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+            elif key == "warnings":
+                value = "; ".join(value)
             elif isinstance(value, float):
                 value = f"{value:.6g}"
             click.echo(f"{key:<22} {value}")
@@ -368,9 +373,12 @@ def _load_trace_arg(path: str, max_bytes: int | None = None):
     from moe_eplb.trace_format import MAX_TRACE_BYTES
 
     try:
-        return load_trace(path, max_bytes=max_bytes or MAX_TRACE_BYTES)
+        trace = load_trace(path, max_bytes=max_bytes or MAX_TRACE_BYTES)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None  # the file is wrong, not the flag: exit 1
+    for warning in trace.meta.get("warnings", ()):  # physical consistency (docs/traces.md)
+        click.echo(f"Warning: {path}: {warning}", err=True)
+    return trace
 
 
 def _topology_options(fn):

@@ -32,6 +32,7 @@ from moe_eplb.eplb.trace import (
     RecordedConfig,
     Telemetry,
     TraceError,
+    physical_checks,
 )
 
 TRACE_SUFFIXES = trace_format.SUFFIXES
@@ -165,6 +166,12 @@ def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
     for key in ("rank_load", "preemptions"):
         if key in present:
             kw[key] = _numeric_array(d[key], key)
+            with np.errstate(invalid="ignore"):
+                big = kw[key] > bounded_read.MAX_COUNT  # NaN and negatives: Telemetry.check names them
+            if big.any():
+                at = ", ".join(f"{a} {int(i)}" for a, i in zip(("bucket", "layer", "rank"), np.argwhere(big)[0]))
+                raise TraceError(f"{key}: value {float(kw[key][big][0])!r} above 2**53 at {at}; counts are at most "
+                                 "2**53 (exact in float64)")
     if "rearrangements" in present:
         kw["rearrangements"] = _rearrangements(d["rearrangements"])
     if "config" in present:
@@ -238,7 +245,13 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
     telemetry = telemetry_from_dict(d)
     if telemetry is not None:
         kwargs["telemetry"] = telemetry
-    return LoadTrace(load=load, bucket_steps=steps, **kwargs)
+    trace = LoadTrace(load=load, bucket_steps=steps, **kwargs)
+    refusals, warnings = physical_checks(trace)
+    if refusals:
+        raise TraceError(refusals[0])
+    if warnings:
+        trace.meta["warnings"] = warnings
+    return trace
 
 
 def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]:
