@@ -37,6 +37,9 @@ MAX_JSON_DEPTH = 16
 #: Most values a JSON file may create when parsed (about 0.8 GB of Python objects at
 #: :data:`JSON_BYTES_PER_VALUE`); larger data belongs in ``.npz``.
 MAX_JSON_VALUES = 16_000_000
+#: Most bytes of JSON text read (on disk or gunzipped): 16 M values of up to ~16 characters; the
+#: text, its decoded copy and the values it parses to stay under ~1.3 GB together.
+MAX_JSON_TEXT_BYTES = 256 * 2**20
 #: Estimated memory of one parsed JSON value: a list slot, an int or float object, and its share of
 #: the NumPy array it becomes (measured: 1.6 M ints of a trace take ~46 B each at peak).
 JSON_BYTES_PER_VALUE = 48
@@ -133,7 +136,8 @@ def json_depth(raw: bytes, stop_above: int | None = None) -> int:
     Escaped backslashes and quotes are removed first (``\\\\``, then ``\\"``), every byte but
     brackets and quotes dropped (``bytes.translate``), strings cut out (``re``); what is left is
     only brackets, whose running depth NumPy sums in pieces. Stops early above ``stop_above``."""
-    s = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _DROP)
+    s = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw  # no copy without escapes
+    s = s.translate(None, _DROP)
     s = _STRING.sub(b"", s)
     depth, deepest = 0, 0
     piece = 1 << 24

@@ -173,3 +173,15 @@ def test_manifest_errors_are_input_errors():
     from moe_eplb.trace_format import TraceError
 
     assert issubclass(manifest.ManifestError, InputError) and issubclass(TraceError, InputError)
+
+
+@pytest.mark.parametrize("path,value,words", [
+    ("engine.maxModelLen", 2**62, ("spec.engine.maxModelLen", "4611686018427387904 tokens is more than 2147483647")),
+    ("engine.shmSize", "8Ei", ("spec.engine.shmSize", "'8Ei' is 9223372036854775808 bytes", "any node's memory (1Pi)")),
+    ("autotune.memoryBudgetPerGpu", "8Ei", ("spec.autotune.memoryBudgetPerGpu", "any GPU's memory (1Ti)")),
+])
+def test_absurd_sizes_are_refused(tmp_path, path, value, words):
+    doc = _base()
+    section, key = path.split(".")
+    doc["spec"].setdefault(section, {})[key] = value
+    _assert_one_clear_line(_run(tmp_path, _dump(doc)), *words)

@@ -172,7 +172,7 @@ def test_gzip_bomb_is_refused_while_streaming(tmp_path):
     path.write_bytes(gzip.compress(b"[" + b"0," * 2_000_000 + b"0]", 9))
     assert path.stat().st_size < 20_000
     _file_error(_run("trace", "info", path, "--max-trace-bytes", 1_000_000), "bomb.json.gz",
-                "expands to more than the 1000000 bytes a trace may have", ".npz")
+                "expands to more than the 1000000 bytes a JSON trace may have", ".npz")
 
 
 def test_json_with_too_many_values_is_refused_before_parsing(tmp_path):
