@@ -189,17 +189,10 @@ def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> 
     return out
 
 
-def semantic_problems(inf: MoEInference) -> list[Problem]:
-    """Checks needing the catalog or the engine version (resource already passes the schema)."""
+def _size_problems(inf: MoEInference) -> list[Problem]:
+    """Quantities that are not quantities, and sizes no hardware has (issue 24)."""
     problems: list[Problem] = []
-    engine, par, eplb = inf.engine, inf.parallelism, inf.eplb
-
-    if parse_image(engine.image) is None:
-        problems.append(
-            Problem("spec.engine.image", f"{engine.image!r} is not a valid image reference; use "
-                    "[registry/]repository[:tag][@sha256:digest] with a lower-case repository, "
-                    "e.g. vllm/vllm-openai:v0.12.0")
-        )
+    engine = inf.engine
     for fld, value, most, what in (("spec.engine.shmSize", engine.shm_size, MAX_SHM_BYTES, "any node's memory (1Pi)"),
                                    ("spec.autotune.memoryBudgetPerGpu", inf.autotune.raw_memory_budget,
                                     MAX_GPU_BYTES, "any GPU's memory (1Ti)")):
@@ -213,6 +206,21 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
         problems.append(Problem("spec.engine.maxModelLen", f"{engine.max_model_len} tokens is more than "
                                 f"{MAX_MODEL_LEN} (2**31 - 1), far past any model's context; use the model's "
                                 "context length"))
+    return problems
+
+
+def semantic_problems(inf: MoEInference) -> list[Problem]:
+    """Checks needing the catalog or the engine version (resource already passes the schema)."""
+    problems: list[Problem] = []
+    engine, par, eplb = inf.engine, inf.parallelism, inf.eplb
+
+    if parse_image(engine.image) is None:
+        problems.append(
+            Problem("spec.engine.image", f"{engine.image!r} is not a valid image reference; use "
+                    "[registry/]repository[:tag][@sha256:digest] with a lower-case repository, "
+                    "e.g. vllm/vllm-openai:v0.12.0")
+        )
+    problems += _size_problems(inf)
     version = engine.version
     if version is None and eplb.enabled:
         source = f"spec.engine.version {engine.version_field!r}" if engine.version_field else f"the image tag of {engine.image!r}"
