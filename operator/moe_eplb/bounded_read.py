@@ -70,7 +70,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, gz: bool | None = Non
     more = f"; {fix}" if fix else ""
     try:
         if not path.is_file():
-            raise error(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+            raise error(f"{path}: cannot read it ({'no such file' if not path.exists() else 'not a regular file'})")
         size = path.stat().st_size
         if size > max_bytes:
             raise error(f"{path}: {size} bytes on disk, more than the {max_bytes} a {what} may have{more}")

@@ -65,7 +65,7 @@ def _read_weights(path: str) -> list:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
                     or value in (float("inf"), float("-inf")):
                 raise click.BadParameter(
-                    f"{path}: [{i}][{j}] is {str(value)[:40]}, not a finite number", param_hint="--weights"
+                    f"{path}: [{i}][{j}] is {repr(value)[:40]}, not a finite number", param_hint="--weights"
                 )
     return data
 
