@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "operator"))  # this checkout's code, as in the CLI runs below
 EXAMPLES = REPO / "examples"
 SIM = ["--ep-size", "4", "--window", "10", "--interval", "10", "--redundant", "0"]
 
