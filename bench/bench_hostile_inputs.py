@@ -60,9 +60,9 @@ def _npz(tmp: Path, name: str, members: list[tuple[str, np.ndarray]]) -> Path:
     return path
 
 
-def gzip_bomb(tmp: Path, name: str, gigabytes: float) -> Path:
-    """``[0,0,0,...`` expanding to ``gigabytes`` GB: one 64 MiB gzip member, repeated."""
-    chunk = gzip.compress(b"0," * (32 * 2**20), 9)
+def gzip_bomb(tmp: Path, name: str, gigabytes: float, unit: bytes = b"0,") -> Path:
+    """``[0,0,0,...`` (or another ``unit``) expanding to ``gigabytes`` GB: one 64 MiB gzip member, repeated."""
+    chunk = gzip.compress(unit * (64 * 2**20 // len(unit)), 9)
     path = tmp / name
     with open(path, "wb") as fh:
         fh.write(gzip.compress(b"["))
@@ -115,11 +115,13 @@ def cases(tmp: Path):
     routing = {"kind": "token_routing_sequence", "num_experts": 8, "top_k": 2, "experts": [[[0, 1], [2, 3]]] * 4}
     bomb = gzip_bomb(tmp, "bomb.json.gz", 1.9)
     bomb_small = gzip_bomb(tmp, "bomb-0.2.json.gz", 0.25)
+    spaces = gzip_bomb(tmp, "spaces.json.gz", 1.9, b" ")
     big = npz_declaring(tmp, "big.npz", (1900, 1000, 125))
     yield "memory", f"1.9 GB of `0,` in {bomb.stat().st_size / 1e6:.1f} MB .json.gz", ["trace", "info", bomb]
     yield "memory", "same, tune", ["tune", "--trace", bomb, "--ep-size", "4"]
     yield "memory", f"0.25 GB of `0,` (under the size cap) in {bomb_small.stat().st_size / 1e6:.2f} MB .json.gz", \
         ["trace", "info", bomb_small]
+    yield "memory", f"1.9 GB of spaces in {spaces.stat().st_size / 1e6:.1f} MB .json.gz", ["trace", "info", spaces]
     yield "memory", f".npz declaring a 1.9 GB load, {big.stat().st_size / 1e6:.1f} MB on disk", ["trace", "info", big]
     yield "memory", "same, simulate", ["simulate", "--trace", big, *SIM]
     yield "memory", "same, tune", ["tune", "--trace", big, "--ep-size", "4"]

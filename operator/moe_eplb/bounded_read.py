@@ -62,9 +62,12 @@ def _gib(nbytes: float) -> str:
 
 
 def read_bytes(path: str | os.PathLike, *, max_bytes: int, gz: bool | None = None,
-               error: type[InputError] = InputError, what: str = "file", fix: str = "") -> bytes:
+               error: type[InputError] = InputError, what: str = "file", fix: str = "",
+               max_values: int | None = None) -> bytes:
     """The bytes of ``path`` (gunzipped when ``gz``, default: name ends in ``.gz``), at most
-    ``max_bytes`` on disk and after decompression (streamed in 1 MiB pieces with a cap)."""
+    ``max_bytes`` on disk and after decompression (streamed in pieces of at most 16 MiB with a
+    cap). With ``max_values``, decompression also stops as soon as the JSON text holds more values
+    than that (:func:`json_values`, counted piece by piece)."""
     path = Path(path)
     gz = path.name.lower().endswith(".gz") if gz is None else gz
     more = f"; {fix}" if fix else ""
@@ -75,7 +78,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, gz: bool | None = Non
         if size > max_bytes:
             raise error(f"{path}: {size} bytes on disk, more than the {max_bytes} a {what} may have{more}")
         if gz:
-            return _gunzip_capped(path, max_bytes, error, what, more)
+            return _gunzip_capped(path, max_bytes, error, what, fix, max_values)
         with open(path, "rb") as fh:
             raw = fh.read(max_bytes + 1)
         if len(raw) > max_bytes:  # grew since stat()
@@ -87,8 +90,11 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, gz: bool | None = Non
         raise error(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
-def _gunzip_capped(path: Path, max_bytes: int, error: type[InputError], what: str, more: str) -> bytes:
+def _gunzip_capped(path: Path, max_bytes: int, error: type[InputError], what: str, fix: str,
+                   max_values: int | None) -> bytes:
     out = bytearray()
+    more = f"; {fix}" if fix else ""
+    values = 1
     with open(path, "rb") as fh:
         pending = fh.read(1 << 20)
         while True:  # one gzip member after the other (gzip allows concatenation)
@@ -96,10 +102,17 @@ def _gunzip_capped(path: Path, max_bytes: int, error: type[InputError], what: st
             data = pending
             try:
                 while True:
-                    out += d.decompress(data, max_bytes + 1 - len(out))
+                    piece = d.decompress(data, min(max_bytes + 1 - len(out), 1 << 24))
+                    out += piece
                     if len(out) > max_bytes:
                         raise error(f"{path}: expands to more than the {max_bytes} bytes a {what} may have "
                                     f"({path.stat().st_size} bytes compressed){more}")
+                    if max_values is not None:
+                        values += piece.count(b",") + piece.count(b":")
+                        if values > max_values:
+                            raise error(_too_many_values(
+                                str(path), f"{values} JSON values in its first {len(out)} bytes gunzipped", values,
+                                max_values, fix))
                     if d.eof:
                         break
                     data = d.unconsumed_tail or fh.read(1 << 20)
@@ -110,6 +123,11 @@ def _gunzip_capped(path: Path, max_bytes: int, error: type[InputError], what: st
             pending = d.unused_data or fh.read(1 << 20)
             if not pending.strip(b"\0"):
                 return bytes(out)
+
+
+def _too_many_values(source: str, what: str, values: int, max_values: int, fix: str) -> str:
+    return (f"{source}: {what} would take ~{_gib(values * JSON_BYTES_PER_VALUE)} to parse; at most {max_values} JSON "
+            "values are read" + (f"; {fix}" if fix else ""))
 
 
 # --- JSON -----------------------------------------------------------------------------------------
@@ -162,8 +180,7 @@ def check_json_text(raw: bytes, source: str, *, error: type[InputError] = InputE
     deeper than ``max_depth``."""
     values = json_values(raw)
     if values > max_values:
-        raise error(f"{source}: about {values} JSON values would take ~{_gib(values * JSON_BYTES_PER_VALUE)} to "
-                    f"parse; at most {max_values} are read from JSON" + (f"; {fix}" if fix else ""))
+        raise error(_too_many_values(source, f"up to {values} JSON values", values, max_values, fix))
     depth = json_depth(raw, stop_above=max_depth)
     if depth > max_depth:
         raise error(f"{source}: JSON nested deeper than {max_depth} levels; this file needs {need_depth}")

@@ -155,7 +155,8 @@ def read_trace_file(path: str | os.PathLike, *, max_bytes: int = MAX_TRACE_BYTES
                                  "have; raise the limit with --max-trace-bytes")
             return _read_npz(path, max_bytes)
         raw = bounded_read.read_bytes(path, max_bytes=min(max_bytes, bounded_read.MAX_JSON_TEXT_BYTES),
-                                      gz=suffix == ".json.gz", error=TraceError, what="JSON trace", fix=NPZ_FIX)
+                                      gz=suffix == ".json.gz", error=TraceError, what="JSON trace", fix=NPZ_FIX,
+                                      max_values=bounded_read.MAX_JSON_VALUES)
         data = bounded_read.parse_json(raw, str(path), error=TraceError, fix=NPZ_FIX)
     except TraceError:
         raise

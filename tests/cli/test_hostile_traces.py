@@ -175,11 +175,14 @@ def test_gzip_bomb_is_refused_while_streaming(tmp_path):
                 "expands to more than the 1000000 bytes a JSON trace may have", ".npz")
 
 
-def test_json_with_too_many_values_is_refused_before_parsing(tmp_path):
-    path = tmp_path / "wide.json.gz"
-    path.write_bytes(gzip.compress(b'{"load": [' + b"0," * 16_000_001 + b"0]}", 1))
-    result = _run("trace", "info", path)
-    _file_error(result, "wide.json.gz", "about 16000003 JSON values", "at most 16000000", "write large traces as .npz")
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_json_with_too_many_values_is_refused_before_parsing(tmp_path, suffix):
+    text = b'{"load": [' + b"0," * 16_000_001 + b"0]}"
+    path = tmp_path / f"wide{suffix}"
+    path.write_bytes(gzip.compress(text, 1) if suffix == ".json.gz" else text)
+    words = ("JSON values in its first", "bytes gunzipped") if suffix == ".json.gz" else ("up to 16000003 JSON values",)
+    _file_error(_run("trace", "info", path), f"wide{suffix}", *words, "at most 16000000 JSON values are read",
+                "write large traces as .npz")
 
 
 @pytest.mark.parametrize("dtype", ["<f8", "|u1"])

@@ -539,7 +539,8 @@ def read_routing_file(path: str | os.PathLike, *, max_bytes: int = MAX_ROUTING_F
     (:mod:`moe_eplb.bounded_read`: size, decompressed size, JSON values, depth, duplicate keys,
     non-finite numbers) and strict."""
     path = Path(path)
-    raw = bounded_read.read_bytes(path, max_bytes=max_bytes, error=TraceError, what="routing data file")
+    raw = bounded_read.read_bytes(path, max_bytes=max_bytes, error=TraceError, what="routing data file",
+                                  max_values=bounded_read.MAX_JSON_VALUES)
     d = bounded_read.parse_json(raw, str(path), error=TraceError)
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == KIND_EXPERT_COUNTS:
