@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_eplb import bounded_read
@@ -270,3 +270,23 @@ def test_validate_never_tracebacks_on_arbitrary_bytes(tmp_path_factory, content)
     result = CliRunner().invoke(main, ["validate", "-f", str(path)])
     _no_traceback(result)
     assert result.exit_code in (0, 1)
+
+
+@given(st.lists(st.tuples(NESTED, st.one_of(SCALARS, st.just(0), st.just(10**6))), min_size=1, max_size=4),
+       st.sampled_from(["simulate", "calibrate", "tune"]))
+@settings(max_examples=max(5, settings.default.max_examples // 4))
+def test_commands_on_read_traces_never_traceback(tmp_path_factory, mutations, command):
+    """Whatever the reader lets through, the commands that use it answer without a traceback."""
+    d = _good_trace()
+    for where, value in mutations:
+        obj = d
+        for k in where[:-1]:
+            obj = obj[k]
+        obj[where[-1]] = value
+    path = tmp_path_factory.mktemp("c") / "t.json"
+    path.write_text(json.dumps(d, allow_nan=True))
+    args = {"simulate": ["simulate", "--trace", str(path), "--ep-size", "2", "--window", "10", "--interval", "10",
+                         "--redundant", "0", "--json"],
+            "calibrate": ["calibrate", "--trace", str(path), "--json"],
+            "tune": ["tune", "--trace", str(path), "--ep-size", "2", "--min-steps", "1", "--json"]}[command]
+    _no_traceback(CliRunner().invoke(main, args))
