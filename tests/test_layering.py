@@ -2,7 +2,7 @@
 functions, points the way the data flows. A wrong-way import fails here with the file and line.
 
 * contracts (modules directly under ``moe_eplb/``: ``k8s_names``, ``metric_names``, ``vllm_facts``,
-  ``trace_format``) import only each other and are open to all;
+  ``trace_format``, ``bounded_read``) import only each other and are open to all;
 * ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
   render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
   anything.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "operator" / "moe_eplb"
-CONTRACTS = {"k8s_names", "metric_names", "vllm_facts", "trace_format"}
+CONTRACTS = {"k8s_names", "metric_names", "vllm_facts", "trace_format", "bounded_read"}
 ALLOWED = {
     "api": set(),
     "render": {"api"},

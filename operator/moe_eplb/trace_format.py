@@ -40,7 +40,8 @@ key                         type                           meaning
 =========================== ============================== =========================================
 
 This module reads and writes the raw key -> value mapping and bounds what a hostile file can make
-it allocate; :mod:`moe_eplb.eplb.tracefile` validates the values strictly into a ``LoadTrace``.
+it allocate (through :mod:`moe_eplb.bounded_read`); :mod:`moe_eplb.eplb.tracefile` validates the
+values strictly into a ``LoadTrace``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+import moe_eplb.bounded_read as bounded_read
+
 REQUIRED_KEYS = ("num_layers", "num_experts", "bucket_steps", "load")
 OPTIONAL_KEYS = ("bucket_seconds", "top_k", "model")
 TELEMETRY_KEYS = ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",
@@ -64,16 +67,24 @@ TELEMETRY_KEYS = ("step_seconds", "rank_load", "kv_cache_usage", "preemptions", 
 ALL_KEYS = REQUIRED_KEYS + OPTIONAL_KEYS + TELEMETRY_KEYS
 JSON_VALUED_KEYS = ("rearrangements", "config")  # stored as JSON text inside .npz
 CONFIG_KEYS = ("window_size", "step_interval", "num_redundant_experts", "ep_size", "use_async")
+#: The CRD's bounds (spec.eplb) of the recorded knobs in ``config`` (tests/eplb check them against
+#: crds/), and of ``ep_size`` (EP ranks).
+CONFIG_RANGES = {"window_size": (1, 100_000), "step_interval": (1, 2_147_483_647),
+                 "num_redundant_experts": (0, 1023), "ep_size": (1, 65_536)}
 SUFFIXES = (".json", ".json.gz", ".npz")
 
-#: Most bytes a trace file may expand to in memory (decompressed JSON text, or the arrays an
-#: ``.npz`` declares). A 24 h DeepSeek-V3 trace of 15 s buckets (5760 x 58 x 256) is 0.7 GB.
-MAX_TRACE_BYTES = 2 * 1024**3
+#: Most bytes a trace may take: on disk, decompressed JSON text, and the arrays an ``.npz``
+#: declares as the float64 the commands hold them in (``simulate`` and ``tune`` need about 3x
+#: that at peak). A 24 h DeepSeek-V3 trace of 15 s buckets (5760 x 58 x 256) is 0.68 GB.
+#: ``--max-trace-bytes`` raises it.
+MAX_TRACE_BYTES = 1024**3
 #: Deepest JSON nesting accepted (the format needs 4: load[t][l][e] inside the object).
-MAX_JSON_DEPTH = 16
+MAX_JSON_DEPTH = bounded_read.MAX_JSON_DEPTH
+#: The fix a too-large JSON trace gets.
+NPZ_FIX = "write large traces as .npz (same keys, one array each; `moe-eplb trace synth -o x.npz` writes one)"
 
 
-class TraceError(ValueError):
+class TraceError(bounded_read.InputError):
     """A trace that cannot be used; the message names the file or key at fault and the fix."""
 
 
@@ -86,71 +97,48 @@ def suffix_of(path: str | os.PathLike) -> str:
     raise TraceError(f"{path}: unknown trace file type; use one of {', '.join(SUFFIXES)}")
 
 
-def _json_depth_ok(text: str, limit: int) -> bool:
-    """Whether the nesting of brackets outside strings stays within ``limit`` (cheap pre-check
-    that keeps ``json.loads`` away from a RecursionError)."""
-    depth = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
+def _npz_members(zf: zipfile.ZipFile, path: Path) -> list[zipfile.ZipInfo]:
+    """The members of an ``.npz``, each key once (a duplicate member: which one wins is undefined)."""
+    seen: set[str] = set()
+    for info in zf.infolist():
+        if info.filename in seen:
+            raise TraceError(f"{path}: member {info.filename!r} appears twice in the .npz (a reader would silently "
+                             "take one); write each key once")
+        seen.add(info.filename)
+    return zf.infolist()
 
 
-def _read_text(path: Path, gz: bool, max_bytes: int) -> str:
-    if gz:
-        with gzip.open(path, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
-    else:
-        if path.stat().st_size > max_bytes:
-            raise TraceError(f"{path}: {path.stat().st_size} bytes is more than the {max_bytes} a trace may have")
-        raw = path.read_bytes()
-    if len(raw) > max_bytes:
-        raise TraceError(f"{path}: expands to more than the {max_bytes} bytes a trace may have")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text at byte {exc.start}; a JSON trace is UTF-8") from None
+def _npz_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    with zf.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(fh)  # the header only: what the array would take
+    if dtype.hasobject:
+        raise TraceError(f"{path}: array {key!r} holds Python objects; a trace holds numbers and text")
+    return tuple(shape), dtype
 
 
 def _read_npz(path: Path, max_bytes: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    total = 0
     with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
+        members = _npz_members(zf, path)
+        total = 0.0
+        for info in members:  # every declared shape first: refuse before allocating anything
             key = info.filename.removesuffix(".npy")
-            with zf.open(info) as fh:
-                version = np.lib.format.read_magic(fh)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = read_header(fh)  # the header only: what the array would take
-                if dtype.hasobject:
-                    raise TraceError(f"{path}: array {key!r} holds Python objects; a trace holds numbers and text")
-                nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-                total += nbytes
-                if total > max_bytes:
-                    raise TraceError(f"{path}: array {key!r} {tuple(shape)} would take {nbytes} bytes; a trace "
-                                     f"may take at most {max_bytes} in all")
+            shape, dtype = _npz_header(zf, info, path, key)
+            # numbers become float64 (8 bytes each) in the trace, whatever their dtype in the file
+            nbytes = float(np.prod(shape, dtype=np.float64)) * (dtype.itemsize if dtype.kind in "US" else 8)
+            total += nbytes
+            bounded_read.check_working_set(
+                total, max_bytes, str(path), f"array {key!r} {shape} (with the arrays before it)", error=TraceError,
+                fix="cut the trace into shorter ones, or raise the limit with --max-trace-bytes")
+        for info in members:
+            key = info.filename.removesuffix(".npy")
             with zf.open(info) as fh:
                 arr = np.lib.format.read_array(fh, allow_pickle=False)
             if key in JSON_VALUED_KEYS and arr.ndim == 0 and arr.dtype.kind == "U":
-                try:
-                    out[key] = json.loads(str(arr))
-                except ValueError as exc:
-                    raise TraceError(f"{path}: {key}: not JSON text ({exc})") from None
+                out[key] = bounded_read.parse_json(str(arr).encode("utf-8"), f"{path}: {key}", error=TraceError)
             else:
                 out[key] = arr
     return out
@@ -159,8 +147,10 @@ def _read_npz(path: Path, max_bytes: int) -> dict[str, Any]:
 def read_trace_file(path: str | os.PathLike, *, max_bytes: int = MAX_TRACE_BYTES) -> dict[str, Any]:
     """The raw key -> value mapping of a trace file (arrays for ``.npz``, JSON values otherwise).
 
-    Every problem -- missing, unreadable, truncated or corrupt file, wrong encoding, nesting deeper
-    than :data:`MAX_JSON_DEPTH`, more than ``max_bytes`` in memory -- is a :class:`TraceError`
+    Every problem -- missing, unreadable, truncated or corrupt file, wrong encoding, more than
+    ``max_bytes`` on disk, decompressed or as declared arrays, more JSON values than
+    :data:`moe_eplb.bounded_read.MAX_JSON_VALUES`, nesting deeper than :data:`MAX_JSON_DEPTH`,
+    duplicate keys or ``.npz`` members, ``NaN``/``Infinity`` in JSON -- is a :class:`TraceError`
     naming the file; nothing larger than ``max_bytes`` is allocated."""
     path = Path(path)
     suffix = suffix_of(path)
@@ -168,15 +158,16 @@ def read_trace_file(path: str | os.PathLike, *, max_bytes: int = MAX_TRACE_BYTES
         raise TraceError(f"{path}: no such file")
     try:
         if suffix == ".npz":
+            if path.stat().st_size > max_bytes:
+                raise TraceError(f"{path}: {path.stat().st_size} bytes on disk, more than the {max_bytes} a trace may "
+                                 "have; raise the limit with --max-trace-bytes")
             return _read_npz(path, max_bytes)
-        text = _read_text(path, suffix == ".json.gz", max_bytes)
-        if not _json_depth_ok(text, MAX_JSON_DEPTH):
-            raise TraceError(f"{path}: JSON nested deeper than {MAX_JSON_DEPTH} levels; a trace needs 4")
-        data = json.loads(text)
+        raw = bounded_read.read_bytes(path, max_bytes=min(max_bytes, bounded_read.MAX_JSON_TEXT_BYTES),
+                                      gz=suffix == ".json.gz", error=TraceError, what="JSON trace", fix=NPZ_FIX,
+                                      max_values=bounded_read.MAX_JSON_VALUES)
+        data = bounded_read.parse_json(raw, str(path), error=TraceError, fix=NPZ_FIX)
     except TraceError:
         raise
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except (zipfile.BadZipFile, zlib.error, gzip.BadGzipFile, EOFError) as exc:
         raise TraceError(f"{path}: corrupt or truncated {suffix} file ({exc or type(exc).__name__})") from None
     except (OSError, ValueError) as exc:

@@ -195,6 +195,26 @@ def test_multinode_leader_args_parse_in_vllm(serve_parser, variant) -> None:
     assert ns.eplb_config.use_async is False
 
 
+def test_multinode_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
+    """The worker's effective argv (Kubernetes' $(VAR) expansion, then its fixed `sh -c` script with
+    the container args as "$@") is what vLLM's parser takes, with the leader's settings."""
+    import subprocess
+
+    from moe_eplb.render.objects import render_children
+    from moe_eplb.sim.kubelet import container_argv
+
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2}, "spec.eplb.async": False})
+    lws = [c for c in render_children(parse(res)) if c["kind"] == "LeaderWorkerSet"][0]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
+    argv = container_argv(worker, env)
+    argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    ns = serve_parser.parse_args(out.stdout.splitlines())
+    assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 8)
+    assert ns.data_parallel_address == "10.0.0.1" and ns.headless and ns.eplb_config.use_async is False
+
+
 def test_flat_eplb_flags_are_gone_in_the_wheel(serve_parser) -> None:
     """Why versions >= 0.12 must get --eplb-config: current vLLM rejects the old flags."""
     with pytest.raises(SystemExit):

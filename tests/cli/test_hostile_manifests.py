@@ -150,3 +150,38 @@ def test_not_yaml_and_missing_file(tmp_path):
     _assert_one_clear_line(_run(tmp_path, "a: [1, 2\n"), "not valid YAML at line")
     result = CliRunner().invoke(main, ["validate", "-f", str(tmp_path / "nope.yaml")])
     _assert_one_clear_line(result, "nope.yaml", "cannot read it")
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("byte", [b"\0", b"\x07", b"\x1b"])
+def test_control_bytes_are_one_line_not_a_traceback(tmp_path, command, byte):
+    """The YAML reader refuses them as it is built: that must be inside the error handling (issue 24)."""
+    result = _run(tmp_path, EXAMPLE.read_bytes().replace(b"spec:", b"spec:" + byte, 1), command)
+    _assert_one_clear_line(result, "m.yaml", f"control character U+{byte[0]:04X}", "printable text")
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_too_many_documents_are_refused_before_validating_them(tmp_path, command):
+    text = "---\n".join([EXAMPLE.read_text()] * (manifest.MAX_DOCUMENTS + 1))
+    assert len(text) < manifest.MAX_BYTES
+    result = _run(tmp_path, text, command)
+    _assert_one_clear_line(result, "m.yaml", f"more than {manifest.MAX_DOCUMENTS} documents", "split the file")
+
+
+def test_manifest_errors_are_input_errors():
+    from moe_eplb.bounded_read import InputError
+    from moe_eplb.trace_format import TraceError
+
+    assert issubclass(manifest.ManifestError, InputError) and issubclass(TraceError, InputError)
+
+
+@pytest.mark.parametrize("path,value,words", [
+    ("engine.maxModelLen", 2**62, ("spec.engine.maxModelLen", "4611686018427387904 tokens is more than 2147483647")),
+    ("engine.shmSize", "8Ei", ("spec.engine.shmSize", "'8Ei' is 9223372036854775808 bytes", "any node's memory (1Pi)")),
+    ("autotune.memoryBudgetPerGpu", "8Ei", ("spec.autotune.memoryBudgetPerGpu", "any GPU's memory (1Ti)")),
+])
+def test_absurd_sizes_are_refused(tmp_path, path, value, words):
+    doc = _base()
+    section, key = path.split(".")
+    doc["spec"].setdefault(section, {})[key] = value
+    _assert_one_clear_line(_run(tmp_path, _dump(doc)), *words)

@@ -143,6 +143,9 @@ def test_pod_monitor_labels_and_exporter_image(monkeypatch):
     ('{"release": 3}', "3 is not a label value"),
     ("bad key=x", "is not a Kubernetes label key"),
     ("release=" + "x" * 64, "is not a label value"),
+    ("[" * 100_000, "JSON nested deeper than 2 levels"),  # issue 24: bounded, no RecursionError
+    ('{"release": "a", "release": "b"}', "duplicate key 'release'"),
+    ('{"release": ', "not valid JSON (line 1, column 13"),
 ])
 def test_bad_pod_monitor_labels_name_the_problem(text, words):
     with pytest.raises(s.SettingsError, match="^MOE_EPLB_POD_MONITOR_LABELS / --pod-monitor-labels: ") as err:

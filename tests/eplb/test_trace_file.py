@@ -123,10 +123,10 @@ def test_negative_and_nan_loads_are_located():
         trace_from_dict(d)
     d = _good()
     d["load"][0][0][0] = float("nan")
-    with pytest.raises(TraceError, match=r"^load: contains NaN"):
+    with pytest.raises(TraceError, match=r"^load: NaN or infinite value nan at bucket 0, layer 0, expert 0"):
         trace_from_dict(d)
     d["load"][0][0][0] = float("inf")
-    with pytest.raises(TraceError, match=r"^load: contains NaN or infinite"):
+    with pytest.raises(TraceError, match=r"^load: NaN or infinite value inf at bucket 0"):
         trace_from_dict(d)
 
 

@@ -105,7 +105,7 @@ def _with(**changes) -> dict:
     (dict(rearrangements=[{"bucket": 1, "seconds": 1, "moved": 3}]), "rearrangements[0].moved:", "unknown key"),
     (dict(rearrangements={"bucket": 1}), "rearrangements:", "list"),
     (dict(config={"window_size": 1000, "step_interval": 3000}), "config.num_redundant_experts:", "missing"),
-    (dict(config={"window_size": 0, "step_interval": 3000, "num_redundant_experts": 0}), "config.window_size:", ">= 1"),
+    (dict(config={"window_size": 0, "step_interval": 3000, "num_redundant_experts": 0}), "config.window_size:", "> 0 and <= 100000"),
     (dict(config={"window_size": 10, "step_interval": 30, "num_redundant_experts": 1, "ep_size": 2}), "config:",
      "divisible"),
     (dict(config={"window_size": 10, "step_interval": 30, "num_redundant_experts": 0, "ep_size": 4}),
@@ -163,3 +163,76 @@ def test_load_trace_object_checks_telemetry_too():
 
     with pytest.raises(TraceError, match="^kv_cache_usage: expected 2 numbers"):
         LoadTrace(load=np.ones((2, 1, 2)), bucket_steps=[1, 1], telemetry=Telemetry(kv_cache_usage=np.zeros(3)))
+
+
+# --- physical consistency (issue 24; docs/traces.md "Consistency checks") ---------------------------
+
+
+def _scaled_rank(d: dict, factor: float, bucket: int | None = None) -> dict:
+    rank = np.asarray(d["rank_load"], float)
+    if bucket is None:
+        rank *= factor
+    else:
+        rank[bucket] *= factor
+    d["rank_load"] = rank.tolist()
+    return d
+
+
+def test_a_consistent_trace_has_no_warnings():
+    assert "warnings" not in trace_from_dict(_good()).meta
+
+
+@pytest.mark.parametrize("changes,message", [
+    (lambda d: _scaled_rank(d, 1e6), r"^rank_load: sums to 1\.022e\+09 tokens but load to 1022; both count the same"),
+    (lambda d: _scaled_rank(d, 0.3), r"^rank_load: sums to 306\.6 tokens but load to 1022; .*\(within a factor 2\)"),
+    (lambda d: {**d, "rearrangements": [{"bucket": 1, "seconds": 1e6}]},
+     r"^rearrangements: 1e\+06 s at bucket 1, longer than the whole trace \(4 buckets of 15 s = 60 s\)"),
+    (lambda d: {**d, "step_seconds": [0.05, None, 61.0, 0.05]},
+     r"^step_seconds: 61 s at bucket 2, longer than the whole trace .* ONE engine step"),
+    (lambda d: {**d, "preemptions": [0, 0, 1e300, 0]}, r"^preemptions: value 1e\+300 above 2\*\*53 at bucket 2"),
+])
+def test_physically_impossible_telemetry_is_refused(changes, message):
+    with pytest.raises(TraceError, match=message):
+        trace_from_dict(changes(_good()))
+
+
+def test_small_disagreements_are_warnings_not_refusals():
+    d = _scaled_rank(_good(), 1.5, bucket=2)
+    d["rearrangements"] = [{"bucket": 3, "seconds": 20.0}]
+    tr = trace_from_dict(d)
+    assert tr.meta["warnings"] == [
+        "rank_load: 2 of 8 (bucket, layer) sums differ from load's by more than 5% (first: bucket 2, layer 0: "
+        f"{1.5 * np.asarray(d['load'])[2, 0].sum():.6g} vs {np.asarray(d['load'])[2, 0].sum():.6g})",
+        "rearrangements: 1 longer than one bucket (15 s; first: bucket 3, 20 s)"]
+
+
+def test_cli_shows_the_warnings(tmp_path):
+    from click.testing import CliRunner
+
+    from moe_eplb.cli import main
+
+    d = _scaled_rank(_good(), 1.5, bucket=2)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(d))
+    out = CliRunner().invoke(main, ["trace", "info", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["warnings"][0].startswith("rank_load: 2 of 8 (bucket, layer) sums differ")
+    out = CliRunner().invoke(main, ["simulate", "--trace", str(path), "--ep-size", 2, "--window", 10, "--interval", 10,
+                                    "--redundant", 0, "--json"])
+    assert out.exit_code == 0, out.output
+    assert f"Warning: {path}: rank_load: 2 of 8" in out.stderr
+
+
+def test_config_ranges_are_the_crds_bounds():
+    import pathlib
+
+    import yaml
+
+    from moe_eplb.trace_format import CONFIG_RANGES
+
+    crd = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "operator" / "moe_eplb" / "api" / "crd.yaml")
+                         .read_text())
+    eplb = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["eplb"]["properties"]
+    for key, crd_key in (("window_size", "windowSize"), ("step_interval", "stepInterval"),
+                         ("num_redundant_experts", "numRedundantExperts")):
+        assert CONFIG_RANGES[key] == (eplb[crd_key]["minimum"], eplb[crd_key]["maximum"]), key

@@ -5,7 +5,8 @@ YAML output (no anchors) changed what ``moe-eplb render`` prints, once more when
 DeepSeek-V3 examples moved to the stock ``vllm/vllm-openai`` image (the plugin injected), and
 ``render-deepseek-v3-multinode`` once more when the PodMonitor of a multi-node resource started
 copying the LWS group labels onto the series (issue 13: ``replica_group``, ``group_worker``,
-``group_size``).
+``group_size``), and once more when the worker's argv moved from its ``sh -c`` script into container
+``args`` (issue 24: no user text in a script Kubernetes expands ``$(VAR)`` in).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

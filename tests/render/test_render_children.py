@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shlex
 import subprocess
 from importlib import metadata
 
@@ -18,6 +17,7 @@ from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
 from moe_eplb.render.engine_args import engine_args
 from moe_eplb.render.labels import labels, selector_string
 from moe_eplb.render.objects import endpoint, render_children
+from moe_eplb.sim.kubelet import container_argv
 from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from tests.render.crd_subsets import LEADER_WORKER_SET, POD_MONITOR
 
@@ -264,22 +264,24 @@ def test_deepseek_renders_a_leader_worker_set(deepseek) -> None:
 
 
 def test_worker_command_runs_in_a_real_shell(deepseek) -> None:
-    """Run the worker's ``sh -c`` script with LWS's env, with ``vllm`` replaced by a printer."""
+    """Run the worker's ``sh -c`` script with LWS's env and its ``args`` as ``$@``, after
+    Kubernetes' ``$(VAR)`` expansion, with ``vllm`` replaced by a printer."""
     lws = by_kind(render_children_of(deepseek))["LeaderWorkerSet"]
     worker = container(lws["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert worker["command"][:2] == ["/bin/sh", "-c"] and "startupProbe" not in worker
-    script = worker["command"][2].replace("exec vllm serve", "printf '%s\\n'", 1)
-    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True,
-                         env={"LWS_LEADER_ADDRESS": "deepseek-v3-0.deepseek-v3.default", "LWS_WORKER_INDEX": "1",
-                              "PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    env = {"LWS_LEADER_ADDRESS": "deepseek-v3-0.deepseek-v3.default", "LWS_WORKER_INDEX": "1"}
+    argv = container_argv(worker, env)
+    assert argv[2].startswith('exec vllm serve "$@" ')
+    argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True,
+                         env={**env, "PATH": "/usr/bin:/bin"}).stdout.splitlines()
     leader_args = container(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["args"]
     common = leader_args[: leader_args.index("--data-parallel-size-local")]
-    assert out[: len(common)] == common  # JSON in --eplb-config survives the quoting
+    assert out[: len(common)] == common  # JSON in --eplb-config survives
     rest = out[len(common):]
     assert rest == ["--data-parallel-size-local", "8", "--data-parallel-rpc-port", "13345",
                     "--data-parallel-address", "deepseek-v3-0.deepseek-v3.default",
                     "--data-parallel-start-rank", "8", "--headless"]
-    assert shlex.split(worker["command"][2])[0] == "exec"
 
 
 # --- strict validation of every child of every example ---------------------------------------------

@@ -9,7 +9,11 @@ memory. :func:`load_documents` refuses, naming the file, the place and the limit
   that would expand to more than :data:`MAX_NODES` values through aliases (a "billion laughs" bomb
   is refused while still a small graph, before anything is expanded);
 * duplicate keys in a mapping (kubectl refuses them too; YAML loaders silently keep the last);
-* anything YAML itself rejects (with the line and column).
+* more than :data:`MAX_DOCUMENTS` documents in one file;
+* anything YAML itself rejects, control bytes (NUL ...) included (with the line and column).
+
+:class:`ManifestError` is a kind of :class:`moe_eplb.bounded_read.InputError`, the one error type of
+every bounded reader.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from typing import Any
 
 import yaml
 
+from moe_eplb.bounded_read import InputError
+
 MAX_BYTES = 3 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_ALIASES = 64
 MAX_NODES = 200_000
+#: Most documents in one manifest file (each is validated, and rendered, on its own: 6,000 took 29 s).
+MAX_DOCUMENTS = 100
 
 
-class ManifestError(ValueError):
+class ManifestError(InputError):
     """A manifest that cannot be read; ``str()`` is one line naming the file, the place and the fix."""
 
 
@@ -88,10 +96,14 @@ def _expanded_size(node: Any, memo: dict[int, int], depth: int = 0) -> int:
 
 def parse_documents(text: str, source: str = "<input>") -> list[Any]:
     """Every non-empty document of ``text`` (YAML, which includes JSON), within the limits above."""
-    loader = _BoundedLoader(text)
-    docs = []
+    docs: list[Any] = []
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # its reader refuses control bytes at once: inside the try
         while loader.check_node():
+            if len(docs) >= MAX_DOCUMENTS:
+                raise ManifestError(f"more than {MAX_DOCUMENTS} documents (at {_where(loader.peek_event().start_mark)}); "
+                                    "split the file")
             node = loader.get_node()
             if node is None:
                 continue
@@ -104,6 +116,10 @@ def parse_documents(text: str, source: str = "<input>") -> list[Any]:
                 docs.append(doc)
     except ManifestError as exc:
         raise ManifestError(str(exc) if str(exc).startswith(source) else f"{source}: {exc}") from None
+    except yaml.reader.ReaderError as exc:
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise ManifestError(f"{source}: control character U+{ord(char):04X} at character {exc.position} "
+                            f"(line {text.count(chr(10), 0, exc.position) + 1}); a manifest is printable text") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise ManifestError(f"{source}: not valid YAML at {_where(mark)}: {exc.problem or exc.context}") from None
@@ -112,7 +128,8 @@ def parse_documents(text: str, source: str = "<input>") -> list[Any]:
     except RecursionError:  # belt and braces: the depth limit comes first
         raise ManifestError(f"{source}: nested too deeply (at most {MAX_DEPTH} levels)") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return docs
 
 

@@ -45,6 +45,12 @@ __all__ = ["Problem", "Checked", "check", "validate", "apiserver_problems", "nea
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
+#: Plausibility bounds of sizes the schema leaves open (issue 24: 8Ei and 2**62 were accepted):
+#: /dev/shm is node memory, a memory budget is one GPU's, a context is far below 2**31 tokens.
+MAX_SHM_BYTES = 2**50
+MAX_GPU_BYTES = 2**40
+MAX_MODEL_LEN = 2**31 - 1
+
 # flags the operator generates from the spec: extraArgs must not repeat them
 _GENERATED_FLAGS = {
     "--tensor-parallel-size": "spec.parallelism.tensor",
@@ -183,6 +189,26 @@ def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> 
     return out
 
 
+def _size_problems(inf: MoEInference) -> list[Problem]:
+    """Quantities that are not quantities, and sizes no hardware has (issue 24)."""
+    problems: list[Problem] = []
+    engine = inf.engine
+    for fld, value, most, what in (("spec.engine.shmSize", engine.shm_size, MAX_SHM_BYTES, "any node's memory (1Pi)"),
+                                   ("spec.autotune.memoryBudgetPerGpu", inf.autotune.raw_memory_budget,
+                                    MAX_GPU_BYTES, "any GPU's memory (1Ti)")):
+        nbytes = None if value is None else quantity_bytes(value)
+        if value is not None and nbytes is None:
+            problems.append(Problem(fld, f"{value!r} is not a Kubernetes quantity; use e.g. 16Gi or 500M"))
+        elif nbytes is not None and nbytes > most:
+            problems.append(Problem(fld, f"{value!r} is {nbytes} bytes, more than {what}; "
+                                         "use the real size, e.g. 16Gi"))
+    if engine.max_model_len is not None and engine.max_model_len > MAX_MODEL_LEN:
+        problems.append(Problem("spec.engine.maxModelLen", f"{engine.max_model_len} tokens is more than "
+                                f"{MAX_MODEL_LEN} (2**31 - 1), far past any model's context; use the model's "
+                                "context length"))
+    return problems
+
+
 def semantic_problems(inf: MoEInference) -> list[Problem]:
     """Checks needing the catalog or the engine version (resource already passes the schema)."""
     problems: list[Problem] = []
@@ -194,10 +220,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                     "[registry/]repository[:tag][@sha256:digest] with a lower-case repository, "
                     "e.g. vllm/vllm-openai:v0.12.0")
         )
-    for fld, value in (("spec.engine.shmSize", engine.shm_size),
-                       ("spec.autotune.memoryBudgetPerGpu", inf.autotune.raw_memory_budget)):
-        if value is not None and quantity_bytes(value) is None:
-            problems.append(Problem(fld, f"{value!r} is not a Kubernetes quantity; use e.g. 16Gi or 500M"))
+    problems += _size_problems(inf)
     version = engine.version
     if version is None and eplb.enabled:
         source = f"spec.engine.version {engine.version_field!r}" if engine.version_field else f"the image tag of {engine.image!r}"

@@ -34,16 +34,21 @@ _REBALANCE_FLAGS = {
 }
 
 
+#: Most bytes of a ``--weights`` file (a [1024][4096] table of 12-digit numbers is ~55 MB).
+MAX_WEIGHTS_BYTES = 64 * 2**20
+
+
 def _read_weights(path: str) -> list:
-    """The ``--weights`` file: JSON, a 2-D list ``[L][E]`` of non-negative numbers."""
+    """The ``--weights`` file: JSON, a 2-D list ``[L][E]`` of finite numbers, read bounded
+    (:mod:`moe_eplb.bounded_read`: size, values, depth, duplicate keys, NaN/Infinity)."""
+    from moe_eplb import bounded_read
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--weights") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"{path} is not valid JSON ({exc})", param_hint="--weights") from None
-    if not isinstance(data, list) or not data or not all(isinstance(row, list) for row in data):
+        data = bounded_read.parse_json(bounded_read.read_bytes(path, max_bytes=MAX_WEIGHTS_BYTES, gz=False,
+                                                               what="weights file"), path, need_depth=2)
+    except bounded_read.InputError as exc:
+        raise click.BadParameter(str(exc), param_hint="--weights") from None
+    if not isinstance(data, list) or not data or not all(isinstance(row, list) for row in data) or not data[0]:
         raise click.BadParameter(
             f"{path} must hold a non-empty 2-D list [layers][experts] of numbers",
             param_hint="--weights",
@@ -57,9 +62,10 @@ def _read_weights(path: str) -> list:
                 param_hint="--weights",
             )
         for j, value in enumerate(row):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                    or value in (float("inf"), float("-inf")):
                 raise click.BadParameter(
-                    f"{path}: [{i}][{j}] is {value!r}, not a number", param_hint="--weights"
+                    f"{path}: [{i}][{j}] is {repr(value)[:40]}, not a finite number", param_hint="--weights"
                 )
     return data
 
@@ -248,7 +254,8 @@ def _add_trace(main: click.Group) -> None:
     @trace_group.command("info")
     @click.argument("path", metavar="FILE")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-    def trace_info_cmd(path: str, as_json: bool) -> None:
+    @_max_trace_option
+    def trace_info_cmd(path: str, as_json: bool, max_trace_bytes: int) -> None:
         """Shape, steps and expert imbalance of a trace file (.json, .json.gz, .npz) or of a real
         routing data file (expert counts by domain, token routing)."""
         from moe_eplb.eplb import tracefile
@@ -258,7 +265,10 @@ def _add_trace(main: click.Group) -> None:
             if path.lower().endswith((".json", ".json.gz")) and _is_routing_file(path):
                 info = _routing_info(tracefile.read_routing_file(path))
             else:
-                info = tracefile.load_trace(path).summary()
+                trace = tracefile.load_trace(path, max_bytes=max_trace_bytes)
+                info = trace.summary()
+                if trace.meta.get("warnings"):
+                    info["warnings"] = list(trace.meta["warnings"])
         except TraceError as exc:
             raise _trace_error(exc) from None
         if as_json:
@@ -268,6 +278,8 @@ def _add_trace(main: click.Group) -> None:
         for key, value in info.items():
             if isinstance(value, dict):
                 value = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+            elif key == "warnings":
+                value = "; ".join(value)
             elif isinstance(value, float):
                 value = f"{value:.6g}"
             click.echo(f"{key:<22} {value}")
@@ -347,14 +359,26 @@ def _routing_info(data) -> dict:
 # --- simulate and tune (simulator, tuner) ------------------------------------------------------
 
 
-def _load_trace_arg(path: str):
+def _max_trace_option(fn):
+    from moe_eplb.trace_format import MAX_TRACE_BYTES
+
+    return click.option("--max-trace-bytes", type=click.IntRange(1), default=MAX_TRACE_BYTES, show_default=True,
+                        help="Most bytes the trace may take: on disk, as JSON text, and as float64 arrays "
+                             "(simulate and tune need about 3x that at peak).")(fn)
+
+
+def _load_trace_arg(path: str, max_bytes: int | None = None):
     from moe_eplb.eplb.trace import TraceError
     from moe_eplb.eplb.tracefile import load_trace
+    from moe_eplb.trace_format import MAX_TRACE_BYTES
 
     try:
-        return load_trace(path)
+        trace = load_trace(path, max_bytes=max_bytes or MAX_TRACE_BYTES)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None  # the file is wrong, not the flag: exit 1
+    for warning in trace.meta.get("warnings", ()):  # physical consistency (docs/traces.md)
+        click.echo(f"Warning: {path}: {warning}", err=True)
+    return trace
 
 
 def _topology_options(fn):
@@ -365,7 +389,7 @@ def _topology_options(fn):
     fn = click.option("--ep-size", type=int, required=True, help="Expert-parallel size (GPUs).")(fn)
     fn = click.option("--trace", "trace_path", required=True, metavar="FILE",
                       help="Load trace (.json, .json.gz or .npz; see docs/traces.md).")(fn)
-    return fn
+    return _max_trace_option(fn)
 
 
 def _cost_options(fn):
@@ -388,7 +412,7 @@ def _add_simulate(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
-    def simulate_cmd(trace_path, ep_size, nodes, groups, window, interval, redundant,
+    def simulate_cmd(trace_path, max_trace_bytes, ep_size, nodes, groups, window, interval, redundant,
                      bytes_per_expert, sync_mode, as_json, report_dir) -> None:
         """Replay vLLM's EPLB over a load trace and predict balancedness and throughput.
 
@@ -401,7 +425,7 @@ def _add_simulate(main: click.Group) -> None:
         from moe_eplb.eplb.simulator import Replay, SimError, Topology
 
         _report_dir(report_dir)
-        trace = _load_trace_arg(trace_path)
+        trace = _load_trace_arg(trace_path, max_trace_bytes)
         try:
             cost = CostModel(use_async=not sync_mode, bytes_per_expert=bytes_per_expert)
             replay = Replay(trace, Topology(ep_size, nodes, groups), cost)
@@ -451,7 +475,7 @@ def _add_tune(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
-    def tune_cmd(trace_path, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
+    def tune_cmd(trace_path, max_trace_bytes, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
                  bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, no_robust, min_steps, as_json,
                  report_dir) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
@@ -477,7 +501,7 @@ def _add_tune(main: click.Group) -> None:
         )
 
         _report_dir(report_dir)
-        trace = _load_trace_arg(trace_path)
+        trace = _load_trace_arg(trace_path, max_trace_bytes)
         calibration, notes = None, []
         min_steps = MIN_TUNE_STEPS if min_steps is None else min_steps
         try:
@@ -556,8 +580,9 @@ def _add_calibrate(main: click.Group) -> None:
     @click.option("--groups", type=int, default=1, show_default=True,
                   help="Expert groups (DeepSeek-V3: 8; 1 for models without groups).")
     @_cost_options
+    @_max_trace_option
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-    def calibrate_cmd(trace_path, nodes, groups, bytes_per_expert, sync_mode, as_json) -> None:
+    def calibrate_cmd(trace_path, nodes, groups, bytes_per_expert, sync_mode, max_trace_bytes, as_json) -> None:
         """Fit the cost model to a trace's telemetry: the MoE share of a step, the rearrangement
         cost and the KV-cache penalty of redundant experts, each with its uncertainty and source
         (measured, or the default kept and why). See docs/tuner.md ("Calibration")."""
@@ -566,7 +591,7 @@ def _add_calibrate(main: click.Group) -> None:
         from moe_eplb.eplb.costmodel import CostModel
         from moe_eplb.eplb.simulator import SimError
 
-        trace = _load_trace_arg(trace_path)
+        trace = _load_trace_arg(trace_path, max_trace_bytes)
         if trace.telemetry is None:
             from moe_eplb.trace_format import TELEMETRY_KEYS
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from moe_eplb import k8s_names
+from moe_eplb import bounded_read, k8s_names
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.spec import OperatorDefaults
 from moe_eplb.api.validation import label_problems
@@ -167,10 +167,11 @@ def parse_labels(text: str | Mapping[str, str] | None) -> dict[str, str]:
     if isinstance(text, Mapping):
         labels: Any = dict(text)
     elif text.lstrip().startswith(("{", "[")):
-        try:
-            labels = json.loads(text)
-        except json.JSONDecodeError as exc:
-            labels = f"not JSON ({exc.msg} at character {exc.pos})"
+        try:  # bounded: depth, size, duplicate keys (moe_eplb.bounded_read)
+            labels = bounded_read.parse_json(text.encode("utf-8", "replace"), "labels", max_depth=2, max_values=10_000,
+                                            need_depth=1)
+        except bounded_read.InputError as exc:
+            labels = str(exc).removeprefix("labels: ")
         if not isinstance(labels, dict):
             problem = labels if isinstance(labels, str) else "expected a JSON object"
             raise SettingsError("pod_monitor_labels", f"{text[:200]!r}: {problem}; give e.g. "

@@ -11,8 +11,6 @@ the key (or file) at fault and says how to fix it.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import numbers
 import os
@@ -23,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_eplb import trace_format
+from moe_eplb import bounded_read, trace_format
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import (
     TRACE_KEYS_OPTIONAL,
@@ -34,6 +32,7 @@ from moe_eplb.eplb.trace import (
     RecordedConfig,
     Telemetry,
     TraceError,
+    physical_checks,
 )
 
 TRACE_SUFFIXES = trace_format.SUFFIXES
@@ -46,13 +45,26 @@ TRACE_SUFFIXES = trace_format.SUFFIXES
 
 def _positive_int(d: Mapping[str, Any], key: str) -> int:
     value = d[key]
-    if isinstance(value, np.ndarray):
-        if value.ndim != 0:
-            raise TraceError(f"{key}: expected one integer, got an array of shape {value.shape}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value <= 0:
-        raise TraceError(f"{key}: expected an integer > 0, got {value!r}")
-    return int(value)
+    if isinstance(value, np.ndarray) and value.ndim != 0:
+        raise TraceError(f"{key}: expected one integer, got an array of shape {value.shape}")
+    return bounded_read.whole_number(value, key, 1, error=TraceError)
+
+
+def _counts(arr: np.ndarray, key: str, axes: tuple[str, ...]) -> np.ndarray:
+    """``arr`` of counts: finite, >= 0 and at most :data:`~moe_eplb.bounded_read.MAX_COUNT` each
+    (so float64 sums and int64 casts stay exact); the first bad value named by its place."""
+    bad = ~np.isfinite(arr) if arr.dtype.kind == "f" else np.zeros(arr.shape, bool)
+    what, above = "NaN or infinite value", ""
+    if not bad.any():
+        bad, what = arr < 0, "negative value"
+    if not bad.any():
+        bad, what, above = arr > bounded_read.MAX_COUNT, "value", " above 2**53"
+    if bad.any():
+        idx = np.argwhere(bad)[0]
+        at = ", ".join(f"{a} {int(i)}" for a, i in zip(axes, idx))
+        raise TraceError(f"{key}: {what} {float(arr[tuple(idx)])!r}{above} at {at}; counts are finite, >= 0 and at "
+                         "most 2**53 (exact in float64)")
+    return arr
 
 
 def _numeric_array(value: Any, key: str) -> np.ndarray:
@@ -90,11 +102,8 @@ def _nullable_numbers(value: Any, key: str) -> np.ndarray:
     return _numeric_array(value, key)
 
 
-def _whole_field(value: Any, key: str, minimum: int) -> int:
-    value = _scalar(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < minimum:
-        raise TraceError(f"{key}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
+def _whole_field(value: Any, key: str, minimum: int, maximum: int = bounded_read.INT64_MAX) -> int:
+    return bounded_read.whole_number(value, key, minimum, maximum, error=TraceError)
 
 
 def _rearrangements(value: Any) -> tuple[Rearrangement, ...]:
@@ -131,12 +140,13 @@ def _config(value: Any) -> RecordedConfig:
     for k in knob_keys:
         if value.get(k) is None:
             raise TraceError(f"config.{k}: required key is missing")
+    ranges = trace_format.CONFIG_RANGES
     try:
-        knobs = Knobs(*(_whole_field(value[k], f"config.{k}", 0) for k in knob_keys))
+        knobs = Knobs(*(_whole_field(value[k], f"config.{k}", *ranges[k]) for k in knob_keys))
     except KnobsError as exc:
         raise TraceError(f"config.{exc}") from None
     ep = value.get("ep_size")
-    ep = None if ep is None else _whole_field(ep, "config.ep_size", 1)
+    ep = None if ep is None else _whole_field(ep, "config.ep_size", *ranges["ep_size"])
     use_async = _scalar(value.get("use_async"))
     if use_async is not None and not isinstance(use_async, (bool, np.bool_)):
         raise TraceError(f"config.use_async: expected true, false or null, got {use_async!r}")
@@ -157,6 +167,12 @@ def telemetry_from_dict(d: Mapping[str, Any]) -> Telemetry | None:
     for key in ("rank_load", "preemptions", "prefix_cache_queries"):
         if key in present:
             kw[key] = _numeric_array(d[key], key)
+            with np.errstate(invalid="ignore"):
+                big = kw[key] > bounded_read.MAX_COUNT  # NaN and negatives: Telemetry.check names them
+            if big.any():
+                at = ", ".join(f"{a} {int(i)}" for a, i in zip(("bucket", "layer", "rank"), np.argwhere(big)[0]))
+                raise TraceError(f"{key}: value {float(kw[key][big][0])!r} above 2**53 at {at}; counts are at most "
+                                 "2**53 (exact in float64)")
     if "rearrangements" in present:
         kw["rearrangements"] = _rearrangements(d["rearrangements"])
     if "config" in present:
@@ -194,6 +210,8 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
     num_layers = _positive_int(d, "num_layers")
     num_experts = _positive_int(d, "num_experts")
     load = _numeric_array(d["load"], "load")
+    if load.ndim == 3:
+        _counts(load, "load", ("bucket", "layer", "expert"))
     if load.size == 0 and load.ndim >= 1 and load.shape[0] == 0:
         raise TraceError("load: the trace is empty (0 buckets); record at least one bucket")
     if load.ndim != 3:
@@ -207,13 +225,17 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
         raise TraceError(f"bucket_steps: expected a list of T integers, got shape {steps.shape}")
     if steps.shape[0] != load.shape[0]:
         raise TraceError(f"bucket_steps: length {steps.shape[0]} does not match the {load.shape[0]} buckets of load")
+    _counts(steps, "bucket_steps", ("bucket",))
+    if np.any(steps != np.round(steps)):
+        t = int(np.argmax(steps != np.round(steps)))
+        raise TraceError(f"bucket_steps: {float(steps[t])!r} at bucket {t}: must be whole numbers of engine steps")
+    if float(steps.astype(np.float64).sum()) > bounded_read.MAX_COUNT:
+        raise TraceError(f"bucket_steps: {float(steps.astype(np.float64).sum()):.3g} engine steps in all, more than "
+                         "2**53; a trace counts real engine steps")
     kwargs: dict[str, Any] = {}
     if d.get("bucket_seconds") is not None:
-        bs = d["bucket_seconds"]
-        bs = bs.item() if isinstance(bs, np.ndarray) and bs.ndim == 0 else bs
-        if isinstance(bs, bool) or not isinstance(bs, numbers.Real) or not math.isfinite(bs) or bs <= 0:
-            raise TraceError(f"bucket_seconds: expected a number > 0, got {bs!r}")
-        kwargs["bucket_seconds"] = float(bs)
+        kwargs["bucket_seconds"] = bounded_read.finite_number(d["bucket_seconds"], "bucket_seconds", 0.0, 86400.0 * 366,
+                                                              strict_lo=True, error=TraceError)
     if d.get("top_k") is not None:
         kwargs["top_k"] = _positive_int(d, "top_k")
         if kwargs["top_k"] > num_experts:
@@ -227,7 +249,13 @@ def trace_from_dict(d: Mapping[str, Any]) -> LoadTrace:
     telemetry = telemetry_from_dict(d)
     if telemetry is not None:
         kwargs["telemetry"] = telemetry
-    return LoadTrace(load=load, bucket_steps=steps, **kwargs)
+    trace = LoadTrace(load=load, bucket_steps=steps, **kwargs)
+    refusals, warnings = physical_checks(trace)
+    if refusals:
+        raise TraceError(refusals[0])
+    if warnings:
+        trace.meta["warnings"] = warnings
+    return trace
 
 
 def telemetry_to_dict(tel: Telemetry, *, arrays: bool = False) -> dict[str, Any]:
@@ -292,9 +320,10 @@ def trace_suffix(path: str | os.PathLike) -> str:
     return trace_format.suffix_of(path)
 
 
-def load_trace(path: str | os.PathLike) -> LoadTrace:
-    """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix), bounded and strict."""
-    d = trace_format.read_trace_file(path)
+def load_trace(path: str | os.PathLike, *, max_bytes: int = trace_format.MAX_TRACE_BYTES) -> LoadTrace:
+    """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix), bounded (at most
+    ``max_bytes``, see :func:`moe_eplb.trace_format.read_trace_file`) and strict."""
+    d = trace_format.read_trace_file(path, max_bytes=max_bytes)
     if d.get("kind") in ROUTING_KINDS:
         raise TraceError(
             f"{path}: is a routing data file (kind {d['kind']!r}), not a load trace; "
@@ -403,51 +432,88 @@ class TokenRouting:
         )
 
 
+#: Bounds of the routing files' scalars: the CRD's (spec.model.moe numExperts 2..4096, topK 1..64)
+#: and at most 1024 MoE layers.
+ROUTING_RANGES = {"num_experts": (2, 4096), "top_k": (1, 64), "num_layers": (1, 1024)}
+#: Most bytes a routing data file may have (the shipped ones are under 1 MB).
+MAX_ROUTING_FILE_BYTES = 256 * 2**20
+
+
 def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise TraceError(f"{where}: key {key!r} is missing")
     return d[key]
 
 
+def _routing_int(d: Mapping[str, Any], key: str, where: str, required: bool = True) -> int | None:
+    if not required and d.get(key) is None:
+        return None
+    lo, hi = ROUTING_RANGES[key]
+    return bounded_read.whole_number(_require(d, key, where), f"{where}: {key}", lo, hi, error=TraceError)
+
+
+def _model_name(d: Mapping[str, Any], where: str) -> str:
+    model = d.get("model", "unknown")
+    if not isinstance(model, str):
+        raise TraceError(f"{where}: model: expected a string, got {type(model).__name__}")
+    return model
+
+
 def domain_counts_from_dict(d: Mapping[str, Any], where: str = "expert counts") -> DomainCounts:
     """Parse an ``expert_counts_by_domain`` dict (``counts[domain][i][e]`` over ``layers[i]``)."""
-    num_experts = int(_require(d, "num_experts", where))
-    top_k = int(_require(d, "top_k", where))
+    num_experts = _routing_int(d, "num_experts", where)
+    top_k = _routing_int(d, "top_k", where)
+    if top_k > num_experts:
+        raise TraceError(f"{where}: top_k: {top_k} is more than num_experts {num_experts}")
     layers = _require(d, "layers", where)
-    if not isinstance(layers, list) or not layers or not all(isinstance(x, int) and x >= 0 for x in layers):
-        raise TraceError(f"{where}: layers must be a non-empty list of layer indices")
+    if not isinstance(layers, list) or not layers or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < ROUTING_RANGES["num_layers"][1] for x in layers):
+        raise TraceError(f"{where}: layers must be a non-empty list of layer indices 0..{ROUTING_RANGES['num_layers'][1] - 1}")
     raw = _require(d, "counts", where)
     if not isinstance(raw, Mapping) or not raw:
         raise TraceError(f"{where}: counts must be an object {{domain: [[count per expert] per layer]}}")
     counts: dict[str, np.ndarray] = {}
     for domain, rows in raw.items():
-        arr = _numeric_array(rows, f"counts.{domain}").astype(np.float64)
+        arr = _numeric_array(rows, f"{where}: counts.{domain}").astype(np.float64)
         if arr.shape != (len(layers), num_experts):
-            raise TraceError(f"counts.{domain}: shape {arr.shape}, expected ({len(layers)}, {num_experts})")
-        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-            raise TraceError(f"counts.{domain}: counts must be finite and >= 0")
+            raise TraceError(f"{where}: counts.{domain}: shape {arr.shape}, expected ({len(layers)}, {num_experts})")
+        _counts(arr, f"{where}: counts.{domain}", ("layer", "expert"))
         if np.any(arr.sum(axis=1) <= 0):
-            raise TraceError(f"counts.{domain}: a layer has no tokens at all")
+            raise TraceError(f"{where}: counts.{domain}: a layer has no tokens at all")
         counts[str(domain)] = arr
-    num_layers = int(d.get("num_layers") or max(layers) + 1)
+    num_layers = _routing_int(d, "num_layers", where, required=False) or max(layers) + 1
+    if num_layers <= max(layers):
+        raise TraceError(f"{where}: num_layers: {num_layers} but layers go up to {max(layers)}")
     return DomainCounts(
         counts=counts,
         layers=tuple(int(x) for x in layers),
         num_experts=num_experts,
         top_k=top_k,
-        model=str(d.get("model", "unknown")),
+        model=_model_name(d, where),
         num_layers=num_layers,
     )
 
 
-def token_routing_from_dict(d: Mapping[str, Any], where: str = "token routing") -> TokenRouting:
-    """Parse a ``token_routing_sequence`` dict (``experts[t][layer] = [top-k expert ids]``)."""
-    num_experts = int(_require(d, "num_experts", where))
-    top_k = int(_require(d, "top_k", where))
+def token_routing_from_dict(d: Mapping[str, Any], where: str = "token routing",
+                            max_bytes: int = trace_format.MAX_TRACE_BYTES) -> TokenRouting:
+    """Parse a ``token_routing_sequence`` dict (``experts[t][layer] = [top-k expert ids]``); its
+    one-hot load (tokens x layers x experts, float64) must fit in ``max_bytes``."""
+    num_experts = _routing_int(d, "num_experts", where)
+    top_k = _routing_int(d, "top_k", where)
+    if top_k > num_experts:
+        raise TraceError(f"{where}: top_k: {top_k} is more than num_experts {num_experts}")
     experts = _require(d, "experts", where)
     if not isinstance(experts, list) or not experts:
         raise TraceError(f"{where}: experts must be a non-empty list of tokens")
-    num_layers = int(d.get("num_layers") or len(experts[0]))
+    if not isinstance(experts[0], list):
+        raise TraceError(f"{where}: experts[0] must be a list (one entry per layer)")
+    num_layers = _routing_int(d, "num_layers", where, required=False) or len(experts[0])
+    if num_layers > ROUTING_RANGES["num_layers"][1]:
+        raise TraceError(f"{where}: experts[0] has {num_layers} layers, at most {ROUTING_RANGES['num_layers'][1]}")
+    bounded_read.check_working_set(
+        len(experts) * num_layers * max(num_experts, top_k) * 8.0, max_bytes, where,
+        f"the load of {len(experts)} tokens x {num_layers} layers x {num_experts} experts", error=TraceError,
+        fix="use fewer tokens")
     choices = np.full((len(experts), num_layers, top_k), -1, dtype=np.int64)
     for t, token in enumerate(experts):
         if not isinstance(token, list) or len(token) != num_layers:
@@ -456,34 +522,37 @@ def token_routing_from_dict(d: Mapping[str, Any], where: str = "token routing") 
         for layer, chosen in enumerate(token):
             if not chosen:
                 continue  # not recorded for this token and layer
-            if len(chosen) != top_k or not all(isinstance(e, int) and 0 <= e < num_experts for e in chosen):
-                raise TraceError(f"{where}: experts[{t}][{layer}] = {chosen!r} is not {top_k} expert ids < {num_experts}")
+            if not isinstance(chosen, list) or len(chosen) != top_k or not all(
+                    isinstance(e, int) and not isinstance(e, bool) and 0 <= e < num_experts for e in chosen):
+                raise TraceError(f"{where}: experts[{t}][{layer}] = {str(chosen)[:60]} is not {top_k} expert ids "
+                                 f"< {num_experts}")
             choices[t, layer] = chosen
     seq = d.get("problem_id", [0] * len(experts))
-    if len(seq) != len(experts):
-        raise TraceError(f"{where}: problem_id has {len(seq)} entries for {len(experts)} tokens")
+    if not isinstance(seq, list) or len(seq) != len(experts):
+        raise TraceError(f"{where}: problem_id must list one request id for each of the {len(experts)} tokens")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= bounded_read.INT64_MAX for x in seq):
+        raise TraceError(f"{where}: problem_id: request ids are integers in 0..2**63-1")
     return TokenRouting(
         choices=choices,
         sequence_id=np.asarray(seq, dtype=np.int64),
         num_experts=num_experts,
         top_k=top_k,
-        model=str(d.get("model", "unknown")),
+        model=_model_name(d, where),
     )
 
 
-def read_routing_file(path: str | os.PathLike) -> DomainCounts | TokenRouting:
+def read_routing_file(path: str | os.PathLike, *, max_bytes: int = MAX_ROUTING_FILE_BYTES) -> DomainCounts | TokenRouting:
     """Read a real routing data file (``kind`` ``expert_counts_by_domain`` or
-    ``token_routing_sequence``)."""
+    ``token_routing_sequence``; ``.gz`` gunzipped), bounded like a trace
+    (:mod:`moe_eplb.bounded_read`: size, decompressed size, JSON values, depth, duplicate keys,
+    non-finite numbers) and strict."""
     path = Path(path)
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            d = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: cannot read as JSON ({exc})") from None
+    raw = bounded_read.read_bytes(path, max_bytes=max_bytes, error=TraceError, what="routing data file",
+                                  max_values=bounded_read.MAX_JSON_VALUES)
+    d = bounded_read.parse_json(raw, str(path), error=TraceError)
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == KIND_EXPERT_COUNTS:
         return domain_counts_from_dict(d, str(path))
     if kind == KIND_TOKEN_ROUTING:
         return token_routing_from_dict(d, str(path))
-    raise TraceError(f"{path}: kind is {kind!r}; expected one of {', '.join(ROUTING_KINDS)}")
+    raise TraceError(f"{path}: kind is {str(kind)[:40]!r}; expected one of {', '.join(ROUTING_KINDS)}")

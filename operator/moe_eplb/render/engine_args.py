@@ -116,12 +116,26 @@ def multinode_leader_args(inf: MoEInference) -> list[str]:
 
 
 def multinode_worker_args(inf: MoEInference) -> list[str]:
-    """Extra args of a LeaderWorkerSet worker (headless). Shell syntax: run under ``sh -c``.
+    """Extra args of a LeaderWorkerSet worker (headless) passed as container ``args`` (no shell):
+    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes, as for the leader. The first DP rank and
+    ``--headless`` come from the fixed :func:`multinode_worker_script`."""
+    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)"]
 
-    Its first DP rank is ``LWS_WORKER_INDEX x dataLocal``.
+
+def multinode_worker_script(inf: MoEInference) -> str:
+    """The worker's ``sh -c`` script: ``exec vllm serve "$@"`` (the container ``args``, verbatim)
+    then ``--data-parallel-start-rank $((LWS_WORKER_INDEX x dataLocal)) --headless``.
+
+    No user-derived text is in it (``dataLocal`` is an int), and every ``$`` is written ``$$`` so
+    that Kubernetes' ``$(VAR)`` expansion of ``command`` leaves the script exactly as the shell
+    must see it, whatever env the pod has.
     """
-    return _dp_args(inf) + [
-        "--data-parallel-address", "$LWS_LEADER_ADDRESS",
-        "--data-parallel-start-rank", f"$((LWS_WORKER_INDEX * {inf.parallelism.data_local}))",
-        "--headless",
-    ]
+    data_local = int(inf.parallelism.data_local)
+    script = f'exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * {data_local}))" --headless'
+    return k8s_escape(script)
+
+
+def k8s_escape(text: str) -> str:
+    """``text`` with every ``$`` doubled, so that Kubernetes' ``$(VAR)`` expansion of a container's
+    ``command``/``args``/env gives ``text`` back unchanged."""
+    return text.replace("$", "$$")

@@ -14,7 +14,6 @@ settings rolls the pods while a change of ``replicas`` does not.
 from __future__ import annotations
 
 import math
-import shlex
 from typing import Any
 
 from moe_eplb import __version__, k8s_names, metric_names
@@ -39,6 +38,7 @@ from moe_eplb.render.engine_args import (
     engine_args,
     multinode_leader_args,
     multinode_worker_args,
+    multinode_worker_script,
 )
 from moe_eplb.render.labels import labels, selector_labels
 
@@ -257,10 +257,10 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     data-parallel engine (leader serves the API, workers run ``--headless``)."""
     common = engine_args(inf, eplb)
     leader = pod_template(inf, eplb, command=["vllm", "serve"], args=common + multinode_leader_args(inf))
-    script = "exec vllm serve " + shlex.join(common) + " " + " ".join(
-        f'"{a}"' if a.startswith("$LWS") else a for a in multinode_worker_args(inf)
-    )
-    worker = pod_template(inf, eplb, command=["/bin/sh", "-c", script], args=None, serves_api=False)
+    # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
+    # script; no user text is ever part of a `sh -c` string (issue 24)
+    worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
+                          args=common + multinode_worker_args(inf), serves_api=False)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",

@@ -71,12 +71,70 @@ class PodSpecError(ValueError):
     """The pod template does not say how to run the simulated engine."""
 
 
-def _tokens(container: dict) -> list[str]:
-    raw = list(container.get("command") or []) + list(container.get("args") or [])
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' expansion of ``$(VAR)`` in a container's ``command``, ``args`` and env values
+    (k8s.io/kubernetes third_party/forked/golang/expansion): ``$(VAR)`` becomes VAR's value when VAR
+    is in ``env``, else stays as written; ``$$`` becomes ``$``; a ``$`` before any other character,
+    or a ``$(`` without a closing ``)``, stays as written. One pass: expanded values are not rescanned.
+    """
     out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c != "$" or i + 1 == n:
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "(":
+            close = text.find(")", i + 2)
+            if close < 0:
+                out.append("$(")
+                i += 2
+                continue
+            name = text[i + 2:close]
+            out.append(env[name] if name in env else f"$({name})")
+            i = close + 1
+        else:
+            out.append("$" + nxt)
+            i += 2
+    return "".join(out)
+
+
+def container_env(container: dict) -> dict[str, str]:
+    """The literal env of a container as Kubernetes resolves it: in order, each ``value`` expanded
+    with the variables defined before it (``valueFrom`` entries are skipped: no API here)."""
+    env: dict[str, str] = {}
+    for e in container.get("env") or []:
+        if isinstance(e, dict) and "value" in e and isinstance(e.get("name"), str):
+            env[e["name"]] = expand_vars(str(e["value"]), env)
+    return env
+
+
+def container_argv(container: dict, env: Mapping[str, str] | None = None) -> list[str]:
+    """The argv a container runs: ``command`` + ``args`` after Kubernetes' ``$(VAR)`` expansion
+    with ``env`` (default: :func:`container_env`)."""
+    env = container_env(container) if env is None else env
+    return [expand_vars(str(t), env) for t in list(container.get("command") or []) + list(container.get("args") or [])]
+
+
+def _tokens(container: dict) -> list[str]:
+    raw = container_argv(container)
+    if len(raw) >= 3 and raw[0].rsplit("/", 1)[-1] in ("sh", "bash") and raw[1] == "-c":
+        # `sh -c SCRIPT NAME ARGS...`: the script's words, its "$@" replaced by ARGS
+        words = shlex.split(raw[2])
+        params = raw[4:]
+        out: list[str] = []
+        for w in words:
+            out += params if w == "$@" else [w]
+        return out
+    out = []
     for tok in raw:
         if isinstance(tok, str) and (tok.startswith(("vllm ", "exec vllm ")) or (" --" in tok and "{" not in tok)):
-            out += shlex.split(tok)  # a `sh -c "[exec] vllm serve ..."` command line (a JSON arg is one token)
+            out += shlex.split(tok)  # a `[exec] vllm serve ...` command line (a JSON arg is one token)
         else:
             out.append(str(tok))
     return out
