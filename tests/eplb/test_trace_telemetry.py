@@ -120,7 +120,7 @@ def _with(**changes) -> dict:
     (dict(prefix_cache_hit_rate=[0.6, None, None, 0.4]), "prefix_cache_hit_rate:", "no value at bucket 2"),
     (dict(prefix_cache_hit_rate=[0.6, 0.5, 0.4]), "prefix_cache_hit_rate:", "4 numbers"),
     (dict(prefix_cache_queries=[900, -1, 700, 800]), "prefix_cache_queries:", ">= 0"),
-    (dict(kv_cache_blocks=0), "kv_cache_blocks:", ">= 1"),
+    (dict(kv_cache_blocks=0), "kv_cache_blocks:", "an integer > 0"),
     (dict(kv_block_size=16.5), "kv_block_size:", "integer"),
 ])
 def test_strict_errors_name_the_key(changes, prefix, words):

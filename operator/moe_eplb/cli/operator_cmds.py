@@ -50,9 +50,9 @@ class _NamespaceList(click.ParamType):
               help="kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering with --namespace); "
                    "used when kopf's peering CRDs are installed. Empty (also an empty env var): standalone.")
 @click.option("--priority", type=int, default=None, **_env("priority"),
-              help="Peering priority: the highest-priority replica acts, the others pause. Default: random in "
-                   f"[{s.PRIORITY_RANGE[0]}, {s.PRIORITY_RANGE[1]}] per process (kopf pauses replicas that "
-                   "share a priority).")
+              help="Peering priority: the highest-priority replica acts, the others pause. Default: by "
+                   "seniority (the earlier-started replica is higher, a random tie-break makes each process "
+                   f"differ), in [{s.PRIORITY_RANGE[0]}, {s.PRIORITY_RANGE[1]}].")
 @click.option("--health-port", type=int, default=None, show_default=str(s.DEFAULT_HEALTH_PORT),
               **_env("health_port"), help="Port of the liveness endpoint http://0.0.0.0:PORT/healthz (0 to disable).")
 @click.option("--liveness", "liveness", default=None, **_env("liveness"),
@@ -109,7 +109,8 @@ def run(ctx: click.Context, kubeconfig: str | None, verbose: bool, debug: bool, 
                         "MoEInference", env)
     log.info("moe-eplb operator: %s, peering %s (priority %d), prometheus %s",
              "all namespaces" if settings.clusterwide else ",".join(settings.namespaces),
-             "off (standalone)" if settings.standalone else settings.peering_name, settings.priority,
+             "off (standalone)" if settings.standalone else
+             settings.peering_name + (" (required)" if settings.peering_required else ""), settings.priority,
              settings.prometheus_url or "none (pods read directly)")
     counter = None
     if settings.metrics_port:
@@ -118,7 +119,7 @@ def run(ctx: click.Context, kubeconfig: str | None, verbose: bool, debug: bool, 
     controller = Controller(resync_seconds=settings.resync_seconds, counter=counter, settings=settings)
     run_main(controller=controller, clusterwide=settings.clusterwide, namespaces=settings.namespaces,
              standalone=settings.standalone, peering_name=settings.peering_name, priority=settings.priority,
-             liveness_endpoint=settings.liveness_endpoint)
+             liveness_endpoint=settings.liveness_endpoint, peering_required=settings.peering_required)
 
 
 def settings_from_cli(ctx: click.Context, values: Mapping[str, Any], environ: Mapping[str, str]) -> s.OperatorSettings:
@@ -129,6 +130,8 @@ def settings_from_cli(ctx: click.Context, values: Mapping[str, Any], environ: Ma
     if peering is None and source == click.core.ParameterSource.DEFAULT \
             and environ.get(s.OPTIONS["peering_name"][1]) == "":
         peering = ""
+    # a name given on purpose (flag or env, as the chart does) makes peering mandatory
+    required = bool(peering) and source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
     return s.build(
         prometheus_url=values.get("prometheus_url"), namespaces=values.get("namespaces") or (),
         standalone=bool(values.get("standalone")), peering_name=peering, priority=values.get("priority"),
@@ -136,5 +139,6 @@ def settings_from_cli(ctx: click.Context, values: Mapping[str, Any], environ: Ma
         metrics_port=values["metrics_port"], resync_seconds=values["resync_seconds"],
         log_level=values["log_level"], log_format=values["log_format"],
         pod_name=environ.get("POD_NAME"), pod_namespace=environ.get("POD_NAMESPACE"),
-        pod_monitor_labels=values.get("pod_monitor_labels"), exporter_image=values.get("exporter_image"))
+        pod_monitor_labels=values.get("pod_monitor_labels"), exporter_image=values.get("exporter_image"),
+        peering_required=required)
 
