@@ -5,7 +5,8 @@ YAML output (no anchors) changed what ``moe-eplb render`` prints, once more when
 DeepSeek-V3 examples moved to the stock ``vllm/vllm-openai`` image (the plugin injected), and
 ``render-deepseek-v3-multinode`` once more when the PodMonitor of a multi-node resource started
 copying the LWS group labels onto the series (issue 13: ``replica_group``, ``group_worker``,
-``group_size``).
+``group_size``). ``render-qwen3-30b-a3b-autoscaled`` was made with its example (issue 20:
+``spec.autoscaling``, the KEDA ScaledObject as the last child).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

@@ -126,6 +126,9 @@ class Rollout:
     predicted_gain: float | None = None
     reason: str | None = None
     degraded: bool | None = None
+    #: spec.replicas when the rollout started: while it restarts pods, the rendered autoscaler
+    #: keeps at least this many replicas (render/autoscaler.rollout_min_replicas)
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
-from moe_eplb.api.validation import check
+from moe_eplb.api.validation import check, operator_default_problems
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.k8s_names import (
@@ -243,6 +243,8 @@ class Reconciler:
         inf = checked.inference
         if inf is not None:
             inf = inf.with_operator_defaults(self.defaults)  # this copy only; the resource is not changed
+            if not problems:
+                problems = operator_default_problems(inf)
         desired: list[dict[str, Any]] = []
         if not problems and inf is not None:
             try:
