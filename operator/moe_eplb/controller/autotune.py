@@ -277,7 +277,7 @@ async def _advance_rollout(inf: MoEInference, client: Any, rt: AutotuneRuntime, 
         await rerender()  # the template still shows the settings before the change: render it again
         view, pods = await workload_view(client, inf, rt, target=target, since=since)
     measured = None
-    window = ro.measurement_window(cfg, state, now)
+    window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
     if window is not None and not view.crashlooping:
         measured = await _measure(rt, inf, pods, *window)
     step = ro.advance(cfg, state, view, now=now, measured=measured)
@@ -352,10 +352,12 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
         baseline = await _measure(rt, inf, pods, max(start, now - cfg.evaluation_interval_s), now)
     # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
     now = rt.clock.now()
+    scaling = await read_scaling(client, inf, rt, view) if answer is not None and cfg.mode == "Apply" else None
     out = dec.evaluate(cfg, state, now=now, generation=inf.generation, current=current, spec_eplb=inf.spec_knobs,
                        data_window=data_window, load_error=load_error, answer=answer, tune_error=tune_error,
                        workload_blocker=blocker, baseline=baseline, from_hash=view.template_hash,
-                       calibration=dec.calibration_record(calibration) if calibration is not None else None)
+                       calibration=dec.calibration_record(calibration) if calibration is not None else None,
+                       scaling=scaling)
     ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=actor,
                              tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None)
     new_status = out.status.replace(last_evaluation=ev)
@@ -441,6 +443,7 @@ async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, tar
     else:
         workloads = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
     pods = await client.list("v1", "Pod", ns, label_selector=selector)
+    extra["newest_replica_at"] = newest_pod_start(pods, rt)
     if not workloads:
         return ro.WorkloadView(inf.generation, False, None, **extra), pods
     hashes = sorted({_config_hash(t) for w in workloads for t in _pod_templates(w)})
@@ -452,7 +455,76 @@ async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, tar
                 crashes += await recreated_groups(client, w, pods, hashes, since, rt)
     else:
         settled = all(_deployment_settled(d) for d in workloads)
+    extra["replicas"] = sum(int((w.get("spec") or {}).get("replicas", 1)) for w in workloads)
     return ro.WorkloadView(inf.generation, settled, ",".join(hashes), tuple(sorted(set(crashes))), **extra), pods
+
+
+def _to_clock(rt: AutotuneRuntime, wall: float) -> float:
+    to_sim = getattr(rt.clock, "to_sim", None)
+    return to_sim(wall) if to_sim is not None else wall
+
+
+def newest_pod_start(pods: list[dict], rt: AutotuneRuntime) -> float | None:
+    """When the youngest engine pod (not being deleted) was created, in clock seconds; None without pods."""
+    times = [parse_iso((p.get("metadata") or {}).get("creationTimestamp")) for p in pods
+             if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    times = [t for t in times if t is not None]
+    return _to_clock(rt, max(times)) if times else None
+
+
+async def read_scaling(client: Any, inf: MoEInference, rt: AutotuneRuntime,
+                       view: ro.WorkloadView) -> dec.ScalingState | None:
+    """The replica autoscaler's state (:class:`~.decisions.ScalingState`) from the resource, the
+    workload's replica count and the HorizontalPodAutoscaler (ours, or the one KEDA made for the
+    ScaledObject); None without ``spec.autoscaling``. A missing HPA (KEDA not reconciled yet) leaves
+    its fields unknown."""
+    auto = inf.autoscaling
+    if auto is None:
+        return None
+    from moe_eplb.render.autoscaler import hpa_name
+
+    try:
+        hpa = await client.get(k8s_names.HPA_API_VERSION, k8s_names.HPA_KIND, inf.namespace or "default",
+                               hpa_name(inf))
+    except ApiError as exc:
+        log.info("autotune %s/%s: cannot read the autoscaler's HPA: %s", inf.namespace, inf.name, exc)
+        hpa = None
+    return scaling_state(inf.replicas, view.replicas, auto.max_replicas, auto.metric.type, hpa,
+                         lambda wall: _to_clock(rt, wall))
+
+
+def scaling_state(desired: int, running: int | None, max_replicas: int, metric_type: str, hpa: dict | None,
+                  to_clock: Callable[[float], float] = lambda t: t) -> dec.ScalingState:
+    """:class:`~.decisions.ScalingState` from an ``autoscaling/v2`` HorizontalPodAutoscaler object
+    (its status: desiredReplicas, lastScaleTime, the ScalingLimited condition, the current metric)."""
+    st = (hpa or {}).get("status") or {}
+    last = parse_iso(st.get("lastScaleTime"))
+    limited = any(c.get("type") == "ScalingLimited" and c.get("status") == "True" and c.get("reason") == "TooManyReplicas"
+                  for c in st.get("conditions") or [])
+    waiting = None
+    if metric_type == "RequestsWaiting":
+        for m in st.get("currentMetrics") or []:
+            current = (m.get(m.get("type", "").lower() or "external") or {}).get("current") or {}
+            value = current.get("averageValue", current.get("value"))
+            if value is not None:
+                waiting = quantity_value(value)
+    desired_hpa = st.get("desiredReplicas")
+    return dec.ScalingState(desired=desired, running=desired if running is None else running,
+                            max_replicas=max_replicas, hpa_desired=int(desired_hpa) if desired_hpa is not None else None,
+                            last_scale_time=to_clock(last) if last is not None else None, limited=limited,
+                            waiting=waiting)
+
+
+def quantity_value(q: Any) -> float | None:
+    """A Kubernetes quantity as a number (``"1500m"`` -> 1.5, ``"3"`` -> 3.0); None when unreadable."""
+    text = str(q).strip()
+    scale = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+    try:
+        if text and text[-1] in scale:
+            return float(text[:-1]) * scale[text[-1]]
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _pod_templates(workload: dict) -> list[dict]:
