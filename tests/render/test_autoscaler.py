@@ -198,3 +198,14 @@ def test_printer_columns_show_desired_and_ready_replicas():
     assert cols["Desired"]["jsonPath"] == ".spec.replicas"
     assert cols["Ready-Replicas"]["jsonPath"] == ".status.readyReplicas"
     assert cols["Max"]["jsonPath"] == ".spec.autoscaling.maxReplicas"
+
+
+def test_condition_line_names_the_autoscaler_and_the_metric():
+    inf = check(load_moeinferences(AUTOSCALED)[0]).inference
+    assert au.describe(inf) == ("KEDA ScaledObject qwen3-30b-autoscaled (HPA keda-hpa-qwen3-30b-autoscaled) scales "
+                                "spec.replicas between 1 and 4 on vllm:num_requests_waiting (target 8 per replica group)")
+    hpa = check(resource({"maxReplicas": 6, "backend": "HPA", "hpa": {"metricsApi": "External"},
+                          "metric": {"type": "TTFT"}})).inference
+    assert au.describe(hpa) == ("HorizontalPodAutoscaler qwen3-30b-autoscaled (External metric "
+                                "vllm_time_to_first_token_seconds_p90) scales spec.replicas between 1 and 6 on p90 of "
+                                "vllm:time_to_first_token_seconds (target 2)")

@@ -169,6 +169,17 @@ class CalibrationRecord:
 
 
 @dataclass(frozen=True)
+class ReplicaCost:
+    """One candidate's redundancy priced in replicas (``lastEvaluation.replicaCosts[]``)."""
+
+    window_size: int
+    step_interval: int
+    num_redundant_experts: int
+    kv_cache_gib_per_gpu: float | None = None
+    replicas: int | None = None  # None: the candidate leaves no KV cache
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """``status.autotune.lastEvaluation``: what the last evaluation saw and decided."""
 
@@ -185,6 +196,9 @@ class Evaluation:
     reason: str | None = None
     evaluated_by: str | None = None
     tuner_cpu_seconds: float | None = None
+    #: per candidate (best first), the replicas its redundancy needs at today's traffic and the
+    #: autoscaler's target (spec.autoscaling on and the KV cache measured; see eplb/capacity.py)
+    replica_costs: tuple[ReplicaCost, ...] = field(default=(), metadata={"omit_empty": True})
 
 
 @dataclass(frozen=True)

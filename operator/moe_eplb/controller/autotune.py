@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+import numpy as np
 
 from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import (
@@ -59,12 +60,14 @@ from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
 from moe_eplb.eplb.calibrate import Calibration, calibrate
+from moe_eplb.eplb.capacity import KvCapacity
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, TuneResult, tune
 from moe_eplb.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.metrics import measure as measure_mod
 from moe_eplb.metrics import reader
+from moe_eplb.metrics.assemble import per_engine
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
@@ -359,7 +362,12 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
                        calibration=dec.calibration_record(calibration) if calibration is not None else None,
                        scaling=scaling)
     ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=actor,
-                             tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None)
+                             tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None,
+                             replica_costs=dec.replica_costs(result, kv_capacity(inf, trace, current),
+                                                             num_moe_layers=inf.moe_shape.num_moe_layers,
+                                                             bytes_per_expert=inf.moe_shape.bytes_per_expert,
+                                                             ep_size=inf.parallelism.ep_size)
+                             if answer is not None and inf.autoscaling is not None else ())
     new_status = out.status.replace(last_evaluation=ev)
     if not await _write(client, inf, new_status, out.conditions, now):
         return "conflict"
@@ -374,6 +382,23 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
     if rt.observer:
         rt.observer("evaluation", inf, ev)
     return f"evaluation:{out.decision}"
+
+
+def kv_capacity(inf: MoEInference, trace: LoadTrace, current: Knobs) -> KvCapacity | None:
+    """Today's KV cache from the trace's telemetry (usage over the last 4 buckets, bytes per GPU)
+    and the autoscaler's target usage (its KVCacheUsage target, else a full cache); None when
+    the telemetry lacks either."""
+    tel = trace.telemetry
+    if tel is None or tel.kv_cache_usage is None or not tel.kv_cache_bytes_per_gpu:
+        return None
+    recent = np.asarray(tel.kv_cache_usage[-4:], dtype=np.float64)
+    if not np.isfinite(recent).any():
+        return None
+    auto = inf.autoscaling
+    target = auto.metric.target if auto is not None and auto.metric.type == "KVCacheUsage" else 1.0
+    return KvCapacity(replicas=max(1, inf.replicas), usage=float(np.nanmean(recent)),
+                      kv_bytes_per_gpu=float(tel.kv_cache_bytes_per_gpu), redundant=current.num_redundant_experts,
+                      target=target)
 
 
 def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
@@ -717,6 +742,7 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in the reader must not kill the loop
         raise LoadUnavailable("LoadReadError", f"{type(exc).__name__}: {exc}") from exc
+    trace = per_engine(trace)  # one engine's load and steps, whatever the replica count (autoscaling)
     if trace.bucket_seconds and scale != 1.0:
         trace = LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds * scale,
                           top_k=trace.top_k, model=trace.model, meta=trace.meta, telemetry=trace.telemetry)

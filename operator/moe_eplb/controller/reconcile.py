@@ -43,6 +43,7 @@ from moe_eplb.k8s_names import (
     MANAGED_BY_LABEL,
     NAME_LABEL,
 )
+from moe_eplb.render.autoscaler import describe as describe_autoscaler
 from moe_eplb.render.labels import selector_string
 from moe_eplb.render.objects import endpoint, render_children
 
@@ -290,16 +291,18 @@ class Reconciler:
 
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size
+        scaling = describe_autoscaler(inf)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
-            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded))
+            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling)
         outcome.phase = new_status["phase"]
         outcome.status_written = await self._write_status(resource, new_status,
                                                           lambda fresh: status_mod.ready_status(
                                                               fresh, live_children, eplb=eplb_status, ep_size=ep_size,
                                                               selector=new_status["selector"],
                                                               endpoint=new_status.get("endpoint"),
-                                                              tuner=status_mod.tuner_degraded_of(fresh.get("status"))))
+                                                              tuner=status_mod.tuner_degraded_of(fresh.get("status")),
+                                                              autoscaling=scaling))
         return outcome
 
     async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> ReconcileOutcome:

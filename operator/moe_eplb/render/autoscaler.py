@@ -187,6 +187,20 @@ def autoscaler(inf: MoEInference) -> dict[str, Any] | None:
     return scaled_object(inf) if a.backend == "KEDA" else horizontal_pod_autoscaler(inf)
 
 
+def describe(inf: MoEInference) -> str | None:
+    """One line for the ``Autoscaling`` condition: who scales what on which metric; None without."""
+    a = inf.autoscaling
+    if a is None:
+        return None
+    what = (f"KEDA ScaledObject {inf.name} (HPA {KEDA_HPA_PREFIX + inf.name})" if a.backend == "KEDA"
+            else f"HorizontalPodAutoscaler {inf.name} ({a.hpa.metrics_api if a.hpa else '?'} metric "
+                 f"{adapter_metric_name(inf)})")
+    per = " per replica group" if a.metric.type == "RequestsWaiting" else ""
+    metric = metric_series(inf) if a.metric.type != "TTFT" else f"p{a.metric.quantile * 100:g} of {metric_series(inf)}"
+    return (f"{what} scales spec.replicas between {rollout_min_replicas(inf)} and {a.max_replicas} on {metric} "
+            f"(target {a.metric.target:g}{per})")
+
+
 def hpa_name(inf: MoEInference) -> str | None:
     """The HorizontalPodAutoscaler that scales ``inf``: ours (backend HPA) or KEDA's."""
     a = inf.autoscaling

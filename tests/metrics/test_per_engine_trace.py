@@ -1,0 +1,79 @@
+"""The tuner's load trace is per engine (replica group), so its answer does not depend on how many
+replicas the autoscaler runs: the sources sum every pod, and ``assemble.per_engine`` divides each
+bucket by the engines that ran in it (``meta["engines"]``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moe_eplb.controller.autotune import OPERATOR_SEARCH
+from moe_eplb.eplb.tuner import tune
+from moe_eplb.metrics.assemble import per_engine, trace_from_rounds
+from moe_eplb.metrics.scrape import PodSample, Round
+
+L, E, T, STEPS = 2, 16, 48, 250  # layers, experts, buckets, engine steps per bucket and engine
+
+
+def _load() -> np.ndarray:
+    """[T, L, E] tokens of one engine: a popularity that drifts half-way (so the window matters)."""
+    rng = np.random.default_rng(7)
+    a, b = rng.dirichlet(np.full(E, 0.3), size=L), rng.dirichlet(np.full(E, 0.3), size=L)
+    pop = np.array([a if t < T // 2 else b for t in range(T)])
+    return np.round(pop * 8 * 64 * STEPS)
+
+
+def _rounds(replicas: int, joins_at: int | None = None) -> list[Round]:
+    """Scrape rounds of ``replicas`` pods serving the same workload (one more joins at bucket
+    ``joins_at``, as after a scale-out)."""
+    load = _load()
+    cum = np.concatenate([np.zeros((1, L, E)), np.cumsum(load, axis=0)])
+    rounds = []
+    for t in range(T + 1):
+        pods = {}
+        for i in range(replicas + (1 if joins_at is not None else 0)):
+            start, base = 0.0, 0
+            if i == replicas:  # the late replica
+                if t < joins_at:
+                    continue
+                start, base = 1000.0 + 15 * joins_at - 1, joins_at
+            tokens = {(layer, e): float(cum[t, layer, e] - cum[base, layer, e]) for layer in range(L) for e in range(E)}
+            pods[f"p{i}"] = PodSample(start_time={"m": start}, steps={"m": float(STEPS * (t - base))},
+                                      tokens={"m": tokens})
+        rounds.append(Round(time=1000.0 + 15 * t, pods=pods))
+    return rounds
+
+
+def test_summed_traces_scale_with_the_replicas_per_engine_traces_do_not():
+    one = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
+    three = trace_from_rounds(_rounds(3), num_layers=L, num_experts=E)
+    assert three.meta["engines"] == [3.0] * T
+    np.testing.assert_array_equal(three.bucket_steps, 3 * one.bucket_steps)  # summed: 3x the steps
+    per = per_engine(three)
+    np.testing.assert_allclose(per.load, one.load)
+    np.testing.assert_array_equal(per.bucket_steps, one.bucket_steps)
+    assert per_engine(one) is one  # one engine: nothing to divide
+
+
+def test_a_replica_joining_mid_window_counts_from_its_bucket():
+    grown = trace_from_rounds(_rounds(2, joins_at=20), num_layers=L, num_experts=E)
+    assert grown.meta["engines"][:20] == [2.0] * 20 and grown.meta["engines"][20:] == [3.0] * (T - 20)
+    per = per_engine(grown)
+    one = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
+    np.testing.assert_allclose(per.load, one.load)
+    np.testing.assert_array_equal(per.bucket_steps, one.bucket_steps)
+
+
+def _candidates(trace) -> dict:
+    search = {**OPERATOR_SEARCH, "min_steps": 1000, "workers": 1}
+    result = tune(trace, ep_size=4, **search)
+    return {c.knobs: (round(c.score, 6), c.result.rearrangements) for c in result.candidates}
+
+
+def test_the_tuners_answer_is_invariant_to_the_replica_count():
+    one = _candidates(trace_from_rounds(_rounds(1), num_layers=L, num_experts=E))
+    four = trace_from_rounds(_rounds(4), num_layers=L, num_experts=E)
+    assert _candidates(per_engine(four)) == one  # every candidate's score and rearrangements
+    # summed over the replicas, each engine would seem to rearrange 4x as often and score otherwise
+    summed = _candidates(four)
+    some = next(iter(one))
+    assert summed[some][1] == 4 * one[some][1] and summed != one
