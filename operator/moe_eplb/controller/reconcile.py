@@ -33,6 +33,7 @@ from typing import Any
 
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
 from moe_eplb.api.validation import check, operator_default_problems
+from moe_eplb.controller import opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.k8s_names import (
@@ -232,6 +233,7 @@ class Reconciler:
             if await self.client.delete(api_version, kind, meta["namespace"], name):
                 deleted.append(f"{kind}/{name}")
         self._locks.pop((meta["namespace"], meta["name"]), None)
+        opmetrics.forget(meta["namespace"], meta["name"])
         if deleted:
             await self._event(resource, "Normal", "Deleted", "deleted " + ", ".join(deleted))
         return deleted
@@ -295,6 +297,8 @@ class Reconciler:
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
             endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling)
+        opmetrics.record_replicas(ns, inf.name, desired=inf.replicas, ready=int(new_status.get("readyReplicas") or 0),
+                                  autoscaling=inf.autoscaling)
         outcome.phase = new_status["phase"]
         outcome.status_written = await self._write_status(resource, new_status,
                                                           lambda fresh: status_mod.ready_status(
