@@ -76,3 +76,23 @@ def test_autoscaling_cel_rules_stay_cheap():
     assert len(rules) == 7
     for rule in rules:
         assert not any(word in rule for word in ("matches(", ".all(", ".exists(", ".map(", ".filter(")), rule
+
+
+def test_every_rule_reason_is_one_the_apiserver_accepts():
+    """x-kubernetes-validations' reason must be one of the four the API server knows (else the CRD
+    is refused at install time)."""
+    allowed = {"FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"}
+
+    def reasons(node):
+        if isinstance(node, dict):
+            for rule in node.get("x-kubernetes-validations") or ():
+                if "reason" in rule:
+                    yield rule["reason"]
+            for value in node.values():
+                yield from reasons(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from reasons(value)
+
+    found = list(reasons(openapi_schema()))
+    assert "FieldValueRequired" in found and set(found) <= allowed, set(found) - allowed
