@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-import numpy as np
 
 from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import (
@@ -60,7 +59,7 @@ from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
 from moe_eplb.eplb.calibrate import Calibration, calibrate
-from moe_eplb.eplb.capacity import KvCapacity
+from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, TuneResult, tune
@@ -385,20 +384,11 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
 
 
 def kv_capacity(inf: MoEInference, trace: LoadTrace, current: Knobs) -> KvCapacity | None:
-    """Today's KV cache from the trace's telemetry (usage over the last 4 buckets, bytes per GPU)
-    and the autoscaler's target usage (its KVCacheUsage target, else a full cache); None when
-    the telemetry lacks either."""
-    tel = trace.telemetry
-    if tel is None or tel.kv_cache_usage is None or not tel.kv_cache_bytes_per_gpu:
-        return None
-    recent = np.asarray(tel.kv_cache_usage[-4:], dtype=np.float64)
-    if not np.isfinite(recent).any():
-        return None
+    """Today's KV cache from the trace's telemetry (:func:`moe_eplb.eplb.capacity.capacity_from_trace`)
+    at the autoscaler's target usage (its KVCacheUsage target, else a full cache)."""
     auto = inf.autoscaling
     target = auto.metric.target if auto is not None and auto.metric.type == "KVCacheUsage" else 1.0
-    return KvCapacity(replicas=max(1, inf.replicas), usage=float(np.nanmean(recent)),
-                      kv_bytes_per_gpu=float(tel.kv_cache_bytes_per_gpu), redundant=current.num_redundant_experts,
-                      target=target)
+    return capacity_from_trace(trace, replicas=inf.replicas, redundant=current.num_redundant_experts, target=target)
 
 
 def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:

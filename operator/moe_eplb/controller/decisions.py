@@ -43,7 +43,7 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.eplb.calibrate import Calibration
-from moe_eplb.eplb.capacity import KvCapacity, kv_bytes_per_gpu, replicas_needed
+from moe_eplb.eplb.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
@@ -193,19 +193,15 @@ def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers:
                   bytes_per_expert: float | None, ep_size: int, limit: int = 6) -> tuple[ReplicaCost, ...]:
     """The tuner's best ``limit`` candidates with the KV cache per GPU their redundancy leaves and
     the replicas they would need at today's traffic and the autoscaler's target
-    (:func:`moe_eplb.eplb.capacity.replicas_needed`; a candidate predicted faster than the running
-    settings needs fewer). Empty without a measured KV cache or the model's expert size."""
+    (:func:`moe_eplb.eplb.capacity.candidate_costs`; a candidate predicted faster than the running
+    settings needs fewer), as ``lastEvaluation.replicaCosts``. Empty without a measured KV cache or
+    the model's expert size."""
     if cap is None or not num_moe_layers or not bytes_per_expert:
         return ()
-    ref = result.current.mean if result.current is not None and result.current.mean > 0 else None
-    out = []
-    for c in result.candidates[:limit]:
-        shape = dict(num_moe_layers=num_moe_layers, bytes_per_expert=bytes_per_expert, ep_size=ep_size)
-        kv = kv_bytes_per_gpu(cap, c.knobs.num_redundant_experts, **shape)
-        n = replicas_needed(cap, c.knobs.num_redundant_experts, throughput_ratio=c.mean / ref if ref else 1.0, **shape)
-        out.append(ReplicaCost(c.knobs.window_size, c.knobs.step_interval, c.knobs.num_redundant_experts,
-                               round(kv / 2**30, 3), n))
-    return tuple(out)
+    return tuple(ReplicaCost(c.window_size, c.step_interval, c.num_redundant_experts, c.kv_cache_gib_per_gpu,
+                             c.replicas)
+                 for c in candidate_costs(result, cap, num_moe_layers=num_moe_layers,
+                                          bytes_per_expert=bytes_per_expert, ep_size=ep_size, limit=limit))
 
 
 def calibration_record(cal: Calibration) -> CalibrationRecord:
