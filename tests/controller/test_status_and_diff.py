@@ -133,9 +133,19 @@ def test_autoscaling_condition_says_who_scales_and_turns_false_when_removed():
     without = ready_status(resource(), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
     assert "Autoscaling" not in {c["type"] for c in without["conditions"]}  # never configured: no condition
     on = ready_status(resource(status=without), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None,
-                      autoscaling="KEDA ScaledObject m scales spec.replicas between 1 and 4")
+                      autoscaling=(True, "AutoscalerActive", "KEDA ScaledObject m scales spec.replicas between 1 and 4"))
     cond = next(c for c in on["conditions"] if c["type"] == "Autoscaling")
     assert (cond["status"], cond["reason"]) == ("True", "AutoscalerActive") and "between 1 and 4" in cond["message"]
     off = ready_status(resource(status=on), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
     cond = next(c for c in off["conditions"] if c["type"] == "Autoscaling")
     assert (cond["status"], cond["reason"]) == ("False", "Disabled")
+
+
+def test_autoscaling_condition_says_when_the_cluster_lacks_the_autoscalers_kind():
+    from moe_eplb.controller.reconcile import _autoscaling_condition
+
+    assert _autoscaling_condition(None, []) is None
+    assert _autoscaling_condition("KEDA ScaledObject m scales ...", ["PodMonitor/m"]) == \
+        (True, "AutoscalerActive", "KEDA ScaledObject m scales ...")
+    ok, reason, message = _autoscaling_condition("KEDA ScaledObject m scales ...", ["ScaledObject/m"])
+    assert (ok, reason) == (False, "AutoscalerKindMissing") and "install KEDA, or use spec.autoscaling.backend: HPA" in message

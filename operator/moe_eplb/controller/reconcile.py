@@ -39,6 +39,8 @@ from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.k8s_names import (
     API_GROUP,
     API_VERSION,
+    HPA_KIND,
+    KEDA_KIND,
     KIND,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -133,6 +135,7 @@ class ReconcileOutcome:
     phase: str | None = None
     status_written: bool = False
     rejected: bool = False
+    skipped: list[str] = field(default_factory=list)  # children whose kind the cluster does not serve
 
 
 class Reconciler:
@@ -275,6 +278,8 @@ class Reconciler:
                 outcome.created.append(cid)
             elif action == "patched":
                 outcome.patched.append(cid)
+            elif action == "skipped":
+                outcome.skipped.append(cid)
         if prune:
             keep = {_child_id(c) for c in desired}
             for api_version, kind, name in await self._owned_children(resource):
@@ -293,7 +298,7 @@ class Reconciler:
 
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size
-        scaling = describe_autoscaler(inf)
+        scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
             endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling)
@@ -432,6 +437,20 @@ class Reconciler:
             await self.client.post_event(resource, type=type_, reason=reason, message=message)
         except ApiError as exc:  # events are best effort
             log.warning("could not post event %s: %s", reason, exc)
+
+
+def _autoscaling_condition(description: str | None, skipped: Sequence[str]) -> tuple[bool, str, str] | None:
+    """The ``Autoscaling`` condition: (True, AutoscalerActive, what scales what) while the autoscaler
+    runs, (False, AutoscalerKindMissing, ...) when the cluster does not serve its kind (no KEDA), None
+    without ``spec.autoscaling``."""
+    if description is None:
+        return None
+    missing = next((c for c in skipped if c.split("/")[0] in (KEDA_KIND, HPA_KIND)), None)
+    if missing is None:
+        return True, "AutoscalerActive", description
+    fix = "install KEDA, or use spec.autoscaling.backend: HPA" if missing.startswith(KEDA_KIND) else \
+        "the API server serves no autoscaling/v2"
+    return False, "AutoscalerKindMissing", f"{missing} cannot be created: the cluster does not serve its kind ({fix})"
 
 
 @dataclass(frozen=True)

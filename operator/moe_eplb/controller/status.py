@@ -147,11 +147,11 @@ def tuner_degraded_of(status: Mapping[str, Any] | None) -> tuple[str, str] | Non
 
 def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
                  ep_size: int, selector: str, endpoint: str | None, tuner: tuple[str, str] | None = None,
-                 autoscaling: str | None = None, now: str | None = None) -> dict[str, Any]:
+                 autoscaling: tuple[bool, str, str] | None = None, now: str | None = None) -> dict[str, Any]:
     """The status of a valid resource whose children are applied; ``children`` are the live objects;
     ``tuner``: ``(reason, message)`` while a tuner change that crash-looped keeps Degraded true;
-    ``autoscaling``: what the autoscaler does (None: no autoscaler; the ``Autoscaling`` condition
-    is then False, or absent when it never was set)."""
+    ``autoscaling``: the ``Autoscaling`` condition ``(status, reason, message)`` (None: no
+    autoscaler; the condition is then False, or absent when it never was set)."""
     now = now or now_rfc3339()
     current = dict(resource.get("status") or {})
     generation = int(resource.get("metadata", {}).get("generation", 1))
@@ -184,7 +184,7 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
         condition("Degraded", degraded, degraded_reason, degraded_msg, generation, previous, now),
     ]
     if autoscaling is not None:
-        mine.append(condition("Autoscaling", True, "AutoscalerActive", autoscaling, generation, previous, now))
+        mine.append(condition("Autoscaling", *autoscaling, generation, previous, now))
     elif any(c.get("type") == "Autoscaling" for c in previous):
         mine.append(condition("Autoscaling", False, "Disabled", "spec.autoscaling is off: spec.replicas is set by hand",
                               generation, previous, now))
