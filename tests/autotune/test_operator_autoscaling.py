@@ -2,7 +2,8 @@
 autoscaling/v2 HPA for spec.autoscaling; the test plays the HPA controller by writing the HPA's
 status (at maxReplicas, wanting more, requests waiting): the evaluation defers with reason
 WaitingForAutoscaler and an Event, nothing restarts; once the queue is empty the change is applied,
-and the rollout records the replica count it started with (the HPA's minReplicas is held there)."""
+and the rollout records the replica count it started with (the HPA's minReplicas is held there
+while pods restart, and released once the new pods are ready)."""
 
 from __future__ import annotations
 
@@ -67,4 +68,13 @@ async def test_tuner_waits_while_the_autoscaler_is_at_max_with_requests_waiting(
                 break
             await asyncio.sleep(0.1)
         assert (await world.cluster.get(HPA_PATH))["spec"]["minReplicas"] == 2
+
+        # the new pods are ready (Observing): nothing restarts any more, the autoscaler's own minimum is back
+        await wait_for(world, lambda r: (autotune_status(r).get("rollout") or {}).get("phase") in ("Observing", None)
+                       and r, timeout=60)
+        for _ in range(100):
+            if (await world.cluster.get(HPA_PATH))["spec"]["minReplicas"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert (await world.cluster.get(HPA_PATH))["spec"]["minReplicas"] == 1
 

@@ -260,7 +260,10 @@ async def tick(inf: MoEInference, client: Any, rt: AutotuneRuntime, *, actor: st
         return None
     else:
         result = await _evaluate(inf, client, rt, now, actor)
-    if rerender is not None and result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded"):
+    if rerender is not None and (result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded") or (
+            inf.autoscaling is not None and result is not None and result.startswith("rollout:"))):
+        # with an autoscaler, every rollout phase change re-renders it (its minReplicas holds the
+        # rollout's replica count only while pods restart: render.autoscaler.rollout_min_replicas)
         await rerender()
     return result
 
