@@ -65,6 +65,18 @@ def test_no_rollout_while_the_replica_count_is_changing():
         assert [e[:2] for e in out.events] == [("Normal", "WaitingForAutoscaler")]
 
 
+def test_a_scale_out_is_named_as_the_reason_even_while_its_pods_are_not_ready():
+    answer = d.TunerAnswer(recommendation=NEW, wants_change=True, reason="test", gain=0.05, breakdown={})
+    out = d.evaluate(CFG, AutotuneStatus(), now=T0, generation=3, current=CUR, spec_eplb=CUR, data_window=None,
+                     answer=answer, workload_blocker="pods are rolling or not all ready",
+                     scaling=steady(desired=4))
+    assert out.decision == d.DEFER and "the replica count is changing (3 -> 4)" in out.reason
+    assert out.conditions["Tuned"][1] == "WaitingForAutoscaler"
+    out = d.evaluate(CFG, AutotuneStatus(), now=T0, generation=3, current=CUR, spec_eplb=CUR, data_window=None,
+                     answer=answer, workload_blocker="pods are rolling or not all ready", scaling=steady())
+    assert "pods are rolling" in out.reason and out.conditions["Tuned"][1] == "Deferred"
+
+
 def test_no_rollout_until_the_new_replicas_settled():
     out = evaluate(steady(last_scale_time=T0 - 100))
     assert out.decision == d.DEFER and "changed the replica count 100s ago; waiting 500s more" in out.reason

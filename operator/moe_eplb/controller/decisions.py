@@ -333,8 +333,8 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
         out.conditions["Tuned"] = ("True", "Recommended", out.reason)
         out.events.append(("Normal", "Recommended", out.reason))
-    elif (blocker := change_blocker(cfg, state, now, workload_blocker=workload_blocker)
-          or scaling_blocker(scaling, now, cfg.observe_s)) is not None:
+    elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
+          or change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
         out.decision = DEFER
         out.reason = f"{describe(target)} predicted {_pct(gain)} better, deferred: {blocker}"
         autoscaler = blocker == scaling_blocker(scaling, now, cfg.observe_s)
