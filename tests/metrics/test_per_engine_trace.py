@@ -77,3 +77,23 @@ def test_the_tuners_answer_is_invariant_to_the_replica_count():
     summed = _candidates(four)
     some = next(iter(one))
     assert summed[some][1] == 4 * one[some][1] and summed != one
+
+
+def test_summed_telemetry_is_divided_and_means_are_kept():
+    from moe_eplb.eplb.trace import LoadTrace, Telemetry
+
+    T2 = 3
+    tel = Telemetry(step_seconds=np.full(T2, 0.02), rank_load=np.full((T2, L, 4), 100.0),
+                    kv_cache_usage=np.full(T2, 0.5), preemptions=np.array([4.0, 2.0, 0.0]),
+                    requests_waiting=np.array([6.0, 3.0, 0.0]))
+    trace = LoadTrace(load=np.full((T2, L, E), 8.0), bucket_steps=np.array([200, 100, 0]), bucket_seconds=15.0,
+                      meta={"engines": [2.0, 1.0, 0.0]}, telemetry=tel)
+    per = per_engine(trace)
+    np.testing.assert_array_equal(per.bucket_steps, [100, 100, 0])
+    np.testing.assert_allclose(per.load[:, 0, 0], [4.0, 8.0, 8.0])  # an empty bucket is left as it is
+    np.testing.assert_allclose(per.telemetry.rank_load[:, 0, 0], [50.0, 100.0, 100.0])
+    np.testing.assert_allclose(per.telemetry.preemptions, [2.0, 2.0, 0.0])
+    np.testing.assert_allclose(per.telemetry.requests_waiting, [3.0, 3.0, 0.0])
+    np.testing.assert_allclose(per.telemetry.step_seconds, trace.telemetry.step_seconds)  # means: unchanged
+    np.testing.assert_allclose(per.telemetry.kv_cache_usage, trace.telemetry.kv_cache_usage)
+    assert per.meta["engines_summed"] == [2.0, 1.0, 0.0]

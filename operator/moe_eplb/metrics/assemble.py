@@ -536,8 +536,8 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
 
 
 def per_engine(trace: LoadTrace) -> LoadTrace:
-    """The trace of ONE engine (replica group): load, steps, rank load and preemptions of every
-    bucket divided by the engines that ran in it (``trace.meta["engines"]``, set by both sources).
+    """The trace of ONE engine (replica group): load, steps, rank load, preemptions and waiting
+    requests of every bucket divided by the engines that ran in it (``trace.meta["engines"]``, set by both sources).
 
     The sources sum over every pod, so with N replicas a bucket holds N engines' steps: replayed
     as one engine's, an EPLB window of W steps would cover 1/N of the time it covers in each engine,
@@ -560,6 +560,8 @@ def per_engine(trace: LoadTrace) -> LoadTrace:
             changes["rank_load"] = tel.rank_load / div[:, None, None]
         if tel.preemptions is not None:
             changes["preemptions"] = tel.preemptions / div
+        if tel.requests_waiting is not None:  # summed over the engines, like the load
+            changes["requests_waiting"] = tel.requests_waiting / div
         tel = replace(tel, **changes)
     meta = {**trace.meta, "engines": [1.0 if x > 0 else 0.0 for x in n], "engines_summed": list(engines)}
     return LoadTrace(load=trace.load / div[:, None, None], bucket_steps=steps, bucket_seconds=trace.bucket_seconds,
