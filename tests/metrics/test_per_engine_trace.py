@@ -23,22 +23,24 @@ def _load() -> np.ndarray:
 
 
 def _rounds(replicas: int, joins_at: int | None = None) -> list[Round]:
-    """Scrape rounds of ``replicas`` pods serving the same workload (one more joins at bucket
-    ``joins_at``, as after a scale-out)."""
+    """Scrape rounds of ``replicas`` pods serving the same workload (one more joins half-way
+    through bucket ``joins_at``, as after a scale-out)."""
     load = _load()
     cum = np.concatenate([np.zeros((1, L, E)), np.cumsum(load, axis=0)])
     rounds = []
     for t in range(T + 1):
         pods = {}
         for i in range(replicas + (1 if joins_at is not None else 0)):
-            start, base = 0.0, 0
-            if i == replicas:  # the late replica
+            start, done, steps = 0.0, cum[t], float(STEPS * t)
+            if i == replicas:  # the late replica: starts half-way through bucket joins_at
                 if t < joins_at:
                     continue
-                start, base = 1000.0 + 15 * joins_at - 1, joins_at
-            tokens = {(layer, e): float(cum[t, layer, e] - cum[base, layer, e]) for layer in range(L) for e in range(E)}
-            pods[f"p{i}"] = PodSample(start_time={"m": start}, steps={"m": float(STEPS * (t - base))},
-                                      tokens={"m": tokens})
+                start = 1000.0 + 15 * joins_at - 1
+                half = 0.5 * load[joins_at] if t > joins_at else 0.0
+                done = cum[t] - cum[min(t, joins_at + 1)] + half
+                steps = STEPS * (max(0, t - joins_at - 1) + (0.5 if t > joins_at else 0.0))
+            tokens = {(layer, e): float(done[layer, e]) for layer in range(L) for e in range(E)}
+            pods[f"p{i}"] = PodSample(start_time={"m": start}, steps={"m": float(steps)}, tokens={"m": tokens})
         rounds.append(Round(time=1000.0 + 15 * t, pods=pods))
     return rounds
 
@@ -54,9 +56,9 @@ def test_summed_traces_scale_with_the_replicas_per_engine_traces_do_not():
     assert per_engine(one) is one  # one engine: nothing to divide
 
 
-def test_a_replica_joining_mid_window_counts_from_its_bucket():
+def test_a_replica_joining_mid_window_counts_half_in_its_first_bucket():
     grown = trace_from_rounds(_rounds(2, joins_at=20), num_layers=L, num_experts=E)
-    assert grown.meta["engines"][:20] == [2.0] * 20 and grown.meta["engines"][20:] == [3.0] * (T - 20)
+    assert grown.meta["engines"] == [2.0] * 20 + [2.5] + [3.0] * (T - 21)
     per = per_engine(grown)
     one = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
     np.testing.assert_allclose(per.load, one.load)
@@ -97,3 +99,22 @@ def test_summed_telemetry_is_divided_and_means_are_kept():
     np.testing.assert_allclose(per.telemetry.step_seconds, trace.telemetry.step_seconds)  # means: unchanged
     np.testing.assert_allclose(per.telemetry.kv_cache_usage, trace.telemetry.kv_cache_usage)
     assert per.meta["engines_summed"] == [2.0, 1.0, 0.0]
+
+
+def test_concurrency_of_pods_that_replace_each_other_or_run_side_by_side():
+    from moe_eplb.metrics.assemble import concurrent_engines
+
+    T5 = 5
+    def run(a, b):
+        flags = np.zeros(T5, dtype=bool)
+        flags[a:b] = True
+        return flags
+
+    # one pod replaced by another within bucket 2 (a rollout with maxSurge 0): one engine throughout
+    np.testing.assert_array_equal(concurrent_engines([run(0, 3), run(2, 5)], T5), [1, 1, 1, 1, 1])
+    # one engine starting mid-window: one engine from its first bucket, none before
+    np.testing.assert_array_equal(concurrent_engines([run(2, 5)], T5), [0, 0, 1, 1, 1])
+    # a second replica joins in bucket 2: 1.5 there, then 2
+    np.testing.assert_array_equal(concurrent_engines([run(0, 5), run(2, 5)], T5), [1, 1, 1.5, 2, 2])
+    # replica groups of 2 pods: counted in groups
+    np.testing.assert_array_equal(concurrent_engines([run(0, 5)] * 4, T5, pods_per_engine=2), [2] * 5)

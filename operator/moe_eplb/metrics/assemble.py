@@ -272,20 +272,20 @@ class StepIncrements:
     max_gap: dict[tuple, float]  # pod -> seconds
     spread: float  # steps spread over scrape gaps
     gaps: dict[tuple, set]  # pod -> {(t1, t2)}
-    active: np.ndarray | None = None  # [T] pods whose step counter advanced in the bucket
+    active: dict[tuple, np.ndarray] = field(default_factory=dict)  # pod -> [T] its step counter advanced
 
 
 def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
     """Phase 2: per pod, the step counter's increments; the window must hold at least one sample."""
     T = grid.shape[0] - 1
     bucket = float(grid[1] - grid[0])
-    out = StepIncrements(np.zeros(T), {}, 0.0, {}, np.zeros(T))
+    out = StepIncrements(np.zeros(T), {}, 0.0, {})
     most_inside = 0
     for s in c.engine_steps:
         max_gap = max_gap_for(s.ts, bucket)
         inc = counter_increments(grid, s.ts, s.vs[None, :], c.starts_at(s.pod, s.ts), max_gap=max_gap)
         out.total += inc.values[0]
-        out.active += inc.values[0] > 0
+        out.active[s.pod] = out.active.get(s.pod, np.zeros(T, dtype=bool)) | (inc.values[0] > 0)
         out.spread += float(inc.interpolated.sum())
         out.max_gap[s.pod] = max_gap
         if inc.interpolated.any():
@@ -458,7 +458,8 @@ def trace_from_raw_counters(
     return LoadTrace(load=load, bucket_steps=round_steps(steps.total / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(grid[1] - grid[0]), model=model,
                      meta={"start_time": float(grid[0]), "interpolated_fraction": fraction,
-                           "engines": (steps.active / max(1, pods_per_engine)).tolist(),
+                           "engines": concurrent_engines(list(steps.active.values()), grid.shape[0] - 1,
+                                                         pods_per_engine).tolist(),
                            "pods_at_edges": len({s.pod for s in counters.edge_counts}),
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
 
@@ -495,7 +496,7 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
     T = len(rounds) - 1
     load = np.zeros((T, L, E))
     steps = np.zeros(T)
-    active = np.zeros(T)
+    active: dict[str, np.ndarray] = {}
     prev: dict[str, tuple[float, np.ndarray, float]] = {}
     for t, rnd in enumerate(rounds):
         cur = {}
@@ -521,18 +522,34 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
                     if start and start > prev_time:  # joined since the last round: from zero
                         load[t - 1] += m
                         steps[t - 1] += st
-                        active[t - 1] += st > 0
+                        active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= st > 0
                     continue
                 restarted = (start and old[0] and start != old[0]) or np.any(m < old[1]) or st < old[2]
                 load[t - 1] += m if restarted else m - old[1]
                 steps[t - 1] += st if restarted else st - old[2]
-                active[t - 1] += (st if restarted else st - old[2]) > 0
+                active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= (st if restarted else st - old[2]) > 0
         prev = cur
     times = np.array([r.time for r in rounds])
     return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(np.median(np.diff(times))), model=model,
                      meta={"start_time": float(times[0]), "interpolated_fraction": 0.0,
-                           "engines": (active / max(1, pods_per_engine)).tolist()})
+                           "engines": concurrent_engines(list(active.values()), T, pods_per_engine).tolist()})
+
+
+def concurrent_engines(active: list[np.ndarray], T: int, pods_per_engine: int = 1) -> np.ndarray:
+    """``[T]``: about how many engines (replica groups of ``pods_per_engine`` pods) ran side by side
+    in each bucket, from each pod's ``[T]`` "its step counter advanced" flags. A pod counts 1 in a
+    bucket inside its run and 1/2 in the bucket where it starts or stops (it ran part of it); the
+    count is floored at one engine where any pod ran, so a pod that replaces another within a bucket,
+    or one engine starting mid-bucket, is one engine, while a replica joining N running ones makes
+    N + 1/2."""
+    if not active:
+        return np.zeros(T)
+    a = np.asarray(active, dtype=bool).reshape(len(active), T)
+    prev = np.concatenate([a[:, :1], a[:, :-1]], axis=1)  # the window's edges count as inside a run
+    nxt = np.concatenate([a[:, 1:], a[:, -1:]], axis=1)
+    n = (np.where(prev & nxt, 1.0, 0.5) * a).sum(axis=0) / max(1, pods_per_engine)
+    return np.where(a.any(axis=0), np.maximum(n, 1.0), 0.0)
 
 
 def per_engine(trace: LoadTrace) -> LoadTrace:
@@ -548,7 +565,7 @@ def per_engine(trace: LoadTrace) -> LoadTrace:
     if engines is None or len(engines) != trace.num_buckets:
         return trace
     n = np.asarray(engines, dtype=np.float64)
-    if not np.any(n > 1):
+    if not np.any(n > 1 + 1e-9):
         return trace
     div = np.where(n > 0, n, 1.0)
     steps = np.asarray(trace.bucket_steps, dtype=np.float64) / div
