@@ -120,6 +120,20 @@ def stat(ids: _Ids, title: str, description: str, expr: str, *, unit: str, decim
     return p
 
 
+def replicas_stat(ids: _Ids) -> gstat.Panel:
+    """Overview: replica groups ready, desired and the autoscaler's maximum, side by side."""
+    rep = f"{mn.REPLICAS}{{{SEL_TUNER}"
+    queries = [query(f"max({rep}, state=\"ready\"}})", "ready"), query(f"max({rep}, state=\"desired\"}})", "desired"),
+               query(f"max({mn.AUTOSCALER_MAX_REPLICAS}{{{SEL_TUNER}}})", "max")]
+    p = _common(gstat.Panel(), ids, "Replicas (ready, desired, max)",
+                "Replica groups ready and desired (spec.replicas: the autoscaler's choice with spec.autoscaling) "
+                "and the autoscaler's maxReplicas (none without one). Details in the Serving row.", queries, 4, 4,
+                "none")
+    return (p.reduce_options(gcommon.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields(""))
+            .color_mode(gcm.BigValueColorMode.VALUE).graph_mode(gcm.BigValueGraphMode.NONE)
+            .text_mode(gcm.BigValueTextMode.VALUE_AND_NAME).decimals(0))
+
+
 def heatmap_of_series(ids: _Ids, title: str, description: str, q: gprom.Dataquery, *, w: int, h: int,
                       unit: str, scheme: str, y_label: str, reverse: bool = False,
                       min_max: tuple[float, float] | None = None) -> gheat.Panel:
@@ -272,16 +286,17 @@ def expert_load() -> gdash.Dashboard:
              "(mean / max of the tokens each EP rank processes; 1 = perfectly balanced).",
              f"avg({BALANCEDNESS_BY_LAYER})", unit="percentunit", decimals=1, min_max=(0, 1)),
         stat(ids, "Worst layer balancedness", "Lowest per-layer balancedness.",
-             f"min({BALANCEDNESS_BY_LAYER})", unit="percentunit", decimals=1, min_max=(0, 1)),
+             f"min({BALANCEDNESS_BY_LAYER})", unit="percentunit", decimals=1, min_max=(0, 1), w=3),
         stat(ids, "Routed tokens/s", "Expert activations per second: each token counts once per top-k "
              "expert it is routed to (tokens x top-k), summed over the layers.", f"sum({EXPERT_RATE})",
-             unit="short"),
+             unit="short", w=3),
         stat(ids, "Rearrangements in range", "EPLB rearrangements (expert weight moves) in the dashboard's "
              "time range, over all pods.", f"sum(increase({mn.REARRANGEMENTS}{{{SEL}}}[$__range]))",
-             unit="none", decimals=0),
+             unit="none", decimals=0, w=3),
         stat(ids, "Step time p99 (slowest rank)", "99th percentile of the engine step's wall time on the "
              "slowest EP rank: every rank waits for the busiest one.",
-             f"max({_step_quantile(0.99, f'{L_RANK}, le')})", unit="s"),
+             f"max({_step_quantile(0.99, f'{L_RANK}, le')})", unit="s", w=3),
+        replicas_stat(ids),
         stat(ids, "Generation tokens/s", "Output tokens per second from vLLM (all pods).",
              f"sum(rate({_vllm('vllm:generation_tokens', '_total')}{{{SEL_VLLM}}}{RATE}))", unit="short"),
     ):
@@ -415,6 +430,33 @@ def expert_load() -> gdash.Dashboard:
                    w=6, unit="bytes"),
     ):
         row = row.with_panel(p)
+    rep = f"{mn.REPLICAS}{{{SEL_TUNER}"
+    ready = f"scalar(clamp_min(max({rep}, state=\"ready\"}}), 1))"
+    for p in (
+        timeseries(ids, "Replicas (desired, ready, autoscaler's range)",
+                   "Replica groups of the MoEInference: desired (spec.replicas, the autoscaler's choice when "
+                   "spec.autoscaling is on), ready, and the autoscaler's minReplicas and maxReplicas (the "
+                   "operator's gauges; no range without an autoscaler). Desired at max with requests waiting "
+                   "is the MoEEPLBAutoscalerAtMax alert.",
+                   [query(f"max({rep}, state=\"desired\"}})", "desired"),
+                    query(f"max({rep}, state=\"ready\"}})", "ready"),
+                    query(f"max({mn.AUTOSCALER_MAX_REPLICAS}{{{SEL_TUNER}}})", "max"),
+                    query(f"max({mn.AUTOSCALER_MIN_REPLICAS}{{{SEL_TUNER}}})", "min")], w=12, unit="none",
+                   decimals=0),
+        timeseries(ids, "Autoscaler's metric and target",
+                   "The metrics spec.autoscaling can scale on, as the autoscaler computes them: vLLM's waiting "
+                   "requests per ready replica, mean KV-cache usage (0..1) and p90 time to first token (s), with "
+                   "the target of the one chosen (moe_eplb_autoscaler_target, labelled by metric).",
+                   [query(f"sum({_vllm('vllm:num_requests_waiting')}{{{SEL_VLLM}}}) / {ready}",
+                          "waiting per replica"),
+                    query(f"avg({_vllm('vllm:kv_cache_usage_perc')}{{{SEL_VLLM}}})", "KV-cache usage"),
+                    query(f"histogram_quantile(0.9, sum by (le) (rate("
+                          f"{_vllm('vllm:time_to_first_token_seconds', '_bucket')}{{{SEL_VLLM}}}{RATE})))", "TTFT p90"),
+                    query(f"max by (metric) ({mn.AUTOSCALER_TARGET}{{{SEL_TUNER}}})", "target ({{metric}})")],
+                   w=12, unit="short"),
+    ):
+        row = row.with_panel(p)
+
     d = d.with_row(row)
 
     row = gdash.Row("Autotune and calibration").id(ids()).collapsed(True)

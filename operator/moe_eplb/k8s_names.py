@@ -45,6 +45,15 @@ LWS_RECREATE_GROUP_REASON = "RecreateGroup"
 # --- monitoring objects (Prometheus Operator) -----------------------------------------------------
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
 
+# --- autoscalers (spec.autoscaling) ----------------------------------------------------------------
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_KIND = "ScaledObject"
+HPA_API_VERSION = "autoscaling/v2"
+HPA_KIND = "HorizontalPodAutoscaler"
+#: the HorizontalPodAutoscaler KEDA makes for a ScaledObject: this prefix + the ScaledObject's name
+#: (KEDA's default, spelled out in the ScaledObject's advanced.horizontalPodAutoscalerConfig.name)
+KEDA_HPA_PREFIX = "keda-hpa-"
+
 # --- ports of an engine pod -----------------------------------------------------------------------
 API_PORT = 8000  # vLLM's OpenAI API and its own /metrics
 API_PORT_NAME = "http"

@@ -50,6 +50,14 @@ ROLLBACKS = "moe_eplb_rollbacks_total"  # counter {namespace, name, reason}
 RECONCILES = "moe_eplb_reconciles_total"  # counter {result}
 CALIBRATION_VALUE = "moe_eplb_calibration_value"  # gauge {namespace, name, parameter, source}
 CALIBRATION_UNCERTAINTY = "moe_eplb_calibration_uncertainty"  # gauge {namespace, name, parameter}
+#: replica groups of a MoEInference: ``state`` desired (spec.replicas, the autoscaler's choice when
+#: spec.autoscaling is on) or ready (status.readyReplicas); set by the reconciler
+REPLICAS = "moe_eplb_replicas"  # gauge {namespace, name, state}
+#: spec.autoscaling of a MoEInference while an autoscaler runs: min and max replica groups, and
+#: the target of its metric (``metric``: RequestsWaiting, KVCacheUsage, TTFT); absent without one
+AUTOSCALER_MIN_REPLICAS = "moe_eplb_autoscaler_min_replicas"  # gauge {namespace, name}
+AUTOSCALER_MAX_REPLICAS = "moe_eplb_autoscaler_max_replicas"  # gauge {namespace, name}
+AUTOSCALER_TARGET = "moe_eplb_autoscaler_target"  # gauge {namespace, name, metric}
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"

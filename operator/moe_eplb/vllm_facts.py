@@ -61,6 +61,36 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 CACHE_CONFIG_BLOCKS_LABEL = "num_gpu_blocks"
 CACHE_CONFIG_BLOCK_SIZE_LABEL = "block_size"
 
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"  # histogram (series _bucket, _sum, _count)
+
+#: vLLM renamed its KV-cache gauge: ``vllm:kv_cache_usage_perc`` from 0.10.0 on (vLLM PR #18354),
+#: the old ``vllm:gpu_cache_usage_perc`` deprecated in 0.10, hidden in 0.11 (PR #24245, shown only
+#: with ``--show-hidden-metrics-for-version=0.10``) and removed in 0.12 (PR #29330).
+KV_CACHE_USAGE_SINCE = (0, 10, 0)
+KV_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+
+#: The metrics ``spec.autoscaling.metric.type`` can scale on: type -> ((first vLLM version, the
+#: series Prometheus stores), ...) newest last. RequestsWaiting: requests queued in the scheduler
+#: (gauge, per engine); KVCacheUsage: the fraction of the KV cache in use (gauge, 0..1, per engine);
+#: TTFT: time to first token (histogram; the autoscaler takes a quantile of its buckets).
+AUTOSCALING_METRICS: dict[str, tuple[tuple[tuple[int, int, int], str], ...]] = {
+    "RequestsWaiting": (((0, 0, 0), REQUESTS_WAITING),),
+    "KVCacheUsage": (((0, 0, 0), KV_CACHE_USAGE_OLD), (KV_CACHE_USAGE_SINCE, KV_CACHE_USAGE)),
+    "TTFT": (((0, 0, 0), TTFT_SECONDS),),
+}
+
+
+def autoscaling_metric(metric_type: str, version: tuple[int, ...] | None) -> str | None:
+    """vLLM's series for ``metric_type`` in engine ``version`` (``(major, minor, patch)``); None when
+    the version is unknown or has none (the TTFT name is the histogram's: add ``_bucket``)."""
+    if version is None or metric_type not in AUTOSCALING_METRICS:
+        return None
+    found = None
+    for since, name in AUTOSCALING_METRICS[metric_type]:
+        if tuple(version[:3]) >= since:
+            found = name
+    return found
+
 
 def smallest_valid_redundant(num_experts: int, ep_size: int) -> int:
     """The smallest R with (E + R) divisible by the EP size (vLLM refuses to start otherwise)."""

@@ -65,6 +65,10 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.RECONCILES: ("counter", ("result",)),
     metric_names.CALIBRATION_VALUE: ("gauge", ("namespace", "name", "parameter", "source")),
     metric_names.CALIBRATION_UNCERTAINTY: ("gauge", ("namespace", "name", "parameter")),
+    metric_names.REPLICAS: ("gauge", ("namespace", "name", "state")),
+    metric_names.AUTOSCALER_MIN_REPLICAS: ("gauge", ("namespace", "name")),
+    metric_names.AUTOSCALER_MAX_REPLICAS: ("gauge", ("namespace", "name")),
+    metric_names.AUTOSCALER_TARGET: ("gauge", ("namespace", "name", "metric")),
 }
 #: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
 #: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
@@ -238,7 +242,17 @@ class SampleCollector:
             cal.add_metric([NS, DEMO, param, "measured" if measured else "default"], 0.5 + 0.1 * i)
             if measured:
                 unc.add_metric([NS, DEMO, param], 0.05)
-        return [ev, dec, gain, last, rb, rec, dur, cal, unc]
+        # demo runs 4 of at most 4 replicas with requests waiting: MoEEPLBAutoscalerAtMax (for 15m: pending)
+        reps = self._family(metric_names.REPLICAS, "replicas")
+        reps.add_metric([NS, DEMO, "desired"], 4)
+        reps.add_metric([NS, DEMO, "ready"], 4)
+        lo = self._family(metric_names.AUTOSCALER_MIN_REPLICAS, "min")
+        lo.add_metric([NS, DEMO], 1)
+        hi = self._family(metric_names.AUTOSCALER_MAX_REPLICAS, "max")
+        hi.add_metric([NS, DEMO], 4)
+        target = self._family(metric_names.AUTOSCALER_TARGET, "target")
+        target.add_metric([NS, DEMO, "RequestsWaiting"], 8)
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -102,3 +102,19 @@ def test_the_series_the_reader_reads_are_vllms():
     fields = {n.target.id for c in ast.walk(cache) if isinstance(c, ast.ClassDef) and c.name == "CacheConfig"
               for n in c.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     assert {f.CACHE_CONFIG_BLOCKS_LABEL, f.CACHE_CONFIG_BLOCK_SIZE_LABEL} <= fields
+
+
+def test_autoscaling_metrics_are_vllms_for_the_checked_version():
+    """spec.autoscaling's metrics (moe_eplb.vllm_facts.AUTOSCALING_METRICS) for vLLM 0.32 are declared
+    by the installed vLLM with the type the autoscaler's query assumes, carrying model_name; the
+    pre-0.10 KV-cache name is gone (so the version switch matters)."""
+    from moe_eplb import vllm_facts
+
+    kinds, extras = vllm_declared_metrics()
+    want = {"RequestsWaiting": v.GAUGE, "KVCacheUsage": v.GAUGE, "TTFT": v.HISTOGRAM}
+    for metric_type, kind in want.items():
+        name = vllm_facts.autoscaling_metric(metric_type, (0, 32, 0))
+        assert kinds.get(name) == kind, f"{metric_type}: {name} is not a {kind} of the installed vLLM"
+        assert extras.get(name) == [], name  # only the per-engine labels (model_name, engine)
+    assert vllm_facts.KV_CACHE_USAGE_OLD not in kinds
+    assert vllm_facts.VLLM_MODEL_LABEL in v.VLLM_LABELS

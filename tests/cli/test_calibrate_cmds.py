@@ -110,3 +110,30 @@ def test_trace_info_summarises_the_telemetry(traces):
     assert d["telemetry"][0] == "step_seconds" and d["config"]["step_interval"] == 2000
     assert d["rearrangements"]["count"] > 0 and d["served_imbalance"]["min"] >= 1.0
     assert np.isfinite(d["step_seconds"]["median"])
+
+
+def test_tune_prices_each_candidates_redundancy_in_replicas(traces):
+    """`tune --replicas N [--kv-target T]`: per candidate, the KV cache its redundancy leaves and the
+    replicas it needs at the trace's KV-cache use (eplb/capacity.py), in JSON and as a table."""
+    from moe_eplb.eplb.capacity import capacity_from_trace, replicas_needed
+    from moe_eplb.eplb.tracefile import load_trace
+
+    tel, plain, _ = traces
+    args = ("tune", "--trace", tel, "--ep-size", 8, "--bytes-per-expert", 64 * 2**20)
+    d = json.loads(_run(*args, "--replicas", 3, "--kv-target", 0.8, "--json").stdout)
+    costs = d["replica_costs"]
+    assert 1 <= len(costs) <= 6
+    assert [(c["window_size"], c["step_interval"], c["num_redundant_experts"]) for c in costs] == \
+        [(c["window_size"], c["step_interval"], c["num_redundant_experts"]) for c in d["candidates"][:len(costs)]]
+    cap = capacity_from_trace(load_trace(tel), replicas=3, redundant=0, target=0.8)
+    for c in costs:
+        more = c["num_redundant_experts"] * 6 * 64 / 1024 / 8  # GiB of redundant experts per GPU (6 layers)
+        assert c["kv_cache_gib_per_gpu"] == pytest.approx(cap.kv_bytes_per_gpu / 2**30 - more, abs=1e-3)
+        assert c["replicas"] is None or c["replicas"] >= replicas_needed(
+            cap, c["num_redundant_experts"], num_moe_layers=6, bytes_per_expert=64 * 2**20, ep_size=8,
+            throughput_ratio=2.0)
+    assert "replica_costs" not in json.loads(_run(*args, "--json").stdout)  # only when asked
+    table = _run(*args, "--replicas", 3)
+    assert table.exit_code == 0 and "KV-cache cost of redundancy" in table.output
+    no_tel = _run("tune", "--trace", plain, "--ep-size", 8, "--replicas", 3, "--min-steps", 1)
+    assert no_tel.exit_code == 2 and "no KV-cache telemetry" in no_tel.output

@@ -31,9 +31,12 @@ CHILD_PATHS = (
     "/api/v1/namespaces/default/configmaps",
     "/apis/policy/v1/namespaces/default/poddisruptionbudgets",
     "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors",
+    "/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects",
+    "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers",
 )
 PLURALS = {"Deployment": "deployments", "LeaderWorkerSet": "leaderworkersets", "Service": "services",
-           "ConfigMap": "configmaps", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors"}
+           "ConfigMap": "configmaps", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors",
+           "ScaledObject": "scaledobjects", "HorizontalPodAutoscaler": "horizontalpodautoscalers"}
 
 
 def example(name: str | None = None) -> dict:

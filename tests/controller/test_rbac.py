@@ -4,7 +4,7 @@ The real operator (kopf included, cluster-wide, with peering through a ClusterKo
 whole lifecycle against the emulated API server: a single-node (Deployment) and a multi-node
 (LeaderWorkerSet) resource are created, made ready, tuned (EPLB change), scaled, put in autotune
 mode Recommend (the autotune timer, ticking fast, lists the engine pods and writes an evaluation),
-edited by hand (every child kind) and deleted. Every request it sent is then checked against RBAC_RULES, and
+given an autoscaler (a KEDA ScaledObject, an HPA), edited by hand (every child kind) and deleted. Every request it sent is then checked against RBAC_RULES, and
 every (group, resource, verb) the rules grant must have been used."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ async def _evaluated(kube, name):
 
 
 async def lifecycle(kube, eventually, res):
-    """Create, make ready, change EPLB, scale, autotune (Recommend), hand-edit every child, delete."""
+    """Create, make ready, change EPLB, scale, autotune (Recommend), autoscale, hand-edit every child, delete."""
     name = res["metadata"]["name"]
     await kube.create(kube.moeinference_path(NS), res)
     await eventually(lambda: observed(kube, name, 1))
@@ -91,6 +91,15 @@ async def lifecycle(kube, eventually, res):
     await eventually(lambda: observed(kube, name, 4))
     evaluation = await eventually(lambda: _evaluated(kube, name), timeout=15)
     assert evaluation["decision"] == "NoData"
+    # autoscaling on: a KEDA ScaledObject (single-node) or an HPA on an External metric (multi-node)
+    multinode = res["spec"].get("parallelism", {}).get("nodes", 1) > 1
+    autoscaling = {"maxReplicas": 4, **({"backend": "HPA", "hpa": {"metricsApi": "External"}} if multinode else {})}
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {
+        "autoscaling": autoscaling, "monitoring": {"prometheusUrl": "http://prometheus.invalid:9090",
+                                                   "podMonitor": {"enabled": True}}}})
+    await eventually(lambda: observed(kube, name, 5))
+    kinds = {c["kind"] for c in (await children(kube, name)).values()}
+    assert ("HorizontalPodAutoscaler" if multinode else "ScaledObject") in kinds, kinds
     for child in (await children(kube, name)).values():  # hand edits, put back by the operator
         await kube.patch(child_path(child), {"metadata": {"ownerReferences": []}})
     await eventually(lambda: _all_owned(kube, name))

@@ -126,3 +126,26 @@ def test_a_failed_refresh_is_retried_with_capped_exponential_backoff():
     assert refresh_wait(0, 0.1, 0.2, 30.0) == 0.1  # the coalescing delay, before any failure
     assert [refresh_wait(n, 0.1, 0.2, 30.0) for n in (1, 2, 3, 4)] == [0.2, 0.4, 0.8, 1.6]
     assert refresh_wait(20, 0.1, 0.2, 30.0) == 30.0
+
+
+def test_autoscaling_condition_says_who_scales_and_turns_false_when_removed():
+    ready = deploy()
+    without = ready_status(resource(), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
+    assert "Autoscaling" not in {c["type"] for c in without["conditions"]}  # never configured: no condition
+    on = ready_status(resource(status=without), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None,
+                      autoscaling=(True, "AutoscalerActive", "KEDA ScaledObject m scales spec.replicas between 1 and 4"))
+    cond = next(c for c in on["conditions"] if c["type"] == "Autoscaling")
+    assert (cond["status"], cond["reason"]) == ("True", "AutoscalerActive") and "between 1 and 4" in cond["message"]
+    off = ready_status(resource(status=on), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
+    cond = next(c for c in off["conditions"] if c["type"] == "Autoscaling")
+    assert (cond["status"], cond["reason"]) == ("False", "Disabled")
+
+
+def test_autoscaling_condition_says_when_the_cluster_lacks_the_autoscalers_kind():
+    from moe_eplb.controller.reconcile import _autoscaling_condition
+
+    assert _autoscaling_condition(None, []) is None
+    assert _autoscaling_condition("KEDA ScaledObject m scales ...", ["PodMonitor/m"]) == \
+        (True, "AutoscalerActive", "KEDA ScaledObject m scales ...")
+    ok, reason, message = _autoscaling_condition("KEDA ScaledObject m scales ...", ["ScaledObject/m"])
+    assert (ok, reason) == (False, "AutoscalerKindMissing") and "install KEDA, or use spec.autoscaling.backend: HPA" in message

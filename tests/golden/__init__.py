@@ -7,6 +7,8 @@ DeepSeek-V3 examples moved to the stock ``vllm/vllm-openai`` image (the plugin i
 copying the LWS group labels onto the series (issue 13: ``replica_group``, ``group_worker``,
 ``group_size``), and once more when the worker's argv moved from its ``sh -c`` script into container
 ``args`` (issue 24: no user text in a script Kubernetes expands ``$(VAR)`` in).
+``render-qwen3-30b-a3b-autoscaled`` was made with its example (issue 20:
+``spec.autoscaling``, the KEDA ScaledObject as the last child).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

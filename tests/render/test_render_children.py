@@ -300,6 +300,10 @@ def _validate_child(child) -> None:
                                           "template": template}, K8S, strict=True)
     elif child["kind"] == "PodMonitor":
         assert _strict_problems(child, POD_MONITOR) == []
+    elif child["kind"] == "ScaledObject":  # KEDA's published CRD (tests/render/test_autoscaler.py)
+        from tests.render.test_autoscaler import keda_problems
+
+        assert keda_problems(child) == []
     else:
         kubernetes_validate.validate(child, K8S, strict=True)
 

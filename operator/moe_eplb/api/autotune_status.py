@@ -126,6 +126,9 @@ class Rollout:
     predicted_gain: float | None = None
     reason: str | None = None
     degraded: bool | None = None
+    #: spec.replicas when the rollout started: while it restarts pods, the rendered autoscaler
+    #: keeps at least this many replicas (render/autoscaler.rollout_min_replicas)
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,17 @@ class CalibrationRecord:
 
 
 @dataclass(frozen=True)
+class ReplicaCost:
+    """One candidate's redundancy priced in replicas (``lastEvaluation.replicaCosts[]``)."""
+
+    window_size: int
+    step_interval: int
+    num_redundant_experts: int
+    kv_cache_gib_per_gpu: float | None = None
+    replicas: int | None = None  # None: the candidate leaves no KV cache
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """``status.autotune.lastEvaluation``: what the last evaluation saw and decided."""
 
@@ -182,6 +196,9 @@ class Evaluation:
     reason: str | None = None
     evaluated_by: str | None = None
     tuner_cpu_seconds: float | None = None
+    #: per candidate (best first), the replicas its redundancy needs at today's traffic and the
+    #: autoscaler's target (spec.autoscaling on and the KV cache measured; see eplb/capacity.py)
+    replica_costs: tuple[ReplicaCost, ...] = field(default=(), metadata={"omit_empty": True})
 
 
 @dataclass(frozen=True)

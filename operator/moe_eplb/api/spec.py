@@ -289,6 +289,64 @@ class RolloutSpec:
     max_unavailable: int = 0
 
 
+#: ``spec.autoscaling.metric.target`` when left out, per metric type: waiting requests per replica
+#: group, KV-cache usage (fraction), TTFT quantile (seconds).
+DEFAULT_AUTOSCALING_TARGETS = {"RequestsWaiting": 8.0, "KVCacheUsage": 0.8, "TTFT": 2.0}
+
+
+@dataclass(frozen=True)
+class AutoscalingMetric:
+    """``spec.autoscaling.metric``: what the autoscaler holds at its target."""
+
+    type: str = "RequestsWaiting"
+    target_field: float | None = field(default=None, metadata={"key": "target"})
+    quantile: float = 0.9
+    window_seconds: int = 120
+
+    @property
+    def target(self) -> float:
+        """The target, or the metric type's default (:data:`DEFAULT_AUTOSCALING_TARGETS`)."""
+        return float(self.target_field) if self.target_field is not None else DEFAULT_AUTOSCALING_TARGETS[self.type]
+
+
+@dataclass(frozen=True)
+class ScalingRule:
+    """``spec.autoscaling.scaleUp`` / ``scaleDown``: HPA behavior of one direction (at most
+    ``replicas`` per ``period_seconds``, after ``stabilization_window_seconds``)."""
+
+    stabilization_window_seconds: int
+    replicas: int = 1
+    period_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class HpaSource:
+    """``spec.autoscaling.hpa``: the metrics API prometheus-adapter serves the metric in."""
+
+    metrics_api: str
+    metric_name: str | None = None
+
+
+@dataclass(frozen=True)
+class KedaOptions:
+    polling_interval_seconds: int = 30
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """``spec.autoscaling`` with the CRD's defaults (replica groups; see docs/resource.md)."""
+
+    max_replicas: int
+    enabled: bool = True
+    min_replicas: int = 1
+    backend: str = "KEDA"
+    metric: AutoscalingMetric = field(default_factory=AutoscalingMetric)
+    scale_up: ScalingRule = field(default_factory=lambda: ScalingRule(0, 1, 300))
+    scale_down: ScalingRule = field(default_factory=lambda: ScalingRule(1800, 1, 600))
+    hpa: HpaSource | None = None
+    keda: KedaOptions = field(default_factory=KedaOptions)
+
+
 @dataclass(frozen=True)
 class Monitoring:
     prometheus_url: str | None = None
@@ -316,6 +374,13 @@ class Spec:
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     monitoring: Monitoring = field(default_factory=Monitoring)
+    autoscaling_field: AutoscalingSpec | None = field(default=None, metadata={"key": "autoscaling"})
+
+    @property
+    def autoscaling(self) -> AutoscalingSpec | None:
+        """``spec.autoscaling`` when an autoscaler runs (present and enabled), else None."""
+        a = self.autoscaling_field
+        return a if a is not None and a.enabled else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,6 +433,16 @@ class MoEInference:
     @property
     def monitoring(self) -> Monitoring:
         return self.spec.monitoring
+
+    @property
+    def autoscaling(self) -> AutoscalingSpec | None:
+        """``spec.autoscaling`` when an autoscaler runs, else None (spec.replicas is the user's)."""
+        return self.spec.autoscaling
+
+    @property
+    def served_model_name(self) -> str:
+        """The name clients (and vLLM's ``model_name`` label) use: ``servedName``, else ``name``."""
+        return self.model.served_name or self.model.name
 
     @property
     def eplb(self) -> EplbSettings:

@@ -290,6 +290,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                 )
 
     problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+    problems += autoscaling_problems(inf, version)
 
     for i, arg in enumerate(engine.extra_args):
         flag = arg.split("=", 1)[0]
@@ -300,6 +301,40 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
                         "set that field instead and remove the argument")
             )
     return problems
+
+
+def autoscaling_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    """``spec.autoscaling`` checks the CRD cannot make: the metric exists in the engine's vLLM
+    version (:func:`moe_eplb.vllm_facts.autoscaling_metric`), and backend External needs the
+    ``moeinference`` series label the PodMonitor adds."""
+    a = inf.autoscaling
+    if a is None:
+        return []
+    if version is None:
+        source = f"spec.engine.version {inf.engine.version_field!r}" if inf.engine.version_field else \
+            f"the image tag of {inf.engine.image!r}"
+        return [Problem("spec.autoscaling.metric.type", f"cannot tell the vLLM version from {source}, so not which "
+                        "metric names the engine exports; set spec.engine.version (e.g. 0.12.0)")]
+    if vllm_facts.autoscaling_metric(a.metric.type, version) is None:
+        have = ", ".join(t for t in vllm_facts.AUTOSCALING_METRICS if vllm_facts.autoscaling_metric(t, version))
+        return [Problem("spec.autoscaling.metric.type", f"vLLM {format_version(version)} has no {a.metric.type} "
+                        f"metric; use one it has ({have}) or a newer image")]
+    if a.backend == "HPA" and a.hpa is not None and a.hpa.metrics_api == "External" and not inf.monitoring.pod_monitor:
+        return [Problem("spec.autoscaling.hpa.metricsApi", "External selects the series by the moeinference label, "
+                        "which the operator's PodMonitor adds: set spec.monitoring.podMonitor.enabled: true (or "
+                        "metricsApi: Pods for single-node replicas, or backend: KEDA)")]
+    return []
+
+
+def operator_default_problems(inf: MoEInference) -> list[Problem]:
+    """Checks of a resource with the operator's defaults filled in (the reconciler runs them after
+    :meth:`MoEInference.with_operator_defaults`; ``moe-eplb validate`` cannot know those defaults)."""
+    a = inf.autoscaling
+    if a is not None and a.backend == "KEDA" and not inf.prometheus_url:
+        return [Problem("spec.monitoring.prometheusUrl", "spec.autoscaling backend KEDA queries Prometheus, and "
+                        "neither this field nor the operator (--prometheus-url) names one: set "
+                        "spec.monitoring.prometheusUrl, or use backend: HPA with prometheus-adapter")]
+    return []
 
 
 def override_problems(inf: MoEInference) -> list[Problem]:

@@ -472,12 +472,17 @@ def _add_tune(main: click.Group) -> None:
     @click.option("--min-steps", type=click.IntRange(1), default=None,
                   help="Fewest engine steps to tune on (default: the operator's InsufficientData threshold, "
                        "2000). Lower it only for short experiments: the recommendation then rests on little data.")
+    @click.option("--replicas", type=click.IntRange(1), default=None,
+                  help="Replicas (replica groups) serving the trace's traffic now: adds, per candidate, the KV-cache "
+                       "cost of its redundancy in replicas (needs the trace's KV-cache telemetry).")
+    @click.option("--kv-target", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+                  help="With --replicas: the KV-cache usage the autoscaler holds (its KVCacheUsage target; 1 = full).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
     @click.option("--report", "report_dir", default=None, metavar="DIR",
                   help="Write plots and summary.md to DIR.")
     def tune_cmd(trace_path, max_trace_bytes, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
-                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, no_robust, min_steps, as_json,
-                 report_dir) -> None:
+                 bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, no_robust, min_steps, replicas, kv_target,
+                 as_json, report_dir) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
         Prints the recommendation (keep or change), every evaluated candidate ranked, and the
@@ -530,12 +535,16 @@ def _add_tune(main: click.Group) -> None:
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")
         except (TuneError, SimError, ValueError) as exc:
             raise bad_parameter(exc) from None
+        costs = _replica_costs(trace, result, replicas, kv_target, bytes_per_expert or cost.bytes_per_expert,
+                               ep_size) if replicas else None
         if report_dir:
             from moe_eplb.eplb.report import write_tune_report
 
             write_tune_report(report_dir, trace, result)
         if as_json:
             out = result.to_dict()
+            if costs is not None:
+                out["replica_costs"] = [c.to_dict() for c in costs]
             if calibration is not None:
                 out["calibration"] = calibration.to_dict()
             if notes:
@@ -551,8 +560,31 @@ def _add_tune(main: click.Group) -> None:
         for note in notes:
             console.print(f"Note: {note}")
         print_tune(console, result)
+        if costs is not None:
+            from moe_eplb.cli.tune_output import print_replica_costs
+
+            print_replica_costs(console, costs, replicas, kv_target)
         if report_dir:
             click.echo(f"Report written to {Path(report_dir) / 'summary.md'}")
+
+
+def _replica_costs(trace, result, replicas: int, kv_target: float, bytes_per_expert: float | None, ep_size: int):
+    """``moe-eplb tune --replicas``: each candidate's redundancy priced in replicas at the trace's
+    KV-cache use (:func:`moe_eplb.eplb.capacity.candidate_costs`)."""
+    from moe_eplb.eplb.capacity import candidate_costs, capacity_from_trace
+
+    running = result.current.knobs if result.current is not None else None
+    cap = capacity_from_trace(trace, replicas=replicas, target=kv_target,
+                              redundant=running.num_redundant_experts if running is not None else 0)
+    if cap is None:
+        raise click.BadParameter("the trace has no KV-cache telemetry (kv_cache_usage and kv_cache_bytes_per_gpu): "
+                                 "record one from a deployment with the exporter, or leave --replicas out",
+                                 param_hint="--replicas")
+    if not bytes_per_expert:
+        raise click.BadParameter("the size of one expert is needed to price redundancy in KV cache: "
+                                 "give --bytes-per-expert", param_hint="--replicas")
+    return candidate_costs(result, cap, num_moe_layers=trace.num_layers, bytes_per_expert=bytes_per_expert,
+                           ep_size=ep_size)
 
 
 def _calibrated(trace, cost, nodes: int, groups: int, bytes_per_expert: float | None, sync_flag: bool):

@@ -145,6 +145,21 @@ def print_robust(console, robust: dict) -> None:
         console.print("No parameter's range changes the choice.")
 
 
+def print_replica_costs(console, costs, replicas: int, kv_target: float) -> None:
+    """``--replicas``: the KV-cache cost of each candidate's redundancy, in replicas."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"KV-cache cost of redundancy: replicas needed for today's traffic ({replicas} now, "
+                        f"KV-cache target {kv_target:.0%})", box=box.SIMPLE_HEAD)
+    for col in ("W/I/R", "KV cache per GPU", "replicas"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for c in costs:
+        table.add_row(f"{c.window_size}/{c.step_interval}/{c.num_redundant_experts}", f"{c.kv_cache_gib_per_gpu:.2f} GiB",
+                      "no KV cache left" if c.replicas is None else str(c.replicas))
+    console.print(table)
+
+
 def _num(name: str, v: float | None) -> str:
     if v is None:
         return "-"

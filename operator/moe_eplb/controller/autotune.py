@@ -60,12 +60,14 @@ from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
 from moe_eplb.controller.status import observed_generation
 from moe_eplb.eplb.calibrate import Calibration, calibrate
+from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, TuneResult, tune
 from moe_eplb.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.metrics import measure as measure_mod
 from moe_eplb.metrics import reader
+from moe_eplb.metrics.assemble import per_engine
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
@@ -259,7 +261,10 @@ async def tick(inf: MoEInference, client: Any, rt: AutotuneRuntime, *, actor: st
         return None
     else:
         result = await _evaluate(inf, client, rt, now, actor)
-    if rerender is not None and result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded"):
+    if rerender is not None and (result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded") or (
+            inf.autoscaling is not None and result is not None and result.startswith("rollout:"))):
+        # with an autoscaler, every rollout phase change re-renders it (its minReplicas holds the
+        # rollout's replica count only while pods restart: render.autoscaler.rollout_min_replicas)
         await rerender()
     return result
 
@@ -278,7 +283,7 @@ async def _advance_rollout(inf: MoEInference, client: Any, rt: AutotuneRuntime, 
         await rerender()  # the template still shows the settings before the change: render it again
         view, pods = await workload_view(client, inf, rt, target=target, since=since)
     measured = None
-    window = ro.measurement_window(cfg, state, now)
+    window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
     if window is not None and not view.crashlooping:
         measured = await _measure(rt, inf, pods, *window)
     step = ro.advance(cfg, state, view, now=now, measured=measured)
@@ -353,12 +358,19 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
         baseline = await _measure(rt, inf, pods, max(start, now - cfg.evaluation_interval_s), now)
     # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
     now = rt.clock.now()
+    scaling = await read_scaling(client, inf, rt, view) if answer is not None and cfg.mode == "Apply" else None
     out = dec.evaluate(cfg, state, now=now, generation=inf.generation, current=current, spec_eplb=inf.spec_knobs,
                        data_window=data_window, load_error=load_error, answer=answer, tune_error=tune_error,
                        workload_blocker=blocker, baseline=baseline, from_hash=view.template_hash,
-                       calibration=dec.calibration_record(calibration) if calibration is not None else None)
+                       calibration=dec.calibration_record(calibration) if calibration is not None else None,
+                       scaling=scaling)
     ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=actor,
-                             tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None)
+                             tuner_cpu_seconds=round(tuner_seconds, 3) if tuner_seconds is not None else None,
+                             replica_costs=dec.replica_costs(result, kv_capacity(inf, trace, current),
+                                                             num_moe_layers=inf.moe_shape.num_moe_layers,
+                                                             bytes_per_expert=inf.moe_shape.bytes_per_expert,
+                                                             ep_size=inf.parallelism.ep_size)
+                             if answer is not None and inf.autoscaling is not None else ())
     new_status = out.status.replace(last_evaluation=ev)
     if not await _write(client, inf, new_status, out.conditions, now):
         return "conflict"
@@ -373,6 +385,14 @@ async def _evaluate(inf: MoEInference, client: Any, rt: AutotuneRuntime, now: fl
     if rt.observer:
         rt.observer("evaluation", inf, ev)
     return f"evaluation:{out.decision}"
+
+
+def kv_capacity(inf: MoEInference, trace: LoadTrace, current: Knobs) -> KvCapacity | None:
+    """Today's KV cache from the trace's telemetry (:func:`moe_eplb.eplb.capacity.capacity_from_trace`)
+    at the autoscaler's target usage (its KVCacheUsage target, else a full cache)."""
+    auto = inf.autoscaling
+    target = auto.metric.target if auto is not None and auto.metric.type == "KVCacheUsage" else 1.0
+    return capacity_from_trace(trace, replicas=inf.replicas, redundant=current.num_redundant_experts, target=target)
 
 
 def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
@@ -445,6 +465,7 @@ async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, tar
     else:
         workloads = await client.list("apps/v1", "Deployment", ns, label_selector=selector)
     pods = await client.list("v1", "Pod", ns, label_selector=selector)
+    extra["newest_replica_at"] = newest_pod_start(pods, rt)
     if not workloads:
         return ro.WorkloadView(inf.generation, False, None, **extra), pods
     hashes = sorted({_config_hash(t) for w in workloads for t in _pod_templates(w)})
@@ -456,7 +477,76 @@ async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, tar
                 crashes += await recreated_groups(client, w, pods, hashes, since, rt)
     else:
         settled = all(_deployment_settled(d) for d in workloads)
+    extra["replicas"] = sum(int((w.get("spec") or {}).get("replicas", 1)) for w in workloads)
     return ro.WorkloadView(inf.generation, settled, ",".join(hashes), tuple(sorted(set(crashes))), **extra), pods
+
+
+def _to_clock(rt: AutotuneRuntime, wall: float) -> float:
+    to_sim = getattr(rt.clock, "to_sim", None)
+    return to_sim(wall) if to_sim is not None else wall
+
+
+def newest_pod_start(pods: list[dict], rt: AutotuneRuntime) -> float | None:
+    """When the youngest engine pod (not being deleted) was created, in clock seconds; None without pods."""
+    times = [parse_iso((p.get("metadata") or {}).get("creationTimestamp")) for p in pods
+             if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    times = [t for t in times if t is not None]
+    return _to_clock(rt, max(times)) if times else None
+
+
+async def read_scaling(client: Any, inf: MoEInference, rt: AutotuneRuntime,
+                       view: ro.WorkloadView) -> dec.ScalingState | None:
+    """The replica autoscaler's state (:class:`~.decisions.ScalingState`) from the resource, the
+    workload's replica count and the HorizontalPodAutoscaler (ours, or the one KEDA made for the
+    ScaledObject); None without ``spec.autoscaling``. A missing HPA (KEDA not reconciled yet) leaves
+    its fields unknown."""
+    auto = inf.autoscaling
+    if auto is None:
+        return None
+    from moe_eplb.render.autoscaler import hpa_name
+
+    try:
+        hpa = await client.get(k8s_names.HPA_API_VERSION, k8s_names.HPA_KIND, inf.namespace or "default",
+                               hpa_name(inf))
+    except ApiError as exc:
+        log.info("autotune %s/%s: cannot read the autoscaler's HPA: %s", inf.namespace, inf.name, exc)
+        hpa = None
+    return scaling_state(inf.replicas, view.replicas, auto.max_replicas, auto.metric.type, hpa,
+                         lambda wall: _to_clock(rt, wall))
+
+
+def scaling_state(desired: int, running: int | None, max_replicas: int, metric_type: str, hpa: dict | None,
+                  to_clock: Callable[[float], float] = lambda t: t) -> dec.ScalingState:
+    """:class:`~.decisions.ScalingState` from an ``autoscaling/v2`` HorizontalPodAutoscaler object
+    (its status: desiredReplicas, lastScaleTime, the ScalingLimited condition, the current metric)."""
+    st = (hpa or {}).get("status") or {}
+    last = parse_iso(st.get("lastScaleTime"))
+    limited = any(c.get("type") == "ScalingLimited" and c.get("status") == "True" and c.get("reason") == "TooManyReplicas"
+                  for c in st.get("conditions") or [])
+    waiting = None
+    if metric_type == "RequestsWaiting":
+        for m in st.get("currentMetrics") or []:
+            current = (m.get(m.get("type", "").lower() or "external") or {}).get("current") or {}
+            value = current.get("averageValue", current.get("value"))
+            if value is not None:
+                waiting = quantity_value(value)
+    desired_hpa = st.get("desiredReplicas")
+    return dec.ScalingState(desired=desired, running=desired if running is None else running,
+                            max_replicas=max_replicas, hpa_desired=int(desired_hpa) if desired_hpa is not None else None,
+                            last_scale_time=to_clock(last) if last is not None else None, limited=limited,
+                            waiting=waiting)
+
+
+def quantity_value(q: Any) -> float | None:
+    """A Kubernetes quantity as a number (``"1500m"`` -> 1.5, ``"3"`` -> 3.0); None when unreadable."""
+    text = str(q).strip()
+    scale = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+    try:
+        if text and text[-1] in scale:
+            return float(text[:-1]) * scale[text[-1]]
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _pod_templates(workload: dict) -> list[dict]:
@@ -649,6 +739,7 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in the reader must not kill the loop
         raise LoadUnavailable("LoadReadError", f"{type(exc).__name__}: {exc}") from exc
+    trace = per_engine(trace)  # one engine's load and steps, whatever the replica count (autoscaling)
     if trace.bucket_seconds and scale != 1.0:
         trace = LoadTrace(load=trace.load, bucket_steps=trace.bucket_steps, bucket_seconds=trace.bucket_seconds * scale,
                           top_k=trace.top_k, model=trace.model, meta=trace.meta, telemetry=trace.telemetry)

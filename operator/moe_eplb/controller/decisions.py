@@ -35,6 +35,7 @@ from moe_eplb.api.autotune_status import (
     Measurement,
     Override,
     Recommendation,
+    ReplicaCost,
     Rollout,
     iso,
     parse_iso,
@@ -42,6 +43,7 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.eplb.calibrate import Calibration
+from moe_eplb.eplb.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
@@ -104,6 +106,62 @@ def change_blocker(cfg: AutotuneSpec, state: AutotuneStatus, now: float, *, work
     return None
 
 
+@dataclass(frozen=True)
+class ScalingState:
+    """What the replica autoscaler shows now (``spec.autoscaling``), as typed values.
+
+    Attributes:
+        desired: ``spec.replicas`` (the count the autoscaler set through ``/scale``).
+        running: replicas (replica groups) the workload is rendered with now (its ``spec.replicas``).
+        max_replicas: ``spec.autoscaling.maxReplicas``.
+        hpa_desired: the HorizontalPodAutoscaler's ``status.desiredReplicas`` (None: not reported).
+        last_scale_time: when it last changed the count (``status.lastScaleTime``, clock seconds).
+        limited: its ``ScalingLimited`` condition is True with reason ``TooManyReplicas`` (it wants
+            more than ``maxReplicas``).
+        waiting: requests waiting per replica group when the autoscaler's metric is RequestsWaiting.
+    """
+
+    desired: int
+    running: int
+    max_replicas: int
+    hpa_desired: int | None = None
+    last_scale_time: float | None = None
+    limited: bool = False
+    waiting: float | None = None
+
+
+#: how each of :func:`scaling_blocker`'s reasons begins (the WaitingForAutoscaler Event is posted
+#: once per wait, not at every evaluation)
+_SCALING_WAITS = ("the replica count is changing", "the autoscaler changed the replica count",
+                  "the autoscaler is at maxReplicas")
+
+
+def scaling_blocker(scaling: ScalingState | None, now: float, settle_s: float) -> str | None:
+    """Why no tuner rollout may start because of the autoscaler, or None (also without one).
+
+    A rollout restarts every replica, so it waits while the replica count is changing (the
+    autoscaler asked for a count the workload does not run yet, or wants another one), for
+    ``settle_s`` after the autoscaler last scaled (new replicas serve their first minutes on vLLM's
+    initial placement), and while the autoscaler is at ``maxReplicas`` with requests waiting: then
+    every replica is needed and a restart costs the most."""
+    if scaling is None:
+        return None
+    if scaling.desired != scaling.running:
+        return f"the replica count is changing ({scaling.running} -> {scaling.desired})"
+    if scaling.hpa_desired is not None and scaling.hpa_desired != scaling.desired:
+        return f"the replica count is changing (the autoscaler wants {scaling.hpa_desired}, {scaling.desired} set)"
+    if scaling.last_scale_time is not None and now - scaling.last_scale_time < settle_s:
+        ago = max(0.0, now - scaling.last_scale_time)
+        return (f"the autoscaler changed the replica count {ago:.0f}s ago; waiting {settle_s - ago:.0f}s more for "
+                "the new replicas to settle")
+    waiting = scaling.waiting is not None and scaling.waiting > 0
+    if scaling.desired >= scaling.max_replicas and (scaling.limited or waiting):
+        what = f"{scaling.waiting:g} requests waiting per replica" if waiting else "demand beyond it"
+        return (f"the autoscaler is at maxReplicas ({scaling.max_replicas}) with {what}: a restart now costs "
+                "the most; raise spec.autoscaling.maxReplicas or wait for the load to drop")
+    return None
+
+
 def due(cfg: AutotuneSpec, state: AutotuneStatus, now: float) -> bool:
     """True when ``evaluationIntervalSeconds`` have passed since the last evaluation."""
     last = state.last_evaluation.time if state.last_evaluation is not None else None
@@ -129,6 +187,21 @@ class TunerAnswer:
         breakdown = {k: (round(float(v), 6) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                      for k, v in result.chosen.result.throughput.to_dict().items()}
         return cls(result.recommendation, result.decision == "change", result.reason, gain, breakdown)
+
+
+def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers: int | None,
+                  bytes_per_expert: float | None, ep_size: int, limit: int = 6) -> tuple[ReplicaCost, ...]:
+    """The tuner's best ``limit`` candidates with the KV cache per GPU their redundancy leaves and
+    the replicas they would need at today's traffic and the autoscaler's target
+    (:func:`moe_eplb.eplb.capacity.candidate_costs`; a candidate predicted faster than the running
+    settings needs fewer), as ``lastEvaluation.replicaCosts``. Empty without a measured KV cache or
+    the model's expert size."""
+    if cap is None or not num_moe_layers or not bytes_per_expert:
+        return ()
+    return tuple(ReplicaCost(c.window_size, c.step_interval, c.num_redundant_experts, c.kv_cache_gib_per_gpu,
+                             c.replicas)
+                 for c in candidate_costs(result, cap, num_moe_layers=num_moe_layers,
+                                          bytes_per_expert=bytes_per_expert, ep_size=ep_size, limit=limit))
 
 
 def calibration_record(cal: Calibration) -> CalibrationRecord:
@@ -187,6 +260,7 @@ def evaluate(
     baseline: Measurement | None = None,
     from_hash: str | None = None,
     calibration: CalibrationRecord | None = None,
+    scaling: ScalingState | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -206,6 +280,7 @@ def evaluate(
         baseline: measured performance before a change.
         from_hash: the pod-template config hash running now (rollout progress compares against it).
         calibration: the cost-model calibration used (recorded in ``lastEvaluation``).
+        scaling: the replica autoscaler's state (None: no autoscaler); see :func:`scaling_blocker`.
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -229,7 +304,8 @@ def evaluate(
     else:
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
-                    answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash)
+                    answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
+                    scaling=scaling)
     ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
     out.status = out.status.replace(last_evaluation=ev)
     return out
@@ -237,7 +313,7 @@ def evaluate(
 
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
-           baseline: Measurement | None, from_hash: str | None) -> Evaluation:
+           baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -257,10 +333,15 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
         out.conditions["Tuned"] = ("True", "Recommended", out.reason)
         out.events.append(("Normal", "Recommended", out.reason))
-    elif (blocker := change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
+    elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
+          or change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
         out.decision = DEFER
         out.reason = f"{describe(target)} predicted {_pct(gain)} better, deferred: {blocker}"
-        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        autoscaler = blocker == scaling_blocker(scaling, now, cfg.observe_s)
+        out.conditions["Tuned"] = ("True", "WaitingForAutoscaler" if autoscaler else "Deferred", out.reason)
+        previous = (state.last_evaluation.reason if state.last_evaluation is not None else None) or ""
+        if autoscaler and next(c for c in _SCALING_WAITS if blocker.startswith(c)) not in previous:  # once per wait
+            out.events.append(("Normal", "WaitingForAutoscaler", f"tuner rollout of {describe(target)} waits: {blocker}"))
     else:
         out.decision = APPLY
         out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better"
@@ -269,7 +350,8 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.started_rollout = True
         rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=target,
                           previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
-                          from_hash=from_hash, baseline=baseline, predicted_gain=gain)
+                          from_hash=from_hash, baseline=baseline, predicted_gain=gain,
+                          replicas=scaling.desired if scaling is not None else None)
         out.status = out.status.replace(
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))
@@ -302,5 +384,6 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 
 
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
-           "evaluate", "change_blocker", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
+           "evaluate", "change_blocker",
+           "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
            "calibration_record"]

@@ -68,6 +68,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Service"): Kind("", "v1", "services"),
     ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets"),
     ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
+    ("keda.sh/v1alpha1", "ScaledObject"): Kind("keda.sh", "v1alpha1", "scaledobjects"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): Kind("autoscaling", "v2", "horizontalpodautoscalers"),
     ("v1", "Event"): Kind("", "v1", "events"),
     # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
     ("v1", "Pod"): Kind("", "v1", "pods"),
@@ -83,6 +85,8 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
 )
 
 

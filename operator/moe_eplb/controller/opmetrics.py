@@ -18,6 +18,11 @@ Names are pinned in :mod:`moe_eplb.metric_names`:
   ``measured`` or ``default``; the series of the other source is removed);
 - ``moe_eplb_calibration_uncertainty{namespace,name,parameter}`` -- its standard error (absent for
   a default).
+- ``moe_eplb_replicas{namespace,name,state}`` -- replica groups ``desired`` (spec.replicas) and
+  ``ready``, set by the reconciler at every status write;
+- ``moe_eplb_autoscaler_min_replicas`` / ``_max_replicas{namespace,name}`` and
+  ``moe_eplb_autoscaler_target{namespace,name,metric}`` -- ``spec.autoscaling`` while an autoscaler
+  runs (removed when it is turned off or the resource is deleted).
 
 Created once per process (the registry refuses duplicates), on first use.
 """
@@ -43,6 +48,10 @@ class _Metrics:
     rollbacks: Any
     calibration_value: Any
     calibration_uncertainty: Any
+    replicas: Any
+    autoscaler_min: Any
+    autoscaler_max: Any
+    autoscaler_target: Any
 
 
 def no_created_series() -> None:
@@ -76,6 +85,15 @@ def metrics() -> _Metrics:
         calibration_uncertainty=Gauge(metric_names.CALIBRATION_UNCERTAINTY,
                                       "Standard error of a measured cost-model parameter",
                                       ["namespace", "name", "parameter"]),
+        replicas=Gauge(metric_names.REPLICAS, "Replica groups of a MoEInference: desired (spec.replicas) and ready",
+                       ["namespace", "name", "state"]),
+        autoscaler_min=Gauge(metric_names.AUTOSCALER_MIN_REPLICAS, "spec.autoscaling.minReplicas while an autoscaler runs",
+                             ["namespace", "name"]),
+        autoscaler_max=Gauge(metric_names.AUTOSCALER_MAX_REPLICAS, "spec.autoscaling.maxReplicas while an autoscaler runs",
+                             ["namespace", "name"]),
+        autoscaler_target=Gauge(metric_names.AUTOSCALER_TARGET,
+                                "Target of the autoscaler's metric (waiting requests per replica group, KV-cache "
+                                "usage 0..1 or TTFT seconds)", ["namespace", "name", "metric"]),
     )
 
 
@@ -111,6 +129,39 @@ def record_calibration(namespace: str, name: str, record: Any) -> None:
             _remove(m.calibration_uncertainty, namespace, name, param)
         else:
             m.calibration_uncertainty.labels(namespace=namespace, name=name, parameter=param).set(p.uncertainty)
+
+
+_TARGET_METRICS = ("RequestsWaiting", "KVCacheUsage", "TTFT")
+
+
+def record_replicas(namespace: str, name: str, *, desired: int, ready: int, autoscaling: Any = None) -> None:
+    """Set the replica gauges of one MoEInference, and the autoscaler's (``autoscaling``: a
+    :class:`~moe_eplb.api.spec.AutoscalingSpec`, None: removed)."""
+    m = metrics()
+    m.replicas.labels(namespace=namespace, name=name, state="desired").set(desired)
+    m.replicas.labels(namespace=namespace, name=name, state="ready").set(ready)
+    for metric in _TARGET_METRICS:
+        if autoscaling is None or autoscaling.metric.type != metric:
+            _remove(m.autoscaler_target, namespace, name, metric)
+    if autoscaling is None:
+        _remove(m.autoscaler_min, namespace, name)
+        _remove(m.autoscaler_max, namespace, name)
+        return
+    m.autoscaler_min.labels(namespace=namespace, name=name).set(autoscaling.min_replicas)
+    m.autoscaler_max.labels(namespace=namespace, name=name).set(autoscaling.max_replicas)
+    m.autoscaler_target.labels(namespace=namespace, name=name, metric=autoscaling.metric.type).set(
+        autoscaling.metric.target)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Remove the replica and autoscaler gauges of a deleted MoEInference."""
+    m = metrics()
+    for state in ("desired", "ready"):
+        _remove(m.replicas, namespace, name, state)
+    for metric in _TARGET_METRICS:
+        _remove(m.autoscaler_target, namespace, name, metric)
+    _remove(m.autoscaler_min, namespace, name)
+    _remove(m.autoscaler_max, namespace, name)
 
 
 def _remove(metric: Any, *labels: str) -> None:

@@ -30,6 +30,13 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # Autoscalers (spec.autoscaling): the KEDA ScaledObject or the HorizontalPodAutoscaler is a
+    # child like the others; the autotune loop also reads KEDA's HPA (its status: replica count
+    # changing, at maxReplicas) by name.
+    {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # Events on MoEInference (controller and kopf); the autotune loop lists a LeaderWorkerSet's

@@ -32,17 +32,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
-from moe_eplb.api.validation import check
+from moe_eplb.api.validation import check, operator_default_problems
+from moe_eplb.controller import opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.k8s_names import (
     API_GROUP,
     API_VERSION,
+    HPA_KIND,
+    KEDA_KIND,
     KIND,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAME_LABEL,
 )
+from moe_eplb.render.autoscaler import describe as describe_autoscaler
 from moe_eplb.render.labels import selector_string
 from moe_eplb.render.objects import endpoint, render_children
 
@@ -131,6 +135,7 @@ class ReconcileOutcome:
     phase: str | None = None
     status_written: bool = False
     rejected: bool = False
+    skipped: list[str] = field(default_factory=list)  # children whose kind the cluster does not serve
 
 
 class Reconciler:
@@ -231,6 +236,7 @@ class Reconciler:
             if await self.client.delete(api_version, kind, meta["namespace"], name):
                 deleted.append(f"{kind}/{name}")
         self._locks.pop((meta["namespace"], meta["name"]), None)
+        opmetrics.forget(meta["namespace"], meta["name"])
         if deleted:
             await self._event(resource, "Normal", "Deleted", "deleted " + ", ".join(deleted))
         return deleted
@@ -243,6 +249,8 @@ class Reconciler:
         inf = checked.inference
         if inf is not None:
             inf = inf.with_operator_defaults(self.defaults)  # this copy only; the resource is not changed
+            if not problems:
+                problems = operator_default_problems(inf)
         desired: list[dict[str, Any]] = []
         if not problems and inf is not None:
             try:
@@ -270,6 +278,8 @@ class Reconciler:
                 outcome.created.append(cid)
             elif action == "patched":
                 outcome.patched.append(cid)
+            elif action == "skipped":
+                outcome.skipped.append(cid)
         if prune:
             keep = {_child_id(c) for c in desired}
             for api_version, kind, name in await self._owned_children(resource):
@@ -288,16 +298,20 @@ class Reconciler:
 
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size
+        scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
-            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded))
+            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling)
+        opmetrics.record_replicas(ns, inf.name, desired=inf.replicas, ready=int(new_status.get("readyReplicas") or 0),
+                                  autoscaling=inf.autoscaling)
         outcome.phase = new_status["phase"]
         outcome.status_written = await self._write_status(resource, new_status,
                                                           lambda fresh: status_mod.ready_status(
                                                               fresh, live_children, eplb=eplb_status, ep_size=ep_size,
                                                               selector=new_status["selector"],
                                                               endpoint=new_status.get("endpoint"),
-                                                              tuner=status_mod.tuner_degraded_of(fresh.get("status"))))
+                                                              tuner=status_mod.tuner_degraded_of(fresh.get("status")),
+                                                              autoscaling=scaling))
         return outcome
 
     async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> ReconcileOutcome:
@@ -423,6 +437,20 @@ class Reconciler:
             await self.client.post_event(resource, type=type_, reason=reason, message=message)
         except ApiError as exc:  # events are best effort
             log.warning("could not post event %s: %s", reason, exc)
+
+
+def _autoscaling_condition(description: str | None, skipped: Sequence[str]) -> tuple[bool, str, str] | None:
+    """The ``Autoscaling`` condition: (True, AutoscalerActive, what scales what) while the autoscaler
+    runs, (False, AutoscalerKindMissing, ...) when the cluster does not serve its kind (no KEDA), None
+    without ``spec.autoscaling``."""
+    if description is None:
+        return None
+    missing = next((c for c in skipped if c.split("/")[0] in (KEDA_KIND, HPA_KIND)), None)
+    if missing is None:
+        return True, "AutoscalerActive", description
+    fix = "install KEDA, or use spec.autoscaling.backend: HPA" if missing.startswith(KEDA_KIND) else \
+        "the API server serves no autoscaling/v2"
+    return False, "AutoscalerKindMissing", f"{missing} cannot be created: the cluster does not serve its kind ({fix})"
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,10 @@ class WorkloadView:
     spec_eplb: Knobs | None = None
     eplb_enabled: bool = True
     target_invalid: str | None = None
+    #: when the youngest replica (engine pod) started, clock seconds; None: unknown
+    newest_replica_at: float | None = None
+    #: replicas (replica groups) the child workloads are rendered with (sum of their spec.replicas)
+    replicas: int | None = None
 
 
 def superseded_reason(ro: Rollout, view: WorkloadView) -> str | None:
@@ -102,12 +106,21 @@ class Step:
     needs_measurement: tuple[float, float] | None = None  # (start, end) POSIX s when a measurement is wanted
 
 
-def measurement_window(cfg: AutotuneSpec, state: AutotuneStatus, now: float) -> tuple[float, float] | None:
-    """The ``(start, end)`` window to measure when the rollout is ready to be judged, else None."""
+def measurement_window(cfg: AutotuneSpec, state: AutotuneStatus, now: float,
+                       newest_replica_at: float | None = None) -> tuple[float, float] | None:
+    """The ``(start, end)`` window to measure when the rollout is ready to be judged, else None.
+
+    Replicas younger than the window are not judged: a replica the autoscaler added while the
+    change was observed serves its first minutes on vLLM's initial placement, which says nothing
+    about the tuned settings, so the window starts when the youngest replica started
+    (``newest_replica_at``) and is judged once it spans ``observeSeconds``."""
     ro = state.rollout
-    if ro is None or ro.phase != OBSERVING or ro.ready_at is None or now - ro.ready_at < cfg.observe_s:
+    if ro is None or ro.phase != OBSERVING or ro.ready_at is None:
         return None
-    return ro.ready_at, now
+    start = ro.ready_at if newest_replica_at is None else max(ro.ready_at, newest_replica_at)
+    if now - start < cfg.observe_s:
+        return None
+    return start, now
 
 
 # --- transitions -----------------------------------------------------------------------------------
@@ -173,19 +186,19 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     if view.crashlooping:
         _crash_loop_rollback(step, ro, view, now)
         return
-    window = measurement_window(cfg, step.status, now)
+    window = measurement_window(cfg, step.status, now, view.newest_replica_at)
+    ready = ro.ready_at if ro.ready_at is not None else now
     if window is None:
+        if view.newest_replica_at is not None and view.newest_replica_at > ready \
+                and now - ready >= 2 * cfg.observe_s + 60:
+            _keep_unmeasured(step, ro, now, f"the autoscaler kept adding replicas (the youngest started "
+                             f"{now - view.newest_replica_at:.0f}s ago, less than observeSeconds)")
         return
     step.needs_measurement = window
     if measured is None or measured.balancedness is None:
         # No data to judge yet: wait up to another observe period, then keep (the prediction stands).
-        ready = ro.ready_at if ro.ready_at is not None else now
         if now - ready >= 2 * cfg.observe_s + 60:
-            msg = f"kept {describe(ro.to_knobs)} without a measurement (none after {now - ready:.0f}s); " \
-                  "the tuner's prediction stands"
-            _finish(step, dataclasses.replace(ro, judged_at=now), now, "Kept", msg)
-            step.events.append(("Normal", "TunedSettingsKept", msg))
-            step.conditions["Tuned"] = ("True", "KeptUnmeasured", msg)
+            _keep_unmeasured(step, ro, now, f"none after {now - ready:.0f}s")
         return
     ro = dataclasses.replace(ro, measured=measured, judged_at=now)
     base = ro.baseline.balancedness if ro.baseline is not None else None
@@ -201,6 +214,13 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     _finish(step, ro, now, "Kept", msg, degraded=None)
     step.events.append(("Normal", "TunedSettingsKept", msg))
     step.conditions["Tuned"] = ("True", "Kept", msg)
+
+
+def _keep_unmeasured(step: Step, ro: Rollout, now: float, why: str) -> None:
+    msg = f"kept {describe(ro.to_knobs)} without a measurement ({why}); the tuner's prediction stands"
+    _finish(step, dataclasses.replace(ro, judged_at=now), now, "Kept", msg)
+    step.events.append(("Normal", "TunedSettingsKept", msg))
+    step.conditions["Tuned"] = ("True", "KeptUnmeasured", msg)
 
 
 def _rolling_back(step: Step, ro: Rollout, view: WorkloadView, now: float) -> None:

@@ -2,7 +2,8 @@
 
 Pure functions over plain dicts (no I/O). The controller owns these status keys:
 ``observedGeneration, phase, message, endpoint, replicas, readyReplicas, selector, epSize, eplb``
-and the conditions ``SpecValid, Ready, Progressing, Degraded``. Other keys (``autotune``,
+and the conditions ``SpecValid, Ready, Progressing, Degraded, Autoscaling`` (the last only once
+``spec.autoscaling`` was on). Other keys (``autotune``,
 ``balancedness``) and other condition types (``MetricsAvailable``, ``Tuned``) belong to other
 loops and are carried over untouched.
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from moe_eplb.api.autotune_status import Degraded, parse_autotune_status
 
-OWNED_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded")
+OWNED_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "Autoscaling")
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet", "StatefulSet")
 
 
@@ -158,9 +159,11 @@ def tuner_degraded_of(status: Mapping[str, Any] | None) -> tuple[str, str] | Non
 
 def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
                  ep_size: int, selector: str, endpoint: str | None, tuner: tuple[str, str] | None = None,
-                 now: str | None = None) -> dict[str, Any]:
+                 autoscaling: tuple[bool, str, str] | None = None, now: str | None = None) -> dict[str, Any]:
     """The status of a valid resource whose children are applied; ``children`` are the live objects;
-    ``tuner``: ``(reason, message)`` while a tuner change that crash-looped keeps Degraded true."""
+    ``tuner``: ``(reason, message)`` while a tuner change that crash-looped keeps Degraded true;
+    ``autoscaling``: the ``Autoscaling`` condition ``(status, reason, message)`` (None: no
+    autoscaler; the condition is then False, or absent when it never was set)."""
     now = now or now_rfc3339()
     current = dict(resource.get("status") or {})
     generation = int(resource.get("metadata", {}).get("generation", 1))
@@ -192,6 +195,11 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
         condition("Progressing", progressing[1], progressing[0], progressing[2], generation, previous, now),
         condition("Degraded", degraded, degraded_reason, degraded_msg, generation, previous, now),
     ]
+    if autoscaling is not None:
+        mine.append(condition("Autoscaling", *autoscaling, generation, previous, now))
+    elif any(c.get("type") == "Autoscaling" for c in previous):
+        mine.append(condition("Autoscaling", False, "Disabled", "spec.autoscaling is off: spec.replicas is set by hand",
+                              generation, previous, now))
     if degraded:
         phase = "Degraded"
     elif all_ready:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -272,6 +272,7 @@ class StepIncrements:
     max_gap: dict[tuple, float]  # pod -> seconds
     spread: float  # steps spread over scrape gaps
     gaps: dict[tuple, set]  # pod -> {(t1, t2)}
+    active: dict[tuple, np.ndarray] = field(default_factory=dict)  # pod -> [T] its step counter advanced
 
 
 def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
@@ -284,6 +285,7 @@ def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
         max_gap = max_gap_for(s.ts, bucket)
         inc = counter_increments(grid, s.ts, s.vs[None, :], c.starts_at(s.pod, s.ts), max_gap=max_gap)
         out.total += inc.values[0]
+        out.active[s.pod] = out.active.get(s.pod, np.zeros(T, dtype=bool)) | (inc.values[0] > 0)
         out.spread += float(inc.interpolated.sum())
         out.max_gap[s.pod] = max_gap
         if inc.interpolated.any():
@@ -456,6 +458,8 @@ def trace_from_raw_counters(
     return LoadTrace(load=load, bucket_steps=round_steps(steps.total / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(grid[1] - grid[0]), model=model,
                      meta={"start_time": float(grid[0]), "interpolated_fraction": fraction,
+                           "engines": concurrent_engines(list(steps.active.values()), grid.shape[0] - 1,
+                                                         pods_per_engine).tolist(),
                            "pods_at_edges": len({s.pod for s in counters.edge_counts}),
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
 
@@ -492,6 +496,7 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
     T = len(rounds) - 1
     load = np.zeros((T, L, E))
     steps = np.zeros(T)
+    active: dict[str, np.ndarray] = {}
     prev: dict[str, tuple[float, np.ndarray, float]] = {}
     for t, rnd in enumerate(rounds):
         cur = {}
@@ -517,12 +522,64 @@ def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per
                     if start and start > prev_time:  # joined since the last round: from zero
                         load[t - 1] += m
                         steps[t - 1] += st
+                        active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= st > 0
                     continue
                 restarted = (start and old[0] and start != old[0]) or np.any(m < old[1]) or st < old[2]
                 load[t - 1] += m if restarted else m - old[1]
                 steps[t - 1] += st if restarted else st - old[2]
+                active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= (st if restarted else st - old[2]) > 0
         prev = cur
     times = np.array([r.time for r in rounds])
     return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
                      bucket_seconds=float(np.median(np.diff(times))), model=model,
-                     meta={"start_time": float(times[0]), "interpolated_fraction": 0.0})
+                     meta={"start_time": float(times[0]), "interpolated_fraction": 0.0,
+                           "engines": concurrent_engines(list(active.values()), T, pods_per_engine).tolist()})
+
+
+def concurrent_engines(active: list[np.ndarray], T: int, pods_per_engine: int = 1) -> np.ndarray:
+    """``[T]``: about how many engines (replica groups of ``pods_per_engine`` pods) ran side by side
+    in each bucket, from each pod's ``[T]`` "its step counter advanced" flags. A pod counts 1 in a
+    bucket inside its run and 1/2 in the bucket where it starts or stops (it ran part of it); the
+    count is floored at one engine where any pod ran, so a pod that replaces another within a bucket,
+    or one engine starting mid-bucket, is one engine, while a replica joining N running ones makes
+    N + 1/2."""
+    if not active:
+        return np.zeros(T)
+    a = np.asarray(active, dtype=bool).reshape(len(active), T)
+    prev = np.concatenate([a[:, :1], a[:, :-1]], axis=1)  # the window's edges count as inside a run
+    nxt = np.concatenate([a[:, 1:], a[:, -1:]], axis=1)
+    n = (np.where(prev & nxt, 1.0, 0.5) * a).sum(axis=0) / max(1, pods_per_engine)
+    return np.where(a.any(axis=0), np.maximum(n, 1.0), 0.0)
+
+
+def per_engine(trace: LoadTrace) -> LoadTrace:
+    """The trace of ONE engine (replica group): load, steps, rank load, preemptions and waiting
+    requests of every bucket divided by the engines that ran in it (``trace.meta["engines"]``, set by both sources).
+
+    The sources sum over every pod, so with N replicas a bucket holds N engines' steps: replayed
+    as one engine's, an EPLB window of W steps would cover 1/N of the time it covers in each engine,
+    and the tuner's answer would change with the replica count. Per engine, it does not (the
+    replicas serve the same workload). Tokens per step are unchanged. A trace without the count
+    is returned as it is."""
+    engines = trace.meta.get("engines")
+    if engines is None or len(engines) != trace.num_buckets:
+        return trace
+    n = np.asarray(engines, dtype=np.float64)
+    if not np.any(n > 1 + 1e-9):
+        return trace
+    div = np.where(n > 0, n, 1.0)
+    steps = np.asarray(trace.bucket_steps, dtype=np.float64) / div
+    steps = np.where(trace.bucket_steps > 0, np.maximum(np.round(steps), 1), 0).astype(np.int64)
+    tel = trace.telemetry
+    if tel is not None:
+        changes = {}
+        if tel.rank_load is not None:
+            changes["rank_load"] = tel.rank_load / div[:, None, None]
+        if tel.preemptions is not None:
+            changes["preemptions"] = tel.preemptions / div
+        if tel.requests_waiting is not None:  # summed over the engines, like the load
+            changes["requests_waiting"] = tel.requests_waiting / div
+        tel = replace(tel, **changes)
+    meta = {**trace.meta, "engines": [1.0 if x > 0 else 0.0 for x in n], "engines_summed": list(engines)}
+    return LoadTrace(load=trace.load / div[:, None, None], bucket_steps=steps, bucket_seconds=trace.bucket_seconds,
+                     top_k=trace.top_k, model=trace.model, meta=meta, telemetry=tel)

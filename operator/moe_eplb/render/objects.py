@@ -2,7 +2,9 @@
 
 :func:`render_children` returns, in apply order: Service, the workload (a Deployment when
 ``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel),
-PodDisruptionBudget, and a PodMonitor when ``monitoring.podMonitor.enabled``. No ConfigMap is
+PodDisruptionBudget, a PodMonitor when ``monitoring.podMonitor.enabled``, and the autoscaler (a KEDA
+ScaledObject or a HorizontalPodAutoscaler, :mod:`moe_eplb.render.autoscaler`) when
+``spec.autoscaling`` is on. No ConfigMap is
 created: the chat template is mounted from the user's ConfigMap.
 
 Every child carries the pinned labels, ``metadata.namespace`` (when the resource has one) and an
@@ -33,6 +35,7 @@ from moe_eplb.k8s_names import (
     OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
+from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
     engine_args,
@@ -58,6 +61,9 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     children.append(pod_disruption_budget(inf))
     if inf.monitoring.pod_monitor:
         children.append(pod_monitor(inf))
+    scaler = autoscaler(inf)
+    if scaler is not None:
+        children.append(scaler)
     for child in children:
         if inf.namespace:
             child["metadata"]["namespace"] = inf.namespace

@@ -25,8 +25,9 @@ that a real kopf operator depends on and that kmock 0.8 lacks:
   ConfigMaps, PodDisruptionBudgets, Pods, Events, ...), the MoEInference CRD (from ``crds/`` when
   the file exists, else a minimal declaration), LeaderWorkerSet (the published CRD of
   kubernetes-sigs/lws, pod templates trimmed: ``sim/lws_crd.yaml``, so ``/scale`` reports
-  ``status.hpaPodSelector``), PodMonitor and kopf's peering CRDs;
-- admission of LeaderWorkerSets like the apiserver's for a CRD with a structural schema: every
+  ``status.hpaPodSelector``), KEDA's ScaledObject (its published CRD, descriptions removed:
+  ``sim/keda_scaledobject_crd.yaml``), PodMonitor and kopf's peering CRDs;
+- admission of LeaderWorkerSets and ScaledObjects like the apiserver's for a CRD with a structural schema: every
   create, update and status write is defaulted from the CRD's ``openAPIV3Schema`` and refused with
   422 ``Invalid`` when it breaks the schema (types, enums, bounds, patterns, required fields) or has
   fields the schema does not declare (as strict field validation would);
@@ -130,6 +131,15 @@ LWS_CRD_FILE = pathlib.Path(__file__).with_name("lws_crd.yaml")
 def lws_crd() -> dict[str, Any]:
     """The LeaderWorkerSet CRD as published by kubernetes-sigs/lws (pod templates trimmed)."""
     return yaml.safe_load(LWS_CRD_FILE.read_text())
+
+
+#: KEDA's ScaledObject CRD, served (and enforced) by the emulator: see ``scripts/vendor_keda_crd.py``.
+KEDA_CRD_FILE = pathlib.Path(__file__).with_name("keda_scaledobject_crd.yaml")
+
+
+def keda_crd() -> dict[str, Any]:
+    """KEDA's ScaledObject CRD as published by kedacore/keda (descriptions removed)."""
+    return yaml.safe_load(KEDA_CRD_FILE.read_text())
 
 
 #: A fault injector: called with each request before it is served; an error to answer it with
@@ -326,6 +336,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
         for group, version, plural, kind, namespaced, subresources in EXTRA_RESOURCES:
             self.declare(group, version, plural, kind=kind, namespaced=namespaced, subresources=subresources)
         self.install_crd(lws_crd(), enforce_schema=True)
+        self.install_crd(keda_crd(), enforce_schema=True)
         self._builtin_payloads = len(self._payloads)
 
     # ---- declarations ---------------------------------------------------------------------------
