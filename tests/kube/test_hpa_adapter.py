@@ -1,9 +1,11 @@
 """The real HPA controller scales a MoEInference through ``/scale`` on vLLM's waiting requests, read
-from a real Prometheus through prometheus-adapter (issue 20, part 4). Every part is real except the
+from a real Prometheus through prometheus-adapter (issue 20, part 4), as a Pods metric
+(``custom.metrics.k8s.io``, per pod) and as an External metric (``external.metrics.k8s.io``, the
+MoEInference's series by its ``moeinference`` label) -- the two shapes of ``spec.autoscaling``'s HPA. Every part is real except the
 GPU nodes and engines: kube-apiserver with the aggregation layer, kube-controller-manager's HPA
 controller (5 s sync), kube-scheduler, the operator, Prometheus scraping the simulated engine pods
 (each on its own loopback IP, vLLM's ``vllm:num_requests_waiting`` per pod) and prometheus-adapter
-v0.12.0 built from its Go module (``make kube``) as ``custom.metrics.k8s.io``.
+v0.12.0 built from its Go module (``make kube``).
 
 The engines' waiting requests come from the KV-cache pressure of the deployment's truth
 (:class:`moe_eplb.sim.telemetry.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from moe_eplb.eplb import synth
+from moe_eplb.metric_names import MOEINFERENCE_LABEL
 from moe_eplb.sim.metricsadapter import custom_metric_name, default_adapter_binary, find_adapter, quantity
 from moe_eplb.sim.telemetry import TrueCost
 from moe_eplb.sim.world import SimWorld, prometheus_binary
@@ -51,16 +54,24 @@ RESOURCE: dict[str, Any] = {
     },
 }
 
-#: the HPA the operator renders for ``spec.autoscaling`` with backend HPA and a Pods metric
-HPA: dict[str, Any] = {
-    "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": NAME, "namespace": NS},
-    "spec": {
-        "scaleTargetRef": {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": NAME},
-        "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
-        "metrics": [{"type": "Pods", "pods": {"metric": {"name": METRIC},
-                                              "target": {"type": "AverageValue", "averageValue": str(TARGET)}}}],
-    },
-}
+#: the series of the MoEInference, as the PodMonitor labels them (the External metric's selector)
+EXTERNAL_SELECTOR = f"{MOEINFERENCE_LABEL}={NAME}"
+
+
+def hpa(metrics_api: str) -> dict[str, Any]:
+    """The HPA the operator renders for ``spec.autoscaling`` with backend HPA and a Pods or External metric."""
+    target = {"type": "AverageValue", "averageValue": str(TARGET)}
+    metric: dict[str, Any] = {"name": METRIC}
+    if metrics_api == "External":
+        metric["selector"] = {"matchLabels": {MOEINFERENCE_LABEL: NAME}}
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": NAME},
+            "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+            "metrics": [{"type": metrics_api, metrics_api.lower(): {"metric": metric, "target": target}}],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -95,17 +106,28 @@ async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float =
 
 
 def current_average(hpa: dict[str, Any]) -> float | None:
+    """The HPA's current value of its metric (per replica), None before it has read one."""
     for m in (hpa.get("status") or {}).get("currentMetrics") or []:
-        if m.get("type") == "Pods" and m["pods"]["metric"]["name"] == METRIC:
-            return quantity(m["pods"]["current"]["averageValue"])
+        key = m.get("type", "").lower()
+        if key in ("pods", "external") and m[key]["metric"]["name"] == METRIC:
+            return quantity(m[key]["current"]["averageValue"])
     return None
+
+
+async def served(adapter: Any, metrics_api: str, pod_selector: str) -> list[float]:
+    """What the adapter serves the HPA now: the value of each pod (Pods), or the MoEInference's total
+    (External)."""
+    if metrics_api == "Pods":
+        return list((await asyncio.to_thread(adapter.pod_metric, NS, METRIC, pod_selector)).values())
+    return await asyncio.to_thread(adapter.external_metric, NS, METRIC, EXTERNAL_SELECTOR)
 
 
 def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(requirements) -> None:
+@pytest.mark.parametrize("metrics_api", ["Pods", "External"])
+async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(requirements, metrics_api) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=1)
     world = SimWorld(workload=workload, api="real", prometheus=True, metrics_adapter=True, scrape_interval=0.5,
@@ -116,7 +138,7 @@ async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapte
         await world.apply(copy.deepcopy(RESOURCE))
         selector = await until("the /scale selector", lambda: _status(cluster, "selector"))
         await until("1 ready pod in Prometheus", lambda: _ready_targets(world, 1))
-        await cluster.create(HPA_PATH, copy.deepcopy(HPA))
+        await cluster.create(HPA_PATH, hpa(metrics_api))
 
         # 1. little KV-cache pressure: nothing waits; the HPA reads the metric and holds 1 replica
         quiet = await until("the HPA reading the metric", lambda: _hpa_with_metric(cluster))
@@ -124,28 +146,29 @@ async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapte
         assert quiet["status"]["desiredReplicas"] == 1
         assert conditions(quiet)["ScalingActive"]["status"] == "True"
         assert conditions(quiet)["ScalingActive"]["reason"] == "ValidMetricFound"
-        served = await asyncio.to_thread(adapter.pod_metric, NS, METRIC, selector)
-        assert len(served) == 1 and all(v < TARGET for v in served.values()), served
+        now = await served(adapter, metrics_api, selector)
+        assert len(now) == 1 and now[0] < TARGET, now  # one pod, or the one total
         assert (await cluster.get(MOE_PATH))["spec"]["replicas"] == 1
 
         # 2. a traffic rise fills the caches: requests wait, the HPA scales the MoEInference via /scale
         world.set_true_cost(TrueCost(kv_demand=2.0))
-        served = await until("waiting requests above target through the adapter", lambda: _served_above(adapter, selector))
-        assert all(v > TARGET for v in served.values()), served
+        now = await until("waiting requests above target through the adapter",
+                          lambda: _served_above(adapter, metrics_api, selector))
+        assert len(now) == 1 and now[0] > TARGET, now
         scaled = await until(f"spec.replicas == {MAX_REPLICAS}",
                              lambda: _replicas_at_least(cluster, MAX_REPLICAS), timeout=60)
         assert scaled["spec"]["replicas"] == MAX_REPLICAS
-        hpa = await cluster.get(f"{HPA_PATH}/{NAME}")
-        assert hpa["status"]["desiredReplicas"] == MAX_REPLICAS
-        assert current_average(hpa) > TARGET
-        assert conditions(hpa)["ScalingLimited"]["status"] == "True"  # wants more than maxReplicas
-        assert conditions(hpa)["ScalingLimited"]["reason"] == "TooManyReplicas"
+        status = await cluster.get(f"{HPA_PATH}/{NAME}")
+        assert status["status"]["desiredReplicas"] == MAX_REPLICAS
+        assert current_average(status) > TARGET
+        assert conditions(status)["ScalingLimited"]["status"] == "True"  # wants more than maxReplicas
+        assert conditions(status)["ScalingLimited"]["reason"] == "TooManyReplicas"
         # the operator carries the count to the Deployment, and the simulated nodes run the new pods
-        deployment = await cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}")
-        assert deployment["spec"]["replicas"] == MAX_REPLICAS
+        await until(f"the Deployment at {MAX_REPLICAS} replicas", lambda: _deployment_replicas(cluster, MAX_REPLICAS))
         await until(f"{MAX_REPLICAS} ready pods in Prometheus", lambda: _ready_targets(world, MAX_REPLICAS))
-        hpa = await until("the HPA seeing every pod", lambda: _hpa_current_replicas(cluster, MAX_REPLICAS))
-        assert hpa["status"]["desiredReplicas"] == MAX_REPLICAS
+        status = await until("the HPA seeing every pod", lambda: _hpa_current_replicas(cluster, MAX_REPLICAS))
+        assert status["status"]["desiredReplicas"] == MAX_REPLICAS
+        assert current_average(status) > TARGET
         assert (await cluster.get(MOE_PATH))["status"]["replicas"] == MAX_REPLICAS
 
 
@@ -159,13 +182,17 @@ async def _ready_targets(world: SimWorld, n: int) -> list[dict]:
 
 
 async def _hpa_with_metric(cluster: Any) -> dict[str, Any] | None:
-    hpa = await cluster.get(f"{HPA_PATH}/{NAME}")
-    return hpa if current_average(hpa) is not None else None
+    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+    return obj if current_average(obj) is not None else None
 
 
-async def _served_above(adapter: Any, selector: str) -> dict[str, float] | None:
-    served = await asyncio.to_thread(adapter.pod_metric, NS, METRIC, selector)
-    return served if served and all(v > TARGET for v in served.values()) else None
+async def _deployment_replicas(cluster: Any, n: int) -> bool:
+    return (await cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"))["spec"]["replicas"] == n
+
+
+async def _served_above(adapter: Any, metrics_api: str, selector: str) -> list[float] | None:
+    now = await served(adapter, metrics_api, selector)
+    return now if now and all(v > TARGET for v in now) else None
 
 
 async def _replicas_at_least(cluster: Any, n: int) -> dict[str, Any] | None:
@@ -174,6 +201,6 @@ async def _replicas_at_least(cluster: Any, n: int) -> dict[str, Any] | None:
 
 
 async def _hpa_current_replicas(cluster: Any, n: int) -> dict[str, Any] | None:
-    hpa = await cluster.get(f"{HPA_PATH}/{NAME}")
-    status = hpa.get("status") or {}
-    return hpa if status.get("currentReplicas") == n and current_average(hpa) is not None else None
+    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+    status = obj.get("status") or {}
+    return obj if status.get("currentReplicas") == n and current_average(obj) is not None else None

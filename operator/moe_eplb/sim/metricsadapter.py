@@ -1,4 +1,4 @@
-"""prometheus-adapter as the ``custom.metrics.k8s.io`` API of a REAL control plane
+"""prometheus-adapter as the ``custom.metrics.k8s.io`` and ``external.metrics.k8s.io`` APIs of a REAL control plane
 (:mod:`moe_eplb.sim.controlplane` started with ``aggregator=True``), serving vLLM's metrics from a
 real Prometheus to the real HPA controller. Built from its Go module by ``tools/adapter/build.sh``
 (``make kube``); nothing here is emulated.
@@ -14,11 +14,11 @@ How it is wired, as on a cluster but on loopback:
   the aggregator proxies an APIService to its Service's cluster IP (no kube-proxy here) or, with
   ``--enable-aggregator-routing``, to an endpoint -- and the apiserver refuses loopback addresses in
   Endpoints and EndpointSlices, while an ExternalName Service is resolved to ``https://<name>:<port>``;
-- APIServices ``v1beta1`` and ``v1beta2.custom.metrics.k8s.io`` point at that Service, with the
-  certificate as ``caBundle``.
+- APIServices ``v1beta1`` and ``v1beta2.custom.metrics.k8s.io`` and ``v1beta1.external.metrics.k8s.io``
+  point at that Service, with the certificate as ``caBundle``.
 
 Public entry points: :func:`find_adapter`, :func:`adapter_config`, :func:`custom_metric_name`,
-:class:`PrometheusAdapter` (``start()`` / ``stop()``, ``pod_metric()``).
+:class:`PrometheusAdapter` (``start()`` / ``stop()``, ``pod_metric()``, ``external_metric()``).
 """
 
 from __future__ import annotations
@@ -35,14 +35,16 @@ from typing import Any
 
 import yaml
 
-from moe_eplb import vllm_facts
+from moe_eplb import metric_names, vllm_facts
 from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate
 
 SERVICE_NAMESPACE = "kube-system"
 SERVICE_NAME = "prometheus-adapter"
 GROUP = "custom.metrics.k8s.io"
-#: the versions the adapter serves; the HPA controller picks the preferred one (v1beta2) by discovery
+EXTERNAL_GROUP = "external.metrics.k8s.io"
+#: the API versions the adapter serves; the HPA controller picks the preferred one by discovery
 VERSIONS = ("v1beta1", "v1beta2")
+API_VERSIONS = tuple((GROUP, v) for v in VERSIONS) + ((EXTERNAL_GROUP, "v1beta1"),)
 #: vLLM's series the adapter exposes per pod by default
 DEFAULT_SERIES = (vllm_facts.REQUESTS_WAITING,)
 
@@ -69,19 +71,28 @@ def custom_metric_name(series: str) -> str:
 
 
 def adapter_config(series: Sequence[str] = DEFAULT_SERIES) -> dict[str, Any]:
-    """prometheus-adapter's ``--config``: one rule per vLLM gauge, per pod, from the ``namespace`` and
-    ``pod`` labels the scrape config (a PodMonitor) puts on every series; the value of a pod is the sum
-    over its engines (vLLM's ``engine`` label)."""
-    rules = []
+    """prometheus-adapter's ``--config`` for each vLLM gauge in ``series``:
+
+    - a custom (Pods) metric: per pod, from the ``namespace`` and ``pod`` labels the scrape config (a
+      PodMonitor) puts on every series; a pod's value is the sum over its engines (``engine`` label);
+    - an external metric of the same name: the sum over the series an HPA's ``selector`` picks in its
+      namespace (e.g. ``moeinference: <name>``, the label the PodMonitor copies from the pods).
+    """
+    rules, external = [], []
     for s in series:
         prefix, _, rest = s.partition(":")
+        name = {"matches": f"^{prefix}:({rest})$", "as": f"{prefix}_${{1}}"}
         rules.append({
             "seriesQuery": f'{s}{{namespace!="",pod!=""}}',
             "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
-            "name": {"matches": f"^{prefix}:({rest})$", "as": f"{prefix}_${{1}}"},
-            "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+            "name": name, "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
         })
-    return {"rules": rules}
+        external.append({
+            "seriesQuery": f'{s}{{namespace!="",{metric_names.MOEINFERENCE_LABEL}!=""}}',
+            "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
+            "name": name, "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>})",
+        })
+    return {"rules": rules, "externalRules": external}
 
 
 class PrometheusAdapter:
@@ -132,9 +143,9 @@ class PrometheusAdapter:
 
     def stop(self) -> None:
         """Unregister the APIServices (while the apiserver runs) and stop the adapter."""
-        for version in VERSIONS:
+        for group, version in API_VERSIONS:
             with contextlib.suppress(urllib.error.URLError, OSError):
-                self.cp.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{GROUP}", timeout=5)
+                self.cp.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{group}", timeout=5)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -164,6 +175,12 @@ class PrometheusAdapter:
         out = self.cp.request("GET", f"/apis/{GROUP}/{VERSIONS[-1]}/namespaces/{namespace}/pods/*/{metric}{query}")
         return {i["describedObject"]["name"]: quantity(i["value"]) for i in out.get("items", [])}
 
+    def external_metric(self, namespace: str, metric: str, selector: str = "") -> list[float]:
+        """The values of an external metric as the HPA controller reads it (through the aggregator)."""
+        query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
+        out = self.cp.request("GET", f"/apis/{EXTERNAL_GROUP}/v1beta1/namespaces/{namespace}/{metric}{query}")
+        return [quantity(i["value"]) for i in out.get("items", [])]
+
     # -- internals --------------------------------------------------------------------------------
     def _register(self, ca_bundle: str) -> None:
         service = {"apiVersion": "v1", "kind": "Service",
@@ -171,11 +188,11 @@ class PrometheusAdapter:
                    "spec": {"type": "ExternalName", "externalName": "localhost",
                             "ports": [{"name": "https", "port": self.port, "protocol": "TCP"}]}}
         self._put(f"/api/v1/namespaces/{SERVICE_NAMESPACE}/services", SERVICE_NAME, service)
-        for i, version in enumerate(VERSIONS):
-            name = f"{version}.{GROUP}"
+        for i, (group, version) in enumerate(API_VERSIONS):
+            name = f"{version}.{group}"
             self._put("/apis/apiregistration.k8s.io/v1/apiservices", name, {
                 "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
-                "spec": {"group": GROUP, "version": version, "groupPriorityMinimum": 100, "versionPriority": 100 + i,
+                "spec": {"group": group, "version": version, "groupPriorityMinimum": 100, "versionPriority": 100 + i,
                          "service": {"namespace": SERVICE_NAMESPACE, "name": SERVICE_NAME, "port": self.port},
                          "caBundle": ca_bundle}})
 
@@ -198,14 +215,15 @@ class PrometheusAdapter:
                 raise ControlPlaneError(f"prometheus-adapter exited with status {self.proc.returncode}; "
                                         f"log: {self.log}\n{self.log_tail()}")
             conds = {}
-            for version in VERSIONS:
-                obj = self.cp.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{GROUP}")
-                conds[version] = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}.get("Available")
+            for group, version in API_VERSIONS:
+                obj = self.cp.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{group}")
+                found = (obj.get("status") or {}).get("conditions") or []
+                conds[f"{version}.{group}"] = next((c for c in found if c["type"] == "Available"), None)
             if all(c and c["status"] == "True" for c in conds.values()):
                 return
             last = conds
             time.sleep(0.2)
-        raise ControlPlaneError(f"the {GROUP} APIServices are not Available within {timeout} s ({last}); "
+        raise ControlPlaneError(f"the metrics APIServices are not Available within {timeout} s ({last}); "
                                 f"adapter log: {self.log}\n{self.log_tail()}")
 
 
