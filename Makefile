@@ -33,10 +33,12 @@ setup: $(VENV)/.setup-done
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl) built from Kubernetes' Go modules, and the published CRDs it installs;
-# cold ~15 min on two cores, seconds when Go's caches are warm (tools/kube/README.md)
+# cold ~15 min on two cores, seconds when Go's caches are warm (tools/kube/README.md); and
+# prometheus-adapter v0.12.0 (custom.metrics.k8s.io for the HPA test) from its Go module (tools/adapter)
 kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
+	bash tools/adapter/build.sh
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 

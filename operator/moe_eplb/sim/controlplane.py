@@ -14,7 +14,11 @@ are built. Public entry points:
   ``tools/kube/bin`` of this checkout), or ``None``;
 - :class:`ControlPlane` -- ``with ControlPlane(binaries, workdir) as cp:`` starts etcd, the apiserver
   and the controller manager (ready in seconds), writes an admin kubeconfig (``cp.kubeconfig``) and
-  stops everything on exit; ``cp.logs`` holds each process's log file.
+  stops everything on exit; ``cp.logs`` holds each process's log file. ``aggregator=True`` also
+  configures the aggregation layer (a front-proxy CA and client certificate, the ``requestheader``
+  flags), so an extension API server such as prometheus-adapter can be registered with an APIService
+  (:mod:`moe_eplb.sim.metricsadapter`);
+- :func:`serving_certificate` -- a self-signed serving certificate for such an extension server.
 
 Only the standard library here: the TLS material is made with the ``openssl`` command, HTTP calls use
 ``urllib``; the async client the tests share with the emulation is :class:`moe_eplb.sim.realapi.RealCluster`.
@@ -53,6 +57,11 @@ DEFAULT_CONTROLLERS = (
 )
 
 ADMIN_USER = "moe-eplb-admin"
+
+#: the common name of the client certificate the apiserver's aggregator proxies requests with
+#: (``--requestheader-allowed-names``); extension API servers trust it through the
+#: ``kube-system/extension-apiserver-authentication`` ConfigMap the apiserver publishes
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 class ControlPlaneError(RuntimeError):
@@ -131,16 +140,19 @@ class ControlPlane:
     ``workdir``: where data, keys, kubeconfigs and logs go (kept after :meth:`stop`, so a failed
     test's logs can be read). ``controllers``: kube-controller-manager's ``--controllers``.
     ``scheduler``: also run kube-scheduler (pods then need Nodes to be scheduled on).
+    ``aggregator``: configure the aggregation layer (front-proxy CA, client certificate and the
+    ``--requestheader-*`` / ``--proxy-client-*`` flags) for extension API servers behind APIServices.
     """
 
     def __init__(self, binaries: Binaries, workdir: str | os.PathLike[str], *,
                  controllers: Sequence[str] = DEFAULT_CONTROLLERS, scheduler: bool = False,
-                 extra_apiserver_args: Sequence[str] = ()) -> None:
+                 extra_apiserver_args: Sequence[str] = (), aggregator: bool = False) -> None:
         self.binaries = binaries
         self.workdir = pathlib.Path(workdir)
         self.controllers = tuple(controllers)
         self.with_scheduler = scheduler and binaries.scheduler is not None
         self.extra_apiserver_args = tuple(extra_apiserver_args)
+        self.aggregator = aggregator
         self.admin_token = secrets.token_hex(16)
         self.port = 0
         self.url = ""
@@ -199,7 +211,7 @@ class ControlPlane:
             f"--service-account-key-file={self.workdir / 'sa.pub'}",
             f"--service-account-signing-key-file={self.workdir / 'sa.key'}",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
-            *self.extra_apiserver_args])
+            *self._aggregator_args(), *self.extra_apiserver_args])
         self._write_kubeconfig(self.kubeconfig, self.admin_token, user="admin")
         self._wait_ready(timeout - (time.monotonic() - t0))
         self._spawn("kube-controller-manager", [
@@ -291,7 +303,7 @@ class ControlPlane:
         for name in names:
             while True:
                 obj = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
+                conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
                 if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
                     break
                 if time.monotonic() > deadline:
@@ -300,6 +312,38 @@ class ControlPlane:
         return names
 
     # -- internals --------------------------------------------------------------------------------
+    def _aggregator_args(self) -> list[str]:
+        """The aggregation layer's flags: the apiserver proxies to an APIService's server with the
+        front-proxy client certificate and the user in ``X-Remote-*`` headers, which the extension
+        server trusts because the certificate chains to ``--requestheader-client-ca-file``."""
+        if not self.aggregator:
+            return []
+        certs = self.workdir / "certs"
+        return [f"--requestheader-client-ca-file={certs / 'front-proxy-ca.crt'}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={certs / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={certs / 'front-proxy-client.key'}"]
+
+    def _front_proxy_keys(self, openssl: str) -> None:
+        """The front-proxy CA and the client certificate it signs (CN ``front-proxy-client``)."""
+        certs = self.workdir / "certs"
+        if (certs / "front-proxy-client.crt").exists():
+            return
+        run = lambda *a: subprocess.run([openssl, *a], check=True, capture_output=True, timeout=60)  # noqa: E731
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=moe-eplb-front-proxy-ca",
+            "-keyout", str(certs / "front-proxy-ca.key"), "-out", str(certs / "front-proxy-ca.crt"),
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
+            "-keyout", str(certs / "front-proxy-client.key"), "-out", str(certs / "front-proxy-client.csr"))
+        ext = certs / "front-proxy-client.ext"
+        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                       "extendedKeyUsage=clientAuth\n")
+        run("x509", "-req", "-in", str(certs / "front-proxy-client.csr"), "-CA", str(certs / "front-proxy-ca.crt"),
+            "-CAkey", str(certs / "front-proxy-ca.key"), "-CAcreateserial", "-days", "30", "-extfile", str(ext),
+            "-out", str(certs / "front-proxy-client.crt"))
+
     def _keys(self) -> None:
         """The service-account signing key pair, the apiserver's serving certificate (for 127.0.0.1
         and localhost, so clients can verify it) and the static admin token."""
@@ -315,6 +359,8 @@ class ControlPlane:
                 "-keyout", str(self.workdir / "certs" / "apiserver.key"), "-out", str(self.ca_file),
                 "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes.default.svc",
                 "-addext", "basicConstraints=critical,CA:TRUE")
+        if self.aggregator:
+            self._front_proxy_keys(openssl)
         (self.workdir / "tokens.csv").write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
 
     def _spawn(self, name: str, argv: list[str]) -> None:
@@ -355,6 +401,24 @@ class ControlPlane:
             time.sleep(0.2)
         raise ControlPlaneError("the default ServiceAccount did not appear (is the serviceaccount controller running?); "
                                 f"log: {self.logs['kube-controller-manager']}\n" + self.log_tail("kube-controller-manager"))
+
+
+def serving_certificate(folder: str | os.PathLike[str], name: str, dns_names: Sequence[str] = (),
+                        ips: Sequence[str] = ("127.0.0.1",)) -> tuple[pathlib.Path, pathlib.Path]:
+    """A self-signed serving certificate (its own CA: the ``caBundle`` of an APIService) for
+    ``dns_names`` and ``ips``, as ``(folder/name.crt, folder/name.key)``; kept if already there."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ControlPlaneError("the openssl command is needed to make a serving certificate")
+    base = pathlib.Path(folder)
+    base.mkdir(parents=True, exist_ok=True)
+    crt, key = base / f"{name}.crt", base / f"{name}.key"
+    if not crt.exists():
+        sans = ",".join([f"DNS:{d}" for d in dns_names] + [f"IP:{i}" for i in ips])
+        subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", f"/CN={name}",
+                        "-keyout", str(key), "-out", str(crt), "-addext", f"subjectAltName={sans}",
+                        "-addext", "basicConstraints=critical,CA:TRUE"], check=True, capture_output=True, timeout=60)
+    return crt, key
 
 
 @contextlib.contextmanager

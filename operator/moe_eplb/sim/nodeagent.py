@@ -10,7 +10,9 @@ binds them; this agent
 - watches (polls) the pods bound to its nodes and runs one
   :class:`~moe_eplb.sim.engine.SimulatedEngine` per pod, with the EPLB settings parsed from the pod's
   own vLLM arguments (:func:`moe_eplb.sim.kubelet.engine_settings`), on a loopback address of its own
-  (the "pod IP": 127.0.x.y, so every pod serves the pod spec's ``eplb-metrics`` port, as on a cluster);
+  (the "pod IP": 127.x.y.z in a /18 picked at random per agent, skipping an address whose port another
+  process on the machine holds, so every pod serves the pod spec's ``eplb-metrics`` port, as on a
+  cluster, and agents of concurrent test runs do not collide);
 - reports pod status like a kubelet (``Running``, ``podIP``, ``Ready`` once the engine has loaded,
   ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
 - confirms a pod's deletion (the apiserver keeps a bound pod ``Terminating`` until its kubelet does).
@@ -25,6 +27,8 @@ import asyncio
 import datetime
 import ipaddress
 import logging
+import random
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +113,7 @@ class NodeAgent:
                  poll: float = 0.2, crash_if: Callable[[EngineSettings], bool] | None = None,
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
-                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str = "127.0.64.0/18") -> None:
+                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None) -> None:
         self.cluster, self.workload, self.clock = cluster, workload, clock
         self.node_names = [f"gpu-node-{i}" for i in range(nodes)]
         self.gpus_per_node = gpus_per_node
@@ -117,6 +121,8 @@ class NodeAgent:
         self.crash_if = crash_if or (lambda s: False)
         self.faults_for = faults_for or (lambda s: EngineFaults())
         self.num_groups, self.true_cost, self.on_change = num_groups, true_cost, on_change
+        if subnet is None:  # one of the 256 /18s of 127.64.0.0/10
+            subnet = str(ipaddress.ip_network("127.64.0.0/18").network_address + (random.randrange(256) << 14)) + "/18"
         self._ips = (str(ip) for ip in ipaddress.ip_network(subnet).hosts())
         self.pods: dict[str, AgentPod] = {}
         self.pods_started = 0
@@ -207,12 +213,27 @@ class NodeAgent:
                 if asyncio.iscoroutine(result):
                     await result
 
+    def _next_ip(self, port: int | None) -> str:
+        """The next pod IP of the subnet where ``port`` is free (another process may hold it)."""
+        for ip in self._ips:
+            if not port:
+                return ip
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((ip, port))
+                except OSError:
+                    continue
+            return ip
+        raise RuntimeError("node agent: no free pod IP left in its subnet")
+
     async def _start_pod(self, pod: dict, replicas: Mapping[tuple[str, str], int]) -> AgentPod:
         meta, spec = pod["metadata"], pod["spec"]
         instance = (meta.get("labels") or {}).get(k8s_names.NAME_LABEL, meta["name"])
         n = replicas.get((meta["namespace"], instance), 1)
+        port = exporter_port(spec)
         p = AgentPod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], instance=instance,
-                     ip=next(self._ips), port=exporter_port(spec), hash=(meta.get("labels") or {}).get("pod-template-hash", ""))
+                     ip=self._next_ip(port), port=port, hash=(meta.get("labels") or {}).get("pod-template-hash", ""))
         self.pods[p.uid] = p
         try:
             p.settings = engine_settings(spec, share=1.0 / max(1, n), num_groups=self._groups(instance))

@@ -9,6 +9,9 @@
 3. optionally a real Prometheus (``/usr/bin/prometheus``) on loopback, scraping the engine pods
    found by the kubelet (file-based service discovery, with the labels a PodMonitor would add:
    ``namespace``, ``pod``, ``moeinference``);
+   With ``api="real"`` and ``metrics_adapter=True``, prometheus-adapter (built by ``make kube``)
+   serves vLLM's metrics from that Prometheus as ``custom.metrics.k8s.io`` to the real HPA
+   controller (:mod:`moe_eplb.sim.metricsadapter`);
 4. the real operator(s) (``moe_eplb.controller.main.run_operator``) with the autotune loop on the
    same clock.
 
@@ -178,6 +181,9 @@ class SimWorld:
         engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
             instead of a simulated one (see :class:`~moe_eplb.sim.kubelet.FakeKubelet`); ``workload``
             is then only used by engines the factory does not build (pass an empty mapping).
+        metrics_adapter: with ``api="real"`` and ``prometheus``, run prometheus-adapter as the
+            ``custom.metrics.k8s.io`` API (the control plane then has the aggregation layer), so an
+            HPA can scale on vLLM's per-pod metrics (``world.adapter``).
     """
 
     workload: LoadTrace | dict[str, LoadTrace]
@@ -202,12 +208,14 @@ class SimWorld:
     kubelet_poll: float = 0.1
     engine_factory: Callable[[Any], Any] | None = None
     api: str = "emulated"
+    metrics_adapter: bool = False
     # handles, set by run()
     plane: Any = None
     cluster: Any = None
     clock: SimClock | None = None
     kubelet: Any = None
     prom: LocalPrometheus | None = None
+    adapter: Any = None
     runtime: Any = None
     operators: list = field(default_factory=list)
 
@@ -231,6 +239,8 @@ class SimWorld:
         self.runtime = rt
         autotune.configure(rt)
         self.api = resolve_api(self.api)
+        if self.metrics_adapter and (self.api != "real" or not self.prometheus):
+            raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
         try:
             async with self._cluster() as cluster:
                 self.cluster = cluster
@@ -240,6 +250,8 @@ class SimWorld:
                         raise RuntimeError("no Prometheus binary (apt-get install prometheus), or run without it")
                     self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval, drop=self.drop_metrics)
                     await self.prom.start()
+                if self.metrics_adapter:
+                    await self._start_adapter()
                 real = self.api == "real"
                 on_change = None
                 if self.prom:
@@ -272,6 +284,9 @@ class SimWorld:
                     await lws.stop()
                     if agent is not None:
                         await agent.stop()
+                    if self.adapter is not None:
+                        await asyncio.to_thread(self.adapter.stop)
+                        self.adapter = None
                     if self.prom:
                         self.prom.stop()
                         self.prom = None
@@ -291,7 +306,7 @@ class SimWorld:
         from moe_eplb.sim.realapi import real_cluster
 
         with tempfile.TemporaryDirectory(prefix="moe-eplb-kube-") as tmp:
-            plane = ControlPlane(find_binaries(), tmp, scheduler=True)
+            plane = ControlPlane(find_binaries(), tmp, scheduler=True, aggregator=self.metrics_adapter)
             await asyncio.to_thread(plane.start)
             try:
                 for path in project_crds():
@@ -302,6 +317,27 @@ class SimWorld:
             finally:
                 self.plane = None
                 await asyncio.to_thread(plane.stop)
+
+    async def _start_adapter(self) -> None:
+        from moe_eplb.sim.metricsadapter import PrometheusAdapter
+
+        assert self.prom is not None and self.plane is not None
+        adapter = PrometheusAdapter(self.plane, self.prom.url, os.path.join(self.plane.workdir, "adapter"))
+        self.adapter = adapter
+        await asyncio.to_thread(adapter.start)
+
+    def set_true_cost(self, true_cost: Any) -> None:
+        """Change the deployment's truth (:class:`moe_eplb.sim.telemetry.TrueCost`) while the world
+        runs -- e.g. a higher ``kv_demand``, as a traffic rise fills the KV cache and requests wait:
+        the running engines produce their telemetry from it from their next step on, and engines
+        started later start with it."""
+        self.true_cost = true_cost
+        kubelets = [self.kubelet.agent, self.kubelet.lws] if hasattr(self.kubelet, "agent") else [self.kubelet]
+        for k in kubelets:
+            k.true_cost = true_cost
+        for engine in self.kubelet.engines():
+            if hasattr(engine, "true"):  # a simulated engine (not one an engine_factory built)
+                engine.true = true_cost
 
     def _real_kubelet_options(self) -> dict[str, Any]:
         return {"headers": {"Authorization": f"Bearer {self.plane.admin_token}"}, "ssl": self.plane.ssl_context(),

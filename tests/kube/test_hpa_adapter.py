@@ -1,0 +1,206 @@
+"""The real HPA controller scales a MoEInference through ``/scale`` on vLLM's waiting requests, read
+from a real Prometheus through prometheus-adapter (issue 20, part 4), as a Pods metric
+(``custom.metrics.k8s.io``, per pod) and as an External metric (``external.metrics.k8s.io``, the
+MoEInference's series by its ``moeinference`` label) -- the two shapes of ``spec.autoscaling``'s HPA. Every part is real except the
+GPU nodes and engines: kube-apiserver with the aggregation layer, kube-controller-manager's HPA
+controller (5 s sync), kube-scheduler, the operator, Prometheus scraping the simulated engine pods
+(each on its own loopback IP, vLLM's ``vllm:num_requests_waiting`` per pod) and prometheus-adapter
+v0.12.0 built from its Go module (``make kube``).
+
+The engines' waiting requests come from the KV-cache pressure of the deployment's truth
+(:class:`moe_eplb.sim.telemetry.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
+1 replica), then raised as a traffic rise would (:meth:`SimWorld.set_true_cost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from moe_eplb.eplb import synth
+from moe_eplb.metric_names import MOEINFERENCE_LABEL
+from moe_eplb.sim.metricsadapter import custom_metric_name, default_adapter_binary, find_adapter, quantity
+from moe_eplb.sim.telemetry import TrueCost
+from moe_eplb.sim.world import SimWorld, prometheus_binary
+from moe_eplb.vllm_facts import REQUESTS_WAITING
+
+pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
+
+NS, NAME = "default", "tiny"
+METRIC = custom_metric_name(REQUESTS_WAITING)  # vllm_num_requests_waiting
+TARGET = 10  # waiting requests per replica
+MAX_REPLICAS = 3
+HPA_PATH = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
+MOE_PATH = f"/apis/eplb.ai/v1alpha1/namespaces/{NS}/moeinferences/{NAME}"
+
+#: the autotune tier's small MoE (4 MoE layers x 16 experts, top-2, EP 4), one replica, autotune Off
+RESOURCE: dict[str, Any] = {
+    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": NAME, "namespace": NS},
+    "spec": {
+        "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
+                  "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
+                          "bytesPerExpert": 1048576}},
+        "engine": {"image": "vllm/vllm-openai:v0.12.0"},
+        "parallelism": {"tensor": 1, "data": 4},
+        "replicas": 1,
+        "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
+        "autotune": {"mode": "Off"},
+    },
+}
+
+#: the series of the MoEInference, as the PodMonitor labels them (the External metric's selector)
+EXTERNAL_SELECTOR = f"{MOEINFERENCE_LABEL}={NAME}"
+
+
+def hpa(metrics_api: str) -> dict[str, Any]:
+    """The HPA the operator renders for ``spec.autoscaling`` with backend HPA and a Pods or External metric."""
+    target = {"type": "AverageValue", "averageValue": str(TARGET)}
+    metric: dict[str, Any] = {"name": METRIC}
+    if metrics_api == "External":
+        metric["selector"] = {"matchLabels": {MOEINFERENCE_LABEL: NAME}}
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": NAME},
+            "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+            "metrics": [{"type": metrics_api, metrics_api.lower(): {"metric": metric, "target": target}}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def requirements() -> None:
+    """The control plane, the adapter and Prometheus must be there; skipped with the reason
+    otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
+    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+
+    missing = []
+    if find_binaries() is None:
+        missing.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
+    if find_adapter() is None:
+        missing.append(f"no prometheus-adapter built at {default_adapter_binary()} (run `make kube`)")
+    if prometheus_binary() is None:
+        missing.append("no Prometheus binary (apt-get install prometheus)")
+    if missing:
+        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
+            pytest.fail("MOE_EPLB_REQUIRE_KUBE=1 but " + "; ".join(missing))
+        pytest.skip("; ".join(missing))
+
+
+async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    """Poll ``probe()`` until it returns something truthy; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"{what} not reached within {timeout} s; last: {last!r}")
+
+
+def current_average(hpa: dict[str, Any]) -> float | None:
+    """The HPA's current value of its metric (per replica), None before it has read one."""
+    for m in (hpa.get("status") or {}).get("currentMetrics") or []:
+        key = m.get("type", "").lower()
+        if key in ("pods", "external") and m[key]["metric"]["name"] == METRIC:
+            return quantity(m[key]["current"]["averageValue"])
+    return None
+
+
+async def served(adapter: Any, metrics_api: str, pod_selector: str) -> list[float]:
+    """What the adapter serves the HPA now: the value of each pod (Pods), or the MoEInference's total
+    (External)."""
+    if metrics_api == "Pods":
+        return list((await asyncio.to_thread(adapter.pod_metric, NS, METRIC, pod_selector)).values())
+    return await asyncio.to_thread(adapter.external_metric, NS, METRIC, EXTERNAL_SELECTOR)
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+@pytest.mark.parametrize("metrics_api", ["Pods", "External"])
+async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(requirements, metrics_api) -> None:
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=1)
+    world = SimWorld(workload=workload, api="real", prometheus=True, metrics_adapter=True, scrape_interval=0.5,
+                     scale=100.0, startup_seconds=60.0, true_cost=TrueCost(kv_demand=0.2))
+    async with world.run():
+        cluster, adapter = world.cluster, world.adapter
+        await world.start_operator()
+        await world.apply(copy.deepcopy(RESOURCE))
+        selector = await until("the /scale selector", lambda: _status(cluster, "selector"))
+        await until("1 ready pod in Prometheus", lambda: _ready_targets(world, 1))
+        await cluster.create(HPA_PATH, hpa(metrics_api))
+
+        # 1. little KV-cache pressure: nothing waits; the HPA reads the metric and holds 1 replica
+        quiet = await until("the HPA reading the metric", lambda: _hpa_with_metric(cluster))
+        assert current_average(quiet) < TARGET
+        assert quiet["status"]["desiredReplicas"] == 1
+        assert conditions(quiet)["ScalingActive"]["status"] == "True"
+        assert conditions(quiet)["ScalingActive"]["reason"] == "ValidMetricFound"
+        now = await served(adapter, metrics_api, selector)
+        assert len(now) == 1 and now[0] < TARGET, now  # one pod, or the one total
+        assert (await cluster.get(MOE_PATH))["spec"]["replicas"] == 1
+
+        # 2. a traffic rise fills the caches: requests wait, the HPA scales the MoEInference via /scale
+        world.set_true_cost(TrueCost(kv_demand=2.0))
+        now = await until("waiting requests above target through the adapter",
+                          lambda: _served_above(adapter, metrics_api, selector))
+        assert len(now) == 1 and now[0] > TARGET, now
+        scaled = await until(f"spec.replicas == {MAX_REPLICAS}",
+                             lambda: _replicas_at_least(cluster, MAX_REPLICAS), timeout=60)
+        assert scaled["spec"]["replicas"] == MAX_REPLICAS
+        status = await cluster.get(f"{HPA_PATH}/{NAME}")
+        assert status["status"]["desiredReplicas"] == MAX_REPLICAS
+        assert current_average(status) > TARGET
+        assert conditions(status)["ScalingLimited"]["status"] == "True"  # wants more than maxReplicas
+        assert conditions(status)["ScalingLimited"]["reason"] == "TooManyReplicas"
+        # the operator carries the count to the Deployment, and the simulated nodes run the new pods
+        await until(f"the Deployment at {MAX_REPLICAS} replicas", lambda: _deployment_replicas(cluster, MAX_REPLICAS))
+        await until(f"{MAX_REPLICAS} ready pods in Prometheus", lambda: _ready_targets(world, MAX_REPLICAS))
+        status = await until("the HPA seeing every pod", lambda: _hpa_current_replicas(cluster, MAX_REPLICAS))
+        assert status["status"]["desiredReplicas"] == MAX_REPLICAS
+        assert current_average(status) > TARGET
+        assert (await cluster.get(MOE_PATH))["status"]["replicas"] == MAX_REPLICAS
+
+
+async def _status(cluster: Any, key: str) -> Any:
+    return ((await cluster.get(MOE_PATH)).get("status") or {}).get(key)
+
+
+async def _ready_targets(world: SimWorld, n: int) -> list[dict]:
+    targets = [t for t in world.kubelet.targets() if t["moeinference"] == NAME]
+    return targets if len(targets) == n else []
+
+
+async def _hpa_with_metric(cluster: Any) -> dict[str, Any] | None:
+    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+    return obj if current_average(obj) is not None else None
+
+
+async def _deployment_replicas(cluster: Any, n: int) -> bool:
+    return (await cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"))["spec"]["replicas"] == n
+
+
+async def _served_above(adapter: Any, metrics_api: str, selector: str) -> list[float] | None:
+    now = await served(adapter, metrics_api, selector)
+    return now if now and all(v > TARGET for v in now) else None
+
+
+async def _replicas_at_least(cluster: Any, n: int) -> dict[str, Any] | None:
+    res = await cluster.get(MOE_PATH)
+    return res if res["spec"]["replicas"] >= n else None
+
+
+async def _hpa_current_replicas(cluster: Any, n: int) -> dict[str, Any] | None:
+    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+    status = obj.get("status") or {}
+    return obj if status.get("currentReplicas") == n and current_average(obj) is not None else None
