@@ -32,11 +32,13 @@ $(VENV)/.vllm-src-done: requirements/vllm-src.txt $(VENV)/.setup-done
 setup: $(VENV)/.setup-done
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) built from Kubernetes' Go modules, and the published CRDs it installs;
+# kube-scheduler, kubectl) built from Kubernetes' Go modules, the published CRDs it installs and
+# the real LeaderWorkerSet controller (tools/lws: sigs.k8s.io/lws);
 # cold ~15 min on two cores, seconds when Go's caches are warm (tools/kube/README.md)
 kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
+	bash tools/lws/build.sh
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 

@@ -58,7 +58,7 @@ from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
-from moe_eplb.controller.status import observed_generation
+from moe_eplb.controller.status import workload_observed_generation
 from moe_eplb.eplb.calibrate import Calibration, calibrate
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
@@ -500,7 +500,7 @@ def lws_settled(lws: dict, pods: list[dict], hashes: list[str]) -> bool:
     spec, st = lws.get("spec") or {}, lws.get("status") or {}
     want = int(spec.get("replicas", 1))
     size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
-    if not (int(observed_generation(st) or 0) >= int(lws["metadata"].get("generation") or 1)
+    if not (int(workload_observed_generation(lws) or 0) >= int(lws["metadata"].get("generation") or 1)
             and int(st.get("updatedReplicas") or 0) >= want and int(st.get("readyReplicas") or 0) >= want
             and int(st.get("replicas") or 0) == want):
         return False
