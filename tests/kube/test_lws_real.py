@@ -169,7 +169,11 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
         rolled = samples
         second_rev = second[0]["metadata"]["labels"][k8s_names.LWS_TEMPLATE_REVISION_LABEL]
         assert {e.settings.knobs.window_size for e in world.kubelet.engines("tiny")} == {500}
-        print("ROLL", [s for i, s in enumerate(rolled) if i == 0 or s != rolled[i - 1]])
+        assert {p["metadata"]["uid"] for p in second}.isdisjoint(p["metadata"]["uid"] for p in first)
+        # never more than maxUnavailable = 1 group down; the update is reported in progress on the way
+        assert min(s["ready"] or 0 for s in rolled) >= 1
+        assert any(s["conds"].get("UpdateInProgress", ("",))[0] == "True" for s in rolled)
+        assert all(s["observedGeneration"] is None for s in rolled)
 
         # roll back to the first template
         samples = []
@@ -181,8 +185,13 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
             obj, third = await _until(lambda: settled(second_rev), what="the rollback")
         finally:
             watcher.cancel()
-        print("BACK", [s for i, s in enumerate(samples) if i == 0 or s != samples[i - 1]])
+        # the rolled-back template is the first revision again (a content hash), run by new pods
         third_rev = third[0]["metadata"]["labels"][k8s_names.LWS_TEMPLATE_REVISION_LABEL]
-        print("REVS", first_rev, second_rev, third_rev, {p["metadata"]["name"]: p["metadata"]["uid"] for p in third},
-              {p["metadata"]["name"]: p["metadata"]["uid"] for p in first})
-        print(world.lws_controller.log_tail(5))
+        assert third_rev == first_rev != second_rev
+        assert {p["metadata"]["uid"] for p in third}.isdisjoint(p["metadata"]["uid"] for p in first + second)
+        assert min(s["ready"] or 0 for s in samples) >= 1
+        assert {e.settings.knobs.window_size for e in world.kubelet.engines("tiny")} == {1000}
+        # the real controller's objects: a leader StatefulSet, one worker StatefulSet per group
+        sts = await cluster.list(f"/apis/apps/v1/namespaces/{NS}/statefulsets")
+        assert sorted(s["metadata"]["name"] for s in sts) == ["tiny", "tiny-0", "tiny-1"]
+        world.lws_controller.check_alive()

@@ -302,7 +302,13 @@ class NodeAgent:
             p.ready_since = _now()
 
     async def _write_status(self, p: AgentPod) -> None:
-        if p.crash:
+        last = None
+        if p.crash and p.restarts and p.group is not None:
+            # restarted and running again (about to fail) when LWS sees the restart and recreates the
+            # group (RecreateGroupOnPodRestart), as the emulation shows it (sim/kubelet.py)
+            state = {"running": {"startedAt": p.created_at}}
+            last = {"terminated": {"reason": "Error", "exitCode": 1, "message": "simulated crash at start-up"}}
+        elif p.crash:
             state = {"waiting": {"reason": "CrashLoopBackOff" if p.restarts else "ContainerCreating",
                                  "message": "simulated crash at start-up"}}
         else:
@@ -317,7 +323,8 @@ class NodeAgent:
                            {"type": "ContainersReady", "status": ready, "lastTransitionTime": since}],
             "containerStatuses": [{"name": "vllm", "ready": p.ready, "restartCount": p.restarts,
                                    "started": not p.crash, "state": state, "image": "simulated",
-                                   "imageID": "simulated", "containerID": f"simulated://{p.uid}"}],
+                                   "imageID": "simulated", "containerID": f"simulated://{p.uid}",
+                                   **({"lastState": last} if last else {})}],
         }
         if status != p.status_sent:
             try:
