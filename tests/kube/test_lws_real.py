@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
 
 import pytest
@@ -89,8 +90,12 @@ def _cond(obj: dict, ctype: str) -> dict:
 
 @pytest.fixture()
 def built() -> None:
+    """Skip without the built control plane and LWS controller (fail in CI: MOE_EPLB_REQUIRE_KUBE=1)."""
     if find_binaries() is None or lwscontroller.find_lws_binary() is None:
-        pytest.skip("the control plane and the LWS controller are not built (run `make kube`)")
+        reason = "the control plane and the LWS controller are not built (run `make kube`)"
+        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
+            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
+        pytest.skip(reason)
 
 
 async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
