@@ -39,7 +39,9 @@ Differences from the real controller (``sigs.k8s.io/lws`` v0.8.0, run by
 (this one writes ``observedGeneration`` in the status and the conditions), writes one aggregated
 core/v1 Event per message with a growing ``count`` and wall-clock times (this one: one Event per
 recreation, related to the new leader, on the simulation's clock), omits ``updatedReplicas`` /
-``readyReplicas`` when 0, and owns the pods through StatefulSets.
+``readyReplicas`` when 0, owns the pods through StatefulSets, and with ``maxSurge`` gave back the
+surge group in the same reconcile as it replaced the last original group (ready groups fell below
+``replicas - maxUnavailable``; this one keeps them).
 
 Simplifications (documented, none of them visible to the operator): no StatefulSet, ControllerRevision
 or headless Service objects are written (pods are owned by the LWS directly); ``startupPolicy:
