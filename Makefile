@@ -32,12 +32,14 @@ $(VENV)/.vllm-src-done: requirements/vllm-src.txt $(VENV)/.setup-done
 setup: $(VENV)/.setup-done
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) built from Kubernetes' Go modules, and the published CRDs it installs;
-# cold ~15 min on two cores, seconds when Go's caches are warm (tools/kube/README.md); and
-# prometheus-adapter v0.12.0 (custom.metrics.k8s.io for the HPA test) from its Go module (tools/adapter)
+# kube-scheduler, kubectl) built from Kubernetes' Go modules, the published CRDs it installs, the
+# real LeaderWorkerSet controller (tools/lws: sigs.k8s.io/lws) and prometheus-adapter v0.12.0
+# (custom.metrics.k8s.io for the HPA test, tools/adapter); cold ~15 min on two cores (~25 min with
+# the LWS controller and the adapter), seconds when Go's caches are warm (tools/kube/README.md)
 kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
+	bash tools/lws/build.sh
 	bash tools/adapter/build.sh
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done

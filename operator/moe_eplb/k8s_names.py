@@ -40,7 +40,9 @@ LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 #: Event reason of the LWS pod controller when a pod of a group failed (a container restarted or a
 #: pod was deleted) and it deleted the leader to recreate the whole group (restartPolicy
 #: RecreateGroupOnPodRestart); the message names the failed pod: "Worker pod <pod> failed, ...".
-LWS_RECREATE_GROUP_REASON = "RecreateGroup"
+#: The reason is the restart policy's name (sigs.k8s.io/lws v0.8.0 pod_controller.go, checked
+#: against the real controller in tests/kube/test_lws_real.py).
+LWS_RECREATE_GROUP_REASON = "RecreateGroupOnPodRestart"
 
 # --- monitoring objects (Prometheus Operator) -----------------------------------------------------
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"

@@ -73,7 +73,8 @@ LWS_PATH = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets"
 @pytest.fixture(params=["emulated", "real"])
 def api(request) -> str:
     """The API a scenario runs on: the emulation, or the real control plane (real Deployment and
-    ReplicaSet controllers and kube-scheduler, simulated GPU nodes; ``make kube``). The real one is
+    ReplicaSet controllers and kube-scheduler, the real LeaderWorkerSet controller where
+    ``tools/lws`` is built, simulated GPU nodes; ``make kube``). The real one is
     skipped without the built binaries, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
     if request.param == "real":
         import os

@@ -161,7 +161,7 @@ async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
 
             async def recreated():
                 events = await kube.request("GET", f"/api/v1/namespaces/{NS}/events", params={
-                    "fieldSelector": "involvedObject.kind=LeaderWorkerSet,involvedObject.name=tiny,reason=RecreateGroup"})
+                    "fieldSelector": "involvedObject.kind=LeaderWorkerSet,involvedObject.name=tiny,reason=RecreateGroupOnPodRestart"})
                 return events["items"] if len(events["items"]) >= 3 else None
 
             events = await _until(recreated, timeout=30)

@@ -6,7 +6,7 @@ Every ``tick_seconds`` (wall) the timer of each MoEInference parses the resource
 1. a rollout in progress (``status.autotune.rollout``) is advanced (:mod:`.rollout`): the child
    workloads and pods are read into a :class:`~.rollout.WorkloadView` (:func:`workload_view`: the
    Deployment, or for a multi-node resource the LeaderWorkerSet, its groups and their
-   ``RecreateGroup`` Events), the new pods' measured balancedness is read when the rollout is ready to
+   ``RecreateGroupOnPodRestart`` Events), the new pods' measured balancedness is read when the rollout is ready to
    be judged;
 2. otherwise, when ``spec.autotune.mode`` is not ``Off`` and ``evaluationIntervalSeconds`` have
    passed since the last evaluation: the recent load is read (:mod:`moe_eplb.metrics`: Prometheus,
@@ -58,7 +58,7 @@ from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError
-from moe_eplb.controller.status import observed_generation
+from moe_eplb.controller.status import workload_observed_generation
 from moe_eplb.eplb.calibrate import Calibration, calibrate
 from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
@@ -453,7 +453,7 @@ async def workload_view(client: Any, inf: MoEInference, rt: AutotuneRuntime, tar
     LeaderWorkerSet, settled by group (:func:`lws_settled`), its template hash from both the leader
     and the worker template, and crash loops of any pod of a group on the current template -- also
     the ones LeaderWorkerSet hides by recreating the group on every restart, counted from its
-    ``RecreateGroup`` Events since ``since`` (clock seconds; None: not counted).
+    ``RecreateGroupOnPodRestart`` Events since ``since`` (clock seconds; None: not counted).
     ``target``: a rollout's target knobs, checked against the spec now (``target_invalid``)."""
     ns = inf.namespace or "default"
     selector = f"{k8s_names.NAME_LABEL}={inf.name}"
@@ -590,7 +590,7 @@ def lws_settled(lws: dict, pods: list[dict], hashes: list[str]) -> bool:
     spec, st = lws.get("spec") or {}, lws.get("status") or {}
     want = int(spec.get("replicas", 1))
     size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
-    if not (int(observed_generation(st) or 0) >= int(lws["metadata"].get("generation") or 1)
+    if not (int(workload_observed_generation(lws) or 0) >= int(lws["metadata"].get("generation") or 1)
             and int(st.get("updatedReplicas") or 0) >= want and int(st.get("readyReplicas") or 0) >= want
             and int(st.get("replicas") or 0) == want):
         return False
@@ -614,7 +614,7 @@ async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: lis
                            rt: AutotuneRuntime) -> list[str]:
     """Crash loops that LeaderWorkerSet's ``RecreateGroupOnPodRestart`` hides: a pod that restarts
     makes it recreate the whole group (fresh pods, ``restartCount`` 0), so the restarts are counted
-    from its ``RecreateGroup`` Events on the LWS since ``since`` (one per recreation; an Event
+    from its ``RecreateGroupOnPodRestart`` Events on the LWS since ``since`` (one per recreation; an Event
     series that began earlier counts once). A group recreated at least ``rt.crashloop_restarts``
     times whose pods now run a current template crash-loops; returns
     ``"<pod> (group <i> recreated <n>x)"``."""

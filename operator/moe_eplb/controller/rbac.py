@@ -40,7 +40,7 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # Events on MoEInference (controller and kopf); the autotune loop lists a LeaderWorkerSet's
-    # RecreateGroup Events (a group recreated on every pod restart is a crash loop).
+    # RecreateGroupOnPodRestart Events (a group recreated on every pod restart is a crash loop).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},
     # kopf: discovers served resources by watching CRDs (cluster-wide mode).
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},

@@ -24,7 +24,7 @@ a cluster with LWS installed shows it:
   ``maxSurge`` is capped at ``replicas``. ``partition`` (canary) is honoured.
 * **restart policy** ``RecreateGroupOnPodRestart`` (the default): a container restart in any pod of
   a group deletes the leader, and with it the whole group, which is created again (same index, the
-  revision its index should run); the controller records an Event ``RecreateGroup`` on the LWS
+  revision its index should run); the controller records an Event ``RecreateGroupOnPodRestart`` on the LWS
   ("Worker pod <pod> failed, deleted leader pod <leader> to recreate group <i>", related to the
   leader pod -- a new object each time, so the events recorder keeps one Event per recreation).
   ``None`` (or the deprecated ``Default``): only the
@@ -33,6 +33,15 @@ a cluster with LWS installed shows it:
   any revision), ``updatedReplicas`` (groups on the new revision, ready or not),
   ``observedGeneration``, ``hpaPodSelector`` (the leaders: ``name=<lws>,worker-index=0``) and the
   conditions ``Available`` / ``Progressing`` / ``UpdateInProgress`` (metav1.Condition).
+
+Differences from the real controller (``sigs.k8s.io/lws`` v0.8.0, run by
+:mod:`moe_eplb.sim.lwscontroller`; see docs/operator.md): the real one reports no generation at all
+(this one writes ``observedGeneration`` in the status and the conditions), writes one aggregated
+core/v1 Event per message with a growing ``count`` and wall-clock times (this one: one Event per
+recreation, related to the new leader, on the simulation's clock), omits ``updatedReplicas`` /
+``readyReplicas`` when 0, owns the pods through StatefulSets, and with ``maxSurge`` gave back the
+surge group in the same reconcile as it replaced the last original group (ready groups fell below
+``replicas - maxUnavailable``; this one keeps them).
 
 Simplifications (documented, none of them visible to the operator): no StatefulSet, ControllerRevision
 or headless Service objects are written (pods are owned by the LWS directly); ``startupPolicy:
@@ -290,7 +299,7 @@ def group_pod(lws: dict, template_spec: dict, group: int, worker: int, revision:
 
 
 def recreate_event(lws: dict, group: int, failed_pod: str, now_iso: str, *, suffix: str, leader_uid: str = "") -> dict:
-    """The ``RecreateGroup`` Event of the LWS pod controller (core/v1 view of an events.k8s.io Event)."""
+    """The ``RecreateGroupOnPodRestart`` Event of the LWS pod controller (core/v1 view of an events.k8s.io Event)."""
     meta = lws["metadata"]
     ns = meta.get("namespace") or "default"
     leader = pod_name(meta["name"], group, 0)

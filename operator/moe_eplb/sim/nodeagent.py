@@ -17,13 +17,24 @@ binds them; this agent
   ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
 - confirms a pod's deletion (the apiserver keeps a bound pod ``Terminating`` until its kubelet does).
 
-Pods the LeaderWorkerSet stand-in creates (annotation ``sim.eplb.ai/simulated``) run their group's
-engine in :class:`~moe_eplb.sim.kubelet.FakeKubelet` and are left alone here.
+Pods of a LeaderWorkerSet group (made by the REAL LWS controller, :mod:`moe_eplb.sim.lwscontroller`:
+its leader StatefulSet's pod and the group's worker StatefulSet's pods, grouped by the labels
+``leaderworkerset.sigs.k8s.io/name`` and ``group-index`` its pod webhook sets) run ONE engine that
+spans the group's ``size`` pods (``SimulatedEngine(pods=size, hosts=(ip of each pod, ...))``, every
+pod serving its rank's metrics on its own IP). The engine starts once every pod of the group
+(worker index 0 .. size-1, one template revision) is bound here; when a member of the group goes
+away or is replaced, the group's engine stops and its remaining pods turn unready until the group
+is whole again (the group restarts together). A crash-looping pod of a group shows its growing
+``restartCount``, which is what makes LWS recreate the group (``RecreateGroupOnPodRestart``).
+
+Pods the emulated LeaderWorkerSet controller creates (annotation ``sim.eplb.ai/simulated``) run
+their group's engine in :class:`~moe_eplb.sim.kubelet.FakeKubelet` and are left alone here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import ipaddress
 import logging
@@ -35,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import k8s_names
+from moe_eplb import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb.sim.kubelet import CRASH_BACKOFF_SECONDS, MANAGED_SELECTOR, PodSpecError, engine_settings
@@ -44,6 +55,19 @@ log = logging.getLogger(__name__)
 
 SIMULATED_ANNOTATION = "sim.eplb.ai/simulated"
 GPU_RESOURCE = "nvidia.com/gpu"
+LWS_LIST_PATH = f"/apis/{k8s_names.LWS_API_VERSION}/leaderworkersets"
+
+
+def group_of(meta: Mapping[str, Any]) -> tuple[tuple[str, str, int], int, int] | None:
+    """``((namespace, lws name, group index), worker index, group size)`` of a pod of a
+    LeaderWorkerSet group (the labels and annotation the LWS pod webhook sets), else ``None``."""
+    labels = meta.get("labels") or {}
+    name = labels.get(k8s_names.LWS_NAME_LABEL)
+    gi, wi = labels.get(k8s_names.LWS_GROUP_INDEX_LABEL), labels.get(k8s_names.LWS_WORKER_INDEX_LABEL)
+    size = (meta.get("annotations") or {}).get(k8s_names.LWS_SIZE_ANNOTATION)
+    if name is None or gi is None or wi is None or size is None:
+        return None
+    return (meta["namespace"], name, int(gi)), int(wi), int(size)
 
 
 def node_object(name: str, *, gpus: int, product: str = "NVIDIA-H200") -> dict[str, Any]:
@@ -98,10 +122,22 @@ class AgentPod:
     ready_since: str = ""
     created_at: str = field(default_factory=lambda: _now())
     status_sent: dict = field(default_factory=dict)
+    group: tuple[str, str, int] | None = None  # (namespace, lws, group index) for a pod of an LWS group
+    worker: int = 0
+    size: int = 1
+    spec: dict = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
         return (not self.crash) and self.engine is not None and self.engine.ready
+
+
+@dataclass
+class AgentGroup:
+    """One LWS group's engine and the pods (by worker index: uid) it was started for."""
+
+    members: dict[int, str]
+    engine: SimulatedEngine | None
 
 
 class NodeAgent:
@@ -125,6 +161,8 @@ class NodeAgent:
             subnet = str(ipaddress.ip_network("127.64.0.0/18").network_address + (random.randrange(256) << 14)) + "/18"
         self._ips = (str(ip) for ip in ipaddress.ip_network(subnet).hosts())
         self.pods: dict[str, AgentPod] = {}
+        self.groups: dict[tuple[str, str, int], AgentGroup] = {}
+        self.crash_pod_if: Callable[[EngineSettings, int], bool] = lambda s, worker: False
         self.pods_started = 0
         self._task: asyncio.Task | None = None
         self._last_targets: list[dict] | None = None
@@ -154,10 +192,10 @@ class NodeAgent:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        for p in self.pods.values():
-            if p.engine is not None:
-                await p.engine.stop()
+        for engine in self.engines():
+            await engine.stop()
         self.pods.clear()
+        self.groups.clear()
 
     async def _run(self) -> None:
         while True:
@@ -186,7 +224,15 @@ class NodeAgent:
                                                  params={"labelSelector": MANAGED_SELECTOR})
         replicas = {(d["metadata"]["namespace"], d["metadata"]["name"]): int(d["spec"].get("replicas") or 1)
                     for d in deployments.get("items", [])}
-        seen = set()
+        try:
+            lws = await self.cluster.request("GET", LWS_LIST_PATH, params={"labelSelector": MANAGED_SELECTOR})
+        except aiohttp.ClientResponseError as exc:  # no LeaderWorkerSet CRD installed
+            if exc.status != 404:
+                raise
+            lws = {}
+        replicas.update({("lws", d["metadata"]["namespace"], d["metadata"]["name"]): int(d["spec"].get("replicas") or 1)
+                         for d in lws.get("items", [])})
+        seen, live = set(), []
         for pod in listed.get("items", []):
             meta, spec = pod["metadata"], pod.get("spec") or {}
             if spec.get("nodeName") not in self.node_names or SIMULATED_ANNOTATION in (meta.get("annotations") or {}):
@@ -199,12 +245,16 @@ class NodeAgent:
                 continue
             if p is None:
                 p = await self._start_pod(pod, replicas)
-            self._advance(p)
-            await self._write_status(p)
+            live.append(p)
         for uid in [u for u in self.pods if u not in seen]:  # deleted without us (e.g. grace 0 by a test)
             p = self.pods.pop(uid)
-            if p.engine is not None:
+            if p.engine is not None and p.group is None:
                 await p.engine.stop()
+        await self._reconcile_groups(replicas)
+        for p in live:
+            if p.uid in self.pods:
+                self._advance(p)
+                await self._write_status(p)
         targets = self.targets()
         if targets != self._last_targets:
             self._last_targets = targets
@@ -229,12 +279,21 @@ class NodeAgent:
 
     async def _start_pod(self, pod: dict, replicas: Mapping[tuple[str, str], int]) -> AgentPod:
         meta, spec = pod["metadata"], pod["spec"]
-        instance = (meta.get("labels") or {}).get(k8s_names.NAME_LABEL, meta["name"])
+        labels = meta.get("labels") or {}
+        instance = labels.get(k8s_names.NAME_LABEL, meta["name"])
         n = replicas.get((meta["namespace"], instance), 1)
         port = exporter_port(spec)
         p = AgentPod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], instance=instance,
-                     ip=self._next_ip(port), port=port, hash=(meta.get("labels") or {}).get("pod-template-hash", ""))
+                     ip=self._next_ip(port), port=port,
+                     hash=labels.get("pod-template-hash") or labels.get(k8s_names.LWS_TEMPLATE_REVISION_LABEL, ""))
         self.pods[p.uid] = p
+        member = group_of(meta)
+        if member is not None:  # its group's engine starts once the group is whole (_reconcile_groups)
+            p.group, p.worker, p.size = member
+            p.spec = spec
+            self.pods_started += 1
+            p.next_restart = self.clock.now() + CRASH_BACKOFF_SECONDS
+            return p
         try:
             p.settings = engine_settings(spec, share=1.0 / max(1, n), num_groups=self._groups(instance))
         except (PodSpecError, ValueError) as exc:
@@ -264,7 +323,13 @@ class NodeAgent:
             p.ready_since = _now()
 
     async def _write_status(self, p: AgentPod) -> None:
-        if p.crash:
+        last = None
+        if p.crash and p.restarts and p.group is not None:
+            # restarted and running again (about to fail) when LWS sees the restart and recreates the
+            # group (RecreateGroupOnPodRestart), as the emulation shows it (sim/kubelet.py)
+            state = {"running": {"startedAt": p.created_at}}
+            last = {"terminated": {"reason": "Error", "exitCode": 1, "message": "simulated crash at start-up"}}
+        elif p.crash:
             state = {"waiting": {"reason": "CrashLoopBackOff" if p.restarts else "ContainerCreating",
                                  "message": "simulated crash at start-up"}}
         else:
@@ -279,7 +344,8 @@ class NodeAgent:
                            {"type": "ContainersReady", "status": ready, "lastTransitionTime": since}],
             "containerStatuses": [{"name": "vllm", "ready": p.ready, "restartCount": p.restarts,
                                    "started": not p.crash, "state": state, "image": "simulated",
-                                   "imageID": "simulated", "containerID": f"simulated://{p.uid}"}],
+                                   "imageID": "simulated", "containerID": f"simulated://{p.uid}",
+                                   **({"lastState": last} if last else {})}],
         }
         if status != p.status_sent:
             try:
@@ -293,7 +359,7 @@ class NodeAgent:
     async def _finish(self, meta: Mapping[str, Any], p: AgentPod | None) -> None:
         """The kubelet's side of a graceful deletion: stop the container, then remove the object."""
         if p is not None:
-            if p.engine is not None:
+            if p.engine is not None and p.group is None:  # a group's engine stops with the group
                 await p.engine.stop()
             self.pods.pop(p.uid, None)
         try:
@@ -304,36 +370,109 @@ class NodeAgent:
             if exc.status not in (404, 409):
                 raise
 
+    # --- LeaderWorkerSet groups --------------------------------------------------------------------
+    async def _reconcile_groups(self, replicas: Mapping[tuple[str, ...], int]) -> None:
+        """Stop the engine of a group whose pods changed; start one for a group that is whole."""
+        by_key: dict[tuple[str, str, int], dict[int, AgentPod]] = {}
+        for p in self.pods.values():
+            if p.group is not None:
+                by_key.setdefault(p.group, {})[p.worker] = p
+        for key, g in list(self.groups.items()):
+            members = {w: p.uid for w, p in by_key.get(key, {}).items()}
+            if members != g.members:  # a pod left or was replaced: the group restarts together
+                if g.engine is not None:
+                    await g.engine.stop()
+                del self.groups[key]
+                for p in by_key.get(key, {}).values():
+                    p.engine, p.settings, p.crash, p.ready_since = None, None, False, ""
+        for key, pods in by_key.items():
+            if key in self.groups:
+                continue
+            size = next(iter(pods.values())).size
+            if sorted(pods) != list(range(size)) or len({p.hash for p in pods.values()}) != 1:
+                continue  # not whole yet (or old and new revisions mixed while one goes away)
+            await self._start_group(key, [pods[w] for w in range(size)], replicas.get(("lws", key[0], key[1]), 1))
+
+    async def _start_group(self, key: tuple[str, str, int], pods: list[AgentPod], replicas: int) -> None:
+        leader, size = pods[0], len(pods)
+        settings = None
+        try:
+            each = [engine_settings(p.spec, share=1.0 / max(1, replicas), num_groups=self._groups(leader.instance))
+                    for p in pods]
+            if any(s != each[0] for s in each[1:]):
+                raise ValueError("the leader's and the workers' engine arguments differ")
+            settings = dataclasses.replace(each[0], num_nodes=size)
+        except (PodSpecError, ValueError) as exc:
+            log.warning("node agent: group %s/%s-%d cannot run: %s", *key, exc)
+            settings = None
+        crashing = {p.worker for p in pods if settings is None or self.crash_if(settings)
+                    or self.crash_pod_if(settings, p.worker)}
+        engine = None
+        if not crashing:
+            try:
+                engine = SimulatedEngine(self.trace_for(leader.instance), settings, self.clock,
+                                         startup_seconds=self.startup_seconds, tick=self.engine_tick,
+                                         faults=self.faults_for(settings), seed=self.pods_started,
+                                         true_cost=self.true_cost, port=leader.port or 0, pods=size,
+                                         hosts=tuple(p.ip for p in pods))
+                await engine.start()
+            except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group
+                log.warning("node agent: group %s/%s-%d crashes: %s", *key, exc)
+                engine, crashing = None, {p.worker for p in pods}
+        self.groups[key] = AgentGroup({p.worker: p.uid for p in pods}, engine)
+        for p in pods:
+            p.settings, p.engine, p.crash = settings, engine, p.worker in crashing
+            p.next_restart = self.clock.now() + CRASH_BACKOFF_SECONDS
+
     # --- what Prometheus scrapes -------------------------------------------------------------------
     def targets(self) -> list[dict]:
-        """Ready pods: ``[{namespace, pod, moeinference, host, port, hash}]`` (for scrape configs)."""
-        out = [{"namespace": p.namespace, "pod": p.name, "moeinference": p.instance, "host": p.ip,
-                "port": p.port, "hash": p.hash}
-               for p in self.pods.values() if p.ready and p.engine is not None and p.port]
+        """Ready pods: ``[{namespace, pod, moeinference, host, port, hash}]`` (for scrape configs);
+        pods of an LWS group also carry the group labels a PodMonitor copies (``replica_group``,
+        ``group_worker``, ``group_size``)."""
+        out = []
+        for p in self.pods.values():
+            if not (p.ready and p.engine is not None and p.port):
+                continue
+            t = {"namespace": p.namespace, "pod": p.name, "moeinference": p.instance, "host": p.ip,
+                 "port": p.port, "hash": p.hash}
+            if p.group is not None:
+                t.update({metric_names.GROUP_LABEL: str(p.group[2]), metric_names.GROUP_WORKER_LABEL: str(p.worker),
+                          metric_names.GROUP_SIZE_LABEL: str(p.size)})
+            out.append(t)
         return sorted(out, key=lambda x: (x["namespace"], x["pod"]))
 
     def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
-        return [p.engine for p in self.pods.values() if p.engine is not None and instance in (None, p.instance)]
+        """The running engines (one per Deployment pod, one per LWS group), of one MoEInference or all."""
+        out: dict[int, SimulatedEngine] = {}
+        for p in self.pods.values():
+            if p.engine is not None and instance in (None, p.instance):
+                out.setdefault(id(p.engine), p.engine)
+        for g in self.groups.values():  # a group whose pods all went already
+            if g.engine is not None and instance is None:
+                out.setdefault(id(g.engine), g.engine)
+        return list(out.values())
 
 
 class RealNodes:
     """The kubelet side of a simulated cluster on a real control plane, with the calls the demo and
-    the tests use on :class:`~moe_eplb.sim.kubelet.FakeKubelet`: Deployment pods run by the
-    :class:`NodeAgent`, LeaderWorkerSet groups by the FakeKubelet in LWS-only mode (the emulated
-    LeaderWorkerSet controller: the real one is not run here, see docs/demo.md)."""
+    the tests use on :class:`~moe_eplb.sim.kubelet.FakeKubelet`: the :class:`NodeAgent` runs the
+    pods of Deployments and, with the real LeaderWorkerSet controller, of LWS groups; ``lws``: the
+    FakeKubelet in LWS-only mode when the emulated LeaderWorkerSet controller runs instead (the real
+    one not built), else ``None``."""
 
-    def __init__(self, agent: NodeAgent, lws: Any) -> None:
+    def __init__(self, agent: NodeAgent, lws: Any = None) -> None:
         self.agent, self.lws = agent, lws
 
     @property
     def pods_created(self) -> int:
-        return self.agent.pods_started + self.lws.pods_created
+        return self.agent.pods_started + (self.lws.pods_created if self.lws else 0)
 
     def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
-        return self.agent.engines(instance) + self.lws.engines(instance)
+        return self.agent.engines(instance) + (self.lws.engines(instance) if self.lws else [])
 
     def running(self) -> list[tuple[str, Any]]:
-        return [(p.instance, p) for p in self.agent.pods.values()] + self.lws.running()
+        return [(p.instance, p) for p in self.agent.pods.values()] + (self.lws.running() if self.lws else [])
 
     def targets(self) -> list[dict]:
-        return sorted(self.agent.targets() + self.lws.targets(), key=lambda x: (x["namespace"], x["pod"]))
+        mine = self.agent.targets() + (self.lws.targets() if self.lws else [])
+        return sorted(mine, key=lambda x: (x["namespace"], x["pod"]))

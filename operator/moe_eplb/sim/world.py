@@ -57,6 +57,19 @@ def resolve_api(api: str) -> str:
     return api
 
 
+def resolve_lws(lws: str) -> str:
+    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/lws/build.sh`` built it)."""
+    from moe_eplb.sim.lwscontroller import default_lws_bin_dir, find_lws_binary
+
+    if lws not in APIS:
+        raise ValueError(f"lws: {lws!r} is not one of {', '.join(APIS)}")
+    if lws == "auto":
+        return "real" if find_lws_binary() is not None else "emulated"
+    if lws == "real" and find_lws_binary() is None:
+        raise RuntimeError(f"lws=real: no LeaderWorkerSet controller built in {default_lws_bin_dir()} (run `make kube`)")
+    return lws
+
+
 def prometheus_binary() -> str | None:
     """Path of a Prometheus server binary, or None."""
     if os.path.exists(PROMETHEUS_BIN):
@@ -176,8 +189,12 @@ class SimWorld:
         api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
             or ``"real"``: a real control plane (:mod:`moe_eplb.sim.controlplane`, built by ``make
             kube``) with the real Deployment/ReplicaSet controllers and kube-scheduler, simulated GPU
-            nodes (:mod:`moe_eplb.sim.nodeagent`), and the emulated LeaderWorkerSet controller over the
-            real API. ``"auto"``: real when the binaries are built.
+            nodes (:mod:`moe_eplb.sim.nodeagent`), and the LeaderWorkerSet controller picked by
+            ``lws``. ``"auto"``: real when the binaries are built.
+        lws: on the real API, which LeaderWorkerSet controller runs: ``"real"`` (``sigs.k8s.io/lws``
+            built by ``tools/lws/build.sh``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
+            node agent runs its groups), ``"emulated"`` (:mod:`moe_eplb.sim.lws` in the fake kubelet,
+            over the real API) or ``"auto"`` (real when built). Set by :meth:`run` to the one used.
         engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
             instead of a simulated one (see :class:`~moe_eplb.sim.kubelet.FakeKubelet`); ``workload``
             is then only used by engines the factory does not build (pass an empty mapping).
@@ -209,8 +226,10 @@ class SimWorld:
     engine_factory: Callable[[Any], Any] | None = None
     api: str = "emulated"
     metrics_adapter: bool = False
+    lws: str = "auto"
     # handles, set by run()
     plane: Any = None
+    lws_controller: Any = None
     cluster: Any = None
     clock: SimClock | None = None
     kubelet: Any = None
@@ -241,6 +260,7 @@ class SimWorld:
         self.api = resolve_api(self.api)
         if self.metrics_adapter and (self.api != "real" or not self.prometheus):
             raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
+        self.lws = resolve_lws(self.lws) if self.api == "real" else "emulated"
         try:
             async with self._cluster() as cluster:
                 self.cluster = cluster
@@ -256,13 +276,15 @@ class SimWorld:
                 on_change = None
                 if self.prom:
                     on_change = self._real_targets if real else self.prom.update
-                lws = FakeKubelet(cluster.url, self.workload, self.clock,
-                                  startup_seconds=self.startup_seconds, crash_if=self.crash_if,
-                                  crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
-                                  num_groups=self.num_groups,
-                                  engine_tick=self.engine_tick, poll=self.kubelet_poll,
-                                  on_change=on_change, true_cost=self.true_cost, engine_factory=self.engine_factory,
-                                  **(self._real_kubelet_options() if real else {}))
+                lws = None
+                if self.lws == "emulated":  # the fake kubelet: Deployments too on the emulation
+                    lws = FakeKubelet(cluster.url, self.workload, self.clock,
+                                      startup_seconds=self.startup_seconds, crash_if=self.crash_if,
+                                      crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
+                                      num_groups=self.num_groups,
+                                      engine_tick=self.engine_tick, poll=self.kubelet_poll,
+                                      on_change=on_change, true_cost=self.true_cost, engine_factory=self.engine_factory,
+                                      **(self._real_kubelet_options() if real else {}))
                 agent = None
                 if real:
                     from moe_eplb.sim.nodeagent import NodeAgent, RealNodes
@@ -271,17 +293,21 @@ class SimWorld:
                                       startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
                                       poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
                                       num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change)
+                    if self.crash_pod_if is not None:
+                        agent.crash_pod_if = self.crash_pod_if
                     await agent.start()
                     self.kubelet = RealNodes(agent, lws)
                 else:
                     self.kubelet = lws
-                await lws.start()
+                if lws is not None:
+                    await lws.start()
                 try:
                     yield self
                 finally:
                     for op in list(self.operators):
                         await self.stop_operator(op)
-                    await lws.stop()
+                    if lws is not None:
+                        await lws.stop()
                     if agent is not None:
                         await agent.stop()
                     if self.adapter is not None:
@@ -302,20 +328,31 @@ class SimWorld:
             async with emulated_cluster() as cluster:
                 yield cluster
             return
-        from moe_eplb.sim.controlplane import ControlPlane, find_binaries, project_crds
+        from moe_eplb.sim import lwscontroller
+        from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, ControlPlane, find_binaries, project_crds
         from moe_eplb.sim.realapi import real_cluster
 
+        real_lws = self.lws == "real"
+        controllers = (*DEFAULT_CONTROLLERS, *lwscontroller.CONTROLLERS) if real_lws else DEFAULT_CONTROLLERS
         with tempfile.TemporaryDirectory(prefix="moe-eplb-kube-") as tmp:
-            plane = ControlPlane(find_binaries(), tmp, scheduler=True, aggregator=self.metrics_adapter)
+            plane = ControlPlane(find_binaries(), tmp, scheduler=True, aggregator=self.metrics_adapter,
+                                 controllers=controllers)
             await asyncio.to_thread(plane.start)
             try:
                 for path in project_crds():
                     await asyncio.to_thread(plane.install_crd, path)
+                if real_lws:
+                    self.lws_controller = lwscontroller.LwsController(lwscontroller.find_lws_binary(),
+                                                                      os.path.join(tmp, "lws"))
+                    await asyncio.to_thread(self.lws_controller.start, plane)
                 self.plane = plane
                 async with real_cluster(plane) as cluster:
                     yield cluster
             finally:
                 self.plane = None
+                if self.lws_controller is not None:
+                    await asyncio.to_thread(self.lws_controller.stop)
+                    self.lws_controller = None
                 await asyncio.to_thread(plane.stop)
 
     async def _start_adapter(self) -> None:
