@@ -86,7 +86,8 @@ async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventual
 
 async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_path):
     """Two ``moe-eplb run`` processes with the chart's environment (peering on, no priority given):
-    each draws its own priority, the lower one pauses, and exactly one reconciles. (With a shared
+    each draws its own priority (by seniority), the peering is required, so the newer never resumes,
+    and exactly one reconciles. (With a shared
     priority kopf 1.45 would pause both.)"""
     await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
     procs, ports, logs = {}, {}, {}
@@ -109,7 +110,8 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
         assert len(set(priorities.values())) == 2, priorities
         leader = max(priorities, key=priorities.get)
         standby = min(priorities, key=priorities.get)
-        await eventually(lambda: any("Pausing operations" in r["message"] for r in json_logs(logs[standby])),
+        # required peering (the chart names it): both start paused; only the leader ever resumes
+        await eventually(lambda: any("Resuming operations" in r["message"] for r in json_logs(logs[leader])),
                          timeout=20)
 
         await kube.create(kube.moeinference_path(NS), example())
@@ -121,6 +123,7 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
             counts[pod] = reconciles(text)
         assert counts[leader] >= 1 and counts[standby] == 0, (priorities, counts)
         assert not any("Pausing" in r["message"] for r in json_logs(logs[leader]))
+        assert not any("Resuming operations" in r["message"] for r in json_logs(logs[standby]))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
