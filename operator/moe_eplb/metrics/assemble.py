@@ -49,7 +49,7 @@ from moe_eplb.metrics.errors import (
     LoadReadError,
 )
 from moe_eplb.metrics.increments import Increments, counter_increments, values_at_edges
-from moe_eplb.metrics.scrape import Round
+from moe_eplb.metrics.scrape import PodSample, Round
 from moe_eplb.metrics.series import Series, pod_name
 
 #: Prometheus' default ``--query.lookback-delta``: an instant vector (and a gauge here) is the newest
@@ -458,6 +458,52 @@ def trace_from_raw_counters(
                      meta={"start_time": float(grid[0]), "interpolated_fraction": fraction,
                            "pods_at_edges": len({s.pod for s in counters.edge_counts}),
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
+
+
+def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Series], list[Series]]:
+    """Direct-scrape rounds as the raw samples Prometheus would hold of the same pods: the expert
+    token, engine step and exporter start time series ``(expert_tokens, engine_steps, start_times)``,
+    labelled ``pod``, ``model_name`` and the labels the PodMonitor copies from the pod
+    (:func:`moe_eplb.metrics.scrape.pod_labels`: the LeaderWorkerSet group of a pod), for
+    :func:`trace_from_raw_counters` -- so that a direct read has the Prometheus read's buckets,
+    group joining and gap rules."""
+    model_label, layer_label, expert_label = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT
+    seen: dict[tuple[str, str], list[tuple[float, PodSample]]] = {}
+    labels: dict[str, tuple] = {}
+    for rnd in rounds:
+        for pod, sample in rnd.pods.items():
+            labels[pod] = rnd.labels.get(pod, ())
+            for model in sample.steps.keys() | sample.tokens.keys():
+                seen.setdefault((pod, model), []).append((rnd.time, sample))
+    tokens: list[Series] = []
+    steps: list[Series] = []
+    starts: list[Series] = []
+
+    def series(base: dict, pts: list[tuple[float, float]]) -> Series:
+        return Series(base, np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64))
+
+    for (pod, model), samples in seen.items():
+        base = {**dict(labels[pod]), "pod": pod, model_label: model}
+        if any(model in s.steps for _, s in samples):
+            steps.append(series(base, [(t, s.steps[model]) for t, s in samples if model in s.steps]))
+        if any(model in s.start_time for _, s in samples):
+            starts.append(series(base, [(t, s.start_time[model]) for t, s in samples if model in s.start_time]))
+        with_tokens = [(t, s.tokens[model]) for t, s in samples if s.tokens.get(model)]
+        if not with_tokens:
+            continue
+        keys = tuple(with_tokens[0][1])
+        if all(tuple(d) == keys for _, d in with_tokens):  # the usual case: the same series at every scrape
+            ts = np.array([t for t, _ in with_tokens], np.float64)
+            vs = np.stack([np.fromiter(d.values(), np.float64, len(keys)) for _, d in with_tokens], axis=1)
+            tokens += [Series({**base, layer_label: str(k[0]), expert_label: str(k[1])}, ts, vs[i])
+                       for i, k in enumerate(keys)]
+            continue
+        per_key: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for t, d in with_tokens:
+            for k, v in d.items():
+                per_key.setdefault(k, []).append((t, v))
+        tokens += [series({**base, layer_label: str(k[0]), expert_label: str(k[1])}, pts) for k, pts in per_key.items()]
+    return tokens, steps, starts
 
 
 def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,

@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.autotune_status import Measurement
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
+from moe_eplb.metrics.scrape import exposition_samples
 from moe_eplb.metrics.series import parse_vector
 
 RankCounts = dict[str, np.ndarray]  # pod (or engine) -> [L, EP] rank tokens
@@ -100,15 +100,10 @@ def measure_prometheus(client: PrometheusClient, namespace: str, name: str, star
 
 def rank_counts_from_exposition(text: str) -> np.ndarray | None:
     """``[L, EP]`` counters of ``moe_eplb_rank_tokens_total`` in one ``/metrics`` body (all models)."""
-    want = metric_names.RANK_TOKENS.removesuffix("_total")
     cells: dict[tuple[int, int], float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != want:
-            continue
-        for s in fam.samples:
-            if s.name == metric_names.RANK_TOKENS:
-                key = (int(s.labels[metric_names.LABEL_LAYER]), int(s.labels[metric_names.LABEL_RANK]))
-                cells[key] = cells.get(key, 0.0) + s.value
+    for _, labels, value in exposition_samples(text, (metric_names.RANK_TOKENS,)):
+        key = (int(labels[metric_names.LABEL_LAYER]), int(labels[metric_names.LABEL_RANK]))
+        cells[key] = cells.get(key, 0.0) + value
     return _cells_to_array(cells) if cells else None
 
 
@@ -155,6 +150,8 @@ class RankHistory:
     def remember(self, t: float, counts: RankCounts) -> None:
         if counts:
             self.rounds.append((t, counts))
+            if len(self.rounds) > 1 and self.rounds[-2][0] > t:  # a scrape that started earlier ended later
+                self.rounds.sort(key=lambda r: r[0])
         del self.rounds[: max(0, len(self.rounds) - self.keep)]
 
     def measure(self, now_counts: RankCounts, start: float, end: float,
