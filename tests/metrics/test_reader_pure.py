@@ -184,6 +184,14 @@ def test_rounds_read_on_a_grid_like_prometheus_samples():
     rs = [_round(t, {"a": (50, 10 + t - 100, [[t - 100, 0]])}) for t in (100, 105, 110, 115, 120)]
     tr = trace_from_raw_counters(*counters_from_rounds(rs)[:2], np.array([100.0, 110.0, 120.0]))
     assert tr.bucket_seconds == 10.0 and tr.bucket_steps.tolist() == [10, 10]
+    # a late round of the operator's own: its load in its bucket, nothing spread or refused
+    late = [_round(t, {"a": (50, v, [[v, 0]])}) for t, v in ((100, 0), (102, 2), (104, 4), (106, 6), (128, 30))]
+    tr = trace_from_raw_counters(*counters_from_rounds(late)[:2], np.array([100.0, 110.0, 120.0, 130.0]),
+                                 spread_gaps=False)
+    assert tr.bucket_steps.tolist() == [6, 0, 24] and tr.meta["interpolated_fraction"] == 0.0
+    with pytest.raises(LoadReadError) as ei:  # the same samples from Prometheus: a scrape gap
+        trace_from_raw_counters(*counters_from_rounds(late)[:2], np.array([100.0, 110.0, 120.0, 130.0]))
+    assert ei.value.reason == "ScrapeGaps"
 
 
 def test_rounds_of_a_leaderworkerset_group_are_joined_and_an_absent_pod_refused():
@@ -401,3 +409,19 @@ def test_layers_are_packed_in_order_into_answers_of_bounded_size():
     # numeric order (2 before 10), whole layers, the unlabelled series left to their own group
     assert pack_layers(per_layer, max_samples=200) == [["0", "1"], ["2", "10"]]
     assert pack_layers(per_layer, max_samples=60) == [["0"], ["1"], ["2"], ["10"]]  # a layer never splits
+
+
+def test_the_judges_rank_counters_come_from_the_readers_round():
+    from moe_eplb.metrics.measure import rank_counts_of_round
+
+    rt = metric_names.RANK_TOKENS
+    sample = PodSample(telemetry=[(rt, {"model_name": "m", "layer": "0", "rank": "1"}, 5.0),
+                                  (rt, {"model_name": "m", "layer": "1", "rank": "0"}, 2.0)])
+    rnd = Round(time=1.0, pods={"p": sample, "q": sample})
+
+    def pod(name, ready):
+        return {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+    got = rank_counts_of_round(rnd, [pod("p", "True"), pod("q", "False")])
+    assert set(got) == {"p"}
+    np.testing.assert_array_equal(got["p"], [[0.0, 5.0], [2.0, 0.0]])

@@ -694,16 +694,12 @@ async def _scrape_loop(direct: _Direct, namespace: str, name: str, rt: AutotuneR
         started = time.monotonic()
         pods, now = direct.pods, rt.clock.now()
         targets = targets_from_pods(pods, name)
-        if targets:
+        if targets:  # one fetch per pod feeds both the reader and the judge
             try:
-                await asyncio.to_thread(direct.scraper.scrape, targets)
+                rnd = await asyncio.to_thread(direct.scraper.scrape, targets)
+                direct.ranks.remember(now, measure_mod.rank_counts_of_round(rnd, pods))
             except LoadReadError as exc:
                 log.info("autotune: scraping %s/%s: %s", namespace, name, exc)
-            try:
-                direct.ranks.remember(now, await asyncio.to_thread(measure_mod.scrape_rank_counts, pods,
-                                                                   rt.http_timeout))
-            except Exception as exc:  # noqa: BLE001 - the judge then has one round less
-                log.info("autotune: scraping the rank counters of %s/%s: %s", namespace, name, exc)
         await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
 

@@ -269,19 +269,20 @@ class StepIncrements:
     """Phase 2: engine steps per bucket summed over pods, and each pod's scrape-gap rule."""
 
     total: np.ndarray  # [T]
-    max_gap: dict[tuple, float]  # pod -> seconds
+    max_gap: dict[tuple, float | None]  # pod -> seconds (None: no gap rule)
     spread: float  # steps spread over scrape gaps
     gaps: dict[tuple, set]  # pod -> {(t1, t2)}
 
 
-def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
-    """Phase 2: per pod, the step counter's increments; the window must hold at least one sample."""
+def step_increments(c: Counters, grid: np.ndarray, what: str, spread_gaps: bool = True) -> StepIncrements:
+    """Phase 2: per pod, the step counter's increments; the window must hold at least one sample.
+    ``spread_gaps=False``: no scrape-gap rule (every increment in its later sample's bucket)."""
     T = grid.shape[0] - 1
     bucket = float(grid[1] - grid[0])
     out = StepIncrements(np.zeros(T), {}, 0.0, {})
     most_inside = 0
     for s in c.engine_steps:
-        max_gap = max_gap_for(s.ts, bucket)
+        max_gap = max_gap_for(s.ts, bucket) if spread_gaps else None
         inc = counter_increments(grid, s.ts, s.vs[None, :], c.starts_at(s.pod, s.ts), max_gap=max_gap)
         out.total += inc.values[0]
         out.spread += float(inc.interpolated.sum())
@@ -421,6 +422,7 @@ def trace_from_raw_counters(
     model: str | None = None,
     what: str = "",
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
+    spread_gaps: bool = True,
 ) -> LoadTrace:
     """Raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
@@ -438,6 +440,10 @@ def trace_from_raw_counters(
     caller); those pods' raw expert series are then not in ``expert_tokens``, while their step
     counters still are. ``trace.meta["pods_at_edges"]`` and ``["pods_raw"]`` count the two.
 
+    ``spread_gaps=False`` (the operator's own scrapes, :func:`counters_from_rounds`): no scrape-gap
+    rule -- a late round of a loaded operator just puts the load since the previous round in its
+    bucket, nothing is estimated or refused (as the old one-bucket-per-two-rounds reading did).
+
     Raises:
         LoadReadError: reasons NoData, InsufficientData, InconsistentSeries or ScrapeGaps.
     """
@@ -448,7 +454,7 @@ def trace_from_raw_counters(
                         list(edge_sums), list(edge_counts))
     counters, model = select_model(counters, model, num_layers, num_experts, what)
     check_pods(counters, what)
-    steps = step_increments(counters, grid, what)
+    steps = step_increments(counters, grid, what, spread_gaps)
     tokens = family_increments(counters.expert_tokens, (metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT),
                                counters, steps, grid, metric_names.EXPERT_TOKENS, edge_sums=counters.edge_sums)
     fraction = check_gaps(tokens, steps, grid, max_interpolated_fraction, what)

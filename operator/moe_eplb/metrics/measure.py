@@ -23,7 +23,7 @@ from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.autotune_status import Measurement
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
-from moe_eplb.metrics.scrape import exposition_samples
+from moe_eplb.metrics.scrape import Round, exposition_samples
 from moe_eplb.metrics.series import parse_vector
 
 RankCounts = dict[str, np.ndarray]  # pod (or engine) -> [L, EP] rank tokens
@@ -107,6 +107,22 @@ def rank_counts_from_exposition(text: str) -> np.ndarray | None:
     return _cells_to_array(cells) if cells else None
 
 
+def rank_counts_of_round(rnd: Round, pods: Iterable[Mapping]) -> RankCounts:
+    """:func:`scrape_rank_counts` from a round the reader's scraper already fetched (the rank
+    counters are among the samples it keeps): the ready pods of ``pods`` that answered."""
+    ready = {(p.get("metadata") or {}).get("name") for p in pods if _ready(p)}
+    out: RankCounts = {}
+    for pod, sample in rnd.pods.items():
+        cells: dict[tuple[int, int], float] = {}
+        for name, labels, value in sample.telemetry:
+            if name == metric_names.RANK_TOKENS:
+                key = (int(labels[metric_names.LABEL_LAYER]), int(labels[metric_names.LABEL_RANK]))
+                cells[key] = cells.get(key, 0.0) + value
+        if pod in ready and cells:
+            out[pod] = _cells_to_array(cells)
+    return out
+
+
 def _exporter_url(pod: Mapping) -> str | None:
     ip = (pod.get("status") or {}).get("podIP")
     for c in (pod.get("spec") or {}).get("containers") or []:
@@ -170,4 +186,4 @@ class RankHistory:
 
 
 __all__ = ["balancedness_of", "by_engine", "engine_of_pod", "measure_prometheus", "rank_counts_from_exposition",
-           "scrape_rank_counts", "RankHistory"]
+           "rank_counts_of_round", "scrape_rank_counts", "RankHistory"]

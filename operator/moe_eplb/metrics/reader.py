@@ -328,8 +328,10 @@ def read_load_trace(
     Without: scrape ``pods`` (pod dicts as listed from the API, filtered by label
     ``eplb.ai/name=<name>``) once more with ``scraper`` and read its rounds (``now``: this round) as
     the raw samples Prometheus would hold (:func:`~moe_eplb.metrics.assemble.counters_from_rounds`):
-    the same buckets, LeaderWorkerSet groups joined and gap rules; the caller scrapes more often
-    than once per bucket (the operator: twice) so that a bucket holds a round.
+    the same buckets and LeaderWorkerSet groups joined; the caller scrapes more often than once per
+    bucket (the operator: twice) so that a bucket holds a round. The rounds are the operator's own:
+    one that came late (a loaded operator) puts the load since the previous one in its bucket, with
+    no scrape-gap rule (``spread_gaps=False``), as a late round did before.
     Blocking (HTTP); call it with ``asyncio.to_thread`` from async code.
 
     From Prometheus, load between missed scrapes is spread over the buckets by time;
@@ -382,7 +384,7 @@ def read_load_trace(
     tokens, steps, starts = counters_from_rounds(rounds)
     trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, pods_per_engine=pods_per_engine,
                                     num_layers=num_layers, num_experts=num_experts, model=model, what=what,
-                                    max_interpolated_fraction=max_interpolated_fraction)
+                                    max_interpolated_fraction=max_interpolated_fraction, spread_gaps=False)
     spacing = np.diff([r.time for r in rounds])
     trace.meta["read"] = (f"scraped the pods directly: {len(rounds)} round(s)"
                           + (f", at most {spacing.max():.1f}s apart" if spacing.size else ""))
