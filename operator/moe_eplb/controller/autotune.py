@@ -700,6 +700,8 @@ async def _scrape_loop(direct: _Direct, namespace: str, name: str, rt: AutotuneR
                 direct.ranks.remember(now, measure_mod.rank_counts_of_round(rnd, pods))
             except LoadReadError as exc:
                 log.info("autotune: scraping %s/%s: %s", namespace, name, exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the loop silently; the next round tries again
+                log.warning("autotune: scraping %s/%s: %s: %s", namespace, name, type(exc).__name__, exc)
         await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
 
