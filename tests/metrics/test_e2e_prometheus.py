@@ -22,13 +22,9 @@ import numpy as np
 import pytest
 
 from moe_eplb import k8s_names, metric_names
+from moe_eplb.metrics.assemble import counters_from_rounds, trace_from_raw_counters, trace_from_rounds
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.reader import (
-    raw_samples,
-    read_load_trace,
-    trace_from_rounds,
-    with_baselines,
-)
+from moe_eplb.metrics.reader import raw_samples, read_load_trace, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
 from tests import ROOT
 
@@ -163,6 +159,7 @@ def test_known_load_in_same_load_out(cluster):
 
     def phase(work: dict[str, tuple[int, np.ndarray]]):
         g = _next_boundary()
+        scraper.scrape(targets())  # the operator scrapes twice per bucket: before and after the load
         total, total_steps = np.zeros((L, E)), 0
         for n, (steps, per_step) in work.items():
             pods[n].run(steps, per_step)
@@ -173,7 +170,8 @@ def test_known_load_in_same_load_out(cluster):
             ts = _wait_scraped(client, n, steps_seen[n], g + B)
             assert ts < g + B - 0.05, f"scrape of {n} landed in the next bucket; machine too slow?"
         expected[g + B] = (total, total_steps)
-        scraper.scrape(targets())
+        rnd = scraper.scrape(targets())
+        assert rnd.time < g + B - 0.01, "the direct scrape landed in the next bucket; machine too slow?"
         rounds_expected.append((total, total_steps))
 
     def load(hot):
@@ -245,12 +243,21 @@ def test_known_load_in_same_load_out(cluster):
     want, got = {w for w in want if w[1] <= settled}, {g for g in got if g[1] <= settled}
     assert got == want and any(t <= g0 for _, t, _ in got), (g0, sorted(got - want)[:3], sorted(want - got)[:3])
 
-    # the direct-scrape reader on the same pods: one bucket per round
+    # the direct-scrape reader on the same pods: one bucket per two rounds with the old differencing
+    # (a phase's load between the rounds before and after it) ...
     direct = trace_from_rounds(scraper.rounds)
-    assert direct.num_buckets == len(rounds_expected)
+    assert direct.num_buckets == 2 * len(rounds_expected)
     for i, (load_m, steps) in enumerate(rounds_expected):
-        np.testing.assert_array_equal(direct.load[i], load_m)
-        assert direct.bucket_steps[i] == steps
+        np.testing.assert_array_equal(direct.load[2 * i + 1], load_m)
+        assert direct.bucket_steps[2 * i + 1] == steps and direct.bucket_steps[2 * i] == 0
+    # ... and, as the operator reads them, on the Prometheus read's grid: the same trace (a restart,
+    # a join and a leave included)
+    grid = trace.meta["start_time"] + B * np.arange(trace.num_buckets + 1)
+    tokens, steps, starts = counters_from_rounds(scraper.since(grid[0]))
+    on_grid = trace_from_raw_counters(tokens, steps, grid, start_times=starts, num_layers=L, num_experts=E)
+    np.testing.assert_array_equal(on_grid.load, trace.load)
+    np.testing.assert_array_equal(on_grid.bucket_steps, trace.bucket_steps)
+    assert on_grid.meta["interpolated_fraction"] == 0.0
 
 
 def test_steady_pods_are_summed_at_the_bucket_edges_with_the_same_trace(cluster):

@@ -7,6 +7,7 @@ import pytest
 
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.assemble import (
+    counters_from_rounds,
     grid_for,
     trace_from_raw_counters,
     trace_from_rounds,
@@ -18,6 +19,7 @@ from moe_eplb.metrics.scrape import (
     PodSample,
     Round,
     parse_exposition,
+    pod_labels,
     targets_from_pods,
 )
 from moe_eplb.metrics.series import parse_matrix
@@ -168,6 +170,63 @@ def test_rounds_to_trace_reset_join_leave():
     assert ei.value.reason == "InsufficientData"
 
 
+def test_rounds_read_on_a_grid_like_prometheus_samples():
+    """The operator's direct read: rounds as raw samples on a fixed grid (bucket k holds the rounds in
+    (grid[k], grid[k+1]]), the same reset / join / leave rules as the old differencing."""
+    r0 = _round(100, {"a": (50, 10, [[1, 2]]), "old": (40, 5, [[9, 9]])})
+    r1 = _round(110, {"a": (50, 20, [[3, 5]]), "new": (105, 4, [[1, 1]])})  # old left, new joined
+    r2 = _round(120, {"a": (115, 2, [[1, 1]]), "new": (105, 8, [[2, 3]]), "seen_late": (60, 99, [[7, 7]])})
+    tokens, steps, starts = counters_from_rounds([r0, r1, r2])
+    tr = trace_from_raw_counters(tokens, steps, np.array([100.0, 110.0, 120.0]), start_times=starts)
+    np.testing.assert_array_equal(tr.load[:, 0, :], [[2 + 1, 3 + 1], [1 + 1, 1 + 2]])
+    np.testing.assert_array_equal(tr.bucket_steps, [10 + 4, 2 + 4])
+    # two rounds per bucket sum into it; the grid, not the rounds, sets the bucket length
+    rs = [_round(t, {"a": (50, 10 + t - 100, [[t - 100, 0]])}) for t in (100, 105, 110, 115, 120)]
+    tr = trace_from_raw_counters(*counters_from_rounds(rs)[:2], np.array([100.0, 110.0, 120.0]))
+    assert tr.bucket_seconds == 10.0 and tr.bucket_steps.tolist() == [10, 10]
+    # a late round of the operator's own: its load in its bucket, nothing spread or refused
+    late = [_round(t, {"a": (50, v, [[v, 0]])}) for t, v in ((100, 0), (102, 2), (104, 4), (106, 6), (128, 30))]
+    tr = trace_from_raw_counters(*counters_from_rounds(late)[:2], np.array([100.0, 110.0, 120.0, 130.0]),
+                                 spread_gaps=False)
+    assert tr.bucket_steps.tolist() == [6, 0, 24] and tr.meta["interpolated_fraction"] == 0.0
+    with pytest.raises(LoadReadError) as ei:  # the same samples from Prometheus: a scrape gap
+        trace_from_raw_counters(*counters_from_rounds(late)[:2], np.array([100.0, 110.0, 120.0, 130.0]))
+    assert ei.value.reason == "ScrapeGaps"
+
+
+def test_rounds_of_a_leaderworkerset_group_are_joined_and_an_absent_pod_refused():
+    """The pods of a group carry the group labels a PodMonitor would copy (targets_from_pods): their
+    load is summed, their steps counted once; a group whose worker never answered is refused."""
+    group = {"leader": (("group_size", "2"), ("group_worker", "0"), ("replica_group", "0")),
+             "worker": (("group_size", "2"), ("group_worker", "1"), ("replica_group", "0"))}
+
+    def rnd(t, pods):
+        r = _round(t, pods)
+        r.labels.update({p: group[p] for p in pods})
+        return r
+
+    rounds = [rnd(100, {"leader": (50, 0, [[0, 0]]), "worker": (50, 0, [[0, 0]])}),
+              rnd(110, {"leader": (50, 7, [[1, 2]]), "worker": (50, 7, [[3, 4]])})]
+    tr = trace_from_raw_counters(*counters_from_rounds(rounds)[:2], np.array([100.0, 110.0]), pods_per_engine=2)
+    np.testing.assert_array_equal(tr.load[0, 0], [4, 6])
+    assert tr.bucket_steps.tolist() == [7]
+    lonely = [rnd(100, {"leader": (50, 0, [[0, 0]])}), rnd(110, {"leader": (50, 7, [[1, 2]])})]
+    with pytest.raises(LoadReadError) as ei:
+        trace_from_raw_counters(*counters_from_rounds(lonely)[:2], np.array([100.0, 110.0]), pods_per_engine=2)
+    assert ei.value.reason == "IncompleteGroup" and "worker 1" in ei.value.message
+
+
+def test_parse_exposition_reads_only_what_it_needs_and_refuses_broken_lines():
+    text = ("# HELP x y\n# TYPE moe_eplb_engine_steps counter\n"
+            'moe_eplb_engine_steps_total{model_name="m\\"q"} 12 1700000000000\n'
+            'moe_eplb_expert_replicas{model_name="m",layer="0",expert="0"} garbage and more\n'
+            'moe_eplb_expert_tokens_total{model_name="m",layer="1",expert="2",} 3.5\n')
+    s = parse_exposition(text)
+    assert s.steps == {'m"q': 12.0} and s.tokens == {"m": {(1, 2): 3.5}}
+    with pytest.raises(ValueError, match="line 2"):
+        parse_exposition('moe_eplb_engine_steps_total{model_name="m"} 1\nmoe_eplb_engine_steps_total{model_name="m"}\n')
+
+
 def test_targets_from_pods():
     def pod(name, ip, phase="Running", port_name=k8s_names.EXPORTER_PORT_NAME, label="moe"):
         return {"metadata": {"name": name, "labels": {k8s_names.NAME_LABEL: label}},
@@ -179,6 +238,11 @@ def test_targets_from_pods():
             pod("d", "10.0.0.4", label="other"), pod("e", "fd00::1")]
     ts = targets_from_pods(pods, "moe")
     assert [(t.pod, t.url) for t in ts] == [("a", "http://10.0.0.1:9400/metrics"), ("e", "http://[fd00::1]:9400/metrics")]
+    assert ts[0].labels == (("moeinference", "moe"),)
+    lws = {"metadata": {"labels": {k8s_names.NAME_LABEL: "ds", k8s_names.LWS_GROUP_INDEX_LABEL: "3",
+                                   k8s_names.LWS_WORKER_INDEX_LABEL: "1"},
+                        "annotations": {k8s_names.LWS_SIZE_ANNOTATION: "4"}}}
+    assert dict(pod_labels(lws)) == {"moeinference": "ds", "replica_group": "3", "group_worker": "1", "group_size": "4"}
 
 
 def test_parse_exposition_roundtrip_with_the_collector():
@@ -345,3 +409,19 @@ def test_layers_are_packed_in_order_into_answers_of_bounded_size():
     # numeric order (2 before 10), whole layers, the unlabelled series left to their own group
     assert pack_layers(per_layer, max_samples=200) == [["0", "1"], ["2", "10"]]
     assert pack_layers(per_layer, max_samples=60) == [["0"], ["1"], ["2"], ["10"]]  # a layer never splits
+
+
+def test_the_judges_rank_counters_come_from_the_readers_round():
+    from moe_eplb.metrics.measure import rank_counts_of_round
+
+    rt = metric_names.RANK_TOKENS
+    sample = PodSample(telemetry=[(rt, {"model_name": "m", "layer": "0", "rank": "1"}, 5.0),
+                                  (rt, {"model_name": "m", "layer": "1", "rank": "0"}, 2.0)])
+    rnd = Round(time=1.0, pods={"p": sample, "q": sample})
+
+    def pod(name, ready):
+        return {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+    got = rank_counts_of_round(rnd, [pod("p", "True"), pod("q", "False")])
+    assert set(got) == {"p"}
+    np.testing.assert_array_equal(got["p"], [[0.0, 5.0], [2.0, 0.0]])

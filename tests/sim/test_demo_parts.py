@@ -5,6 +5,7 @@ its DeepSeek-V3 workload turns a few experts hot at the shift without changing t
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from moe_eplb.api.spec import parse
@@ -42,8 +43,11 @@ def test_summary_has_exactly_the_documented_keys():
                                                  "after_shift_untuned": 0.7},
               "applied_changes": [{"at_s": 10.0, "window_size": 100, "step_interval": 1000,
                                    "num_redundant_experts": 32, "measured_gain": 0.1, "kept": True, "reason": "r"}]}
-    s = D.summary_record(5400.0, {"x": result})
-    assert set(s) == {"shift_at_s", "resources"} and s["shift_at_s"] == 5400.0
+    s = D.summary_record(5400.0, {"x": result}, api="emulated", load_source="direct")
+    assert set(s) == {"shift_at_s", "api", "load_source", "resources"} and s["shift_at_s"] == 5400.0
+    assert (s["api"], s["load_source"]) == ("emulated", "direct")
+    with pytest.raises(ValueError, match="load_source"):
+        D.summary_record(5400.0, {"x": result}, api="emulated", load_source="pods")
     (r,) = s["resources"]
     assert set(r) == {"name", "kind", "mode", "applied_changes", "balancedness"}
     assert set(r["applied_changes"][0]) == {"at_s", "window_size", "step_interval", "num_redundant_experts",
@@ -54,3 +58,19 @@ def test_summary_has_exactly_the_documented_keys():
 def test_demo_command_offers_summary():
     out = CliRunner().invoke(main, ["demo", "--help"])
     assert out.exit_code == 0 and "--summary" in out.output
+
+
+def test_a_failure_says_what_failed_on_the_last_line(tmp_path):
+    """A failed demo ends with one line naming the exception, its message (or that it had none) and
+    where it was raised, exit 1 -- never a bare warning."""
+    try:
+        raise TimeoutError()
+    except TimeoutError as exc:
+        line = D.failure_line(exc, 153.2)
+    assert line.startswith("moe-eplb demo: FAILED after 153 s: TimeoutError: no message (at test_demo_parts.py:")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = CliRunner().invoke(main, ["demo", "--no-prometheus", "--out", str(blocker / "report")])
+    assert out.exit_code == 1, out.output
+    last = out.output.strip().splitlines()[-1]
+    assert last.startswith("moe-eplb demo: FAILED after ") and "NotADirectoryError" in last and str(blocker) in last

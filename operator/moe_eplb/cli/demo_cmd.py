@@ -14,11 +14,12 @@ def register(main: click.Group) -> None:
     @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/demo", show_default=True,
                   help="Directory for the report (report.md, plots, decisions.json, summary.json).")
     @click.option("--prometheus/--no-prometheus", default=None,
-                  help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or scrape pods directly.")
+                  help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or have the operator "
+                       "scrape the pods directly (--no-prometheus).")
     @click.option("--seed", type=int, default=0, show_default=True, help="Workload generator seed.")
     @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
-                  help="Also write the run's summary here (JSON: shift_at_s; per resource its kind, mode, "
-                       "applied changes and balancedness tuned/untuned).")
+                  help="Also write the run's summary here (JSON: shift_at_s, api, load_source; per resource "
+                       "its kind, mode, applied changes and balancedness tuned/untuned).")
     def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, seed: int,
              summary_path: str | None) -> None:
         """Run the operator's closed tuning loop on a SIMULATED cluster in accelerated time.
@@ -28,10 +29,22 @@ def register(main: click.Group) -> None:
         and the real operator; applies two MoEInferences in autotune Apply mode -- Qwen3-VL-30B-A3B
         on one node (a Deployment) and DeepSeek-V3 at EP 32 over 4 nodes (a LeaderWorkerSet);
         prints each decision; writes a report and prints balancedness tuned vs untuned per resource.
+        On failure the last line says what failed (exit 1).
         """
         import asyncio
+        import time
 
-        from moe_eplb.sim.demo import run_demo
+        from moe_eplb.sim.demo import failure_line, run_demo
 
-        asyncio.run(run_demo(hours=hours, speed=speed, out_dir=out_dir, prometheus=prometheus, seed=seed,
-                             summary_path=summary_path, echo=lambda s: click.echo(s)))
+        t0 = time.monotonic()
+        try:
+            asyncio.run(run_demo(hours=hours, speed=speed, out_dir=out_dir, prometheus=prometheus, seed=seed,
+                                 summary_path=summary_path, echo=lambda s: click.echo(s)))
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any failure: its reason as the last line
+            import gc
+            import sys
+
+            gc.collect()  # what the run left unclosed warns now, before the reason
+            sys.stdout.flush()
+            click.echo(failure_line(exc, time.monotonic() - t0), err=True)
+            sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)

@@ -116,7 +116,10 @@ class _Direct:
 
     scraper: PodScraper
     ranks: measure_mod.RankHistory = field(default_factory=measure_mod.RankHistory)
-    last_collect: float | None = None
+    last_collect: float | None = None  # clock time the pods were last listed
+    pods: list = field(default_factory=list)  # as last listed: what the scrape loop scrapes
+    touched: float = 0.0  # time.monotonic() of the last tick that wanted the loop
+    task: asyncio.Task | None = None  # the scrape loop (:func:`_scrape_loop`)
 
 
 @dataclass
@@ -733,6 +736,7 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
         else:
             trace = await asyncio.to_thread(reader.read_load_trace, pods=pods, scraper=rt.direct(inf).scraper,
                                             **kwargs)
+            log.debug("autotune %s/%s: load %s", inf.namespace, inf.name, trace.meta.get("read"))
     except LoadReadError as exc:
         raise LoadUnavailable(exc.reason, exc.message) from exc
     except (asyncio.CancelledError, LoadUnavailable):
@@ -749,23 +753,51 @@ async def _read_load(rt: AutotuneRuntime, inf: MoEInference, start: float, end: 
     return trace, window
 
 
+def direct_scrape_seconds(rt: AutotuneRuntime) -> float:
+    """Clock seconds between two direct scrapes of a resource's pods: half the load read's bucket
+    (the bucket is at least ``rt.min_wall_bucket_seconds`` of wall time), so that every bucket holds a
+    scrape as it holds >= 2 of Prometheus'."""
+    scale = float(getattr(rt.clock, "scale", 1.0) or 1.0)
+    return max(rt.bucket_seconds, rt.min_wall_bucket_seconds * scale) / 2
+
+
 async def collect_direct(client: Any, inf: MoEInference, rt: AutotuneRuntime, now: float) -> None:
-    """Without Prometheus, scrape the pods once per ``rt.bucket_seconds`` (clock) so that the
-    reader has a history of rounds at evaluation time. Errors are left to the evaluation."""
+    """Without Prometheus, keep the resource's pods scraped, like Prometheus would, by a loop of its
+    own (:func:`_scrape_loop`, every :func:`direct_scrape_seconds`): the reader then has rounds at
+    evaluation time in every bucket, also those in which this resource's tick was busy (a tuner run
+    takes seconds) -- scraping from the tick left gaps that spoilt the next read. Lists the pods for
+    the loop at most once per scrape period. Errors are left to the evaluation."""
     direct = rt.direct(inf)
-    if direct.last_collect is not None and now - direct.last_collect < rt.bucket_seconds:
-        return
-    direct.last_collect = now
-    ns = inf.namespace or "default"
-    pods = await client.list("v1", "Pod", ns, label_selector=f"{k8s_names.NAME_LABEL}={inf.name}")
-    targets = targets_from_pods(pods, inf.name)
-    if not targets:
-        return
-    try:
-        await asyncio.to_thread(direct.scraper.scrape, targets)
-    except LoadReadError as exc:
-        log.info("autotune: scraping %s/%s: %s", ns, inf.name, exc)
-    direct.ranks.remember(now, await asyncio.to_thread(measure_mod.scrape_rank_counts, pods, rt.http_timeout))
+    direct.touched = time.monotonic()
+    if direct.last_collect is None or now - direct.last_collect >= direct_scrape_seconds(rt):
+        direct.last_collect = now
+        ns = inf.namespace or "default"
+        direct.pods = await client.list("v1", "Pod", ns, label_selector=f"{k8s_names.NAME_LABEL}={inf.name}")
+    if direct.task is None or direct.task.done():
+        direct.task = asyncio.get_running_loop().create_task(_scrape_loop(direct, inf.namespace or "default",
+                                                                          inf.name, rt))
+
+
+async def _scrape_loop(direct: _Direct, namespace: str, name: str, rt: AutotuneRuntime) -> None:
+    """Scrape the pods ``direct.pods`` lists every :func:`direct_scrape_seconds` (wall time on an
+    accelerated clock) into the reader's and the judge's histories; ends when no tick has asked for
+    it for a while (resource deleted, Prometheus configured, operator stopped)."""
+    scale = float(getattr(rt.clock, "scale", 1.0) or 1.0)
+    period = direct_scrape_seconds(rt) / scale
+    idle = max(10 * rt.tick_seconds, 4 * period)
+    while time.monotonic() - direct.touched < idle:
+        started = time.monotonic()
+        pods, now = direct.pods, rt.clock.now()
+        targets = targets_from_pods(pods, name)
+        if targets:  # one fetch per pod feeds both the reader and the judge
+            try:
+                rnd = await asyncio.to_thread(direct.scraper.scrape, targets)
+                direct.ranks.remember(now, measure_mod.rank_counts_of_round(rnd, pods))
+            except LoadReadError as exc:
+                log.info("autotune: scraping %s/%s: %s", namespace, name, exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the loop silently; the next round tries again
+                log.warning("autotune: scraping %s/%s: %s: %s", namespace, name, type(exc).__name__, exc)
+        await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
 
 async def _measure(rt: AutotuneRuntime, inf: MoEInference, pods: list[dict], start: float,

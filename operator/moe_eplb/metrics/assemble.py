@@ -49,7 +49,7 @@ from moe_eplb.metrics.errors import (
     LoadReadError,
 )
 from moe_eplb.metrics.increments import Increments, counter_increments, values_at_edges
-from moe_eplb.metrics.scrape import Round
+from moe_eplb.metrics.scrape import PodSample, Round
 from moe_eplb.metrics.series import Series, pod_name
 
 #: Prometheus' default ``--query.lookback-delta``: an instant vector (and a gauge here) is the newest
@@ -269,20 +269,21 @@ class StepIncrements:
     """Phase 2: engine steps per bucket summed over pods, and each pod's scrape-gap rule."""
 
     total: np.ndarray  # [T]
-    max_gap: dict[tuple, float]  # pod -> seconds
+    max_gap: dict[tuple, float | None]  # pod -> seconds (None: no gap rule)
     spread: float  # steps spread over scrape gaps
     gaps: dict[tuple, set]  # pod -> {(t1, t2)}
     active: dict[tuple, np.ndarray] = field(default_factory=dict)  # pod -> [T] its step counter advanced
 
 
-def step_increments(c: Counters, grid: np.ndarray, what: str) -> StepIncrements:
-    """Phase 2: per pod, the step counter's increments; the window must hold at least one sample."""
+def step_increments(c: Counters, grid: np.ndarray, what: str, spread_gaps: bool = True) -> StepIncrements:
+    """Phase 2: per pod, the step counter's increments; the window must hold at least one sample.
+    ``spread_gaps=False``: no scrape-gap rule (every increment in its later sample's bucket)."""
     T = grid.shape[0] - 1
     bucket = float(grid[1] - grid[0])
     out = StepIncrements(np.zeros(T), {}, 0.0, {})
     most_inside = 0
     for s in c.engine_steps:
-        max_gap = max_gap_for(s.ts, bucket)
+        max_gap = max_gap_for(s.ts, bucket) if spread_gaps else None
         inc = counter_increments(grid, s.ts, s.vs[None, :], c.starts_at(s.pod, s.ts), max_gap=max_gap)
         out.total += inc.values[0]
         out.active[s.pod] = out.active.get(s.pod, np.zeros(T, dtype=bool)) | (inc.values[0] > 0)
@@ -423,6 +424,7 @@ def trace_from_raw_counters(
     model: str | None = None,
     what: str = "",
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
+    spread_gaps: bool = True,
 ) -> LoadTrace:
     """Raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
@@ -440,6 +442,10 @@ def trace_from_raw_counters(
     caller); those pods' raw expert series are then not in ``expert_tokens``, while their step
     counters still are. ``trace.meta["pods_at_edges"]`` and ``["pods_raw"]`` count the two.
 
+    ``spread_gaps=False`` (the operator's own scrapes, :func:`counters_from_rounds`): no scrape-gap
+    rule -- a late round of a loaded operator just puts the load since the previous round in its
+    bucket, nothing is estimated or refused (as the old one-bucket-per-two-rounds reading did).
+
     Raises:
         LoadReadError: reasons NoData, InsufficientData, InconsistentSeries or ScrapeGaps.
     """
@@ -450,7 +456,7 @@ def trace_from_raw_counters(
                         list(edge_sums), list(edge_counts))
     counters, model = select_model(counters, model, num_layers, num_experts, what)
     check_pods(counters, what)
-    steps = step_increments(counters, grid, what)
+    steps = step_increments(counters, grid, what, spread_gaps)
     tokens = family_increments(counters.expert_tokens, (metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT),
                                counters, steps, grid, metric_names.EXPERT_TOKENS, edge_sums=counters.edge_sums)
     fraction = check_gaps(tokens, steps, grid, max_interpolated_fraction, what)
@@ -462,6 +468,52 @@ def trace_from_raw_counters(
                                                          pods_per_engine).tolist(),
                            "pods_at_edges": len({s.pod for s in counters.edge_counts}),
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
+
+
+def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Series], list[Series]]:
+    """Direct-scrape rounds as the raw samples Prometheus would hold of the same pods: the expert
+    token, engine step and exporter start time series ``(expert_tokens, engine_steps, start_times)``,
+    labelled ``pod``, ``model_name`` and the labels the PodMonitor copies from the pod
+    (:func:`moe_eplb.metrics.scrape.pod_labels`: the LeaderWorkerSet group of a pod), for
+    :func:`trace_from_raw_counters` -- so that a direct read has the Prometheus read's buckets,
+    group joining and gap rules."""
+    model_label, layer_label, expert_label = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT
+    seen: dict[tuple[str, str], list[tuple[float, PodSample]]] = {}
+    labels: dict[str, tuple] = {}
+    for rnd in rounds:
+        for pod, sample in rnd.pods.items():
+            labels[pod] = rnd.labels.get(pod, ())
+            for model in sample.steps.keys() | sample.tokens.keys():
+                seen.setdefault((pod, model), []).append((rnd.time, sample))
+    tokens: list[Series] = []
+    steps: list[Series] = []
+    starts: list[Series] = []
+
+    def series(base: dict, pts: list[tuple[float, float]]) -> Series:
+        return Series(base, np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64))
+
+    for (pod, model), samples in seen.items():
+        base = {**dict(labels[pod]), "pod": pod, model_label: model}
+        if any(model in s.steps for _, s in samples):
+            steps.append(series(base, [(t, s.steps[model]) for t, s in samples if model in s.steps]))
+        if any(model in s.start_time for _, s in samples):
+            starts.append(series(base, [(t, s.start_time[model]) for t, s in samples if model in s.start_time]))
+        with_tokens = [(t, s.tokens[model]) for t, s in samples if s.tokens.get(model)]
+        if not with_tokens:
+            continue
+        keys = tuple(with_tokens[0][1])
+        if all(tuple(d) == keys for _, d in with_tokens):  # the usual case: the same series at every scrape
+            ts = np.array([t for t, _ in with_tokens], np.float64)
+            vs = np.stack([np.fromiter(d.values(), np.float64, len(keys)) for _, d in with_tokens], axis=1)
+            tokens += [Series({**base, layer_label: str(k[0]), expert_label: str(k[1])}, ts, vs[i])
+                       for i, k in enumerate(keys)]
+            continue
+        per_key: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for t, d in with_tokens:
+            for k, v in d.items():
+                per_key.setdefault(k, []).append((t, v))
+        tokens += [series({**base, layer_label: str(k[0]), expert_label: str(k[1])}, pts) for k, pts in per_key.items()]
+    return tokens, steps, starts
 
 
 def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,

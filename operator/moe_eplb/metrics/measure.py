@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.autotune_status import Measurement
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
+from moe_eplb.metrics.scrape import Round, exposition_samples
 from moe_eplb.metrics.series import parse_vector
 
 RankCounts = dict[str, np.ndarray]  # pod (or engine) -> [L, EP] rank tokens
@@ -100,16 +100,27 @@ def measure_prometheus(client: PrometheusClient, namespace: str, name: str, star
 
 def rank_counts_from_exposition(text: str) -> np.ndarray | None:
     """``[L, EP]`` counters of ``moe_eplb_rank_tokens_total`` in one ``/metrics`` body (all models)."""
-    want = metric_names.RANK_TOKENS.removesuffix("_total")
     cells: dict[tuple[int, int], float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != want:
-            continue
-        for s in fam.samples:
-            if s.name == metric_names.RANK_TOKENS:
-                key = (int(s.labels[metric_names.LABEL_LAYER]), int(s.labels[metric_names.LABEL_RANK]))
-                cells[key] = cells.get(key, 0.0) + s.value
+    for _, labels, value in exposition_samples(text, (metric_names.RANK_TOKENS,)):
+        key = (int(labels[metric_names.LABEL_LAYER]), int(labels[metric_names.LABEL_RANK]))
+        cells[key] = cells.get(key, 0.0) + value
     return _cells_to_array(cells) if cells else None
+
+
+def rank_counts_of_round(rnd: Round, pods: Iterable[Mapping]) -> RankCounts:
+    """:func:`scrape_rank_counts` from a round the reader's scraper already fetched (the rank
+    counters are among the samples it keeps): the ready pods of ``pods`` that answered."""
+    ready = {(p.get("metadata") or {}).get("name") for p in pods if _ready(p)}
+    out: RankCounts = {}
+    for pod, sample in rnd.pods.items():
+        cells: dict[tuple[int, int], float] = {}
+        for name, labels, value in sample.telemetry:
+            if name == metric_names.RANK_TOKENS:
+                key = (int(labels[metric_names.LABEL_LAYER]), int(labels[metric_names.LABEL_RANK]))
+                cells[key] = cells.get(key, 0.0) + value
+        if pod in ready and cells:
+            out[pod] = _cells_to_array(cells)
+    return out
 
 
 def _exporter_url(pod: Mapping) -> str | None:
@@ -155,6 +166,8 @@ class RankHistory:
     def remember(self, t: float, counts: RankCounts) -> None:
         if counts:
             self.rounds.append((t, counts))
+            if len(self.rounds) > 1 and self.rounds[-2][0] > t:  # a scrape that started earlier ended later
+                self.rounds.sort(key=lambda r: r[0])
         del self.rounds[: max(0, len(self.rounds) - self.keep)]
 
     def measure(self, now_counts: RankCounts, start: float, end: float,
@@ -173,4 +186,4 @@ class RankHistory:
 
 
 __all__ = ["balancedness_of", "by_engine", "engine_of_pod", "measure_prometheus", "rank_counts_from_exposition",
-           "scrape_rank_counts", "RankHistory"]
+           "rank_counts_of_round", "scrape_rank_counts", "RankHistory"]

@@ -9,8 +9,9 @@
   turns them into the trace (restarts, pods joining and leaving, scrape gaps spread by time and
   bounded).
 * **Direct scraping** (no URL): a :class:`~moe_eplb.metrics.scrape.PodScraper` the caller keeps
-  across calls scrapes every pod once per call; successive rounds are differenced
-  (:func:`~moe_eplb.metrics.assemble.trace_from_rounds`; bucket = time between two rounds).
+  across calls scrapes every pod once per call (the operator also scrapes twice per bucket between
+  reads); its rounds are read as the raw samples Prometheus would hold
+  (:func:`~moe_eplb.metrics.assemble.counters_from_rounds`) by the same assembly, on the same grid.
 
 Both sources also read the telemetry the calibration fits on (step durations, rank tokens,
 rearrangement durations, the running config, KV-cache series;
@@ -35,9 +36,9 @@ from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
+    counters_from_rounds,
     grid_for,
     trace_from_raw_counters,
-    trace_from_rounds,
 )
 from moe_eplb.metrics.errors import (
     INCOMPLETE_GROUP,
@@ -322,10 +323,15 @@ def read_load_trace(
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
 
-    With ``prometheus_url`` (or ``client``): T = ``window_seconds // bucket_seconds`` buckets ending
-    at the last multiple of ``bucket_seconds`` before ``now``. Without: scrape ``pods`` (pod dicts
-    as listed from the API, filtered by label ``eplb.ai/name=<name>``) once with ``scraper`` and
-    return the buckets between its rounds within ``window_seconds``.
+    T = ``window_seconds // bucket_seconds`` buckets ending at the last multiple of
+    ``bucket_seconds`` before ``now``, from Prometheus with ``prometheus_url`` (or ``client``).
+    Without: scrape ``pods`` (pod dicts as listed from the API, filtered by label
+    ``eplb.ai/name=<name>``) once more with ``scraper`` and read its rounds (``now``: this round) as
+    the raw samples Prometheus would hold (:func:`~moe_eplb.metrics.assemble.counters_from_rounds`):
+    the same buckets and LeaderWorkerSet groups joined; the caller scrapes more often than once per
+    bucket (the operator: twice) so that a bucket holds a round. The rounds are the operator's own:
+    one that came late (a loaded operator) puts the load since the previous one in its bucket, with
+    no scrape-gap rule (``spread_gaps=False``), as a late round did before.
     Blocking (HTTP); call it with ``asyncio.to_thread`` from async code.
 
     From Prometheus, load between missed scrapes is spread over the buckets by time;
@@ -376,12 +382,17 @@ def read_load_trace(
                             "set a Prometheus URL or keep a PodScraper per MoEInference")
     targets = targets_from_pods(pods or [], name)
     scraper.scrape(targets)
-    horizon = scraper.rounds[-1].time - window_seconds
-    rounds = [r for r in scraper.rounds if r.time >= horizon - 1e-9]
-    trace = trace_from_rounds(rounds, model=model, pods_per_engine=pods_per_engine,
-                              num_layers=num_layers, num_experts=num_experts)
-    src, starts = series_from_rounds(rounds)
-    return with_telemetry(trace, src, np.array([r.time for r in rounds]), pods_per_engine, starts)
+    grid = grid_for(scraper.rounds[-1].time, window_seconds, bucket_seconds)
+    rounds = scraper.since(grid[0])
+    tokens, steps, starts = counters_from_rounds(rounds)
+    trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, pods_per_engine=pods_per_engine,
+                                    num_layers=num_layers, num_experts=num_experts, model=model, what=what,
+                                    max_interpolated_fraction=max_interpolated_fraction, spread_gaps=False)
+    spacing = np.diff([r.time for r in rounds])
+    trace.meta["read"] = (f"scraped the pods directly: {len(rounds)} round(s)"
+                          + (f", at most {spacing.max():.1f}s apart" if spacing.size else ""))
+    src, tel_starts = series_from_rounds(rounds)
+    return with_telemetry(trace, src, grid, pods_per_engine, tel_starts)
 
 
 def read_telemetry_series(read, skip: tuple[str, ...] = (), read_any_model=None) -> TelemetrySeries:

@@ -2,20 +2,21 @@
 
 :func:`targets_from_pods` (pure) picks the pods of one MoEInference and their ``eplb-metrics``
 port from pod objects the caller listed (label ``eplb.ai/name=<name>``); :func:`parse_exposition`
-(pure) reads one ``/metrics`` body; :class:`PodScraper` fetches all targets (threads, timeout) and
-keeps the last rounds so that successive scrapes can be differenced into buckets
-(:func:`moe_eplb.metrics.reader.trace_from_rounds`).
+(pure, :func:`exposition_samples`: only the lines it needs) reads one ``/metrics`` body;
+:class:`PodScraper` fetches all targets (threads, timeout) and keeps the rounds that the reader
+reads as the raw samples Prometheus would hold (:func:`moe_eplb.metrics.assemble.counters_from_rounds`,
+with the labels a PodMonitor copies from the pod: :func:`pod_labels`).
 """
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.errors import NO_TARGETS, SCRAPE_FAILED, LoadReadError
@@ -25,6 +26,25 @@ from moe_eplb.metrics.errors import NO_TARGETS, SCRAPE_FAILED, LoadReadError
 class Target:
     pod: str  # pod name (identity across scrapes; a restarted pod keeps it, its start time changes)
     url: str  # http://<podIP>:<port>/metrics
+    #: the labels a PodMonitor would add from the pod (:func:`pod_labels`), as sorted pairs
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def pod_labels(pod: dict) -> tuple[tuple[str, str], ...]:
+    """The labels the operator's PodMonitor copies from a pod onto its series (render/objects.py):
+    ``moeinference``, and for a pod of a LeaderWorkerSet group ``replica_group``, ``group_worker``
+    and ``group_size`` -- so that the load reader joins the pods of a group (and refuses an
+    incomplete one) the same way whether Prometheus or the operator scraped them."""
+    meta = pod.get("metadata", {}) or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    out = {}
+    if k8s_names.NAME_LABEL in labels:
+        out[metric_names.MOEINFERENCE_LABEL] = labels[k8s_names.NAME_LABEL]
+    if labels.get(k8s_names.LWS_GROUP_INDEX_LABEL) is not None:
+        out[metric_names.GROUP_LABEL] = str(labels[k8s_names.LWS_GROUP_INDEX_LABEL])
+        out[metric_names.GROUP_WORKER_LABEL] = str(labels.get(k8s_names.LWS_WORKER_INDEX_LABEL, ""))
+        out[metric_names.GROUP_SIZE_LABEL] = str(notes.get(k8s_names.LWS_SIZE_ANNOTATION, ""))
+    return tuple(sorted(out.items()))
 
 
 def targets_from_pods(pods: Iterable[dict], name: str | None = None) -> list[Target]:
@@ -50,7 +70,8 @@ def targets_from_pods(pods: Iterable[dict], name: str | None = None) -> list[Tar
             continue
         ip = status["podIP"]
         host = f"[{ip}]" if ":" in ip else ip
-        out.append(Target(pod=meta.get("name", ip), url=f"http://{host}:{port}{k8s_names.EXPORTER_PATH}"))
+        out.append(Target(pod=meta.get("name", ip), url=f"http://{host}:{port}{k8s_names.EXPORTER_PATH}",
+                          labels=pod_labels(pod)))
     return out
 
 
@@ -76,29 +97,95 @@ TELEMETRY_SAMPLES = frozenset({
 })
 
 
+_LABEL_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+#: label sets read so far (the text between the braces -> labels): a pod serves the same series at
+#: every scrape, so each is parsed once; cleared when it grows past _LABEL_CACHE_SIZE
+_LABEL_CACHE: dict[str, dict[str, str]] = {}
+_LABEL_CACHE_SIZE = 200_000
+
+
+def _labels(body: str, line_no: int) -> dict[str, str]:
+    """``{name: value}`` of one sample's label set (the text between the braces; callers must not
+    change the dict, it is shared)."""
+    out = _LABEL_CACHE.get(body)
+    if out is not None:
+        return out
+    out = _read_labels(body, line_no)
+    if len(_LABEL_CACHE) >= _LABEL_CACHE_SIZE:
+        _LABEL_CACHE.clear()
+    _LABEL_CACHE[body] = out
+    return out
+
+
+def _read_labels(body: str, line_no: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos, n = 0, len(body)
+    while pos < n:
+        m = _LABEL_PAIR.match(body, pos)
+        if m is None or m.end() == pos:
+            if body[pos:].strip() == "":
+                break
+            raise ValueError(f"/metrics line {line_no}: cannot read the labels {{{body}}}")
+        value = m.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda x: "\n" if x.group(1) == "n" else x.group(1), value)
+        out[m.group(1)] = value
+        pos = m.end()
+    return out
+
+
+def exposition_samples(text: str, names: Container[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+    """``(sample name, labels, value)`` of the samples named in ``names`` in one ``/metrics`` body
+    (the classic text format, version 0.0.4); the lines of other samples are skipped unparsed.
+
+    prometheus_client's parser reads every line into objects; a DeepSeek-V3 pod serves ~30k
+    series of which a direct scrape needs about half, and parsing them all took ~1 s of CPU per pod
+    (4 s per scrape of a LeaderWorkerSet group, in the operator's process). Raises ValueError on a
+    line it cannot read (a sample without a value, an unbalanced label set, a value that is not a
+    number)."""
+    for line_no, line in enumerate(text.split("\n"), 1):
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            name = line[:brace].strip()
+            if name not in names:
+                continue
+            close = line.rfind("}")
+            if close < brace:
+                raise ValueError(f"/metrics line {line_no}: unbalanced braces in {line[:200]!r}")
+            labels, rest = _labels(line[brace + 1:close], line_no), line[close + 1:].split()
+        else:
+            parts = line.split()
+            name, labels, rest = parts[0], {}, parts[1:]
+            if name not in names:
+                continue
+        if not rest or len(rest) > 2:
+            raise ValueError(f"/metrics line {line_no}: expected a value (and a timestamp) after the labels "
+                             f"in {line[:200]!r}")
+        yield name, labels, float(rest[0])
+
+
+#: Sample names :func:`parse_exposition` reads (the load's counters and the telemetry's sources).
+_COUNTERS = frozenset({metric_names.EXPERT_TOKENS, metric_names.ENGINE_STEPS, metric_names.EXPORTER_START_TIME})
+
+
 def parse_exposition(text: str) -> PodSample:
     """The exporter's counters from one ``/metrics`` body (classic text format)."""
     sample = PodSample()
-    expert_family = metric_names.EXPERT_TOKENS.removesuffix("_total")
-    steps_family = metric_names.ENGINE_STEPS.removesuffix("_total")
-    for fam in text_string_to_metric_families(text):
-        if fam.name == expert_family:
-            for s in fam.samples:
-                if s.name != metric_names.EXPERT_TOKENS:
-                    continue
-                lab = s.labels
-                key = (int(lab[metric_names.LABEL_LAYER]), int(lab[metric_names.LABEL_EXPERT]))
-                sample.tokens.setdefault(lab[metric_names.LABEL_MODEL], {})[key] = float(s.value)
-        elif fam.name == steps_family:
-            for s in fam.samples:
-                if s.name == metric_names.ENGINE_STEPS:
-                    sample.steps[s.labels[metric_names.LABEL_MODEL]] = float(s.value)
-        elif fam.name == metric_names.EXPORTER_START_TIME:
-            for s in fam.samples:
-                sample.start_time[s.labels[metric_names.LABEL_MODEL]] = float(s.value)
+    layer, expert, model = metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_MODEL
+    for name, lab, value in exposition_samples(text, _COUNTERS | TELEMETRY_SAMPLES):
+        if name == metric_names.EXPERT_TOKENS:
+            sample.tokens.setdefault(lab[model], {})[(int(lab[layer]), int(lab[expert]))] = value
+        elif name == metric_names.ENGINE_STEPS:
+            sample.steps[lab[model]] = value
+        elif name == metric_names.EXPORTER_START_TIME:
+            sample.start_time[lab[model]] = value
         else:
-            sample.telemetry += [(s.name, dict(s.labels), float(s.value)) for s in fam.samples
-                                 if s.name in TELEMETRY_SAMPLES]
+            sample.telemetry.append((name, lab, value))
     return sample
 
 
@@ -106,6 +193,7 @@ def parse_exposition(text: str) -> PodSample:
 class Round:
     time: float  # unix seconds
     pods: dict[str, PodSample]
+    labels: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # pod -> Target.labels
 
 
 class PodScraper:
@@ -115,7 +203,9 @@ class PodScraper:
         self.timeout = timeout
         self.keep = keep
         self.clock = clock
-        self.rounds: list[Round] = []
+        self.rounds: list[Round] = []  # in time order
+        self._lock = threading.Lock()  # a scrape loop and a read may scrape at once
+        self.failed: list[tuple[str, str]] = []  # (pod, error) of the last round's pods that did not answer
 
     def fetch(self, target: Target) -> str:
         req = urllib.request.Request(target.url, headers={"Accept": "text/plain;version=0.0.4"})
@@ -123,7 +213,11 @@ class PodScraper:
             return resp.read().decode("utf-8")
 
     def scrape(self, targets: list[Target]) -> Round:
-        """Scrape every target; all or nothing (a failed pod fails the round, which is not kept)."""
+        """Scrape every target into one round, kept with the pods that answered: like a Prometheus
+        target, a pod that does not answer (it is being replaced, or slow) only misses this sample,
+        which the reader treats as a scrape gap, instead of failing every pod's sample (which made
+        gaps of every rollout). ``self.failed``: ``(pod, error)`` of this round's failures. Raises
+        ``ScrapeFailed`` when no pod answered (nothing kept)."""
         if not targets:
             raise LoadReadError(NO_TARGETS, "no running pod with a container port named "
                                 f"{k8s_names.EXPORTER_PORT_NAME!r}; is the exporter enabled in the engine image?")
@@ -138,12 +232,30 @@ class PodScraper:
         with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
             results = list(pool.map(one, targets))
         failed = [(t, e) for t, _, e in results if e is not None]
-        if failed:
+        self.failed = [(t.pod, f"{type(e).__name__}: {e}") for t, e in failed]
+        if len(failed) == len(targets):
             t, e = failed[0]
             raise LoadReadError(SCRAPE_FAILED, f"{len(failed)} of {len(targets)} pod(s) could not be scraped, "
                                 f"e.g. {t.pod} at {t.url}: {type(e).__name__}: {e}")
-        rnd = Round(time=now, pods={t.pod: s for t, s, _ in results})
-        self.rounds.append(rnd)
-        del self.rounds[: max(0, len(self.rounds) - self.keep)]
+        rnd = Round(time=now, pods={t.pod: s for t, s, e in results if e is None},
+                    labels={t.pod: t.labels for t, _, e in results if e is None})
+        with self._lock:  # in time order, also when a slower scrape that started earlier ends later
+            at = len(self.rounds)
+            while at > 0 and self.rounds[at - 1].time > now:
+                at -= 1
+            self.rounds.insert(at, rnd)
+            del self.rounds[: max(0, len(self.rounds) - self.keep)]
         return rnd
+
+    def since(self, t: float) -> list[Round]:
+        """The rounds after ``t``, preceded by the last one at or before it (the baseline of a read
+        whose first bucket starts at ``t``); older rounds are forgotten (a read's window only
+        moves forward)."""
+        with self._lock:
+            first = 0
+            for i, r in enumerate(self.rounds):
+                if r.time <= t:
+                    first = i
+            del self.rounds[:first]
+            return list(self.rounds)
 

@@ -105,6 +105,31 @@ DEEPSEEK: dict[str, Any] = {
 }
 
 
+#: where the operator reads the load from: a real Prometheus scraping the pods, or its own scrapes
+LOAD_SOURCES = ("prometheus", "direct")
+
+
+def api_of(world: Any) -> str:
+    """Which Kubernetes API the demo's world runs on, as the summary's ``api`` says it: the world's
+    ``api`` attribute where it has one, else ``"emulated"`` (:mod:`moe_eplb.sim.kubeapi`)."""
+    return str(getattr(world, "api", None) or "emulated")
+
+
+def failure_line(exc: BaseException, wall: float) -> str:
+    """One line saying why the demo stopped: the exception, its message (or that it had none) and
+    where it was raised -- printed last, so that a failed run never ends on a warning alone."""
+    import traceback
+
+    if isinstance(exc, KeyboardInterrupt):
+        return f"moe-eplb demo: interrupted after {wall:.0f} s"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    message = " ".join(str(exc).split()) or "no message"
+    cause = exc.__cause__ or exc.__context__
+    also = f"; caused by {type(cause).__name__}: {short(cause, 200) or 'no message'}" if cause is not None else ""
+    return f"moe-eplb demo: FAILED after {wall:.0f} s: {type(exc).__name__}: {short(message, 400)}{where}{also}"
+
+
 @dataclass(frozen=True)
 class DemoResource:
     """One MoEInference of the demo, its workload and what the untuned replay needs."""
@@ -305,9 +330,11 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
                      observer=observer, engine_tick=0.1, http_timeout=30.0, kubelet_poll=0.25,
                      drop_metrics=(metric_names.EXPERT_REPLICAS,))
     world_box["world"] = world
+    api, load_source = api_of(world), "prometheus" if use_prom else "direct"
     echo(f"moe-eplb demo (SIMULATED cluster): {hours:g} simulated hours at {speed:g}x "
-         f"(~{hours * 3600 / speed / 60:.1f} min), workload shift at {hours / 2:g} h, "
-         f"{'real Prometheus' if use_prom else 'direct pod scraping'}; report -> {out_dir}")
+         f"(~{hours * 3600 / speed / 60:.1f} min), workload shift at {hours / 2:g} h; {api} Kubernetes API; load "
+         f"{'from a real Prometheus' if use_prom else 'scraped from the pods by the operator (no Prometheus)'}; "
+         f"report -> {out_dir}")
     for d in demos:
         echo(f"MoEInference {d.name}: {d.label}, a {d.kind}; start {_kn(INITIAL)} (vLLM defaults), autotune Apply "
              f"every {d.resource['spec']['autotune']['evaluationIntervalSeconds']} s")
@@ -329,7 +356,7 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
         w0 = world.clock.workload_start if world.clock.workload_start is not None else world.clock.epoch
     wall = time.time() - t_wall0
     results = {name: _summarize(records[name], by_name[name], hours, finals[name], w0) for name in records}
-    summary = summary_record(hours * 1800.0, results)
+    summary = summary_record(hours * 1800.0, results, api=api, load_source=load_source)
     _write_report(out_dir, records, results, summary, hours, wall, use_prom)
     if summary_path:
         with open(summary_path, "w") as f:
@@ -394,13 +421,18 @@ def _summarize(rec: DemoRecord, demo: DemoResource, hours: float, final: dict, w
     }
 
 
-def summary_record(shift_at_s: float, results: dict[str, dict]) -> dict:
-    """The ``--summary`` object: exactly ``{shift_at_s, resources: [{name, kind, mode, applied_changes:
-    [{at_s, window_size, step_interval, num_redundant_experts, measured_gain, kept}], balancedness:
-    {tuned, untuned, after_shift_tuned, after_shift_untuned}}]}``."""
+def summary_record(shift_at_s: float, results: dict[str, dict], *, api: str, load_source: str) -> dict:
+    """The ``--summary`` object: exactly ``{shift_at_s, api, load_source, resources: [{name, kind,
+    mode, applied_changes: [{at_s, window_size, step_interval, num_redundant_experts, measured_gain,
+    kept}], balancedness: {tuned, untuned, after_shift_tuned, after_shift_untuned}}]}``; ``api``:
+    :func:`api_of`, ``load_source``: :data:`LOAD_SOURCES`."""
+    if load_source not in LOAD_SOURCES:
+        raise ValueError(f"load_source: {load_source!r} is not one of {', '.join(LOAD_SOURCES)}")
     change_keys = ("at_s", "window_size", "step_interval", "num_redundant_experts", "measured_gain", "kept")
     return {
         "shift_at_s": shift_at_s,
+        "api": api,
+        "load_source": load_source,
         "resources": [{
             "name": r["name"], "kind": r["kind"], "mode": r["mode"],
             "applied_changes": [{k: c[k] for k in change_keys} for c in r["applied_changes"]],

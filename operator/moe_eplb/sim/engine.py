@@ -601,6 +601,12 @@ class SimulatedEngine:
         for runner in self._runners:
             try:  # a scraper's open keep-alive connection must not hold the pod's deletion
                 await asyncio.wait_for(runner.cleanup(), 2.0)
+            except asyncio.CancelledError:
+                # aiohttp's cleanup can end with the cancellation of a request it was serving; only a
+                # cancellation of this task itself goes on
+                task = asyncio.current_task()
+                if task is not None and getattr(task, "cancelling", lambda: 1)():
+                    raise
             except (asyncio.TimeoutError, Exception):
                 pass
         self._runners = []

@@ -424,7 +424,7 @@ class FakeKubelet:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a transient API error must not kill the simulation
-                log.warning("fake kubelet: %s", exc)
+                log.warning("fake kubelet: %s: %s", type(exc).__name__, exc or "no message")
             await asyncio.sleep(self.poll)
 
     # --- reconciliation ----------------------------------------------------------------------------

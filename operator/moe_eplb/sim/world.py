@@ -178,6 +178,8 @@ class SimWorld:
         scale: simulated seconds per wall second.
         startup_seconds: simulated model-loading time of an engine pod.
         prometheus: start a real Prometheus (needs the binary) -- else the operator scrapes pods.
+        scrape_interval: wall seconds between Prometheus' scrapes; the load read's bucket is at
+            least two of them with or without Prometheus (the operator then scrapes twice a bucket).
         tick_seconds: wall seconds between autotune ticks.
         lookback_seconds, bucket_seconds, min_steps: the autotune loop's data window and bucket
             (simulated seconds) and the least engine steps it tunes on.
@@ -252,7 +254,7 @@ class SimWorld:
                                       lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
                                       observer=self.observer, http_timeout=self.http_timeout,
                                       bucket_seconds=self.bucket_seconds,
-                                      min_wall_bucket_seconds=2 * self.scrape_interval if self.prometheus else 0.0)
+                                      min_wall_bucket_seconds=2 * self.scrape_interval)
         if self.search is not None:
             rt.search = dict(self.search)
         self.runtime = rt
@@ -418,6 +420,8 @@ class SimWorld:
         handle["task"].cancel()
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
             await asyncio.wait_for(asyncio.shield(handle["task"]), 3.0)
+        with contextlib.suppress(Exception):  # its API client, also when the task did not end in time
+            await handle["controller"].close()
         if handle in self.operators:
             self.operators.remove(handle)
 
