@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration  # the real operator, an emulated API serve
 
 def test_the_demo_without_prometheus_tunes_both_resources(tmp_path):
     lines: list[str] = []
-    summary = asyncio.run(D.run_demo(hours=2.0, speed=50.0, out_dir=str(tmp_path), prometheus=False,
+    summary = asyncio.run(D.run_demo(hours=2.0, speed=50.0, out_dir=str(tmp_path), prometheus=False, api="emulated",
                                      summary_path=str(tmp_path / "summary.json"), echo=lines.append))
     log = "\n".join(lines)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary

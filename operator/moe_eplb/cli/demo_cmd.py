@@ -16,15 +16,19 @@ def register(main: click.Group) -> None:
     @click.option("--prometheus/--no-prometheus", default=None,
                   help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or have the operator "
                        "scrape the pods directly (--no-prometheus).")
+    @click.option("--api", type=click.Choice(["auto", "real", "emulated"]), default="auto", show_default=True,
+                  help="Kubernetes API: a real control plane (kube-apiserver, controller manager, scheduler built "
+                       "by `make kube`), the in-process emulation, or auto (real when built).")
     @click.option("--seed", type=int, default=0, show_default=True, help="Workload generator seed.")
     @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
                   help="Also write the run's summary here (JSON: shift_at_s, api, load_source; per resource "
                        "its kind, mode, applied changes and balancedness tuned/untuned).")
-    def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, seed: int,
+    def demo(hours: float, speed: float, out_dir: str, prometheus: bool | None, api: str, seed: int,
              summary_path: str | None) -> None:
         """Run the operator's closed tuning loop on a SIMULATED cluster in accelerated time.
 
-        Starts a Kubernetes API emulation, simulated vLLM engine pods (they replay a generated
+        Starts a real Kubernetes control plane when `make kube` has built one (else the API
+        emulation; --api chooses), simulated vLLM engine pods (they replay a generated
         workload through EPLB and serve the exporter's metrics), a real Prometheus when installed,
         and the real operator; applies two MoEInferences in autotune Apply mode -- Qwen3-VL-30B-A3B
         on one node (a Deployment) and DeepSeek-V3 at EP 32 over 4 nodes (a LeaderWorkerSet);
@@ -39,7 +43,7 @@ def register(main: click.Group) -> None:
         t0 = time.monotonic()
         try:
             asyncio.run(run_demo(hours=hours, speed=speed, out_dir=out_dir, prometheus=prometheus, seed=seed,
-                                 summary_path=summary_path, echo=lambda s: click.echo(s)))
+                                 summary_path=summary_path, echo=lambda s: click.echo(s), api=api))
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any failure: its reason as the last line
             import gc
             import sys

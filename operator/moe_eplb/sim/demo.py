@@ -109,6 +109,13 @@ DEEPSEEK: dict[str, Any] = {
 LOAD_SOURCES = ("prometheus", "direct")
 
 
+#: how the first line describes each API
+API_WORDS = {
+    "real": " (a real kube-apiserver, controller manager and scheduler built by `make kube`; simulated GPU nodes)",
+    "emulated": " (the in-process emulation; `make kube` builds a real control plane the demo then uses)",
+}
+
+
 def api_of(world: Any) -> str:
     """Which Kubernetes API the demo's world runs on, as the summary's ``api`` says it: the world's
     ``api`` attribute where it has one, else ``"emulated"`` (:mod:`moe_eplb.sim.kubeapi`)."""
@@ -284,11 +291,11 @@ def _sample(world: Any, demo: DemoResource, rec: DemoRecord, t_prev: float, t_no
 
 async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "out/demo",
                    prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
-                   echo: Callable[[str], None] = print) -> dict:
+                   echo: Callable[[str], None] = print, api: str = "auto") -> dict:
     """Run the demo; returns :func:`summary_record` (also written to ``summary_path`` when given)."""
     import logging
 
-    from moe_eplb.sim.world import SimWorld, prometheus_binary
+    from moe_eplb.sim.world import SimWorld, prometheus_binary, resolve_api
 
     logging.getLogger("kopf").setLevel(logging.ERROR)
     logging.getLogger("aiohttp").setLevel(logging.ERROR)
@@ -328,11 +335,12 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
                      scale=speed, startup_seconds=180.0, prometheus=use_prom, scrape_interval=2.0, tick_seconds=0.5,
                      lookback_seconds=1800.0, bucket_seconds=max(60.0, speed * 2.0), min_steps=5000,
                      observer=observer, engine_tick=0.1, http_timeout=30.0, kubelet_poll=0.25,
-                     drop_metrics=(metric_names.EXPERT_REPLICAS,))
+                     drop_metrics=(metric_names.EXPERT_REPLICAS,), api=resolve_api(api))
     world_box["world"] = world
     api, load_source = api_of(world), "prometheus" if use_prom else "direct"
     echo(f"moe-eplb demo (SIMULATED cluster): {hours:g} simulated hours at {speed:g}x "
-         f"(~{hours * 3600 / speed / 60:.1f} min), workload shift at {hours / 2:g} h; {api} Kubernetes API; load "
+         f"(~{hours * 3600 / speed / 60:.1f} min), workload shift at {hours / 2:g} h; {api} Kubernetes API"
+         f"{API_WORDS.get(api, '')}; load "
          f"{'from a real Prometheus' if use_prom else 'scraped from the pods by the operator (no Prometheus)'}; "
          f"report -> {out_dir}")
     for d in demos:
