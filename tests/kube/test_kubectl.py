@@ -104,7 +104,7 @@ def test_get_describe_scale_delete(control_plane, kube_ns, tmp_path) -> None:
     assert control_plane.kubectl("apply", "-n", kube_ns, "-f", str(seed_file)).returncode == 0
     # what the operator writes through /status (printer columns and /scale read it)
     status = {"status": {"epSize": 4, "eplb": {"numRedundantExperts": 8, "windowSize": 3000, "stepInterval": 1000},
-                         "balancedness": 0.93, "phase": "Running", "replicas": 1,
+                         "balancedness": 0.93, "phase": "Running", "replicas": 1, "readyReplicas": 1,
                          "selector": "eplb.ai/inference=qwen3-vl-30b",
                          "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "ok",
                                          "lastTransitionTime": "2026-12-01T00:00:00Z"}]}}
@@ -113,11 +113,12 @@ def test_get_describe_scale_delete(control_plane, kube_ns, tmp_path) -> None:
     out = control_plane.kubectl("get", "moe", "-n", kube_ns)
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "MODEL", "EP", "REDUNDANT", "WINDOW", "INTERVAL", "BALANCEDNESS", "READY", "AGE"]
-    assert row.split()[:8] == ["qwen3-vl-30b", "cpatonn/Qwen3-VL-30B-A3B-Instruct-AWQ-4bit", "4", "8", "3000", "1000",
-                               "0.93", "True"]
+    assert header.split() == ["NAME", "MODEL", "EP", "REDUNDANT", "WINDOW", "INTERVAL", "BALANCEDNESS", "DESIRED",
+                              "READY-REPLICAS", "READY", "AGE"]
+    assert row.split()[:10] == ["qwen3-vl-30b", "cpatonn/Qwen3-VL-30B-A3B-Instruct-AWQ-4bit", "4", "8", "3000", "1000",
+                                "0.93", "1", "1", "True"]
     wide = control_plane.kubectl("get", "moe", "-n", kube_ns, "-o", "wide").stdout
-    assert "PHASE" in wide.splitlines()[0] and "Running" in wide
+    assert "PHASE" in wide.splitlines()[0] and "MAX" in wide.splitlines()[0] and "Running" in wide
     described = control_plane.kubectl("describe", "moe", "qwen3-vl-30b", "-n", kube_ns).stdout
     assert "Kind:         MoEInference" in described and "Num Redundant Experts:  8" in described
     # /scale: kubectl scale writes spec.replicas; the Scale reports the status selector

@@ -31,6 +31,8 @@ GROUP_PATHS = {
     "Service": "/api/v1/namespaces/{ns}/services/{name}",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
     "PodMonitor": "/apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors/{name}",
+    "ScaledObject": "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}",
+    "HorizontalPodAutoscaler": "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}",
 }
 
 
@@ -77,6 +79,7 @@ def chart_release(control_plane, tmp_path_factory) -> dict[str, Any]:
     published LeaderWorkerSet CRD; the Prometheus Operator's CRDs are installed by the test that
     needs them present (the first test runs without them)."""
     install_crd(control_plane, crd_path("leaderworkerset.x-k8s.io_leaderworkersets.yaml"))
+    install_crd(control_plane, crd_path("keda.sh_scaledobjects.yaml"))  # the autoscaled example renders one
     control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": "moe-system"}})
     objs = render("moe-eplb", "moe-system", {}, monitoring=False)

@@ -372,7 +372,7 @@ class SimWorld:
         started later start with it."""
         self.true_cost = true_cost
         kubelets = [self.kubelet.agent, self.kubelet.lws] if hasattr(self.kubelet, "agent") else [self.kubelet]
-        for k in kubelets:
+        for k in [k for k in kubelets if k is not None]:  # no LWS stand-in when the real controller runs
             k.true_cost = true_cost
         for engine in self.kubelet.engines():
             if hasattr(engine, "true"):  # a simulated engine (not one an engine_factory built)
