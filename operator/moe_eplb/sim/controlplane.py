@@ -109,6 +109,17 @@ def find_binaries(folder: str | os.PathLike[str] | None = None) -> Binaries | No
                     kubectl=path("kubectl"), folder=base)
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child, SIGKILL it after 10 s, and reap it (nothing when it already exited)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now."""
     with socket.socket() as s:
@@ -232,15 +243,8 @@ class ControlPlane:
         """Stop every process (controller manager and scheduler first, etcd last); keep the workdir."""
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.procs.pop(name, None)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            if proc is not None:
+                stop_process(proc)
 
     def check_alive(self) -> None:
         """Raise :class:`ControlPlaneError` naming the process and its log if one has exited."""

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, free_port
+from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, free_port, stop_process
 
 BINARY = "lws-controller"
 MANIFESTS = "webhook-manifests.yaml"
@@ -132,13 +132,8 @@ class LwsController:
         self.started_s = time.monotonic() - t0
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
     def check_alive(self) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from moe_eplb import metric_names, vllm_facts
-from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate
+from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate, stop_process
 
 SERVICE_NAMESPACE = "kube-system"
 SERVICE_NAME = "prometheus-adapter"
@@ -146,13 +146,8 @@ class PrometheusAdapter:
         for group, version in API_VERSIONS:
             with contextlib.suppress(urllib.error.URLError, OSError):
                 self.cp.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{group}", timeout=5)
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
     def __enter__(self) -> PrometheusAdapter:
