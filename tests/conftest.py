@@ -72,6 +72,9 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                                             namespaces=namespaces, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
+        from moe_eplb.sim.procs import give_signals_back
+
+        give_signals_back()  # a SIGTERM ends the test run (and its child processes), not just this operator
         yield controller
     finally:
         task.cancel()

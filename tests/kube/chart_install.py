@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from moe_eplb.sim import procs
 from moe_eplb.sim.controlplane import ControlPlane, free_port
 from tests.chart.chart_support import CHART_DIR
 
@@ -80,13 +81,7 @@ class ChartOperator:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        procs.stop(self.proc, timeout=15)
 
 
 @contextlib.contextmanager
@@ -120,7 +115,7 @@ def start_chart_operator(cp: ControlPlane, objs: list[dict[str, Any]], workdir: 
     argv = [str(exe), *container.get("args", []), *extra_args]
     log = workdir / f"{pod_name}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
+        proc = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     op = ChartOperator(proc, log, metrics_port, health_port)
     try:
         yield op

@@ -47,6 +47,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.sim import procs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OPERATOR_DIR = os.path.join(ROOT, "operator")
@@ -274,8 +276,8 @@ class Engine:
         self._shm_before = _shm_entries()
         self.started_at = time.monotonic()
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.argv(), env=self.env(), cwd=self.workdir, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = procs.spawn(self.argv(), env=self.env(), cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = self.started_at + timeout
@@ -536,10 +538,10 @@ class Prometheus:
                        "scrape_configs": self.jobs}, f, indent=1)
         self.log_path = os.path.join(self.workdir, "prometheus.log")
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
+            self.proc = procs.spawn(
                 [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={os.path.join(self.workdir, 'tsdb')}",
                  f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -44,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from moe_eplb.sim import procs
+
 #: the binaries ``tools/kube/build.sh`` builds, by role
 BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
@@ -110,14 +112,9 @@ def find_binaries(folder: str | os.PathLike[str] | None = None) -> Binaries | No
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a child, SIGKILL it after 10 s, and reap it (nothing when it already exited)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    """SIGTERM a child's process group, SIGKILL it after 10 s, and reap it (nothing when it already
+    exited); :func:`moe_eplb.sim.procs.stop`."""
+    procs.stop(proc)
 
 
 def free_port() -> int:
@@ -371,8 +368,8 @@ class ControlPlane:
         log = self.workdir / f"{name}.log"
         self.logs[name] = log
         with open(log, "ab") as out:
-            self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                cwd=self.workdir, start_new_session=True)
+            self.procs[name] = procs.spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           cwd=self.workdir)
 
     def _write_kubeconfig(self, path: pathlib.Path, token: str, *, user: str, namespace: str = "default") -> pathlib.Path:
         path.write_text(yaml.safe_dump(kubeconfig_dict(self.url, self.ca_file, token, user=user, namespace=namespace)))

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from moe_eplb.sim import procs
 from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, free_port, stop_process
 
 BINARY = "lws-controller"
@@ -118,9 +119,9 @@ class LwsController:
             health_port=self.health_port)))
         env = dict(os.environ, KUBECONFIG=str(plane.kubeconfig))
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([str(self.binary), f"--config={config}", "--zap-log-level=info"],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.workdir, env=env, start_new_session=True)
+            self.proc = procs.spawn([str(self.binary), f"--config={config}", "--zap-log-level=info"],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.workdir, env=env)
         self._wait_webhook(certs / "tls.crt", timeout - (time.monotonic() - t0))
         manifests = (self.binary.parent / MANIFESTS).read_text()
         docs = webhook_configurations(manifests, f"https://127.0.0.1:{self.webhook_port}",

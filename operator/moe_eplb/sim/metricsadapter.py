@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from moe_eplb import metric_names, vllm_facts
+from moe_eplb.sim import procs
 from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate, stop_process
 
 SERVICE_NAMESPACE = "kube-system"
@@ -130,14 +131,13 @@ class PrometheusAdapter:
         self.port = free_port()
         kubeconfig = str(self.cp.kubeconfig)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([
+            self.proc = procs.spawn([
                 str(self.binary), "--bind-address=127.0.0.1", f"--secure-port={self.port}",
                 f"--tls-cert-file={crt}", f"--tls-private-key-file={key}", f"--cert-dir={self.workdir}",
                 f"--lister-kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}", f"--prometheus-url={self.prometheus_url}",
                 f"--config={config}", f"--metrics-relist-interval={self.relist_seconds}s", "--v=2"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
-                start_new_session=True)
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir)
         self._register(base64_file(crt))
         self._wait_available(timeout)
 

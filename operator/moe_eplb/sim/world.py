@@ -35,6 +35,7 @@ from typing import Any
 
 from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.sim import procs
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
@@ -136,11 +137,11 @@ class LocalPrometheus:
                    f"        regex: '{'|'.join(self.drop)}'\n"
                    "        action: drop\n" if self.drop else "")
             )
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "prometheus.log"), "w"),
-        )
+        with open(os.path.join(self.dir, "prometheus.log"), "w") as log:
+            self.proc = procs.spawn(
+                [self.binary, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
         import aiohttp
 
         deadline = time.monotonic() + 15
@@ -153,16 +154,13 @@ class LocalPrometheus:
                 except aiohttp.ClientError:
                     pass
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    procs.stop(self.proc, timeout=5)
                     raise RuntimeError(f"Prometheus did not start (see {self.dir}/prometheus.log)")
                 await asyncio.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            procs.stop(self.proc, timeout=5)
         self.proc = None
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -411,6 +409,7 @@ class SimWorld:
         task = asyncio.create_task(run_operator(controller, settings=settings, standalone=standalone,
                                                 peering_name=peering_name, priority=priority, ready_flag=ready))
         await asyncio.wait_for(ready.wait(), 15)
+        procs.give_signals_back()
         handle = {"task": task, "controller": controller, "priority": priority}
         self.operators.append(handle)
         return handle
