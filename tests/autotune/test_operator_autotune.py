@@ -226,10 +226,9 @@ async def test_regression_rolls_back(workload, kind, api):
 async def test_crash_loop_rolls_back_and_degrades(workload, kind, api):
     if kind == "LeaderWorkerSet":
         # a WORKER pod of every group with the new settings crashes; LWS recreates the group each time
-        # (on the real API with the emulated LWS controller: the real one stamps its RecreateGroupOnPodRestart
-        # Events with wall-clock times, which the operator on this accelerated clock reads as before the
-        # rollout began -- it then rolls back on the not-ready timeout, not the crash loop; docs/demo.md)
-        world = _world(workload, api=api, lws="emulated",
+        # (on the real API: the real LWS controller, its RecreateGroupOnPodRestart Events stamped with
+        # wall-clock times, which the operator maps onto its accelerated clock)
+        world = _world(workload, api=api,
                        crash_pod_if=lambda s, worker: worker == 1 and _knobs(s) != START_KNOBS)
     else:
         world = _world(workload, api=api, crash_if=lambda s: _knobs(s) != START_KNOBS)

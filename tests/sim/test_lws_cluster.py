@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from moe_eplb import k8s_names
+from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.spec import parse
 from moe_eplb.eplb import synth
 from moe_eplb.metrics.scrape import parse_exposition
@@ -170,6 +171,9 @@ async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
             assert {e["message"] for e in events} == {
                 "Worker pod tiny-1-1 failed, deleted leader pod tiny-1 to recreate group 1"}
             assert all(e["related"]["name"] == "tiny-1" and e["type"] == "Normal" for e in events)
+            # stamped with the wall-clock time as the real controller does, not the accelerated clock's
+            assert all(abs(parse_iso(e["eventTime"]) - time.time()) < 30 for e in events), \
+                [(e["eventTime"], clock.now()) for e in events]
             st = (await kube.get(f"{LWS_PATH}/tiny"))["status"]
             # group 1 never becomes ready, so the update never reaches group 0 (still serving)
             assert st["readyReplicas"] == 1 and st["updatedReplicas"] == 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 import re
 import time
@@ -629,6 +630,10 @@ async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: lis
     except ApiError as exc:  # no Events (RBAC): crash loops are then seen as restarts only
         log.info("autotune: cannot list events of LeaderWorkerSet %s/%s: %s", ns, lws["metadata"]["name"], exc)
         return []
+    # An Event's times are wall-clock, and whole seconds where the legacy core/v1 recorder wrote them
+    # (the real LWS controller's): compared with ``since`` on the wall clock (the runtime's clock may
+    # run accelerated) and at that precision (an Event in the second the rollout began counts)
+    since_wall = math.floor(rt.clock.to_wall(since))
     counts: dict[int, int] = {}
     failed: dict[int, str] = {}
     for e in events:
@@ -639,11 +644,11 @@ async def recreated_groups(client: Any, lws: dict, pods: list[dict], hashes: lis
         first = parse_iso(e.get("eventTime") or e.get("firstTimestamp"))
         last = parse_iso(series.get("lastObservedTime") or e.get("lastTimestamp")) or first
         m = _RECREATE_MESSAGE.search(e.get("message") or "")
-        if last is None or last < since or m is None:
+        if last is None or last < since_wall or m is None:
             continue
         group = int(m.group("group"))
         repeats = max(int(series.get("count") or 0), int(e.get("count") or 0), 1)
-        counts[group] = counts.get(group, 0) + (repeats if first is not None and first >= since else 1)
+        counts[group] = counts.get(group, 0) + (repeats if first is not None and first >= since_wall else 1)
         failed[group] = m.group("pod")
     groups = lws_groups(lws, pods)
     out = []

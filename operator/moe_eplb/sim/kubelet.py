@@ -49,6 +49,7 @@ import json
 import logging
 import secrets
 import shlex
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -734,7 +735,9 @@ class FakeKubelet:
             failed = [p for p in g.pods.values() if _restarts_sent(p) > 0]
             if recreate and failed:
                 leader = g.pods.get(0)
-                event = lws_mod.recreate_event(obj, g.index, failed[0].name, _iso(now), suffix=secrets.token_hex(8),
+                # stamped with the wall-clock time, as the real controller's recorder does (the
+                # operator maps API times onto its clock)
+                event = lws_mod.recreate_event(obj, g.index, failed[0].name, _iso(time.time()), suffix=secrets.token_hex(8),
                                                leader_uid=leader.uid if leader is not None else "")
                 await self._req("POST", f"/api/v1/namespaces/{lw.namespace}/events", event)
                 await self._delete_group(lw, g)
