@@ -7,6 +7,14 @@
   the test's event loop until the block exits; yields the
   :class:`~moe_eplb.controller.handlers.Controller`.
 - ``eventually``: ``await eventually(check, timeout=10)`` polls a sync or async check until truthy.
+- ``sim_plane`` (session): ONE real control plane for the whole run
+  (:class:`moe_eplb.sim.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager,
+  kube-scheduler, the aggregation layer, the project's CRDs, and the real LeaderWorkerSet controller
+  where built), started on first use (seconds) and shared by the ``kube`` tier (``control_plane``),
+  the real-API autotune scenarios and the real LWS test (``SimWorld(shared_plane=...)``: a namespace
+  and Nodes of their own per test, cleaned at its end). Skipped without the built binaries, except
+  in CI (``MOE_EPLB_REQUIRE_KUBE=1``: failed). The tail of each of its logs is attached to the
+  report of a failing test that used it.
 
 Both cluster fixtures skip the test (with the reason) when kopf or kmock is not installed; nothing
 here imports them at collection time, so other areas' tests run without the operator extras.
@@ -17,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
-SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster"})
+SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
+                             "sim_plane", "control_plane"})
+
+#: the session's shared control plane once started (for the log tails of failing tests)
+_SIM_PLANE: Any = None
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -33,6 +46,45 @@ def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("prometheus"):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """On a failure of a test on the shared control plane, attach the tail of every one of its logs."""
+    outcome = yield
+    report = outcome.get_result()
+    names = set(getattr(item, "fixturenames", ()))
+    if not (report.failed and _SIM_PLANE is not None and names & {"sim_plane", "control_plane", "plane"}):
+        return
+    plane, lws = _SIM_PLANE.plane, _SIM_PLANE.lws_controller
+    for name in plane.logs:
+        lines = [ln for ln in plane.log_tail(name, 200).splitlines() if "grpc" not in ln][-12:]
+        report.sections.append((f"control plane: {name} ({plane.logs[name]})", "\n".join(lines)))
+    if lws is not None:
+        report.sections.append((f"control plane: lws-controller ({lws.log})", lws.log_tail(12)))
+
+
+@pytest.fixture(scope="session")
+def sim_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's real control plane (see the module doc); stopped at the end of the session."""
+    global _SIM_PLANE
+    from moe_eplb.sim import simplane
+    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+    from moe_eplb.sim.lwscontroller import find_lws_binary
+
+    if find_binaries() is None:
+        reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
+        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
+            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
+        pytest.skip(reason)
+    plane = simplane.start(tmp_path_factory.mktemp("control-plane"), lws=find_lws_binary() is not None,
+                           aggregator=True)
+    _SIM_PLANE = plane
+    try:
+        yield plane
+    finally:
+        _SIM_PLANE = None
+        plane.stop()
 
 
 @pytest.fixture()

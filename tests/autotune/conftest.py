@@ -67,7 +67,10 @@ def workload():
 
 
 KINDS = ("Deployment", "LeaderWorkerSet")
-LWS_PATH = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets"
+
+
+def lws_path(ns: str) -> str:
+    return f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets"
 
 
 @pytest.fixture(params=["emulated", "real"])
@@ -88,6 +91,13 @@ def api(request) -> str:
             pytest.skip(reason)
         request.node.add_marker(pytest.mark.kube)
     return request.param
+
+
+@pytest.fixture()
+def plane(api: str, request) -> Any:
+    """On the real API, the session's control plane (``sim_plane``) for ``SimWorld(shared_plane=...)``:
+    each world then runs in a namespace and on Nodes of its own. ``None`` on the emulation."""
+    return request.getfixturevalue("sim_plane") if api == "real" else None
 
 
 @pytest.fixture(params=KINDS)
@@ -130,26 +140,27 @@ async def wait_for(world, check, timeout: float = 30.0, interval: float = 0.1):
 
 
 async def events(world) -> list[dict]:
-    return await world.cluster.list(f"/api/v1/namespaces/{NS}/events")
+    return await world.cluster.list(f"/api/v1/namespaces/{world.namespace}/events")
 
 
 async def pods(world) -> list[dict]:
-    return await world.cluster.list(f"/api/v1/namespaces/{NS}/pods", f"eplb.ai/name={NAME}")
+    return await world.cluster.list(f"/api/v1/namespaces/{world.namespace}/pods", f"eplb.ai/name={NAME}")
 
 
 async def deployment(world) -> dict:
-    return await world.cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}")
+    return await world.cluster.get(f"/apis/apps/v1/namespaces/{world.namespace}/deployments/{NAME}")
 
 
 async def workload_of(world, kind: str = "Deployment") -> dict:
     """The child workload: the Deployment, or the LeaderWorkerSet."""
     if kind == "LeaderWorkerSet":
-        return await world.cluster.get(f"{LWS_PATH}/{NAME}")
+        return await world.cluster.get(f"{lws_path(world.namespace)}/{NAME}")
     return await deployment(world)
 
 
 async def workload_or_none(world, kind: str) -> dict | None:
-    path = f"{LWS_PATH}/{NAME}" if kind == "LeaderWorkerSet" else f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
+    ns = world.namespace
+    path = f"{lws_path(ns)}/{NAME}" if kind == "LeaderWorkerSet" else f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"
     return await world.cluster.get_or_none(path)
 
 

@@ -15,7 +15,6 @@ from moe_eplb.sim.world import SimWorld, prometheus_binary
 
 from .conftest import (
     NAME,
-    NS,
     SCALE,
     START,
     autotune_status,
@@ -43,8 +42,8 @@ def _world(workload_trace, **kw) -> SimWorld:
     return SimWorld(workload=workload_trace, **kw)
 
 
-def _metric(name: str, **labels) -> float:
-    return REGISTRY.get_sample_value(name, {"namespace": NS, "name": NAME, **labels}) or 0.0
+def _metric(world, name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, {"namespace": world.namespace, "name": NAME, **labels}) or 0.0
 
 
 def _last_decision(res: dict) -> str | None:
@@ -63,7 +62,7 @@ async def test_recommend_only_changes_nothing(workload, kind):
     world = _world(workload, prometheus=prometheus_binary() is not None, scrape_interval=0.5)
     async with world.run():
         res = resource(kind, mode="Recommend")
-        before = _metric("moe_eplb_tuner_decisions_total", decision="Recommend")
+        before = _metric(world, "moe_eplb_tuner_decisions_total", decision="Recommend")
         op = await world.start_operator()
         if world.prometheus_url:
             # the operator's default (--prometheus-url / MOE_EPLB_PROMETHEUS_URL), the spec leaves it empty
@@ -91,15 +90,15 @@ async def test_recommend_only_changes_nothing(workload, kind):
         assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in await pods(world)} == names_before
         assert running_settings(world) == {START_KNOBS}
         assert got["status"]["eplb"]["windowSize"] == 1000
-        assert _metric("moe_eplb_tuner_decisions_total", decision="Recommend") > before
+        assert _metric(world, "moe_eplb_tuner_decisions_total", decision="Recommend") > before
         assert any(e["reason"] == "Recommended" for e in await events(world))
 
 
-async def test_apply_rolls_out_and_keeps(workload, kind, api):
+async def test_apply_rolls_out_and_keeps(workload, kind, api, plane):
     # the LWS path reads and judges through a real Prometheus when installed (group labels via its
     # scrape config, as the PodMonitor sets them); the Deployment path scrapes the pods
     use_prom = kind == "LeaderWorkerSet" and prometheus_binary() is not None
-    world = _world(workload, api=api, prometheus=use_prom, scrape_interval=0.5)
+    world = _world(workload, api=api, shared_plane=plane, prometheus=use_prom, scrape_interval=0.5)
     min_ready = []
 
     async with world.run():
@@ -144,13 +143,13 @@ async def test_apply_rolls_out_and_keeps(workload, kind, api):
         reasons = [e["reason"] for e in await events(world)]
         assert "ApplyingTunedSettings" in reasons and "TunedSettingsKept" in reasons
         assert cond(done, "Tuned")["reason"] == "Kept"
-        assert _metric("moe_eplb_tuner_last_success_timestamp_seconds") > 0
+        assert _metric(world, "moe_eplb_tuner_last_success_timestamp_seconds") > 0
 
         # Scaling (a /scale by an HPA bumps the generation) keeps the tuned settings: no pod restarts;
         # for a LeaderWorkerSet only its spec.replicas changes (one more group).
         tuned_hash = template_hash(await workload_of(world, kind))
         pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await pods(world)}
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME) + "/scale", {"spec": {"replicas": 3}})
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME) + "/scale", {"spec": {"replicas": 3}})
         scaled = await wait_for(world, lambda r: (r.get("status") or {}).get("readyReplicas") == 3 and r, timeout=20)
         assert scaled["metadata"]["generation"] > done["metadata"]["generation"]
         child = await workload_of(world, kind)
@@ -163,7 +162,7 @@ async def test_apply_rolls_out_and_keeps(workload, kind, api):
 
         # An edit of spec.eplb wins: the override is dropped and the spec's settings roll out.
         edited = {**START, "windowSize": 2000}
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"eplb": edited}})
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME), {"spec": {"eplb": edited}})
         got = await wait_for(world, lambda r: "override" not in autotune_status(r)
                              and (r.get("status") or {}).get("eplb", {}).get("windowSize") == 2000 and r, timeout=20)
         assert got["status"]["eplb"] == {"enabled": True, **edited}
@@ -180,7 +179,7 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
         now = world.clock.now()
         from moe_eplb.controller.decisions import iso
 
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME) + "/status",
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME) + "/status",
                                   {"status": {"autotune": {"lastChangeTime": iso(now), "restarts": [iso(now)]}}})
         await _running(world, kind)
         hash0 = template_hash(await workload_of(world, kind))
@@ -190,7 +189,7 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
         assert template_hash(await workload_of(world, kind)) == hash0
 
         # budget: cooldown over, but maxRestartsPerDay = 1 is spent by the recorded restart
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME),
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME),
                                   {"spec": {"autotune": {"cooldownSeconds": 0, "maxRestartsPerDay": 1}}})
         got = await wait_for(world, lambda r: _last_decision(r) == "Defer"
                              and "restart budget" in autotune_status(r)["lastEvaluation"]["reason"] and r, timeout=30)
@@ -199,14 +198,15 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
         assert created["metadata"]["generation"] < got["metadata"]["generation"]
 
 
-async def test_regression_rolls_back(workload, kind, api):
+async def test_regression_rolls_back(workload, kind, api, plane):
     from moe_eplb.sim.engine import EngineFaults
 
     # Pods with the tuned settings pack the hottest experts together (a broken expert map):
     # measured balancedness falls below the baseline, so the change must be rolled back.
-    world = _world(workload, api=api, faults_for=lambda s: EngineFaults(clustered_placement=_knobs(s) != START_KNOBS))
+    world = _world(workload, api=api, shared_plane=plane,
+                   faults_for=lambda s: EngineFaults(clustered_placement=_knobs(s) != START_KNOBS))
     async with world.run():
-        before = _metric("moe_eplb_rollbacks_total", reason="regression")
+        before = _metric(world, "moe_eplb_rollbacks_total", reason="regression")
         await world.start_operator()
         await world.apply(resource(kind))
         got = await wait_for(world, lambda r: any(h.get("action") == "RolledBack"
@@ -219,19 +219,19 @@ async def test_regression_rolls_back(workload, kind, api):
         assert got["status"]["eplb"]["windowSize"] == 1000
         assert cond(got, "Tuned")["reason"] == "RolledBack"
         await wait_for(world, lambda r: running_settings(world) == {START_KNOBS}, timeout=20)
-        assert _metric("moe_eplb_rollbacks_total", reason="regression") == before + 1
+        assert _metric(world, "moe_eplb_rollbacks_total", reason="regression") == before + 1
         assert any(e["reason"] == "RollingBack" and e["type"] == "Warning" for e in await events(world))
 
 
-async def test_crash_loop_rolls_back_and_degrades(workload, kind, api):
+async def test_crash_loop_rolls_back_and_degrades(workload, kind, api, plane):
     if kind == "LeaderWorkerSet":
         # a WORKER pod of every group with the new settings crashes; LWS recreates the group each time
         # (on the real API: the real LWS controller, its RecreateGroupOnPodRestart Events stamped with
         # wall-clock times, which the operator maps onto its accelerated clock)
-        world = _world(workload, api=api,
+        world = _world(workload, api=api, shared_plane=plane,
                        crash_pod_if=lambda s, worker: worker == 1 and _knobs(s) != START_KNOBS)
     else:
-        world = _world(workload, api=api, crash_if=lambda s: _knobs(s) != START_KNOBS)
+        world = _world(workload, api=api, shared_plane=plane, crash_if=lambda s: _knobs(s) != START_KNOBS)
     degraded_seen = []
     async with world.run():
         await world.start_operator()
@@ -255,10 +255,10 @@ async def test_crash_loop_rolls_back_and_degrades(workload, kind, api):
         assert degraded_seen, "the Degraded condition was never True"
         await wait_for(world, lambda r: running_settings(world) == {START_KNOBS} and
                        (r.get("status") or {}).get("readyReplicas") == 2, timeout=20)
-        assert _metric("moe_eplb_rollbacks_total", reason="crashloop") >= 1
+        assert _metric(world, "moe_eplb_rollbacks_total", reason="crashloop") >= 1
         # the reconciler recomputes Degraded from readiness (all ready now): status.autotune.degraded
         # keeps it true. Scaling makes the reconciler write the status again.
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"replicas": 3}})
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME), {"spec": {"replicas": 3}})
         got = await wait_for(world, lambda r: (r.get("status") or {}).get("readyReplicas") == 3
                              and r["status"].get("observedGeneration") == r["metadata"]["generation"] and r, timeout=20)
         assert cond(got, "Degraded")["status"] == "True", cond(got, "Degraded")
@@ -286,11 +286,11 @@ async def test_prometheus_down_changes_nothing(workload, kind):
         got = await world.get(NAME)
         assert _last_decision(got) == "NoData"
         assert template_hash(await workload_of(world, kind)) == hash0
-        assert _metric("moe_eplb_tuner_evaluations_total", result="nodata") >= 2
+        assert _metric(world, "moe_eplb_tuner_evaluations_total", result="nodata") >= 2
 
 
-async def test_operator_killed_mid_rollout_resumes(workload, kind, api):
-    world = _world(workload, api=api)
+async def test_operator_killed_mid_rollout_resumes(workload, kind, api, plane):
+    world = _world(workload, api=api, shared_plane=plane)
     async with world.run():
         op = await world.start_operator()
         await world.apply(resource(kind))
@@ -309,14 +309,15 @@ async def test_operator_killed_mid_rollout_resumes(workload, kind, api):
                                                                              world.kubelet.pods_created)
 
 
-async def test_two_operators_only_one_acts(workload, kind, api):
-    world = _world(workload, api=api)
+async def test_two_operators_only_one_acts(workload, kind, api, plane):
+    world = _world(workload, api=api, shared_plane=plane)
     async with world.run():
+        peering = f"moe-eplb-{world.namespace}"  # cluster-scoped: one of this test's own on a shared plane
         await world.cluster.create("/apis/kopf.dev/v1/clusterkopfpeerings",
                                    {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                    "metadata": {"name": "moe-eplb"}})
-        await world.start_operator(standalone=False, priority=100)
-        await world.start_operator(standalone=False, priority=50)
+                                    "metadata": {"name": peering}})
+        await world.start_operator(standalone=False, priority=100, peering_name=peering)
+        await world.start_operator(standalone=False, priority=50, peering_name=peering)
         await world.apply(resource(kind, mode="Recommend"))
         actors = set()
 
@@ -338,7 +339,7 @@ async def test_user_edit_during_rollout_wins(workload, kind):
         await wait_for(world, lambda r: (autotune_status(r).get("rollout") or {}).get("phase") in ("Rolling", "Observing"),
                        timeout=30)
         user = {"windowSize": 2000, "stepInterval": 4000, "numRedundantExperts": 4}
-        await world.cluster.patch(world.cluster.moeinference_path(NS, NAME),
+        await world.cluster.patch(world.cluster.moeinference_path(world.namespace, NAME),
                                   {"spec": {"eplb": user, "autotune": {"cooldownSeconds": 100000}}})
         got = await wait_for(world, lambda r: any(h.get("action") == "Superseded"
                                                   for h in autotune_status(r).get("history") or []) and r, timeout=30)

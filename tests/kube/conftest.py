@@ -2,9 +2,11 @@
 kube-controller-manager of one Kubernetes release, built from Go modules by ``tools/kube/build.sh``;
 ``make kube``). See :mod:`moe_eplb.sim.controlplane`.
 
-- ``control_plane`` (session): the running :class:`~moe_eplb.sim.controlplane.ControlPlane`, with the
-  MoEInference CRD (``crds/``) installed and established. Started once (seconds); its logs stay in the
-  session's temporary folder, and the tail of each is attached to a failing test's report.
+- ``control_plane`` (session): the running :class:`~moe_eplb.sim.controlplane.ControlPlane` of the
+  session's ``sim_plane`` (tests/conftest.py: shared with the real-API autotune scenarios; with
+  kube-scheduler and, where built, the real LeaderWorkerSet controller), with the MoEInference CRD
+  (``crds/``) installed and established. Started once (seconds); its logs stay in the session's
+  temporary folder, and the tail of each is attached to a failing test's report.
 - ``kube_ns``: a fresh namespace for one test, deleted afterwards.
 - ``real``: ``async with real(token=None) as cluster`` -- the async client
   (:class:`~moe_eplb.sim.realapi.RealCluster`) with the emulation's calls.
@@ -15,7 +17,6 @@ Without the built binaries the tier is skipped with the reason, except in CI
 
 from __future__ import annotations
 
-import os
 import pathlib
 import secrets
 import time
@@ -26,14 +27,11 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_eplb.sim.controlplane import ControlPlane, default_bin_dir, find_binaries
+from moe_eplb.sim.controlplane import ControlPlane
 from tests.example_manifests import seed, variant  # noqa: F401  (pytest fixtures)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "moeinferences.eplb.ai.yaml"
-REQUIRE = os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1"
-
-_PLANE: ControlPlane | None = None
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -42,17 +40,6 @@ def pytest_collection_modifyitems(items: list) -> None:
         if here in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.kube)
             item.add_marker(pytest.mark.integration)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
-    """On a failure in this tier, attach the tail of every control-plane log to the report."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed and _PLANE is not None and pathlib.Path(__file__).parent in pathlib.Path(str(item.fspath)).parents:
-        for name in _PLANE.logs:
-            lines = [ln for ln in _PLANE.log_tail(name, 200).splitlines() if "grpc" not in ln][-12:]
-            report.sections.append((f"control plane: {name} ({_PLANE.logs[name]})", "\n".join(lines)))
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
@@ -79,20 +66,11 @@ def install_crd(cp: ControlPlane, path: pathlib.Path = CRD_FILE) -> dict[str, An
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    global _PLANE
-    bins = find_binaries()
-    if bins is None:
-        reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
-        if REQUIRE:
-            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
-        pytest.skip(reason)
-    cp = ControlPlane(bins, tmp_path_factory.mktemp("control-plane"))
-    _PLANE = cp
-    with cp:
-        install_crd(cp)
-        yield cp
-    _PLANE = None
+def control_plane(sim_plane: Any) -> ControlPlane:
+    """The session's control plane (``sim_plane``, tests/conftest.py), with the MoEInference CRD of
+    ``crds/`` (what a user installs) applied over the package's copy."""
+    install_crd(sim_plane.plane)
+    return sim_plane.plane
 
 
 @pytest.fixture()

@@ -28,8 +28,6 @@ from moe_eplb.sim.controlplane import find_binaries
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
 
-NS = "default"
-LWS_PATH = f"/apis/{k8s_names.LWS_API_VERSION}/namespaces/{NS}/leaderworkersets"
 PUBLISHED = """
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingWebhookConfiguration
@@ -63,13 +61,13 @@ def test_the_built_manifests_name_every_served_path() -> None:
     assert urls == sorted(f"https://127.0.0.1:1{p}" for p in lwscontroller.WEBHOOK_PATHS)
 
 
-def _lws(replicas: int = 2, window: int = 1000) -> dict:
+def _lws(replicas: int = 2, window: int = 1000, ns: str = "default") -> dict:
     res = copy.deepcopy(RESOURCE)
     res["spec"]["parallelism"] = {"tensor": 1, "data": 4, "nodes": 2}
     res["spec"]["replicas"] = replicas
     res["spec"]["eplb"]["windowSize"] = window
     lws = next(c for c in render_children(parse(res)) if c["kind"] == "LeaderWorkerSet")
-    lws["metadata"]["namespace"] = NS
+    lws["metadata"]["namespace"] = ns
     return lws
 
 
@@ -98,21 +96,23 @@ def built() -> None:
         pytest.skip(reason)
 
 
-async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
+async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=4, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1)
+                     kubelet_poll=0.1, shared_plane=sim_plane)
     async with world.run():
         assert world.lws == "real" and world.lws_controller is not None
+        ns = world.namespace
+        lws_path = f"/apis/{k8s_names.LWS_API_VERSION}/namespaces/{ns}/leaderworkersets"
         cluster = world.cluster
-        await cluster.create(LWS_PATH, _lws(2, window=1000))
+        await cluster.create(lws_path, _lws(2, window=1000, ns=ns))
 
         async def pods() -> list[dict]:
-            return await cluster.list(f"/api/v1/namespaces/{NS}/pods", "eplb.ai/name=tiny")
+            return await cluster.list(f"/api/v1/namespaces/{ns}/pods", "eplb.ai/name=tiny")
 
         async def settled(revision_differs_from: str | None = None):
-            obj = await cluster.get(f"{LWS_PATH}/tiny")
+            obj = await cluster.get(f"{lws_path}/tiny")
             st = obj.get("status") or {}
             ps = [p for p in await pods() if not p["metadata"].get("deletionTimestamp")]
             revs = {p["metadata"]["labels"].get(k8s_names.LWS_TEMPLATE_REVISION_LABEL) for p in ps}
@@ -153,7 +153,7 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
 
         async def watch():
             while True:
-                o = await cluster.get(f"{LWS_PATH}/tiny")
+                o = await cluster.get(f"{lws_path}/tiny")
                 st = o.get("status") or {}
                 samples.append({"gen": o["metadata"]["generation"], "ready": st.get("readyReplicas"),
                                 "updated": st.get("updatedReplicas"), "replicas": st.get("replicas"),
@@ -164,10 +164,10 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
 
         watcher = asyncio.create_task(watch())
         try:
-            new = _lws(2, window=500)
-            cur = await cluster.get(f"{LWS_PATH}/tiny")
+            new = _lws(2, window=500, ns=ns)
+            cur = await cluster.get(f"{lws_path}/tiny")
             cur["spec"]["leaderWorkerTemplate"] = new["spec"]["leaderWorkerTemplate"]
-            await cluster.request("PUT", f"{LWS_PATH}/tiny", cur)
+            await cluster.request("PUT", f"{lws_path}/tiny", cur)
             obj, second = await _until(lambda: settled(first_rev), what="the rollout")
         finally:
             watcher.cancel()
@@ -184,9 +184,9 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
         samples = []
         watcher = asyncio.create_task(watch())
         try:
-            cur = await cluster.get(f"{LWS_PATH}/tiny")
-            cur["spec"]["leaderWorkerTemplate"] = _lws(2, window=1000)["spec"]["leaderWorkerTemplate"]
-            await cluster.request("PUT", f"{LWS_PATH}/tiny", cur)
+            cur = await cluster.get(f"{lws_path}/tiny")
+            cur["spec"]["leaderWorkerTemplate"] = _lws(2, window=1000, ns=ns)["spec"]["leaderWorkerTemplate"]
+            await cluster.request("PUT", f"{lws_path}/tiny", cur)
             obj, third = await _until(lambda: settled(second_rev), what="the rollback")
         finally:
             watcher.cancel()
@@ -197,6 +197,6 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built) -> None:
         assert min(s["ready"] or 0 for s in samples) >= 1
         assert {e.settings.knobs.window_size for e in world.kubelet.engines("tiny")} == {1000}
         # the real controller's objects: a leader StatefulSet, one worker StatefulSet per group
-        sts = await cluster.list(f"/apis/apps/v1/namespaces/{NS}/statefulsets")
+        sts = await cluster.list(f"/apis/apps/v1/namespaces/{ns}/statefulsets")
         assert sorted(s["metadata"]["name"] for s in sts) == ["tiny", "tiny-0", "tiny-1"]
         world.lws_controller.check_alive()

@@ -33,7 +33,6 @@ their group's engine in :class:`~moe_eplb.sim.kubelet.FakeKubelet` and are left 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import ipaddress
@@ -49,7 +48,13 @@ import aiohttp
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.kubelet import CRASH_BACKOFF_SECONDS, MANAGED_SELECTOR, PodSpecError, engine_settings
+from moe_eplb.sim.kubelet import (
+    CRASH_BACKOFF_SECONDS,
+    MANAGED_SELECTOR,
+    PodSpecError,
+    PollingKubelet,
+    engine_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,18 +145,25 @@ class AgentGroup:
     engine: SimulatedEngine | None
 
 
-class NodeAgent:
+class NodeAgent(PollingKubelet):
     """The simulated nodes' kubelet (see module doc). ``request(method, path, body=None,
-    content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`)."""
+    content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`).
+    ``node_prefix``: the Nodes are ``<node_prefix>-0`` ... ``-<nodes - 1>``; ``remove_nodes``: delete
+    them when it stops (a world on a shared control plane: the next one's pods must not be scheduled
+    onto machines nobody runs)."""
+
+    role = "node agent"
 
     def __init__(self, cluster: Any, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
                  nodes: int = 4, gpus_per_node: int = 8, startup_seconds: float = 120.0, engine_tick: float = 0.1,
                  poll: float = 0.2, crash_if: Callable[[EngineSettings], bool] | None = None,
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
-                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None) -> None:
+                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None,
+                 node_prefix: str = "gpu-node", remove_nodes: bool = False) -> None:
         self.cluster, self.workload, self.clock = cluster, workload, clock
-        self.node_names = [f"gpu-node-{i}" for i in range(nodes)]
+        self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
+        self.remove_nodes = remove_nodes
         self.gpus_per_node = gpus_per_node
         self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
         self.crash_if = crash_if or (lambda s: False)
@@ -164,8 +176,6 @@ class NodeAgent:
         self.groups: dict[tuple[str, str, int], AgentGroup] = {}
         self.crash_pod_if: Callable[[EngineSettings, int], bool] = lambda s, worker: False
         self.pods_started = 0
-        self._task: asyncio.Task | None = None
-        self._last_targets: list[dict] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -183,41 +193,23 @@ class NodeAgent:
             # would also evict pods of nodes without lease heartbeats), so the agent lifts it itself.
             await self.cluster.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
                                        content_type="application/merge-patch+json")
-        self._task = asyncio.create_task(self._run(), name="sim-node-agent")
+        self._start_polling()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._stop_polling()
         for engine in self.engines():
             await engine.stop()
         self.pods.clear()
         self.groups.clear()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.reconcile_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a transient API error must not kill the simulation
-                log.warning("node agent: %s", exc)
-            await asyncio.sleep(self.poll)
+        if self.remove_nodes:  # the machines leave the cluster (their pods are the caller's to delete)
+            for name in self.node_names:
+                try:
+                    await self.cluster.request("DELETE", f"/api/v1/nodes/{name}")
+                except aiohttp.ClientResponseError as exc:
+                    if exc.status != 404:
+                        raise
 
     # --- the kubelet's work ------------------------------------------------------------------------
-    def trace_for(self, instance: str) -> LoadTrace:
-        if isinstance(self.workload, LoadTrace):
-            return self.workload
-        return self.workload.get(instance) or self.workload["*"]
-
-    def _groups(self, instance: str) -> int:
-        if isinstance(self.num_groups, Mapping):
-            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
-        return int(self.num_groups)
-
     async def reconcile_once(self) -> None:
         listed = await self.cluster.request("GET", "/api/v1/pods", params={"labelSelector": MANAGED_SELECTOR})
         deployments = await self.cluster.request("GET", "/apis/apps/v1/deployments",
@@ -255,13 +247,7 @@ class NodeAgent:
             if p.uid in self.pods:
                 self._advance(p)
                 await self._write_status(p)
-        targets = self.targets()
-        if targets != self._last_targets:
-            self._last_targets = targets
-            if self.on_change:
-                result = self.on_change(targets)
-                if asyncio.iscoroutine(result):
-                    await result
+        await self._notify_targets()
 
     def _next_ip(self, port: int | None) -> str:
         """The next pod IP of the subnet where ``port`` is free (another process may hold it)."""
@@ -295,7 +281,7 @@ class NodeAgent:
             p.next_restart = self.clock.now() + CRASH_BACKOFF_SECONDS
             return p
         try:
-            p.settings = engine_settings(spec, share=1.0 / max(1, n), num_groups=self._groups(instance))
+            p.settings = engine_settings(spec, share=1.0 / max(1, n), num_groups=self.groups_for(instance))
         except (PodSpecError, ValueError) as exc:
             log.warning("node agent: pod %s/%s cannot run: %s", p.namespace, p.name, exc)
             p.crash = True
@@ -316,9 +302,7 @@ class NodeAgent:
         return p
 
     def _advance(self, p: AgentPod) -> None:
-        if p.crash and self.clock.now() >= p.next_restart:
-            p.restarts += 1
-            p.next_restart = self.clock.now() + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
+        self.advance_crash(p, self.clock.now())
         if p.ready and not p.ready_since:
             p.ready_since = _now()
 
@@ -397,7 +381,7 @@ class NodeAgent:
         leader, size = pods[0], len(pods)
         settings = None
         try:
-            each = [engine_settings(p.spec, share=1.0 / max(1, replicas), num_groups=self._groups(leader.instance))
+            each = [engine_settings(p.spec, share=1.0 / max(1, replicas), num_groups=self.groups_for(leader.instance))
                     for p in pods]
             if any(s != each[0] for s in each[1:]):
                 raise ValueError("the leader's and the workers' engine arguments differ")

@@ -201,6 +201,14 @@ class SimWorld:
         metrics_adapter: with ``api="real"`` and ``prometheus``, run prometheus-adapter as the
             ``custom.metrics.k8s.io`` API (the control plane then has the aggregation layer), so an
             HPA can scale on vLLM's per-pod metrics (``world.adapter``).
+        shared_plane: with ``api="real"``, a running :class:`moe_eplb.sim.simplane.SimPlane` (a test
+            session's) to run on instead of starting a control plane -- when its LWS controller is
+            the one ``lws`` picks (and it has the aggregation layer if ``metrics_adapter``). The
+            world then works in a namespace of its own (``namespace``, made at the start), its node
+            agent registers Nodes of its own and deletes them at the end, and what the world left in
+            its namespace is deleted at the end.
+        namespace: where :meth:`apply` and :meth:`get` work (``default``; on a ``shared_plane`` a
+            fresh one, set by :meth:`run`).
     """
 
     workload: LoadTrace | dict[str, LoadTrace]
@@ -227,6 +235,8 @@ class SimWorld:
     api: str = "emulated"
     metrics_adapter: bool = False
     lws: str = "auto"
+    shared_plane: Any = None
+    namespace: str = "default"
     # handles, set by run()
     plane: Any = None
     lws_controller: Any = None
@@ -289,7 +299,10 @@ class SimWorld:
                 if real:
                     from moe_eplb.sim.nodeagent import NodeAgent, RealNodes
 
+                    own_nodes = self.namespace != "default"  # on a shared plane: Nodes of this world only
                     agent = NodeAgent(cluster, self.workload, self.clock, nodes=8, gpus_per_node=16,
+                                      node_prefix=f"{self.namespace}-gpu" if own_nodes else "gpu-node",
+                                      remove_nodes=own_nodes,
                                       startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
                                       poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
                                       num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change)
@@ -321,39 +334,38 @@ class SimWorld:
 
     @contextlib.asynccontextmanager
     async def _cluster(self) -> AsyncIterator[Any]:
-        """The API the world runs on: the emulation, or a real control plane started here."""
+        """The API the world runs on: the emulation, a real control plane started here, or the
+        ``shared_plane`` (then in a namespace of its own, cleaned at the end)."""
         if self.api != "real":
             from moe_eplb.sim.kubeapi import emulated_cluster
 
             async with emulated_cluster() as cluster:
                 yield cluster
             return
-        from moe_eplb.sim import lwscontroller
-        from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, ControlPlane, find_binaries, project_crds
+        from moe_eplb.sim import simplane
         from moe_eplb.sim.realapi import real_cluster
 
-        real_lws = self.lws == "real"
-        controllers = (*DEFAULT_CONTROLLERS, *lwscontroller.CONTROLLERS) if real_lws else DEFAULT_CONTROLLERS
-        with tempfile.TemporaryDirectory(prefix="moe-eplb-kube-") as tmp:
-            plane = ControlPlane(find_binaries(), tmp, scheduler=True, aggregator=self.metrics_adapter,
-                                 controllers=controllers)
-            await asyncio.to_thread(plane.start)
+        shared = self.shared_plane
+        if shared is not None and (shared.lws != self.lws or (self.metrics_adapter and not shared.aggregator)):
+            shared = None  # not the controllers this world needs: a plane of its own
+        with contextlib.ExitStack() as stack:
+            if shared is None:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-eplb-kube-"))
+                sp = await asyncio.to_thread(simplane.start, tmp, lws=self.lws == "real",
+                                             aggregator=self.metrics_adapter)
+            else:
+                sp = shared
+                self.namespace = await asyncio.to_thread(sp.new_namespace)
+            self.plane, self.lws_controller = sp.plane, sp.lws_controller
             try:
-                for path in project_crds():
-                    await asyncio.to_thread(plane.install_crd, path)
-                if real_lws:
-                    self.lws_controller = lwscontroller.LwsController(lwscontroller.find_lws_binary(),
-                                                                      os.path.join(tmp, "lws"))
-                    await asyncio.to_thread(self.lws_controller.start, plane)
-                self.plane = plane
-                async with real_cluster(plane) as cluster:
+                async with real_cluster(sp.plane) as cluster:
                     yield cluster
             finally:
-                self.plane = None
-                if self.lws_controller is not None:
-                    await asyncio.to_thread(self.lws_controller.stop)
-                    self.lws_controller = None
-                await asyncio.to_thread(plane.stop)
+                self.plane = self.lws_controller = None
+                if shared is None:
+                    await asyncio.to_thread(sp.stop)
+                else:
+                    await asyncio.to_thread(sp.clean_namespace, self.namespace)
 
     async def _start_adapter(self) -> None:
         from moe_eplb.sim.metricsadapter import PrometheusAdapter
@@ -425,8 +437,9 @@ class SimWorld:
             self.operators.remove(handle)
 
     async def apply(self, resource: dict) -> dict:
-        ns = resource["metadata"].get("namespace", "default")
-        return await self.cluster.create(self.cluster.moeinference_path(ns), resource)
+        """Create the MoEInference in the world's namespace (whatever its ``metadata.namespace`` says)."""
+        resource = {**resource, "metadata": {**resource["metadata"], "namespace": self.namespace}}
+        return await self.cluster.create(self.cluster.moeinference_path(self.namespace), resource)
 
-    async def get(self, name: str, namespace: str = "default") -> dict:
-        return await self.cluster.get(self.cluster.moeinference_path(namespace, name))
+    async def get(self, name: str, namespace: str | None = None) -> dict:
+        return await self.cluster.get(self.cluster.moeinference_path(namespace or self.namespace, name))

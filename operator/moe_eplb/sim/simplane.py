@@ -1,0 +1,109 @@
+"""The real control plane as a simulated cluster runs on it (``SimWorld(api="real")``): etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler (:mod:`moe_eplb.sim.controlplane`), the
+project's CRDs installed, and the real LeaderWorkerSet controller with its webhooks
+(:mod:`moe_eplb.sim.lwscontroller`) where chosen.
+
+A world starts its own (:func:`start`) and stops it at its end; or it runs on one that a test
+session started once (``SimWorld(shared_plane=...)``, the ``sim_plane`` fixture of the test suite):
+the world then keeps to itself on it -- its own namespace, its own Nodes (deleted at its end), its
+resources' finalizers dropped and its namespace deleted at its end (:func:`clean_namespace`) -- so
+worlds one after another on one plane do not see each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import secrets
+import time
+import urllib.error
+from typing import Any
+
+from moe_eplb import k8s_names
+from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, ControlPlane, ControlPlaneError, find_binaries, project_crds
+
+
+@dataclasses.dataclass
+class SimPlane:
+    """A running control plane with the project's CRDs (``lws``: the real LWS controller runs on it,
+    ``lws_controller``; ``aggregator``: the aggregation layer is configured, for prometheus-adapter)."""
+
+    plane: ControlPlane
+    lws_controller: Any = None
+    aggregator: bool = False
+
+    @property
+    def lws(self) -> str:
+        """Which LeaderWorkerSet controller a world on this plane runs: ``real`` or ``emulated``."""
+        return "real" if self.lws_controller is not None else "emulated"
+
+    def stop(self) -> None:
+        """Stop the LWS controller, then the control plane (its workdir is kept)."""
+        try:
+            if self.lws_controller is not None:
+                self.lws_controller.stop()
+        finally:
+            self.plane.stop()
+
+    def new_namespace(self, prefix: str = "w") -> str:
+        """Create a namespace of a fresh name; return once its default ServiceAccount exists (pods of
+        its workloads are refused until then)."""
+        name = f"{prefix}-{secrets.token_hex(4)}"
+        self.plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                          "metadata": {"name": name}})
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.plane.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+                return name
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404 or time.monotonic() > deadline:
+                    raise ControlPlaneError(f"no default ServiceAccount in namespace {name} within 30 s") from exc
+            time.sleep(0.1)
+
+    def clean_namespace(self, namespace: str) -> None:
+        """What a world leaves in ``namespace`` goes: the finalizers of its MoEInferences (whose
+        operator is gone) are dropped, the namespace is deleted (nothing new can be created in it
+        from then on), and its pods are deleted at once (their kubelet, the world's node agent, is
+        gone: nothing else would confirm their deletion). Does not wait for the namespace to go."""
+        cp = self.plane
+        path = f"/apis/{k8s_names.API}/namespaces/{namespace}/{k8s_names.PLURAL}"
+        for item in (cp.request("GET", path).get("items") or []):
+            if item["metadata"].get("finalizers"):
+                cp.request("PATCH", f"{path}/{item['metadata']['name']}", {"metadata": {"finalizers": None}},
+                           content_type="application/merge-patch+json")
+        try:
+            cp.request("DELETE", f"/api/v1/namespaces/{namespace}")
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+        cp.request("DELETE", f"/api/v1/namespaces/{namespace}/pods",
+                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+
+
+def start(workdir: str | os.PathLike[str], *, lws: bool, aggregator: bool = False) -> SimPlane:
+    """Start the built control plane (with kube-scheduler) in ``workdir``, install the project's CRDs
+    and, with ``lws``, the real LeaderWorkerSet controller (``workdir/lws``). Blocking (seconds)."""
+    from moe_eplb.sim import lwscontroller
+
+    bins = find_binaries()
+    if bins is None:
+        raise ControlPlaneError("no control plane built: run `make kube` (tools/kube/build.sh)")
+    controllers = (*DEFAULT_CONTROLLERS, *lwscontroller.CONTROLLERS) if lws else DEFAULT_CONTROLLERS
+    plane = ControlPlane(bins, workdir, scheduler=True, aggregator=aggregator, controllers=controllers)
+    out = SimPlane(plane, aggregator=aggregator)
+    try:
+        plane.start()
+        for path in project_crds():
+            plane.install_crd(path)
+        if lws:
+            binary = lwscontroller.find_lws_binary()
+            if binary is None:
+                raise ControlPlaneError(f"no LeaderWorkerSet controller built in {lwscontroller.default_lws_bin_dir()}")
+            out.lws_controller = lwscontroller.LwsController(binary, pathlib.Path(workdir) / "lws")
+            out.lws_controller.start(plane)
+    except BaseException:
+        out.stop()
+        raise
+    return out
