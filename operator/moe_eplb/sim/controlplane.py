@@ -39,7 +39,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -115,6 +115,27 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a child's process group, SIGKILL it after 10 s, and reap it (nothing when it already
     exited); :func:`moe_eplb.sim.procs.stop`."""
     procs.stop(proc)
+
+
+def poll_ready(probe: Callable[[], str | None], timeout: float, *, alive: Callable[[], None] | None = None,
+               interval: float = 0.2) -> str | None:
+    """Call ``probe()`` every ``interval`` s (``alive()`` first: it raises if the process died) until it
+    returns None (ready) or ``timeout`` s (at least 5) have passed. Its other answers, and the network
+    errors it raises (``URLError``, ``HTTPError``, ``OSError``, ``SSLError``), say why not yet; the last
+    reason comes back on a timeout, None once ready."""
+    deadline = time.monotonic() + max(timeout, 5.0)
+    last: str | None = "not tried"
+    while time.monotonic() < deadline:
+        if alive is not None:
+            alive()
+        try:
+            last = probe()
+        except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
+            last = str(exc) or type(exc).__name__
+        if last is None:
+            return None
+        time.sleep(interval)
+    return last
 
 
 def free_port() -> int:
@@ -377,31 +398,24 @@ class ControlPlane:
         return path
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + max(timeout, 5.0)
-        last = ""
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                req = urllib.request.Request(self.url + "/readyz", headers={"Authorization": f"Bearer {self.admin_token}"})
-                with urllib.request.urlopen(req, context=self.ssl_context(), timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise ControlPlaneError(f"kube-apiserver not ready in time ({last}); log: {self.logs['kube-apiserver']}\n"
-                                + self.log_tail("kube-apiserver"))
+        def ready() -> str | None:
+            req = urllib.request.Request(self.url + "/readyz", headers={"Authorization": f"Bearer {self.admin_token}"})
+            with urllib.request.urlopen(req, context=self.ssl_context(), timeout=5) as resp:
+                return None if resp.status == 200 else f"readyz {resp.status}"
+
+        last = poll_ready(ready, timeout, alive=self.check_alive)
+        if last is not None:
+            raise ControlPlaneError(f"kube-apiserver not ready in time ({last}); log: {self.logs['kube-apiserver']}\n"
+                                    + self.log_tail("kube-apiserver"))
 
     def _wait_default_service_account(self, timeout: float) -> None:
-        deadline = time.monotonic() + max(timeout, 5.0)
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(urllib.error.HTTPError):
-                self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
-                return
-            time.sleep(0.2)
-        raise ControlPlaneError("the default ServiceAccount did not appear (is the serviceaccount controller running?); "
-                                f"log: {self.logs['kube-controller-manager']}\n" + self.log_tail("kube-controller-manager"))
+        def found() -> None:
+            self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")  # 404 (HTTPError) until then
+
+        if poll_ready(found, timeout, alive=self.check_alive) is not None:
+            raise ControlPlaneError("the default ServiceAccount did not appear (is the serviceaccount controller "
+                                    f"running?); log: {self.logs['kube-controller-manager']}\n"
+                                    + self.log_tail("kube-controller-manager"))
 
 
 def serving_certificate(folder: str | os.PathLike[str], name: str, dns_names: Sequence[str] = (),

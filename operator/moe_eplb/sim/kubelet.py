@@ -285,7 +285,80 @@ class _Lws:
         return {p.name: p for g in self.groups.values() for p in g.pods.values()}
 
 
-class FakeKubelet:
+class PollingKubelet:
+    """What the two simulated kubelets share -- :class:`FakeKubelet` (the emulation) and
+    :class:`moe_eplb.sim.nodeagent.NodeAgent` (the real control plane): the trace and the expert
+    groups per MoEInference, the poll loop around ``reconcile_once()`` (a failed pass is logged and
+    retried, never fatal), the ``on_change(targets)`` notice when the ready pods change, and a crashing
+    container's restarts with a doubling back-off (:meth:`advance_crash`)."""
+
+    #: how the poll loop's task and warnings name it
+    role = "kubelet"
+    workload: LoadTrace | Mapping[str, LoadTrace]
+    num_groups: int | Mapping[str, int]
+    poll: float
+    on_change: Callable[[list[dict]], Any] | None
+    _task: asyncio.Task | None = None
+    _last_targets: list[dict] | None = None
+
+    def trace_for(self, instance: str) -> LoadTrace:
+        if isinstance(self.workload, LoadTrace):
+            return self.workload
+        return self.workload.get(instance) or self.workload["*"]
+
+    def groups_for(self, instance: str) -> int:
+        if isinstance(self.num_groups, Mapping):
+            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
+        return int(self.num_groups)
+
+    async def reconcile_once(self) -> None:
+        raise NotImplementedError
+
+    def targets(self) -> list[dict]:
+        raise NotImplementedError
+
+    def _start_polling(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"sim-{self.role.replace(' ', '-')}")
+
+    async def _stop_polling(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a transient API error must not kill the simulation
+                log.warning("%s: %s: %s", self.role, type(exc).__name__, exc or "no message")
+            await asyncio.sleep(self.poll)
+
+    async def _notify_targets(self) -> None:
+        """``on_change(targets)`` (awaited if a coroutine) when :meth:`targets` changed since the last pass."""
+        targets = self.targets()
+        if targets != self._last_targets:
+            self._last_targets = targets
+            if self.on_change:
+                result = self.on_change(targets)
+                if asyncio.iscoroutine(result):
+                    await result
+
+    @staticmethod
+    def advance_crash(p: Any, now: float) -> None:
+        """A crashing container (``p.crash``) restarts when due: ``p.restarts`` + 1, the next one after a
+        back-off doubling from :data:`CRASH_BACKOFF_SECONDS` up to 300 s (clock seconds)."""
+        if p.crash and now >= p.next_restart:
+            p.restarts += 1
+            p.next_restart = now + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
+
+
+class FakeKubelet(PollingKubelet):
     """Runs simulated engine pods for the moe-eplb Deployments and LeaderWorkerSets of an API server
     (see module doc).
 
@@ -311,6 +384,8 @@ class FakeKubelet:
         true_cost: the deployment's true cost parameters the engines' telemetry comes from
             (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
     """
+
+    role = "fake kubelet"
 
     def __init__(self, api_url: str, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
                  startup_seconds: float = 120.0, namespace: str | None = None,
@@ -346,18 +421,6 @@ class FakeKubelet:
         self.leaderworkersets: dict[tuple[str, str], _Lws] = {}
         self.pods_created = 0
         self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task | None = None
-        self._last_targets: list[dict] | None = None
-
-    def trace_for(self, instance: str) -> LoadTrace:
-        if isinstance(self.workload, LoadTrace):
-            return self.workload
-        return self.workload.get(instance) or self.workload["*"]
-
-    def groups_for(self, instance: str) -> int:
-        if isinstance(self.num_groups, Mapping):
-            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
-        return int(self.num_groups)
 
     # --- HTTP --------------------------------------------------------------------------------------
 
@@ -389,15 +452,10 @@ class FakeKubelet:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0), headers=self.headers,
                                               connector=aiohttp.TCPConnector(force_close=True,
                                                                              ssl=self.ssl if self.ssl else None))
-        self._task = asyncio.create_task(self._run(), name="fake-kubelet")
+        self._start_polling()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._stop_polling()
         for d in self.deployments.values():
             for p in d.pods.values():
                 if p.engine:
@@ -417,16 +475,6 @@ class FakeKubelet:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.reconcile_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a transient API error must not kill the simulation
-                log.warning("fake kubelet: %s: %s", type(exc).__name__, exc or "no message")
-            await asyncio.sleep(self.poll)
 
     # --- reconciliation ----------------------------------------------------------------------------
 
@@ -470,13 +518,7 @@ class FakeKubelet:
             for key in list(self.leaderworkersets):
                 if key not in seen:
                     await self._remove_lws(self.leaderworkersets.pop(key), delete_objects=False)
-        targets = self.targets()
-        if targets != self._last_targets:
-            self._last_targets = targets
-            if self.on_change:
-                r = self.on_change(targets)
-                if asyncio.iscoroutine(r):
-                    await r
+        await self._notify_targets()
 
     def targets(self) -> list[dict]:
         """Ready pods: ``[{namespace, pod, moeinference, port, hash}]`` sorted (for scrape configs);
@@ -581,9 +623,7 @@ class FakeKubelet:
     def _advance_pod(self, p: SimPod, now: float) -> None:
         """Readiness from the engine; a crashing container restarts with a doubling back-off."""
         if p.crash:
-            if now >= p.next_restart:
-                p.restarts += 1
-                p.next_restart = now + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
+            self.advance_crash(p, now)
         elif p.engine is not None:
             p.ready = p.engine.ready
 

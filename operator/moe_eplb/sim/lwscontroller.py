@@ -6,7 +6,8 @@ What running it outside a cluster takes (all done by :class:`LwsController`):
 - a kubeconfig: the control plane's admin one (``KUBECONFIG``);
 - its ``--config`` file (``config.lws.x-k8s.io/v1alpha1`` ``Configuration``): leader election off,
   metrics and health probes on free loopback ports, ``internalCertManagement`` disabled and the
-  webhook server on ``127.0.0.1:<port>`` with a certificate made here with ``openssl`` (the
+  webhook server on ``127.0.0.1:<port>`` with a certificate made here
+  (:func:`~moe_eplb.sim.controlplane.serving_certificate`) (the
   controller otherwise writes its own into a Secret and patches in-cluster webhook Services);
 - its webhooks registered: the published ``config/webhook/manifests.yaml`` of the module (copied to
   ``tools/lws/bin/webhook-manifests.yaml`` by the build) with each ``clientConfig.service`` rewritten
@@ -25,7 +26,6 @@ from __future__ import annotations
 import base64
 import os
 import pathlib
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -35,7 +35,14 @@ from typing import Any
 import yaml
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, free_port, stop_process
+from moe_eplb.sim.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    free_port,
+    poll_ready,
+    serving_certificate,
+    stop_process,
+)
 
 BINARY = "lws-controller"
 MANIFESTS = "webhook-manifests.yaml"
@@ -110,8 +117,8 @@ class LwsController:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         certs = self.workdir / "certs"
-        certs.mkdir(exist_ok=True)
-        self._cert(certs)
+        # controller-runtime's webhook server reads tls.crt and tls.key from its certDir
+        serving_certificate(certs, "tls", dns_names=("localhost",))
         self.webhook_port, self.metrics_port, self.health_port = free_port(), free_port(), free_port()
         config = self.workdir / "config.yaml"
         config.write_text(yaml.safe_dump(config_document(
@@ -153,41 +160,25 @@ class LwsController:
             return resp.read().decode()
 
     # -- internals --------------------------------------------------------------------------------
-    def _cert(self, certs: pathlib.Path) -> None:
-        """A self-signed serving certificate for 127.0.0.1 (its own CA: the webhooks' caBundle)."""
-        openssl = shutil.which("openssl")
-        if openssl is None:
-            raise ControlPlaneError("the openssl command is needed to make the LWS webhook certificate")
-        if not (certs / "tls.crt").exists():
-            subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-                            "-subj", "/CN=lws-webhook", "-keyout", str(certs / "tls.key"),
-                            "-out", str(certs / "tls.crt"), "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                            "-addext", "basicConstraints=critical,CA:TRUE"],
-                           check=True, capture_output=True, timeout=60)
-
     def _wait_webhook(self, ca: pathlib.Path, timeout: float) -> None:
-        """Until the health probe says ready and the webhook server accepts TLS with our CA."""
+        """Until the health probe says ready and the webhook server serves every path with our CA."""
         import ssl
 
         ctx = ssl.create_default_context(cafile=str(ca))
-        deadline = time.monotonic() + max(timeout, 5.0)
-        last = ""
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
-                    if resp.status != 200:
-                        raise OSError(f"readyz {resp.status}")
-                # the handlers are registered once the controllers are set up: until then a path is 404
-                for path in WEBHOOK_PATHS:
-                    try:
-                        urllib.request.urlopen(f"https://127.0.0.1:{self.webhook_port}{path}", context=ctx, timeout=2)
-                    except urllib.error.HTTPError as exc:
-                        if exc.code == 404:
-                            raise OSError(f"webhook {path} not served yet") from exc
-                return
-            except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise ControlPlaneError(f"lws-controller not ready in time ({last}); log: {self.log}\n" + self.log_tail())
 
+        def ready() -> str | None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
+                if resp.status != 200:
+                    return f"readyz {resp.status}"
+            # the handlers are registered once the controllers are set up: until then a path is 404
+            for path in WEBHOOK_PATHS:
+                try:
+                    urllib.request.urlopen(f"https://127.0.0.1:{self.webhook_port}{path}", context=ctx, timeout=2)
+                except urllib.error.HTTPError as exc:
+                    if exc.code == 404:
+                        return f"webhook {path} not served yet"
+            return None
+
+        last = poll_ready(ready, timeout, alive=self.check_alive)
+        if last is not None:
+            raise ControlPlaneError(f"lws-controller not ready in time ({last}); log: {self.log}\n" + self.log_tail())
