@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -37,6 +38,8 @@ from moe_eplb import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim import procs
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
+
+log = logging.getLogger(__name__)
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 APIS = ("emulated", "real", "auto")
@@ -364,8 +367,11 @@ class SimWorld:
                 self.plane = self.lws_controller = None
                 if shared is None:
                     await asyncio.to_thread(sp.stop)
-                else:
-                    await asyncio.to_thread(sp.clean_namespace, self.namespace)
+                else:  # a failure here must not hide the world's own
+                    try:
+                        await asyncio.to_thread(sp.clean_namespace, self.namespace)
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("could not clean namespace %s of the shared control plane: %s", self.namespace, exc)
 
     async def _start_adapter(self) -> None:
         from moe_eplb.sim.metricsadapter import PrometheusAdapter
