@@ -6,7 +6,7 @@ project's CRDs installed, and the real LeaderWorkerSet controller with its webho
 A world starts its own (:func:`start`) and stops it at its end; or it runs on one that a test
 session started once (``SimWorld(shared_plane=...)``, the ``sim_plane`` fixture of the test suite):
 the world then keeps to itself on it -- its own namespace, its own Nodes (deleted at its end), its
-resources' finalizers dropped and its namespace deleted at its end (:func:`clean_namespace`) -- so
+resources and namespace deleted at its end (:meth:`SimPlane.clean_namespace`) -- so
 worlds one after another on one plane do not see each other.
 """
 
@@ -63,16 +63,25 @@ class SimPlane:
             time.sleep(0.1)
 
     def clean_namespace(self, namespace: str) -> None:
-        """What a world leaves in ``namespace`` goes: the finalizers of its MoEInferences (whose
-        operator is gone) are dropped, the namespace is deleted (nothing new can be created in it
-        from then on), and its pods are deleted at once (their kubelet, the world's node agent, is
-        gone: nothing else would confirm their deletion). Does not wait for the namespace to go."""
+        """What a world leaves in ``namespace`` goes: its MoEInferences are deleted at once (the
+        finalizers of their operator, which is gone, dropped first), the namespace is deleted
+        (nothing new can be created in it from then on), and its pods are deleted at once (their
+        kubelet, the world's node agent, is gone: nothing else would confirm their deletion). Does
+        not wait for the namespace to go."""
         cp = self.plane
         path = f"/apis/{k8s_names.API}/namespaces/{namespace}/{k8s_names.PLURAL}"
         for item in (cp.request("GET", path).get("items") or []):
-            if item["metadata"].get("finalizers"):
-                cp.request("PATCH", f"{path}/{item['metadata']['name']}", {"metadata": {"finalizers": None}},
-                           content_type="application/merge-patch+json")
+            name = item["metadata"]["name"]
+            try:
+                if item["metadata"].get("finalizers"):
+                    cp.request("PATCH", f"{path}/{name}", {"metadata": {"finalizers": None}},
+                               content_type="application/merge-patch+json")
+                # gone now, not when the namespace controller gets to it: the next world's operator
+                # (cluster-wide) must not pick it up meanwhile
+                cp.request("DELETE", f"{path}/{name}")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise
         try:
             cp.request("DELETE", f"/api/v1/namespaces/{namespace}")
         except urllib.error.HTTPError as exc:
