@@ -46,9 +46,10 @@ async def main():
 asyncio.run(main())
 """
 
-#: a Prometheus started and never stopped; the program then ends on an exception
-RAISES = r"""
-import asyncio, json
+#: a Prometheus started and never stopped; the program then ends on an exception (``raise``) or
+#: waits to be killed (``wait``)
+PROMETHEUS = r"""
+import asyncio, json, sys, time
 from moe_eplb.sim import procs
 from moe_eplb.sim.world import LocalPrometheus, prometheus_binary
 
@@ -58,7 +59,9 @@ def start_time(pid):
 prom = LocalPrometheus(prometheus_binary())
 asyncio.run(prom.start())
 print(json.dumps([[p.pid, start_time(p.pid)] for p in procs.running()]), flush=True)
-raise RuntimeError("the demo failed")
+if sys.argv[1] == "raise":
+    raise RuntimeError("the demo failed")
+time.sleep(600)
 """
 
 
@@ -91,16 +94,11 @@ def _wait_gone(children: list[tuple[int, str]], timeout: float = 20.0) -> list[i
         time.sleep(0.1)
 
 
-@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_killed_world_leaves_no_child_process(sig: signal.Signals) -> None:
-    api = "real" if find_binaries() is not None else "emulated"
-    proc, children = _start(WORLD, api)
+def _kill(proc: subprocess.Popen[str], children: list[tuple[int, str]], sig: signal.Signals) -> None:
     try:
-        assert len(children) >= (5 if api == "real" else 1), children  # etcd, apiserver, kcm, scheduler, ..., prometheus
         assert all(_alive(pid, started) for pid, started in children)
         proc.send_signal(sig)
-        assert proc.wait(30) == -sig  # the operator in it did not turn the signal into a graceful stop
+        assert proc.wait(30) == -sig  # an operator in it did not turn the signal into a graceful stop
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -108,10 +106,27 @@ def test_a_killed_world_leaves_no_child_process(sig: signal.Signals) -> None:
 
 
 @pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
+def test_a_world_killed_by_sigterm_leaves_no_child_process() -> None:
+    api = "real" if find_binaries() is not None else "emulated"
+    proc, children = _start(WORLD, api)
+    assert len(children) >= (5 if api == "real" else 1), children  # etcd, apiserver, kcm, scheduler, ..., prometheus
+    _kill(proc, children, signal.SIGTERM)
+
+
+@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
+def test_a_process_killed_by_sigkill_leaves_no_child_process() -> None:
+    """Nothing runs in the process any more: only the parent-death signal can end its children."""
+    proc, children = _start(PROMETHEUS, "wait")
+    assert len(children) == 1
+    _kill(proc, children, signal.SIGKILL)
+
+
+@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
 def test_a_program_ending_on_an_exception_leaves_no_child_process() -> None:
-    proc, children = _start(RAISES)
+    proc, children = _start(PROMETHEUS, "raise")
     assert len(children) == 1 and _alive(*children[0])
-    assert proc.wait(30) == 1
-    assert "RuntimeError: the demo failed" in (proc.stderr.read() if proc.stderr else "")
+    code = proc.wait(30)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 1 and "RuntimeError: the demo failed" in err, (code, err[-2000:])
     # gone when the process ended: at exit, not by the parent-death signal after it
-    assert _wait_gone(children, timeout=0.0) == []
+    assert _wait_gone(children, timeout=0.0) == [], err[-2000:]

@@ -38,7 +38,7 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a finalizer may run (garbage collection) while it is held
 _jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
 _spawner: threading.Thread | None = None
 _alive: weakref.WeakValueDictionary[int, subprocess.Popen[Any]] = weakref.WeakValueDictionary()
