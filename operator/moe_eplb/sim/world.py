@@ -302,10 +302,8 @@ class SimWorld:
                 if real:
                     from moe_eplb.sim.nodeagent import NodeAgent, RealNodes
 
-                    own_nodes = self.namespace != "default"  # on a shared plane: Nodes of this world only
                     agent = NodeAgent(cluster, self.workload, self.clock, nodes=8, gpus_per_node=16,
-                                      node_prefix=f"{self.namespace}-gpu" if own_nodes else "gpu-node",
-                                      remove_nodes=own_nodes,
+                                      node_prefix=self._node_prefix(), remove_nodes=self._on_shared_plane(),
                                       startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
                                       poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
                                       num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change)
@@ -394,9 +392,17 @@ class SimWorld:
             if hasattr(engine, "true"):  # a simulated engine (not one an engine_factory built)
                 engine.true = true_cost
 
+    def _on_shared_plane(self) -> bool:
+        """Whether this world runs on a ``shared_plane`` (then in a namespace and on Nodes of its own)."""
+        return self.api == "real" and self.namespace != "default"
+
+    def _node_prefix(self) -> str:
+        return f"{self.namespace}-gpu" if self._on_shared_plane() else "gpu-node"
+
     def _real_kubelet_options(self) -> dict[str, Any]:
         return {"headers": {"Authorization": f"Bearer {self.plane.admin_token}"}, "ssl": self.plane.ssl_context(),
-                "deployments": False, "node_name": "gpu-node-7"}
+                "deployments": False, "node_name": f"{self._node_prefix()}-7",
+                "namespace": self.namespace if self._on_shared_plane() else None}
 
     def _real_targets(self, _changed: list[dict]) -> None:
         if self.prom is not None and self.kubelet is not None:
