@@ -185,7 +185,7 @@ class SimWorld:
             (simulated seconds) and the least engine steps it tunes on.
         crash_if, crash_pod_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model (or a mapping MoEInference name -> groups).
-        observer: autotune observer (see ``AutotuneRuntime.observer``).
+        observer: autotune observer (see ``AutotuneSettings.observer``).
         true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
         api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
@@ -237,7 +237,7 @@ class SimWorld:
     kubelet: Any = None
     prom: LocalPrometheus | None = None
     adapter: Any = None
-    runtime: Any = None
+    autotune: Any = None  # the operators' AutotuneSettings
     operators: list = field(default_factory=list)
 
     @property
@@ -246,19 +246,18 @@ class SimWorld:
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
-        from moe_eplb.controller import autotune
+        from moe_eplb.controller.autotune_settings import AutotuneSettings
         from moe_eplb.sim.kubelet import FakeKubelet
 
         self.clock = SimClock.started_now(self.scale)
-        rt = autotune.AutotuneRuntime(clock=self.clock, tick_seconds=self.tick_seconds,
-                                      lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
-                                      observer=self.observer, http_timeout=self.http_timeout,
-                                      bucket_seconds=self.bucket_seconds,
-                                      min_wall_bucket_seconds=2 * self.scrape_interval)
+        rt = AutotuneSettings(clock=self.clock, tick_seconds=self.tick_seconds,
+                              lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
+                              observer=self.observer, http_timeout=self.http_timeout,
+                              bucket_seconds=self.bucket_seconds,
+                              min_wall_bucket_seconds=2 * self.scrape_interval)
         if self.search is not None:
             rt.search = dict(self.search)
-        self.runtime = rt
-        autotune.configure(rt)
+        self.autotune = rt  # what every operator started here runs its loop with
         self.api = resolve_api(self.api)
         if self.metrics_adapter and (self.api != "real" or not self.prometheus):
             raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
@@ -319,7 +318,7 @@ class SimWorld:
                         self.prom.stop()
                         self.prom = None
         finally:
-            autotune.configure(None)
+            self.autotune = None  # its clock and observer belong to this run
 
     @contextlib.asynccontextmanager
     async def _cluster(self) -> AsyncIterator[Any]:
@@ -402,8 +401,8 @@ class SimWorld:
         from moe_eplb.controller.handlers import Controller
         from moe_eplb.controller.main import build_settings, run_operator
 
-        controller = Controller(connection=self.connection(),
-                                resync_seconds=3600.0, refresh_delay_s=0.02, retry_delay_s=0.2)
+        controller = Controller(connection=self.connection(), resync_seconds=3600.0, refresh_delay_s=0.02,
+                                retry_delay_s=0.2, autotune=self.autotune)
         settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority)
         if not standalone:
             settings.peering.lifetime = 5  # seconds a peer is considered alive without a heartbeat
