@@ -50,7 +50,7 @@ from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER, pack_layers
 from moe_eplb.metrics.series import parse_matrix
-from moe_eplb.metrics.telemetry import TelemetrySeries, telemetry_from_series
+from moe_eplb.metrics.telemetry_keys import TelemetrySeries, telemetry_from_series
 
 RT = AutotuneSettings()  # the operator's defaults: lookback window and search
 SCRAPE_SECONDS = 15.0  # the PodMonitor's scrape interval (render/objects.py SCRAPE_INTERVAL)

@@ -6,6 +6,9 @@ functions, points the way the data flows. A wrong-way import fails here with the
 * ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
   render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
   anything.
+
+And no import circles: no two modules of the package import each other, directly or around a
+circle, also not through a function-local import.
 """
 
 from __future__ import annotations
@@ -86,6 +89,83 @@ def _violations() -> list[str]:
             if dst not in allowed:
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {mod} ({dst})")
     return bad
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, function-local imports included (``from
+    moe_eplb.sim import engine`` imports the module ``moe_eplb.sim.engine``)."""
+    modules = {_module_of(p): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        targets = [target for _line, target in _imports(path)]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = _from_base(node, path)
+                targets += [f"{base}.{alias.name}" for alias in node.names]
+        graph[mod] = {t for t in targets if t in modules and t != mod}
+    return graph
+
+
+def _from_base(node: ast.ImportFrom, path: Path) -> str:
+    """The module a ``from ... import`` reads from, relative imports resolved."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+    if not node.level:
+        return node.module or ""
+    base = here[: len(here) - node.level + (1 if rel.name == "__init__" else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_import_circles_in_the_package():
+    """No two modules of moe_eplb import each other, directly or around a circle -- also not through
+    an import inside a function (which only hides the circle from Python at import time)."""
+    assert import_cycles(_import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
 
 
 def test_every_import_follows_the_layers():

@@ -308,7 +308,7 @@ class FakeKubelet:
             ``engine.ports`` and awaits ``engine.stop()`` when the pod goes. A ``ValueError`` from
             the factory is a crash at start-up.
         true_cost: the deployment's true cost parameters the engines' telemetry comes from
-            (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
+            (:class:`moe_eplb.sim.physics.TrueCost`; hidden from the operator).
     """
 
     def __init__(self, api_url: str, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,

@@ -186,7 +186,7 @@ class SimWorld:
         crash_if, crash_pod_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model (or a mapping MoEInference name -> groups).
         observer: autotune observer (see ``AutotuneSettings.observer``).
-        true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
+        true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.physics.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
         api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
             or ``"real"``: a real control plane (:mod:`moe_eplb.sim.controlplane`, built by ``make
@@ -365,7 +365,7 @@ class SimWorld:
         await asyncio.to_thread(adapter.start)
 
     def set_true_cost(self, true_cost: Any) -> None:
-        """Change the deployment's truth (:class:`moe_eplb.sim.telemetry.TrueCost`) while the world
+        """Change the deployment's truth (:class:`moe_eplb.sim.physics.TrueCost`) while the world
         runs -- e.g. a higher ``kv_demand``, as a traffic rise fills the KV cache and requests wait:
         the running engines produce their telemetry from it from their next step on, and engines
         started later start with it."""

@@ -43,8 +43,8 @@ import numpy as np
 from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
-from moe_eplb.metrics.assemble import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.errors import LoadReadError
+from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.scrape import Round
 from moe_eplb.metrics.series import Series
