@@ -14,6 +14,7 @@ circle, also not through a function-local import.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,50 @@ def test_no_import_circles_in_the_package():
 def test_the_circle_check_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+ROOT = PACKAGE.parent.parent
+#: Where code that is not a test lives: none of it may import from tests/ (a bench, a script or a
+#: make target that needs a helper gets it from the product or from scripts/).
+OUTSIDE_TESTS = ("operator", "bench", "scripts")
+#: ``python -m tests.x``, ``from tests... import``, ``import tests...`` in a shell line or a make recipe
+_TESTS_IMPORT_TEXT = re.compile(r"(-m\s+tests\.|\bfrom\s+tests(\.|\s+import)|\bimport\s+tests\b)")
+
+
+def imports_from_tests() -> list[str]:
+    """``file:line: what`` of every import of the ``tests`` package outside tests/ (function-local
+    ones included) and of every ``python -m tests...`` or inline import in a script or the Makefile."""
+    bad = []
+    for top in OUTSIDE_TESTS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix == ".py":
+                for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                             [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                    bad += [f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}" for n in names
+                            if n == "tests" or n.startswith("tests.")]
+            elif path.suffix == ".sh":
+                bad += _text_imports(path)
+    return bad + _text_imports(ROOT / "Makefile")
+
+
+def _text_imports(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+            if not line.lstrip().startswith("#") and _TESTS_IMPORT_TEXT.search(line)]
+
+
+def test_nothing_outside_tests_imports_from_tests():
+    assert imports_from_tests() == []
+
+
+@pytest.mark.parametrize("line,found", [
+    ('exec "$PY" -m tests.vllm_engine.e2e "$@"', True),
+    ("\t$(PY) -c 'from tests.vllm_engine import harness'", True),
+    ("\t$(PY) -m pytest -q tests/vllm_engine", False),
+    ('exec "$PY" -m scripts.vllm_engine.e2e', False),
+])
+def test_the_text_rule(line, found):
+    assert bool(_TESTS_IMPORT_TEXT.search(line)) is found
 
 
 def test_every_import_follows_the_layers():
