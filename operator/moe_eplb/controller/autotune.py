@@ -116,7 +116,7 @@ class AutotuneLoop:
                  actor: str | None = None) -> None:
         self.host = host
         self.settings = settings or AutotuneSettings.from_env()
-        self.observer = LoadObserver(self.settings)
+        self.load_observer = LoadObserver(self.settings)
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
     def now(self) -> float:
@@ -149,7 +149,7 @@ class AutotuneLoop:
 
     async def close(self) -> None:
         """Stop what runs in the background (the direct-mode scrape loops)."""
-        await self.observer.close()
+        await self.load_observer.close()
 
     # --- one tick --------------------------------------------------------------------------------
 
@@ -171,7 +171,7 @@ class AutotuneLoop:
                 return "override:dropped"
             return "conflict"
         if inf.prometheus_url is None and inf.autotune.mode != "Off":
-            await self.observer.collect(client, inf, now)
+            await self.load_observer.collect(client, inf, now)
         if state.rollout is not None:
             result = await self.advance_rollout(client, inf, now)
         elif inf.autotune.mode == "Off" or not dec.due(inf.autotune, state, now):
@@ -216,7 +216,7 @@ class AutotuneLoop:
         measured = None
         window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
         if window is not None and not view.crashlooping:
-            measured = await self.observer.measure(inf, pods, *window)
+            measured = await self.load_observer.measure(inf, pods, *window)
         step = ro.advance(cfg, state, view, now=now, measured=measured)
         log.debug("autotune %s/%s: rollout %s, %s, measured %s", inf.namespace, inf.name, cur.phase, view, measured)
         if not step.changed:
@@ -271,7 +271,7 @@ class AutotuneLoop:
         got = _Gathered(view=view, blocker=_blocker(view))
         start = now - rt.lookback_seconds
         try:
-            got.trace, got.data_window = await self.observer.read_load(inf, start, now, pods)
+            got.trace, got.data_window = await self.load_observer.read_load(inf, start, now, pods)
             if got.trace.total_steps < rt.min_steps:
                 raise LoadUnavailable("TooLittleData", f"{got.trace.total_steps} engine steps in the last "
                                       f"{rt.lookback_seconds:.0f}s; need at least {rt.min_steps}")
@@ -286,7 +286,8 @@ class AutotuneLoop:
                 got.tune_error = f"{type(exc).__name__}: {exc}"
             got.tuner_seconds = time.process_time() - t0
         if got.answer is not None and cfg.mode == "Apply" and got.blocker is None:
-            got.baseline = await self.observer.measure(inf, pods, max(start, now - cfg.evaluation_interval_s), now)
+            since = max(start, now - cfg.evaluation_interval_s)
+            got.baseline = await self.load_observer.measure(inf, pods, since, now)
         return got
 
     async def tune(self, trace: LoadTrace, inf: MoEInference, current: Knobs) -> tuple[TuneResult, Calibration | None]:
