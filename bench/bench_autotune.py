@@ -7,7 +7,7 @@ pure part, on synthetic query results of the right size: one series per pod and 
 pods as one replica group spans; the small telemetry families -- step-time sums and counts,
 rearrangements, KV-cache gauges -- are left out), run the tuner
 with the operator's search ladder (``OPERATOR_SEARCH``) on the operator's default data window
-(``AutotuneRuntime.lookback_seconds``, 30 min) in 60 s buckets, and decide
+(``AutotuneSettings.lookback_seconds``, 30 min) in 60 s buckets, and decide
 (``controller.decisions.evaluate``). HTTP time is not CPU time and is not counted; decoding the
 JSON answers (the client's ``json.loads``) is. Workloads come from the built-in
 generator profiles.
@@ -43,15 +43,16 @@ from moe_eplb import metric_names
 from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import parse
 from moe_eplb.controller import decisions as dec
-from moe_eplb.controller.autotune import OPERATOR_SEARCH, AutotuneRuntime, run_tuner
+from moe_eplb.controller.autotune import run_tuner
+from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH, AutotuneSettings
 from moe_eplb.eplb import synth
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER, pack_layers
 from moe_eplb.metrics.series import parse_matrix
-from moe_eplb.metrics.telemetry import TelemetrySeries, telemetry_from_series
+from moe_eplb.metrics.telemetry_keys import TelemetrySeries, telemetry_from_series
 
-RT = AutotuneRuntime()  # the operator's defaults: lookback window and search
+RT = AutotuneSettings()  # the operator's defaults: lookback window and search
 SCRAPE_SECONDS = 15.0  # the PodMonitor's scrape interval (render/objects.py SCRAPE_INTERVAL)
 
 CASES = [

@@ -71,7 +71,8 @@ def make_state_class(torch, L, E, R, device):
 
 def bench_reader(L: int, E: int, pods: int, buckets: int = 120, bucket: float = 15.0) -> float:
     """Seconds for ``trace_from_raw_counters`` on synthetic Prometheus answers (raw samples)."""
-    from moe_eplb.metrics.assemble import grid_for, trace_from_raw_counters
+    from moe_eplb.metrics.assemble import trace_from_raw_counters
+    from moe_eplb.metrics.grid import grid_for
     from moe_eplb.metrics.series import parse_matrix
 
     grid = grid_for(1_000_000.0, buckets * bucket, bucket)

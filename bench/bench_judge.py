@@ -5,7 +5,7 @@
 The workload is DeepSeek-V3 (58 MoE layers x 256 experts, 8 groups, top-8) at EP 32 on 4 nodes,
 generated from the REAL per-layer expert statistics in ``DIR/deepseek_v3_expert_counts.json``
 (SGLang's recorder; default ``../shared/traces``) with a chat -> code -> math mix. Each case is a
-deployment with TRUE costs (:class:`moe_eplb.sim.telemetry.TrueCost`) that the tuner never sees,
+deployment with TRUE costs (:class:`moe_eplb.sim.physics.TrueCost`) that the tuner never sees,
 already running a configuration (vLLM's defaults 1000/3000/0, the seed's setting 3000/1000/32, or a
 tuned 5000/2000/64):
 
@@ -51,7 +51,8 @@ from moe_eplb.eplb.costmodel import CostModel  # noqa: E402
 from moe_eplb.eplb.robust import scenario_segments, terms_of  # noqa: E402
 from moe_eplb.eplb.simulator import Replay, SimError, Topology  # noqa: E402
 from moe_eplb.eplb.tuner import tune  # noqa: E402
-from moe_eplb.sim.telemetry import TrueCost, record  # noqa: E402
+from moe_eplb.sim.physics import TrueCost  # noqa: E402
+from moe_eplb.sim.recording import record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
 REAL_FILE = "deepseek_v3_expert_counts.json"

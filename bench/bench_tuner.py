@@ -46,7 +46,8 @@ from holdout import CALIBRATED_ROWS, ROWS, evaluate_calibrated_holdout, evaluate
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS  # noqa: E402
 from moe_eplb.eplb import synth  # noqa: E402
-from moe_eplb.sim.telemetry import TrueCost, record  # noqa: E402
+from moe_eplb.sim.physics import TrueCost  # noqa: E402
+from moe_eplb.sim.recording import record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
 REAL_FILES = ("olmoe_expert_counts.json", "mixtral_humaneval_token_routing.json",
@@ -60,7 +61,7 @@ WORKLOADS = {
 }
 
 #: Deployments whose true cost parameters are not the cost model's defaults. The first hour is
-#: recorded with telemetry (:func:`moe_eplb.sim.telemetry.record`: step times from the true MoE share
+#: recorded with telemetry (:func:`moe_eplb.sim.recording.record`: step times from the true MoE share
 #: and the served imbalance, rearrangement durations, KV usage / preemptions / queue from the true
 #: memory pressure) under vLLM's defaults; the tuner calibrates on it; every row is scored on the
 #: second hour with the TRUE parameters.

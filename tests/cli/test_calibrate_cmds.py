@@ -12,7 +12,8 @@ from moe_eplb.api.knobs import Knobs
 from moe_eplb.cli import main
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.tracefile import save_trace
-from moe_eplb.sim.telemetry import TrueCost, record
+from moe_eplb.sim.physics import TrueCost
+from moe_eplb.sim.recording import record
 
 
 def _run(*args):

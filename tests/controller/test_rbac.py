@@ -61,14 +61,12 @@ def examples():
     return single, multi
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def fast_autotune():
     """The autotune timer ticks every 0.2 s (instead of 15 s) so the lifecycle sees it work."""
-    from moe_eplb.controller import autotune
+    from moe_eplb.controller.autotune_settings import AutotuneSettings
 
-    autotune.configure(autotune.AutotuneRuntime(tick_seconds=0.2, http_timeout=1.0))
-    yield
-    autotune.configure(None)
+    return AutotuneSettings(tick_seconds=0.2, http_timeout=1.0)
 
 
 async def _evaluated(kube, name):
@@ -107,9 +105,9 @@ async def lifecycle(kube, eventually, res):
     await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
 
 
-async def test_rbac_rules_cover_every_call_and_every_rule_is_used(kube, operator_runner, eventually):
+async def test_rbac_rules_cover_every_call_and_every_rule_is_used(kube, operator_runner, eventually, fast_autotune):
     await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
-    async with operator_runner(standalone=False, peering_name="moe-eplb"):
+    async with operator_runner(standalone=False, peering_name="moe-eplb", autotune=fast_autotune):
         for res in examples():
             await lifecycle(kube, eventually, res)
 
@@ -120,12 +118,13 @@ async def test_rbac_rules_cover_every_call_and_every_rule_is_used(kube, operator
     assert unused == [], f"RBAC_RULES grants never used: {unused}"
 
 
-async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(kube, operator_runner, eventually):
+async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(kube, operator_runner, eventually, fast_autotune):
     """With --namespace, every call to a namespaced resource names the namespace (a Role there
     suffices), peering uses KopfPeering, and only kopf's CRD discovery and its namespace observer
     are cluster-wide (NAMESPACED_MODE_CLUSTER_RULES)."""
     await kube.create("/apis/kopf.dev/v1/namespaces/default/kopfpeerings", {"metadata": {"name": "moe-eplb"}})
-    async with operator_runner(standalone=False, peering_name="moe-eplb", namespaces=("default",)):
+    async with operator_runner(standalone=False, peering_name="moe-eplb", namespaces=("default",),
+                               autotune=fast_autotune):
         for res in examples():
             await lifecycle(kube, eventually, res)
 

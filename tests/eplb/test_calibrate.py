@@ -22,7 +22,8 @@ from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.simulator import Replay, Topology
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import tune
-from moe_eplb.sim.telemetry import TrueCost, record
+from moe_eplb.sim.physics import TrueCost
+from moe_eplb.sim.recording import record
 
 
 def _synthetic(f: float, n_buckets: int = 240, noise: float = 0.01, seed: int = 0, spread: float = 0.3,

@@ -15,7 +15,8 @@ from moe_eplb.eplb.costmodel import GIB, CostModel
 from moe_eplb.eplb.robust import Range, max_regret, scenario_segments, scenarios, terms_of
 from moe_eplb.eplb.simulator import Replay, Topology
 from moe_eplb.eplb.tuner import segment_edges, tune
-from moe_eplb.sim.telemetry import TrueCost, record
+from moe_eplb.sim.physics import TrueCost
+from moe_eplb.sim.recording import record
 
 BPE = 58 * 3 * 7168 * 2048 / 8  # a DeepSeek-V3 rank's redundant-expert memory, spread over 8 layers
 RUNNING = Knobs(3000, 1000, 16)  # a seed-like setting with redundancy, valid at EP 16 on 64 experts

@@ -8,7 +8,7 @@ controller (5 s sync), kube-scheduler, the operator, Prometheus scraping the sim
 v0.12.0 built from its Go module (``make kube``).
 
 The engines' waiting requests come from the KV-cache pressure of the deployment's truth
-(:class:`moe_eplb.sim.telemetry.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
+(:class:`moe_eplb.sim.physics.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
 1 replica), then raised as a traffic rise would (:meth:`SimWorld.set_true_cost`).
 """
 
@@ -26,7 +26,7 @@ import pytest
 from moe_eplb.eplb import synth
 from moe_eplb.metric_names import MOEINFERENCE_LABEL
 from moe_eplb.sim.metricsadapter import custom_metric_name, default_adapter_binary, find_adapter, quantity
-from moe_eplb.sim.telemetry import TrueCost
+from moe_eplb.sim.physics import TrueCost
 from moe_eplb.sim.world import SimWorld, prometheus_binary
 from moe_eplb.vllm_facts import REQUESTS_WAITING
 

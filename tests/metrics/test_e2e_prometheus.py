@@ -304,8 +304,8 @@ def test_missed_scrapes_are_spread_by_time(cluster):
     """Prometheus is paused (SIGSTOP) for ~2 buckets while pod a routes a known load: the reader
     spreads it over the buckets between the two samples around the pause, in proportion to time,
     keeps the total, reports the share, and refuses the window at the default threshold."""
-    from moe_eplb.metrics.assemble import grid_for, max_gap_for
     from moe_eplb.metrics.errors import LoadReadError
+    from moe_eplb.metrics.grid import grid_for, max_gap_for
     from moe_eplb.metrics.increments import overlap_weights
 
     client, pods, prom = cluster["client"], cluster["pods"], cluster["prom"]

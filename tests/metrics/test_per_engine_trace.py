@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_eplb.controller.autotune import OPERATOR_SEARCH
+from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH
 from moe_eplb.eplb.tuner import tune
 from moe_eplb.metrics.assemble import per_engine, trace_from_rounds
 from moe_eplb.metrics.scrape import PodSample, Round

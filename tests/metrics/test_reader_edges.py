@@ -177,7 +177,7 @@ def clip_to_window(s: Series) -> Series:
 
 
 def test_rank_tokens_summed_at_the_edges_give_the_raw_rank_load(mixed):
-    from moe_eplb.metrics.telemetry import TelemetrySeries, telemetry_from_series
+    from moe_eplb.metrics.telemetry_keys import TelemetrySeries, telemetry_from_series
 
     _, steps, starts = _raw_inputs(mixed)
     regular = edges.regular_pods(steps, starts, GRID)

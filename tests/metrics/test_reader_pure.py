@@ -8,11 +8,11 @@ import pytest
 from moe_eplb import k8s_names, metric_names
 from moe_eplb.metrics.assemble import (
     counters_from_rounds,
-    grid_for,
     trace_from_raw_counters,
     trace_from_rounds,
 )
 from moe_eplb.metrics.errors import LoadReadError
+from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.scrape import (

@@ -1,4 +1,4 @@
-"""The reader's telemetry (moe_eplb.metrics.telemetry): raw samples -> trace keys, on the bucket grid;
+"""The reader's telemetry (moe_eplb.metrics.telemetry_keys): raw samples -> trace keys, on the bucket grid;
 missing or incomplete sources leave keys absent, never filled in."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from moe_eplb.metrics.assemble import trace_from_rounds
 from moe_eplb.metrics.reader import with_telemetry
 from moe_eplb.metrics.scrape import Round, parse_exposition
 from moe_eplb.metrics.series import Series
-from moe_eplb.metrics.telemetry import TelemetrySeries, gauge_mean, series_from_rounds, telemetry_from_series
+from moe_eplb.metrics.telemetry_keys import TelemetrySeries, gauge_mean, series_from_rounds, telemetry_from_series
 from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.telemetry import TrueCost
+from moe_eplb.sim.physics import TrueCost
 
 GRID = np.array([0.0, 15.0, 30.0, 45.0])  # 3 buckets
 TS = np.array([0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0])

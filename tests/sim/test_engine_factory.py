@@ -1,7 +1,7 @@
 """The fake kubelet's engine-factory hook (``FakeKubelet(engine_factory=...)``, ``SimWorld.engine_factory``):
 what a factory is given (the parsed settings and the rendered pod spec), how the kubelet uses the
 engine it returns (start, ports in the Pod object, readiness, stop on a roll), for a Deployment and
-for a LeaderWorkerSet group. The real-engine demo (tests/vllm_engine/closed_loop.py) stands on it."""
+for a LeaderWorkerSet group. The real-engine demo (scripts/vllm_engine/closed_loop.py) stands on it."""
 
 from __future__ import annotations
 

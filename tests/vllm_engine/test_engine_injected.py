@@ -23,9 +23,9 @@ import yaml
 
 from moe_eplb import k8s_names
 from moe_eplb import metric_names as mn
+from scripts.vllm_engine import harness
+from scripts.vllm_engine import tiny_model as tm
 
-from . import harness
-from . import tiny_model as tm
 from .conftest import record_time
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]

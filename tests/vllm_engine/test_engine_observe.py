@@ -30,9 +30,9 @@ import numpy as np
 import pytest
 
 from moe_eplb import metric_names as mn
+from scripts.vllm_engine import harness
+from scripts.vllm_engine import tiny_model as tm
 
-from . import harness
-from . import tiny_model as tm
 from .conftest import record_note, record_time
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]

@@ -211,9 +211,22 @@ def _size_problems(inf: MoEInference) -> list[Problem]:
 
 def semantic_problems(inf: MoEInference) -> list[Problem]:
     """Checks needing the catalog or the engine version (resource already passes the schema)."""
-    problems: list[Problem] = []
-    engine, par, eplb = inf.engine, inf.parallelism, inf.eplb
+    problems = _engine_problems(inf)
+    version = inf.engine.version
+    arch = catalog.lookup_architecture(inf.architecture) if inf.architecture else None
+    if inf.eplb.enabled:
+        problems += _eplb_problems(inf, arch, version)
+    problems += _multimodal_problems(inf, arch)
+    problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+    problems += autoscaling_problems(inf, version)
+    problems += _extra_args_problems(inf)
+    return problems
 
+
+def _engine_problems(inf: MoEInference) -> list[Problem]:
+    """The image reference, the sizes, the vLLM version (needed with EPLB) and the exporter."""
+    engine = inf.engine
+    problems: list[Problem] = []
     if parse_image(engine.image) is None:
         problems.append(
             Problem("spec.engine.image", f"{engine.image!r} is not a valid image reference; use "
@@ -222,77 +235,93 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
         )
     problems += _size_problems(inf)
     version = engine.version
-    if version is None and eplb.enabled:
+    if version is None and inf.eplb.enabled:
         source = f"spec.engine.version {engine.version_field!r}" if engine.version_field else f"the image tag of {engine.image!r}"
         problems.append(
             Problem("spec.engine.version", f"cannot tell the vLLM version from {source}; "
                     "set spec.engine.version to the vLLM version in the image (e.g. 0.12.0)")
         )
-
     problems += _exporter_problems(inf, version)
+    return problems
 
-    arch_name = inf.architecture
-    arch = catalog.lookup_architecture(arch_name) if arch_name else None
-    shape = inf.moe_shape
-    has_override = inf.model.moe.num_experts is not None
 
-    if eplb.enabled:
-        if version is not None and version < EPLB_FIRST:
-            problems.append(_version_problem("spec.eplb.enabled", "EPLB", EPLB_FIRST, version))
-        if arch is None and not has_override:
-            what = f"architecture {arch_name!r} is not in the catalog" if arch_name else (
-                f"model {inf.model.name!r} is not in the catalog")
+def _eplb_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None, version: Version | None) -> list[Problem]:
+    """With EPLB enabled: the vLLM version and the architecture support it, the quantization, the
+    async option, the expert count against the EP size, and the memory."""
+    eplb, arch_name = inf.eplb, inf.architecture
+    problems: list[Problem] = []
+    if version is not None and version < EPLB_FIRST:
+        problems.append(_version_problem("spec.eplb.enabled", "EPLB", EPLB_FIRST, version))
+    if arch is None and inf.model.moe.num_experts is None:
+        what = f"architecture {arch_name!r} is not in the catalog" if arch_name else (
+            f"model {inf.model.name!r} is not in the catalog")
+        problems.append(
+            Problem("spec.model.moe", f"{what}, so EPLB cannot be checked: set spec.model.architecture "
+                    "(the vLLM class, e.g. Qwen3MoeForCausalLM) and spec.model.moe (numExperts, "
+                    "numMoeLayers, topK), or set spec.eplb.enabled: false")
+        )
+    if arch is not None:
+        if arch.eplb_since is None:
             problems.append(
-                Problem("spec.model.moe", f"{what}, so EPLB cannot be checked: set spec.model.architecture "
-                        "(the vLLM class, e.g. Qwen3MoeForCausalLM) and spec.model.moe (numExperts, "
-                        "numMoeLayers, topK), or set spec.eplb.enabled: false")
+                Problem("spec.eplb.enabled", f"vLLM has no EPLB for {arch.name}; set spec.eplb.enabled: false")
             )
-        if arch is not None:
-            if arch.eplb_since is None:
-                problems.append(
-                    Problem("spec.eplb.enabled", f"vLLM has no EPLB for {arch.name}; set spec.eplb.enabled: false")
-                )
-            elif version is not None and EPLB_FIRST < arch.eplb_since and version < arch.eplb_since:
-                problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
-        problems += _quantization_problems(inf, version)
-        if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
-            problems.append(
-                Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
-                        f"the image has {format_version(version)}: remove spec.eplb.async or use a newer image")
-            )
-        if shape.num_experts:
-            total = shape.num_experts + eplb.num_redundant_experts
-            if total % par.ep_size:
-                near = nearest_redundant_values(shape.num_experts, eplb.num_redundant_experts, par.ep_size)
-                choices = " or ".join(map(str, near))
-                problems.append(
-                    Problem("spec.eplb.numRedundantExperts",
-                            f"experts ({shape.num_experts}) + numRedundantExperts ({eplb.num_redundant_experts}) "
-                            f"= {total} is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x "
-                            f"data {par.data}); use numRedundantExperts {choices}")
-                )
-            lo, hi = inf.autotune.bounds.redundant
-            if lo is not None and hi is not None and not any(
-                    (shape.num_experts + r) % par.ep_size == 0 for r in range(lo, hi + 1)):
-                problems.append(
-                    Problem("spec.autotune.bounds.numRedundantExperts",
-                            f"no value in [{lo}, {hi}] makes experts ({shape.num_experts}) + R divisible by "
-                            f"the EP size {par.ep_size}; widen the bounds")
-                )
-        problems += _memory_problems(inf, shape)
+        elif version is not None and EPLB_FIRST < arch.eplb_since and version < arch.eplb_since:
+            problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
+    problems += _quantization_problems(inf, version)
+    if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
+        problems.append(
+            Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
+                    f"the image has {format_version(version)}: remove spec.eplb.async or use a newer image")
+        )
+    problems += _redundancy_problems(inf)
+    problems += _memory_problems(inf, inf.moe_shape)
+    return problems
 
-    if arch is not None and not arch.multimodal:
-        for fld, value in (("limitMmPerPrompt", engine.limit_mm_per_prompt), ("mmEncoderTpMode", engine.mm_encoder_tp_mode)):
-            if value is not None:
-                problems.append(
-                    Problem(f"spec.engine.{fld}", f"{arch.name} is not multimodal (vLLM rejects multimodal "
-                            "options for it); remove the field")
-                )
 
-    problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
-    problems += autoscaling_problems(inf, version)
+def _redundancy_problems(inf: MoEInference) -> list[Problem]:
+    """Experts plus redundant experts must divide by the EP size: the spec's value, and some value
+    within the autotune bounds."""
+    shape, par, eplb = inf.moe_shape, inf.parallelism, inf.eplb
+    problems: list[Problem] = []
+    if not shape.num_experts:
+        return problems
+    total = shape.num_experts + eplb.num_redundant_experts
+    if total % par.ep_size:
+        near = nearest_redundant_values(shape.num_experts, eplb.num_redundant_experts, par.ep_size)
+        choices = " or ".join(map(str, near))
+        problems.append(
+            Problem("spec.eplb.numRedundantExperts",
+                    f"experts ({shape.num_experts}) + numRedundantExperts ({eplb.num_redundant_experts}) "
+                    f"= {total} is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x "
+                    f"data {par.data}); use numRedundantExperts {choices}")
+        )
+    lo, hi = inf.autotune.bounds.redundant
+    if lo is not None and hi is not None and not any(
+            (shape.num_experts + r) % par.ep_size == 0 for r in range(lo, hi + 1)):
+        problems.append(
+            Problem("spec.autotune.bounds.numRedundantExperts",
+                    f"no value in [{lo}, {hi}] makes experts ({shape.num_experts}) + R divisible by "
+                    f"the EP size {par.ep_size}; widen the bounds")
+        )
+    return problems
 
-    for i, arg in enumerate(engine.extra_args):
+
+def _multimodal_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None) -> list[Problem]:
+    """Multimodal engine options on a model the catalog knows is text-only."""
+    engine = inf.engine
+    if arch is None or arch.multimodal:
+        return []
+    return [Problem(f"spec.engine.{fld}", f"{arch.name} is not multimodal (vLLM rejects multimodal "
+                    "options for it); remove the field")
+            for fld, value in (("limitMmPerPrompt", engine.limit_mm_per_prompt),
+                               ("mmEncoderTpMode", engine.mm_encoder_tp_mode))
+            if value is not None]
+
+
+def _extra_args_problems(inf: MoEInference) -> list[Problem]:
+    """``spec.engine.extraArgs`` must not set what the operator generates."""
+    problems: list[Problem] = []
+    for i, arg in enumerate(inf.engine.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in _GENERATED_FLAGS or flag.startswith("--eplb-config."):
             source = _GENERATED_FLAGS.get(flag, "spec.eplb")

@@ -142,6 +142,13 @@ def _add_trace(main: click.Group) -> None:
     def trace_group() -> None:
         """Load traces: generate realistic ones, and inspect trace files."""
 
+    for add in (_add_trace_profiles, _add_trace_synth, _add_trace_from_prometheus, _add_trace_info):
+        add(trace_group)
+
+
+def _add_trace_profiles(trace_group: click.Group) -> None:
+    """``trace profiles``: the generator's profiles and model shapes."""
+
     @trace_group.command("profiles")
     def trace_profiles_cmd() -> None:
         """List the generator's built-in profiles and model shapes."""
@@ -153,6 +160,10 @@ def _add_trace(main: click.Group) -> None:
         click.echo("")
         for name, (layers, experts, groups, top_k) in synth.MODEL_SHAPES.items():
             click.echo(f"{name:<34} {layers} MoE layers x {experts} experts, {groups} group(s), top-{top_k}")
+
+
+def _add_trace_synth(trace_group: click.Group) -> None:
+    """``trace synth``: generate a trace from real expert popularity."""
 
     @trace_group.command("synth")
     @click.option("--profile", "profile_name", required=True, metavar="NAME",
@@ -213,6 +224,10 @@ def _add_trace(main: click.Group) -> None:
             err=True,
         )
 
+
+def _add_trace_from_prometheus(trace_group: click.Group) -> None:
+    """``trace from-prometheus``: a MoEInference's load read from Prometheus."""
+
     @trace_group.command("from-prometheus")
     @click.option("--url", required=True, help="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090.")
     @click.option("--namespace", default="default", show_default=True, help="Namespace of the MoEInference.")
@@ -250,6 +265,10 @@ def _add_trace(main: click.Group) -> None:
         click.echo(f"wrote {output}: {trace.num_buckets} buckets x {trace.num_layers} layers x {trace.num_experts} "
                    f"experts, {trace.total_steps} engine steps, model {trace.model or '?'}"
                    + (f"; {spread:.1%} of the load spread over scrape gaps" if spread else ""), err=True)
+
+
+def _add_trace_info(trace_group: click.Group) -> None:
+    """``trace info``: what a trace or routing data file holds."""
 
     @trace_group.command("info")
     @click.argument("path", metavar="FILE")

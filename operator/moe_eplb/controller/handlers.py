@@ -26,7 +26,8 @@ from typing import Any
 
 import kopf
 
-from moe_eplb.controller import autotune
+from moe_eplb.controller.autotune import AutotuneLoop
+from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
 from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
 from moe_eplb.controller.settings import OperatorSettings
@@ -43,18 +44,22 @@ log = logging.getLogger("moe_eplb.controller")
 
 
 class Controller:
-    """What the handlers share: the client (set at login), the reconciler and the timings.
+    """What the handlers share: the client (set at login), the reconciler, the tuning loop and the timings.
 
     ``connection``: a ``kopf.ConnectionInfo`` to use instead of kopf's login (tests, demo);
     ``resync_seconds``: period of the drift/status timer; ``refresh_delay_s``: how long child
     events are coalesced before the owner is refreshed; ``counter(result)``: reconcile metric;
     ``settings``: the process's :class:`~moe_eplb.controller.settings.OperatorSettings` (e.g.
-    ``settings.prometheus_url``, the default Prometheus; defaults when not given).
+    ``settings.prometheus_url``, the default Prometheus; defaults when not given); ``autotune``: the
+    tuning loop's settings (:class:`~moe_eplb.controller.autotune_settings.AutotuneSettings`: clock,
+    tick, search; default from the environment). The controller owns the loop (:attr:`autotune`,
+    an :class:`~moe_eplb.controller.autotune.AutotuneLoop`) and is its seam to the reconciler.
     """
 
     def __init__(self, *, connection: kopf.ConnectionInfo | None = None, resync_seconds: float = 60.0,
                  refresh_delay_s: float = 0.1, retry_delay_s: float = 5.0,
-                 counter: Callable[[str], None] | None = None, settings: OperatorSettings | None = None) -> None:
+                 counter: Callable[[str], None] | None = None, settings: OperatorSettings | None = None,
+                 autotune: AutotuneSettings | None = None) -> None:
         self.settings = settings or OperatorSettings()
         self.connection = connection
         self.resync_seconds = resync_seconds
@@ -63,6 +68,7 @@ class Controller:
         self._counter = counter
         self._refresh_delay_s = refresh_delay_s
         self.reconciler: Reconciler | None = None
+        self.autotune = AutotuneLoop(self, autotune)
 
     async def use(self, info: Any) -> None:
         """(Re)build the client for a ``kopf.ConnectionInfo`` (kopf logs in again on a 401)."""
@@ -77,6 +83,7 @@ class Controller:
             await old.close()
 
     async def close(self) -> None:
+        await self.autotune.close()
         if self.reconciler is not None:
             await self.reconciler.stop()
         if self.client is not None:
@@ -172,4 +179,4 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         kopf.on.event(k.group, k.version, k.plural, id=f"child-{k.plural}", labels={MANAGED_BY_LABEL: MANAGED_BY},
                       registry=registry)(child_event)
 
-    autotune.register(registry, controller)  # the tuning loop's timer (controller/autotune.py)
+    controller.autotune.register(registry)  # the tuning loop's timer (controller/autotune.py)

@@ -71,7 +71,7 @@ def workload_observed_generation(obj: Mapping[str, Any]) -> int | None:
     it 0, omitted) -- checked against the real controller in ``tests/kube/test_lws_real.py``. Its
     counts then stand alone; a status read between a template write and the controller's next
     reconcile is stale, which is why the autotune loop also requires every pod of every group on
-    the current template (``autotune.lws_settled``)."""
+    the current template (``controller.workload.lws_settled``)."""
     st = obj.get("status") or {}
     observed = observed_generation(st)
     if observed is None and obj.get("kind") == "LeaderWorkerSet" and st.get("conditions"):

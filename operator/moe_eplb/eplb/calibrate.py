@@ -53,6 +53,7 @@ Assumptions and limits: docs/tuner.md ("Calibration").
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -442,57 +443,76 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                       "mode": ("async" if mode_async else "sync") + (" (recorded)" if use_async is not None
                                                                      else " (not recorded: the cost model's)")}
 
-    # --- step time against served imbalance --------------------------------------------------
+    # the steps: step time against served imbalance, the rearrangement cost, the KV cache and memory
     counts = tel.rearrangements_per_bucket(trace.num_buckets)
-    step_fit = None
+    step_fit = _fit_step_time(trace, tel, cost, counts, mode_async, params, default, fit_info)
+    _fit_rearrangement_cost(trace, tel, cost, counts, mode_async, step_fit, num_nodes, num_groups,
+                            params, default, fit_info)
+    return _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
+
+
+#: rearrangements and stall seconds per bucket (:meth:`Telemetry.rearrangements_per_bucket`), or None
+_Counts = tuple[np.ndarray, np.ndarray] | None
+
+
+def _fit_step_time(trace: LoadTrace, tel: Telemetry, cost: CostModel, counts: _Counts, mode_async: bool,
+                   params: dict, default: Callable[[str, str], None], fit_info: dict) -> StepFit | None:
+    """Step 1 of :func:`calibrate`: the step time against the served imbalance (the MoE time share
+    and the balanced step time); None when the trace lacks the step times or the rank loads."""
     if tel.step_seconds is None or tel.rank_load is None:
         missing = " and ".join(k for k in ("step_seconds", "rank_load") if getattr(tel, k) is None)
         why = f"needs step_seconds and rank_load; the trace has no {missing}"
         default("moe_time_share", why)
         default("seconds_per_step", why)
+        return None
+    imb = tel.served_imbalance()
+    step = tel.step_seconds.copy()
+    n = trace.bucket_steps.astype(np.float64)
+    tok = _tokens_per_step(trace)
+    ok = (n > 0) & np.isfinite(step) & (step > 0) & np.isfinite(imb)
+    use, k = ok, None
+    if counts is not None:
+        # A bucket that spans a rearrangement served two placements: its summed rank load hides
+        # part of the imbalance its steps saw. Fit on the buckets without one when enough remain.
+        clean = ok & (counts[0] == 0)
+        if clean.sum() >= MIN_FIT_BUCKETS:
+            use = clean
+        elif mode_async:
+            k = counts[0]
+        if not mode_async:  # a sync stall happens inside an engine step: out of the bucket's mean
+            step = step - np.divide(counts[1], n, out=np.zeros_like(step), where=n > 0)
+    step_fit = fit_step_model(step[use], n[use], tok[use], imb[use], None if k is None else k[use],
+                              default_share=cost.moe_time_share)
+    if counts is not None and mode_async and use is not ok and step_fit.coefficients is not None:
+        step_fit = _with_rearrangement_cost(step_fit, step, n, tok, imb, counts[0], ok)
+    if step_fit.refused_share is not None:
+        fit_info["refused_share"] = list(step_fit.refused_share)
+    fit_info.update({"step_buckets": step_fit.buckets, "outlier_buckets": step_fit.outliers,
+                     "residual_sigma": step_fit.sigma,
+                     "served_imbalance_p5_p95": list(step_fit.imbalance_range),
+                     "buckets_with_rearrangement_left_out": bool(use is not ok)})
+    if step_fit.share is not None:
+        params["moe_time_share"] = Parameter(step_fit.share, step_fit.share_se, MEASURED,
+                                             f"step time against served imbalance {step_fit.imbalance_range[0]:.3f}-"
+                                             f"{step_fit.imbalance_range[1]:.3f} over {step_fit.buckets} buckets "
+                                             f"(robust fit, residual {step_fit.sigma:.1%})")
     else:
-        imb = tel.served_imbalance()
-        step = tel.step_seconds.copy()
-        n = trace.bucket_steps.astype(np.float64)
-        tok = _tokens_per_step(trace)
-        ok = (n > 0) & np.isfinite(step) & (step > 0) & np.isfinite(imb)
-        use, k = ok, None
-        if counts is not None:
-            # A bucket that spans a rearrangement served two placements: its summed rank load hides
-            # part of the imbalance its steps saw. Fit on the buckets without one when enough remain.
-            clean = ok & (counts[0] == 0)
-            if clean.sum() >= MIN_FIT_BUCKETS:
-                use = clean
-            elif mode_async:
-                k = counts[0]
-            if not mode_async:  # a sync stall happens inside an engine step: out of the bucket's mean
-                step = step - np.divide(counts[1], n, out=np.zeros_like(step), where=n > 0)
-        step_fit = fit_step_model(step[use], n[use], tok[use], imb[use], None if k is None else k[use],
-                                  default_share=cost.moe_time_share)
-        if counts is not None and mode_async and use is not ok and step_fit.coefficients is not None:
-            step_fit = _with_rearrangement_cost(step_fit, step, n, tok, imb, counts[0], ok)
-        if step_fit.refused_share is not None:
-            fit_info["refused_share"] = list(step_fit.refused_share)
-        fit_info.update({"step_buckets": step_fit.buckets, "outlier_buckets": step_fit.outliers,
-                         "residual_sigma": step_fit.sigma,
-                         "served_imbalance_p5_p95": list(step_fit.imbalance_range),
-                         "buckets_with_rearrangement_left_out": bool(use is not ok)})
-        if step_fit.share is not None:
-            params["moe_time_share"] = Parameter(step_fit.share, step_fit.share_se, MEASURED,
-                                                 f"step time against served imbalance {step_fit.imbalance_range[0]:.3f}-"
-                                                 f"{step_fit.imbalance_range[1]:.3f} over {step_fit.buckets} buckets "
-                                                 f"(robust fit, residual {step_fit.sigma:.1%})")
-        else:
-            default("moe_time_share", step_fit.reason)
-        if step_fit.seconds_per_step is not None:
-            params["seconds_per_step"] = Parameter(
-                step_fit.seconds_per_step, step_fit.seconds_per_step_se, MEASURED,
-                "balanced step time at the mean batch" + ("" if step_fit.share is not None
-                                                         else f" (with the default share {cost.moe_time_share})"))
-        else:
-            default("seconds_per_step", step_fit.reason)
+        default("moe_time_share", step_fit.reason)
+    if step_fit.seconds_per_step is not None:
+        params["seconds_per_step"] = Parameter(
+            step_fit.seconds_per_step, step_fit.seconds_per_step_se, MEASURED,
+            "balanced step time at the mean batch" + ("" if step_fit.share is not None
+                                                     else f" (with the default share {cost.moe_time_share})"))
+    else:
+        default("seconds_per_step", step_fit.reason)
+    return step_fit
 
-    # --- rearrangement cost --------------------------------------------------------------------
+
+def _fit_rearrangement_cost(trace: LoadTrace, tel: Telemetry, cost: CostModel, counts: _Counts, mode_async: bool,
+                            step_fit: StepFit | None, num_nodes: int, num_groups: int, params: dict,
+                            default: Callable[[str, str], None], fit_info: dict) -> None:
+    """Step 2 of :func:`calibrate`: what a rearrangement costs -- the stall of a sync one (the median
+    of the measured stalls), or the step time an async one loses per byte moved (from the step fit)."""
     if counts is None:
         why = "the trace has no rearrangements"
         default("sync_stall_s", why)
@@ -523,9 +543,6 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
                     step_fit.rearrangement_s / per_gpu, (step_fit.rearrangement_se or 0.0) / per_gpu, MEASURED,
                     f"{step_fit.rearrangement_s:.3g} s of step time lost per rearrangement over "
                     f"{per_gpu / 1e6:.3g} MB received per GPU (replay of the recorded config)")
-
-    # --- KV cache and the memory model -------------------------------------------------------------
-    return _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
 
 
 def _kv_and_memory(trace: LoadTrace, cost: CostModel, params: dict, default, fit_info: dict, step_fit: StepFit | None,

@@ -412,15 +412,7 @@ def generate(
     if not isinstance(prof, Profile):
         raise SynthError(f"profile: expected a name or a Profile, got {type(prof).__name__}")
     shape_name, (num_layers, num_experts, num_groups, top_k) = resolve_shape(model_shape or prof.model_shape)
-    if not hours > 0:
-        raise SynthError(f"hours: must be > 0, got {hours}")
-    if not bucket_seconds > 0:
-        raise SynthError(f"bucket_seconds: must be > 0, got {bucket_seconds}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise SynthError(f"seed: must be an integer >= 0, got {seed!r}")
-    num_buckets = int(round(hours * 3600.0 / bucket_seconds))
-    if num_buckets < 1:
-        raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")
+    num_buckets = _num_buckets(hours, bucket_seconds, seed)
     peak_steps = float(prof.peak_steps_per_second if peak_steps_per_second is None else peak_steps_per_second)
     peak_tokens = float(prof.peak_tokens_per_step if peak_tokens_per_step is None else peak_tokens_per_step)
     if not peak_steps > 0:
@@ -431,7 +423,56 @@ def generate(
     pop_fit, temporal = _load_sources(source, num_experts, num_groups)
     pop_fit = pop_fit or _profiles.builtin_popularity(prof.popularity)
     temporal = temporal or _profiles.builtin_temporal()
+    wanted, dom_pop = _domains(prof, pop_fit, num_layers, num_experts, num_groups, seed)
 
+    rng_mix, rng_burst, rng_rate, rng_noise, rng_count = (
+        np.random.default_rng([seed, 2, i]) for i in range(5)
+    )
+    duration = num_buckets * bucket_seconds
+    times = (np.arange(num_buckets) + 0.5) * bucket_seconds
+    mix = _mix_schedule(prof, wanted, times, duration, shift_at, rng_mix)  # [T, D]
+    mix, rate = _request_rate(prof, wanted, mix, times, bucket_seconds, duration, rng_rate, rng_burst)
+
+    step_scale = np.minimum(np.sqrt(rate), 1.0)
+    bucket_steps = np.round(peak_steps * step_scale * bucket_seconds).astype(np.int64)
+    tokens_per_step = peak_tokens * rate / step_scale
+    load = _expert_load(prof, pop_fit, temporal, dom_pop, mix, bucket_steps, tokens_per_step, top_k,
+                        rng_noise, rng_count)
+    return LoadTrace(
+        load=load,
+        bucket_steps=bucket_steps,
+        bucket_seconds=float(bucket_seconds),
+        top_k=top_k,
+        model=shape_name,
+        meta={
+            "profile": prof.name,
+            "seed": seed,
+            "source": pop_fit.source,
+            "domains": tuple(wanted),
+            "mix": mix,
+            "rate": rate,
+        },
+    )
+
+
+def _num_buckets(hours: float, bucket_seconds: float, seed: Any) -> int:
+    """The trace's bucket count, after checking the length, the bucket and the seed."""
+    if not hours > 0:
+        raise SynthError(f"hours: must be > 0, got {hours}")
+    if not bucket_seconds > 0:
+        raise SynthError(f"bucket_seconds: must be > 0, got {bucket_seconds}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SynthError(f"seed: must be an integer >= 0, got {seed!r}")
+    num_buckets = int(round(hours * 3600.0 / bucket_seconds))
+    if num_buckets < 1:
+        raise SynthError(f"hours: {hours} h is shorter than one {bucket_seconds} s bucket")
+    return num_buckets
+
+
+def _domains(prof: Profile, pop_fit: PopularityFit, num_layers: int, num_experts: int, num_groups: int,
+             seed: int) -> tuple[list[str], np.ndarray]:
+    """The profile's domains (its phases', then its burst domain) and each one's expert popularity
+    ``[D, L, E]`` on the target shape (the source's domains mapped onto them, laid out by ``seed``)."""
     wanted = list(dict.fromkeys(d for mix in prof.phases for d in mix))
     if prof.bursts is not None and prof.bursts.domain is not None and prof.bursts.domain not in wanted:
         wanted.append(prof.bursts.domain)
@@ -441,15 +482,15 @@ def generate(
     dom_pop = np.stack([
         sum(wgt * layout[src_index[src]] for src, wgt in mapping[d].items()) for d in wanted
     ])  # [D, L, E]
+    return wanted, dom_pop
 
-    rng_mix, rng_burst, rng_rate, rng_noise, rng_count = (
-        np.random.default_rng([seed, 2, i]) for i in range(5)
-    )
-    duration = num_buckets * bucket_seconds
-    times = (np.arange(num_buckets) + 0.5) * bucket_seconds
-    mix = _mix_schedule(prof, wanted, times, duration, shift_at, rng_mix)  # [T, D]
 
-    # Request rate: day/night x noise, plus bursts.
+def _request_rate(prof: Profile, wanted: list[str], mix: np.ndarray, times: np.ndarray, bucket_seconds: float,
+                  duration: float, rng_rate: np.random.Generator,
+                  rng_burst: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Request rate: day/night x noise, plus bursts. Returns the domain mix with the bursts
+    ``[T, D]`` and the relative rate ``[T]``."""
+    num_buckets = times.shape[0]
     if prof.diurnal:
         hour = (prof.start_hour + times / 3600.0) % 24.0
         base = prof.night_ratio + (1 - prof.night_ratio) * 0.5 * (1 - np.cos(2 * np.pi * (hour - 4.0) / 24.0))
@@ -460,13 +501,16 @@ def generate(
     extra = _bursts(prof, wanted, active, times, bucket_seconds, duration, rng_burst)  # [T, D] relative
     per_domain = mix * base[:, None] + extra * base[:, None]
     rate = per_domain.sum(axis=1)
-    mix = per_domain / rate[:, None]
+    return per_domain / rate[:, None], rate
 
-    step_scale = np.minimum(np.sqrt(rate), 1.0)
-    bucket_steps = np.round(peak_steps * step_scale * bucket_seconds).astype(np.int64)
-    tokens_per_step = peak_tokens * rate / step_scale
 
-    # Per-bucket expert shares: mixture of domains x noise from the running requests' own preferences.
+def _expert_load(prof: Profile, pop_fit: PopularityFit, temporal: TemporalFit, dom_pop: np.ndarray, mix: np.ndarray,
+                 bucket_steps: np.ndarray, tokens_per_step: np.ndarray, top_k: int, rng_noise: np.random.Generator,
+                 rng_count: np.random.Generator) -> np.ndarray:
+    """Per-bucket expert load ``[T, L, E]``: the mixture of the domains' shares x noise from the
+    running requests' own preferences, drawn as counts of the bucket's expert assignments."""
+    num_buckets = bucket_steps.shape[0]
+    num_layers, num_experts = dom_pop.shape[1], dom_pop.shape[2]
     kappa = request_concentration(pop_fit, temporal, dom_pop)
     requests = np.maximum(bucket_steps * tokens_per_step / max(prof.request_tokens, 1.0), 1.0)  # [T]
     rho = np.exp(-bucket_steps / max(temporal.mean_request_tokens, 1.0))  # [T]
@@ -485,22 +529,7 @@ def generate(
         shares /= shares.sum(axis=-1, keepdims=True)
         n = np.broadcast_to(assignments[sl, None], shares.shape[:2])
         load[sl] = rng_count.multinomial(n, shares)
-
-    return LoadTrace(
-        load=load,
-        bucket_steps=bucket_steps,
-        bucket_seconds=float(bucket_seconds),
-        top_k=top_k,
-        model=shape_name,
-        meta={
-            "profile": prof.name,
-            "seed": seed,
-            "source": pop_fit.source,
-            "domains": tuple(wanted),
-            "mix": mix,
-            "rate": rate,
-        },
-    )
+    return load
 
 
 def with_phases(profile: str | Profile, phases: Sequence[Mapping[str, float]], **changes: Any) -> Profile:

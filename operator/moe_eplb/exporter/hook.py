@@ -84,8 +84,9 @@ def recorder_of(eplb_state: Any, factory: RecorderFactory) -> Any | None:
 
 
 def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
-    """Wrap ``cls.step`` and ``cls.rearrange``. Idempotent; returns False (and logs once) when the
-    class does not have a supported layout."""
+    """Wrap ``cls.step`` and ``cls.rearrange`` (and ``add_model`` and ``prepare_forward`` where vLLM
+    has them). Idempotent; returns False (and logs once) when the class does not have a supported
+    layout."""
     if getattr(cls, _PATCHED, False):
         return True
     try:
@@ -95,6 +96,23 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
         return False
     orig_step = cls.step
     orig_rearrange = getattr(cls, "rearrange", None)
+    orig_add_model = getattr(cls, "add_model", None)
+    orig_prepare = getattr(cls, "prepare_forward", None)
+    cls.step = _wrapped_step(orig_step, factory)
+    if orig_rearrange is not None:
+        cls.rearrange = _wrapped_rearrange(orig_rearrange)
+    if orig_add_model is not None:
+        cls.add_model = _wrapped_add_model(orig_add_model)
+    if orig_prepare is not None:
+        cls.prepare_forward = _wrapped_prepare_forward(orig_prepare, factory)
+    setattr(cls, _PATCHED, True)
+    cls._moe_eplb_originals = (orig_step, orig_rearrange, orig_add_model, orig_prepare)
+    return True
+
+
+def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
+    """``EplbState.step`` wrapped: the recorder reads the expert load before the step and finishes
+    after it (not during profiling); the time it takes is counted as the exporter's."""
 
     @functools.wraps(orig_step)
     def step(self, is_dummy: bool = False, is_profile: bool = False, *args, **kwargs):
@@ -119,67 +137,71 @@ def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
                 _fail_soft("after the EPLB step", exc, self)
         return result
 
-    cls.step = step
-    if orig_rearrange is not None:
+    return step
 
-        @functools.wraps(orig_rearrange)
-        def rearrange(self, *args, **kwargs):
-            is_profile = bool(kwargs.get("is_profile", args[0] if args else False))
-            rec = None
-            if not is_profile:
-                rec = self.__dict__.get(_RECORDER)
-                rec = None if rec is _DISABLED else rec
-                if rec is not None:
-                    try:
-                        rec.rearrange_started()
-                    except Exception as exc:  # noqa: BLE001
-                        _fail_soft("timing a rearrangement", exc, self)
-                        rec = None
-            result = orig_rearrange(self, *args, **kwargs)
+
+def _wrapped_rearrange(orig_rearrange: Callable) -> Callable:
+    """``EplbState.rearrange``, timed (not during profiling)."""
+
+    @functools.wraps(orig_rearrange)
+    def rearrange(self, *args, **kwargs):
+        is_profile = bool(kwargs.get("is_profile", args[0] if args else False))
+        rec = None
+        if not is_profile:
+            rec = self.__dict__.get(_RECORDER)
+            rec = None if rec is _DISABLED else rec
             if rec is not None:
                 try:
-                    rec.rearrange_finished()
+                    rec.rearrange_started()
                 except Exception as exc:  # noqa: BLE001
                     _fail_soft("timing a rearrangement", exc, self)
-            return result
-
-        cls.rearrange = rearrange
-    orig_add_model = getattr(cls, "add_model", None)
-    if orig_add_model is not None:
-
-        @functools.wraps(orig_add_model)
-        def add_model(self, model, model_config, *args, **kwargs):
-            before = set(getattr(self, "model_states", {}) or {})
-            result = orig_add_model(self, model, model_config, *args, **kwargs)
+                    rec = None
+        result = orig_rearrange(self, *args, **kwargs)
+        if rec is not None:
             try:
-                remember_model(self, before, model_config, kwargs.get("model_name", args[0] if args else None))
+                rec.rearrange_finished()
             except Exception as exc:  # noqa: BLE001
-                log.warning("moe-eplb exporter: could not read the served model name (%s: %s)",
-                            type(exc).__name__, exc)
-            return result
+                _fail_soft("timing a rearrangement", exc, self)
+        return result
 
-        cls.add_model = add_model
-    orig_prepare = getattr(cls, "prepare_forward", None)
-    if orig_prepare is not None:
+    return rearrange
 
-        @functools.wraps(orig_prepare)
-        def prepare_forward(self, model_config, num_unpadded_tokens, *args, **kwargs):
-            result = orig_prepare(self, model_config, num_unpadded_tokens, *args, **kwargs)
-            t0 = _now()
-            try:
-                rec = recorder_of(self, factory)
-                if rec is not None:
-                    key = _hash_key(model_config)
-                    rec.forward_started(self.model_states.get(key), int(num_unpadded_tokens))
-                    rec.exporter_seconds += _now() - t0
-            except Exception as exc:  # noqa: BLE001
-                _fail_soft("reading the forward's token count", exc, self)
-            return result
 
-        cls.prepare_forward = prepare_forward
-    setattr(cls, _PATCHED, True)
-    cls._moe_eplb_originals = (orig_step, orig_rearrange, orig_add_model, orig_prepare)
-    return True
+def _wrapped_add_model(orig_add_model: Callable) -> Callable:
+    """``EplbState.add_model``: remembers the served model's name."""
+
+    @functools.wraps(orig_add_model)
+    def add_model(self, model, model_config, *args, **kwargs):
+        before = set(getattr(self, "model_states", {}) or {})
+        result = orig_add_model(self, model, model_config, *args, **kwargs)
+        try:
+            remember_model(self, before, model_config, kwargs.get("model_name", args[0] if args else None))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("moe-eplb exporter: could not read the served model name (%s: %s)",
+                        type(exc).__name__, exc)
+        return result
+
+    return add_model
+
+
+def _wrapped_prepare_forward(orig_prepare: Callable, factory: RecorderFactory) -> Callable:
+    """``EplbState.prepare_forward``: the forward's unpadded token count."""
+
+    @functools.wraps(orig_prepare)
+    def prepare_forward(self, model_config, num_unpadded_tokens, *args, **kwargs):
+        result = orig_prepare(self, model_config, num_unpadded_tokens, *args, **kwargs)
+        t0 = _now()
+        try:
+            rec = recorder_of(self, factory)
+            if rec is not None:
+                key = _hash_key(model_config)
+                rec.forward_started(self.model_states.get(key), int(num_unpadded_tokens))
+                rec.exporter_seconds += _now() - t0
+        except Exception as exc:  # noqa: BLE001
+            _fail_soft("reading the forward's token count", exc, self)
+        return result
+
+    return prepare_forward
 
 
 def _hash_key(model_config: Any):

@@ -15,7 +15,7 @@
 
 Both sources also read the telemetry the calibration fits on (step durations, rank tokens,
 rearrangement durations, the running config, KV-cache series;
-:mod:`moe_eplb.metrics.telemetry`); a missing source leaves its trace key absent.
+:mod:`moe_eplb.metrics.telemetry_keys`); a missing source leaves its trace key absent.
 
 Every problem is a :class:`~moe_eplb.metrics.errors.LoadReadError` with a status reason; nothing
 here returns a partial matrix.
@@ -37,7 +37,6 @@ from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
     counters_from_rounds,
-    grid_for,
     trace_from_raw_counters,
 )
 from moe_eplb.metrics.errors import (
@@ -47,10 +46,17 @@ from moe_eplb.metrics.errors import (
     PROMETHEUS_QUERY_FAILED,
     LoadReadError,
 )
+from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
-from moe_eplb.metrics.telemetry import NO_MODEL_LABEL, SAMPLE_NAMES, TelemetrySeries, series_from_rounds, telemetry_from_series
+from moe_eplb.metrics.telemetry_keys import (
+    NO_MODEL_LABEL,
+    SAMPLE_NAMES,
+    TelemetrySeries,
+    series_from_rounds,
+    telemetry_from_series,
+)
 from moe_eplb.trace_format import TELEMETRY_KEYS
 
 
@@ -413,7 +419,7 @@ def read_telemetry_series(read, skip: tuple[str, ...] = (), read_any_model=None)
 
 def with_telemetry(trace: LoadTrace, src: TelemetrySeries, grid, pods_per_engine: int,
                    starts: list[Series]) -> LoadTrace:
-    """``trace`` with the telemetry its sources give (:func:`moe_eplb.metrics.telemetry.telemetry_from_series`);
+    """``trace`` with the telemetry its sources give (:func:`moe_eplb.metrics.telemetry_keys.telemetry_from_series`);
     ``trace.meta["telemetry_skipped"]`` says why each missing key is missing."""
     got = telemetry_from_series(src, grid, trace.bucket_steps, num_layers=trace.num_layers, model=trace.model,
                                 pods_per_engine=pods_per_engine, start_times=starts)

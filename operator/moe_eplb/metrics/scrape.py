@@ -87,7 +87,7 @@ class PodSample:
     telemetry: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
 
 
-#: Sample names kept for the calibration's telemetry (moe_eplb.metrics.telemetry.SAMPLE_NAMES).
+#: Sample names kept for the calibration's telemetry (moe_eplb.metrics.telemetry_keys.SAMPLE_NAMES).
 TELEMETRY_SAMPLES = frozenset({
     metric_names.STEP_SECONDS + "_sum", metric_names.STEP_SECONDS + "_count", metric_names.RANK_TOKENS,
     metric_names.REARRANGEMENT_SECONDS + "_sum", metric_names.REARRANGEMENT_SECONDS + "_count",

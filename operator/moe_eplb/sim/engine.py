@@ -15,7 +15,7 @@ through vLLM's EPLB behaviour with the EPLB settings the pod was started with:
 - so a change of window, interval or redundancy (a new pod) really changes what the pod reports;
 - a start-up delay (model loading) before the pod is ready and reports anything; a restarted pod
   starts with a fresh EPLB state, as a restarted vLLM does;
-- the deployment's physics from its true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`,
+- the deployment's physics from its true cost parameters (:class:`moe_eplb.sim.physics.TrueCost`,
   given by the test or demo, never seen by the operator): step durations from the true MoE share
   and the imbalance the engine serves, rearrangement stalls or copy costs, KV-cache usage,
   preemptions and waiting requests from the true memory pressure -- the telemetry the operator
@@ -64,7 +64,7 @@ from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs
 from moe_eplb.eplb.policy import rebalance
 from moe_eplb.eplb.trace import LoadTrace, served_imbalance
-from moe_eplb.sim.telemetry import TrueCost, tokens_per_step
+from moe_eplb.sim.physics import TrueCost, tokens_per_step
 
 __all__ = ["SimClock", "EngineSettings", "EngineFaults", "SimulatedEplb", "SimulatedEngine"]
 

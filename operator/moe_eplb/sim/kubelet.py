@@ -29,7 +29,7 @@ Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HT
 Which engine runs a pod is decided in ONE place, :meth:`FakeKubelet._engine`: a
 :class:`~moe_eplb.sim.engine.SimulatedEngine` by default, or whatever ``engine_factory`` builds from
 an :class:`EngineRequest` (the pod's parsed settings AND its pod spec, so a factory can start a real
-``vllm serve`` from the rendered container; the real-engine demo in tests/vllm_engine does). The
+``vllm serve`` from the rendered container; the real-engine demo in scripts/vllm_engine does). The
 kubelet only uses an engine's ``start()`` / ``stop()`` coroutines, ``ready`` and ``ports`` (one
 exporter port per pod of the engine, known before ``start()`` returns).
 
@@ -382,7 +382,7 @@ class FakeKubelet(PollingKubelet):
             ``engine.ports`` and awaits ``engine.stop()`` when the pod goes. A ``ValueError`` from
             the factory is a crash at start-up.
         true_cost: the deployment's true cost parameters the engines' telemetry comes from
-            (:class:`moe_eplb.sim.telemetry.TrueCost`; hidden from the operator).
+            (:class:`moe_eplb.sim.physics.TrueCost`; hidden from the operator).
     """
 
     role = "fake kubelet"

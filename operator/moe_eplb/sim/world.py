@@ -186,8 +186,8 @@ class SimWorld:
             (simulated seconds) and the least engine steps it tunes on.
         crash_if, crash_pod_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model (or a mapping MoEInference name -> groups).
-        observer: autotune observer (see ``AutotuneRuntime.observer``).
-        true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.telemetry.TrueCost`)
+        observer: autotune observer (see ``AutotuneSettings.observer``).
+        true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.physics.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
         api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
             or ``"real"``: a real control plane (:mod:`moe_eplb.sim.controlplane`, built by ``make
@@ -248,7 +248,7 @@ class SimWorld:
     kubelet: Any = None
     prom: LocalPrometheus | None = None
     adapter: Any = None
-    runtime: Any = None
+    autotune: Any = None  # the operators' AutotuneSettings
     operators: list = field(default_factory=list)
 
     @property
@@ -257,19 +257,18 @@ class SimWorld:
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
-        from moe_eplb.controller import autotune
+        from moe_eplb.controller.autotune_settings import AutotuneSettings
         from moe_eplb.sim.kubelet import FakeKubelet
 
         self.clock = SimClock.started_now(self.scale)
-        rt = autotune.AutotuneRuntime(clock=self.clock, tick_seconds=self.tick_seconds,
-                                      lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
-                                      observer=self.observer, http_timeout=self.http_timeout,
-                                      bucket_seconds=self.bucket_seconds,
-                                      min_wall_bucket_seconds=2 * self.scrape_interval)
+        rt = AutotuneSettings(clock=self.clock, tick_seconds=self.tick_seconds,
+                              lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
+                              observer=self.observer, http_timeout=self.http_timeout,
+                              bucket_seconds=self.bucket_seconds,
+                              min_wall_bucket_seconds=2 * self.scrape_interval)
         if self.search is not None:
             rt.search = dict(self.search)
-        self.runtime = rt
-        autotune.configure(rt)
+        self.autotune = rt  # what every operator started here runs its loop with
         self.api = resolve_api(self.api)
         if self.metrics_adapter and (self.api != "real" or not self.prometheus):
             raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
@@ -331,7 +330,7 @@ class SimWorld:
                         self.prom.stop()
                         self.prom = None
         finally:
-            autotune.configure(None)
+            self.autotune = None  # its clock and observer belong to this run
 
     @contextlib.asynccontextmanager
     async def _cluster(self) -> AsyncIterator[Any]:
@@ -380,7 +379,7 @@ class SimWorld:
         await asyncio.to_thread(adapter.start)
 
     def set_true_cost(self, true_cost: Any) -> None:
-        """Change the deployment's truth (:class:`moe_eplb.sim.telemetry.TrueCost`) while the world
+        """Change the deployment's truth (:class:`moe_eplb.sim.physics.TrueCost`) while the world
         runs -- e.g. a higher ``kv_demand``, as a traffic rise fills the KV cache and requests wait:
         the running engines produce their telemetry from it from their next step on, and engines
         started later start with it."""
@@ -424,8 +423,8 @@ class SimWorld:
         from moe_eplb.controller.handlers import Controller
         from moe_eplb.controller.main import build_settings, run_operator
 
-        controller = Controller(connection=self.connection(),
-                                resync_seconds=3600.0, refresh_delay_s=0.02, retry_delay_s=0.2)
+        controller = Controller(connection=self.connection(), resync_seconds=3600.0, refresh_delay_s=0.02,
+                                retry_delay_s=0.2, autotune=self.autotune)
         settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority)
         if not standalone:
             settings.peering.lifetime = 5  # seconds a peer is considered alive without a heartbeat

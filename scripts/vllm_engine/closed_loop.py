@@ -1,6 +1,6 @@
 """The closed autotune loop with ONE REAL vLLM engine as the pod ("vLLM on CPU with the test bridge").
 
-    PYTHONPATH=operator:. python -m tests.vllm_engine.closed_loop [--workdir DIR] [--keep] [--timeout S]
+    PYTHONPATH=operator:. python -m scripts.vllm_engine.closed_loop [--workdir DIR] [--keep] [--timeout S]
 
 (run by ``make demo-vllm-cpu`` -> ``scripts/demo_vllm_cpu.sh``). What runs, all on loopback:
 
@@ -12,7 +12,7 @@
   TP 2 = EP 2, sync EPLB, the tiny Qwen3-MoE built locally, the exporter plugin inside it and the
   test-only CPU EPLB bridge): :class:`RealPodEngine`, built by the kubelet's engine-factory hook
   from the pod spec the operator rendered -- the container's args as rendered, with the CPU
-  adaptations of :mod:`tests.vllm_engine.harness` (launcher, local model path, loopback ports,
+  adaptations of :mod:`scripts.vllm_engine.harness` (launcher, local model path, loopback ports,
   bridge plugin); so a tuner change that rolls the Deployment stops this engine and starts a new
   one with the new ``--eplb-config``;
 * a load generator (:class:`LoadGenerator`) sending completions with 4 in flight, all the time,

@@ -43,8 +43,8 @@ import numpy as np
 from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
-from moe_eplb.metrics.assemble import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.errors import LoadReadError
+from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments
 from moe_eplb.metrics.scrape import Round
 from moe_eplb.metrics.series import Series
@@ -177,12 +177,28 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
                           start_times: Sequence[Series] = ()) -> TelemetryRead:
     """Build the telemetry of a trace with ``bucket_steps`` ``[T]`` on ``grid`` (see the module
     docstring). ``start_times``: ``moe_eplb_exporter_start_time_seconds`` samples (restarts)."""
-    T = grid.shape[0] - 1
     starts = {s.pod: s for s in _of_model(start_times, model)}
     kw: dict = {}
     skipped: dict[str, str] = {}
     steps = np.asarray(bucket_steps, np.float64)
 
+    _step_seconds(src, grid, steps, model, starts, kw, skipped)
+    _rank_load(src, grid, model, starts, num_layers, kw, skipped)
+    _rearrangements(src, grid, model, starts, pods_per_engine, kw, skipped)
+    _config_and_kv_bytes(src, model, kw, skipped)
+    _kv_pressure(src, grid, steps, model, kw, skipped)
+    _prefix_cache(src, grid, steps, model, kw, skipped)
+    if "config" in kw and "rank_load" in kw and kw["config"].ep_size not in (None, kw["rank_load"].shape[2]):
+        skipped["config"] = (f"config_info says ep_size {kw['config'].ep_size}, the rank series "
+                             f"{kw['rank_load'].shape[2]} ranks")
+        del kw["config"]
+    return TelemetryRead(Telemetry(**kw) if kw else None, skipped)
+
+
+def _step_seconds(src: TelemetrySeries, grid: np.ndarray, steps: np.ndarray, model: str | None, starts: dict,
+                  kw: dict, skipped: dict) -> None:
+    """``step_seconds``: the mean engine step time per bucket (``kw``; or why not, in ``skipped``)."""
+    T = grid.shape[0] - 1
     ssum, scount = _of_model(src.step_sum, model), _of_model(src.step_count, model)
     if not ssum or not scount:
         skipped["step_seconds"] = f"no {metric_names.STEP_SECONDS} series"
@@ -195,6 +211,11 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
         else:
             kw["step_seconds"] = np.where(steps > 0, np.divide(total, count, out=np.zeros(T), where=count > 0), np.nan)
 
+
+def _rank_load(src: TelemetrySeries, grid: np.ndarray, model: str | None, starts: dict, num_layers: int,
+               kw: dict, skipped: dict) -> None:
+    """``rank_load``: the tokens each EP rank served per layer and bucket."""
+    T = grid.shape[0] - 1
     ranks = _of_model(src.rank_tokens, model)
     rank_sums = _of_model(src.rank_edge_sums, model)
     if not ranks and not rank_sums:
@@ -219,6 +240,10 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
                     np.add.at(rl, (slice(None), at[:, 0], at[:, 1]), np.diff(edge_matrix(rank_sums, grid), axis=1).T)
                 kw["rank_load"] = np.maximum(rl, 0.0)
 
+
+def _rearrangements(src: TelemetrySeries, grid: np.ndarray, model: str | None, starts: dict,
+                    pods_per_engine: int, kw: dict, skipped: dict) -> None:
+    """``rearrangements``: one per engine and rearrangement, with its mean seconds."""
     rsum, rcount = _of_model(src.rearrangement_sum, model), _of_model(src.rearrangement_count, model)
     if not rsum or not rcount:
         skipped["rearrangements"] = f"no {metric_names.REARRANGEMENT_SECONDS} series"
@@ -230,6 +255,9 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
             events += [Rearrangement(int(b), float(total[b] / count[b]))] * n
         kw["rearrangements"] = tuple(events)
 
+
+def _config_and_kv_bytes(src: TelemetrySeries, model: str | None, kw: dict, skipped: dict) -> None:
+    """``config`` (the engines' EPLB settings) and ``kv_cache_bytes_per_gpu``."""
     cfg = _config(_of_model(src.config_info, model))
     if cfg is None:
         skipped["config"] = f"no readable {metric_names.CONFIG_INFO} series"
@@ -241,6 +269,11 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
     else:
         skipped["kv_cache_bytes_per_gpu"] = f"no {metric_names.KV_CACHE_BYTES} series"
 
+
+def _kv_pressure(src: TelemetrySeries, grid: np.ndarray, steps: np.ndarray, model: str | None, kw: dict,
+                 skipped: dict) -> None:
+    """``kv_cache_usage``, ``preemptions`` and ``requests_waiting`` per bucket; a series with no sample
+    in a bucket that ran engine steps is left out."""
     for key, series, combine, counter in (("kv_cache_usage", src.kv_usage, "mean", False),
                                           ("preemptions", src.preemptions, "sum", True),
                                           ("requests_waiting", src.waiting, "sum", False)):
@@ -254,12 +287,6 @@ def telemetry_from_series(src: TelemetrySeries, grid: np.ndarray, bucket_steps: 
             skipped[key] = f"no sample for bucket {int(np.argmax(gap))}, which ran engine steps"
             continue
         kw[key] = np.clip(values, 0.0, 1.0) if key == "kv_cache_usage" else np.maximum(values, 0.0)
-    _prefix_cache(src, grid, steps, model, kw, skipped)
-    if "config" in kw and "rank_load" in kw and kw["config"].ep_size not in (None, kw["rank_load"].shape[2]):
-        skipped["config"] = (f"config_info says ep_size {kw['config'].ep_size}, the rank series "
-                             f"{kw['rank_load'].shape[2]} ranks")
-        del kw["config"]
-    return TelemetryRead(Telemetry(**kw) if kw else None, skipped)
 
 
 def _prefix_cache(src: TelemetrySeries, grid: np.ndarray, steps: np.ndarray, model: str | None, kw: dict,

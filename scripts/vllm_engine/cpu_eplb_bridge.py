@@ -1,11 +1,12 @@
 """TEST-ONLY vLLM general plugin: bridges the five gaps that keep vLLM 0.32.0's CPU backend from
-running expert parallelism with (sync) EPLB. Never shipped: it lives under ``tests/`` and is
-loaded only by the real-engine tests, the e2e script and the benchmark. Every result obtained with
+running expert parallelism with (sync) EPLB. Never shipped: it lives under ``scripts/vllm_engine/``
+(outside the product package) and is loaded only by the real-engine tests, the e2e script and the
+benchmark. Every result obtained with
 it is "vLLM on CPU with the test bridge", not stock vLLM.
 
 How it is loaded: vLLM calls the entry points of the group ``vllm.general_plugins`` (filtered by
 ``VLLM_PLUGINS``) in every process it starts, before any config or worker is built. The bridge is
-not installed, so :mod:`tests.vllm_engine.plugin_dist` copies this file into a temporary directory
+not installed, so :mod:`scripts.vllm_engine.plugin_dist` copies this file into a temporary directory
 next to a generated ``cpu_eplb_bridge-0.0.0+test.dist-info`` (``METADATA`` + ``entry_points.txt``) and
 that directory goes on the engine's ``PYTHONPATH``; ``VLLM_PLUGINS`` gets ``cpu_eplb_bridge``
 added. Nothing in vLLM's files is edited: each gap is bridged by replacing one attribute at load
@@ -66,7 +67,7 @@ def _outdated(point: str, what: str) -> BridgeOutdated:
     return BridgeOutdated(
         f"cpu-eplb-bridge point {point}: {what}. The test bridge was written for vLLM {VLLM_VERSION}'s CPU "
         "backend; vLLM changed here (the gap may be fixed or moved): update or drop this point "
-        "(tests/vllm_engine/cpu_eplb_bridge.py)."
+        "(scripts/vllm_engine/cpu_eplb_bridge.py)."
     )
 
 
