@@ -17,7 +17,8 @@ How it is wired, as on a cluster but on loopback:
 - APIServices ``v1beta1`` and ``v1beta2.custom.metrics.k8s.io`` and ``v1beta1.external.metrics.k8s.io``
   point at that Service, with the certificate as ``caBundle``.
 
-Public entry points: :func:`find_adapter`, :func:`adapter_config`, :func:`custom_metric_name`,
+Public entry points: :func:`find_adapter`, :func:`adapter_config` (the metric names it serves:
+:func:`moe_eplb.metric_names.adapter_metric_name`),
 :class:`PrometheusAdapter` (``start()`` / ``stop()``, ``pod_metric()``, ``external_metric()``).
 """
 
@@ -61,13 +62,6 @@ def find_adapter(path: str | os.PathLike[str] | None = None) -> pathlib.Path | N
     """The built adapter binary, or ``None``."""
     p = pathlib.Path(path) if path else default_adapter_binary()
     return p if p.is_file() and os.access(p, os.X_OK) else None
-
-
-def custom_metric_name(series: str) -> str:
-    """The name the adapter gives ``series`` in the custom metrics API (and an HPA's Pods metric
-    names): vLLM's ``vllm:`` prefix becomes ``vllm_`` (``vllm:num_requests_waiting`` ->
-    ``vllm_num_requests_waiting``), as :func:`adapter_config`'s rule renames it."""
-    return series.replace(":", "_")
 
 
 def adapter_config(series: Sequence[str] = DEFAULT_SERIES) -> dict[str, Any]:
