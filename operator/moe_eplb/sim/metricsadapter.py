@@ -1,6 +1,6 @@
 """prometheus-adapter as the ``custom.metrics.k8s.io`` and ``external.metrics.k8s.io`` APIs of a REAL control plane
 (:mod:`moe_eplb.sim.controlplane` started with ``aggregator=True``), serving vLLM's metrics from a
-real Prometheus to the real HPA controller. Built from its Go module by ``tools/adapter/build.sh``
+real Prometheus to the real HPA controller. Built from its Go module by ``tools/build-go-tool.sh tools/adapter``
 (``make kube``); nothing here is emulated.
 
 How it is wired, as on a cluster but on loopback:
@@ -103,7 +103,7 @@ class PrometheusAdapter:
         found = find_adapter(binary)
         if found is None:
             raise ControlPlaneError(f"no prometheus-adapter built at {binary or default_adapter_binary()}: "
-                                    "run `make kube` (tools/adapter/build.sh)")
+                                    "run `make kube` (tools/build-go-tool.sh tools/adapter)")
         if not cp.aggregator:
             raise ControlPlaneError("the control plane runs without the aggregation layer: start it with aggregator=True")
         self.binary, self.cp, self.prometheus_url = found, cp, prometheus_url

@@ -58,7 +58,7 @@ def resolve_api(api: str) -> str:
 
 
 def resolve_lws(lws: str) -> str:
-    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/lws/build.sh`` built it)."""
+    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/build-go-tool.sh tools/lws`` built it)."""
     from moe_eplb.sim.lwscontroller import default_lws_bin_dir, find_lws_binary
 
     if lws not in APIS:
@@ -194,7 +194,7 @@ class SimWorld:
             nodes (:mod:`moe_eplb.sim.nodeagent`), and the LeaderWorkerSet controller picked by
             ``lws``. ``"auto"``: real when the binaries are built.
         lws: on the real API, which LeaderWorkerSet controller runs: ``"real"`` (``sigs.k8s.io/lws``
-            built by ``tools/lws/build.sh``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
+            built by ``tools/build-go-tool.sh tools/lws``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
             node agent runs its groups), ``"emulated"`` (:mod:`moe_eplb.sim.lws` in the fake kubelet,
             over the real API) or ``"auto"`` (real when built). Set by :meth:`run` to the one used.
         engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
