@@ -203,6 +203,11 @@ class SimWorld:
         metrics_adapter: with ``api="real"`` and ``prometheus``, run prometheus-adapter as the
             ``custom.metrics.k8s.io`` API (the control plane then has the aggregation layer), so an
             HPA can scale on vLLM's per-pod metrics (``world.adapter``).
+        emulated_hpa: run the emulated HPA controller (:mod:`moe_eplb.sim.hpa`, ``world.hpa``) that
+            scales on the pods' vLLM metrics itself: on the emulated API (no HPA controller there), or
+            on the real one without the adapter (kube-controller-manager then runs without its own HPA
+            controller). Not with ``metrics_adapter`` (the real one acts then). :attr:`autoscaler`
+            names the one that runs.
     """
 
     workload: LoadTrace | dict[str, LoadTrace]
@@ -228,6 +233,7 @@ class SimWorld:
     engine_factory: Callable[[Any], Any] | None = None
     api: str = "emulated"
     metrics_adapter: bool = False
+    emulated_hpa: bool = False
     lws: str = "auto"
     # handles, set by run()
     plane: Any = None
@@ -237,12 +243,24 @@ class SimWorld:
     kubelet: Any = None
     prom: LocalPrometheus | None = None
     adapter: Any = None
+    hpa: Any = None
     runtime: Any = None
     operators: list = field(default_factory=list)
 
     @property
     def prometheus_url(self) -> str | None:
         return self.prom.url if self.prom else None
+
+    @property
+    def autoscaler(self) -> str | None:
+        """Which HPA controller scales in this world, in words (None: none runs)."""
+        if self.metrics_adapter:
+            return "the real HPA controller (kube-controller-manager), vLLM's metrics from Prometheus via prometheus-adapter"
+        if self.emulated_hpa:
+            from moe_eplb.sim.hpa import NAME
+
+            return f"the {NAME}, vLLM's metrics scraped from the pods"
+        return None
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
@@ -262,6 +280,8 @@ class SimWorld:
         self.api = resolve_api(self.api)
         if self.metrics_adapter and (self.api != "real" or not self.prometheus):
             raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
+        if self.metrics_adapter and self.emulated_hpa:
+            raise ValueError("emulated_hpa: not with metrics_adapter (the real HPA controller scales then)")
         self.lws = resolve_lws(self.lws) if self.api == "real" else "emulated"
         try:
             async with self._cluster() as cluster:
@@ -303,9 +323,17 @@ class SimWorld:
                     self.kubelet = lws
                 if lws is not None:
                     await lws.start()
+                if self.emulated_hpa:
+                    from moe_eplb.sim.hpa import EmulatedHpaController
+
+                    self.hpa = EmulatedHpaController(cluster, http_timeout=self.http_timeout)
+                    await self.hpa.start()
                 try:
                     yield self
                 finally:
+                    if self.hpa is not None:
+                        await self.hpa.stop()
+                        self.hpa = None
                     for op in list(self.operators):
                         await self.stop_operator(op)
                     if lws is not None:
@@ -331,11 +359,13 @@ class SimWorld:
                 yield cluster
             return
         from moe_eplb.sim import lwscontroller
-        from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, ControlPlane, find_binaries, project_crds
+        from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, HPA_CONTROLLER, ControlPlane, find_binaries, project_crds
         from moe_eplb.sim.realapi import real_cluster
 
         real_lws = self.lws == "real"
         controllers = (*DEFAULT_CONTROLLERS, *lwscontroller.CONTROLLERS) if real_lws else DEFAULT_CONTROLLERS
+        if self.emulated_hpa:  # one HPA controller: the emulated one reads the pods, the real one has no metrics API
+            controllers = tuple(c for c in controllers if c != HPA_CONTROLLER)
         with tempfile.TemporaryDirectory(prefix="moe-eplb-kube-") as tmp:
             plane = ControlPlane(find_binaries(), tmp, scheduler=True, aggregator=self.metrics_adapter,
                                  controllers=controllers)
