@@ -46,7 +46,7 @@ NAME = "qwen3-autoscale-demo"
 PROFILE = "qwen3-vl-30b-a3b-steady"
 #: the traffic (simulated seconds from when the resource is applied): KV-cache demand of all
 #: requests, in caches of one replica at the workload's median batch; a cache is full from 0.97 on:
-#: after the rise one replica queues ~140 requests, two ~23 each, three none (below their target)
+#: after the rise one replica queues 140-180 requests, two ~20 each, three none (below their target)
 RISE_AT_S, RAMP_S = 120.0, 60.0
 DEMAND_BEFORE, DEMAND_AFTER = 0.5, 2.4
 MAX_REPLICAS = 3
@@ -287,7 +287,7 @@ def _echo_summary(s: dict, echo: Callable[[str], None]) -> None:
     events = ", ".join(f"{_fmt_t(e['at_s'])} {e['from']} -> {e['to']}" for e in s["scale_events"]) or "none"
     echo(f"traffic rise at {_fmt_t(s['traffic_rise_at_s'])}; scale-out ({s['autoscaler']}): {events}; "
          f"settled (last scale + observeSeconds) at {_fmt_t(s['settled_at_s']) if s['settled_at_s'] is not None else '-'}")
-    reasons = sorted({d["reason"].split("deferred: ", 1)[-1].split(";")[0].split(" (")[0] for d in s["deferrals"]})
+    reasons = list(dict.fromkeys(d["reason"].split("deferred: ", 1)[-1].split(";")[0] for d in s["deferrals"]))
     echo(f"tuner deferred {len(s['deferrals'])} time(s) for the autoscaler: " + ("; ".join(reasons) or "-"))
     after = s["decision_after_settling"]
     echo("first decision after the scale-out: " + (f"{_fmt_t(after['at_s'])} {after['decision']}: "
