@@ -2,7 +2,7 @@
 controller (moe_eplb.sim.hpa) scales the MoEInference out on its pods' waiting requests after the
 traffic rises, and the real operator's tuner defers its rollout until the new replicas have settled,
 then applies. The real control plane's run (the real HPA controller through prometheus-adapter) is
-tests/kube/test_demo_autoscale_real.py. Runs the scenario as the CLI does (1.75 simulated hours at 40x,
+tests/kube/test_demo_autoscale_real.py. Runs the scenario as the CLI does (2 simulated hours at 40x,
 about 3 min)."""
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ def test_summary_of_the_scenario():
         _evaluation(1300.0, "Defer", "window 1000 ... deferred: the autoscaler changed the replica count 300s ago; "
                                      "waiting 900s more for the new replicas to settle"),
         _evaluation(1600.0, "Defer", "window 1000 ... deferred: cooldown: last change 10s ago"),
+        _evaluation(2250.0, "NoData", "ScrapeGaps: ..."),  # not a judgment: the next one is the decision
         _evaluation(2300.0, "Apply", "applying window 1000, interval 3000, redundant 0"),
     ]
     s = A.summary_record(rec, api="emulated", load_source="prometheus", autoscaler="x", observe_s=1200.0,

@@ -12,7 +12,7 @@ def register(main: click.Group) -> None:
                        "through a traffic rise, a scale-out and the tuner waiting for it to settle (docs/demo.md).")
     @click.option("--hours", type=click.FloatRange(min=0.5), default=None,
                   help="Simulated hours of workload [default: 3 (tuning: the domain shift comes half-way), "
-                       "1.25 (autoscale)].")
+                       "2 (autoscale)].")
     @click.option("--speed", type=click.FloatRange(min=1.0), default=None,
                   help="Simulated seconds per wall second [default: 80 (tuning), 40 (autoscale)].")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/demo", show_default=True,

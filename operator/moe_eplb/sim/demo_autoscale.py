@@ -3,14 +3,15 @@ to settle -- on a SIMULATED cluster in accelerated time (the parts of :mod:`moe_
 
 One MoEInference, ``qwen3-autoscale-demo`` (Qwen3-VL-30B-A3B, EP 16 on one node, a Deployment), with
 ``spec.autoscaling`` (backend HPA, vLLM's waiting requests per replica, target
-:data:`TARGET_WAITING`, 1 to :data:`MAX_REPLICAS` replicas) and autotune in ``Apply`` mode from vLLM's
-default EPLB settings. The engines replay the ``qwen3-vl-30b-a3b-steady`` workload (each replica the
-same routing mix); the traffic is the KV-cache demand of the requests, :func:`demand`: a share
-:data:`DEMAND_BEFORE` of one replica's cache until :data:`RISE_AT_S`, then :data:`DEMAND_AFTER`
-(ramped over :data:`RAMP_S`), split evenly over the ready replicas (:func:`per_replica_demand`).
-One replica then cannot hold the running requests: requests wait
-(``vllm:num_requests_waiting``), the autoscaler scales the resource out through its ``/scale``, the
-new pods load (3 simulated minutes), and the waiting stops once the new replicas serve.
+:data:`TARGET_WAITING`, 1 to :data:`MAX_REPLICAS` replicas) and autotune in ``Apply`` mode from
+:data:`INITIAL_EPLB` (a long rearrangement interval). The engines replay the
+``qwen3-vl-30b-a3b-steady`` workload without its bursts (each replica the same routing mix); the
+traffic is the KV-cache demand of the requests, :func:`demand`: a share :data:`DEMAND_BEFORE` of one
+replica's cache until :data:`RISE_AT_S`, then :data:`DEMAND_AFTER` (ramped over :data:`RAMP_S`),
+split evenly over the ready replicas (:func:`per_replica_demand`). One replica then cannot hold the
+running requests: requests wait (``vllm:num_requests_waiting``), the autoscaler scales the resource
+out through its ``/scale``, the new pods load (3 simulated minutes), and the waiting stops once the
+new replicas serve.
 
 Which autoscaler acts (printed, and ``autoscaler`` in the summary): on the real control plane with
 prometheus-adapter built (``make kube``) and Prometheus installed, the REAL HPA controller of
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -50,14 +52,14 @@ PROFILE = "qwen3-vl-30b-a3b-steady"
 RISE_AT_S, RAMP_S = 120.0, 60.0
 DEMAND_BEFORE, DEMAND_AFTER = 0.5, 2.4
 MAX_REPLICAS = 3
-TARGET_WAITING = 10
+TARGET_WAITING = 5
 #: wall seconds per added replica (the HPA's behavior runs in wall time)
 SCALE_UP_PERIOD_S = 15
-#: the tuner judges only with this many engine steps in its window (about 13 simulated minutes of
-#: load): the scale-out, 2 minutes after the rise when the emulated controller reacts and about 8
-#: when the real one does (Prometheus, the adapter and its sync in wall time), comes first
-MIN_STEPS = 15000
-DEFAULT_HOURS, DEFAULT_SPEED = 1.75, 40.0
+#: the tuner judges only with this many engine steps in its window (about 21 simulated minutes of
+#: load): the scale-out, 2 minutes after the rise when the emulated controller reacts and 10-15 when
+#: the real one does (Prometheus, the adapter and its sync in wall time, on a loaded machine), comes first
+MIN_STEPS = 24000
+DEFAULT_HOURS, DEFAULT_SPEED = 2.0, 40.0
 #: the resource's EPLB settings at the start: vLLM's window, a long rearrangement interval (~17
 #: simulated minutes at this traffic), no redundant experts -- every replica the autoscaler adds
 #: serves that long on vLLM's initial placement, so the tuner wants a shorter interval
@@ -70,7 +72,7 @@ def resource() -> dict[str, Any]:
     res = copy.deepcopy(QWEN)
     res["metadata"]["name"] = NAME
     res["spec"]["eplb"].update(INITIAL_EPLB)
-    res["spec"]["autotune"].update({"evaluationIntervalSeconds": 300, "observeSeconds": 1800})
+    res["spec"]["autotune"].update({"evaluationIntervalSeconds": 300, "observeSeconds": 2700})
     res["spec"]["autoscaling"] = {
         "minReplicas": 1, "maxReplicas": MAX_REPLICAS, "backend": "HPA", "hpa": {"metricsApi": "Pods"},
         "metric": {"type": "RequestsWaiting", "target": TARGET_WAITING},
@@ -115,7 +117,7 @@ def summary_record(rec: AutoscaleRecord, *, api: str, load_source: str, autoscal
     ``name``, ``traffic_rise_at_s`` (``rise_at_s``), ``scale_events`` (``[{at_s, from, to}]``), ``replicas`` (``start``,
     ``max``, ``end``), ``settled_at_s`` (the last scale event + ``observeSeconds``), ``deferrals``
     (``[{at_s, reason}]``: the autoscaler's), ``decision_after_settling`` (the first evaluation from
-    ``settled_at_s`` on: ``{at_s, decision, reason}`` or None), ``rollouts_started``
+    ``settled_at_s`` on that judged, i.e. not NoData or Error: ``{at_s, decision, reason}`` or None), ``rollouts_started``
     (``[{at_s, to}]``), ``rollouts_started_while_scaling`` (started less than ``observe_s`` after a
     scale event: what the tuner's rule forbids) and ``applied_changes`` (``[{at_s, window_size, step_interval,
     num_redundant_experts, kept}]``, ``at_s`` when the rollout started)."""
@@ -124,7 +126,8 @@ def summary_record(rec: AutoscaleRecord, *, api: str, load_source: str, autoscal
     settled = last + observe_s if last is not None else None
     deferrals = [{"at_s": e["at_s"], "reason": e["reason"]} for e in rec.evaluations
                  if e["decision"] == "Defer" and autoscaler_deferral(e["reason"])]
-    after = next((e for e in rec.evaluations if settled is not None and e["at_s"] >= settled), None)
+    after = next((e for e in rec.evaluations if settled is not None and e["at_s"] >= settled
+                  and e["decision"] not in ("NoData", "Error")), None)
     started = [{"at_s": e["at_s"], "to": _kn(e["recommended"])} for e in rec.evaluations if e["decision"] == "Apply"]
     changes = [{"at_s": h.get("started_s", h["at_s"]), **{k: (h.get("to") or {}).get(c) for k, c in (
         ("window_size", "windowSize"), ("step_interval", "stepInterval"), ("num_redundant_experts", "numRedundantExperts"))},
@@ -147,15 +150,18 @@ def summary_record(rec: AutoscaleRecord, *, api: str, load_source: str, autoscal
 
 def _world(speed: float, hours: float, seed: int, use_prom: bool, api: str, observer: Callable) -> Any:
     """The simulated cluster of the scenario, with the real HPA controller where it can read the metric."""
-    from moe_eplb.eplb import synth
+    from moe_eplb.eplb import profiles, synth
     from moe_eplb.sim.metricsadapter import find_adapter
     from moe_eplb.sim.telemetry import TrueCost
     from moe_eplb.sim.world import SimWorld, resolve_api
 
     api = resolve_api(api)
     real_hpa = api == "real" and use_prom and find_adapter() is not None
-    # longer than the run: the scenario's clock starts when the resource is applied, after the API is up
-    workload = synth.generate(PROFILE, hours=hours + 0.5, bucket_seconds=15.0, seed=seed)
+    # without the profile's bursts: the traffic's one change is the rise (a burst on three replicas would
+    # queue requests again); longer than the run: the scenario's clock starts when the resource is
+    # applied, after the API is up
+    profile = dataclasses.replace(profiles.BUILTIN_PROFILES[PROFILE], bursts=None)
+    workload = synth.generate(profile, hours=hours + 0.5, bucket_seconds=15.0, seed=seed)
     return SimWorld(workload={NAME: workload}, scale=speed, startup_seconds=180.0, prometheus=use_prom,
                     scrape_interval=2.0, tick_seconds=0.5, lookback_seconds=1800.0, bucket_seconds=max(60.0, speed * 2.0),
                     min_steps=MIN_STEPS, observer=observer, engine_tick=0.1, http_timeout=30.0, kubelet_poll=0.25,
@@ -287,8 +293,11 @@ def _echo_summary(s: dict, echo: Callable[[str], None]) -> None:
     events = ", ".join(f"{_fmt_t(e['at_s'])} {e['from']} -> {e['to']}" for e in s["scale_events"]) or "none"
     echo(f"traffic rise at {_fmt_t(s['traffic_rise_at_s'])}; scale-out ({s['autoscaler']}): {events}; "
          f"settled (last scale + observeSeconds) at {_fmt_t(s['settled_at_s']) if s['settled_at_s'] is not None else '-'}")
-    reasons = list(dict.fromkeys(d["reason"].split("deferred: ", 1)[-1].split(";")[0] for d in s["deferrals"]))
-    echo(f"tuner deferred {len(s['deferrals'])} time(s) for the autoscaler: " + ("; ".join(reasons) or "-"))
+    from moe_eplb.controller.decisions import SCALING_WAITS
+
+    kinds = [next((w for w in SCALING_WAITS if f"deferred: {w}" in d["reason"]), "?") for d in s["deferrals"]]
+    echo(f"tuner deferred {len(kinds)} time(s) for the autoscaler: "
+         + ("; ".join(f"{kinds.count(k)}x {k}" for k in dict.fromkeys(kinds)) or "-"))
     after = s["decision_after_settling"]
     echo("first decision after the scale-out: " + (f"{_fmt_t(after['at_s'])} {after['decision']}: "
                                                    f"{short(after['reason'], 140)}" if after else "none"))
