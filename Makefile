@@ -39,8 +39,8 @@ setup: $(VENV)/.setup-done
 kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
-	bash tools/lws/build.sh
-	bash tools/adapter/build.sh
+	bash tools/build-go-tool.sh tools/lws
+	bash tools/build-go-tool.sh tools/adapter
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 

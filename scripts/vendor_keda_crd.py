@@ -16,11 +16,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import pathlib
+import sys
 from typing import Any
 
-import yaml
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from vendor_crd import vendor  # noqa: E402 - the shared reader/writer next to this script
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "operator" / "moe_eplb" / "sim" / "keda_scaledobject_crd.yaml"
 
@@ -36,17 +37,9 @@ def strip_descriptions(node: Any, *, in_properties: bool = False) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("crd", help="the published CRD file")
-    ap.add_argument("--source", required=True, help="where it came from, e.g. kedacore/keda@<commit>")
-    args = ap.parse_args()
-    docs = [d for d in yaml.safe_load_all(pathlib.Path(args.crd).read_text()) if d]
-    crd = strip_descriptions(docs[0])
-    header = (f"# KEDA ScaledObject CRD from {args.source}\n"
-              "# (config/crd/bases/keda.sh_scaledobjects.yaml), descriptions removed by\n"
-              "# scripts/vendor_keda_crd.py. Apache-2.0, The KEDA Authors. Do not edit by hand.\n")
-    OUT.write_text(header + yaml.safe_dump(crd, sort_keys=False, width=120))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    vendor(OUT, strip_descriptions, kind="KEDA ScaledObject", published_path="config/crd/bases/keda.sh_scaledobjects.yaml",
+           what="descriptions removed", script="vendor_keda_crd.py", license_line="Apache-2.0, The KEDA Authors.",
+           description=__doc__.splitlines()[0], source_example="kedacore/keda@<commit>")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,11 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import pathlib
+import sys
 
-import yaml
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from vendor_crd import vendor  # noqa: E402 - the shared reader/writer next to this script
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "operator" / "moe_eplb" / "sim" / "lws_crd.yaml"
 TRIMMED = ("leaderTemplate", "workerTemplate")
@@ -47,17 +48,9 @@ def trim(crd: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("crd", help="the published CRD file")
-    ap.add_argument("--source", required=True, help="where it came from, e.g. kubernetes-sigs/lws@<commit>")
-    args = ap.parse_args()
-    docs = [d for d in yaml.safe_load_all(pathlib.Path(args.crd).read_text()) if d]
-    crd = trim(docs[0])
-    header = (f"# LeaderWorkerSet CRD from {args.source}\n"
-              "# (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml), pod templates trimmed by\n"
-              "# scripts/vendor_lws_crd.py. Apache-2.0, The Kubernetes Authors. Do not edit by hand.\n")
-    OUT.write_text(header + yaml.safe_dump(crd, sort_keys=False, width=120))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    vendor(OUT, trim, kind="LeaderWorkerSet", published_path="config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+           what="pod templates trimmed", script="vendor_lws_crd.py", license_line="Apache-2.0, The Kubernetes Authors.",
+           description=__doc__.splitlines()[0], source_example="kubernetes-sigs/lws@<commit>")
 
 
 if __name__ == "__main__":

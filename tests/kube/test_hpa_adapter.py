@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from moe_eplb.eplb import synth
-from moe_eplb.metric_names import MOEINFERENCE_LABEL
-from moe_eplb.sim.metricsadapter import custom_metric_name, default_adapter_binary, find_adapter, quantity
+from moe_eplb.metric_names import MOEINFERENCE_LABEL, adapter_metric_name
+from moe_eplb.sim.metricsadapter import default_adapter_binary, find_adapter, quantity
 from moe_eplb.sim.physics import TrueCost
 from moe_eplb.sim.world import SimWorld, prometheus_binary
 from moe_eplb.vllm_facts import REQUESTS_WAITING
@@ -33,7 +33,7 @@ from moe_eplb.vllm_facts import REQUESTS_WAITING
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 
 NS, NAME = "default", "tiny"
-METRIC = custom_metric_name(REQUESTS_WAITING)  # vllm_num_requests_waiting
+METRIC = adapter_metric_name(REQUESTS_WAITING)  # vllm_num_requests_waiting
 TARGET = 10  # waiting requests per replica
 MAX_REPLICAS = 3
 HPA_PATH = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"

@@ -1,4 +1,4 @@
-"""The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, ``tools/lws/build.sh``) on the real
+"""The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, ``tools/build-go-tool.sh tools/lws``) on the real
 control plane, its webhooks served and registered (:mod:`moe_eplb.sim.lwscontroller`), with the
 simulated GPU nodes running each group as one engine (:mod:`moe_eplb.sim.nodeagent`).
 

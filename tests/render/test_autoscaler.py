@@ -153,6 +153,21 @@ def test_hpa_metric_names():
     assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "8"}
 
 
+
+@pytest.mark.parametrize("series", [vllm_facts.REQUESTS_WAITING, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
+def test_the_hpa_names_the_metric_as_the_adapters_rule_serves_it(series):
+    """One name for both sides: the rendered HPA's metric (render.autoscaler) and the name
+    prometheus-adapter's rule (sim.metricsadapter.adapter_config) gives the series."""
+    import re
+
+    from moe_eplb.metric_names import adapter_metric_name
+    from moe_eplb.sim.metricsadapter import adapter_config
+
+    rule = adapter_config((series,))["rules"][0]["name"]
+    served = re.sub(rule["matches"], rule["as"].replace("${1}", r"\1"), series)
+    assert served == adapter_metric_name(series) == series.replace("vllm:", "vllm_")
+    assert adapter_metric_name(series, 0.995) == served + "_p99_5"
+
 def test_no_autoscaler_without_the_field_or_when_disabled():
     res = load_moeinferences(AUTOSCALED)[0]
     kinds = [c["kind"] for c in render_children(check(res).inference)]

@@ -132,8 +132,8 @@ class ScalingState:
 
 #: how each of :func:`scaling_blocker`'s reasons begins (the WaitingForAutoscaler Event is posted
 #: once per wait, not at every evaluation)
-_SCALING_WAITS = ("the replica count is changing", "the autoscaler changed the replica count",
-                  "the autoscaler is at maxReplicas")
+SCALING_WAITS = ("the replica count is changing", "the autoscaler changed the replica count",
+                 "the autoscaler is at maxReplicas")
 
 
 def scaling_blocker(scaling: ScalingState | None, now: float, settle_s: float) -> str | None:
@@ -340,7 +340,7 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         autoscaler = blocker == scaling_blocker(scaling, now, cfg.observe_s)
         out.conditions["Tuned"] = ("True", "WaitingForAutoscaler" if autoscaler else "Deferred", out.reason)
         previous = (state.last_evaluation.reason if state.last_evaluation is not None else None) or ""
-        if autoscaler and next(c for c in _SCALING_WAITS if blocker.startswith(c)) not in previous:  # once per wait
+        if autoscaler and next(c for c in SCALING_WAITS if blocker.startswith(c)) not in previous:  # once per wait
             out.events.append(("Normal", "WaitingForAutoscaler", f"tuner rollout of {describe(target)} waits: {blocker}"))
     else:
         out.decision = APPLY
@@ -384,6 +384,6 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 
 
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
-           "evaluate", "change_blocker",
+           "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
            "calibration_record"]

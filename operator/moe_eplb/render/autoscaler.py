@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_eplb import vllm_facts
+from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.spec import AutoscalingSpec, MoEInference
 from moe_eplb.k8s_names import (
     API,
@@ -77,16 +77,14 @@ def query(inf: MoEInference) -> str:
             f"(rate({series}_bucket{sel}[{a.metric.window_seconds}s])))")
 
 
-def adapter_metric_name(inf: MoEInference) -> str:
+def hpa_metric_name(inf: MoEInference) -> str:
     """The metric's name in the custom/external metrics API: ``spec.autoscaling.hpa.metricName``,
-    else vLLM's series with ':' as '_' (TTFT: ``..._p90`` for quantile 0.9)."""
+    else the name prometheus-adapter gives vLLM's series (:func:`moe_eplb.metric_names.adapter_metric_name`;
+    TTFT: ``..._p90`` for quantile 0.9)."""
     a = _spec(inf)
     if a.hpa is not None and a.hpa.metric_name:
         return a.hpa.metric_name
-    name = metric_series(inf).replace(":", "_")
-    if a.metric.type == "TTFT":
-        name += "_p" + f"{a.metric.quantile * 100:g}".replace(".", "_")
-    return name
+    return metric_names.adapter_metric_name(metric_series(inf), a.metric.quantile if a.metric.type == "TTFT" else None)
 
 
 def quantity(value: float) -> str:
@@ -155,14 +153,12 @@ def horizontal_pod_autoscaler(inf: MoEInference) -> dict[str, Any]:
     value, selected by the ``moeinference`` series label) or Pods (averaged over the engine pods)."""
     a = _spec(inf)
     assert a.hpa is not None  # the CRD requires it with backend HPA
-    name = adapter_metric_name(inf)
+    name = hpa_metric_name(inf)
     ttype = "AverageValue" if a.hpa.metrics_api == "Pods" else TARGET_TYPES[a.metric.type]
     target = {"type": ttype, ("averageValue" if ttype == "AverageValue" else "value"): quantity(a.metric.target)}
     if a.hpa.metrics_api == "Pods":
         metric = {"type": "Pods", "pods": {"metric": {"name": name}, "target": target}}
     else:
-        from moe_eplb import metric_names
-
         selector = {"matchLabels": {metric_names.MOEINFERENCE_LABEL: inf.name}}
         metric = {"type": "External", "external": {"metric": {"name": name, "selector": selector}, "target": target}}
     return {
@@ -194,7 +190,7 @@ def describe(inf: MoEInference) -> str | None:
         return None
     what = (f"KEDA ScaledObject {inf.name} (HPA {KEDA_HPA_PREFIX + inf.name})" if a.backend == "KEDA"
             else f"HorizontalPodAutoscaler {inf.name} ({a.hpa.metrics_api if a.hpa else '?'} metric "
-                 f"{adapter_metric_name(inf)})")
+                 f"{hpa_metric_name(inf)})")
     per = " per replica group" if a.metric.type == "RequestsWaiting" else ""
     metric = metric_series(inf) if a.metric.type != "TTFT" else f"p{a.metric.quantile * 100:g} of {metric_series(inf)}"
     return (f"{what} scales spec.replicas between {rollout_min_replicas(inf)} and {a.max_replicas} on {metric} "

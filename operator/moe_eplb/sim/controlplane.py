@@ -51,11 +51,13 @@ BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sched
 
 #: the controllers of kube-controller-manager the project relies on (names as its ``--controllers``
 #: takes them in 1.36): ownerReference garbage collection, namespace deletion, default service
-#: accounts and their tokens, Deployment -> ReplicaSet -> Pod, and the HPA controller (``/scale``)
+#: accounts and their tokens, Deployment -> ReplicaSet -> Pod, and the HPA controller (``/scale``;
+#: a world with the emulated one runs without it: sim/hpa.py)
+HPA_CONTROLLER = "horizontal-pod-autoscaler-controller"
 DEFAULT_CONTROLLERS = (
     "garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
     "serviceaccount-token-controller", "deployment-controller", "replicaset-controller",
-    "horizontal-pod-autoscaler-controller", "disruption-controller", "endpointslice-controller",
+    HPA_CONTROLLER, "disruption-controller", "endpointslice-controller",
 )
 
 ADMIN_USER = "moe-eplb-admin"

@@ -1,4 +1,4 @@
-"""The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, built by ``tools/lws/build.sh``) run
+"""The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, built by ``tools/build-go-tool.sh tools/lws``) run
 against a :class:`~moe_eplb.sim.controlplane.ControlPlane` on loopback. Not an emulation.
 
 What running it outside a cluster takes (all done by :class:`LwsController`):

@@ -1,6 +1,6 @@
 """prometheus-adapter as the ``custom.metrics.k8s.io`` and ``external.metrics.k8s.io`` APIs of a REAL control plane
 (:mod:`moe_eplb.sim.controlplane` started with ``aggregator=True``), serving vLLM's metrics from a
-real Prometheus to the real HPA controller. Built from its Go module by ``tools/adapter/build.sh``
+real Prometheus to the real HPA controller. Built from its Go module by ``tools/build-go-tool.sh tools/adapter``
 (``make kube``); nothing here is emulated.
 
 How it is wired, as on a cluster but on loopback:
@@ -17,7 +17,8 @@ How it is wired, as on a cluster but on loopback:
 - APIServices ``v1beta1`` and ``v1beta2.custom.metrics.k8s.io`` and ``v1beta1.external.metrics.k8s.io``
   point at that Service, with the certificate as ``caBundle``.
 
-Public entry points: :func:`find_adapter`, :func:`adapter_config`, :func:`custom_metric_name`,
+Public entry points: :func:`find_adapter`, :func:`adapter_config` (the metric names it serves:
+:func:`moe_eplb.metric_names.adapter_metric_name`),
 :class:`PrometheusAdapter` (``start()`` / ``stop()``, ``pod_metric()``, ``external_metric()``).
 """
 
@@ -64,13 +65,6 @@ def find_adapter(path: str | os.PathLike[str] | None = None) -> pathlib.Path | N
     return p if p.is_file() and os.access(p, os.X_OK) else None
 
 
-def custom_metric_name(series: str) -> str:
-    """The name the adapter gives ``series`` in the custom metrics API (and an HPA's Pods metric
-    names): vLLM's ``vllm:`` prefix becomes ``vllm_`` (``vllm:num_requests_waiting`` ->
-    ``vllm_num_requests_waiting``), as :func:`adapter_config`'s rule renames it."""
-    return series.replace(":", "_")
-
-
 def adapter_config(series: Sequence[str] = DEFAULT_SERIES) -> dict[str, Any]:
     """prometheus-adapter's ``--config`` for each vLLM gauge in ``series``:
 
@@ -110,7 +104,7 @@ class PrometheusAdapter:
         found = find_adapter(binary)
         if found is None:
             raise ControlPlaneError(f"no prometheus-adapter built at {binary or default_adapter_binary()}: "
-                                    "run `make kube` (tools/adapter/build.sh)")
+                                    "run `make kube` (tools/build-go-tool.sh tools/adapter)")
         if not cp.aggregator:
             raise ControlPlaneError("the control plane runs without the aggregation layer: start it with aggregator=True")
         self.binary, self.cp, self.prometheus_url = found, cp, prometheus_url

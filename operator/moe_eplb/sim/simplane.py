@@ -21,7 +21,14 @@ import urllib.error
 from typing import Any
 
 from moe_eplb import k8s_names
-from moe_eplb.sim.controlplane import DEFAULT_CONTROLLERS, ControlPlane, ControlPlaneError, find_binaries, project_crds
+from moe_eplb.sim.controlplane import (
+    DEFAULT_CONTROLLERS,
+    HPA_CONTROLLER,
+    ControlPlane,
+    ControlPlaneError,
+    find_binaries,
+    project_crds,
+)
 
 
 @dataclasses.dataclass
@@ -32,6 +39,11 @@ class SimPlane:
     plane: ControlPlane
     lws_controller: Any = None
     aggregator: bool = False
+
+    @property
+    def hpa(self) -> bool:
+        """Whether kube-controller-manager runs its HPA controller on this plane."""
+        return HPA_CONTROLLER in self.plane.controllers
 
     @property
     def lws(self) -> str:
@@ -91,15 +103,19 @@ class SimPlane:
                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
 
 
-def start(workdir: str | os.PathLike[str], *, lws: bool, aggregator: bool = False) -> SimPlane:
+def start(workdir: str | os.PathLike[str], *, lws: bool, aggregator: bool = False, hpa: bool = True) -> SimPlane:
     """Start the built control plane (with kube-scheduler) in ``workdir``, install the project's CRDs
-    and, with ``lws``, the real LeaderWorkerSet controller (``workdir/lws``). Blocking (seconds)."""
+    and, with ``lws``, the real LeaderWorkerSet controller (``workdir/lws``); ``hpa``: whether
+    kube-controller-manager runs its HPA controller (not where an emulated one scales). Blocking
+    (seconds)."""
     from moe_eplb.sim import lwscontroller
 
     bins = find_binaries()
     if bins is None:
         raise ControlPlaneError("no control plane built: run `make kube` (tools/kube/build.sh)")
     controllers = (*DEFAULT_CONTROLLERS, *lwscontroller.CONTROLLERS) if lws else DEFAULT_CONTROLLERS
+    if not hpa:
+        controllers = tuple(c for c in controllers if c != HPA_CONTROLLER)
     plane = ControlPlane(bins, workdir, scheduler=True, aggregator=aggregator, controllers=controllers)
     out = SimPlane(plane, aggregator=aggregator)
     try:

@@ -62,7 +62,7 @@ def resolve_api(api: str) -> str:
 
 
 def resolve_lws(lws: str) -> str:
-    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/lws/build.sh`` built it)."""
+    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/build-go-tool.sh tools/lws`` built it)."""
     from moe_eplb.sim.lwscontroller import default_lws_bin_dir, find_lws_binary
 
     if lws not in APIS:
@@ -195,7 +195,7 @@ class SimWorld:
             nodes (:mod:`moe_eplb.sim.nodeagent`), and the LeaderWorkerSet controller picked by
             ``lws``. ``"auto"``: real when the binaries are built.
         lws: on the real API, which LeaderWorkerSet controller runs: ``"real"`` (``sigs.k8s.io/lws``
-            built by ``tools/lws/build.sh``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
+            built by ``tools/build-go-tool.sh tools/lws``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
             node agent runs its groups), ``"emulated"`` (:mod:`moe_eplb.sim.lws` in the fake kubelet,
             over the real API) or ``"auto"`` (real when built). Set by :meth:`run` to the one used.
         engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
@@ -212,6 +212,11 @@ class SimWorld:
             its namespace is deleted at the end.
         namespace: where :meth:`apply` and :meth:`get` work (``default``; on a ``shared_plane`` a
             fresh one, set by :meth:`run`).
+        emulated_hpa: run the emulated HPA controller (:mod:`moe_eplb.sim.hpa`, ``world.hpa``) that
+            scales on the pods' vLLM metrics itself: on the emulated API (no HPA controller there), or
+            on the real one without the adapter (kube-controller-manager then runs without its own HPA
+            controller). Not with ``metrics_adapter`` (the real one acts then). :attr:`autoscaler`
+            names the one that runs.
     """
 
     workload: LoadTrace | dict[str, LoadTrace]
@@ -237,6 +242,7 @@ class SimWorld:
     engine_factory: Callable[[Any], Any] | None = None
     api: str = "emulated"
     metrics_adapter: bool = False
+    emulated_hpa: bool = False
     lws: str = "auto"
     shared_plane: Any = None
     namespace: str = "default"
@@ -248,12 +254,24 @@ class SimWorld:
     kubelet: Any = None
     prom: LocalPrometheus | None = None
     adapter: Any = None
+    hpa: Any = None
     autotune: Any = None  # the operators' AutotuneSettings
     operators: list = field(default_factory=list)
 
     @property
     def prometheus_url(self) -> str | None:
         return self.prom.url if self.prom else None
+
+    @property
+    def autoscaler(self) -> str | None:
+        """Which HPA controller scales in this world, in words (None: none runs)."""
+        if self.metrics_adapter:
+            return "the real HPA controller (kube-controller-manager), vLLM's metrics from Prometheus via prometheus-adapter"
+        if self.emulated_hpa:
+            from moe_eplb.sim.hpa import NAME
+
+            return f"the {NAME}, vLLM's metrics scraped from the pods"
+        return None
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
@@ -272,6 +290,8 @@ class SimWorld:
         self.api = resolve_api(self.api)
         if self.metrics_adapter and (self.api != "real" or not self.prometheus):
             raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
+        if self.metrics_adapter and self.emulated_hpa:
+            raise ValueError("emulated_hpa: not with metrics_adapter (the real HPA controller scales then)")
         self.lws = resolve_lws(self.lws) if self.api == "real" else "emulated"
         try:
             async with self._cluster() as cluster:
@@ -314,9 +334,17 @@ class SimWorld:
                     self.kubelet = lws
                 if lws is not None:
                     await lws.start()
+                if self.emulated_hpa:
+                    from moe_eplb.sim.hpa import EmulatedHpaController
+
+                    self.hpa = EmulatedHpaController(cluster, http_timeout=self.http_timeout)
+                    await self.hpa.start()
                 try:
                     yield self
                 finally:
+                    if self.hpa is not None:
+                        await self.hpa.stop()
+                        self.hpa = None
                     for op in list(self.operators):
                         await self.stop_operator(op)
                     if lws is not None:
@@ -346,13 +374,15 @@ class SimWorld:
         from moe_eplb.sim.realapi import real_cluster
 
         shared = self.shared_plane
-        if shared is not None and (shared.lws != self.lws or (self.metrics_adapter and not shared.aggregator)):
+        if shared is not None and (shared.lws != self.lws or (self.metrics_adapter and not shared.aggregator)
+                                   or shared.hpa == self.emulated_hpa):
             shared = None  # not the controllers this world needs: a plane of its own
         with contextlib.ExitStack() as stack:
             if shared is None:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-eplb-kube-"))
+                # one HPA controller: the emulated one reads the pods, the real one would have no metrics API
                 sp = await asyncio.to_thread(simplane.start, tmp, lws=self.lws == "real",
-                                             aggregator=self.metrics_adapter)
+                                             aggregator=self.metrics_adapter, hpa=not self.emulated_hpa)
             else:
                 sp = shared
                 self.namespace = await asyncio.to_thread(sp.new_namespace)
