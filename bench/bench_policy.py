@@ -18,8 +18,13 @@ input before any time is reported:
   installed vLLM from the sources ``make setup-vllm`` extracts (tests/vllm_sources.py; its
   ``DefaultEplbPolicy`` is the same file as 0.32's -- 0.33 has no other policy);
 - ``--vllm-src DIR`` (repeatable): every ``*EplbPolicy`` class of another vLLM tree holding
-  ``vllm/distributed/eplb/policy/`` (e.g. a checkout of vLLM main, whose ``BatchedEplbPolicy``
-  no release has yet).
+  ``vllm/distributed/eplb/policy/``: e.g. vLLM 0.34.0, the newest release (December 2026; the
+  project does not support it yet, only its policy is timed), extracted from its wheel without
+  installing it (docs/policy.md shows how), or a checkout of vLLM main, whose
+  ``BatchedEplbPolicy`` no release has yet.
+
+Each row names its version; the line under the table says which versions' ``policy/default.py``
+files are byte-identical (0.32.0, 0.33.0 and 0.34.0's are: the same algorithm and code).
 
 Also shows the batched entry point the simulator/tuner uses (``rebalance_batch``), per matrix.
 Exit status 1 if an output differs or a speed-up is below ``--min-ratio``.
@@ -66,6 +71,17 @@ def _median_ms(fns, inputs, repeats: int) -> list[float]:
             fn(w)
             times[i].append(time.thread_time() - t0)
     return [statistics.median(t) * 1e3 for t in times]
+
+
+def _default_py_sha(cls) -> str | None:
+    """sha256 of the file that defines a vLLM policy class (to show which versions share one)."""
+    import hashlib
+    import inspect
+
+    try:
+        return hashlib.sha256(Path(inspect.getfile(cls)).read_bytes()).hexdigest()[:12]
+    except (OSError, TypeError):
+        return None
 
 
 def _references(extra_src: list[str]) -> tuple[list[tuple[str, object]], list[str]]:
@@ -161,6 +177,12 @@ def main() -> int:
     _table(f"EPLB policy, one call: {LAYERS} layers x {EXPERTS} experts, "
            + ", ".join(f"{k}={v}" for k, v in SIZES.items()) + f"; median of {args.repeats}",
            rows, ours_ms, batch_ms)
+    by_file: dict[str, list[str]] = {}
+    for label, cls in refs:
+        by_file.setdefault(_default_py_sha(cls) or label, []).append(label)
+    for sha, same in by_file.items():
+        if len(same) > 1:
+            print(f"same source file (sha256 {sha}): " + "; ".join(same))
     for note in notes:
         print(f"not timed: {note}")
     ratios = [ms / ours_ms for ms in times[:-1]]

@@ -14,7 +14,7 @@ seconds beside them; on a shared machine CPU time is the fairer figure), median 
 - ``tune``: :func:`moe_eplb.eplb.tuner.tune` as in this checkout (screen every candidate on every
   4th layer, then the 12 best plus defaults on all 58 layers), one process;
 - ``tune at REV``: the same call with the package as it was at git revision ``--baseline``
-  (default: the last commit before the issue-21 speed work), extracted with ``git archive`` into
+  (default: 8f1a9e4, the code before the second round of issue-21 speed work), extracted with ``git archive`` into
   a temporary directory and run in a child process on the same trace (its own ``synth`` builds it;
   the bench checks the load matrices are identical). Its pick is compared with this code's;
 - ``tune --exhaustive`` (with ``--exhaustive``): every candidate on all layers;
@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from moe_eplb.eplb import synth  # noqa: E402
 from moe_eplb.eplb.policy import rebalance  # noqa: E402
 from moe_eplb.eplb.simulator import Replay, Topology  # noqa: E402
-from moe_eplb.eplb.tuner import parse_bounds, tune  # noqa: E402
+from moe_eplb.eplb.tuner import Bounds, tune  # noqa: E402
 
 TOPO = dict(ep_size=32, num_nodes=4, num_groups=8)
 
@@ -75,22 +75,23 @@ def _single_call_timer():
         return "moe-eplb rebalance (no vLLM here)", call
 
 
-#: The last commit before the issue-21 speed work (simulator batching): the "current code" the
-#: speed-up is measured against.
-BASELINE_REV = "d229aaa"
+#: The code the speed-up is measured against: the tuner as it was before the second round of
+#: issue-21 speed work (the policy's log2phy pass, the tuner split; 8f1a9e4). The first round's
+#: baseline (before the simulator batching) is d229aaa: ``--baseline d229aaa``.
+BASELINE_REV = "8f1a9e4"
 PROFILE = "deepseek-v3-chat-code-math"
 
 # What the child runs (with the baseline's package first on sys.path): time tune like main() does.
 _CHILD = r"""
 import hashlib, json, os, statistics, sys, time
 from moe_eplb.eplb import synth
-from moe_eplb.eplb.tuner import parse_bounds, tune
+from moe_eplb.eplb.tuner import Bounds, tune
 profile, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 trace = synth.generate(profile, hours=1.0, seed=seed)
 cpu, wall = [], []
 for _ in range(repeats):
     t0, c0 = time.perf_counter(), time.process_time()
-    res = tune(trace, bounds=parse_bounds("redundant=0:128"), ep_size=32, num_nodes=4, num_groups=8)
+    res = tune(trace, bounds=Bounds(redundant=(0, 128)), ep_size=32, num_nodes=4, num_groups=8)
     cpu.append(time.process_time() - c0); wall.append(time.perf_counter() - t0)
 print(json.dumps({"cpu": statistics.median(cpu), "wall": statistics.median(wall),
                   "pick": res.recommendation.label, "best": res.best.knobs.label,
@@ -139,7 +140,7 @@ def main() -> int:
     args = ap.parse_args()
 
     trace = synth.generate(PROFILE, hours=1.0, seed=args.seed)
-    bounds = parse_bounds("redundant=0:128")
+    bounds = Bounds(redundant=(0, 128))
     print(f"trace: {trace.num_buckets} buckets x {trace.num_layers} layers x {trace.num_experts} "
           f"experts, {trace.total_steps} steps ({trace.total_steps / 3600:.1f} steps/s); EP 32, "
           f"4 nodes, 8 groups")

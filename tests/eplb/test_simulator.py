@@ -123,6 +123,26 @@ def test_instants_follow_vllms_counter():
     assert rp.windows(Knobs(1000, 3000, 0))[:2] == [(0, 750), (2750, 3750)]
 
 
+def test_moved_counts_by_hand_and_in_one_pass():
+    rp = Replay(LoadTrace(load=np.ones((2, 1, 4)), bucket_steps=[5, 5]), Topology(2))
+    old = np.array([[0, 1, 1, 2, 3, 3]])  # GPU 0: 0, 1, 1; GPU 1: 2, 3, 3
+    new = np.array([[1, 1, 1, 3, 2, 0]])  # GPU 0 keeps both 1s, receives a third; GPU 1 keeps 2, 3
+    assert rp.moved(old, new) == 1 + 1  # GPU 0: one 1; GPU 1: expert 0
+    assert rp.moved(old, old) == 0
+    # Many placements with experts twice on a GPU, without and with redundancy (S = 4 and 6):
+    # the one-pass count is the pairwise one.
+    rng = np.random.default_rng(3)
+    for num_slots in (8, 12):
+        rp = Replay(LoadTrace(load=np.ones((2, 5, 8)), bucket_steps=[5, 5]), Topology(2))
+        seq = rng.integers(0, 8, (30, 5, num_slots))
+        keep = rng.random(seq.shape) < 0.6
+        for i in range(1, len(seq)):
+            seq[i][keep[i]] = seq[i - 1][keep[i]]
+        expected = [rp.moved(seq[i], seq[i + 1]) for i in range(len(seq) - 1)]
+        assert rp.moved_many(seq).tolist() == expected
+        assert min(expected) >= 0 and max(expected) > 0
+
+
 def test_window_load_is_uniform_inside_buckets():
     load = np.zeros((2, 1, 2))
     load[0, 0] = [100.0, 0.0]  # bucket 0: 10 steps, expert 0 only

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moe_eplb.cli.tune_args import parse_bounds, parse_bytes, parse_knobs
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.simulator import Knobs, Replay, Topology
 from moe_eplb.eplb.trace import LoadTrace
@@ -20,9 +21,6 @@ from moe_eplb.eplb.tuner import (
     Candidate,
     TuneError,
     _gain_lower_bound,
-    parse_bounds,
-    parse_bytes,
-    parse_knobs,
     tune,
 )
 

@@ -511,18 +511,11 @@ def _add_tune(main: click.Group) -> None:
         the point estimate decides), and its recorded config is the current configuration unless
         --current is given.
         """
+        from moe_eplb.cli.tune_args import parse_bounds, parse_bytes, parse_knobs
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
         from moe_eplb.eplb.costmodel import CostModel
         from moe_eplb.eplb.simulator import SimError
-        from moe_eplb.eplb.tuner import (
-            MIN_TUNE_STEPS,
-            Bounds,
-            TuneError,
-            parse_bounds,
-            parse_bytes,
-            parse_knobs,
-            tune,
-        )
+        from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, Bounds, TuneError, tune
 
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path, max_trace_bytes)

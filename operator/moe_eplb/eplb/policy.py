@@ -342,23 +342,25 @@ def logical_to_physical(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarr
     lead, num_slots = p2l.shape[:-1], p2l.shape[-1]
     flat = p2l.reshape(-1, num_slots)
     rows = flat.shape[0]
-    # Empty slots (-1) become expert E, a bin that is dropped at the end.
-    ids = np.where(flat >= 0, flat, num_experts)
-    row_base = np.arange(rows)[:, None] * (num_experts + 1)
-    counts = np.bincount((row_base + ids).reshape(-1), minlength=rows * (num_experts + 1))
-    counts = counts.reshape(rows, num_experts + 1)
-    logcnt = counts[:, :num_experts].astype(np.int64)
+    # One key per slot: (row, expert), empty slots (-1) as expert E, a bin dropped at the end.
+    # A single stable sort of all keys (radix for 16-bit keys) lists each row's experts in order,
+    # each expert's slots in increasing order.
+    bins = rows * (num_experts + 1)
+    keys = np.where(flat >= 0, flat, num_experts) + (np.arange(rows) * (num_experts + 1))[:, None]
+    keys = keys.reshape(-1)
+    counts = np.bincount(keys, minlength=bins)
+    logcnt = counts.reshape(rows, num_experts + 1)[:, :num_experts]
     max_rep = max(int(logcnt.max(initial=0)), 1)
-    sort_dtype = np.int16 if num_experts < np.iinfo(np.int16).max else np.int64
-    order = np.argsort(ids.astype(sort_dtype), axis=1, kind="stable")  # by expert, then slot
-    sorted_ids = np.take_along_axis(ids, order, axis=1)
-    starts = np.cumsum(counts, axis=1) - counts  # first sorted position of each expert
-    rank = np.arange(num_slots)[None, :] - np.take_along_axis(starts, sorted_ids, axis=1)
+    key_dtype = np.uint16 if bins <= 1 << 16 else np.int64
+    order = np.argsort(keys.astype(key_dtype, copy=False), kind="stable")  # flat slot ids
+    sorted_keys = keys[order]
+    rank = np.arange(keys.size) - (np.cumsum(counts) - counts)[sorted_keys]  # replica number
+    row, expert = np.divmod(sorted_keys, num_experts + 1)
+    keep = expert < num_experts
     log2phy = np.full((rows, num_experts, max_rep), -1, dtype=np.int64)
-    keep = (sorted_ids < num_experts).reshape(-1)
-    dest = (((np.arange(rows) * num_experts)[:, None] + sorted_ids) * max_rep + rank).reshape(-1)
-    log2phy.reshape(-1)[dest[keep]] = order.reshape(-1)[keep]
-    return log2phy.reshape(*lead, num_experts, max_rep), logcnt.reshape(*lead, num_experts)
+    dest = (row * num_experts + expert) * max_rep + rank
+    log2phy.reshape(-1)[dest[keep]] = (order % num_slots)[keep]
+    return log2phy.reshape(*lead, num_experts, max_rep), logcnt.astype(np.int64).reshape(*lead, num_experts)
 
 
 def rebalance_batch(
@@ -447,8 +449,8 @@ def _check_gpu_sums(rows: np.ndarray, phy2log: np.ndarray, layout: Layout, layer
 
 
 def _rebalance_checked(
-    w32: np.ndarray, layout: Layout, old: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
+    w32: np.ndarray, layout: Layout, old: np.ndarray | None, with_logcnt: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`rebalance_batch` on validated input: float32 ``[B, L, E]``, int64 ``[B, L, R]``."""
     batch, layers, num_experts = w32.shape
     rows = w32.reshape(batch * layers, num_experts)
@@ -469,6 +471,8 @@ def _rebalance_checked(
     if near_limit:
         _check_gpu_sums(rows, phy2log, layout, layers, batch > 1)
     phy2log = phy2log.reshape(batch, layers, layout.num_replicas)
+    if not with_logcnt:
+        return phy2log, None
     offsets = np.arange(batch * layers)[:, None] * num_experts
     logcnt = np.bincount((offsets + phy2log.reshape(batch * layers, -1)).reshape(-1),
                          minlength=batch * layers * num_experts)
@@ -512,6 +516,6 @@ def rebalance(
     if old_phy2log is not None:
         shape = (w32.shape[0], layout.num_replicas)
         old = _check_old(old_phy2log, shape, w32.shape[1])[None]
-    phy2log, _ = _rebalance_checked(w32[None], layout, old)
+    phy2log, _ = _rebalance_checked(w32[None], layout, old, with_logcnt=False)
     log2phy, logcnt = logical_to_physical(phy2log[0], w32.shape[1])
     return phy2log[0], log2phy, logcnt

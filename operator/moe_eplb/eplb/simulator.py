@@ -396,18 +396,26 @@ class Replay:
         S = P // self.G
         o = placements[:-1].reshape(-1, S)
         new = placements[1:].reshape(-1, S)
-        found = new == o[:, :1]
+        # Slot-major copies: each comparison then runs over all (pair, layer, GPU) rows at once
+        # (row-major, the broadcast over S columns costs several times more).
+        o_t, new_t = np.ascontiguousarray(o.T), np.ascontiguousarray(new.T)
+        found_t = new_t == o_t[0]
         for j in range(1, S):
-            found |= new == o[:, j : j + 1]
-        kept = np.count_nonzero(found.reshape(n - 1, -1), axis=1)
+            found_t |= new_t == o_t[j]
+        kept = np.count_nonzero(found_t.reshape(S, n - 1, -1), axis=(0, 2))
         if P != self.E:  # an expert twice on one GPU: count min(copies in new, copies in old)
-            ns = np.sort(new, axis=1)
-            dup = np.flatnonzero((ns[:, 1:] == ns[:, :-1]).any(axis=1))
-            if dup.size:
-                nd = new[dup]
-                same_new = (nd[:, :, None] == nd[:, None, :]).sum(axis=2)
-                same_old = (nd[:, :, None] == o[dup][:, None, :]).sum(axis=2)
-                exact = (np.minimum(same_new, same_old) / same_new).sum(axis=1) - found[dup].sum(axis=1)
+            twice = np.zeros(new_t.shape[1], dtype=bool)
+            for i in range(1, S):
+                for j in range(i):
+                    twice |= new_t[i] == new_t[j]
+            dup = np.flatnonzero(twice)
+            if dup.size:  # per new slot: copies of its expert in new / in old on that GPU
+                nd, od = new_t[:, dup], o_t[:, dup]
+                exact = -found_t[:, dup].sum(axis=0).astype(np.float64)
+                for i in range(S):
+                    same_new = sum((nd[i] == nd[j]).astype(np.int64) for j in range(S))
+                    same_old = sum((nd[i] == od[j]).astype(np.int64) for j in range(S))
+                    exact += np.minimum(same_new, same_old) / same_new
                 pair = dup // (L * self.G)
                 kept = kept + np.round(np.bincount(pair, weights=exact, minlength=n - 1)).astype(np.int64)
         return L * P - kept

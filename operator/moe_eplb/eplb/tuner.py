@@ -45,9 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from moe_eplb import vllm_facts
-from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs, KnobsError
-from moe_eplb.api.quantity import QuantityError
-from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
+from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.robust import Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
@@ -60,9 +58,6 @@ __all__ = [
     "Candidate",
     "TuneResult",
     "tune",
-    "parse_bounds",
-    "parse_knobs",
-    "parse_bytes",
     "VLLM_DEFAULTS",
     "SEED_CONFIG",
     "DEFAULT_WINDOWS",
@@ -80,53 +75,6 @@ MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
 
 class TuneError(ValueError):
     """Constraints or inputs the tuner cannot satisfy; the message names which one and why."""
-
-
-def parse_bounds(text: str) -> Bounds:
-    """``"window=500:5000,interval=500:10000,redundant=0:32"`` -> Bounds (any subset; an end may
-    be left empty: ``window=:4000``)."""
-    names = {"window": "window", "interval": "interval", "redundant": "redundant"}
-    values: dict[str, tuple[int | None, int | None]] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, rng = part.partition("=")
-        key = key.strip()
-        if not sep or key not in names:
-            raise TuneError(
-                f"bounds: {part!r} is not NAME=LO:HI with NAME one of window, interval, redundant"
-            )
-        lo, sep, hi = rng.partition(":")
-        if not sep:
-            lo = hi = rng
-        try:
-            pair = tuple(int(v) if v.strip() else None for v in (lo, hi))
-        except ValueError:
-            raise TuneError(f"bounds.{key}: {rng!r} is not LO:HI with whole numbers") from None
-        values[key] = pair  # type: ignore[assignment]
-    try:
-        return Bounds(**values)
-    except KnobsError as exc:
-        raise TuneError(str(exc)) from None
-
-
-def parse_bytes(text: str) -> int:
-    """Bytes from plain digits (``8589934592``), a Kubernetes quantity (``8Gi``, ``500M``) or those
-    with a trailing ``B`` (``8GiB``, ``8GB``) (:func:`moe_eplb.api.quantity.parse_bytes`)."""
-    try:
-        return _parse_quantity_bytes(text, "memory_budget")
-    except QuantityError as exc:
-        raise TuneError(str(exc)) from None
-
-
-def parse_knobs(text: str) -> Knobs:
-    """``"W,I,R"`` -> Knobs (window size, step interval, redundant experts)."""
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 3:
-        raise TuneError(f"current: {text!r} is not W,I,R (window,interval,redundant), e.g. 1000,3000,0")
-    try:
-        w, i, r = (int(p) for p in parts)
-        return Knobs(w, i, r)
-    except (ValueError, KnobsError) as exc:
-        raise TuneError(f"current: {text!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -671,9 +619,10 @@ def tune(
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
-    Phases: check the arguments (:func:`_prepare`), build the grid (:func:`_build_grid`), score it
-    (:func:`_evaluate`, screened), apply the prior of known configurations (:func:`_pick`), and
-    decide whether leaving the running configuration pays for a restart (:func:`_decide`).
+    Phases: check the arguments (:func:`_prepare`, :func:`_new_search`), build the grid
+    (:func:`_build_grid`), score it (:func:`_evaluate`, screened), apply the prior of known
+    configurations (:func:`_pick`), decide whether leaving the running configuration pays for a
+    restart (:func:`_decide`), and assemble the result (:func:`_result`).
 
     Args:
         trace: the recorded load (history).
@@ -714,16 +663,8 @@ def tune(
     t0 = time.perf_counter()
     topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost,
                               min_steps)
-    L, E = trace.num_layers, trace.num_experts
-    try:
-        topology.check_experts(E)
-    except SimError as exc:
-        raise TuneError(str(exc)) from None
-    r_levels, r_valid, _per_r = _redundancy_levels(L, E, topology, bounds.redundant, memory_budget_bytes,
-                                                   cost.resolve_bytes_per_expert(L, E), max_redundancy_levels)
-    search = _Search(trace, topology, cost, bounds, current, segment_edges(trace.num_buckets, segments),
-                     r_levels, r_valid, progress=progress, workers=workers if workers is not None else 1,
-                     robust=robust if robust is not None and robust.ranges else None)
+    search = _new_search(trace, topology, cost, bounds, current, memory_budget_bytes, max_redundancy_levels,
+                         segments, progress, workers, robust)
     _build_grid(search, windows, intervals)
     full = _replay(search, 1)
     _evaluate(search, full, screen_layers, finalists, tie_tolerance)
@@ -735,6 +676,29 @@ def tune(
     else:
         pick, pick_note = _pick(search, prior_margin)
         decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
+    return _result(search, full, decision, chosen, reason, cur, threshold, robust_report, t0, t_policy)
+
+
+def _new_search(trace: LoadTrace, topology: Topology, cost: CostModel, bounds: Bounds, current: Knobs | None,
+                memory_budget_bytes: float | None, max_redundancy_levels: int, segments: int, progress,
+                workers: int | None, robust: Robustness | None) -> _Search:
+    """Phase 0, second half: the redundancy levels the budget and vLLM allow, and the search state."""
+    L, E = trace.num_layers, trace.num_experts
+    try:
+        topology.check_experts(E)
+    except SimError as exc:
+        raise TuneError(str(exc)) from None
+    r_levels, r_valid, _per_r = _redundancy_levels(L, E, topology, bounds.redundant, memory_budget_bytes,
+                                                   cost.resolve_bytes_per_expert(L, E), max_redundancy_levels)
+    return _Search(trace, topology, cost, bounds, current, segment_edges(trace.num_buckets, segments),
+                   r_levels, r_valid, progress=progress, workers=workers if workers is not None else 1,
+                   robust=robust if robust is not None and robust.ranges else None)
+
+
+def _result(search: _Search, full: Replay, decision: str, chosen: Candidate, reason: str, cur: Candidate | None,
+            threshold: float, robust_report, t0: float, t_policy: float) -> TuneResult:
+    """Phase 4: the result, with vLLM without EPLB replayed as the floor."""
+    topology, cost = search.topology, search.cost
     no_eplb = full.run_static()
     return TuneResult(
         recommendation=chosen.knobs,
@@ -754,7 +718,7 @@ def tune(
         seconds=time.perf_counter() - t0,
         policy_windows=search.policy_windows,
         stats={"evaluate_seconds": round(t_policy, 3), "workers": search.workers,
-               "redundancy_levels": r_levels, "screen_layer_stride": search.stride,
+               "redundancy_levels": search.r_levels, "screen_layer_stride": search.stride,
                "finalists": len(search.exact) - len(search.extra) if search.stride > 1 else len(search.candidates)},
         robust=robust_report,
     )

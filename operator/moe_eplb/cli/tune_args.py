@@ -1,0 +1,60 @@
+"""The tuner's command-line values: ``--bounds``, ``--memory-budget`` and ``--current`` text -> the
+tuner's arguments (:func:`moe_eplb.eplb.tuner.tune`). Bad text raises
+:class:`~moe_eplb.eplb.tuner.TuneError` naming the flag's field, which ``moe-eplb tune`` reports
+with exit status 2."""
+
+from __future__ import annotations
+
+from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
+from moe_eplb.api.quantity import QuantityError
+from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
+from moe_eplb.eplb.tuner import TuneError
+
+__all__ = ["parse_bounds", "parse_bytes", "parse_knobs"]
+
+
+def parse_bounds(text: str) -> Bounds:
+    """``"window=500:5000,interval=500:10000,redundant=0:32"`` -> Bounds (any subset; an end may
+    be left empty: ``window=:4000``)."""
+    names = {"window": "window", "interval": "interval", "redundant": "redundant"}
+    values: dict[str, tuple[int | None, int | None]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, rng = part.partition("=")
+        key = key.strip()
+        if not sep or key not in names:
+            raise TuneError(
+                f"bounds: {part!r} is not NAME=LO:HI with NAME one of window, interval, redundant"
+            )
+        lo, sep, hi = rng.partition(":")
+        if not sep:
+            lo = hi = rng
+        try:
+            pair = tuple(int(v) if v.strip() else None for v in (lo, hi))
+        except ValueError:
+            raise TuneError(f"bounds.{key}: {rng!r} is not LO:HI with whole numbers") from None
+        values[key] = pair  # type: ignore[assignment]
+    try:
+        return Bounds(**values)
+    except KnobsError as exc:
+        raise TuneError(str(exc)) from None
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes from plain digits (``8589934592``), a Kubernetes quantity (``8Gi``, ``500M``) or those
+    with a trailing ``B`` (``8GiB``, ``8GB``) (:func:`moe_eplb.api.quantity.parse_bytes`)."""
+    try:
+        return _parse_quantity_bytes(text, "memory_budget")
+    except QuantityError as exc:
+        raise TuneError(str(exc)) from None
+
+
+def parse_knobs(text: str) -> Knobs:
+    """``"W,I,R"`` -> Knobs (window size, step interval, redundant experts)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3:
+        raise TuneError(f"current: {text!r} is not W,I,R (window,interval,redundant), e.g. 1000,3000,0")
+    try:
+        w, i, r = (int(p) for p in parts)
+        return Knobs(w, i, r)
+    except (ValueError, KnobsError) as exc:
+        raise TuneError(f"current: {text!r}: {exc}") from None
