@@ -470,6 +470,14 @@ def trace_from_raw_counters(
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
 
 
+def sample_time(rnd: Round, sample: PodSample) -> float:
+    """When a pod's sample of a direct-scrape round was taken: when the pod answered (its counters
+    are of that moment), else the round's start. Under load the two differ by seconds -- of an
+    accelerated clock, a good part of a bucket -- and stamping every pod with the round's start put
+    load in the wrong buckets."""
+    return rnd.time if sample.time is None else sample.time
+
+
 def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Series], list[Series]]:
     """Direct-scrape rounds as the raw samples Prometheus would hold of the same pods: the expert
     token, engine step and exporter start time series ``(expert_tokens, engine_steps, start_times)``,
@@ -484,7 +492,7 @@ def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Se
         for pod, sample in rnd.pods.items():
             labels[pod] = rnd.labels.get(pod, ())
             for model in sample.steps.keys() | sample.tokens.keys():
-                seen.setdefault((pod, model), []).append((rnd.time, sample))
+                seen.setdefault((pod, model), []).append((sample_time(rnd, sample), sample))
     tokens: list[Series] = []
     steps: list[Series] = []
     starts: list[Series] = []
@@ -493,6 +501,7 @@ def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Se
         return Series(base, np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64))
 
     for (pod, model), samples in seen.items():
+        samples.sort(key=lambda x: x[0])  # answers of overlapping rounds can come back out of order
         base = {**dict(labels[pod]), "pod": pod, model_label: model}
         if any(model in s.steps for _, s in samples):
             steps.append(series(base, [(t, s.steps[model]) for t, s in samples if model in s.steps]))
