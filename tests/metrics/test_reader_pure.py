@@ -23,6 +23,7 @@ from moe_eplb.metrics.scrape import (
     targets_from_pods,
 )
 from moe_eplb.metrics.series import parse_matrix
+from moe_eplb.metrics.telemetry import series_from_rounds
 
 GRID = np.array([100.0, 115.0, 130.0, 145.0])
 
@@ -425,3 +426,26 @@ def test_the_judges_rank_counters_come_from_the_readers_round():
     got = rank_counts_of_round(rnd, [pod("p", "True"), pod("q", "False")])
     assert set(got) == {"p"}
     np.testing.assert_array_equal(got["p"], [[0.0, 5.0], [2.0, 0.0]])
+
+
+def test_a_pod_that_answers_late_is_read_at_its_answer():
+    """Issue 19: on a loaded machine a pod answers a direct-scrape round seconds after the round
+    started (of an accelerated clock: a good part of a bucket); its counters are of the moment it
+    answered, so they are read at that time: stamped with the round's start, a sample claims a
+    counter value before the counter reached it and puts load in the bucket before. Rounds started
+    at 108 and 118 (grid 100, 110, 120; the counter rises 10 per second from 100); pod ``a``
+    answered the first at 111 with the value it had then, 110 (at 108 it had 80)."""
+    r0 = _round(100, {"a": (50, 0, [[0, 0]])})
+    r1 = _round(108, {"a": (50, 110, [[11, 0]])})
+    r2 = _round(118, {"a": (50, 190, [[19, 0]])})
+    grid = np.array([100.0, 110.0, 120.0])
+    late = trace_from_raw_counters(*counters_from_rounds([r0, r1, r2])[:2], grid)
+    np.testing.assert_array_equal(late.bucket_steps, [110, 80])  # stamped at the round's start: wrong bucket
+    r1.pods["a"].time, r2.pods["a"].time = 111.0, 119.0
+    tokens, steps, starts = counters_from_rounds([r0, r2, r1])  # rounds that overlapped, kept by start time
+    np.testing.assert_array_equal(steps[0].ts, [100.0, 111.0, 119.0])
+    tr = trace_from_raw_counters(tokens, steps, grid, start_times=starts)
+    np.testing.assert_array_equal(tr.bucket_steps, [0, 190])
+    np.testing.assert_array_equal(tr.load[:, 0, 0], [0, 19])
+    src, tel_starts = series_from_rounds([r0, r1, r2])
+    np.testing.assert_array_equal(tel_starts[0].ts, [100.0, 111.0, 119.0])

@@ -49,7 +49,7 @@ from moe_eplb.metrics.errors import (
 )
 from moe_eplb.metrics.grid import edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import Increments, counter_increments
-from moe_eplb.metrics.scrape import PodSample, Round
+from moe_eplb.metrics.scrape import PodSample, Round, sample_time
 from moe_eplb.metrics.series import Series, pod_name
 
 #: Refuse a window with more than 10 % of its load in scrape gaps (spread by time, not measured).
@@ -436,7 +436,7 @@ def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Se
         for pod, sample in rnd.pods.items():
             labels[pod] = rnd.labels.get(pod, ())
             for model in sample.steps.keys() | sample.tokens.keys():
-                seen.setdefault((pod, model), []).append((rnd.time, sample))
+                seen.setdefault((pod, model), []).append((sample_time(rnd, sample), sample))
     tokens: list[Series] = []
     steps: list[Series] = []
     starts: list[Series] = []
@@ -445,6 +445,7 @@ def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Se
         return Series(base, np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64))
 
     for (pod, model), samples in seen.items():
+        samples.sort(key=lambda x: x[0])  # answers of overlapping rounds can come back out of order
         base = {**dict(labels[pod]), "pod": pod, model_label: model}
         if any(model in s.steps for _, s in samples):
             steps.append(series(base, [(t, s.steps[model]) for t, s in samples if model in s.steps]))

@@ -79,6 +79,9 @@ def targets_from_pods(pods: Iterable[dict], name: str | None = None) -> list[Tar
 class PodSample:
     """One pod's counters at one scrape, per model."""
 
+    #: clock time the pod's answer came back (None: the round's time). The counters are of the moment
+    #: the pod answered, which on a busy node or operator is seconds after the round started.
+    time: float | None = None
     start_time: dict[str, float] = field(default_factory=dict)
     steps: dict[str, float] = field(default_factory=dict)
     tokens: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
@@ -225,7 +228,11 @@ class PodScraper:
 
         def one(t: Target):
             try:
-                return t, parse_exposition(self.fetch(t)), None
+                text = self.fetch(t)
+                answered = self.clock()
+                sample = parse_exposition(text)
+                sample.time = answered
+                return t, sample, None
             except Exception as exc:  # noqa: BLE001
                 return t, None, exc
 
@@ -259,3 +266,10 @@ class PodScraper:
             del self.rounds[:first]
             return list(self.rounds)
 
+
+def sample_time(rnd: Round, sample: PodSample) -> float:
+    """When a pod's sample of a direct-scrape round was taken: when the pod answered (its counters
+    are of that moment), else the round's start. Under load the two differ by seconds -- of an
+    accelerated clock, a good part of a bucket -- and stamping every pod with the round's start put
+    load in the wrong buckets."""
+    return rnd.time if sample.time is None else sample.time

@@ -46,7 +46,7 @@ from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments
-from moe_eplb.metrics.scrape import Round
+from moe_eplb.metrics.scrape import Round, sample_time
 from moe_eplb.metrics.series import Series
 
 LABEL_USE_ASYNC = metric_names.LABEL_USE_ASYNC
@@ -335,15 +335,19 @@ def series_from_rounds(rounds: Sequence[Round]) -> tuple[TelemetrySeries, list[S
             for name, labels, value in sample.telemetry:
                 key = (name, tuple(sorted({**labels, "pod": pod}.items())))
                 ts, vs = by_key.setdefault(key, ([], []))
-                ts.append(rnd.time)
+                ts.append(sample_time(rnd, sample))
                 vs.append(value)
             for model, t0 in sample.start_time.items():
                 ts, vs = starts.setdefault((("model_name", model), ("pod", pod)), ([], []))
-                ts.append(rnd.time)
+                ts.append(sample_time(rnd, sample))
                 vs.append(t0)
+    def series(labels: dict, ts: list, vs: list) -> Series:  # in time order (overlapping rounds)
+        order = np.argsort(np.asarray(ts, float), kind="stable")
+        return Series(labels, np.asarray(ts, float)[order], np.asarray(vs, float)[order])
+
     src = TelemetrySeries()
     names = {v: k for k, v in SAMPLE_NAMES.items()}
     for (name, labels), (ts, vs) in by_key.items():
-        getattr(src, names[name]).append(Series(dict(labels), np.asarray(ts, float), np.asarray(vs, float)))
-    start_series = [Series(dict(k), np.asarray(ts, float), np.asarray(vs, float)) for k, (ts, vs) in starts.items()]
+        getattr(src, names[name]).append(series(dict(labels), ts, vs))
+    start_series = [series(dict(k), ts, vs) for k, (ts, vs) in starts.items()]
     return src, start_series

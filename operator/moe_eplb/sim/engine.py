@@ -25,6 +25,11 @@ through vLLM's EPLB behaviour with the EPLB settings the pod was started with:
 Time may be accelerated (:class:`SimClock`): ``scale`` simulated seconds pass per wall second, so a
 few simulated hours replay in minutes while Prometheus scrapes in wall time.
 
+What a pod reports is a function of simulated time alone, never of when the event loop ran the
+replay (a loaded machine runs it late, in long chunks): each step of a trace bucket carries the
+same load, the telemetry's noise is drawn per trace bucket and per rearrangement from generators
+seeded by them, and ``/metrics`` first replays up to the moment it answers (as a live exporter).
+
 A multi-node replica group (``pods > 1``: a LeaderWorkerSet group running one vLLM data-parallel
 engine over several pods) is ONE engine: one EPLB replay whose ranks step in lockstep, served by one
 HTTP endpoint per pod. Each pod exports what its own ranks' routers counted, as the exporter of a
@@ -213,12 +218,15 @@ class SimulatedEplb:
         self.phy2log, self.logcnt = phy2log, logcnt
         self.rearrangements += 1
 
-    def run(self, load: np.ndarray, steps: int, parts: np.ndarray | None = None) -> np.ndarray:
+    def run(self, load: np.ndarray, steps: int, parts: np.ndarray | None = None,
+            segments: list | None = None) -> np.ndarray:
         """Serve ``steps`` engine steps carrying logical load ``[L, E]`` (spread evenly).
 
         Returns the ``[L, P]`` tokens per rank; rearranges at vLLM's step points in between. With
         ``parts`` ``[K, L, E]`` (shares of each expert's tokens routed by K pods, summing to 1 over
         K), returns ``[K, L, P]``: the tokens each pod's routers dispatched to each rank.
+        ``segments``: gets ``[steps, rank tokens of one step [L, P], rearranged after it]`` of each
+        stretch served with one placement (split at the rearrangements), whatever the caller's chunking.
         """
         out = np.zeros((self.L, self.P) if parts is None else (parts.shape[0], self.L, self.P))
 
@@ -237,6 +245,8 @@ class SimulatedEplb:
                 seg = min(left, self.next_rearrange - self.steps)
             seg_load = per_step * seg
             out += dispatch(seg_load)
+            if segments is not None:
+                segments.append([seg, self.rank_tokens(per_step), False])
             self.window.append((seg, seg_load))
             self.window_steps += seg
             while self.window and self.window_steps - self.window[0][0] >= self.s.knobs.window_size:
@@ -245,6 +255,8 @@ class SimulatedEplb:
             left -= seg
             if self.s.eplb_enabled and self.steps >= self.next_rearrange:
                 self._rearrange()
+                if segments:
+                    segments[-1][2] = True
                 self.next_rearrange = self.steps + self.s.knobs.step_interval
         return out
 
@@ -428,9 +440,10 @@ class SimulatedEngine:
         self.pod_expert_tokens = np.zeros((pods, L, E))
         self.pod_rank_tokens = np.zeros((pods, L, settings.ep_size))
         self.last_balancedness = np.ones(trace.num_layers)
+        self._bucket, self._bucket_rank = -1, np.zeros((trace.num_layers, settings.ep_size))
         # the deployment's physics (hidden from the operator): telemetry from the true cost
         self.true = true_cost or TrueCost()
-        self._rng = np.random.default_rng(seed + 7919)
+        self.seed = int(seed)
         self._bytes = self.true.expert_bytes(trace.num_layers, trace.num_experts)
         self._red_bytes = trace.num_layers * self._bytes * settings.num_redundant_experts / settings.ep_size
         tok = tokens_per_step(trace) * settings.share
@@ -477,7 +490,6 @@ class SimulatedEngine:
             return
         bs = float(self.trace.bucket_seconds)
         T = self.trace.num_buckets
-        last_rank = None
         while self._pos < workload_seconds - 1e-9:
             b = int(np.floor(self._pos / bs + 1e-9))
             end = min((b + 1) * bs, workload_seconds)
@@ -488,53 +500,86 @@ class SimulatedEngine:
             done_before = int(round((self._pos - b * bs) / bs * steps_total))
             done_after = int(round((end - b * bs) / bs * steps_total))
             steps = done_after - done_before
-            load = self.trace.load[t] * (frac * self.settings.share)
+            # the load of whole steps (of time where the bucket has no steps): every step of a bucket
+            # carries the same load however the replay is chunked, so EPLB's window sees the same
+            load = self.trace.load[t] * ((steps / steps_total if steps_total else frac) * self.settings.share)
             moved_before = len(self.replay.moved)
+            segments: list = []
             if self.parts is None:
-                rank = self.replay.run(load, steps)
+                rank = self.replay.run(load, steps, segments=segments)
                 self.pod_expert_tokens[0] += load
                 self.pod_rank_tokens[0] += rank
             else:
-                per_pod = self.replay.run(load, steps, parts=self.parts)  # [K, L, P]
+                per_pod = self.replay.run(load, steps, parts=self.parts, segments=segments)  # [K, L, P]
                 self.pod_expert_tokens += load[None] * self.parts
                 self.pod_rank_tokens += per_pod
                 rank = per_pod.sum(axis=0)
-            self._observe(load, self.replay.rank_tokens(self.trace.load[t]), steps, self.replay.moved[moved_before:])
-            last_rank = rank if last_rank is None else last_rank + rank
+            self._observe(b, (done_before, done_after, steps_total), segments, moved_before)
+            # the gauge: the trace bucket served now, so far (not the chunks of this call)
+            self._bucket_rank = rank if b != self._bucket else self._bucket_rank + rank
+            self._bucket = b
+            if self._bucket_rank.any():
+                self.last_balancedness = balancedness(self._bucket_rank)
             self._pos = end
-        if last_rank is not None and last_rank.any():
-            self.last_balancedness = balancedness(last_rank)
 
-    def _observe(self, load: np.ndarray, rank: np.ndarray, steps: int, moved: list[int]) -> None:
-        """The telemetry of ``steps`` engine steps serving ``load [L, E]``, with the rearrangements
-        (replicas received) that happened among them (:class:`TrueCost`). ``rank [L, P]``: the trace
-        bucket's load under the placement now; its served imbalance sets the step time (the
-        resolution of the workload, and of the simulator the tuner replays)."""
-        if steps <= 0:
+    def _rng(self, *key: int) -> np.random.Generator:
+        """The telemetry noise of one trace bucket (``key`` = ``(0, bucket, source)``) or one
+        rearrangement (``(1, index)``), from a generator seeded by the engine's seed and ``key``
+        alone: what a pod reports at a simulated time must not depend on how the replay was cut
+        into chunks, i.e. on when the event loop got to run it (a loaded machine runs it in fewer,
+        longer chunks)."""
+        return np.random.default_rng([self.seed, 7919, *key])
+
+    def _observe(self, b: int, done: tuple[int, int, int], segments: list, moved_before: int) -> None:
+        """The telemetry (:class:`TrueCost`) of engine steps ``done[0]..done[1]`` of the ``done[2]``
+        steps of bucket ``b`` (absolute: the trace loops), served in ``segments`` (steps, rank
+        tokens per step) with the rearrangements ``self.replay.moved[moved_before:]`` among them.
+
+        A function of simulated time only: the bucket's noise (step time, KV state, prefix hits)
+        and each rearrangement's are drawn from generators seeded by the bucket or rearrangement
+        (:meth:`_rng`), counts of the whole bucket (preemptions, prefix queries) are credited in
+        proportion to the steps served, and each segment's step time uses the imbalance of the
+        placement it ran with. So a pod reports the same at a given simulated time whether its
+        replay advanced in many short chunks or a few long ones."""
+        before, after, total = done
+        steps = after - before
+        if steps <= 0 or total <= 0:
             return
-        true, rng = self.true, self._rng
-        tok = float(load.sum(axis=1).mean()) / float(self.trace.top_k or 1) / steps
+        true = self.true
+        t = b % self.trace.num_buckets
+        load = self.trace.load[t] * self.settings.share
+        tok = float(load.sum(axis=1).mean()) / float(self.trace.top_k or 1) / total  # per step, the bucket's
         base = float(true.balanced_step_s(tok))
-        lost = [true.rearrangement(m, self.settings.ep_size, self.trace.num_layers, self._bytes, base, rng)
-                for m in moved]
+        lost = [true.rearrangement(m, self.settings.ep_size, self.trace.num_layers, self._bytes, base,
+                                   self._rng(1, moved_before + i))
+                for i, m in enumerate(self.replay.moved[moved_before:])]
         self.rearrangement_seconds += [d for _, d in lost]
-        stall = sum(x for x, _ in lost) if not true.use_async else 0.0
+        stalls = [x for x, _ in lost] if not true.use_async else []
         spread = sum(x for x, _ in lost) if true.use_async else 0.0
-        imb = served_imbalance(rank[None])
-        mean = float(true.step_seconds(np.array([tok]), imb, np.array([spread]), np.array([steps]), rng)[0])
-        if stall:  # a sync stall is one long step
-            self.step_hist.observe(mean + stall)
-            if steps > 1:
-                self.step_hist.observe(mean, steps - 1)
-        else:
-            self.step_hist.observe(mean, steps)
+        for n, rank, rearranged in segments:
+            imb = served_imbalance(rank[None])
+            # the same draws for every segment of the bucket: its noise, at this segment's imbalance
+            mean = float(true.step_seconds(np.array([tok]), imb, np.array([spread * n / steps]), np.array([n]),
+                                           self._rng(0, b, 0))[0])
+            if rearranged and stalls:  # a sync stall is one long step: the last before the rearrangement
+                self.step_hist.observe(mean + stalls.pop(0))
+                if n > 1:
+                    self.step_hist.observe(mean, n - 1)
+            else:
+                self.step_hist.observe(mean, n)
         self.tokens_hist.observe(tok, steps)
-        usage, preempt, waiting = true.kv_state(np.array([tok]), self._tok_ref, self._red_bytes, np.array([steps]), rng)
+
+        def share(x: float) -> float:  # the part of a bucket's count these steps carry (whole units)
+            return float(np.round(x * after / total) - np.round(x * before / total))
+
+        n_all = np.array([total])
+        usage, preempt, waiting = true.kv_state(np.array([tok]), self._tok_ref, self._red_bytes, n_all, self._rng(0, b, 1))
         self.kv_usage, self.requests_waiting = float(usage[0]), float(waiting[0])
-        self.preemptions += float(preempt[0])
-        queried, hit = true.prefix_state(np.array([tok]), self._tok_ref, self._red_bytes, np.array([steps]), rng)
-        self.prefix_queries += float(queried[0])
-        self.prefix_hits += float(queried[0] * np.nan_to_num(hit[0]))
+        self.preemptions += share(float(preempt[0]))
+        queried, hit = true.prefix_state(np.array([tok]), self._tok_ref, self._red_bytes, n_all, self._rng(0, b, 2))
+        q = share(float(queried[0]))
+        self.prefix_queries += q
+        self.prefix_hits += q * float(np.nan_to_num(hit[0]))
 
     async def _loop(self) -> None:
         ready_at = self.started_at + self.startup_seconds
@@ -543,8 +588,8 @@ class SimulatedEngine:
             if not self.ready:
                 if now >= ready_at:
                     self.ready = True
-                    self._pos = None
-                    self.advance_to(self.clock.workload_seconds(now))
+                    self._pos = None  # serving from the simulated moment it became ready, however late this runs
+                    self.advance_to(self.clock.workload_seconds(ready_at))
                 else:
                     await asyncio.sleep(min(self.tick, max(0.0, self.clock.to_wall(ready_at) - time.time())))
                     continue
@@ -556,6 +601,10 @@ class SimulatedEngine:
     def _metrics_of(self, pod: int):
         async def metrics(request):
             from aiohttp import web
+            if self.ready and self._pos is not None:
+                # the counters of the moment the pod answers, as a real exporter's live ones -- not
+                # of the replay task's last run, which a busy event loop delays by seconds
+                self.advance_to(self.clock.workload_seconds())
             # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
             return web.Response(body=self._expositions[pod].render(),
                                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
