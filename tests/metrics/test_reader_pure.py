@@ -23,7 +23,7 @@ from moe_eplb.metrics.scrape import (
     targets_from_pods,
 )
 from moe_eplb.metrics.series import parse_matrix
-from moe_eplb.metrics.telemetry import series_from_rounds
+from moe_eplb.metrics.telemetry_keys import series_from_rounds
 
 GRID = np.array([100.0, 115.0, 130.0, 145.0])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import urllib.request
 
 import aiohttp
 import pytest
@@ -79,8 +80,10 @@ async def test_engine_serves_exporter_metrics_after_startup(small_trace):
             await asyncio.sleep(0.6)  # 120 simulated seconds
             async with s.get(f"http://127.0.0.1:{port}/health") as r:
                 assert r.status == 200
-            async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
-                text = await r.text()
+        # read with a blocking call on the loop (the pod's server thread answers): the replay, a
+        # task of this loop, cannot advance between the scrape and the comparison below
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = r.read().decode()
         sample = parse_exposition(text)
         tokens = sample.tokens["example/tiny-moe"]
         assert len(tokens) == 4 * 16
@@ -93,6 +96,35 @@ async def test_engine_serves_exporter_metrics_after_startup(small_trace):
         assert eng.rank_tokens.sum() == pytest.approx(eng.expert_tokens.sum())
     finally:
         await eng.stop()
+
+
+@pytest.mark.integration
+async def test_pods_answer_while_the_event_loop_is_blocked(small_trace):
+    """The pods' /metrics and /health are served by threads, not by the event loop the simulated
+    cluster shares: a scrape is answered while the loop is busy (here blocked by a synchronous call
+    on it), so a backlog of the loop's work no longer turns into Prometheus scrape gaps."""
+    clock = SimClock.started_now(scale=200.0)
+    eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4, share=0.5), clock,
+                          startup_seconds=0.0, tick=0.02, pods=2)
+    await eng.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert eng.ready
+
+        def get(port: int, path: str) -> tuple[int, bytes]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+                return r.status, r.read()
+        # blocking calls on the loop's own thread: the old aiohttp servers could not answer them
+        for port in eng.ports:
+            assert get(port, "/health") == (200, b"ok")
+            status, body = get(port, "/metrics")
+            assert status == 200 and b"moe_eplb_expert_tokens_total{" in body
+        assert body == eng.exposition(1)  # the replay is not advancing: the loop is blocked here
+        assert len(eng.ports) == 2 and eng.ports[0] != eng.ports[1]
+    finally:
+        await eng.stop()
+    with pytest.raises(OSError):  # stop() closes the servers
+        urllib.request.urlopen(f"http://127.0.0.1:{eng.ports[0]}/health", timeout=5)
 
 
 def test_kubelet_reads_the_rendered_pod_template():

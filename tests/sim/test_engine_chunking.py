@@ -12,7 +12,7 @@ import pytest
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb import synth
 from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.telemetry import TrueCost
+from moe_eplb.sim.physics import TrueCost
 
 
 def _values(text: str, skip: tuple[str, ...] = ()) -> dict[str, float]:

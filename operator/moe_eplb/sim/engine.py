@@ -59,9 +59,11 @@ and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
@@ -406,7 +408,7 @@ POD_SHARE_CONCENTRATION = 8.0
 
 
 class SimulatedEngine:
-    """One simulated vLLM engine: ``pods`` aiohttp servers on 127.0.0.1 (one per pod of the replica
+    """One simulated vLLM engine: ``pods`` HTTP servers on 127.0.0.1 (one per pod of the replica
     group, 1 for a single-node replica), each serving ``/metrics`` and ``/health``.
 
     ``start()`` binds the ports at once (so the fake kubelet can publish them) and becomes ready
@@ -463,13 +465,15 @@ class SimulatedEngine:
         self.started_wall = time.time()
         self.ports: list[int] = []
         self._pos: float | None = None  # workload seconds served up to
-        self._runners: list = []
+        self._servers: list[ThreadingHTTPServer] = []
+        self._lock = threading.Lock()  # held while the replay changes what /metrics renders
         self._task: asyncio.Task | None = None
         self._expositions = [_Exposition(self, k) for k in range(pods)]
 
     def exposition(self, pod: int = 0) -> bytes:
         """What pod ``pod`` of the engine answers on ``/metrics`` now (classic text format)."""
-        return self._expositions[pod].render()
+        with self._lock:
+            return self._expositions[pod].render()
 
     @property
     def expert_tokens(self) -> np.ndarray:
@@ -485,6 +489,10 @@ class SimulatedEngine:
 
     def advance_to(self, workload_seconds: float) -> None:
         """Replay the workload from where this engine stopped up to ``workload_seconds``."""
+        with self._lock:
+            self._advance_to(workload_seconds)
+
+    def _advance_to(self, workload_seconds: float) -> None:
         if self._pos is None:
             self._pos = workload_seconds
             return
@@ -587,9 +595,10 @@ class SimulatedEngine:
             now = self.clock.now()
             if not self.ready:
                 if now >= ready_at:
-                    self.ready = True
-                    self._pos = None  # serving from the simulated moment it became ready, however late this runs
-                    self.advance_to(self.clock.workload_seconds(ready_at))
+                    with self._lock:  # a scrape (another thread) sees the engine not ready or ready and replayed
+                        self.ready = True
+                        self._pos = None  # serving from the simulated moment it became ready, however late this runs
+                        self._advance_to(self.clock.workload_seconds(ready_at))
                 else:
                     await asyncio.sleep(min(self.tick, max(0.0, self.clock.to_wall(ready_at) - time.time())))
                     continue
@@ -598,41 +607,61 @@ class SimulatedEngine:
 
     # --- HTTP ----------------------------------------------------------------------------------
 
-    def _metrics_of(self, pod: int):
-        async def metrics(request):
-            from aiohttp import web
-            if self.ready and self._pos is not None:
-                # the counters of the moment the pod answers, as a real exporter's live ones -- not
-                # of the replay task's last run, which a busy event loop delays by seconds
-                self.advance_to(self.clock.workload_seconds())
+    def _answer(self, pod: int, path: str) -> tuple[int, bytes, str]:
+        """What pod ``pod`` answers on ``path``: (status, body, content type). Runs in the pod's
+        server thread: the replay holds ``_lock`` while it changes the arrays the exposition reads."""
+        path = path.split("?", 1)[0]
+        if path == k8s_names.EXPORTER_PATH:
+            with self._lock:
+                if self.ready and self._pos is not None:
+                    # the counters of the moment the pod answers, as a real exporter's live ones --
+                    # not of the replay task's last run, which a busy event loop delays by seconds
+                    self._advance_to(self.clock.workload_seconds())
+                body = self._expositions[pod].render()
             # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
-            return web.Response(body=self._expositions[pod].render(),
-                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-        return metrics
+            return 200, body, "text/plain; version=0.0.4; charset=utf-8"
+        if path == "/health":
+            return (200, b"ok", "text/plain") if self.ready else (503, b"loading", "text/plain")
+        return 404, b"not found", "text/plain"
 
-    async def _health(self, request):
-        from aiohttp import web
+    def _server_for(self, pod: int, host: str, port: int) -> ThreadingHTTPServer:
+        engine = self
 
-        return web.Response(status=200 if self.ready else 503, text="ok" if self.ready else "loading")
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                status, body, ctype = engine._answer(pod, self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args) -> None:  # noqa: A002 - no access log
+                pass
+
+        class Server(ThreadingHTTPServer):  # daemon threads: one per connection
+            def handle_error(self, request, client_address) -> None:
+                pass  # a scraper that gave up (its timeout) closed the connection: nothing to report
+
+        return Server((host, port), Handler)
 
     async def start(self) -> int:
         """Bind the HTTP servers (one per pod; returns the first pod's port, all in ``ports``) and
-        start the replay task."""
-        from aiohttp import web
+        start the replay task.
 
+        Each pod's ``/metrics`` and ``/health`` are answered by a server thread of its own, not by
+        the event loop: the loop runs the whole simulated cluster (API, kubelet, engines and, in
+        tests, the operator), and on a busy machine its backlog delayed answers past Prometheus'
+        scrape timeout (75 ms in the tests), leaving gaps of seconds that the operator rightly
+        refuses as ScrapeGaps. A real pod's exporter does not wait on other pods' work either."""
         for k in range(self.pods):
-            app = web.Application()
-            app.router.add_get(k8s_names.EXPORTER_PATH, self._metrics_of(k))
-            app.router.add_get("/health", self._health)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-            await runner.setup()
-            self._runners.append(runner)
-            if self.hosts is not None:
-                site = web.TCPSite(runner, self.hosts[k], self.port)
-            else:
-                site = web.TCPSite(runner, "127.0.0.1", self.port if k == 0 else 0)
-            await site.start()
-            self.ports.append(site._server.sockets[0].getsockname()[1])
+            host = self.hosts[k] if self.hosts is not None else "127.0.0.1"
+            port = self.port if self.hosts is not None or k == 0 else 0
+            server = self._server_for(k, host, port)
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+                             name=f"sim-pod:{host}:{server.server_address[1]}").start()
+            self._servers.append(server)
+            self.ports.append(server.server_address[1])
         self.port = self.ports[0]
         self.started_at = self.clock.now()
         self.started_wall = time.time()
@@ -647,16 +676,8 @@ class SimulatedEngine:
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
-        for runner in self._runners:
-            try:  # a scraper's open keep-alive connection must not hold the pod's deletion
-                await asyncio.wait_for(runner.cleanup(), 2.0)
-            except asyncio.CancelledError:
-                # aiohttp's cleanup can end with the cancellation of a request it was serving; only a
-                # cancellation of this task itself goes on
-                task = asyncio.current_task()
-                if task is not None and getattr(task, "cancelling", lambda: 1)():
-                    raise
-            except (asyncio.TimeoutError, Exception):
-                pass
-        self._runners = []
+        servers, self._servers = self._servers, []
+        await asyncio.gather(*(asyncio.to_thread(server.shutdown) for server in servers), return_exceptions=True)
+        for server in servers:
+            server.server_close()
         self.ready = False
