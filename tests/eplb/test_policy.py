@@ -20,6 +20,9 @@ from moe_eplb.eplb.policy import (
     rebalance_batch,
 )
 
+# every test runs on the compiled kernels and on the NumPy path (tests/eplb/conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -30,6 +30,7 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING)),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # torch.jit noise on vLLM import
+    pytest.mark.usefixtures("kernel_path"),  # compiled kernels and NumPy path (conftest.py)
 ]
 
 

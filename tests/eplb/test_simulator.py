@@ -21,6 +21,9 @@ from moe_eplb.eplb.simulator import (
 )
 from moe_eplb.eplb.trace import LoadTrace
 
+# every test runs on the compiled kernels and on the NumPy path (tests/eplb/conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 
 def _vllm_policy():
     """vLLM's own policy when the wheel is installed (then the reference is fully independent)."""

@@ -24,6 +24,9 @@ from moe_eplb.eplb.tuner import (
     tune,
 )
 
+# every test runs on the compiled kernels and on the NumPy path (tests/eplb/conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 
 def _drifting_trace(T=40, L=4, E=16, seed=0) -> LoadTrace:
     """Hot experts that move halfway through, Poisson noise; 200 steps per 10 s bucket."""

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_eplb.eplb import kernels
+
 __all__ = [
     "PolicyError",
     "Layout",
@@ -253,8 +255,28 @@ def _replicate(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray
     return phy2log, logcnt
 
 
+def _rebalance_rows_jit(w32: np.ndarray, layout: Layout) -> np.ndarray:
+    """:func:`_rebalance_rows` with the loops compiled (:mod:`~moe_eplb.eplb.kernels`); the sorts
+    and the float32 group sums stay NumPy's, so ties and rounding are the same."""
+    rows, num_experts = w32.shape
+    groups, nodes = layout.groups, layout.nodes
+    group_size = num_experts // groups
+    if groups == 1:
+        mlog2log = np.broadcast_to(np.arange(num_experts, dtype=np.int64), (rows, num_experts)).copy()
+    else:
+        tokens_per_group = w32.reshape(rows, groups, group_size).sum(axis=-1)
+        mlog2log = kernels.group_packing(tokens_per_group, _heaviest_first(tokens_per_group), nodes, group_size)
+    slots_per_node = layout.num_replicas // nodes
+    phy2mlog, tokens_per_phy = kernels.replicate(w32, mlog2log, nodes, slots_per_node)
+    gpus_per_node = layout.num_gpus // nodes
+    order = phy2mlog if gpus_per_node == slots_per_node else _heaviest_first(tokens_per_phy)
+    return kernels.gpu_packing(tokens_per_phy, order, gpus_per_node, phy2mlog, mlog2log, nodes)
+
+
 def _rebalance_rows(w32: np.ndarray, layout: Layout) -> np.ndarray:
     """phy2log ``[X, R]`` for float32 load ``w32[X, E]`` (X = any number of independent rows)."""
+    if kernels.ENABLED:
+        return _rebalance_rows_jit(w32, layout)
     rows, num_experts = w32.shape
     groups, nodes = layout.groups, layout.nodes
     group_size = num_experts // groups
@@ -342,6 +364,9 @@ def logical_to_physical(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarr
     lead, num_slots = p2l.shape[:-1], p2l.shape[-1]
     flat = p2l.reshape(-1, num_slots)
     rows = flat.shape[0]
+    if kernels.ENABLED and flat.size and int(flat.max()) < num_experts:  # compiled: no bounds checks
+        log2phy, logcnt = kernels.logical_maps(np.ascontiguousarray(flat), num_experts)
+        return log2phy.reshape(*lead, num_experts, log2phy.shape[-1]), logcnt.reshape(*lead, num_experts)
     # One key per slot: (row, expert), empty slots (-1) as expert E, a bin dropped at the end.
     # A single stable sort of all keys (radix for 16-bit keys) lists each row's experts in order,
     # each expert's slots in increasing order.

@@ -35,6 +35,7 @@ import numpy as np
 
 from moe_eplb import vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
+from moe_eplb.eplb import kernels
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.policy import PolicyError, check_layout, rebalance_batch
 from moe_eplb.eplb.trace import LoadTrace
@@ -193,6 +194,11 @@ class SimResult:
             out["rearrangement_steps"] = [int(x) for x in self.rearrangement_steps]
             out["moved_per_rearrangement"] = [int(x) for x in self.moved_per_rearrangement]
         return out
+
+
+def _compiled_ints(placements: np.ndarray) -> np.ndarray:
+    """Placements as one of the two integer types the kernels are compiled for, C-contiguous."""
+    return np.ascontiguousarray(placements, dtype=np.int16 if placements.dtype == np.int16 else np.int64)
 
 
 def _policy_chunk(weights: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int) -> np.ndarray:
@@ -393,6 +399,8 @@ class Replay:
         n, L, P = placements.shape
         if n < 2:
             return np.zeros(0, dtype=np.int64)
+        if kernels.ENABLED:
+            return L * P - kernels.kept_many(_compiled_ints(placements), self.G, self.E)
         S = P // self.G
         o = placements[:-1].reshape(-1, S)
         new = placements[1:].reshape(-1, S)
@@ -439,6 +447,12 @@ class Replay:
         ``[bounds[j], bounds[j+1])``: the sum :meth:`_replay` forms, for all segments at once."""
         n, L, P = placements.shape
         seg, bucket, frac = self._overlaps(bounds[:-1], bounds[1:])
+        if kernels.ENABLED:
+            ints = _compiled_ints(placements)
+            M = np.zeros((self.T, L))
+            kernels.busiest_gpu(self._xflat, self.T, self.E, self.G, ints, kernels.replica_shares(ints, self.E),
+                                seg, bucket, frac, M)
+            return M
         idx = np.arange(L)[None, :, None] * self.E + placements.astype(np.intp)  # [n, L, P]
         cnt = np.bincount((idx + (np.arange(n) * L * self.E)[:, None, None]).ravel(), minlength=n * L * self.E)
         share = (1.0 / cnt.reshape(n, L * self.E)[np.arange(n)[:, None, None], idx]).astype(np.float32)
