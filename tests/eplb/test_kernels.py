@@ -19,7 +19,7 @@ from moe_eplb.eplb.simulator import Replay, Topology
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 
-needs_numba = pytest.mark.skipif(kernels.numba is None, reason=f"no compiled kernels: {kernels.DISABLED_REASON}")
+needs_numba = pytest.mark.skipif(not kernels.AVAILABLE, reason=f"no compiled kernels: {kernels.DISABLED_REASON}")
 
 
 def _both(monkeypatch, fn, *args, **kwargs):
@@ -118,7 +118,7 @@ def test_no_jit_env_selects_the_numpy_path_with_the_same_answer():
     off = _child(_WARM, MOE_EPLB_NO_JIT="1")
     assert off["enabled"] is False and off["misses"] == 0
     assert "NumPy path" in off["text"] and "MOE_EPLB_NO_JIT" in off["text"]
-    if kernels.numba is not None:
+    if kernels.AVAILABLE:
         on = _child(_WARM)
         assert on["enabled"] is True
         assert on["p"] == off["p"]
@@ -136,3 +136,19 @@ def test_numba_cache_dir_holds_the_compiled_code(tmp_path):
     assert second["misses"] == 0 and second["hits"] == first["hits"] + first["misses"]
     assert "loaded from Numba's cache" in second["text"]
     assert second["p"] == first["p"]
+
+
+@needs_numba
+@pytest.mark.integration
+def test_numba_is_imported_only_when_the_policy_runs():
+    """Importing the package (CLI included) costs no numba import (~0.5 s, ~80 MB); the first
+    policy call brings it in."""
+    out = _child("""
+import json, sys
+import numpy as np
+import moe_eplb.cli, moe_eplb.eplb.policy, moe_eplb.eplb.simulator, moe_eplb.eplb.tuner
+before = "numba" in sys.modules
+moe_eplb.eplb.policy.rebalance(np.ones((2, 8)), 8, 1, 1, 4)
+print(json.dumps({"before": before, "after": "numba" in sys.modules}))
+""")
+    assert out == {"before": False, "after": True}

@@ -13,8 +13,10 @@ tie-break, and it depends on the CPU's sort kernels) and the float32 group sums.
 only walks the orders it is given.
 
 Numba is optional: without it (or with ``MOE_EPLB_NO_JIT=1`` in the environment) :data:`ENABLED`
-is False and the callers run their NumPy code. Compilation happens on the first call of each
-kernel (a few seconds in all, once per process); with ``cache=True`` the machine code is written
+is False and the callers run their NumPy code. Callers ask :func:`enabled`; the first call that
+says yes imports numba (importing this module does not: a CLI command that never runs the policy
+pays nothing). Compilation happens on the first call of each kernel (a few seconds in all, once
+per process); with ``cache=True`` the machine code is written
 to Numba's cache (``__pycache__`` beside this file, or ``NUMBA_CACHE_DIR`` when set, or the user's
 cache directory when the package directory is read-only) and later processes load it (well under
 a second). :func:`warm_up` compiles or loads everything and says how long it took.
@@ -22,40 +24,70 @@ a second). :func:`warm_up` compiles or loads everything and says how long it too
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ENABLED", "DISABLED_REASON", "WarmUp", "enabled", "warm_up"]
+__all__ = ["AVAILABLE", "ENABLED", "DISABLED_REASON", "WarmUp", "enabled", "warm_up"]
 
-try:
-    if os.environ.get("MOE_EPLB_NO_JIT", "").strip() not in ("", "0"):
-        raise ImportError("MOE_EPLB_NO_JIT is set")
-    import numba
-except ImportError as _exc:  # the NumPy path runs
-    numba = None
-    DISABLED_REASON = str(_exc)
-else:
-    DISABLED_REASON = ""
+_OFF = os.environ.get("MOE_EPLB_NO_JIT", "").strip() not in ("", "0")
 
-#: Whether the callers use the compiled kernels. Tests flip it to run both paths.
-ENABLED = numba is not None
+#: Whether numba is installed (found without importing it: numba and llvmlite take ~0.5 s and
+#: ~80 MB to import, paid only by a process that runs the policy or a replay).
+AVAILABLE = not _OFF and importlib.util.find_spec("numba") is not None
 
+#: Why the NumPy path runs, when it does.
+DISABLED_REASON = ("MOE_EPLB_NO_JIT is set" if _OFF else
+                   "" if AVAILABLE else "numba is not installed (pip install 'moe-eplb[jit]')")
 
-def enabled() -> bool:
-    return ENABLED
+#: Whether the callers use the compiled kernels (ask :func:`enabled`). Tests flip it to run both
+#: paths.
+ENABLED = AVAILABLE
+
+_KERNEL_FUNCS: list = []  # every kernel and helper, in definition order (helpers first)
+_READY = False
+_LOCK = threading.Lock()
 
 
 def _jit(fn):
-    """``numba.njit(cache=True)``; without a writable cache location, compiled in every process."""
-    if numba is None:
-        return fn
+    """Register ``fn`` to be compiled: :func:`enabled` replaces it by ``numba.njit(cache=True)``
+    of it on first use (until then, and without numba, it is the plain Python function)."""
+    _KERNEL_FUNCS.append(fn)
+    return fn
+
+
+def _compile_all() -> None:
+    """Import numba and replace each registered function by its dispatcher (machine code is made
+    on each kernel's first call, or loaded from the cache). A numba that cannot be imported (e.g.
+    one too old for this NumPy) switches the kernels off with the reason."""
+    global _READY, ENABLED, DISABLED_REASON
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available" (read-only everywhere)
-        return numba.njit(nogil=True)(fn)
+        import numba
+    except ImportError as exc:
+        ENABLED = False
+        DISABLED_REASON = f"numba cannot be imported ({exc})"
+        return
+    for fn in _KERNEL_FUNCS:
+        try:
+            dispatcher = numba.njit(cache=True, nogil=True)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available" (read-only everywhere)
+            dispatcher = numba.njit(nogil=True)(fn)
+        globals()[fn.__name__] = dispatcher
+    _READY = True
+
+
+def enabled() -> bool:
+    """Whether to run the compiled kernels (numba found, not switched off); the first call that
+    says yes imports numba."""
+    if ENABLED and not _READY:
+        with _LOCK:
+            if not _READY:
+                _compile_all()
+    return ENABLED
 
 
 # --- the policy ----------------------------------------------------------------------------------
@@ -317,8 +349,8 @@ def replica_shares(placements, num_experts):  # pragma: no cover - compiled
 
 # --- warm-up -------------------------------------------------------------------------------------
 
-_KERNELS = (group_packing, replicate, gpu_packing, logical_maps, busiest_gpu, kept_many, replica_shares)
-
+_PUBLIC = ("group_packing", "replicate", "gpu_packing", "logical_maps", "busiest_gpu", "kept_many",
+           "replica_shares")
 
 @dataclass(frozen=True)
 class WarmUp:
@@ -345,9 +377,9 @@ class WarmUp:
 
 def warm_up() -> WarmUp:
     """Compile (or load from cache) every kernel with the argument types the callers use."""
-    if not ENABLED:
-        return WarmUp(0.0, False, 0, 0, "", DISABLED_REASON or "kernels.ENABLED is False")
     t0 = time.perf_counter()
+    if not enabled():
+        return WarmUp(0.0, False, 0, 0, "", DISABLED_REASON or "kernels.ENABLED is False")
     w = np.arange(16, dtype=np.float32).reshape(2, 8)
     tpg = w.reshape(2, 4, 2).sum(axis=-1)
     mlog = group_packing(tpg, np.argsort(-tpg, axis=-1), 2, 2)
@@ -360,7 +392,8 @@ def warm_up() -> WarmUp:
         busiest_gpu(np.ones(2 * 3 * 4, dtype=np.float32), 3, 4, 2, p, np.ones(p.shape, dtype=np.float32),
                     np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1), np.zeros((3, 2)))
     seconds = time.perf_counter() - t0
-    hits = sum(sum(k.stats.cache_hits.values()) for k in _KERNELS)
-    misses = sum(sum(k.stats.cache_misses.values()) for k in _KERNELS)
-    path = _KERNELS[0].stats.cache_path  # None: no writable cache location, compiled in memory
+    kernels = [globals()[name] for name in _PUBLIC]
+    hits = sum(sum(k.stats.cache_hits.values()) for k in kernels)
+    misses = sum(sum(k.stats.cache_misses.values()) for k in kernels)
+    path = kernels[0].stats.cache_path  # None: no writable cache location, compiled in memory
     return WarmUp(seconds, True, hits, misses, str(path) if path else "")

@@ -275,7 +275,7 @@ def _rebalance_rows_jit(w32: np.ndarray, layout: Layout) -> np.ndarray:
 
 def _rebalance_rows(w32: np.ndarray, layout: Layout) -> np.ndarray:
     """phy2log ``[X, R]`` for float32 load ``w32[X, E]`` (X = any number of independent rows)."""
-    if kernels.ENABLED:
+    if kernels.enabled():
         return _rebalance_rows_jit(w32, layout)
     rows, num_experts = w32.shape
     groups, nodes = layout.groups, layout.nodes
@@ -364,7 +364,7 @@ def logical_to_physical(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarr
     lead, num_slots = p2l.shape[:-1], p2l.shape[-1]
     flat = p2l.reshape(-1, num_slots)
     rows = flat.shape[0]
-    if kernels.ENABLED and flat.size and int(flat.max()) < num_experts:  # compiled: no bounds checks
+    if kernels.enabled() and flat.size and int(flat.max()) < num_experts:  # compiled: no bounds checks
         log2phy, logcnt = kernels.logical_maps(np.ascontiguousarray(flat), num_experts)
         return log2phy.reshape(*lead, num_experts, log2phy.shape[-1]), logcnt.reshape(*lead, num_experts)
     # One key per slot: (row, expert), empty slots (-1) as expert E, a bin dropped at the end.

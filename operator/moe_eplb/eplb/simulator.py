@@ -399,7 +399,7 @@ class Replay:
         n, L, P = placements.shape
         if n < 2:
             return np.zeros(0, dtype=np.int64)
-        if kernels.ENABLED:
+        if kernels.enabled():
             return L * P - kernels.kept_many(_compiled_ints(placements), self.G, self.E)
         S = P // self.G
         o = placements[:-1].reshape(-1, S)
@@ -447,7 +447,7 @@ class Replay:
         ``[bounds[j], bounds[j+1])``: the sum :meth:`_replay` forms, for all segments at once."""
         n, L, P = placements.shape
         seg, bucket, frac = self._overlaps(bounds[:-1], bounds[1:])
-        if kernels.ENABLED:
+        if kernels.enabled():
             ints = _compiled_ints(placements)
             M = np.zeros((self.T, L))
             kernels.busiest_gpu(self._xflat, self.T, self.E, self.G, ints, kernels.replica_shares(ints, self.E),
