@@ -65,7 +65,11 @@ RUN groupadd --system --gid 10001 moe-eplb \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin moe-eplb
 COPY --from=operator-build /opt/moe-eplb /opt/moe-eplb
+# NUMBA_CACHE_DIR: the policy's compiled kernels (moe_eplb.eplb.kernels) are cached in the /tmp
+# emptyDir (the package directory is read-only, HOME does not exist): compiled once per pod, not
+# once per process.
 ENV PATH=/opt/moe-eplb/bin:$PATH \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     MOE_EPLB_METRICS_PORT=8080 \
