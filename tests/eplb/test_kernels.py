@@ -57,6 +57,9 @@ def test_policy_identical_on_both_paths(monkeypatch, layout):
                                     old_phy2log=old)
         np.testing.assert_array_equal(compiled_b[0], numpy_b[0])
         np.testing.assert_array_equal(compiled_b[1], numpy_b[1])
+        bare = rebalance_batch(batch, replicas, groups, nodes, gpus, old_phy2log=old, with_logcnt=False)
+        assert bare[1] is None
+        np.testing.assert_array_equal(bare[0], numpy_b[0])
 
 
 @needs_numba
@@ -83,6 +86,12 @@ def test_replay_identical_on_both_paths(monkeypatch, redundant):
         placements = np.stack([rp._cache[k] for k in sorted(rp._cache)])
         return res, placements
 
+    rp = Replay(trace, Topology(ep_size=32, num_nodes=4, num_groups=8), layer_stride=8)
+    starts = np.array([0, 0, 17, 250, rp.N - 1, rp.N])
+    ends = np.array([1, rp.N, 4000, 251, rp.N, rp.N])
+    w_c, w_n = _both(monkeypatch, rp.window_loads, starts, ends)
+    assert w_c.dtype == np.float32 and w_c[1].sum() > 0
+    np.testing.assert_array_equal(w_c, w_n)
     (res_c, p_c), (res_n, p_n) = _both(monkeypatch, run)
     np.testing.assert_array_equal(p_c, p_n)
     assert res_c.moved_per_rearrangement.tolist() == res_n.moved_per_rearrangement.tolist()

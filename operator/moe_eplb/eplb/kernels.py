@@ -275,6 +275,24 @@ def logical_maps(phy2log, num_experts):  # pragma: no cover - compiled
     return log2phy, logcnt
 
 
+@_jit
+def window_loads(prefix, load, b0, f0, b1, f1):  # pragma: no cover - compiled
+    """float32 ``[n, L, E]``: ``(prefix[b1] + f1 * load[b1]) - (prefix[b0] + f0 * load[b0])``
+    per window, the same float64 operations in the same order as the NumPy path (no temporaries)."""
+    n = b0.shape[0]
+    layers, experts = load.shape[1], load.shape[2]
+    out = np.empty((n, layers, experts), dtype=np.float32)
+    for i in range(n):
+        s, e = b0[i], b1[i]
+        fs, fe = f0[i], f1[i]
+        for lyr in range(layers):
+            for x in range(experts):
+                end = prefix[e, lyr, x] + fe * load[e, lyr, x]
+                start = prefix[s, lyr, x] + fs * load[s, lyr, x]
+                out[i, lyr, x] = np.float32(end - start)
+    return out
+
+
 # --- the replay ----------------------------------------------------------------------------------
 
 
@@ -349,8 +367,8 @@ def replica_shares(placements, num_experts):  # pragma: no cover - compiled
 
 # --- warm-up -------------------------------------------------------------------------------------
 
-_PUBLIC = ("group_packing", "replicate", "gpu_packing", "logical_maps", "busiest_gpu", "kept_many",
-           "replica_shares")
+_PUBLIC = ("group_packing", "replicate", "gpu_packing", "logical_maps", "window_loads", "busiest_gpu",
+           "kept_many", "replica_shares")
 
 @dataclass(frozen=True)
 class WarmUp:
@@ -385,6 +403,8 @@ def warm_up() -> WarmUp:
     mlog = group_packing(tpg, np.argsort(-tpg, axis=-1), 2, 2)
     phy2mlog, tokens = replicate(w, mlog, 2, 6)
     logical_maps(gpu_packing(tokens, np.argsort(-tokens, axis=-1), 2, phy2mlog, mlog, 2), 8)
+    ends = np.array([1, 2])
+    window_loads(np.zeros((3, 2, 4)), np.ones((2, 2, 4)), ends - 1, np.zeros(2), ends, np.ones(2) / 2)
     for dtype in (np.int16, np.int64):
         p = np.zeros((2, 2, 4), dtype=dtype)
         kept_many(p, 2, 4)

@@ -396,7 +396,8 @@ def rebalance_batch(
     num_gpus: int,
     *,
     old_phy2log: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    with_logcnt: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Run the policy on B independent load matrices at once (for simulators and tuners).
 
     Each ``weight[b]`` gets exactly what ``rebalance(weight[b], ...)`` would give; one call on B
@@ -407,6 +408,7 @@ def rebalance_batch(
         num_replicas, num_groups, num_nodes, num_gpus: as in :func:`rebalance`.
         old_phy2log: optional ``[B, L, R]`` current placement; experts that stay on a GPU keep
             their slot (vLLM passes its current map, so this is what a running server does).
+        with_logcnt: False skips counting the replicas (logcnt is then None).
 
     Returns:
         phy2log ``[B, L, R]`` and logcnt ``[B, L, E]``, int64. Use :func:`logical_to_physical`
@@ -421,7 +423,7 @@ def rebalance_batch(
     old = None
     if old_phy2log is not None:
         old = _check_old(old_phy2log, (batch, layers, layout.num_replicas), num_experts)
-    return _rebalance_checked(w32, layout, old)
+    return _rebalance_checked(w32, layout, old, with_logcnt)
 
 
 _F32_MAX = float(np.finfo(np.float32).max)

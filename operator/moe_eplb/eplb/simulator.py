@@ -203,7 +203,7 @@ def _compiled_ints(placements: np.ndarray) -> np.ndarray:
 
 def _policy_chunk(weights: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int) -> np.ndarray:
     """``[B, L, E]`` window loads -> ``[B, L, P]`` int16 placements (top level: picklable)."""
-    phy2log, _ = rebalance_batch(weights, replicas, groups, nodes, gpus)
+    phy2log, _ = rebalance_batch(weights, replicas, groups, nodes, gpus, with_logcnt=False)
     return phy2log.astype(np.int16)
 
 
@@ -263,6 +263,7 @@ class Replay:
         self.prefix = np.concatenate(
             [np.zeros((1, self.L, self.E)), np.cumsum(trace.load, axis=0)]
         )  # [T+1, L, E]
+        self._load = np.ascontiguousarray(trace.load)  # a copy only for layer_stride > 1
         self.XL = np.ascontiguousarray(trace.load.transpose(1, 0, 2), dtype=np.float32)  # [L, T, E]
         self._xflat = self.XL.reshape(-1)
         self.mean_gpu = trace.load.sum(axis=2) / self.G  # [T, L]
@@ -281,15 +282,26 @@ class Replay:
         starts = np.maximum(ks - knobs.window_size, 0)
         return list(zip(starts.tolist(), ks.tolist()))
 
-    def cumulative(self, s: np.ndarray) -> np.ndarray:
-        """Load of steps ``[0, s)`` for each s: ``[n, L, E]`` (uniform inside a bucket)."""
+    def _bucket_frac(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The bucket holding step s (the last for s >= N) and the share of it before s."""
         s = np.asarray(s, dtype=np.int64)
         b = np.clip(np.searchsorted(self.S, s, side="right") - 1, 0, self.T - 1)
         steps = self.steps[b]
         frac = np.where(steps > 0, (s - self.S[b]) / np.maximum(steps, 1), 0.0)
-        frac = np.where(s >= self.N, 1.0, frac)
-        base = np.where((s >= self.N)[:, None, None], self.prefix[self.T - 1][None], self.prefix[b])
-        return base + frac[:, None, None] * self.trace.load[b]
+        return b, np.where(s >= self.N, 1.0, frac)
+
+    def cumulative(self, s: np.ndarray) -> np.ndarray:
+        """Load of steps ``[0, s)`` for each s: ``[n, L, E]`` (uniform inside a bucket)."""
+        b, frac = self._bucket_frac(s)  # s >= N: b = T - 1, frac = 1
+        return self.prefix[b] + frac[:, None, None] * self.trace.load[b]
+
+    def window_loads(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """float32 ``[n, L, E]``: load of steps ``[starts[i], ends[i])``, as the policy reads it."""
+        if kernels.enabled():
+            b0, f0 = self._bucket_frac(starts)
+            b1, f1 = self._bucket_frac(ends)
+            return kernels.window_loads(self.prefix, self._load, b0, f0, b1, f1)
+        return (self.cumulative(ends) - self.cumulative(starts)).astype(np.float32)
 
     # --- placements ---------------------------------------------------------------------------
 
@@ -313,7 +325,7 @@ class Replay:
 
         def weights_of(wins):
             arr = np.array(wins, dtype=np.int64)
-            return (self.cumulative(arr[:, 1]) - self.cumulative(arr[:, 0])).astype(np.float32)
+            return self.window_loads(arr[:, 0], arr[:, 1])
 
         def store(r, wins, placements):
             nonlocal done
