@@ -300,20 +300,33 @@ def window_loads(prefix, load, b0, f0, b1, f1):  # pragma: no cover - compiled
 def busiest_gpu(xflat, T, E, gpus, placements, share, seg, bucket, frac, out):  # pragma: no cover
     """``out[bucket, layer] += frac * max over GPUs of sum over the GPU's slots of load * share``
     for each (segment, bucket) pair, in order; ``placements [n, L, P]``, ``share`` likewise,
-    ``xflat`` the ``[L, T, E]`` load flattened."""
+    ``xflat`` the ``[L, T, E]`` load flattened. Each GPU's slots are added in order; four GPUs
+    are summed side by side (four independent chains of additions, not one)."""
     layers, slots = placements.shape[1], placements.shape[2]
     per_gpu = slots // gpus
+    quads = gpus - gpus % 4
     for a in range(seg.shape[0]):
         s, b = seg[a], bucket[a]
         for lyr in range(layers):
             base = (lyr * T + b) * E
+            p = placements[s, lyr]
+            w = share[s, lyr]
             top = -np.inf
-            for g in range(gpus):
+            for g in range(0, quads, 4):
+                t0 = t1 = t2 = t3 = 0.0
+                j0 = g * per_gpu
+                for k in range(per_gpu):
+                    j = j0 + k
+                    t0 += np.float64(xflat[base + p[j]] * w[j])
+                    t1 += np.float64(xflat[base + p[j + per_gpu]] * w[j + per_gpu])
+                    t2 += np.float64(xflat[base + p[j + 2 * per_gpu]] * w[j + 2 * per_gpu])
+                    t3 += np.float64(xflat[base + p[j + 3 * per_gpu]] * w[j + 3 * per_gpu])
+                top = max(top, max(max(t0, t1), max(t2, t3)))
+            for g in range(quads, gpus):
                 total = 0.0
                 for j in range(g * per_gpu, (g + 1) * per_gpu):
-                    total += np.float64(xflat[base + placements[s, lyr, j]] * share[s, lyr, j])
-                if total > top:
-                    top = total
+                    total += np.float64(xflat[base + p[j]] * w[j])
+                top = max(top, total)
             out[b, lyr] += frac[a] * top
 
 
