@@ -98,8 +98,7 @@ def _tree_fix(val, idx, k):  # pragma: no cover - compiled
     """Recompute the winner of node k of a min-tournament tree: the smaller child, the left one
     (lower index) on a tie -- so the root holds the first minimum, as ``numpy.argmin``."""
     left = 2 * k
-    if val[left + 1] < val[left]:
-        left += 1
+    left += np.int64(val[left + 1] < val[left])  # branch-free: which child wins is unpredictable
     val[k] = val[left]
     idx[k] = idx[left]
 
@@ -337,7 +336,7 @@ def kept_many(placements, gpus, num_experts):  # pragma: no cover - compiled
     redundancy (P == E, each expert once per layer) a new slot counts when its expert is on the
     GPU at all, as the NumPy path counts it."""
     n, layers, slots = placements.shape
-    multiset = slots != num_experts
+    step = np.int64(slots != num_experts)  # 0: a match does not use up the old copy
     per_gpu = slots // gpus
     kept = np.zeros(max(n - 1, 0), dtype=np.int64)
     count = np.zeros(num_experts, dtype=np.int64)  # old copies not matched yet; zero between GPUs
@@ -349,11 +348,12 @@ def kept_many(placements, gpus, num_experts):  # pragma: no cover - compiled
             for lo in range(0, slots, per_gpu):
                 for j in range(lo, lo + per_gpu):
                     count[old[j]] += 1
-                for j in range(lo, lo + per_gpu):
+                for j in range(lo, lo + per_gpu):  # branch-free: a hit is unpredictable
                     e = new[j]
-                    if count[e] > 0:
-                        count[e] -= multiset
-                        total += 1
+                    c = count[e]
+                    hit = np.int64(c > 0)
+                    total += hit
+                    count[e] = c - hit * step
                 for j in range(lo, lo + per_gpu):
                     count[old[j]] = 0
         kept[t] = total
