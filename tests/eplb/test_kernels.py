@@ -31,9 +31,11 @@ def _both(monkeypatch, fn, *args, **kwargs):
 
 
 # (layers, experts, replicas, groups, nodes, gpus): hierarchical, one group per node, global
-# (groups % nodes != 0), no redundancy, one slot per GPU, several slots per GPU with 1 node.
+# (groups % nodes != 0), no redundancy, one slot per GPU, several slots per GPU with 1 node, one
+# expert per node (a one-leaf tree) with one slot per GPU, and one GPU per node.
 LAYOUTS = [(58, 256, 288, 8, 4, 32), (6, 64, 80, 4, 4, 16), (5, 60, 72, 5, 2, 8),
-           (4, 32, 32, 4, 2, 8), (3, 16, 24, 4, 2, 24), (7, 30, 40, 3, 1, 4), (2, 8, 12, 1, 1, 4)]
+           (4, 32, 32, 4, 2, 8), (3, 16, 24, 4, 2, 24), (7, 30, 40, 3, 1, 4), (2, 8, 12, 1, 1, 4),
+           (3, 4, 8, 4, 4, 8), (3, 4, 12, 4, 4, 4)]
 
 
 def _loads(rng, shape):

@@ -62,12 +62,12 @@ def _jit(fn):
 
 def _compile_all() -> None:
     """Import numba and replace each registered function by its dispatcher (machine code is made
-    on each kernel's first call, or loaded from the cache). A numba that cannot be imported (e.g.
-    one too old for this NumPy) switches the kernels off with the reason."""
+    on each kernel's first call, or loaded from the cache). A numba that cannot be imported
+    switches the kernels off with the reason."""
     global _READY, ENABLED, DISABLED_REASON
     try:
         import numba
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:  # e.g. a numba too old for this NumPy, a broken llvmlite
         ENABLED = False
         DISABLED_REASON = f"numba cannot be imported ({exc})"
         return
