@@ -64,6 +64,24 @@ def observe(cpu_wheel, tiny_model, bridge_dir, engine_root):
         engine.stop()
 
 
+def _settled_log(engine: harness.Engine, quiet_s: float = 1.0, timeout_s: float = 15.0) -> str:
+    """The engine's log once no balancedness line has been added for ``quiet_s`` (the engine is
+    idle): vLLM's engine-core process writes a step's line after the step's counters were exported,
+    so a log read right after an export can still lack the last step's line."""
+    deadline = time.monotonic() + timeout_s
+    log = engine.log()
+    n, since = len(harness.vllm_balancedness_lines(log)), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        log = engine.log()
+        m = len(harness.vllm_balancedness_lines(log))
+        if m != n:
+            n, since = m, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+    return log
+
+
 def _rank_tokens(s: harness.Samples) -> np.ndarray:
     return s.matrix(mn.RANK_TOKENS, "layer", "rank", (L, EP))
 
@@ -71,7 +89,7 @@ def _rank_tokens(s: harness.Samples) -> np.ndarray:
 def test_one_step_balancedness_equals_vllms_logged_line(observe):
     engine = observe.engine
     a = engine.wait_exported()[0]
-    log_mark = len(engine.log())
+    log_mark = len(_settled_log(engine))
     time.sleep(WINDOW_SECONDS + 0.3)  # let scrape A be the window's baseline
     out = engine.complete("The quick brown fox jumps over the lazy dog, again and again.", 1)
     assert out["usage"]["completion_tokens"] == 1
@@ -79,7 +97,7 @@ def test_one_step_balancedness_equals_vllms_logged_line(observe):
     assert b.total(mn.ENGINE_STEPS) - a.total(mn.ENGINE_STEPS) == 1, "one prefill step, nothing else"
     delta = _rank_tokens(b) - _rank_tokens(a)  # [L, EP] tokens each rank processed in that step
     assert delta.sum() > 0
-    (line,) = harness.vllm_balancedness_lines(engine.log()[log_mark:])
+    (line,) = harness.vllm_balancedness_lines(_settled_log(engine)[log_mark:])
     avg = delta.mean(axis=1).sum()
     mx = delta.max(axis=1).sum()
     assert line["avg"] == pytest.approx(round(avg, 2), abs=0.005)
@@ -100,13 +118,13 @@ def test_one_step_balancedness_equals_vllms_logged_line(observe):
 def test_many_steps_vllm_avg_tokens_add_up_to_the_rank_counters(observe):
     engine = observe.engine
     a = engine.wait_exported()[0]
-    log_mark = len(engine.log())
+    log_mark = len(_settled_log(engine))
     t0 = time.monotonic()
     harness.workload(engine, rounds=1, max_tokens=16, concurrency=4)
     record_time("observe engine: workload (8 requests x 16 tokens)", time.monotonic() - t0)
     b = engine.wait_exported()[0]
     steps = b.total(mn.ENGINE_STEPS) - a.total(mn.ENGINE_STEPS)
-    lines = harness.vllm_balancedness_lines(engine.log()[log_mark:])
+    lines = harness.vllm_balancedness_lines(_settled_log(engine)[log_mark:])
     assert len(lines) == steps > 16  # vLLM logs every step (log_balancedness_interval 1)
     delta = _rank_tokens(b) - _rank_tokens(a)
     logged_avg = sum(x["avg"] for x in lines)

@@ -455,12 +455,17 @@ class SimWorld:
 
         controller = Controller(connection=self.connection(), resync_seconds=3600.0, refresh_delay_s=0.02,
                                 retry_delay_s=0.2, autotune=self.autotune)
-        settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority)
+        # peered as the chart runs its replicas: required peering (announced before any watch, so a
+        # lower-priority replica never acts in its first moments), a peer alive for 20 s without a
+        # heartbeat (kopf's default is 60 s; shorter ones lapse when a loaded machine starves the loop)
+        settings = build_settings(standalone=standalone, peering_name=peering_name, priority=priority,
+                                  peering_required=not standalone)
         if not standalone:
-            settings.peering.lifetime = 5  # seconds a peer is considered alive without a heartbeat
+            settings.peering.lifetime = 20
         ready = asyncio.Event()
         task = asyncio.create_task(run_operator(controller, settings=settings, standalone=standalone,
-                                                peering_name=peering_name, priority=priority, ready_flag=ready))
+                                                peering_name=peering_name, priority=priority,
+                                                peering_required=not standalone, ready_flag=ready))
         await asyncio.wait_for(ready.wait(), 15)
         procs.give_signals_back()
         handle = {"task": task, "controller": controller, "priority": priority}
