@@ -17,6 +17,7 @@ Without the built binaries the tier is skipped with the reason, except in CI
 
 from __future__ import annotations
 
+import os
 import pathlib
 import secrets
 import time
@@ -92,3 +93,24 @@ def real(control_plane: ControlPlane) -> Callable[..., Any]:
     from moe_eplb.sim.realapi import real_cluster
 
     return lambda token=None: real_cluster(control_plane, token=token)
+
+
+@pytest.fixture(scope="module")
+def hpa_adapter_parts() -> None:
+    """The control plane, prometheus-adapter and Prometheus that the real HPA controller's tests
+    need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
+    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+    from moe_eplb.sim.metricsadapter import default_adapter_binary, find_adapter
+    from moe_eplb.sim.world import prometheus_binary
+
+    missing = []
+    if find_binaries() is None:
+        missing.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
+    if find_adapter() is None:
+        missing.append(f"no prometheus-adapter built at {default_adapter_binary()} (run `make kube`)")
+    if prometheus_binary() is None:
+        missing.append("no Prometheus binary (apt-get install prometheus)")
+    if missing:
+        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
+            pytest.fail("MOE_EPLB_REQUIRE_KUBE=1 but " + "; ".join(missing))
+        pytest.skip("; ".join(missing))

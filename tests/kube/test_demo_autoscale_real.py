@@ -7,7 +7,6 @@ when a part is not built, except with ``MOE_EPLB_REQUIRE_KUBE=1``."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -18,26 +17,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def requirements() -> None:
-    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
-    from moe_eplb.sim.metricsadapter import default_adapter_binary, find_adapter
-    from moe_eplb.sim.world import prometheus_binary
-
-    missing = []
-    if find_binaries() is None:
-        missing.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
-    if find_adapter() is None:
-        missing.append(f"no prometheus-adapter built at {default_adapter_binary()} (run `make kube`)")
-    if prometheus_binary() is None:
-        missing.append("no Prometheus binary (apt-get install prometheus)")
-    if missing:
-        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-            pytest.fail("MOE_EPLB_REQUIRE_KUBE=1 but " + "; ".join(missing))
-        pytest.skip("; ".join(missing))
-
-
-def test_autoscale_scenario_with_the_real_hpa_controller(requirements, tmp_path):
+def test_autoscale_scenario_with_the_real_hpa_controller(hpa_adapter_parts, tmp_path):
     lines: list[str] = []
     summary = asyncio.run(A.run_autoscale_demo(out_dir=str(tmp_path), api="real", prometheus=True, echo=lines.append))
     log = "\n".join(lines)

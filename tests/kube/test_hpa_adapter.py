@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,9 +24,9 @@ import pytest
 
 from moe_eplb.eplb import synth
 from moe_eplb.metric_names import MOEINFERENCE_LABEL, adapter_metric_name
-from moe_eplb.sim.metricsadapter import default_adapter_binary, find_adapter, quantity
+from moe_eplb.sim.metricsadapter import quantity
 from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.world import SimWorld, prometheus_binary
+from moe_eplb.sim.world import SimWorld
 from moe_eplb.vllm_facts import REQUESTS_WAITING
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
@@ -74,25 +73,6 @@ def hpa(metrics_api: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def requirements() -> None:
-    """The control plane, the adapter and Prometheus must be there; skipped with the reason
-    otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
-    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
-
-    missing = []
-    if find_binaries() is None:
-        missing.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
-    if find_adapter() is None:
-        missing.append(f"no prometheus-adapter built at {default_adapter_binary()} (run `make kube`)")
-    if prometheus_binary() is None:
-        missing.append("no Prometheus binary (apt-get install prometheus)")
-    if missing:
-        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-            pytest.fail("MOE_EPLB_REQUIRE_KUBE=1 but " + "; ".join(missing))
-        pytest.skip("; ".join(missing))
-
-
 async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
     """Poll ``probe()`` until it returns something truthy; fail naming ``what`` and the last value."""
     deadline = time.monotonic() + timeout
@@ -127,7 +107,7 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("metrics_api", ["Pods", "External"])
-async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(requirements, metrics_api) -> None:
+async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(hpa_adapter_parts, metrics_api) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=1)
     world = SimWorld(workload=workload, api="real", prometheus=True, metrics_adapter=True, scrape_interval=0.5,
