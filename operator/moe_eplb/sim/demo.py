@@ -289,18 +289,27 @@ def _sample(world: Any, demo: DemoResource, rec: DemoRecord, t_prev: float, t_no
                             "num": num, "den": den, "window": w, "interval": i, "redundant": r})
 
 
-async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "out/demo",
-                   prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
-                   echo: Callable[[str], None] = print, api: str = "auto") -> dict:
-    """Run the demo; returns :func:`summary_record` (also written to ``summary_path`` when given)."""
+def prepare_run(out_dir: str, prometheus: bool | None) -> bool:
+    """What every demo scenario does first: quiet kopf's and aiohttp's logs, make ``out_dir``, and
+    decide the load source -- returns whether Prometheus runs (``None``: when its binary is found)."""
     import logging
 
-    from moe_eplb.sim.world import SimWorld, prometheus_binary, resolve_api
+    from moe_eplb.sim.world import prometheus_binary
 
     logging.getLogger("kopf").setLevel(logging.ERROR)
     logging.getLogger("aiohttp").setLevel(logging.ERROR)
     os.makedirs(out_dir, exist_ok=True)
-    use_prom = prometheus_binary() is not None if prometheus is None else prometheus
+    return prometheus_binary() is not None if prometheus is None else prometheus
+
+
+async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "out/demo",
+                   prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
+                   echo: Callable[[str], None] = print, api: str = "auto") -> dict:
+    """Run the demo; returns :func:`summary_record` (also written to ``summary_path`` when given)."""
+
+    from moe_eplb.sim.world import SimWorld, resolve_api
+
+    use_prom = prepare_run(out_dir, prometheus)
     demos = resources(hours, seed)
     by_name = {d.name: d for d in demos}
     records = {d.name: DemoRecord() for d in demos}

@@ -42,7 +42,7 @@ from typing import Any
 from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.convert import to_crd
-from moe_eplb.sim.demo import API_WORDS, QWEN, _cell, _fmt_t, _kn, api_of, short
+from moe_eplb.sim.demo import API_WORDS, QWEN, _cell, _fmt_t, _kn, api_of, prepare_run, short
 
 NAME = "qwen3-autoscale-demo"
 PROFILE = "qwen3-vl-30b-a3b-steady"
@@ -173,14 +173,8 @@ async def run_autoscale_demo(*, hours: float = DEFAULT_HOURS, speed: float = DEF
                              prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
                              echo: Callable[[str], None] = print, api: str = "auto") -> dict:
     """Run the scenario; returns :func:`summary_record` (also written to ``summary_path`` when given)."""
-    import logging
 
-    from moe_eplb.sim.world import prometheus_binary
-
-    logging.getLogger("kopf").setLevel(logging.ERROR)
-    logging.getLogger("aiohttp").setLevel(logging.ERROR)
-    os.makedirs(out_dir, exist_ok=True)
-    use_prom = prometheus_binary() is not None if prometheus is None else prometheus
+    use_prom = prepare_run(out_dir, prometheus)
     rec = AutoscaleRecord()
     box: dict[str, Any] = {}
     t_wall0 = time.time()
