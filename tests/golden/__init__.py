@@ -39,6 +39,26 @@ def make_trace() -> dict:
             "bucket_seconds": 15.0, "top_k": top_k, "model": "golden"}
 
 
+#: relative tolerance for floats: the compiled kernels (``eplb/kernels.py``) and the NumPy fallback sum
+#: in different orders, and Numba's code differs by CPU (vector width, FMA), so the same tune agrees
+#: to ~1e-9, not to the last bit; a change a user could see is far larger than this
+FLOAT_REL = 1e-7
+
+
+def approx_floats(value):
+    """``value`` with every float replaced by ``pytest.approx(rel=FLOAT_REL)``, so ``got == want``
+    compares strings, ints, keys and list lengths exactly and floats to round-off."""
+    import pytest
+
+    if isinstance(value, dict):
+        return {k: approx_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [approx_floats(v) for v in value]
+    if isinstance(value, float):
+        return pytest.approx(value, rel=FLOAT_REL, abs=1e-12)
+    return value
+
+
 def strip_timings(value):
     """``value`` without the :data:`TIMING_KEYS` anywhere inside."""
     if isinstance(value, dict):
