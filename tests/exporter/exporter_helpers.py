@@ -11,6 +11,8 @@ import types
 
 import numpy as np
 
+from scripts.vllm_engine.cpu_eplb_bridge import PerfCounterEvent
+
 try:  # the torch-free helpers (free_port, env_without_exporter) must import without it
     import torch
 except ImportError:  # pragma: no cover - tests needing torch skip via importorskip
@@ -152,26 +154,9 @@ def logical_counts(topk_ids: np.ndarray, E: int) -> np.ndarray:
     return out
 
 
-class CpuEvent:
-    """Stand-in for ``torch.Event(enable_timing=True)``: vLLM's sync rearrange times itself with
-    device events, which the CPU backend lacks."""
-
-    def __init__(self, *a, **k):
-        self.t = None
-
-    def record(self, *a):
-        import time
-
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def query(self):
-        return True
-
-    def elapsed_time(self, other):
-        return (other.t - self.t) * 1000.0
+#: Stand-in for ``torch.Event(enable_timing=True)``: vLLM's sync rearrange times itself with device
+#: events, which the CPU backend lacks. The test bridge's own (one definition for both).
+CpuEvent = PerfCounterEvent
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,12 @@
 """The demo's scenario without Prometheus (issue 19, part 4): the operator scrapes the simulated pods
 itself, and both resources -- the Deployment and the 4-pod LeaderWorkerSet group -- must still be
-tuned: every evaluation reads enough buckets (no ``Error`` row), each resource applies a change
-that is judged (kept or rolled back), and the summary says which API and load source ran.
+tuned: every evaluation reads enough buckets (no ``Error`` row), the summary says which API and load
+source ran, and the decisions are the kinds the Prometheus path makes: Qwen3-VL applies a change
+that is judged (kept or rolled back; its gain is several %); DeepSeek-V3 is evaluated every time on
+data, and each evaluation applies a change (then judged) or keeps with the robust rule's reason.
+Whether DeepSeek-V3 moves is decided by a hair: its MoE share of the step is a prior range on this
+short run, and a searched configuration replaces vLLM's defaults only when it wins in every scenario
+of the ranges (+0.09 % at worst in one run, -0.14 % in another), so the test does not require it.
 
 Shortened to 2 simulated hours at 50x (2.4 min; the shift at 1 h): the demo runs in accelerated
 time whatever the machine's load, and on a loaded machine the evaluations lag the simulated clock;
@@ -11,6 +16,7 @@ the same first changes (docs/demo.md)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import pytest
@@ -36,8 +42,18 @@ def test_the_demo_without_prometheus_tunes_both_resources(tmp_path):
         # the direct read has the Prometheus read's buckets: never too few to tune on
         assert "Error" not in made, f"{name}: {[d['reason'] for d in rec['decisions'] if d['decision'] == 'Error']}"
         assert not any("too little to tune on" in str(d["reason"]) for d in rec["decisions"]), log
-        assert "Apply" in made, f"{name}: decisions {made}\n{log}"
+        # once the pods serve (the first evaluations may come before they are ready) every one decides
+        tuned = list(itertools.dropwhile(lambda d: d == "NoData", made))
+        assert len(tuned) >= 4 and set(tuned) <= {"Apply", "Keep"}, f"{name}: {made}\n{log}"
+        for d in rec["decisions"]:
+            if d["decision"] == "Keep":  # the robust rule names the regret it weighed
+                assert "largest regret" in d["reason"] or "would gain" in d["reason"], d["reason"]
         judged = [h for h in rec["history"] if h.get("action") in ("Kept", "RolledBack")]
-        assert judged and all(h.get("reason") for h in judged), f"{name}: history {rec['history']}\n{log}"
-        assert len(by_name[name]["applied_changes"]) >= 1
+        applied = by_name[name]["applied_changes"]
+        if "Apply" in made:
+            assert applied and judged and all(h.get("reason") for h in judged), \
+                f"{name}: history {rec['history']}\n{log}"
+        else:
+            assert not applied, applied
+    assert "Apply" in [d["decision"] for d in decisions["qwen3-vl-demo"]["decisions"]], log
     assert by_name["deepseek-v3-demo"]["kind"] == "LeaderWorkerSet"
