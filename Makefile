@@ -48,7 +48,7 @@ demo: setup
 	$(VENV)/bin/moe-eplb demo
 
 test: setup setup-vllm kube
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check .
