@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+
+from tests.require import missing
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
 SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
@@ -73,10 +74,7 @@ def sim_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from moe_eplb.sim.lwscontroller import find_lws_binary
 
     if find_binaries() is None:
-        reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
-        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
-        pytest.skip(reason)
+        missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
     plane = simplane.start(tmp_path_factory.mktemp("control-plane"), lws=find_lws_binary() is not None,
                            aggregator=True)
     _SIM_PLANE = plane

@@ -23,6 +23,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 from moe_eplb.eplb import synth  # noqa: E402
+from tests.require import missing
 
 NS = "default"
 NAME = "tiny"
@@ -80,15 +81,10 @@ def api(request) -> str:
     ``tools/lws`` is built, simulated GPU nodes; ``make kube``). The real one is
     skipped without the built binaries, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
     if request.param == "real":
-        import os
-
         from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
 
         if find_binaries() is None:
-            reason = f"no control plane built in {default_bin_dir()} (run `make kube`)"
-            if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-                pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
-            pytest.skip(reason)
+            missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
         request.node.add_marker(pytest.mark.kube)
     return request.param
 

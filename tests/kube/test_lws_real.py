@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import time
 
 import pytest
@@ -27,6 +26,7 @@ from moe_eplb.sim import lwscontroller
 from moe_eplb.sim.controlplane import find_binaries
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
+from tests.require import missing
 
 PUBLISHED = """
 apiVersion: admissionregistration.k8s.io/v1
@@ -90,10 +90,7 @@ def _cond(obj: dict, ctype: str) -> dict:
 def built() -> None:
     """Skip without the built control plane and LWS controller (fail in CI: MOE_EPLB_REQUIRE_KUBE=1)."""
     if find_binaries() is None or lwscontroller.find_lws_binary() is None:
-        reason = "the control plane and the LWS controller are not built (run `make kube`)"
-        if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-            pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
-        pytest.skip(reason)
+        missing("the control plane and the LWS controller are not built (run `make kube`)")
 
 
 async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane) -> None:
