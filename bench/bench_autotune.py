@@ -39,9 +39,9 @@ import tracemalloc
 
 import numpy as np
 
-from moe_eplb import metric_names
 from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import parse
+from moe_eplb.contracts import metric_names
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import run_tuner
 from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH, AutotuneSettings

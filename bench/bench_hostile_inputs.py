@@ -248,7 +248,7 @@ def _python_depth_scan(text: str, limit: int) -> bool:
 
 def scan_speed() -> None:
     """MB/s of the JSON checks on a one-hour DeepSeek-V3-shaped trace (240 x 58 x 256 counts)."""
-    from moe_eplb import bounded_read
+    from moe_eplb.contracts import bounded_read
 
     rng = np.random.default_rng(0)
     raw = json.dumps({"model": 'a "quoted" [name]', "load": rng.poisson(40, (240, 58, 256)).tolist()}).encode()

@@ -3,7 +3,7 @@ whose builders follow Grafana's dashboard schema) instead of hand-written JSON d
 
 ``scripts/gen_chart.py`` writes :data:`DASHBOARDS` to ``charts/moe-eplb-operator/dashboards/*.json``
 at development time (the operator never imports this). Every metric name comes from
-``moe_eplb.metric_names`` or ``scripts/vllm_metric_names.py``; label names from the same contract.
+``moe_eplb.contracts.metric_names`` or ``scripts/vllm_metric_names.py``; label names from the same contract.
 
 Conventions follow vLLM's own dashboards (examples/observability): a ``datasource`` variable,
 rates over ``$__rate_interval``, the served model in ``model_name`` (the exporter's series and vLLM's
@@ -36,7 +36,7 @@ from grafana_foundation_sdk.models import dashboard as gdm
 from grafana_foundation_sdk.models import heatmap as ghm
 from grafana_foundation_sdk.models import prometheus as gpm
 
-from moe_eplb import metric_names as mn
+from moe_eplb.contracts import metric_names as mn
 from moe_eplb.controller import decisions
 from scripts import vllm_metric_names as vllm
 

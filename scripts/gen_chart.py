@@ -3,7 +3,7 @@
 
 - ``charts/moe-eplb-operator/dashboards/*.json``: the Grafana dashboards, built with Grafana's
   typed SDK (``grafana-foundation-sdk``) in ``scripts/dashboards.py``, with every metric and label
-  name from ``moe_eplb.metric_names`` / ``scripts/vllm_metric_names.py``;
+  name from ``moe_eplb.contracts.metric_names`` / ``scripts/vllm_metric_names.py``;
 - ``charts/moe-eplb-operator/crds/<file>``: byte copies of the top-level ``crds/`` (the CRD's
   source of truth, written by ``moe-eplb crd``);
 - ``charts/moe-eplb-operator/files/rbac-rules.yaml``: the operator's RBAC rules from

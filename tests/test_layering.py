@@ -1,8 +1,9 @@
 """Import layering of the ``moe_eplb`` package (issue 10): every import, including imports inside
 functions, points the way the data flows. A wrong-way import fails here with the file and line.
 
-* contracts (modules directly under ``moe_eplb/``: ``k8s_names``, ``metric_names``, ``vllm_facts``,
-  ``trace_format``, ``bounded_read``) import only each other and are open to all;
+* ``contracts`` (the package ``moe_eplb/contracts/``: names, facts and formats several packages
+  share; its modules are read from the folder, the one list) imports nothing of the project but
+  itself and is open to all; no module outside it claims to be a contract;
 * ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
   render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
   anything.
@@ -20,8 +21,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "operator" / "moe_eplb"
-CONTRACTS = {"k8s_names", "metric_names", "vllm_facts", "trace_format", "bounded_read"}
+CONTRACTS_DIR = PACKAGE / "contracts"
+#: the contract modules: every module of ``moe_eplb/contracts/`` (the folder is the one list that the
+#: injector copies and the docs name)
+CONTRACTS = {p.stem for p in CONTRACTS_DIR.glob("*.py") if p.stem != "__init__"}
 ALLOWED = {
+    "contracts": set(),
     "api": set(),
     "render": {"api"},
     "eplb": {"api"},
@@ -35,7 +40,7 @@ TOP_LEVEL = {"__init__": set(), "__main__": None}  # __main__ is the CLI's entry
 
 
 def _layer(module: str) -> str | None:
-    """``moe_eplb.api.spec`` -> ``api``; ``moe_eplb.k8s_names`` -> ``k8s_names``; else None."""
+    """``moe_eplb.api.spec`` -> ``api``; ``moe_eplb.contracts.k8s_names`` -> ``contracts``; else None."""
     parts = module.split(".")
     if parts[0] != "moe_eplb":
         return None
@@ -74,16 +79,14 @@ def _violations() -> list[str]:
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
         src = _source_layer(path)
-        if src in CONTRACTS:
-            allowed: set[str] | None = set()
-        elif src in TOP_LEVEL:
+        if src in TOP_LEVEL:
             allowed = TOP_LEVEL[src]
         else:
             assert src in ALLOWED, f"{path}: package {src!r} has no layering rule; add it to ALLOWED and docs"
             allowed = ALLOWED[src]
         for line, mod in _imports(path):
             dst = _layer(mod)
-            if dst is None or dst == src or dst in CONTRACTS or allowed is None:
+            if dst is None or dst == src or dst == "contracts" or allowed is None:
                 continue
             if dst == "__init__" and mod == "moe_eplb":
                 continue  # the package root itself (only __version__)
@@ -218,10 +221,42 @@ def test_every_import_follows_the_layers():
 
 
 def test_contracts_import_only_each_other_and_the_root_imports_nothing():
-    for name in CONTRACTS | {"__init__"}:
-        for line, mod in _imports(PACKAGE / f"{name}.py"):
+    assert CONTRACTS >= {"k8s_names", "metric_names", "vllm_facts", "trace_format", "bounded_read"}
+    for path in [*CONTRACTS_DIR.glob("*.py"), PACKAGE / "__init__.py"]:
+        for line, mod in _imports(path):
             layer = _layer(mod)
-            assert layer is None or layer in CONTRACTS, f"{name}.py:{line} imports {mod}"
+            assert layer is None or layer == "contracts", f"{path.name}:{line} imports {mod}"
+
+
+#: a module's docstring that calls itself a contract (as every contract module's first line does)
+_CLAIMS_CONTRACT = re.compile(r"\(a contract[:)]", re.I)
+
+
+def contracts_outside_the_package(package: Path = PACKAGE) -> list[str]:
+    """Modules outside ``moe_eplb/contracts/`` that call themselves a contract, or that carry the name
+    of a contract module: a contract lives in the one package, where the injector copies it."""
+    bad = []
+    for path in sorted(package.rglob("*.py")):
+        if path.parent == package / "contracts":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+        if _CLAIMS_CONTRACT.search(doc.split("\n", 1)[0]) or path.stem in CONTRACTS:
+            bad.append(str(path.relative_to(package.parent)))
+    return bad
+
+
+def test_every_contract_module_lives_in_contracts():
+    assert contracts_outside_the_package() == []
+
+
+def test_the_contract_location_check_finds_a_stray(tmp_path):
+    pkg = tmp_path / "moe_eplb"
+    (pkg / "contracts").mkdir(parents=True)
+    (pkg / "contracts" / "k8s_names.py").write_text('"""Names (a contract: imports nothing)."""\n')
+    (pkg / "api").mkdir()
+    (pkg / "api" / "names.py").write_text('"""More names (a contract: imports nothing)."""\n')
+    (pkg / "vllm_facts.py").write_text('"""Facts."""\n')
+    assert contracts_outside_the_package(pkg) == ["moe_eplb/api/names.py", "moe_eplb/vllm_facts.py"]
 
 
 @pytest.mark.parametrize("source,target,ok", [

@@ -172,7 +172,7 @@ class RealPodEngine:
 
     def read_config_info(self) -> dict | None:
         """The labels of the exporter's ``moe_eplb_config_info`` (None until it exports it)."""
-        from moe_eplb import metric_names as mn
+        from moe_eplb.contracts import metric_names as mn
 
         try:
             got = harness.Samples(self.engine.exporter_text()).select(mn.CONFIG_INFO)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import vllm
 
-    from moe_eplb import metric_names as mn
+    from moe_eplb.contracts import metric_names as mn
     from moe_eplb.eplb.tracefile import save_trace
 
     from . import overhead, tiny_model

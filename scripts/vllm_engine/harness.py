@@ -235,7 +235,7 @@ class Engine:
         if self.inject_dir is None:
             env = plugin_dist.prepend_path(env, self.bridge_dir, OPERATOR_DIR)  # adaptation 5
         else:  # adaptation 6: the emptyDir mount -> the directory the init container's command wrote
-            from moe_eplb import k8s_names
+            from moe_eplb.contracts import k8s_names
 
             parts = [self.inject_dir if p == k8s_names.EXPORTER_INJECT_DIR else p
                      for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -384,7 +384,7 @@ class Engine:
         """Poll until the exporter's engine-step counter equals vLLM's own iteration count: all the
         engine did is exported (after the last request that takes the idle flush, ~1-2 s).
         Returns (exporter scrape, vLLM /metrics scrape)."""
-        from moe_eplb import metric_names
+        from moe_eplb.contracts import metric_names
 
         deadline = time.monotonic() + timeout
         while True:
@@ -600,7 +600,7 @@ def read_trace_via_prometheus(prom: Prometheus, namespace: str, name: str, steps
     everything since ``started`` (unix time), the grid ending after that sample."""
     import math
 
-    from moe_eplb import metric_names as mn
+    from moe_eplb.contracts import metric_names as mn
     from moe_eplb.metrics.reader import read_load_trace
 
     sel = f'{{namespace="{namespace}", {mn.MOEINFERENCE_LABEL}="{name}"}}'

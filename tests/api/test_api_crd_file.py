@@ -14,7 +14,7 @@ from moe_eplb.api.crd import crd, crd_text, openapi_schema
 from moe_eplb.api.imageref import IMAGE_PATTERN
 from moe_eplb.api.schema import schema_problems
 from moe_eplb.cli import main
-from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.contracts.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_COPY = REPO / "crds" / "moeinferences.eplb.ai.yaml"

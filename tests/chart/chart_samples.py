@@ -32,7 +32,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from scripts import vllm_metric_names as v
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from tests.chart import chart_queries as cq
 from tests.chart.chart_support import ROOT
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import moe_eplb
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from scripts import vllm_metric_names as v
 from tests.chart import chart_queries as cq
 from tests.chart.chart_support import CHART_DIR, ROOT

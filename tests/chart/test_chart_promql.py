@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from moe_eplb import metric_names as mn
+from moe_eplb.contracts import metric_names as mn
 from tests.chart import chart_queries as cq
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import FAST_ALERTS, render_chart, rule_groups

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.rbac import NAMESPACED_MODE_CLUSTER_RULES, RBAC_RULES, grants
 from tests.chart.chart_support import (
     BARE_CLUSTER,

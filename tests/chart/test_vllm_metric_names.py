@@ -85,7 +85,7 @@ def test_the_series_the_reader_reads_are_vllms():
     vLLM's: the KV-cache and queue series, the prefix-cache counters (the older ``gpu_`` names are
     the fallback for engines before the rename and are not in 0.32) and the CacheConfig info gauge
     whose labels carry ``num_gpu_blocks`` and ``block_size``."""
-    from moe_eplb import vllm_facts as f
+    from moe_eplb.contracts import vllm_facts as f
 
     kinds, extras = vllm_declared_metrics()
     for series, kind in ((f.KV_CACHE_USAGE, v.GAUGE), (f.REQUESTS_WAITING, v.GAUGE), (f.PREEMPTIONS, v.COUNTER),
@@ -105,10 +105,10 @@ def test_the_series_the_reader_reads_are_vllms():
 
 
 def test_autoscaling_metrics_are_vllms_for_the_checked_version():
-    """spec.autoscaling's metrics (moe_eplb.vllm_facts.AUTOSCALING_METRICS) for vLLM 0.32 are declared
+    """spec.autoscaling's metrics (moe_eplb.contracts.vllm_facts.AUTOSCALING_METRICS) for vLLM 0.32 are declared
     by the installed vLLM with the type the autoscaler's query assumes, carrying model_name; the
     pre-0.10 KV-cache name is gone (so the version switch matters)."""
-    from moe_eplb import vllm_facts
+    from moe_eplb.contracts import vllm_facts
 
     kinds, extras = vllm_declared_metrics()
     want = {"RequestsWaiting": v.GAUGE, "KVCacheUsage": v.GAUGE, "TTFT": v.HISTOGRAM}

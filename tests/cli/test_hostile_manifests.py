@@ -169,8 +169,8 @@ def test_too_many_documents_are_refused_before_validating_them(tmp_path, command
 
 
 def test_manifest_errors_are_input_errors():
-    from moe_eplb.bounded_read import InputError
-    from moe_eplb.trace_format import TraceError
+    from moe_eplb.contracts.bounded_read import InputError
+    from moe_eplb.contracts.trace_format import TraceError
 
     assert issubclass(manifest.ManifestError, InputError) and issubclass(TraceError, InputError)
 

@@ -145,7 +145,7 @@ def test_tune_min_steps_allows_a_short_experiment_and_says_so(tmp_path):
     _flag_error(_run("tune", "--trace", path, "--ep-size", 4, "--min-steps", 0), "--min-steps")
 
 
-# --- issue 24: the bounded reader (moe_eplb.bounded_read) on every file the CLI reads ----------------
+# --- issue 24: the bounded reader (moe_eplb.contracts.bounded_read) on every file the CLI reads ----------------
 
 SIM = ("--ep-size", 4, "--window", 10, "--interval", 10, "--redundant", 0)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from moe_eplb import k8s_names
 from moe_eplb.cli import main
 from moe_eplb.cli.operator_cmds import run, settings_from_cli
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller import settings as s
 
 ENV_VARS = [env for _opt, env in s.OPTIONS.values()]

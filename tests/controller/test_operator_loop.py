@@ -16,7 +16,7 @@ import pathlib
 import pytest
 import yaml
 
-from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION
+from moe_eplb.contracts.k8s_names import CONFIG_HASH_ANNOTATION
 
 pytestmark = pytest.mark.integration  # the real operator and an emulated API server
 

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
 from moe_eplb.eplb.trace import LoadTrace, TraceError, served_imbalance
 from moe_eplb.eplb.tracefile import load_trace, save_trace, trace_from_dict, trace_to_dict
-from moe_eplb.trace_format import TELEMETRY_KEYS
 
 T, L, E, EP = 4, 2, 8, 2
 
@@ -228,7 +228,7 @@ def test_config_ranges_are_the_crds_bounds():
 
     import yaml
 
-    from moe_eplb.trace_format import CONFIG_RANGES
+    from moe_eplb.contracts.trace_format import CONFIG_RANGES
 
     crd = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "operator" / "moe_eplb" / "api" / "crd.yaml")
                          .read_text())

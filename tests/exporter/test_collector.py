@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import (
     BalancednessWindow,

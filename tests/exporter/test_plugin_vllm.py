@@ -9,7 +9,7 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from tests import ROOT
 from tests.exporter.exporter_helpers import env_without_exporter, free_port
 

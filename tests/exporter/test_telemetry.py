@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import hook
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector

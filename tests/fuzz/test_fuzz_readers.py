@@ -1,7 +1,7 @@
 """Property-based tier over the bounded readers and ``validate`` (issue 24).
 
 Whatever the bytes, each reader either returns its value or raises its one error type
-(:class:`moe_eplb.bounded_read.InputError`), and each CLI command exits 0, 1 or 2 with no
+(:class:`moe_eplb.contracts.bounded_read.InputError`), and each CLI command exits 0, 1 or 2 with no
 traceback. The C-speed JSON depth scan agrees with the nesting of what ``json`` parses.
 """
 
@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_eplb import bounded_read
 from moe_eplb.cli import main
+from moe_eplb.contracts import bounded_read
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tracefile import DomainCounts, TokenRouting, load_trace, read_routing_file
 from tests.example_manifests import EXAMPLES, load_moeinferences

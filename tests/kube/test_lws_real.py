@@ -17,8 +17,8 @@ import time
 import pytest
 import yaml
 
-from moe_eplb import k8s_names
 from moe_eplb.api.spec import parse
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.status import workload_observed_generation
 from moe_eplb.eplb import synth
 from moe_eplb.render.objects import render_children

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.metrics.assemble import counters_from_rounds, trace_from_raw_counters, trace_from_rounds
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import raw_samples, read_load_trace, with_baselines

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.promclient import PrometheusClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.metrics.assemble import (
     counters_from_rounds,
     trace_from_raw_counters,

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from moe_eplb import metric_names, vllm_facts
+from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import layer_groups, read_load_trace, with_matcher

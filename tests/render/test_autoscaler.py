@@ -10,11 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from moe_eplb import vllm_facts
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
 from moe_eplb.api.spec import parse
 from moe_eplb.api.validation import check, operator_default_problems
+from moe_eplb.contracts import vllm_facts
 from moe_eplb.render import autoscaler as au
 from moe_eplb.render.objects import render_children
 from moe_eplb.sim.kubeapi import keda_crd
@@ -160,7 +160,7 @@ def test_the_hpa_names_the_metric_as_the_adapters_rule_serves_it(series):
     prometheus-adapter's rule (sim.metricsadapter.adapter_config) gives the series."""
     import re
 
-    from moe_eplb.metric_names import adapter_metric_name
+    from moe_eplb.contracts.metric_names import adapter_metric_name
     from moe_eplb.sim.metricsadapter import adapter_config
 
     rule = adapter_config((series,))["rules"][0]["name"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from moe_eplb import __version__, k8s_names
+from moe_eplb import __version__
 from moe_eplb.api.spec import OperatorDefaults, parse
+from moe_eplb.contracts import k8s_names
 from moe_eplb.exporter.inject import inject
 from moe_eplb.render.objects import render_children
 
@@ -75,7 +76,7 @@ def test_not_injected_when_turned_off(variant) -> None:
 def test_injection_writes_a_plugin_vllm_finds_without_the_package_installed(tmp_path) -> None:
     files = inject(tmp_path)
     names = {p.relative_to(tmp_path).as_posix() for p in files}
-    assert "moe_eplb/exporter/plugin.py" in names and "moe_eplb/metric_names.py" in names
+    assert "moe_eplb/exporter/plugin.py" in names and "moe_eplb/contracts/metric_names.py" in names
     assert not any(n.startswith(("moe_eplb/controller", "moe_eplb/api", "moe_eplb/eplb")) for n in names)
     assert inject(tmp_path) and len(list(tmp_path.glob("*.dist-info"))) == 1  # idempotent
     # a Python without site-packages (no moe-eplb installed) finds the entry point through the

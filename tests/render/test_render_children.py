@@ -10,10 +10,10 @@ from importlib import metadata
 import kubernetes_validate
 import pytest
 
-from moe_eplb import k8s_names, metric_names
 from moe_eplb.api.schema import schema_problems, unknown_field_problems
 from moe_eplb.api.spec import parse
-from moe_eplb.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
+from moe_eplb.contracts import k8s_names, metric_names
+from moe_eplb.contracts.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
 from moe_eplb.render.engine_args import engine_args
 from moe_eplb.render.labels import labels, selector_string
 from moe_eplb.render.objects import endpoint, render_children

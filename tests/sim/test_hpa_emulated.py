@@ -51,7 +51,7 @@ def test_rate_and_bounds_with_the_real_controllers_reasons():
 
 
 def test_the_emulated_controller_reads_the_names_the_rendered_hpa_uses():
-    from moe_eplb.metric_names import adapter_metric_name
+    from moe_eplb.contracts.metric_names import adapter_metric_name
     from moe_eplb.render.autoscaler import hpa_metric_name
 
     res = A.resource()

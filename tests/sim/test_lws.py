@@ -10,9 +10,9 @@ import pathlib
 import pytest
 import yaml
 
-from moe_eplb import k8s_names
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
 from moe_eplb.api.spec import parse
+from moe_eplb.contracts import k8s_names
 from moe_eplb.render.objects import render_children
 from moe_eplb.sim import lws as L
 from moe_eplb.sim.kubeapi import lws_crd

@@ -14,9 +14,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.spec import parse
+from moe_eplb.contracts import k8s_names
 from moe_eplb.eplb import synth
 from moe_eplb.metrics.scrape import parse_exposition
 from moe_eplb.render.objects import render_children

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from moe_eplb import metric_names as mn
+from moe_eplb.contracts import metric_names as mn
 from scripts.vllm_engine import harness
 from scripts.vllm_engine import tiny_model as tm
 

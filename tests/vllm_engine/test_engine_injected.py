@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import yaml
 
-from moe_eplb import k8s_names
-from moe_eplb import metric_names as mn
+from moe_eplb.contracts import k8s_names
+from moe_eplb.contracts import metric_names as mn
 from scripts.vllm_engine import harness
 from scripts.vllm_engine import tiny_model as tm
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.k8s_names import API_VERSION
+from moe_eplb.contracts.k8s_names import API_VERSION
 
 CRD_FILE = "crd.yaml"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_eplb import vllm_facts
+from moe_eplb.contracts import vllm_facts
 
 
 class KnobsError(ValueError):

@@ -12,7 +12,7 @@ memory. :func:`load_documents` refuses, naming the file, the place and the limit
 * more than :data:`MAX_DOCUMENTS` documents in one file;
 * anything YAML itself rejects, control bytes (NUL ...) included (with the line and column).
 
-:class:`ManifestError` is a kind of :class:`moe_eplb.bounded_read.InputError`, the one error type of
+:class:`ManifestError` is a kind of :class:`moe_eplb.contracts.bounded_read.InputError`, the one error type of
 every bounded reader.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.bounded_read import InputError
+from moe_eplb.contracts.bounded_read import InputError
 
 MAX_BYTES = 3 * 1024 * 1024
 MAX_DEPTH = 64

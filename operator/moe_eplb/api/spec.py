@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb import vllm_facts
 from moe_eplb.api import catalog
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
@@ -31,6 +30,7 @@ from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import fill_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
+from moe_eplb.contracts import vllm_facts
 
 MODES = ("Off", "Recommend", "Apply")
 

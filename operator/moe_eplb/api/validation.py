@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb import k8s_names, vllm_facts
 from moe_eplb.api import catalog
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
@@ -39,7 +38,8 @@ from moe_eplb.api.schema import (
 )
 from moe_eplb.api.spec import MoEInference, SpecError, parse, to_plain
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
-from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND
+from moe_eplb.contracts import k8s_names, vllm_facts
+from moe_eplb.contracts.k8s_names import API_GROUP, API_VERSION, KIND
 
 __all__ = ["Problem", "Checked", "check", "validate", "apiserver_problems", "nearest_redundant_values"]
 
@@ -334,7 +334,7 @@ def _extra_args_problems(inf: MoEInference) -> list[Problem]:
 
 def autoscaling_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
     """``spec.autoscaling`` checks the CRD cannot make: the metric exists in the engine's vLLM
-    version (:func:`moe_eplb.vllm_facts.autoscaling_metric`), and backend External needs the
+    version (:func:`moe_eplb.contracts.vllm_facts.autoscaling_metric`), and backend External needs the
     ``moeinference`` series label the PodMonitor adds."""
     a = inf.autoscaling
     if a is None:

@@ -35,7 +35,7 @@ def _label(doc: Any, index: int) -> str:
 
 def _is_ours(doc: Any) -> bool:
     """Documents of the eplb.ai API group are checked; others (a Secret next to it) are skipped."""
-    from moe_eplb.k8s_names import API_GROUP
+    from moe_eplb.contracts.k8s_names import API_GROUP
 
     if not isinstance(doc, dict):
         return True

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from moe_eplb import vllm_facts
+from moe_eplb.contracts import vllm_facts
 
 
 def register(main: click.Group) -> None:
@@ -40,8 +40,8 @@ MAX_WEIGHTS_BYTES = 64 * 2**20
 
 def _read_weights(path: str) -> list:
     """The ``--weights`` file: JSON, a 2-D list ``[L][E]`` of finite numbers, read bounded
-    (:mod:`moe_eplb.bounded_read`: size, values, depth, duplicate keys, NaN/Infinity)."""
-    from moe_eplb import bounded_read
+    (:mod:`moe_eplb.contracts.bounded_read`: size, values, depth, duplicate keys, NaN/Infinity)."""
+    from moe_eplb.contracts import bounded_read
 
     try:
         data = bounded_read.parse_json(bounded_read.read_bytes(path, max_bytes=MAX_WEIGHTS_BYTES, gz=False,
@@ -379,7 +379,7 @@ def _routing_info(data) -> dict:
 
 
 def _max_trace_option(fn):
-    from moe_eplb.trace_format import MAX_TRACE_BYTES
+    from moe_eplb.contracts.trace_format import MAX_TRACE_BYTES
 
     return click.option("--max-trace-bytes", type=click.IntRange(1), default=MAX_TRACE_BYTES, show_default=True,
                         help="Most bytes the trace may take: on disk, as JSON text, and as float64 arrays "
@@ -387,9 +387,9 @@ def _max_trace_option(fn):
 
 
 def _load_trace_arg(path: str, max_bytes: int | None = None):
+    from moe_eplb.contracts.trace_format import MAX_TRACE_BYTES
     from moe_eplb.eplb.trace import TraceError
     from moe_eplb.eplb.tracefile import load_trace
-    from moe_eplb.trace_format import MAX_TRACE_BYTES
 
     try:
         trace = load_trace(path, max_bytes=max_bytes or MAX_TRACE_BYTES)
@@ -637,7 +637,7 @@ def _add_calibrate(main: click.Group) -> None:
 
         trace = _load_trace_arg(trace_path, max_trace_bytes)
         if trace.telemetry is None:
-            from moe_eplb.trace_format import TELEMETRY_KEYS
+            from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
 
             raise click.ClickException(
                 f"{trace_path}: the trace has none of the telemetry keys ({', '.join(TELEMETRY_KEYS)}), so there is "

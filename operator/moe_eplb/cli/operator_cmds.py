@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller import settings as s
 
 

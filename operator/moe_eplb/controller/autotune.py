@@ -54,6 +54,7 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference, SpecError, parse
+from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
@@ -67,7 +68,6 @@ from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import TuneResult, tune
-from moe_eplb.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 
 log = logging.getLogger("moe_eplb.autotune")
 

@@ -26,12 +26,7 @@ from typing import Any
 
 import kopf
 
-from moe_eplb.controller.autotune import AutotuneLoop
-from moe_eplb.controller.autotune_settings import AutotuneSettings
-from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
-from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
-from moe_eplb.controller.settings import OperatorSettings
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts.k8s_names import (
     API_GROUP,
     API_VERSION,
     MANAGED_BY,
@@ -39,6 +34,11 @@ from moe_eplb.k8s_names import (
     NAME_LABEL,
     PLURAL,
 )
+from moe_eplb.controller.autotune import AutotuneLoop
+from moe_eplb.controller.autotune_settings import AutotuneSettings
+from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
+from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
+from moe_eplb.controller.settings import OperatorSettings
 
 log = logging.getLogger("moe_eplb.controller")
 

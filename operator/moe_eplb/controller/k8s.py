@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from moe_eplb import __version__
-from moe_eplb.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.contracts.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 USER_AGENT = f"moe-eplb/{__version__}"
 

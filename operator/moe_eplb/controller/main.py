@@ -14,11 +14,11 @@ from typing import Any
 import kopf
 from prometheus_client import Counter, start_http_server
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
+from moe_eplb.contracts.k8s_names import API_GROUP
 from moe_eplb.controller.handlers import Controller, register
 from moe_eplb.controller.opmetrics import no_created_series
 from moe_eplb.controller.settings import PEERING_NAME
-from moe_eplb.k8s_names import API_GROUP
 
 
 def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,

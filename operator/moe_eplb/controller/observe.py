@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import MoEInference
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.metrics import measure as measure_mod

@@ -1,6 +1,6 @@
 """The autotune loop's metrics on the operator's ``/metrics`` (prometheus_client default registry).
 
-Names are pinned in :mod:`moe_eplb.metric_names`:
+Names are pinned in :mod:`moe_eplb.contracts.metric_names`:
 
 - ``moe_eplb_tuner_evaluations_total{namespace,name,result}`` -- evaluations by result
   (``ok``, ``nodata``, ``error``);
@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from moe_eplb.k8s_names import API_GROUP, PLURAL
+from moe_eplb.contracts.k8s_names import API_GROUP, PLURAL
 
 #: ClusterRole rules: kopf's own needs (resource discovery via CRDs, peering, Events, its
 #: finalizer/annotation patches on MoEInference) plus the controller's child management.

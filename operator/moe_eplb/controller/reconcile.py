@@ -33,10 +33,7 @@ from typing import Any
 
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
 from moe_eplb.api.validation import check, operator_default_problems
-from moe_eplb.controller import opmetrics
-from moe_eplb.controller import status as status_mod
-from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts.k8s_names import (
     API_GROUP,
     API_VERSION,
     HPA_KIND,
@@ -46,6 +43,9 @@ from moe_eplb.k8s_names import (
     MANAGED_BY_LABEL,
     NAME_LABEL,
 )
+from moe_eplb.controller import opmetrics
+from moe_eplb.controller import status as status_mod
+from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.render.autoscaler import describe as describe_autoscaler
 from moe_eplb.render.labels import selector_string
 from moe_eplb.render.objects import endpoint, render_children

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from moe_eplb import bounded_read, k8s_names
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.spec import OperatorDefaults
 from moe_eplb.api.validation import label_problems
+from moe_eplb.contracts import bounded_read, k8s_names
 
 PEERING_NAME = "moe-eplb"
 DEFAULT_HEALTH_PORT = 8081
@@ -167,7 +167,7 @@ def parse_labels(text: str | Mapping[str, str] | None) -> dict[str, str]:
     if isinstance(text, Mapping):
         labels: Any = dict(text)
     elif text.lstrip().startswith(("{", "[")):
-        try:  # bounded: depth, size, duplicate keys (moe_eplb.bounded_read)
+        try:  # bounded: depth, size, duplicate keys (moe_eplb.contracts.bounded_read)
             labels = bounded_read.parse_json(text.encode("utf-8", "replace"), "labels", max_depth=2, max_values=10_000,
                                             need_depth=1)
         except bounded_read.InputError as exc:

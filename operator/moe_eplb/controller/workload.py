@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference
+from moe_eplb.contracts import k8s_names
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.k8s import ApiError

@@ -424,7 +424,7 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
     """
     tel = trace.telemetry
     if tel is None:
-        from moe_eplb.trace_format import TELEMETRY_KEYS
+        from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
 
         raise CalibrationError(f"trace: has none of the telemetry keys ({', '.join(TELEMETRY_KEYS)}); record it "
                                "with the operator's reader or the exporter's trace capture (docs/traces.md)")

@@ -6,7 +6,7 @@ What is replayed (vLLM 0.32 ``EplbState.step`` / ``rearrange``, see ``docs/tuner
   ``[S_t, S_t + bucket_steps[t])``. **Load inside a bucket is taken as uniform over its steps**
   (the trace has no finer resolution): a part of a bucket carries the same share of its load.
 - A rearrangement happens after step ``k`` for ``k = max(I // 4, 1) + j * I < N`` (vLLM starts its
-  counter at ``I - I // 4``; :func:`moe_eplb.vllm_facts.rearrangement_steps`), from the logical
+  counter at ``I - I // 4``; :func:`moe_eplb.contracts.vllm_facts.rearrangement_steps`), from the logical
   load of steps ``[max(0, k - W), k)`` (its ring buffer
   of the last W recorded steps; fewer at the start), computed by the project's policy, which gives
   vLLM's placements. The new placement serves from step ``k`` on.
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_eplb import vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
+from moe_eplb.contracts import vllm_facts
 from moe_eplb.eplb import kernels
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.policy import PolicyError, check_layout, rebalance_batch

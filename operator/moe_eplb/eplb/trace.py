@@ -7,7 +7,7 @@ during those steps (``load[t, l, e]``, counted once per (token, top-k slot) as v
 Reading and writing files and the real routing data: :mod:`moe_eplb.eplb.tracefile` (``load_trace``,
 ``save_trace``, ``trace_from_dict``, ``trace_to_dict``); from Prometheus or the pods:
 :mod:`moe_eplb.metrics`; synthetic traces: :mod:`moe_eplb.eplb.synth`. The file format is the
-contract :mod:`moe_eplb.trace_format` (docs/traces.md).
+contract :mod:`moe_eplb.contracts.trace_format` (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from moe_eplb import vllm_facts
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.trace_format import OPTIONAL_KEYS as TRACE_KEYS_OPTIONAL
-from moe_eplb.trace_format import REQUIRED_KEYS as TRACE_KEYS_REQUIRED
-from moe_eplb.trace_format import TELEMETRY_KEYS as TRACE_KEYS_TELEMETRY
-from moe_eplb.trace_format import TraceError
+from moe_eplb.contracts import vllm_facts
+from moe_eplb.contracts.trace_format import OPTIONAL_KEYS as TRACE_KEYS_OPTIONAL
+from moe_eplb.contracts.trace_format import REQUIRED_KEYS as TRACE_KEYS_REQUIRED
+from moe_eplb.contracts.trace_format import TELEMETRY_KEYS as TRACE_KEYS_TELEMETRY
+from moe_eplb.contracts.trace_format import TraceError
 
 __all__ = ["LoadTrace", "Telemetry", "Rearrangement", "RecordedConfig", "TraceError", "TRACE_KEYS_REQUIRED",
            "TRACE_KEYS_OPTIONAL", "TRACE_KEYS_TELEMETRY", "served_imbalance", "physical_checks"]

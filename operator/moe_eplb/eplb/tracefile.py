@@ -2,7 +2,7 @@
 and ``token_routing_sequence`` JSON).
 
 The file format itself (keys, types, suffixes, the bounded raw reader and the atomic writer) is the
-contract :mod:`moe_eplb.trace_format`; here the raw mapping is validated strictly into a
+contract :mod:`moe_eplb.contracts.trace_format`; here the raw mapping is validated strictly into a
 :class:`~moe_eplb.eplb.trace.LoadTrace` (:func:`trace_from_dict`) and back (:func:`trace_to_dict`).
 Everything except :func:`load_trace` / :func:`save_trace` / :func:`read_routing_file` is a pure
 function. Every problem raises :class:`~moe_eplb.eplb.trace.TraceError` whose message starts with
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from moe_eplb import bounded_read, trace_format
 from moe_eplb.api.knobs import Knobs, KnobsError
+from moe_eplb.contracts import bounded_read, trace_format
 from moe_eplb.eplb.trace import (
     TRACE_KEYS_OPTIONAL,
     TRACE_KEYS_REQUIRED,
@@ -51,7 +51,7 @@ def _positive_int(d: Mapping[str, Any], key: str) -> int:
 
 
 def _counts(arr: np.ndarray, key: str, axes: tuple[str, ...]) -> np.ndarray:
-    """``arr`` of counts: finite, >= 0 and at most :data:`~moe_eplb.bounded_read.MAX_COUNT` each
+    """``arr`` of counts: finite, >= 0 and at most :data:`~moe_eplb.contracts.bounded_read.MAX_COUNT` each
     (so float64 sums and int64 casts stay exact); the first bad value named by its place."""
     bad = ~np.isfinite(arr) if arr.dtype.kind == "f" else np.zeros(arr.shape, bool)
     what, above = "NaN or infinite value", ""
@@ -129,7 +129,7 @@ def _rearrangements(value: Any) -> tuple[Rearrangement, ...]:
 
 
 def _config(value: Any) -> RecordedConfig:
-    from moe_eplb.trace_format import CONFIG_KEYS
+    from moe_eplb.contracts.trace_format import CONFIG_KEYS
 
     if not isinstance(value, Mapping):
         raise TraceError(f"config: expected an object with keys {', '.join(CONFIG_KEYS)}, got {type(value).__name__}")
@@ -322,7 +322,7 @@ def trace_suffix(path: str | os.PathLike) -> str:
 
 def load_trace(path: str | os.PathLike, *, max_bytes: int = trace_format.MAX_TRACE_BYTES) -> LoadTrace:
     """Read a trace file (``.json``, ``.json.gz`` or ``.npz``, chosen by suffix), bounded (at most
-    ``max_bytes``, see :func:`moe_eplb.trace_format.read_trace_file`) and strict."""
+    ``max_bytes``, see :func:`moe_eplb.contracts.trace_format.read_trace_file`) and strict."""
     d = trace_format.read_trace_file(path, max_bytes=max_bytes)
     if d.get("kind") in ROUTING_KINDS:
         raise TraceError(
@@ -544,7 +544,7 @@ def token_routing_from_dict(d: Mapping[str, Any], where: str = "token routing",
 def read_routing_file(path: str | os.PathLike, *, max_bytes: int = MAX_ROUTING_FILE_BYTES) -> DomainCounts | TokenRouting:
     """Read a real routing data file (``kind`` ``expert_counts_by_domain`` or
     ``token_routing_sequence``; ``.gz`` gunzipped), bounded like a trace
-    (:mod:`moe_eplb.bounded_read`: size, decompressed size, JSON values, depth, duplicate keys,
+    (:mod:`moe_eplb.contracts.bounded_read`: size, decompressed size, JSON values, depth, duplicate keys,
     non-finite numbers) and strict."""
     path = Path(path)
     raw = bounded_read.read_bytes(path, max_bytes=max_bytes, error=TraceError, what="routing data file",

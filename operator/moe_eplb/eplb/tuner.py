@@ -44,8 +44,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from moe_eplb import vllm_facts
 from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs
+from moe_eplb.contracts import vllm_facts
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.robust import Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology

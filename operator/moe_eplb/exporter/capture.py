@@ -4,7 +4,8 @@ Enabled by ``MOE_EPLB_TRACE_DIR`` (a directory, e.g. on a PVC). The process that
 wakes every ``MOE_EPLB_TRACE_BUCKET_SECONDS``, sums the workers' counters (as the ``/metrics``
 server does) and appends one bucket per model: the tokens routed to each (layer, logical expert)
 and the engine steps since the previous bucket. After each bucket it rewrites
-``<dir>/<model>-<host>-<start>-<part>.npz`` atomically (:func:`moe_eplb.trace_format.write_trace_file`), starting a new part every
+``<dir>/<model>-<host>-<start>-<part>.npz`` atomically
+(:func:`moe_eplb.contracts.trace_format.write_trace_file`), starting a new part every
 ``MOE_EPLB_TRACE_MAX_BUCKETS`` buckets so no file grows without bound. Read them with
 ``moe-eplb tune --trace <file>`` (or ``moe_eplb.eplb.tracefile.load_trace``).
 
@@ -24,9 +25,9 @@ import time
 
 import numpy as np
 
+from moe_eplb.contracts.trace_format import write_trace_file
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import aggregate
-from moe_eplb.trace_format import write_trace_file
 
 log = logging.getLogger("moe_eplb.exporter")
 

@@ -37,9 +37,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
+from moe_eplb.contracts.vllm_facts import balancedness_per_layer
 from moe_eplb.exporter import snapshot as snap
-from moe_eplb.vllm_facts import balancedness_per_layer
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -111,7 +111,7 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
 
 def balancedness(rank_tokens: np.ndarray) -> dict[int, float]:
     """Per layer ``mean_r / max_r`` of tokens per rank (``rank_tokens``: [L, EP]) as
-    :func:`moe_eplb.vllm_facts.balancedness_per_layer` defines it; layers without tokens are left out."""
+    :func:`moe_eplb.contracts.vllm_facts.balancedness_per_layer` defines it; layers without tokens are left out."""
     per_layer = balancedness_per_layer(rank_tokens)
     return {int(l): float(per_layer[l]) for l in np.flatnonzero(np.isfinite(per_layer))}
 
@@ -141,7 +141,7 @@ class BalancednessWindow:
 
 
 def families(models: dict[str, PodModel], mode: str = "full") -> list:
-    """Prometheus metric families for the pod (names from :mod:`moe_eplb.metric_names`)."""
+    """Prometheus metric families for the pod (names from :mod:`moe_eplb.contracts.metric_names`)."""
     M, LY, EX, RK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
     expert = CounterMetricFamily(metric_names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
                                  "(one per token and top-k slot), counted by the routing rank.", labels=[M, LY, EX])

@@ -4,8 +4,9 @@
 engine pod when ``spec.engine.exporter.inject`` is true, from the operator's image) copies into
 ``DIR`` (an ``emptyDir`` shared with the engine container):
 
-* the part of ``moe_eplb`` the plugin imports -- the package root, the contract modules and
-  ``exporter/`` (the layering test guarantees the exporter imports nothing else);
+* the part of ``moe_eplb`` the plugin imports -- the package root, the ``contracts`` package whole and
+  ``exporter/`` (the layering test guarantees the exporter imports nothing else, and that every
+  contract module lives in ``contracts/``);
 * a distribution's metadata, ``moe_eplb_exporter-<version>.dist-info`` with the
   ``vllm.general_plugins`` entry point, so that vLLM's plugin loader
   (``importlib.metadata.entry_points``) finds the plugin once ``DIR`` is on ``PYTHONPATH``.
@@ -23,10 +24,10 @@ import sys
 from pathlib import Path
 
 import moe_eplb
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 
-#: modules directly under moe_eplb/ the plugin needs (the package root and the contracts)
-ROOT_MODULES = ("__init__.py", "k8s_names.py", "metric_names.py", "vllm_facts.py", "trace_format.py")
+#: the packages of moe_eplb the plugin needs, copied whole (besides the package root's __init__.py)
+PACKAGES = ("contracts", "exporter")
 DIST_NAME = "moe_eplb_exporter"
 
 
@@ -51,12 +52,12 @@ def inject(target: str | os.PathLike) -> list[Path]:
     package = target / "moe_eplb"
     if package.exists():
         shutil.rmtree(package)
-    (package / "exporter").mkdir(parents=True)
-    written = []
-    for name in ROOT_MODULES:
-        written.append(Path(shutil.copy2(source / name, package / name)))
-    for path in sorted((source / "exporter").glob("*.py")):
-        written.append(Path(shutil.copy2(path, package / "exporter" / path.name)))
+    package.mkdir(parents=True)
+    written = [Path(shutil.copy2(source / "__init__.py", package / "__init__.py"))]
+    for sub in PACKAGES:
+        (package / sub).mkdir()
+        for path in sorted((source / sub).glob("*.py")):
+            written.append(Path(shutil.copy2(path, package / sub / path.name)))
     meta = target / f"{DIST_NAME}-{moe_eplb.__version__}.dist-info"
     for old in target.glob(f"{DIST_NAME}-*.dist-info"):
         shutil.rmtree(old)

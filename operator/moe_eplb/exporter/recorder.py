@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.layout import EplbLayout, ModelHandle
 

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 
 log = logging.getLogger("moe_eplb.exporter")
 

@@ -28,7 +28,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 
 ENV_MODE = "MOE_EPLB_EXPORTER_MODE"
 ENV_PORT = "MOE_EPLB_EXPORTER_PORT"

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 
 # Upper bounds (seconds) of the rearrangement-duration histogram; +Inf is implied.
 DURATION_BUCKETS = metric_names.REARRANGEMENT_SECONDS_BUCKETS

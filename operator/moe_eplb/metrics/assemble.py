@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.metrics.errors import (
     INCOMPLETE_GROUP,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments, values_at_edges
 from moe_eplb.metrics.series import Series

@@ -2,7 +2,7 @@
 
 From Prometheus, ``increase`` of ``moe_eplb_rank_tokens_total`` per pod, layer and rank over the
 window; without Prometheus, by scraping each pod's exporter and differencing against the counters
-seen at an earlier round (:class:`RankHistory`). Balancedness is :func:`moe_eplb.vllm_facts.balancedness`
+seen at an earlier round (:class:`RankHistory`). Balancedness is :func:`moe_eplb.contracts.vllm_facts.balancedness`
 (``sum mean_rank / sum max_rank`` over engines and layers). An engine is a pod, or a multi-node
 replica group (a LeaderWorkerSet group): each of its pods counts the tokens its own ranks' routers
 dispatched to every EP rank, so the group's rank load is the sum over its pods (series label
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_eplb import k8s_names, metric_names, vllm_facts
 from moe_eplb.api.autotune_status import Measurement
+from moe_eplb.contracts import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.scrape import Round, exposition_samples

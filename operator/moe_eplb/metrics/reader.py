@@ -31,7 +31,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
+from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
 from moe_eplb.eplb.trace import LoadTrace, TraceError
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
@@ -57,7 +58,6 @@ from moe_eplb.metrics.telemetry_keys import (
     series_from_rounds,
     telemetry_from_series,
 )
-from moe_eplb.trace_format import TELEMETRY_KEYS
 
 
 def _q(value: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Container, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from moe_eplb import k8s_names, metric_names, vllm_facts
+from moe_eplb.contracts import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.errors import NO_TARGETS, SCRAPE_FAILED, LoadReadError
 
 

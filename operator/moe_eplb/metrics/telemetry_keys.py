@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs, KnobsError
+from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at

@@ -8,7 +8,7 @@ LeaderWorkerSet) with the same HPA behavior (``scaleUp``/``scaleDown``), so the 
 the workload from one replica count whoever set it.
 
 The metric is vLLM's own series, selected by ``namespace`` and vLLM's ``model_name`` label (the
-served model name), named per engine version (:func:`moe_eplb.vllm_facts.autoscaling_metric`):
+served model name), named per engine version (:func:`moe_eplb.contracts.vllm_facts.autoscaling_metric`):
 
 ==================  ==============================================================  ============
 type                query (KEDA)                                                    target type
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_eplb import metric_names, vllm_facts
 from moe_eplb.api.spec import AutoscalingSpec, MoEInference
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts import metric_names, vllm_facts
+from moe_eplb.contracts.k8s_names import (
     API,
     HPA_API_VERSION,
     HPA_KIND,
@@ -79,7 +79,7 @@ def query(inf: MoEInference) -> str:
 
 def hpa_metric_name(inf: MoEInference) -> str:
     """The metric's name in the custom/external metrics API: ``spec.autoscaling.hpa.metricName``,
-    else the name prometheus-adapter gives vLLM's series (:func:`moe_eplb.metric_names.adapter_metric_name`;
+    else the name prometheus-adapter gives vLLM's series (:func:`moe_eplb.contracts.metric_names.adapter_metric_name`;
     TTFT: ``..._p90`` for quantile 0.9)."""
     a = _spec(inf)
     if a.hpa is not None and a.hpa.metric_name:

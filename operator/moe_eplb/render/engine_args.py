@@ -16,7 +16,7 @@ import json
 from moe_eplb.api import catalog
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import Version, uses_eplb_config_json
-from moe_eplb.k8s_names import API_PORT
+from moe_eplb.contracts.k8s_names import API_PORT
 
 DP_RPC_PORT = 13345
 CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"

@@ -1,8 +1,8 @@
-"""Labels and selectors put on every child of a MoEInference (names from :mod:`moe_eplb.k8s_names`)."""
+"""Labels and selectors put on every child of a MoEInference (names from :mod:`moe_eplb.contracts.k8s_names`)."""
 
 from __future__ import annotations
 
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts.k8s_names import (
     COMPONENT,
     COMPONENT_LABEL,
     MANAGED_BY,

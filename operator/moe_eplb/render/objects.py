@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moe_eplb import __version__, k8s_names, metric_names
+from moe_eplb import __version__
 from moe_eplb.api.spec import EplbSettings, MoEInference
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts import k8s_names, metric_names
+from moe_eplb.contracts.k8s_names import (
     API,
     API_PORT,
     API_PORT_NAME,

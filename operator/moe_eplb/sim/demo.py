@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from moe_eplb import metric_names
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.convert import from_crd, to_crd
 from moe_eplb.api.knobs import Knobs
+from moe_eplb.contracts import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineSettings, SimulatedEplb
 

@@ -39,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb import k8s_names
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.convert import to_crd
+from moe_eplb.contracts import k8s_names
 from moe_eplb.sim.demo import API_WORDS, QWEN, _cell, _fmt_t, _kn, api_of, prepare_run, short
 
 NAME = "qwen3-autoscale-demo"

@@ -11,7 +11,7 @@ windows and periods are wall seconds; it knows no simulated clock):
   reads the target's ``/scale`` (``spec.replicas``, ``status.selector``), lists the target's pods and
   scrapes the Ready ones' ``/metrics`` (as prometheus-adapter's rule would, a pod's value is the sum of
   its series over the engines, :func:`moe_eplb.sim.metricsadapter.adapter_config`); the HPA's metric
-  name is mapped back to vLLM's series by :func:`moe_eplb.metric_names.adapter_metric_name`;
+  name is mapped back to vLLM's series by :func:`moe_eplb.contracts.metric_names.adapter_metric_name`;
 - Pods metrics (AverageValue) and External metrics (AverageValue: the sum over the pods the
   ``selector`` picks; Value) give the recommendation :func:`recommend` (``ceil``, 10 % tolerance);
 - ``behavior`` applies as the real controller applies it (:func:`stabilize`: scale-up and scale-down
@@ -39,7 +39,7 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import k8s_names, metric_names, vllm_facts
+from moe_eplb.contracts import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.scrape import exposition_samples, pod_labels, targets_from_pods
 from moe_eplb.render.autoscaler import quantity as _quantity_text
 from moe_eplb.sim.metricsadapter import quantity as _quantity

@@ -88,7 +88,7 @@ from kmock._internal import (
 from kmock._internal import parsing as _kmock_parsing
 
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
-from moe_eplb.k8s_names import (
+from moe_eplb.contracts.k8s_names import (
     API_GROUP,
     API_VERSION,
     KIND,

@@ -56,8 +56,8 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import k8s_names, metric_names
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs, KnobsError
+from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim import lws as lws_mod
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine

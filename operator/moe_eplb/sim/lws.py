@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 
 #: restart policies that recreate the whole group when one of its pods restarts
 RECREATE_POLICIES = ("RecreateGroupOnPodRestart", "RecreateGroupAfterStart")

@@ -18,7 +18,7 @@ How it is wired, as on a cluster but on loopback:
   point at that Service, with the certificate as ``caBundle``.
 
 Public entry points: :func:`find_adapter`, :func:`adapter_config` (the metric names it serves:
-:func:`moe_eplb.metric_names.adapter_metric_name`),
+:func:`moe_eplb.contracts.metric_names.adapter_metric_name`),
 :class:`PrometheusAdapter` (``start()`` / ``stop()``, ``pod_metric()``, ``external_metric()``).
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb import metric_names, vllm_facts
+from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.sim import procs
 from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate, stop_process
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb.sim.kubelet import (

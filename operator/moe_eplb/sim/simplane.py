@@ -20,7 +20,7 @@ import time
 import urllib.error
 from typing import Any
 
-from moe_eplb import k8s_names
+from moe_eplb.contracts import k8s_names
 from moe_eplb.sim.controlplane import (
     DEFAULT_CONTROLLERS,
     HPA_CONTROLLER,

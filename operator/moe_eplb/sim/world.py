@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb import metric_names
+from moe_eplb.contracts import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim import procs
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock

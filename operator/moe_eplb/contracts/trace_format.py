@@ -40,7 +40,7 @@ key                         type                           meaning
 =========================== ============================== =========================================
 
 This module reads and writes the raw key -> value mapping and bounds what a hostile file can make
-it allocate (through :mod:`moe_eplb.bounded_read`); :mod:`moe_eplb.eplb.tracefile` validates the
+it allocate (through :mod:`moe_eplb.contracts.bounded_read`); :mod:`moe_eplb.eplb.tracefile` validates the
 values strictly into a ``LoadTrace``.
 """
 
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-import moe_eplb.bounded_read as bounded_read
+import moe_eplb.contracts.bounded_read as bounded_read
 
 REQUIRED_KEYS = ("num_layers", "num_experts", "bucket_steps", "load")
 OPTIONAL_KEYS = ("bucket_seconds", "top_k", "model")
@@ -149,7 +149,7 @@ def read_trace_file(path: str | os.PathLike, *, max_bytes: int = MAX_TRACE_BYTES
 
     Every problem -- missing, unreadable, truncated or corrupt file, wrong encoding, more than
     ``max_bytes`` on disk, decompressed or as declared arrays, more JSON values than
-    :data:`moe_eplb.bounded_read.MAX_JSON_VALUES`, nesting deeper than :data:`MAX_JSON_DEPTH`,
+    :data:`moe_eplb.contracts.bounded_read.MAX_JSON_VALUES`, nesting deeper than :data:`MAX_JSON_DEPTH`,
     duplicate keys or ``.npz`` members, ``NaN``/``Infinity`` in JSON -- is a :class:`TraceError`
     naming the file; nothing larger than ``max_bytes`` is allocated."""
     path = Path(path)
