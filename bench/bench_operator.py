@@ -26,7 +26,6 @@ import copy
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import aiohttp
 import psutil
 import yaml
 
+from moe_eplb.sim.procs import free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml"
 TARGET_SECONDS_100 = 10.0
@@ -44,12 +45,6 @@ MOE = "/apis/eplb.ai/v1alpha1/namespaces/default/moeinferences"
 CHILD_LISTS = ("/apis/apps/v1/namespaces/default/deployments", "/api/v1/namespaces/default/services",
                "/apis/policy/v1/namespaces/default/poddisruptionbudgets",
                "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_http(url: str, timeout: float = 30.0) -> None:

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
+from tests.polling import eventually
 from tests.require import missing
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
@@ -134,25 +133,6 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
             await task
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Await ``check()`` (sync or async) until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if inspect.isawaitable(last):
-                last = await last
-            if last:
-                return last
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s (last: {last!r})")
-        await asyncio.sleep(interval)
-
-
 @pytest.fixture()
 def operator_runner(kube: Any) -> Callable[..., Any]:
     """``async with operator_runner(**kw) as controller:`` runs the real operator against ``kube``."""
@@ -161,5 +141,5 @@ def operator_runner(kube: Any) -> Callable[..., Any]:
 
 @pytest.fixture(name="eventually")
 def eventually_fixture() -> Callable[..., Any]:
-    """The :func:`eventually` poller, as a fixture (``await eventually(check, timeout=5)``)."""
+    """The one poller (:func:`tests.polling.eventually`), as a fixture (``await eventually(check, timeout=5)``)."""
     return eventually

@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.sim import procs
+from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.prometheus import PROMETHEUS_BIN, RunningPrometheus, prometheus_binary, start_prometheus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -69,12 +70,6 @@ def cpu_wheel_problem() -> str | None:
     if not current_platform.is_cpu():
         return f"vLLM's platform here is {type(current_platform).__name__}, not the CPU backend"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,7 +473,7 @@ def vllm_rearrangements(log: str) -> list[float]:
 # A real Prometheus scraping the engine like the rendered PodMonitor
 # ---------------------------------------------------------------------------------------------
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMETHEUS = prometheus_binary() or PROMETHEUS_BIN
 
 
 def scrape_configs(rendered: Rendered, ports: dict[str, int], interval: str = "1s") -> list[dict]:
@@ -518,42 +513,24 @@ def scrape_configs(rendered: Rendered, ports: dict[str, int], interval: str = "1
 
 
 class Prometheus:
-    """The Debian ``prometheus`` binary on loopback with a temporary config and TSDB."""
+    """A real Prometheus (:func:`moe_eplb.sim.prometheus.start_prometheus`) on loopback with these
+    scrape jobs, and a small client for the checks."""
 
     def __init__(self, workdir: str, jobs: list[dict]):
         self.workdir = workdir
         self.jobs = jobs
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
+        self.server: RunningPrometheus | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        assert self.server is not None, "Prometheus not started"
+        return self.server.url
 
     def start(self, timeout: float = 30.0) -> Prometheus:
-        os.makedirs(self.workdir, exist_ok=True)
-        cfg = os.path.join(self.workdir, "prometheus.yml")
-        with open(cfg, "w") as f:
-            json.dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                       "scrape_configs": self.jobs}, f, indent=1)
-        self.log_path = os.path.join(self.workdir, "prometheus.log")
-        with open(self.log_path, "w") as log:
-            self.proc = procs.spawn(
-                [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={os.path.join(self.workdir, 'tsdb')}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {open(self.log_path).read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("prometheus not ready")
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": self.jobs}
+        self.server = start_prometheus(self.workdir, config, binary=PROMETHEUS, storage=os.path.join(self.workdir, "tsdb"),
+                                       timeout=timeout)
+        return self
 
     def query(self, q: str, t: float | None = None) -> list[dict]:
         params = {"query": q} if t is None else {"query": q, "time": repr(t)}
@@ -574,17 +551,9 @@ class Prometheus:
         raise AssertionError(f"Prometheus: {q} did not satisfy the condition in {timeout} s (last: {res})")
 
     def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
 
     def __enter__(self):
         return self.start()

@@ -12,9 +12,7 @@ leader and a worker, one engine per group).
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 from moe_eplb.eplb import synth  # noqa: E402
+from tests.polling import eventually
 from tests.require import missing
 
 NS = "default"
@@ -123,16 +122,15 @@ def autotune_status(obj: dict) -> dict:
 
 
 async def wait_for(world, check, timeout: float = 30.0, interval: float = 0.1):
-    """Poll ``check(resource)`` until truthy; return its value (fails with the last status)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await world.get(NAME)
-        value = check(last)
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise AssertionError(f"not reached within {timeout}s; status.autotune = {autotune_status(last or {})}")
+    """Poll ``check(resource)`` until truthy; return its value (fails with the last status.autotune)."""
+    seen: dict = {}
+
+    async def probe():
+        seen["resource"] = await world.get(NAME)
+        return check(seen["resource"])
+
+    return await eventually(probe, timeout=timeout, interval=interval,
+                            what=lambda: f"status.autotune = {autotune_status(seen.get('resource') or {})}")
 
 
 async def events(world) -> list[dict]:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
-import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -33,7 +30,10 @@ from prometheus_client.core import (
 )
 
 from moe_eplb.contracts import k8s_names, metric_names
+from moe_eplb.sim import prometheus
+from moe_eplb.sim.prometheus import RunningPrometheus
 from scripts import vllm_metric_names as v
+from tests.polling import wait_until
 
 # --- catalog: every pinned moe-eplb metric, its type and its labels -------------------------------
 # Names from metric_names.py; tests/chart/test_chart_promql.py checks that the names are exactly the
@@ -274,12 +274,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_sample_server() -> tuple[http.server.ThreadingHTTPServer, int]:
     """Serve /exporter, /exporter-multinode, /exporter-stalled, /vllm and /operator on a free loopback port."""
     t0 = time.time()
@@ -327,7 +321,10 @@ class PrometheusServer:
     """A running Prometheus on loopback and a tiny client for its HTTP API."""
 
     url: str
-    process: subprocess.Popen[bytes]
+    server: RunningPrometheus
+
+    def stop(self) -> None:
+        self.server.stop()
 
     def api(self, path: str, **params: str) -> Any:
         q = urllib.parse.urlencode(params, doseq=True)
@@ -347,37 +344,11 @@ class PrometheusServer:
         return self.api("query_range", query=expr, start=str(end - seconds), end=str(end), step=step)["result"]
 
     def wait_for(self, expr: str, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 30) -> None:
-        deadline = time.time() + timeout
-        last: Any = None
-        while time.time() < deadline:
-            try:
-                last = self.query(expr)
-                if pred(last):
-                    return
-            except (OSError, AssertionError) as exc:
-                last = exc
-            time.sleep(0.3)
-        raise TimeoutError(f"Prometheus: {expr!r} not ready after {timeout}s (last: {last})")
+        """Until ``pred`` holds for the answer to ``expr`` (errors while Prometheus warms up: not yet)."""
+        wait_until(lambda: pred(self.query(expr)), timeout=timeout, interval=0.3, what=f"Prometheus: {expr!r}",
+                   not_yet=lambda exc: isinstance(exc, (OSError, AssertionError)))
 
 
 def start_prometheus(workdir: Path, config: dict[str, Any]) -> PrometheusServer:
-    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
-    cfg = workdir / "prometheus.yml"
-    cfg.write_text(json.dumps(config))  # JSON is YAML
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=(workdir / "prometheus.log").open("wb"))
-    server = PrometheusServer(f"http://127.0.0.1:{port}", proc)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{server.url}/-/ready", timeout=1).read()
-            return server
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("prometheus did not become ready in 20 s")
+    running = prometheus.start_prometheus(workdir, config, timeout=20)
+    return PrometheusServer(running.url, running)

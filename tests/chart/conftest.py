@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import yaml
 
+from moe_eplb.sim.prometheus import prometheus_binary
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import (
     CHART_DIR,
@@ -39,7 +37,7 @@ def render(chart):
 
 @pytest.fixture(scope="session")
 def prometheus(chart, tmp_path_factory):
-    if not (shutil.which("prometheus") or Path("/usr/bin/prometheus").exists()):
+    if prometheus_binary() is None:
         pytest.skip("no prometheus binary (apt-get install --no-install-recommends prometheus)")
     work = tmp_path_factory.mktemp("prometheus")
     rules = work / "rules.yml"
@@ -52,9 +50,5 @@ def prometheus(chart, tmp_path_factory):
                       timeout=40)
         yield prom
     finally:
-        prom.process.terminate()
-        try:
-            prom.process.wait(10)
-        except Exception:
-            prom.process.kill()
+        prom.stop()
         server.shutdown()

@@ -13,21 +13,15 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import aiohttp
 
+from moe_eplb.sim.procs import free_port
 from tests.controller.test_operator_loop import NS, example, observed
 
 pytestmark = pytest.mark.integration  # `moe-eplb run` processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def http_get(url: str) -> tuple[int, str] | None:

@@ -6,11 +6,11 @@ per-version stand-ins of the EPLB state for layouts the installed wheel does not
 from __future__ import annotations
 
 import os
-import socket
 import types
 
 import numpy as np
 
+from moe_eplb.sim.procs import free_port
 from scripts.vllm_engine.cpu_eplb_bridge import PerfCounterEvent
 
 try:  # the torch-free helpers (free_port, env_without_exporter) must import without it
@@ -19,12 +19,6 @@ except ImportError:  # pragma: no cover - tests needing torch skip via importors
     torch = None
 
 KNUTH = 2654435769
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_exporter_pods() -> dict:

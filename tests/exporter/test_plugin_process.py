@@ -14,7 +14,8 @@ import pytest
 
 from moe_eplb.eplb.tracefile import load_trace
 from moe_eplb.exporter import snapshot
-from tests.exporter.exporter_helpers import env_without_exporter, free_port
+from moe_eplb.sim.procs import free_port
+from tests.exporter.exporter_helpers import env_without_exporter
 
 pytestmark = pytest.mark.integration  # exporter server processes
 

@@ -24,7 +24,8 @@ from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
 from moe_eplb.exporter.recorder import IDLE_GAP_SECONDS, SnapshotWriter, StateRecorder, kv_cache_bytes
 from moe_eplb.exporter.server import make_registry
-from tests.exporter.exporter_helpers import env_without_exporter, free_port, logical_counts, make_moe_model, route, vllm_world
+from moe_eplb.sim.procs import free_port
+from tests.exporter.exporter_helpers import env_without_exporter, logical_counts, make_moe_model, route, vllm_world
 
 
 class FakeClock:

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import ControlPlane, free_port
+from moe_eplb.sim.controlplane import ControlPlane
+from moe_eplb.sim.procs import free_port
 from tests.chart.chart_support import CHART_DIR
 
 MONITORING_CRDS = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",

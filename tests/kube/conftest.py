@@ -17,9 +17,9 @@ Without the built binaries the tier is skipped with the reason, except in CI
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import secrets
-import time
 import urllib.error
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +29,7 @@ import yaml
 
 from moe_eplb.sim.controlplane import ControlPlane
 from tests.example_manifests import seed, variant  # noqa: F401  (pytest fixtures)
+from tests.polling import wait_until
 from tests.require import missing
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -43,21 +44,14 @@ def pytest_collection_modifyitems(items: list) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
-    """Poll ``check()`` until truthy (``urllib`` 404s count as not yet); fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
+def not_found(exc: BaseException) -> bool:
+    """A ``urllib`` 404: the object is not there yet (any other error ends a wait)."""
+    return isinstance(exc, urllib.error.HTTPError) and exc.code == 404
+
+
+#: ``wait_for(check, timeout=30, what=...)``: the one poller (:func:`tests.polling.wait_until`) with
+#: 404s counting as "not yet"
+wait_for = functools.partial(wait_until, timeout=30.0, interval=0.2, not_yet=not_found)
 
 
 def install_crd(cp: ControlPlane, path: pathlib.Path = CRD_FILE) -> dict[str, Any]:

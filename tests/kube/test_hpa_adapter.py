@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -28,6 +26,7 @@ from moe_eplb.eplb import synth
 from moe_eplb.sim.metricsadapter import quantity
 from moe_eplb.sim.physics import TrueCost
 from moe_eplb.sim.world import SimWorld
+from tests.polling import eventually
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 
@@ -73,16 +72,8 @@ def hpa(metrics_api: str) -> dict[str, Any]:
     }
 
 
-async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
-    """Poll ``probe()`` until it returns something truthy; fail naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{what} not reached within {timeout} s; last: {last!r}")
+#: how the test waits for the HPA's, the adapter's and Prometheus' steps (tests.polling.eventually)
+WAIT = {"timeout": 60.0, "interval": 0.25}
 
 
 def current_average(hpa: dict[str, Any]) -> float | None:
@@ -116,12 +107,12 @@ async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapte
         cluster, adapter = world.cluster, world.adapter
         await world.start_operator()
         await world.apply(copy.deepcopy(RESOURCE))
-        selector = await until("the /scale selector", lambda: _status(cluster, "selector"))
-        await until("1 ready pod in Prometheus", lambda: _ready_targets(world, 1))
+        selector = await eventually(lambda: _status(cluster, "selector"), what="the /scale selector", **WAIT)
+        await eventually(lambda: _ready_targets(world, 1), what="1 ready pod in Prometheus", **WAIT)
         await cluster.create(HPA_PATH, hpa(metrics_api))
 
         # 1. little KV-cache pressure: nothing waits; the HPA reads the metric and holds 1 replica
-        quiet = await until("the HPA reading the metric", lambda: _hpa_with_metric(cluster))
+        quiet = await eventually(lambda: _hpa_with_metric(cluster), what="the HPA reading the metric", **WAIT)
         assert current_average(quiet) < TARGET
         assert quiet["status"]["desiredReplicas"] == 1
         assert conditions(quiet)["ScalingActive"]["status"] == "True"
@@ -132,11 +123,11 @@ async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapte
 
         # 2. a traffic rise fills the caches: requests wait, the HPA scales the MoEInference via /scale
         world.set_true_cost(TrueCost(kv_demand=2.0))
-        now = await until("waiting requests above target through the adapter",
-                          lambda: _served_above(adapter, metrics_api, selector))
+        now = await eventually(lambda: _served_above(adapter, metrics_api, selector),
+                               what="waiting requests above target through the adapter", **WAIT)
         assert len(now) == 1 and now[0] > TARGET, now
-        scaled = await until(f"spec.replicas == {MAX_REPLICAS}",
-                             lambda: _replicas_at_least(cluster, MAX_REPLICAS), timeout=60)
+        scaled = await eventually(lambda: _replicas_at_least(cluster, MAX_REPLICAS),
+                                  what=f"spec.replicas == {MAX_REPLICAS}", **WAIT)
         assert scaled["spec"]["replicas"] == MAX_REPLICAS
         status = await cluster.get(f"{HPA_PATH}/{NAME}")
         assert status["status"]["desiredReplicas"] == MAX_REPLICAS
@@ -144,9 +135,10 @@ async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapte
         assert conditions(status)["ScalingLimited"]["status"] == "True"  # wants more than maxReplicas
         assert conditions(status)["ScalingLimited"]["reason"] == "TooManyReplicas"
         # the operator carries the count to the Deployment, and the simulated nodes run the new pods
-        await until(f"the Deployment at {MAX_REPLICAS} replicas", lambda: _deployment_replicas(cluster, MAX_REPLICAS))
-        await until(f"{MAX_REPLICAS} ready pods in Prometheus", lambda: _ready_targets(world, MAX_REPLICAS))
-        status = await until("the HPA seeing every pod", lambda: _hpa_current_replicas(cluster, MAX_REPLICAS))
+        await eventually(lambda: _deployment_replicas(cluster, MAX_REPLICAS), what=f"the Deployment at {MAX_REPLICAS} replicas", **WAIT)
+        await eventually(lambda: _ready_targets(world, MAX_REPLICAS), what=f"{MAX_REPLICAS} ready pods in Prometheus", **WAIT)
+        status = await eventually(lambda: _hpa_current_replicas(cluster, MAX_REPLICAS), what="the HPA seeing every pod",
+                                  **WAIT)
         assert status["status"]["desiredReplicas"] == MAX_REPLICAS
         assert current_average(status) > TARGET
         assert (await cluster.get(MOE_PATH))["status"]["replicas"] == MAX_REPLICAS

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 
 import pytest
 import yaml
@@ -26,6 +25,7 @@ from moe_eplb.sim import lwscontroller
 from moe_eplb.sim.controlplane import find_binaries
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
+from tests.polling import eventually
 from tests.require import missing
 
 PUBLISHED = """
@@ -71,17 +71,6 @@ def _lws(replicas: int = 2, window: int = 1000, ns: str = "default") -> dict:
     return lws
 
 
-async def _until(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s")
-
-
 def _cond(obj: dict, ctype: str) -> dict:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
 
@@ -118,7 +107,7 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane
                   and revs != {revision_differs_from})
             return (obj, ps) if ok else None
 
-        obj, first = await _until(settled, what="2 groups ready")
+        obj, first = await eventually(settled, timeout=60.0, interval=0.1, what="2 groups ready")
         gen = obj["metadata"]["generation"]
         # the pod webhook's labels, annotation and env on every pod of a group
         by_name = {p["metadata"]["name"]: p for p in first}
@@ -165,7 +154,7 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane
             cur = await cluster.get(f"{lws_path}/tiny")
             cur["spec"]["leaderWorkerTemplate"] = new["spec"]["leaderWorkerTemplate"]
             await cluster.request("PUT", f"{lws_path}/tiny", cur)
-            obj, second = await _until(lambda: settled(first_rev), what="the rollout")
+            obj, second = await eventually(lambda: settled(first_rev), timeout=60.0, interval=0.1, what="the rollout")
         finally:
             watcher.cancel()
         rolled = samples
@@ -184,7 +173,7 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane
             cur = await cluster.get(f"{lws_path}/tiny")
             cur["spec"]["leaderWorkerTemplate"] = _lws(2, window=1000, ns=ns)["spec"]["leaderWorkerTemplate"]
             await cluster.request("PUT", f"{lws_path}/tiny", cur)
-            obj, third = await _until(lambda: settled(second_rev), what="the rollback")
+            obj, third = await eventually(lambda: settled(second_rev), timeout=60.0, interval=0.1, what="the rollback")
         finally:
             watcher.cancel()
         # the rolled-back template is the first revision again (a content hash), run by new pods

@@ -4,18 +4,14 @@ openmetrics`` (the reader tests' data source): ``with backfilled_prometheus(work
 from __future__ import annotations
 
 import contextlib
-import shutil
-import socket
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from moe_eplb.sim.prometheus import prometheus_binary, promtool_binary, start_prometheus
 
-PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
-PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
+PROMETHEUS = prometheus_binary()
+PROMTOOL = promtool_binary()
 
 
 def openmetrics_text(families: dict[str, list[str]]) -> str:
@@ -30,12 +26,6 @@ def openmetrics_text(families: dict[str, list[str]]) -> str:
     return "\n".join(lines + ["# EOF"]) + "\n"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def backfilled_prometheus(work: Path, openmetrics: str, ready_timeout: float = 30.0) -> Iterator[str]:
     """Backfill ``openmetrics`` (OpenMetrics text with timestamps, ``# EOF`` last) into a TSDB
@@ -43,28 +33,6 @@ def backfilled_prometheus(work: Path, openmetrics: str, ready_timeout: float = 3
     (work / "data.om").write_text(openmetrics)
     subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(work / "data.om"), str(work / "data")],
                    check=True, capture_output=True, timeout=60)
-    (work / "p.yml").write_text("global:\n  scrape_interval: 1h\n")
-    port = free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={work / 'p.yml'}", f"--storage.tsdb.path={work / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.1)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with start_prometheus(work, {"global": {"scrape_interval": "1h"}}, storage=work / "data",
+                          timeout=ready_timeout) as prom:
+        yield prom.url

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,22 +25,15 @@ from moe_eplb.metrics.assemble import counters_from_rounds, trace_from_raw_count
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import raw_samples, read_load_trace, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
+from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.prometheus import prometheus_binary, start_prometheus
 from tests import ROOT
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.integration]
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 B = 3.0  # bucket seconds
 L, E = 3, 5
 HERE = os.path.dirname(__file__)
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Pod:
@@ -77,10 +69,10 @@ class Pod:
 
 @pytest.fixture()
 def cluster(tmp_path):
-    if not os.path.exists(PROMETHEUS):
+    if prometheus_binary() is None:
         pytest.skip("no Prometheus binary (apt-get install prometheus); CI installs it")
     pytest.importorskip("torch", reason="the exporter's worker side needs torch")
-    ports = {n: _free_port() for n in ("a", "b", "c")}
+    ports = {n: free_port() for n in ("a", "b", "c")}
     pods = {n: Pod(n, ports[n], tmp_path) for n in ("a", "b")}
     # the restarted a and the joining c import torch now, and start their exporters when told
     spare = {"a2": Pod("a", ports["a"], tmp_path, wait=True), "c": Pod("c", ports["c"], tmp_path, wait=True)}
@@ -88,19 +80,17 @@ def cluster(tmp_path):
            "scrape_configs": [{"job_name": "eplb", "metrics_path": k8s_names.EXPORTER_PATH, "static_configs": [
                {"targets": [f"127.0.0.1:{ports[n]}"],
                 "labels": {"namespace": "ns", metric_names.MOEINFERENCE_LABEL: "moe", "pod": n}} for n in ports]}]}
-    (tmp_path / "prom.yml").write_text(json.dumps(cfg))
-    prom_port = _free_port()
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = PrometheusClient(f"http://127.0.0.1:{prom_port}", timeout=5)
+    prom = None
     try:
+        prom = start_prometheus(tmp_path / "prometheus", cfg)
+        client = PrometheusClient(prom.url, timeout=5)
         for p in pods.values():
             p.wait_ready()
         yield {"pods": pods, "spare": spare, "ports": ports, "client": client, "tmp": tmp_path, "url": client.url,
-               "prom": prom}
+               "prom": prom.proc}
     finally:
-        prom.kill()
+        if prom is not None:
+            prom.stop()
         for p in list(pods.values()) + list(spare.values()):
             p.kill()
 

@@ -5,10 +5,8 @@ for a LeaderWorkerSet group. The real-engine demo (scripts/vllm_engine/closed_lo
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import time
 
 import pytest
 
@@ -19,6 +17,7 @@ from moe_eplb.api.knobs import Knobs  # noqa: E402
 from moe_eplb.sim.kubelet import EngineRequest  # noqa: E402
 from moe_eplb.sim.world import SimWorld  # noqa: E402
 from tests.autotune.conftest import NAME, NS, RESOURCE  # noqa: E402
+from tests.polling import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -51,19 +50,6 @@ class Factory:
         return engine
 
 
-async def _until(check, timeout: float = 20.0):
-    """Poll ``check()`` (plain or async) until truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("not reached")
-
-
 def _eplb_config(pod_spec: dict) -> dict:
     (c,) = [c for c in pod_spec["containers"] if c["name"] == "vllm"]
     args = list(c["args"])
@@ -83,7 +69,7 @@ async def test_factory_engines_run_the_rendered_pods(kind):
     async with world.run():
         await world.start_operator()
         await world.apply(res)
-        await _until(lambda: len(factory.engines) == 1)
+        await eventually(lambda: len(factory.engines) == 1, timeout=20.0)
         first = factory.engines[0]
         req = first.request
         # the request: parsed settings, the instance, and the rendered pod spec to run
@@ -95,7 +81,7 @@ async def test_factory_engines_run_the_rendered_pods(kind):
         async def pods_with_status():  # the kubelet writes the Pod objects after the engine started
             got = await world.cluster.list(pods_path, f"eplb.ai/name={NAME}")
             return got if len(got) == req.pods and all("status" in p for p in got) else None
-        pods = await _until(pods_with_status)
+        pods = await eventually(pods_with_status, timeout=20.0)
         ports = sorted(p["containerPort"] for pod in pods for c in pod["spec"]["containers"]
                        for p in c.get("ports", []) if p["name"] == "eplb-metrics")
         assert ports == sorted(first.ports)
@@ -107,20 +93,20 @@ async def test_factory_engines_run_the_rendered_pods(kind):
             return len(got) == req.pods and all(
                 c.get("status") == "True" for pod in got for c in (pod.get("status") or {}).get("conditions") or [{}]
                 if c.get("type", "Ready") == "Ready")
-        await _until(all_ready)
+        await eventually(all_ready, timeout=20.0)
         assert sorted(t["port"] for t in world.kubelet.targets()) == sorted(first.ports)
 
         # a new template: the kubelet stops the old engine and asks for one running the new args
         edited = {"enabled": True, "windowSize": 250, "stepInterval": 500, "numRedundantExperts": 4}
         await world.cluster.patch(world.cluster.moeinference_path(NS, NAME), {"spec": {"eplb": edited}})
-        await _until(lambda: len(factory.engines) == 2)
+        await eventually(lambda: len(factory.engines) == 2, timeout=20.0)
         second = factory.engines[1]
         assert second.request.settings.knobs == Knobs(250, 500, 4)
         assert _eplb_config(second.request.pod_spec) == {**_eplb_config(req.pod_spec), "window_size": 250,
                                                          "step_interval": 500, "num_redundant_experts": 4}
-        await _until(lambda: first.stopped)  # maxUnavailable 1: the old pod goes first
+        await eventually(lambda: first.stopped, timeout=20.0)  # maxUnavailable 1: the old pod goes first
         second.ready = True
-        await _until(all_ready)
+        await eventually(all_ready, timeout=20.0)
         assert len(factory.engines) == 2  # nothing else was started
     assert second.stopped  # the world's end stops the running engine
 
@@ -141,5 +127,5 @@ async def test_a_factory_error_is_a_crash_at_start_up():
             got = await world.cluster.list(f"/api/v1/namespaces/{NS}/pods", f"eplb.ai/name={NAME}")
             statuses = (got[0].get("status") or {}).get("containerStatuses") if got else None
             return bool(statuses) and statuses[0]["started"] is False
-        await _until(crashed)
+        await eventually(crashed, timeout=20.0)
         assert [p for _, p in world.kubelet.running() if p.crash]

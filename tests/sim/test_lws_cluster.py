@@ -24,6 +24,7 @@ from moe_eplb.sim.engine import SimClock
 from moe_eplb.sim.kubeapi import emulated_cluster
 from moe_eplb.sim.kubelet import FakeKubelet
 from tests.autotune.conftest import RESOURCE
+from tests.polling import eventually
 from tests.sim.test_lws import _problems
 
 pytestmark = pytest.mark.integration  # an emulated API server, the fake kubelet, simulated engines
@@ -40,16 +41,6 @@ def _lws(replicas: int = 3, window: int = 1000) -> dict:
     lws = next(c for c in render_children(parse(res)) if c["kind"] == "LeaderWorkerSet")
     lws["metadata"]["namespace"] = NS
     return lws
-
-
-async def _until(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not reached within {timeout}s")
 
 
 async def _metrics(port: int) -> str:
@@ -77,7 +68,7 @@ async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
                     and st.get("replicas") == n and st.get("observedGeneration") == obj["metadata"]["generation"] \
                     else None
 
-            obj = await _until(lambda: ready(3))
+            obj = await eventually(lambda: ready(3), timeout=20.0)
             assert _problems(obj) == []
             pods = await kube.list(f"/api/v1/namespaces/{NS}/pods", "eplb.ai/name=tiny")
             assert sorted(p["metadata"]["name"] for p in pods) == ["tiny-0", "tiny-0-1", "tiny-1", "tiny-1-1",
@@ -124,7 +115,7 @@ async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
                 await kube.patch(f"{LWS_PATH}/tiny", {"spec": {"leaderWorkerTemplate": {
                     "leaderTemplate": {"metadata": {"annotations": {"test/rev": "2"}}},
                     "workerTemplate": {"metadata": {"annotations": {"test/rev": "2"}}}}}})
-                obj = await _until(lambda: ready(3), timeout=30)
+                obj = await eventually(lambda: ready(3), timeout=30)
                 await asyncio.sleep(0.1)
             finally:
                 watcher.cancel()
@@ -142,7 +133,7 @@ async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
                                                    f"{k8s_names.LWS_WORKER_INDEX_LABEL}=0")
             before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
             await kube.patch(f"{LWS_PATH}/tiny/scale", {"spec": {"replicas": 4}})
-            await _until(lambda: ready(4))
+            await eventually(lambda: ready(4), timeout=20.0)
             after = {p["metadata"]["name"]: p["metadata"]["uid"]
                      for p in await kube.list(f"/api/v1/namespaces/{NS}/pods", "eplb.ai/name=tiny")}
             assert {k: v for k, v in after.items() if k in before} == before
@@ -156,7 +147,7 @@ async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
                               crash_pod_if=lambda s, worker: worker == 1 and s.knobs.window_size == 2000)
         async with kubelet:
             await kube.create(LWS_PATH, _lws(2))
-            await _until(lambda: _status(kube, "readyReplicas", 2))
+            await eventually(lambda: _status(kube, "readyReplicas", 2), timeout=20.0)
             lwt = _lws(2, window=2000)["spec"]["leaderWorkerTemplate"]  # what a tuner change renders
             await kube.patch(f"{LWS_PATH}/tiny", {"spec": {"leaderWorkerTemplate": lwt}})
 
@@ -165,7 +156,7 @@ async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
                     "fieldSelector": "involvedObject.kind=LeaderWorkerSet,involvedObject.name=tiny,reason=RecreateGroupOnPodRestart"})
                 return events["items"] if len(events["items"]) >= 3 else None
 
-            events = await _until(recreated, timeout=30)
+            events = await eventually(recreated, timeout=30, interval=0.05)
             # one Event per recreation: each is related to a new leader pod (its uid), never merged
             assert len({e["related"]["uid"] for e in events}) == len(events) >= 3
             assert {e["message"] for e in events} == {

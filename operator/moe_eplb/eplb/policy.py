@@ -33,6 +33,7 @@ for vLLM as for this module; both agree on the same machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -388,16 +389,21 @@ def logical_to_physical(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarr
     return log2phy.reshape(*lead, num_experts, max_rep), logcnt.astype(np.int64).reshape(*lead, num_experts)
 
 
-def rebalance_batch(
-    weight: np.ndarray,
-    num_replicas: int,
-    num_groups: int,
-    num_nodes: int,
-    num_gpus: int,
-    *,
-    old_phy2log: np.ndarray | None = None,
-    with_logcnt: bool = True,
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _checked_inputs(weight: object, ndim: int, what: str, sizes: tuple[int, int, int, int],
+                    old_phy2log: object) -> tuple[np.ndarray, Layout, np.ndarray | None]:
+    """The load as float32 (``ndim`` dimensions, named ``what``), the layout of ``sizes`` (replicas,
+    groups, nodes, GPUs) and the current placement if given, each checked."""
+    w32 = _as_load(weight, ndim, what)
+    num_experts = w32.shape[-1]
+    layout = check_layout(num_experts, *sizes)
+    if old_phy2log is None:
+        return w32, layout, None
+    return w32, layout, _check_old(old_phy2log, (*w32.shape[:-1], layout.num_replicas), num_experts)
+
+
+def rebalance_batch(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int, *,
+                    old_phy2log: np.ndarray | None = None,
+                    with_logcnt: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Run the policy on B independent load matrices at once (for simulators and tuners).
 
     Each ``weight[b]`` gets exactly what ``rebalance(weight[b], ...)`` would give; one call on B
@@ -417,12 +423,8 @@ def rebalance_batch(
     Raises:
         PolicyError: bad sizes or load, naming the argument.
     """
-    w32 = _as_load(weight, 3, "B x L x E")
-    batch, layers, num_experts = w32.shape
-    layout = check_layout(num_experts, num_replicas, num_groups, num_nodes, num_gpus)
-    old = None
-    if old_phy2log is not None:
-        old = _check_old(old_phy2log, (batch, layers, layout.num_replicas), num_experts)
+    w32, layout, old = _checked_inputs(weight, 3, "B x L x E", (num_replicas, num_groups, num_nodes, num_gpus),
+                                       old_phy2log)
     return _rebalance_checked(w32, layout, old, with_logcnt)
 
 
@@ -436,6 +438,15 @@ def _where(row: int, layers: int, batched: bool) -> str:
     return f"matrix {batch}, layer {layer}" if batched else f"layer {layer}"
 
 
+def _refuse_first(bad: np.ndarray, layers: int, batched: bool, problem: Callable[[int, int], str]) -> None:
+    """Raise for the first ``(row, index)`` of ``bad`` (``np.argwhere``'s answer), if any: where it is,
+    ``problem(row, index)``, and the fix."""
+    if bad.size:
+        row, index = (int(i) for i in bad[0])
+        raise PolicyError("weight", f"{_where(row, layers, batched)}: {problem(row, index)}; {_SCALE_FIX}",
+                          divmod(row, layers))
+
+
 def _check_group_sums(rows: np.ndarray, layout: Layout, layers: int, batched: bool) -> None:
     """Refuse loads whose per-group sum is not finite in float32, the precision vLLM sums the
     groups in (step 1); an infinite group load breaks the packing (a full node looks free)."""
@@ -444,15 +455,9 @@ def _check_group_sums(rows: np.ndarray, layout: Layout, layers: int, batched: bo
     size = rows.shape[1] // layout.groups
     with np.errstate(over="ignore"):
         sums = rows.reshape(rows.shape[0], layout.groups, size).sum(axis=-1)  # as _rebalance_rows
-    bad = np.argwhere(~np.isfinite(sums))
-    if bad.size:
-        row, group = (int(i) for i in bad[0])
-        raise PolicyError(
-            "weight",
-            f"{_where(row, layers, batched)}: expert group {group} (experts {group * size}..{(group + 1) * size - 1}) "
-            f"sums to more than float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
-            divmod(row, layers),
-        )
+    _refuse_first(np.argwhere(~np.isfinite(sums)), layers, batched, lambda row, group: (
+        f"expert group {group} (experts {group * size}..{(group + 1) * size - 1}) sums to more than float32 "
+        f"holds ({_F32_MAX:.3g})"))
 
 
 def _check_gpu_sums(rows: np.ndarray, phy2log: np.ndarray, layout: Layout, layers: int,
@@ -464,15 +469,8 @@ def _check_gpu_sums(rows: np.ndarray, phy2log: np.ndarray, layout: Layout, layer
     cnt = np.bincount((phy2log + offsets).reshape(-1), minlength=rows.size).reshape(rows.shape)
     share = (rows.astype(np.float64) / cnt)[np.arange(n)[:, None], phy2log]  # [n, R]
     per_gpu = share.reshape(n, layout.num_gpus, layout.slots_per_gpu).sum(axis=-1)
-    bad = np.argwhere(per_gpu > _F32_MAX)
-    if bad.size:
-        row, gpu = (int(i) for i in bad[0])
-        raise PolicyError(
-            "weight",
-            f"{_where(row, layers, batched)}: GPU {gpu} would carry {per_gpu[row, gpu]:.3g} tokens, more than "
-            f"float32 holds ({_F32_MAX:.3g}); {_SCALE_FIX}",
-            divmod(row, layers),
-        )
+    _refuse_first(np.argwhere(per_gpu > _F32_MAX), layers, batched, lambda row, gpu: (
+        f"GPU {gpu} would carry {per_gpu[row, gpu]:.3g} tokens, more than float32 holds ({_F32_MAX:.3g})"))
 
 
 def _rebalance_checked(
@@ -506,15 +504,8 @@ def _rebalance_checked(
     return phy2log, logcnt.reshape(batch, layers, num_experts).astype(np.int64)
 
 
-def rebalance(
-    weight: np.ndarray,
-    num_replicas: int,
-    num_groups: int,
-    num_nodes: int,
-    num_gpus: int,
-    *,
-    old_phy2log: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int, *,
+              old_phy2log: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place ``num_replicas`` physical experts on ``num_gpus`` GPUs, as vLLM 0.32 does.
 
     Same result as ``DefaultEplbPolicy.rebalance_experts(torch.tensor(weight), num_replicas,
@@ -537,12 +528,7 @@ def rebalance(
     Raises:
         PolicyError (a ValueError): bad sizes or load, naming the argument and the fix.
     """
-    w32 = _as_load(weight, 2, "L x E")
-    layout = check_layout(w32.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
-    old = None
-    if old_phy2log is not None:
-        shape = (w32.shape[0], layout.num_replicas)
-        old = _check_old(old_phy2log, shape, w32.shape[1])[None]
-    phy2log, _ = _rebalance_checked(w32[None], layout, old, with_logcnt=False)
+    w32, layout, old = _checked_inputs(weight, 2, "L x E", (num_replicas, num_groups, num_nodes, num_gpus), old_phy2log)
+    phy2log, _ = _rebalance_checked(w32[None], layout, None if old is None else old[None], with_logcnt=False)
     log2phy, logcnt = logical_to_physical(phy2log[0], w32.shape[1])
     return phy2log[0], log2phy, logcnt

@@ -33,7 +33,6 @@ import os
 import pathlib
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -45,6 +44,7 @@ from typing import Any
 import yaml
 
 from moe_eplb.sim import procs
+from moe_eplb.sim.procs import free_port
 
 #: the binaries ``tools/kube/build.sh`` builds, by role
 BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -140,13 +140,6 @@ def poll_ready(probe: Callable[[], str | None], timeout: float, *, alive: Callab
     return last
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def kubeconfig_dict(server: str, ca_file: str | os.PathLike[str], token: str, *, user: str = "admin",
                     namespace: str = "default") -> dict[str, Any]:
     """A kubeconfig (as a dict) for ``server`` with the CA file and a bearer token."""
@@ -165,7 +158,7 @@ def base64_file(path: str | os.PathLike[str]) -> str:
     return base64.b64encode(pathlib.Path(path).read_bytes()).decode()
 
 
-class ControlPlane:
+class ControlPlane(procs.Stoppable):
     """etcd + kube-apiserver + kube-controller-manager (+ kube-scheduler) on loopback.
 
     ``workdir``: where data, keys, kubeconfigs and logs go (kept after :meth:`stop`, so a failed
@@ -203,17 +196,6 @@ class ControlPlane:
         return self.workdir / "admin.kubeconfig"
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
     def start(self, timeout: float = 90.0) -> None:
         """Start etcd, the apiserver and the controller manager; return once the apiserver is ready
         and the ``default`` namespace and its ServiceAccount exist."""

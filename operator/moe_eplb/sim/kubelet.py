@@ -42,6 +42,7 @@ a group (0 = leader). ``faults_for(settings)`` can inject engine faults (see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -321,13 +322,11 @@ class PollingKubelet:
         self._task = asyncio.create_task(self._run(), name=f"sim-{self.role.replace(' ', '-')}")
 
     async def _stop_polling(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _run(self) -> None:
         while True:

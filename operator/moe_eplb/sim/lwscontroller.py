@@ -38,11 +38,11 @@ from moe_eplb.sim import procs
 from moe_eplb.sim.controlplane import (
     ControlPlane,
     ControlPlaneError,
-    free_port,
     poll_ready,
     serving_certificate,
     stop_process,
 )
+from moe_eplb.sim.procs import free_port
 
 BINARY = "lws-controller"
 MANIFESTS = "webhook-manifests.yaml"

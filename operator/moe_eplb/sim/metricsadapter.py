@@ -38,7 +38,8 @@ import yaml
 
 from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, free_port, serving_certificate, stop_process
+from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, serving_certificate, stop_process
+from moe_eplb.sim.procs import free_port
 
 SERVICE_NAMESPACE = "kube-system"
 SERVICE_NAME = "prometheus-adapter"
@@ -90,7 +91,7 @@ def adapter_config(series: Sequence[str] = DEFAULT_SERIES) -> dict[str, Any]:
     return {"rules": rules, "externalRules": external}
 
 
-class PrometheusAdapter:
+class PrometheusAdapter(procs.Stoppable):
     """The built prometheus-adapter serving ``custom.metrics.k8s.io`` on ``cp`` from ``prometheus_url``.
 
     ``cp`` must run with ``aggregator=True``. ``relist_seconds``: how often the adapter lists the
@@ -143,17 +144,6 @@ class PrometheusAdapter:
         if self.proc is not None:
             stop_process(self.proc)
         self.proc = None
-
-    def __enter__(self) -> PrometheusAdapter:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""

@@ -28,13 +28,14 @@ import ctypes
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -168,6 +169,38 @@ def kill_all(grace: float = 3.0) -> None:
 
 
 atexit.register(kill_all)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick), for a child or a test server to listen on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_S = TypeVar("_S", bound="Stoppable")
+
+
+class Stoppable:
+    """A local service with ``start()`` and ``stop()`` used as a context manager: ``with thing:``
+    starts it, stops what did start when starting fails half-way (and re-raises), stops it on exit."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def give_signals_back() -> None:

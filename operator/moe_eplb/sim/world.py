@@ -25,11 +25,7 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +34,11 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim import procs
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
+from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.prometheus import RunningPrometheus, prometheus_binary, start_prometheus
 
 log = logging.getLogger(__name__)
 
-PROMETHEUS_BIN = "/usr/bin/prometheus"
 APIS = ("emulated", "real", "auto")
 
 
@@ -74,19 +71,6 @@ def resolve_lws(lws: str) -> str:
     return lws
 
 
-def prometheus_binary() -> str | None:
-    """Path of a Prometheus server binary, or None."""
-    if os.path.exists(PROMETHEUS_BIN):
-        return PROMETHEUS_BIN
-    return shutil.which("prometheus")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalPrometheus:
     """A real Prometheus server on 127.0.0.1 scraping targets listed in a file (file_sd).
 
@@ -102,10 +86,10 @@ class LocalPrometheus:
         self.scrape_interval = scrape_interval
         self._tmp = tempfile.TemporaryDirectory(prefix="moe-eplb-prom-") if workdir is None else None
         self.dir = workdir or self._tmp.name
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets_file = os.path.join(self.dir, "targets.json")
-        self.proc: subprocess.Popen | None = None
+        self.server: RunningPrometheus | None = None
 
     def update(self, targets: list[dict]) -> None:
         """Scrape ``targets`` (the fake kubelet's :meth:`~moe_eplb.sim.kubelet.FakeKubelet.targets`)
@@ -123,48 +107,19 @@ class LocalPrometheus:
     async def start(self) -> None:
         self.update([])
         interval = f"{max(1, int(round(self.scrape_interval * 1000)))}ms"
-        config = os.path.join(self.dir, "prometheus.yml")
-        with open(config, "w") as f:
-            f.write(
-                "global:\n"
-                f"  scrape_interval: {interval}\n"
-                f"  scrape_timeout: {interval}\n"
-                "scrape_configs:\n"
-                "  - job_name: moe-eplb-sim\n"
-                "    metrics_path: /metrics\n"
-                "    file_sd_configs:\n"
-                f"      - files: ['{self.targets_file}']\n"
-                "        refresh_interval: 1s\n"
-                + ("    metric_relabel_configs:\n"
-                   "      - source_labels: [__name__]\n"
-                   f"        regex: '{'|'.join(self.drop)}'\n"
-                   "        action: drop\n" if self.drop else "")
-            )
-        with open(os.path.join(self.dir, "prometheus.log"), "w") as log:
-            self.proc = procs.spawn(
-                [self.binary, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
-        import aiohttp
-
-        deadline = time.monotonic() + 15
-        async with aiohttp.ClientSession() as s:
-            while True:
-                try:
-                    async with s.get(self.url + "/-/ready") as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    procs.stop(self.proc, timeout=5)
-                    raise RuntimeError(f"Prometheus did not start (see {self.dir}/prometheus.log)")
-                await asyncio.sleep(0.05)
+        job: dict[str, Any] = {"job_name": "moe-eplb-sim", "metrics_path": "/metrics",
+                               "file_sd_configs": [{"files": [self.targets_file], "refresh_interval": "1s"}]}
+        if self.drop:
+            job["metric_relabel_configs"] = [{"source_labels": ["__name__"], "regex": "|".join(self.drop),
+                                              "action": "drop"}]
+        config = {"global": {"scrape_interval": interval, "scrape_timeout": interval}, "scrape_configs": [job]}
+        self.server = await asyncio.to_thread(start_prometheus, self.dir, config, binary=self.binary,
+                                             port=self.port, timeout=15)
 
     def stop(self) -> None:
-        if self.proc is not None:
-            procs.stop(self.proc, timeout=5)
-        self.proc = None
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
         if self._tmp is not None:
             self._tmp.cleanup()
 
