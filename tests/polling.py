@@ -42,9 +42,31 @@ class _Poll:
         self.last = value
         return bool(value)
 
+    def done(self, value: Any, error: Exception | None) -> bool:
+        """Record one try; True when it holds, an AssertionError naming the condition once time is up."""
+        if self.took(value, error):
+            return True
+        if self.expired():
+            raise self.failure()
+        return False
+
     def failure(self) -> AssertionError:
         what = self.what() if callable(self.what) else self.what
         return AssertionError(f"{what}: not met within {self.timeout:g} s (last: {self.last!r})")
+
+
+def _call(check: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return check(), None
+    except Exception as exc:  # noqa: BLE001 - judged by not_yet
+        return None, exc
+
+
+async def _settle(awaitable: Any) -> tuple[Any, Exception | None]:
+    try:
+        return await awaitable, None
+    except Exception as exc:  # noqa: BLE001 - judged by not_yet
+        return None, exc
 
 
 def wait_until(check: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05,
@@ -52,16 +74,9 @@ def wait_until(check: Callable[[], Any], *, timeout: float = 10.0, interval: flo
                not_yet: Callable[[BaseException], bool] = _assertion) -> Any:
     """Call ``check()`` every ``interval`` s until it returns something truthy; return that."""
     poll = _Poll(timeout, what, not_yet)
-    while True:
-        try:
-            value, error = check(), None
-        except Exception as exc:  # noqa: BLE001 - judged by not_yet
-            value, error = None, exc
-        if poll.took(value, error):
-            return value
-        if poll.expired():
-            raise poll.failure()
+    while not poll.done(*_call(check)):
         time.sleep(interval)
+    return poll.last
 
 
 async def eventually(check: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02,
@@ -71,14 +86,9 @@ async def eventually(check: Callable[[], Any], *, timeout: float = 10.0, interva
     return that."""
     poll = _Poll(timeout, what, not_yet)
     while True:
-        try:
-            value, error = check(), None
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:  # noqa: BLE001 - judged by not_yet
-            value, error = None, exc
-        if poll.took(value, error):
+        value, error = _call(check)
+        if error is None and inspect.isawaitable(value):
+            value, error = await _settle(value)
+        if poll.done(value, error):
             return value
-        if poll.expired():
-            raise poll.failure()
         await asyncio.sleep(interval)
