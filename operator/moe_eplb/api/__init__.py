@@ -1,1 +1,16 @@
+"""The MoEInference API: the CRD and the typed values every other package reads.
 
+- ``crd.yaml`` (the CRD's single source) and ``crd`` (it, loaded); ``schema`` (the apiserver's
+  handling of an object against its structural schema) and ``cel_rules`` (its CEL rules, evaluated
+  as the apiserver does); ``cel_catalog`` (the CEL rules generated from the catalog);
+- ``spec`` (the typed model of a resource, parsed once: spec, effective EPLB settings),
+  ``autotune_status`` (``status.autotune`` as typed records), ``knobs`` (the one ``Knobs``/``Bounds``
+  type), ``convert`` (camelCase objects <-> typed values);
+- ``catalog`` (MoE models and vLLM's EPLB support), ``versions`` (vLLM versions and thresholds),
+  ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
+- ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
+  catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of
+  the manifests handed to the CLI).
+
+Pure: no network, no cluster. Imports only the contracts.
+"""

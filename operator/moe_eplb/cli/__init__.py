@@ -1,7 +1,9 @@
 """The ``moe-eplb`` command line.
 
-Each area registers its subcommands from its own module, so that the area's owner edits only that
-file. Heavy imports (kopf, matplotlib, vLLM) happen inside the command bodies, never at import time.
+Each area registers its subcommands from its own module: ``api_cmds`` (validate, render, crd),
+``eplb_cmds`` (rebalance, simulate, tune, calibrate, trace; with ``tune_args`` and ``tune_output``),
+``operator_cmds`` (run), ``demo_cmd`` (demo). Heavy imports (kopf, matplotlib, vLLM) happen inside
+the command bodies, never at import time.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from moe_eplb import __version__
 # module name -> what it registers (kept in one place so `moe-eplb --help` lists everything)
 _COMMAND_MODULES = (
     "moe_eplb.cli.api_cmds",  # validate, render, crd
-    "moe_eplb.cli.eplb_cmds",  # rebalance, simulate, tune, trace
-    "moe_eplb.cli.operator_cmds",  # run (the operator), sim-engine
+    "moe_eplb.cli.eplb_cmds",  # rebalance, simulate, tune, calibrate, trace
+    "moe_eplb.cli.operator_cmds",  # run (the operator)
     "moe_eplb.cli.demo_cmd",  # demo
 )
 

@@ -1,15 +1,18 @@
-"""The operator: kopf handlers and the reconcile logic behind them.
+"""The operator: kopf handlers, the reconcile logic behind them, and the tuning loop.
 
 - ``handlers``: thin kopf handlers, registered into a given ``kopf.OperatorRegistry``;
 - ``reconcile``: validate -> render -> plan -> dry run -> apply -> prune -> status, per resource;
 - ``status``: phase and conditions from the children's readiness (pure);
 - ``k8s``: the small async Kubernetes client (aiohttp, plain dicts);
 - ``rbac``: every API call the operator makes, as ClusterRole rules (data);
-- ``main``: kopf settings and ``run_operator`` (``moe-eplb run``, tests, demo, benchmark).
+- ``main``: kopf settings and ``run_operator`` (``moe-eplb run``, tests, demo, benchmark), with
+  ``settings`` (the process's settings from CLI/env values) and ``peering`` (start-up under required
+  peering);
 - ``autotune``: the tuning loop (:class:`~.autotune.AutotuneLoop`, owned by the handlers' ``Controller``),
   with ``autotune_settings`` (its clock and settings), ``observe`` (the load and measured
   balancedness), ``workload`` (the child workloads read into a ``WorkloadView``), ``decisions`` and
-  ``rollout`` (the pure decisions);
+  ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``).
 
-Nothing outside the CLI and the tests imports this package.
+Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
+the tests import it.
 """

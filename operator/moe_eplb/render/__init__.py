@@ -1,1 +1,7 @@
+"""Everything the operator applies for a MoEInference, rendered purely (no I/O) from its typed model.
 
+``objects`` (``render_children``: every child manifest: the workload -- a Deployment or a
+LeaderWorkerSet --, Service, PodDisruptionBudget, PodMonitor), ``engine_args`` (vLLM's command line
+per engine version), ``autoscaler`` (the KEDA ScaledObject or HPA of ``spec.autoscaling``), ``labels``
+(labels and selectors on every child). Imports ``api`` and the contracts.
+"""

@@ -1,0 +1,92 @@
+"""The README and docs/ stay what a newcomer can use: the README short with its two commands, every
+link into the repository resolving (to a file, and to a heading where it names one), no working
+notes ("this stop", "this session", the project's issue numbers), and every package docstring
+naming each module the package holds."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PACKAGE = ROOT / "operator" / "moe_eplb"
+MAX_README_LINES = 150
+
+#: wording of working notes, never of documentation. Upstream numbers stay fine when they say whose
+#: they are ("vLLM PR #28849", "vLLM issue #32388", "PR #22842").
+NOTES = [
+    (re.compile(r"\bthis (?:stop|session)\b", re.I), "'this stop' / 'this session'"),
+    (re.compile(r"\bstops? \d+\b", re.I), "a stop number"),
+    (re.compile(r"(?<!vLLM )\bissues? #?\d+\b", re.I), "an issue number"),
+    (re.compile(r"(?<!PR )(?<!issue )#\d+\b"), "a bare #number"),
+]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading (lower case, punctuation dropped, spaces -> '-')."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def prose(path: Path) -> str:
+    """The Markdown of ``path`` without code (fenced blocks and inline spans)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)  # no headings in code blocks
+    return {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_readme_is_short_and_keeps_the_two_commands():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines (at most {MAX_README_LINES})"
+    text = "\n".join(lines)
+    assert "make demo" in text and "make test" in text
+
+
+def test_the_two_commands_set_up_a_fresh_clone_first():
+    """``make demo`` and ``make test`` make the virtualenv (and what the tests need) themselves."""
+    makefile = (ROOT / "Makefile").read_text()
+    deps = dict(re.findall(r"^(demo|test):(.*)$", makefile, flags=re.M))
+    assert set(deps["demo"].split()) >= {"setup"}
+    assert set(deps["test"].split()) >= {"setup", "setup-vllm", "kube"}
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_no_working_notes(path):
+    found = [f"{path.name}:{n}: {what}: {line.strip()[:100]}" for n, line in enumerate(path.read_text().splitlines(), 1)
+             for pattern, what in NOTES if pattern.search(line)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_links_into_the_repository_resolve(path):
+    broken = []
+    for target in LINK.findall(prose(path)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with that anchor in {dest.name}")
+    assert not broken, f"{path.name}: " + "; ".join(broken)
+
+
+PACKAGES = sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_package_docstring_names_every_module(package):
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    missing = [m.stem for m in sorted(package.glob("*.py"))
+               if m.stem != "__init__" and not re.search(rf"\b{re.escape(m.stem)}\b", doc)]
+    assert not missing, f"moe_eplb.{package.name}'s docstring does not say what it holds: {', '.join(missing)}"
