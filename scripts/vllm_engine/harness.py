@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.sim import procs
+from moe_eplb.sim.controlplane import poll_ready
 from moe_eplb.sim.procs import free_port
 from moe_eplb.sim.prometheus import PROMETHEUS_BIN, RunningPrometheus, prometheus_binary, start_prometheus
 
@@ -541,14 +542,18 @@ class Prometheus:
         return body["data"]["result"]
 
     def wait_for(self, q: str, predicate, timeout: float = 30.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
+        """Query ``q`` until ``predicate`` holds for its result; return that result."""
         res: list[dict] = []
-        while time.monotonic() < deadline:
+
+        def probe() -> str | None:
+            nonlocal res
             res = self.query(q)
-            if predicate(res):
-                return res
-            time.sleep(0.5)
-        raise AssertionError(f"Prometheus: {q} did not satisfy the condition in {timeout} s (last: {res})")
+            return None if predicate(res) else f"last: {res}"
+
+        why = poll_ready(probe, timeout, interval=0.5)
+        if why is not None:
+            raise AssertionError(f"Prometheus: {q} did not satisfy the condition in {timeout} s ({why})")
+        return res
 
     def stop(self) -> None:
         server, self.server = self.server, None
