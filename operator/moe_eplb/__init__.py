@@ -2,10 +2,9 @@
 
 Layers (docs/architecture.md; ``tests/test_layering.py`` checks every import, in-function ones too):
 
-* contracts -- small modules directly under ``moe_eplb/`` that import no project package but each
-  other: :mod:`.k8s_names` (API group, kinds, labels, annotations, ports), :mod:`.metric_names`
-  (every exported series and label), :mod:`.vllm_facts` (vLLM's EPLB limits, defaults,
-  rearrangement schedule, balancedness) and :mod:`.trace_format` (the trace file format).
+* ``contracts`` -- the package :mod:`.contracts`: names, facts and file formats several packages
+  share (its folder is the one list of contract modules: the layering test and the exporter's
+  injector read it); its modules import no project package but each other.
 * packages, each importing only the ones named (and the contracts):
   ``api`` nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb;
   ``controller`` api, render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods);

@@ -1,9 +1,12 @@
 """The vLLM plugin that exports per-expert load (see docs/exporter.md).
 
-Modules, in data-flow order: ``names`` (pinned metric names), ``settings`` (environment),
+Modules, in data-flow order: ``settings`` (environment),
 ``layout`` (which vLLM EPLB layout runs), ``hook`` (the method patch on ``EplbState``),
 ``recorder`` (device accumulators, asynchronous read-back, snapshot writer), ``snapshot``
 (per-worker files), ``collector`` (pod aggregation, Prometheus families), ``server`` (the pod's
 ``/metrics`` process), ``capture`` (trace files), ``plugin`` (``register()``, the entry point).
-Importing this package pulls in nothing; torch and vLLM are imported only inside workers.
+Besides these, ``inject`` (the init container's copy of the plugin into a stock vLLM image). The
+names and formats they share with the operator come from :mod:`moe_eplb.contracts`, the only other
+part of the project they import. Importing this package pulls in nothing; torch and vLLM are
+imported only inside workers.
 """
