@@ -153,7 +153,9 @@ def check(resource: Any) -> Checked:
     try:
         inf = parse(defaulted, defaulted=True)
     except SpecError as exc:  # the schema passed but a value still has the wrong type
-        return Checked(problems + base + [Problem(str(exc).split(":", 1)[0], str(exc).split(":", 1)[-1].strip())], None)
+        field, _, message = str(exc).partition(":")
+        said = any(p.field == field for p in problems + base)  # e.g. metadata.labels, by metadata_problems
+        return Checked(problems + base + ([] if said else [Problem(field, message.strip())]), None)
     semantic = semantic_problems(inf)
     # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
     covered = {p.field for p in semantic}
