@@ -16,6 +16,9 @@
   in CI (``MOE_EPLB_REQUIRE_KUBE=1``: failed). The tail of each of its logs is attached to the
   report of a failing test that used it.
 
+- tests marked ``vllm`` are skipped (with the reason) where vLLM's CPU wheel or torch is not
+  installed, and failed instead where ``MOE_EPLB_REQUIRE_VLLM=1`` (CI): tests/require.py.
+
 Both cluster fixtures skip the test (with the reason) when kopf or kmock is not installed; nothing
 here imports them at collection time, so other areas' tests run without the operator extras.
 """
@@ -30,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests.polling import eventually
-from tests.require import missing
+from tests.require import missing, missing_vllm, vllm_missing_reason
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
 SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
@@ -46,6 +49,15 @@ def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("prometheus"):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    """A test marked ``vllm`` needs vLLM's CPU wheel: without it, skipped with the reason by that marker
+    (failed where ``MOE_EPLB_REQUIRE_VLLM=1``, as in CI): tests/require.py."""
+    if item.get_closest_marker("vllm") is not None:
+        reason = vllm_missing_reason()
+        if reason is not None:
+            missing_vllm(reason)
 
 
 @pytest.hookimpl(hookwrapper=True)

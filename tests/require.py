@@ -1,17 +1,45 @@
-"""One rule for tests that need parts built by ``make kube`` (or installed, like Prometheus):
-skipped with the reason on a developer's machine, failed in CI (``MOE_EPLB_REQUIRE_KUBE=1``), where a
-missing part is a broken build, not a reason to run less."""
+"""One rule for tests that need parts that are built or installed separately: skipped with the
+reason on a developer's machine, failed in CI, where a missing part is a broken build, not a reason
+to run less.
+
+* ``make kube``'s control plane (or an installed binary, like Prometheus): :func:`missing`, failed
+  where ``MOE_EPLB_REQUIRE_KUBE=1``;
+* vLLM's CPU wheel (``make setup-vllm``) for the tests marked ``vllm``: ``tests/conftest.py`` skips
+  every such test with :func:`vllm_missing_reason` when the wheel (or torch) is absent, and fails
+  it where ``MOE_EPLB_REQUIRE_VLLM=1`` -- so a fresh clone's ``make test-fast`` passes without vLLM,
+  and CI (``.ci/run`` sets both variables) cannot silently run less.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from typing import NoReturn
 
 import pytest
 
+REQUIRE_KUBE = "MOE_EPLB_REQUIRE_KUBE"
+REQUIRE_VLLM = "MOE_EPLB_REQUIRE_VLLM"
 
-def missing(reason: str) -> NoReturn:
-    """Skip the test for ``reason``, or fail it where ``MOE_EPLB_REQUIRE_KUBE=1``."""
-    if os.environ.get("MOE_EPLB_REQUIRE_KUBE") == "1":
-        pytest.fail(f"MOE_EPLB_REQUIRE_KUBE=1 but {reason}")
+
+def missing(reason: str, *, required_by: str = REQUIRE_KUBE) -> NoReturn:
+    """Skip the test for ``reason``, or fail it where ``required_by`` is set to 1."""
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@functools.cache
+def vllm_missing_reason() -> str | None:
+    """None when vLLM's CPU wheel and torch are installed, else what is missing (found, not imported:
+    importing vLLM takes seconds; a test that needs more of it says so itself)."""
+    for module in ("torch", "vllm"):
+        if importlib.util.find_spec(module) is None:
+            return f"needs vLLM (marker vllm): the {module!r} package is not installed (make setup-vllm)"
+    return None
+
+
+def missing_vllm(reason: str) -> NoReturn:
+    """Skip a test that needs vLLM for ``reason``, or fail it where ``MOE_EPLB_REQUIRE_VLLM=1``."""
+    missing(reason, required_by=REQUIRE_VLLM)

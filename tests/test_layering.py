@@ -259,6 +259,41 @@ def test_the_contract_location_check_finds_a_stray(tmp_path):
     assert contracts_outside_the_package(pkg) == ["moe_eplb/api/names.py", "moe_eplb/vllm_facts.py"]
 
 
+#: where the project names its modules in prose and code: docs, docstrings, scripts, build files
+_NAMING_FILES = ("docs/*.md", "operator/**/*.py", "scripts/**/*.py", "bench/*.py", "tests/**/*.py", "Dockerfile",
+                 "Makefile", "charts/**/*.yaml", "charts/**/*.tpl")
+
+
+def stale_contract_names(root: Path = ROOT) -> list[str]:
+    """``file:line: name`` of every mention of a contract module where it does not live (directly
+    under ``moe_eplb/``, as before the package) or of a ``contracts`` module that does not exist."""
+    stale = re.compile(r"moe_eplb[./](" + "|".join(sorted(CONTRACTS)) + r")\b")
+    named = re.compile(r"\bcontracts[./]([a-z0-9_]+)")
+    bad = []
+    for pattern in _NAMING_FILES:
+        for path in sorted(root.glob(pattern)):
+            if path.resolve() == Path(__file__).resolve():
+                continue  # this file's own example of a stray
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                found = [m.group(0) for m in stale.finditer(line)]
+                found += [m.group(0) for m in named.finditer(line) if m.group(1) not in CONTRACTS | {"py"}]
+                bad += [f"{path.relative_to(root)}:{i}: {f}" for f in found]
+    return bad
+
+
+def test_docs_and_code_name_the_contracts_where_they_live():
+    assert stale_contract_names() == []
+    doc = ast.get_docstring(ast.parse((CONTRACTS_DIR / "__init__.py").read_text())) or ""
+    assert all(f"``{name}``" in doc for name in CONTRACTS), "contracts/__init__.py: list every module it holds"
+
+
+def test_the_naming_check_finds_stale_names(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("see `moe_eplb/k8s_names.py` and `moe_eplb.contracts.gone`\n"
+                                            "fine: `moe_eplb.contracts.vllm_facts`, `contracts/trace_format.py`\n")
+    assert stale_contract_names(tmp_path) == ["docs/a.md:1: moe_eplb/k8s_names", "docs/a.md:1: contracts.gone"]
+
+
 @pytest.mark.parametrize("source,target,ok", [
     ("exporter", "moe_eplb.eplb.trace", False),
     ("render", "moe_eplb.api.spec", True),

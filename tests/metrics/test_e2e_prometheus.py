@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 
 from moe_eplb.contracts import k8s_names, metric_names
-from moe_eplb.metrics.assemble import counters_from_rounds, trace_from_raw_counters, trace_from_rounds
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.reader import raw_samples, read_load_trace, with_baselines
+from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_scraped_rounds, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
 from moe_eplb.sim.procs import free_port
 from moe_eplb.sim.prometheus import prometheus_binary, start_prometheus
@@ -145,7 +144,6 @@ def test_known_load_in_same_load_out(cluster):
 
     live = ["a", "b"]
     scraper.scrape(targets())
-    rounds_expected = []
 
     def phase(work: dict[str, tuple[int, np.ndarray]]):
         g = _next_boundary()
@@ -162,7 +160,6 @@ def test_known_load_in_same_load_out(cluster):
         expected[g + B] = (total, total_steps)
         rnd = scraper.scrape(targets())
         assert rnd.time < g + B - 0.01, "the direct scrape landed in the next bucket; machine too slow?"
-        rounds_expected.append((total, total_steps))
 
     def load(hot):
         m = rng.integers(0, 4, size=(L, E))
@@ -233,18 +230,10 @@ def test_known_load_in_same_load_out(cluster):
     want, got = {w for w in want if w[1] <= settled}, {g for g in got if g[1] <= settled}
     assert got == want and any(t <= g0 for _, t, _ in got), (g0, sorted(got - want)[:3], sorted(want - got)[:3])
 
-    # the direct-scrape reader on the same pods: one bucket per two rounds with the old differencing
-    # (a phase's load between the rounds before and after it) ...
-    direct = trace_from_rounds(scraper.rounds)
-    assert direct.num_buckets == 2 * len(rounds_expected)
-    for i, (load_m, steps) in enumerate(rounds_expected):
-        np.testing.assert_array_equal(direct.load[2 * i + 1], load_m)
-        assert direct.bucket_steps[2 * i + 1] == steps and direct.bucket_steps[2 * i] == 0
-    # ... and, as the operator reads them, on the Prometheus read's grid: the same trace (a restart,
-    # a join and a leave included)
+    # the direct-scrape reader on the same pods, as the operator reads them (read_load_trace's pure
+    # part), on the Prometheus read's grid: the same trace (a restart, a join and a leave included)
     grid = trace.meta["start_time"] + B * np.arange(trace.num_buckets + 1)
-    tokens, steps, starts = counters_from_rounds(scraper.since(grid[0]))
-    on_grid = trace_from_raw_counters(tokens, steps, grid, start_times=starts, num_layers=L, num_experts=E)
+    on_grid = trace_from_scraped_rounds(scraper.since(grid[0]), grid, num_layers=L, num_experts=E)
     np.testing.assert_array_equal(on_grid.load, trace.load)
     np.testing.assert_array_equal(on_grid.bucket_steps, trace.bucket_steps)
     assert on_grid.meta["interpolated_fraction"] == 0.0

@@ -1,6 +1,7 @@
 """The tuner's load trace is per engine (replica group), so its answer does not depend on how many
 replicas the autoscaler runs: the sources sum every pod, and ``assemble.per_engine`` divides each
-bucket by the engines that ran in it (``meta["engines"]``)."""
+bucket by the engines that ran in it (``meta["engines"]``). The pods' load is read the operator's
+way: scrape rounds through :func:`moe_eplb.metrics.reader.trace_from_scraped_rounds` on its grid."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import numpy as np
 
 from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH
 from moe_eplb.eplb.tuner import tune
-from moe_eplb.metrics.assemble import per_engine, trace_from_rounds
+from moe_eplb.metrics.assemble import per_engine
+from moe_eplb.metrics.grid import grid_for
+from moe_eplb.metrics.reader import trace_from_scraped_rounds
 from moe_eplb.metrics.scrape import PodSample, Round
 
 L, E, T, STEPS = 2, 16, 48, 250  # layers, experts, buckets, engine steps per bucket and engine
+B, T0 = 15.0, 990.0  # bucket seconds; the first round's time (on the grid, as the operator's reads are)
 
 
 def _load() -> np.ndarray:
@@ -35,19 +39,26 @@ def _rounds(replicas: int, joins_at: int | None = None) -> list[Round]:
             if i == replicas:  # the late replica: starts half-way through bucket joins_at
                 if t < joins_at:
                     continue
-                start = 1000.0 + 15 * joins_at - 1
+                start = T0 + B * joins_at - 1
                 half = 0.5 * load[joins_at] if t > joins_at else 0.0
                 done = cum[t] - cum[min(t, joins_at + 1)] + half
                 steps = STEPS * (max(0, t - joins_at - 1) + (0.5 if t > joins_at else 0.0))
             tokens = {(layer, e): float(done[layer, e]) for layer in range(L) for e in range(E)}
             pods[f"p{i}"] = PodSample(start_time={"m": start}, steps={"m": float(steps)}, tokens={"m": tokens})
-        rounds.append(Round(time=1000.0 + 15 * t, pods=pods))
+        rounds.append(Round(time=T0 + B * t, pods=pods))
     return rounds
 
 
+def read(rounds: list[Round]):
+    """The trace the operator reads from these rounds (window: T buckets ending at the last round)."""
+    grid = grid_for(rounds[-1].time, T * B, B)
+    assert grid[0] == rounds[0].time
+    return trace_from_scraped_rounds(rounds, grid, num_layers=L, num_experts=E)
+
+
 def test_summed_traces_scale_with_the_replicas_per_engine_traces_do_not():
-    one = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
-    three = trace_from_rounds(_rounds(3), num_layers=L, num_experts=E)
+    one = read(_rounds(1))
+    three = read(_rounds(3))
     assert three.meta["engines"] == [3.0] * T
     np.testing.assert_array_equal(three.bucket_steps, 3 * one.bucket_steps)  # summed: 3x the steps
     per = per_engine(three)
@@ -57,10 +68,10 @@ def test_summed_traces_scale_with_the_replicas_per_engine_traces_do_not():
 
 
 def test_a_replica_joining_mid_window_counts_half_in_its_first_bucket():
-    grown = trace_from_rounds(_rounds(2, joins_at=20), num_layers=L, num_experts=E)
+    grown = read(_rounds(2, joins_at=20))
     assert grown.meta["engines"] == [2.0] * 20 + [2.5] + [3.0] * (T - 21)
     per = per_engine(grown)
-    one = trace_from_rounds(_rounds(1), num_layers=L, num_experts=E)
+    one = read(_rounds(1))
     np.testing.assert_allclose(per.load, one.load)
     np.testing.assert_array_equal(per.bucket_steps, one.bucket_steps)
 
@@ -72,8 +83,8 @@ def _candidates(trace) -> dict:
 
 
 def test_the_tuners_answer_is_invariant_to_the_replica_count():
-    one = _candidates(trace_from_rounds(_rounds(1), num_layers=L, num_experts=E))
-    four = trace_from_rounds(_rounds(4), num_layers=L, num_experts=E)
+    one = _candidates(read(_rounds(1)))
+    four = read(_rounds(4))
     assert _candidates(per_engine(four)) == one  # every candidate's score and rearrangements
     # summed over the replicas, each engine would seem to rearrange 4x as often and score otherwise
     summed = _candidates(four)

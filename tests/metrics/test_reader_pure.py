@@ -9,12 +9,11 @@ from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.metrics.assemble import (
     counters_from_rounds,
     trace_from_raw_counters,
-    trace_from_rounds,
 )
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.increments import counter_increments
-from moe_eplb.metrics.reader import selector
+from moe_eplb.metrics.reader import selector, trace_from_scraped_rounds
 from moe_eplb.metrics.scrape import (
     PodSample,
     Round,
@@ -160,14 +159,20 @@ def _round(t, pods):
 
 
 def test_rounds_to_trace_reset_join_leave():
+    """The operator's direct read (:func:`trace_from_scraped_rounds`, what ``read_load_trace`` does
+    with its scraper's rounds): a pod that restarted counts from 0, one that joined since the last
+    round from 0, one first seen late that started long ago from its first value, one that left is
+    no longer counted."""
     r0 = _round(100, {"a": (50, 10, [[1, 2]]), "old": (40, 5, [[9, 9]])})
     r1 = _round(110, {"a": (50, 20, [[3, 5]]), "new": (105, 4, [[1, 1]])})  # old left, new joined
     r2 = _round(120, {"a": (115, 2, [[1, 1]]), "new": (105, 8, [[2, 3]]), "seen_late": (60, 99, [[7, 7]])})
-    tr = trace_from_rounds([r0, r1, r2])
+    tr = trace_from_scraped_rounds([r0, r1, r2], grid_for(120, 20, 10))
     np.testing.assert_array_equal(tr.load[:, 0, :], [[2 + 1, 3 + 1], [1 + 1, 1 + 2]])
     np.testing.assert_array_equal(tr.bucket_steps, [10 + 4, 2 + 4])
-    with pytest.raises(LoadReadError) as ei:
-        trace_from_rounds([r0])
+    assert tr.meta["start_time"] == 100 and tr.bucket_seconds == 10 and tr.meta["engines"] == [2.0, 2.0]
+    assert tr.meta["read"] == "scraped the pods directly: 3 round(s), at most 10.0s apart"
+    with pytest.raises(LoadReadError) as ei:  # nothing scraped inside the window yet
+        trace_from_scraped_rounds([r0], grid_for(110, 10, 10))
     assert ei.value.reason == "InsufficientData"
 
 

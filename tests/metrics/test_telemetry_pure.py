@@ -9,11 +9,10 @@ import pytest
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb import synth
 from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.metrics.assemble import trace_from_rounds
-from moe_eplb.metrics.reader import with_telemetry
+from moe_eplb.metrics.reader import trace_from_scraped_rounds, with_telemetry
 from moe_eplb.metrics.scrape import Round, parse_exposition
 from moe_eplb.metrics.series import Series
-from moe_eplb.metrics.telemetry_keys import TelemetrySeries, gauge_mean, series_from_rounds, telemetry_from_series
+from moe_eplb.metrics.telemetry_keys import TelemetrySeries, gauge_mean, telemetry_from_series
 from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
 from moe_eplb.sim.physics import TrueCost
 
@@ -123,9 +122,7 @@ def test_direct_scraping_of_a_simulated_engine_fills_every_key():
     for t in range(15, 301, 15):
         eng.advance_to(float(t))
         rounds.append(Round(time=float(t), pods={"p": parse_exposition(eng.exposition().decode())}))
-    trace = trace_from_rounds(rounds, num_layers=2, num_experts=8)
-    src, starts = series_from_rounds(rounds)
-    trace = with_telemetry(trace, src, np.array([r.time for r in rounds]), 1, starts)
+    trace = trace_from_scraped_rounds(rounds, np.array([r.time for r in rounds]), num_layers=2, num_experts=8)
     tel = trace.telemetry
     assert trace.meta["telemetry_skipped"] == {}
     assert set(tel.keys()) == {"step_seconds", "rank_load", "kv_cache_usage", "preemptions", "requests_waiting",

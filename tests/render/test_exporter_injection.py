@@ -80,13 +80,15 @@ def test_injection_writes_a_plugin_vllm_finds_without_the_package_installed(tmp_
     assert not any(n.startswith(("moe_eplb/controller", "moe_eplb/api", "moe_eplb/eplb")) for n in names)
     assert inject(tmp_path) and len(list(tmp_path.glob("*.dist-info"))) == 1  # idempotent
     # a Python without site-packages (no moe-eplb installed) finds the entry point through the
-    # directory alone, as vLLM's plugin loader does, and loads the injected copy
+    # directory alone, as vLLM's plugin loader does, and loads the injected copy; -I: not through a
+    # PYTHONPATH to the source tree either (whose moe_eplb.egg-info an editable install leaves there)
+    # (tests/exporter/test_injected_minimal.py: the same in a Python with only numpy and prometheus-client)
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
             "import importlib.metadata as m, moe_eplb\n"
             "eps = [e for e in m.entry_points(group='vllm.general_plugins') if e.name == 'moe_eplb_exporter']\n"
             "fn = eps[0].load()\n"
             "print(len(eps), fn.__module__, fn.__name__, moe_eplb.__file__)")
-    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     count, module, name, path = out.stdout.split()
     assert (count, module, name) == ("1", "moe_eplb.exporter.plugin", "register")

@@ -585,9 +585,12 @@ def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInferen
     if isinstance(raw_generation, bool) or not isinstance(raw_generation, int):
         raise SpecError(f"metadata.generation: expected a whole number, got {raw_generation!r}")
     generation = raw_generation
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise SpecError(f"metadata.labels: expected an object of labels, got {type(labels).__name__}")
     partial = MoEInference(name=str(meta.get("name") or ""), namespace=meta.get("namespace"), uid=meta.get("uid"),
                            generation=generation, resource_version=meta.get("resourceVersion"),
-                           labels=dict(meta.get("labels") or {}), spec=spec, status=autotune,
+                           labels=dict(labels), spec=spec, status=autotune,
                            effective=_spec_settings(spec.eplb),
                            conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)))
     effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)

@@ -36,7 +36,7 @@ from moe_eplb.api.schema import (
     show,
     unknown_field_problems,
 )
-from moe_eplb.api.spec import MoEInference, SpecError, parse, to_plain
+from moe_eplb.api.spec import MoEInference, OperatorDefaults, SpecError, parse, to_plain
 from moe_eplb.api.versions import EPLB_CONFIG_JSON, EPLB_FIRST, Version, format_version
 from moe_eplb.contracts import k8s_names, vllm_facts
 from moe_eplb.contracts.k8s_names import API_GROUP, API_VERSION, KIND
@@ -153,7 +153,9 @@ def check(resource: Any) -> Checked:
     try:
         inf = parse(defaulted, defaulted=True)
     except SpecError as exc:  # the schema passed but a value still has the wrong type
-        return Checked(problems + base + [Problem(str(exc).split(":", 1)[0], str(exc).split(":", 1)[-1].strip())], None)
+        field, _, message = str(exc).partition(":")
+        said = any(p.field == field for p in problems + base)  # e.g. metadata.labels, by metadata_problems
+        return Checked(problems + base + ([] if said else [Problem(field, message.strip())]), None)
     semantic = semantic_problems(inf)
     # a catalog rule of the CRD and the catalog check say the same thing; keep the richer message
     covered = {p.field for p in semantic}
@@ -356,14 +358,28 @@ def autoscaling_problems(inf: MoEInference, version: Version | None) -> list[Pro
 
 
 def operator_default_problems(inf: MoEInference) -> list[Problem]:
-    """Checks of a resource with the operator's defaults filled in (the reconciler runs them after
-    :meth:`MoEInference.with_operator_defaults`; ``moe-eplb validate`` cannot know those defaults)."""
+    """Checks of a resource with the operator's defaults filled in (:func:`check_for_operator`):
+    what only the operator's own options (``moe-eplb run --prometheus-url``, which ``validate`` and
+    ``render`` take too) can make valid, so neither the CRD nor :func:`check` refuses it."""
     a = inf.autoscaling
     if a is not None and a.backend == "KEDA" and not inf.prometheus_url:
         return [Problem("spec.monitoring.prometheusUrl", "spec.autoscaling backend KEDA queries Prometheus, and "
-                        "neither this field nor the operator (--prometheus-url) names one: set "
-                        "spec.monitoring.prometheusUrl, or use backend: HPA with prometheus-adapter")]
+                        "neither this field nor --prometheus-url (the operator's option; validate and render take "
+                        "it too) names one: set spec.monitoring.prometheusUrl or --prometheus-url, or use "
+                        "backend: HPA with prometheus-adapter")]
     return []
+
+
+def check_for_operator(resource: Any, defaults: OperatorDefaults | None = None) -> Checked:
+    """:func:`check`, then the operator's defaults filled in (:meth:`MoEInference.with_operator_defaults`,
+    a private copy) and, when nothing else is wrong, :func:`operator_default_problems`: what the
+    reconciler renders from, and what ``moe-eplb validate|render`` check (their ``--prometheus-url``,
+    ``--exporter-image`` and ``--pod-monitor-labels`` are ``defaults``, as ``moe-eplb run``'s are)."""
+    checked = check(resource)
+    if checked.inference is None:
+        return checked
+    inf = checked.inference.with_operator_defaults(defaults or OperatorDefaults())
+    return Checked(checked.problems or operator_default_problems(inf), inf)
 
 
 def override_problems(inf: MoEInference) -> list[Problem]:

@@ -28,9 +28,15 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _label(doc: Any, index: int) -> str:
-    name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
-    return f"document {index + 1}" + (f" ({name})" if name else "")
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return f"document {index + 1}" + (f" ({_short(name)})" if name else "")
 
 
 def _is_ours(doc: Any) -> bool:
@@ -42,65 +48,113 @@ def _is_ours(doc: Any) -> bool:
     return str(doc.get("apiVersion", "")).split("/")[0] in (API_GROUP, "")
 
 
-def _check_all(path: str) -> tuple[list[Any], bool]:
-    """Validate and parse every eplb.ai document (once each); print problems on stderr, and notes
-    on recorded tuner overrides that do not run. Returns (parsed MoEInferences, all_valid).
+def operator_defaults(prometheus_url: str | None, exporter_image: str | None,
+                      pod_monitor_labels: str | None) -> Any:
+    """The operator's defaults from ``validate``'s and ``render``'s options, checked as ``moe-eplb run``
+    checks its own (a bad value: a usage error naming the option)."""
+    from moe_eplb.controller import settings as s
+
+    try:
+        return s.build(prometheus_url=prometheus_url, exporter_image=exporter_image,
+                       pod_monitor_labels=pod_monitor_labels, draw_priority=lambda: 1).defaults
+    except s.SettingsError as exc:
+        raise click.UsageError(f"{exc.option}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def _operator_options(command: Any) -> Any:
+    """``--prometheus-url``, ``--exporter-image``, ``--pod-monitor-labels``: ``moe-eplb run``'s defaults
+    for what a resource leaves unset, so that ``validate`` and ``render`` check and render as that
+    operator does."""
+    for option in reversed((
+        click.option("--prometheus-url", metavar="URL", default=None,
+                     help="The operator's --prometheus-url: the Prometheus of resources without "
+                          "spec.monitoring.prometheusUrl (KEDA autoscaling needs one)."),
+        click.option("--exporter-image", metavar="IMAGE", default=None,
+                     help="The operator's --exporter-image: the exporter-injection init container's image for "
+                          "resources without spec.engine.exporter.image (default: the operator image of this "
+                          "version)."),
+        click.option("--pod-monitor-labels", metavar="LABELS", default=None,
+                     help="The operator's --pod-monitor-labels (key=value,key=value or a JSON object): labels "
+                          "every rendered PodMonitor carries; the resource's own win."),
+    )):
+        command = option(command)
+    return command
+
+
+def _check_all(path: str, defaults: Any) -> tuple[list[dict[str, Any]], bool]:
+    """Validate, parse (once each) and render every eplb.ai document as the operator with ``defaults``
+    does; print problems on stderr, and notes on recorded tuner overrides that do not run. Returns
+    (the children of the valid documents, all_valid): ``validate`` and ``render`` refuse the same
+    documents in the same words, a document that cannot be rendered included.
 
     Documents of other API groups are skipped (with a note on stderr).
     """
-    from moe_eplb.api.validation import check, override_problems
+    from moe_eplb.api.problem import Problem
+    from moe_eplb.api.validation import check_for_operator, override_problems
+    from moe_eplb.render.objects import render_children
 
-    docs = []
+    docs = []  # (index in the file, document): a document is named by its place in the file
     for i, doc in enumerate(_load_documents(path)):
         if _is_ours(doc):
-            docs.append(doc)
+            docs.append((i, doc))
         else:
-            click.echo(f"{path}: {_label(doc, i)}: {doc.get('kind')} ({doc.get('apiVersion')}) is not a "
-                       "MoEInference, skipped", err=True)
+            click.echo(f"{path}: {_label(doc, i)}: {_short(doc.get('kind'))} ({_short(doc.get('apiVersion'))}) is not "
+                       "a MoEInference, skipped", err=True)
     if not docs:
         click.echo(f"{path}: no MoEInference documents found", err=True)
-        return docs, False
+        return [], False
     ok = True
-    parsed = []
-    for i, doc in enumerate(docs):
-        checked = check(doc)
-        prefix = f"{path}: {_label(doc, i)}" if len(docs) > 1 else path
-        for problem in checked.problems[:MAX_PRINTED]:
+    children: list[dict[str, Any]] = []
+    several = len(docs) > 1
+    for i, doc in docs:
+        checked = check_for_operator(doc, defaults)
+        problems, rendered = list(checked.problems), []
+        if not problems and checked.inference is not None:
+            try:
+                rendered = render_children(checked.inference)
+            except Exception as exc:  # noqa: BLE001 - a case validation missed: one line, as the operator says it
+                problems = [Problem("spec", f"cannot render the children: {exc}")]
+        prefix = f"{path}: {_label(doc, i)}" if several else path
+        for problem in problems[:MAX_PRINTED]:
             click.echo(f"{prefix}: {problem.field}: {problem.message}", err=True)
-        if len(checked.problems) > MAX_PRINTED:
-            click.echo(f"{prefix}: ... and {len(checked.problems) - MAX_PRINTED} more problems", err=True)
-        if checked.problems or checked.inference is None:
+        if len(problems) > MAX_PRINTED:
+            click.echo(f"{prefix}: ... and {len(problems) - MAX_PRINTED} more problems", err=True)
+        if problems or checked.inference is None:
             ok = False
             continue
         for note in override_problems(checked.inference):
             click.echo(f"{prefix}: note: {note.field}: {note.message}", err=True)
-        parsed.append(checked.inference)
-    return parsed, ok
+        children += rendered
+    return children, ok
 
 
 def register(main: click.Group) -> None:
     @main.command("validate")
     @click.option("-f", "--filename", "path", required=True, help="MoEInference YAML file ('-' = stdin); multi-document allowed.")
-    def validate_cmd(path: str) -> None:
+    @_operator_options
+    def validate_cmd(path: str, **operator: Any) -> None:
         """Check MoEInference resources like the CRD and the operator do.
 
         Exit status 0 and 'valid' when every document is valid; 1 and the problems on stderr otherwise.
+        A valid resource is one the operator renders: give the operator's --prometheus-url where a
+        resource relies on it (KEDA autoscaling without spec.monitoring.prometheusUrl).
         """
-        _, ok = _check_all(path)
+        _, ok = _check_all(path, operator_defaults(**operator))
         if not ok:
             sys.exit(1)
         click.echo("valid")
 
     @main.command("render")
     @click.option("-f", "--filename", "path", required=True, help="MoEInference YAML file ('-' = stdin); multi-document allowed.")
-    def render_cmd(path: str) -> None:
-        """Print the child objects the operator would apply, as a YAML stream."""
-        from moe_eplb.render.objects import render_children
+    @_operator_options
+    def render_cmd(path: str, **operator: Any) -> None:
+        """Print the child objects the operator would apply, as a YAML stream.
 
-        resources, ok = _check_all(path)
+        Refuses (exit status 1, the problems on stderr) exactly what validate refuses, in the same words.
+        """
+        children, ok = _check_all(path, operator_defaults(**operator))
         if not ok:
             sys.exit(1)
-        children = [child for inf in resources for child in render_children(inf)]
         click.echo(yaml.dump_all(children, Dumper=_PlainDumper, sort_keys=False), nl=False)
 
     @main.command("crd")

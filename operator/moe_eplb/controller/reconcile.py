@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
-from moe_eplb.api.validation import check, operator_default_problems
+from moe_eplb.api.validation import check_for_operator
 from moe_eplb.contracts.k8s_names import (
     API_GROUP,
     API_VERSION,
@@ -244,13 +244,10 @@ class Reconciler:
     # ---- the work -------------------------------------------------------------------------------
     async def _reconcile(self, resource: Mapping[str, Any], *, prune: bool) -> ReconcileOutcome:
         ns = resource["metadata"]["namespace"]
-        checked = check(resource)  # validation and the typed model, one defaulting pass
-        problems = list(checked.problems)
-        inf = checked.inference
-        if inf is not None:
-            inf = inf.with_operator_defaults(self.defaults)  # this copy only; the resource is not changed
-            if not problems:
-                problems = operator_default_problems(inf)
+        # validation and the typed model (one defaulting pass), our defaults filled in (this copy only;
+        # the resource is not changed) and the checks that need them: what `moe-eplb validate` runs
+        checked = check_for_operator(resource, self.defaults)
+        problems, inf = list(checked.problems), checked.inference
         desired: list[dict[str, Any]] = []
         if not problems and inf is not None:
             try:

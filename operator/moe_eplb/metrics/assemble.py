@@ -19,9 +19,11 @@ directly, in named phases:
    the threshold;
 5. :func:`load_matrix` -- ``[T, L, E]`` with shape and completeness checks.
 
-The direct-scrape source (:func:`trace_from_rounds`) differences successive ``/metrics`` rounds of
-the pods. Buckets: ``grid`` [T+1] edges (unix s); bucket k holds samples with
-``grid[k] < t <= grid[k+1]`` (:mod:`moe_eplb.metrics.increments`).
+The direct-scrape source (the operator scraping the pods itself, no Prometheus) takes the same
+route: :func:`counters_from_rounds` turns its ``/metrics`` rounds into the raw samples Prometheus
+would hold (:func:`moe_eplb.metrics.reader.trace_from_scraped_rounds`). Buckets: ``grid`` [T+1]
+edges (unix s); bucket k holds samples with ``grid[k] < t <= grid[k+1]``
+(:mod:`moe_eplb.metrics.increments`).
 
 Engine steps: a pod's step counter counts its engine's steps; an engine spanning
 ``pods_per_engine`` pods (``spec.parallelism.nodes``) is counted once, and independent engines
@@ -467,78 +469,6 @@ def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Se
                 per_key.setdefault(k, []).append((t, v))
         tokens += [series({**base, layer_label: str(k[0]), expert_label: str(k[1])}, pts) for k, pts in per_key.items()]
     return tokens, steps, starts
-
-
-def trace_from_rounds(rounds: list[Round], *, model: str | None = None, pods_per_engine: int = 1,
-                      num_layers: int | None = None, num_experts: int | None = None) -> LoadTrace:
-    """Successive direct-scrape rounds -> trace with one bucket between each two rounds.
-
-    A pod seen for the first time counts from 0 if its exporter started after the previous round
-    (it joined), otherwise from its first value (history we did not see); a pod whose start time
-    changed or whose counters dropped restarted (counts from 0).
-    """
-    if len(rounds) < 2:
-        raise LoadReadError(INSUFFICIENT_DATA, f"{len(rounds)} scrape round(s) so far; need 2 to form a bucket")
-    if model is None:
-        shapes: dict[str, tuple[int, int]] = {}
-        for r in rounds:
-            for p in r.pods.values():
-                for m, toks in p.tokens.items():
-                    if toks:
-                        l0, e0 = shapes.get(m, (0, 0))
-                        shapes[m] = (max(l0, max(k[0] for k in toks) + 1), max(e0, max(k[1] for k in toks) + 1))
-        if not shapes:
-            raise LoadReadError(NO_DATA, f"no {metric_names.EXPERT_TOKENS} series on any pod; is EPLB enabled and "
-                                "the exporter plugin loaded (VLLM_PLUGINS=moe_eplb_exporter)?")
-        model = pick_model(shapes, num_layers, num_experts)
-    keys = {k for r in rounds for p in r.pods.values() for k in p.tokens.get(model, {})}
-    if not keys:
-        raise LoadReadError(NO_DATA, f"no {metric_names.EXPERT_TOKENS} series for model {model!r}")
-    L = num_layers or max(k[0] for k in keys) + 1
-    E = num_experts or max(k[1] for k in keys) + 1
-    if max(k[0] for k in keys) >= L or max(k[1] for k in keys) >= E:
-        raise LoadReadError(INCONSISTENT_SERIES, f"series for layer/expert beyond the model's {L} x {E}")
-    T = len(rounds) - 1
-    load = np.zeros((T, L, E))
-    steps = np.zeros(T)
-    active: dict[str, np.ndarray] = {}
-    prev: dict[str, tuple[float, np.ndarray, float]] = {}
-    for t, rnd in enumerate(rounds):
-        cur = {}
-        for pod, s in rnd.pods.items():
-            if model not in s.tokens:
-                continue
-            if model not in s.steps:
-                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: {metric_names.EXPERT_TOKENS} without "
-                                    f"{metric_names.ENGINE_STEPS}")
-            m = np.full((L, E), np.nan)
-            for (l, e), v in s.tokens[model].items():
-                m[l, e] = v
-            if np.isnan(m).any():
-                missing = np.argwhere(np.isnan(m))[0]
-                raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod}: no counter for layer {missing[0]} expert "
-                                    f"{missing[1]} (the exporter exports every (layer, expert) of a model)")
-            cur[pod] = (s.start_time.get(model, 0.0), m, s.steps[model])
-        if t > 0:
-            prev_time = rounds[t - 1].time
-            for pod, (start, m, st) in cur.items():
-                old = prev.get(pod)
-                if old is None:
-                    if start and start > prev_time:  # joined since the last round: from zero
-                        load[t - 1] += m
-                        steps[t - 1] += st
-                        active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= st > 0
-                    continue
-                restarted = (start and old[0] and start != old[0]) or np.any(m < old[1]) or st < old[2]
-                load[t - 1] += m if restarted else m - old[1]
-                steps[t - 1] += st if restarted else st - old[2]
-                active.setdefault(pod, np.zeros(T, dtype=bool))[t - 1] |= (st if restarted else st - old[2]) > 0
-        prev = cur
-    times = np.array([r.time for r in rounds])
-    return LoadTrace(load=load, bucket_steps=np.round(steps / max(1, pods_per_engine)).astype(np.int64),
-                     bucket_seconds=float(np.median(np.diff(times))), model=model,
-                     meta={"start_time": float(times[0]), "interpolated_fraction": 0.0,
-                           "engines": concurrent_engines(list(active.values()), T, pods_per_engine).tolist()})
 
 
 def concurrent_engines(active: list[np.ndarray], T: int, pods_per_engine: int = 1) -> np.ndarray:

@@ -49,7 +49,7 @@ from moe_eplb.metrics.errors import (
 )
 from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.promclient import PrometheusClient
-from moe_eplb.metrics.scrape import PodScraper, targets_from_pods
+from moe_eplb.metrics.scrape import PodScraper, Round, targets_from_pods
 from moe_eplb.metrics.series import Series, merge, parse_matrix, parse_vector
 from moe_eplb.metrics.telemetry_keys import (
     NO_MODEL_LABEL,
@@ -389,7 +389,21 @@ def read_load_trace(
     targets = targets_from_pods(pods or [], name)
     scraper.scrape(targets)
     grid = grid_for(scraper.rounds[-1].time, window_seconds, bucket_seconds)
-    rounds = scraper.since(grid[0])
+    return trace_from_scraped_rounds(scraper.since(grid[0]), grid, pods_per_engine=pods_per_engine,
+                                     num_layers=num_layers, num_experts=num_experts, model=model, what=what,
+                                     max_interpolated_fraction=max_interpolated_fraction)
+
+
+def trace_from_scraped_rounds(rounds: list[Round], grid: np.ndarray, *, pods_per_engine: int = 1,
+                              num_layers: int | None = None, num_experts: int | None = None,
+                              model: str | None = None, what: str = "",
+                              max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION) -> LoadTrace:
+    """The direct read's pure part (what :func:`read_load_trace` does with its scraper's rounds):
+    ``rounds`` (time order; the last one at or before ``grid[0]`` is the baseline) read as the raw
+    samples Prometheus would hold (:func:`~moe_eplb.metrics.assemble.counters_from_rounds`) on the
+    bucket grid ``grid``, with the Prometheus read's rules for restarts, pods joining and leaving,
+    LeaderWorkerSet groups and telemetry, and no scrape-gap rule (a late round of the operator's own
+    puts the load since the previous one in its bucket)."""
     tokens, steps, starts = counters_from_rounds(rounds)
     trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, pods_per_engine=pods_per_engine,
                                     num_layers=num_layers, num_experts=num_experts, model=model, what=what,
