@@ -44,6 +44,7 @@ if str(REPO / "operator") not in sys.path:
 
 from moe_eplb.api.podtemplate import crd_node  # noqa: E402
 from moe_eplb.api.quantity import QUANTITY_PATTERN  # noqa: E402
+
 CRD_YAML = REPO / "operator" / "moe_eplb" / "api" / "crd.yaml"
 GO_MOD = REPO / "tools" / "kube" / "go.mod"
 OPENAPI_IN_MODULE = Path("api") / "openapi-spec" / "v3" / "api__v1_openapi.json"
