@@ -1,10 +1,11 @@
 """Generate the ``core/v1`` PodSpec schema of ``spec.engine.podTemplate.spec`` in the CRD.
 
-Source: the OpenAPI v3 document of the core group (``/openapi/v3/api/v1``) of the Kubernetes
-release that ``tools/kube`` builds -- the copy the ``k8s.io/kubernetes`` Go module carries at
-``api/openapi-spec/v3/api__v1_openapi.json`` (what that release's kube-apiserver serves; a kube
-test compares it with the running apiserver's answer), found in Go's module cache at the version
-``tools/kube/go.mod`` requires.
+Source: the OpenAPI v3 document of the core group (``/openapi/v3/api/v1``) as the kube-apiserver of
+the release ``tools/kube`` builds serves it (started here from ``tools/kube/bin`` on loopback for a
+few seconds: ``moe_eplb.sim.controlplane``), or a saved copy of that document (``--openapi``). The
+served document is used rather than the copy in the ``k8s.io/kubernetes`` module
+(``api/openapi-spec/v3``) because only the served one carries the enum values (``operator: In``,
+``imagePullPolicy``), so the apiserver refuses ``operator: in`` when the MoEInference is applied.
 
 The ``$ref``s are inlined into one structural schema (what a CRD needs): Quantity and IntOrString
 become ``x-kubernetes-int-or-string`` (a Quantity also gets the quantity grammar as a pattern, so a
@@ -19,7 +20,8 @@ get a ``maxItems`` (:data:`MAX_ITEMS`) so that the rules' estimated cost fits th
 
 The project's CEL rules for what the operator owns (:mod:`moe_eplb.api.podtemplate`) are attached
 to it. The result goes into ``operator/moe_eplb/api/crd.yaml`` between :data:`BEGIN` and :data:`END`;
-``tests/api/test_api_podspec_schema.py`` checks the committed block equals :func:`block_yaml`.
+``tests/kube/test_podtemplate_real.py`` checks the committed block equals :func:`block_yaml` of
+what the running apiserver serves.
 
 Usage: ``python scripts/gen_podspec_schema.py`` (rewrites crd.yaml; then copy the CRD to crds/ and
 the chart). ``--print`` writes the block to stdout instead.
@@ -29,9 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,6 @@ from moe_eplb.api.podtemplate import crd_node  # noqa: E402
 from moe_eplb.api.quantity import QUANTITY_PATTERN  # noqa: E402
 
 CRD_YAML = REPO / "operator" / "moe_eplb" / "api" / "crd.yaml"
-GO_MOD = REPO / "tools" / "kube" / "go.mod"
-OPENAPI_IN_MODULE = Path("api") / "openapi-spec" / "v3" / "api__v1_openapi.json"
 BEGIN = "# BEGIN generated PodSpec (scripts/gen_podspec_schema.py)"
 END = "# END generated PodSpec"
 #: indentation of ``podTemplate:`` under ``spec.engine.properties`` in crd.yaml
@@ -65,39 +62,28 @@ MAX_ITEMS = {
     ("initContainers",): 32,
     ("volumes",): 256,
 }
-_KEEP = {"default", "type", "format", "properties", "items", "additionalProperties", "required",
-         "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "enum",
-         "minimum", "maximum", "maxLength", "minLength", "pattern"}
+#: the schema keywords kept, in the order they are written (a served document and the module's copy
+#: order keys differently)
+_KEEP = ("type", "format", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "required",
+         "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type")
 
 
-def kubernetes_version(go_mod: Path = GO_MOD) -> str:
-    """The ``k8s.io/kubernetes`` version ``tools/kube/go.mod`` requires (e.g. ``v1.36.3``)."""
-    match = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)", go_mod.read_text(), re.M)
-    if not match:
-        raise SystemExit(f"{go_mod}: no k8s.io/kubernetes requirement")
-    return match.group(1)
+def served_openapi() -> dict[str, Any]:
+    """``/openapi/v3/api/v1`` of the built kube-apiserver (tools/kube/bin), started for the purpose."""
+    import tempfile
+
+    from moe_eplb.sim.controlplane import ControlPlaneError, control_plane
+
+    with tempfile.TemporaryDirectory(prefix="gen-podspec-") as tmp:
+        try:
+            with control_plane(tmp) as cp:
+                return cp.request("GET", "/openapi/v3/api/v1")
+        except ControlPlaneError as exc:
+            raise SystemExit(f"{exc}; or pass --openapi with a saved /openapi/v3/api/v1") from None
 
 
-def module_cache() -> Path:
-    """Go's module cache (``go env GOMODCACHE``, else ``$GOPATH/pkg/mod``, else ``~/go/pkg/mod``)."""
-    if os.environ.get("GOMODCACHE"):
-        return Path(os.environ["GOMODCACHE"])
-    try:
-        out = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30, check=True)
-        if out.stdout.strip():
-            return Path(out.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return Path(os.environ.get("GOPATH") or Path.home() / "go") / "pkg" / "mod"
-
-
-def openapi_file() -> Path:
-    """The core group's OpenAPI v3 document in the k8s.io/kubernetes module tools/kube builds."""
-    return module_cache() / f"k8s.io/kubernetes@{kubernetes_version()}" / OPENAPI_IN_MODULE
-
-
-def load_openapi(path: Path | None = None) -> dict[str, Any]:
-    return json.loads((path or openapi_file()).read_text(encoding="utf-8"))
+def load_openapi(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _ref_name(node: dict[str, Any]) -> str | None:
@@ -130,7 +116,7 @@ def structural(node: dict[str, Any], schemas: dict[str, Any], path: tuple[str, .
         if special is not None:
             return special
         return structural(schemas[name], schemas, path, stack + (name,))
-    out = {k: v for k, v in node.items() if k in _KEEP and k not in ("properties", "items", "additionalProperties")}
+    out = {k: node[k] for k in _KEEP if k in node}
     if "properties" in node:
         out["properties"] = {key: structural(sub, schemas, path + (key,), stack)
                              for key, sub in sorted(node["properties"].items())}
@@ -220,15 +206,13 @@ def regenerate(doc: dict[str, Any], path: Path = CRD_YAML) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--openapi", type=Path, help="an OpenAPI v3 document of the core group (default: the module's)")
+    ap.add_argument("--openapi", type=Path, help="a saved /openapi/v3/api/v1 (default: ask the built apiserver)")
     ap.add_argument("--print", action="store_true", help="print the block instead of rewriting crd.yaml")
     args = ap.parse_args(argv)
-    source = args.openapi or openapi_file()
-    if not source.is_file():
-        print(f"{source}: not found; run `make kube` (it downloads the k8s.io/kubernetes module) "
-              "or pass --openapi", file=sys.stderr)
+    if args.openapi is not None and not args.openapi.is_file():
+        print(f"{args.openapi}: not found; save the kube-apiserver's /openapi/v3/api/v1 there", file=sys.stderr)
         return 1
-    doc = load_openapi(source)
+    doc = load_openapi(args.openapi) if args.openapi is not None else served_openapi()
     if args.print:
         sys.stdout.write(block_yaml(doc))
         return 0
