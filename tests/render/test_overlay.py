@@ -115,3 +115,44 @@ def test_tolerations_are_not_duplicated() -> None:
     tol = {"key": "gpu", "operator": "Exists"}
     merged = merge_pod_template({"spec": {"tolerations": [tol]}}, PodTemplateOverlay(spec={"tolerations": [tol]}))
     assert merged["spec"]["tolerations"] == [tol]
+
+
+def _example(name: str) -> dict[str, Any]:
+    from tests.example_manifests import EXAMPLES, load_moeinferences
+
+    return load_moeinferences(EXAMPLES / name)[0]
+
+
+def test_rdma_example_reaches_leader_and_workers() -> None:
+    tmpls = templates(_example("deepseek-v3-deepep-rdma.yaml"))
+    assert len(tmpls) == 2
+    for t in tmpls:
+        c = engine(t)
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 1}
+        assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+        assert t["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0" and env["HF_HOME"] == "/models"
+        assert c["args"][c["args"].index("--all2all-backend") + 1] == "deepep_low_latency"
+
+
+def test_restricted_example_sets_the_restricted_profile() -> None:
+    (t,) = templates(_example("qwen3-30b-a3b-restricted.yaml"))
+    pod = t["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert engine(t)["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    init = t["spec"]["initContainers"][0]["securityContext"]
+    assert init["allowPrivilegeEscalation"] is False and init["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_kueue_and_s3_examples() -> None:
+    (t,) = templates(_example("qwen3-30b-a3b-kueue.yaml"))
+    assert t["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-inference"
+    assert t["spec"]["priorityClassName"] == "inference-high"
+    doc = _example("qwen3-30b-a3b-s3-streamer.yaml")
+    assert parse(doc).catalog_model is not None  # recognised by the last segment of the s3:// path
+    (t,) = templates(doc)
+    c = engine(t)
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert c["args"][0] == "s3://models/Qwen/Qwen3-30B-A3B-Instruct-2507" and "runai_streamer" in c["args"]
+    assert not any("AWS_SECRET" in str(e) for e in c["env"])  # credentials only through the Secret
