@@ -59,6 +59,8 @@ OVERLAY_BAD: dict[str, tuple[dict[str, Any], str, str]] = {
                                 f"{PS}.volumes", "operator's volumes"),
     "overlay-exporter-init-name": (overlay({"initContainers": [{"name": "moe-eplb-exporter", "image": "busybox:1.36"}]}),
                                    f"{PS}.initContainers", "exporter init container"),
+    "overlay-ephemeral-containers": (overlay({"ephemeralContainers": [{"name": "debug", "image": "busybox:1.36"}]}),
+                                     f"{PS}.ephemeralContainers", "kubectl debug"),
     "overlay-restart-never": (overlay({"restartPolicy": "Never"}), f"{PS}.restartPolicy", "only Always"),
     "overlay-selector-label": (overlay(labels={"eplb.ai/name": "other"}), f"{P}.metadata.labels",
                                "selects its pods on"),

@@ -147,6 +147,9 @@ def pod_spec_rules() -> list[dict[str, Any]]:
          "fieldPath": ".initContainers",
          "message": f"{FIELD}.spec.initContainers: {EXPORTER_INIT_CONTAINER} is the operator's exporter init "
                     "container (spec.engine.exporter); use another name"},
+        {"rule": "!has(self.ephemeralContainers)", "fieldPath": ".ephemeralContainers",
+         "message": f"{FIELD}.spec.ephemeralContainers: a pod template cannot have ephemeral containers (they are "
+                    "added to a running pod with kubectl debug); use containers for a sidecar"},
         {"rule": "!has(self.restartPolicy) || self.restartPolicy == 'Always'", "fieldPath": ".restartPolicy",
          "message": f"{FIELD}.spec.restartPolicy: engine pods belong to a Deployment or LeaderWorkerSet, which "
                     "allow only Always; remove it"},
