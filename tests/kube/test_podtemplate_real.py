@@ -147,3 +147,12 @@ def test_restricted_example_passes_pod_security_admission(control_plane) -> None
         assert code == 403 and "violates PodSecurity" in message and "restricted" in message, (code, message)
     finally:
         cp.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+def test_client_side_apply_can_record_the_crd(control_plane) -> None:
+    """A client-side ``kubectl apply`` records the whole CRD in an annotation (256 kB at most): the
+    generated schema leaves it room (docs/resource.md says so)."""
+    from tests.kube.conftest import CRD_FILE
+
+    out = control_plane.kubectl("apply", "--dry-run=server", "-f", str(CRD_FILE), timeout=120)
+    assert out.returncode == 0, out.stderr
