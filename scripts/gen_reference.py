@@ -73,20 +73,29 @@ def constraints(schema: dict[str, Any]) -> str:
     return "; ".join(out)
 
 
-def walk(schema: dict[str, Any], path: str, required: bool = False) -> Iterator[tuple[str, dict[str, Any], bool]]:
-    """Yield ``(path, schema, required)`` for every field below ``schema`` in document order."""
+#: fields whose schema is a Kubernetes type (generated, scripts/gen_podspec_schema.py): listed as
+#: that type, not field by field (``kubectl explain`` documents them)
+KUBERNETES_TYPES = {"spec.engine.podTemplate.spec": "core/v1 PodSpec"}
+
+
+def walk(schema: dict[str, Any], path: str, required: bool = False, *,
+         whole: bool = False) -> Iterator[tuple[str, dict[str, Any], bool]]:
+    """Yield ``(path, schema, required)`` for every field below ``schema`` in document order; the
+    fields inside :data:`KUBERNETES_TYPES` only with ``whole``."""
     props = schema.get("properties", {})
     req = set(schema.get("required", []))
     for name, sub in props.items():
         p = f"{path}.{name}" if path else name
         yield p, sub, name in req
-        yield from walk(sub, p)
+        if p in KUBERNETES_TYPES and not whole:
+            continue
+        yield from walk(sub, p, whole=whole)
         items = sub.get("items")
         if isinstance(items, dict) and items.get("properties"):
-            yield from walk(items, p + "[]")
+            yield from walk(items, p + "[]", whole=whole)
         addl = sub.get("additionalProperties")
         if isinstance(addl, dict) and addl.get("properties"):
-            yield from walk(addl, p + "{}")
+            yield from walk(addl, p + "{}", whole=whole)
 
 
 def field_table(root: dict[str, Any], path: str) -> list[str]:
@@ -94,7 +103,8 @@ def field_table(root: dict[str, Any], path: str) -> list[str]:
     for p, sub, req in walk(root, path):
         name = f"`{p}`" + (" **(required)**" if req else "")
         default = f"`{_json(sub['default'])}`" if "default" in sub else ""
-        lines.append(f"| {name} | {type_of(sub)} | {default} | {_text(constraints(sub))} | "
+        kind = KUBERNETES_TYPES.get(p) or type_of(sub)
+        lines.append(f"| {name} | {kind} | {default} | {_text(constraints(sub))} | "
                      f"{_text(sub.get('description'))} |")
     return lines
 
@@ -103,7 +113,7 @@ def rules(root: dict[str, Any], path: str) -> Iterator[tuple[str, str, str]]:
     """``(path, rule, message)`` of every CEL validation rule, the root's included."""
     for r in root.get("x-kubernetes-validations", []):
         yield path or "(object)", r["rule"], r.get("message", "")
-    for p, sub, _ in walk(root, path):
+    for p, sub, _ in walk(root, path, whole=True):
         for r in sub.get("x-kubernetes-validations", []):
             yield p, r["rule"], r.get("message", "")
         items = sub.get("items")

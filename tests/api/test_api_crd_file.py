@@ -189,10 +189,13 @@ def test_every_field_has_a_description_or_is_self_explanatory() -> None:
 
 def test_every_spec_string_is_bounded() -> None:
     """The API server estimates CEL cost from maxLength/maxItems/maxProperties; unbounded strings
-    and maps make rules over them too costly to admit. Every spec string has a maxLength."""
+    and maps make rules over them too costly to admit. Every spec string has a maxLength, except in
+    the PodSpec of ``engine.podTemplate.spec``: it is Kubernetes' own schema, generated as served
+    (scripts/gen_podspec_schema.py), the rules over it fit the budget on a real kube-apiserver
+    (tests/kube), and the apiserver bounds its strings when the pods' workload is created."""
     missing = [p for p, n in _walk(openapi_schema()["properties"]["spec"])
                if "|" not in p and (n.get("type") == "string" or n.get("x-kubernetes-int-or-string"))
-               and "maxLength" not in n]
+               and "maxLength" not in n and not p.startswith(".engine.podTemplate.spec.")]
     assert missing == []
 
 

@@ -17,6 +17,7 @@ from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
 from moe_eplb.api.spec import parse
 from moe_eplb.api.versions import parse_version
 from moe_eplb.render.engine_args import engine_args, multinode_leader_args
+from tests.example_manifests import EXAMPLES, load_moeinferences
 
 try:
     import vllm
@@ -232,3 +233,64 @@ def test_wna16_auto_backend_prefers_marlin_so_triton_must_be_forced() -> None:
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_get_priority_backends")
     order = [n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr.isupper()]
     assert order.index("MARLIN") < order.index("TRITON")
+
+
+def _engine_argvs(doc: dict) -> list[tuple[str, list[str]]]:
+    """(role, the argv after ``vllm serve``) of every engine container an example renders: the
+    Deployment's, or the LeaderWorkerSet's leader and worker, after Kubernetes' ``$(VAR)`` expansion
+    with the container's env and what LeaderWorkerSet injects; the worker's fixed ``sh -c`` script
+    is run by a real shell with its ``exec vllm serve`` replaced by printing the arguments."""
+    import subprocess
+
+    from moe_eplb.render.objects import render_children
+    from moe_eplb.sim.kubelet import container_argv, container_env
+
+    lws_env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1", "LWS_GROUP_SIZE": "2"}
+    out = []
+    for child in render_children(parse(doc)):
+        if child["kind"] == "Deployment":
+            templates = [("pod", child["spec"]["template"])]
+        elif child["kind"] == "LeaderWorkerSet":
+            lwt = child["spec"]["leaderWorkerTemplate"]
+            templates = [("leader", lwt["leaderTemplate"]), ("worker", lwt["workerTemplate"])]
+        else:
+            continue
+        for role, tmpl in templates:
+            container = next(c for c in tmpl["spec"]["containers"] if c["name"] == "vllm")
+            env = {**container_env(container), **lws_env}
+            argv = container_argv(container, env)
+            if argv[:2] == ["vllm", "serve"]:
+                out.append((role, argv[2:]))
+                continue
+            assert argv[:2] == ["/bin/sh", "-c"] and "exec vllm serve" in argv[2], argv[:3]
+            argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+            done = subprocess.run(argv, capture_output=True, text=True, check=True,
+                                  env={**env, "PATH": "/usr/bin:/bin"})
+            out.append((role, done.stdout.splitlines()))
+    return out
+
+
+_EXAMPLE_DOCS = [(p.name, i, d) for p in sorted(EXAMPLES.glob("*.yaml")) for i, d in enumerate(load_moeinferences(p))]
+
+
+@pytest.mark.parametrize(("name", "index", "doc"), _EXAMPLE_DOCS, ids=[f"{n}[{i}]" for n, i, _ in _EXAMPLE_DOCS])
+def test_every_example_engine_command_parses_in_vllm(serve_parser, name, index, doc) -> None:
+    """vLLM's own parser takes every rendered engine command of every example (leader and workers
+    after ``$(VAR)`` expansion), with the EPLB settings and parallelism the resource asks for."""
+    inf = parse(doc)
+    argvs = _engine_argvs(doc)
+    assert argvs and len(argvs) == (1 if inf.parallelism.nodes == 1 else 2)
+    for role, args in argvs:
+        ns = serve_parser.parse_args(args)
+        assert ns.model_tag == inf.model.name, (role, args[:1])
+        assert ns.tensor_parallel_size == inf.parallelism.tensor
+        assert ns.data_parallel_size == inf.parallelism.data
+        assert bool(ns.enable_eplb) is inf.effective.enabled
+        if inf.effective.enabled:
+            cfg = ns.eplb_config
+            assert (cfg.window_size, cfg.step_interval, cfg.num_redundant_experts) == (
+                inf.effective.window_size, inf.effective.step_interval, inf.effective.num_redundant_experts), role
+        if inf.parallelism.nodes > 1:
+            assert ns.data_parallel_address == "10.0.0.1"
+            assert ns.data_parallel_start_rank == (0 if role == "leader" else inf.parallelism.data_local)
+            assert bool(ns.headless) is (role == "worker")

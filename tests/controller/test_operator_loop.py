@@ -439,3 +439,24 @@ async def test_status_heals_after_transient_status_write_failures(kube, eventual
         healed = await eventually(lambda: _phase(kube, name, "Running"), timeout=8)
     assert healed["status"]["readyReplicas"] == healed["spec"].get("replicas", 1)
     assert cond(healed, "Ready")["status"] == "True" and cond(healed, "Progressing")["status"] == "False"
+
+
+async def test_malformed_pod_template_is_refused_and_children_stay(kube, eventually, started):
+    """A malformed ``spec.engine.podTemplate`` (an apiserver without the CRD's rules, or an edit that
+    bypassed admission) is refused by the reconcile with one line naming the field and the fix; the
+    running children are not touched."""
+    res = example()
+    name = res["metadata"]["name"]
+    async with started(res):
+        before = await children(kube, name)
+        bad = {"containers": [{"name": "vllm", "command": ["sleep", "infinity"]}], "hostNetwork": "yes"}
+        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"engine": {"podTemplate": {"spec": bad}}}})
+        obj = await eventually(lambda: observed(kube, name, 2))
+        after = await children(kube, name)
+
+    spec_valid = cond(obj, "SpecValid")
+    assert spec_valid["status"] == "False" and obj["status"]["phase"] == "Invalid"
+    assert "spec.engine.podTemplate.spec.hostNetwork" in spec_valid["message"]
+    assert {k: v["metadata"]["resourceVersion"] for k, v in after.items()} == \
+        {k: v["metadata"]["resourceVersion"] for k, v in before.items()}
+    assert "sleep" not in yaml.safe_dump(after)

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from moe_eplb.api.validation import apiserver_problems, validate
-from tests.api.test_api_apply_time import BAD
+from tests.api.test_api_apply_time import BAD as CORE_BAD
+from tests.api.test_api_podtemplate import OVERLAY_BAD, OVERLAY_OPERATOR_ONLY
 from tests.example_manifests import DELETE, EXAMPLES, load_moeinferences, set_path
 from tests.kube.conftest import REPO
 
@@ -35,7 +36,10 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
                                "spec.eplb.numRedundantExperts"),
     "quantity-passes-pattern-only": ({"spec.engine.shmSize": "1.2.3"}, "spec.engine.shmSize"),
     "extra-arg-sets-parallelism": ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]"),
+    **OVERLAY_OPERATOR_ONLY,
 }
+#: the apply-time table of tests/api, and the pod-template overlay's (tests/api/test_api_podtemplate.py)
+BAD = {**CORE_BAD, **OVERLAY_BAD}
 
 
 def server_dry_run(cp: Any, namespace: str, obj: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -71,7 +75,7 @@ def check_kind(status: dict[str, Any], field: str) -> str:
         return "strict"
     causes = [c for c in (status.get("details") or {}).get("causes", []) if c.get("field", "").removeprefix(".") == field]
     texts = [c.get("message", "") for c in causes] or [message]
-    schema_words = ("in body", "Unsupported value", "Required value", "must be of type")
+    schema_words = ("in body", "Unsupported value", "Required value", "must be of type", "Too long")
     return "schema" if any(w in t for t in texts for w in schema_words) else "CEL"
 
 

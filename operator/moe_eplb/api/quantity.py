@@ -43,3 +43,9 @@ def parse_bytes(value: Any, where: str = "memory budget") -> int:
         raise QuantityError(f"{where}: {value!r} is not a byte count; use plain bytes or a quantity such as "
                             "8Gi, 512Mi, 10G")
     return q
+
+
+#: Kubernetes' quantity grammar (Quantity's own description) as the regular expression the CRD puts
+#: on generated quantity fields (scripts/gen_podspec_schema.py)
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")

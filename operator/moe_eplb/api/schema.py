@@ -17,6 +17,7 @@ from typing import Any
 from openapi_schema_validator import OAS30Validator
 
 from moe_eplb.api.problem import Problem
+from moe_eplb.api.quantity import QUANTITY_PATTERN
 
 Schema = dict[str, Any]
 
@@ -186,7 +187,8 @@ def _error_message(err: Any) -> str:
         return f"{show(value)} is not one of {', '.join(map(show, bound))}"
     if v == "pattern":
         field = str(err.absolute_path[-1]) if err.absolute_path else ""
-        what = _PATTERN_HINTS.get(field, f"the required form (regular expression {bound})")
+        what = _PATTERN_HINTS.get(field) or ("a Kubernetes quantity like 16Gi or 500m" if bound == QUANTITY_PATTERN
+                                             else f"the required form (regular expression {bound})")
         return f"{show(value)} does not match {what}"
     if v in ("minimum", "maximum"):
         exclusive = err.schema.get("exclusiveMinimum" if v == "minimum" else "exclusiveMaximum")

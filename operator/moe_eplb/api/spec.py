@@ -27,6 +27,7 @@ from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
+from moe_eplb.api.podtemplate import PodTemplateOverlay
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import fill_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
@@ -144,6 +145,7 @@ class Engine:
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
     image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})
     exporter: ExporterSpec = field(default_factory=ExporterSpec)
+    pod_template: PodTemplateOverlay | None = None
 
     @property
     def moe_backend_arg(self) -> str | None:

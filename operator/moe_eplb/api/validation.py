@@ -27,6 +27,7 @@ from moe_eplb.api import catalog
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
+from moe_eplb.api.podtemplate import overlay_problems
 from moe_eplb.api.problem import Problem
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import (
@@ -222,7 +223,19 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
     problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
     problems += autoscaling_problems(inf, version)
     problems += _extra_args_problems(inf)
+    problems += _pod_template_problems(inf)
     return problems
+
+
+def _pod_template_problems(inf: MoEInference) -> list[Problem]:
+    """``spec.engine.podTemplate``: label syntax, and what :func:`overlay_problems` checks."""
+    overlay = inf.engine.pod_template
+    if overlay is None:
+        return []
+    pvc = inf.model.pvc
+    return (label_problems(overlay.labels, "spec.engine.podTemplate.metadata.labels")
+            + overlay_problems(overlay, exporter_injected=inf.engine.exporter.inject,
+                               model_mount_path=pvc.mount_path if pvc else None))
 
 
 def _engine_problems(inf: MoEInference) -> list[Problem]:

@@ -75,5 +75,13 @@ EXPORTER_INIT_CONTAINER = "moe-eplb-exporter"  # the init container copying the 
 EXPORTER_VOLUME = "moe-eplb-exporter"  # the emptyDir shared with the engine container
 EXPORTER_INJECT_DIR = "/opt/moe-eplb/plugin"  # where it is mounted; on the engine's PYTHONPATH
 
+# --- the engine pod's parts the operator owns (spec.engine.podTemplate may not replace them) -----
+ENGINE_CONTAINER = "vllm"  # the engine container; podTemplate's container of this name merges into it
+SHM_VOLUME = "dshm"  # the /dev/shm memory volume (spec.engine.shmSize)
+SHM_MOUNT_PATH = "/dev/shm"
+MODEL_VOLUME = "model-storage"  # spec.model.storage.pvc
+CHAT_TEMPLATE_VOLUME = "chat-template"  # spec.engine.chatTemplate
+CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
+
 # --- the operator's own endpoints -----------------------------------------------------------------
 OPERATOR_METRICS_PORT = 8080

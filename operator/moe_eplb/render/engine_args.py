@@ -16,10 +16,9 @@ import json
 from moe_eplb.api import catalog
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import Version, uses_eplb_config_json
-from moe_eplb.contracts.k8s_names import API_PORT
+from moe_eplb.contracts.k8s_names import API_PORT, CHAT_TEMPLATE_DIR
 
 DP_RPC_PORT = 13345
-CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
 LATEST_KNOWN = (0, 33, 0)
 

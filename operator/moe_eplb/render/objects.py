@@ -26,6 +26,7 @@ from moe_eplb.contracts.k8s_names import (
     API_PORT,
     API_PORT_NAME,
     CONFIG_HASH_ANNOTATION,
+    ENGINE_CONTAINER,
     EXPORTER_INIT_CONTAINER,
     EXPORTER_INJECT_DIR,
     EXPORTER_PLUGIN,
@@ -45,6 +46,7 @@ from moe_eplb.render.engine_args import (
     multinode_worker_script,
 )
 from moe_eplb.render.labels import labels, selector_labels
+from moe_eplb.render.overlay import merge_pod_template
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HEALTH_PATH = "/health"
@@ -199,13 +201,14 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
 def pod_template(
     inf: MoEInference, eplb: EplbSettings, *, command: list[str], args: list[str] | None, serves_api: bool = True
 ) -> dict[str, Any]:
-    """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports)."""
+    """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports), with
+    ``spec.engine.podTemplate`` merged in (:mod:`moe_eplb.render.overlay`)."""
     volumes, mounts = _volumes(inf)
     ports = [{"name": k8s_names.EXPORTER_PORT_NAME, "containerPort": k8s_names.EXPORTER_PORT, "protocol": "TCP"}]
     if serves_api:
         ports.insert(0, {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"})
     container: dict[str, Any] = {
-        "name": "vllm",
+        "name": ENGINE_CONTAINER,
         "image": inf.engine.image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
@@ -229,10 +232,12 @@ def pod_template(
         spec["tolerations"] = [dict(t) for t in inf.engine.tolerations]
     if inf.engine.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": n} for n in inf.engine.image_pull_secrets]
-    return {
+    # spec.engine.podTemplate last: it is part of the pod template, so a change of it rolls the pods
+    # (the config-hash annotation stays the EPLB settings')
+    return merge_pod_template({
         "metadata": {"labels": labels(inf.name), "annotations": {CONFIG_HASH_ANNOTATION: eplb.config_hash()}},
         "spec": spec,
-    }
+    }, inf.engine.pod_template)
 
 
 # --- workloads ------------------------------------------------------------------------------------
