@@ -5,7 +5,8 @@
   as the apiserver does); ``cel_catalog`` (the CEL rules generated from the catalog);
 - ``spec`` (the typed model of a resource, parsed once: spec, effective EPLB settings),
   ``autotune_status`` (``status.autotune`` as typed records), ``knobs`` (the one ``Knobs``/``Bounds``
-  type), ``convert`` (camelCase objects <-> typed values);
+  type), ``convert`` (camelCase objects <-> typed values), ``podtemplate`` (``spec.engine.podTemplate``:
+  the typed overlay, the CEL rules for what the operator owns, the checks only ``validate`` makes);
 - ``catalog`` (MoE models and vLLM's EPLB support), ``versions`` (vLLM versions and thresholds),
   ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +

@@ -3,5 +3,6 @@
 ``objects`` (``render_children``: every child manifest: the workload -- a Deployment or a
 LeaderWorkerSet --, Service, PodDisruptionBudget, PodMonitor), ``engine_args`` (vLLM's command line
 per engine version), ``autoscaler`` (the KEDA ScaledObject or HPA of ``spec.autoscaling``), ``labels``
-(labels and selectors on every child). Imports ``api`` and the contracts.
+(labels and selectors on every child), ``overlay`` (``spec.engine.podTemplate`` merged into every engine
+pod the way a strategic merge does). Imports ``api`` and the contracts.
 """
