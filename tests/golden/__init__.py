@@ -9,6 +9,10 @@ copying the LWS group labels onto the series (issue 13: ``replica_group``, ``gro
 ``args`` (issue 24: no user text in a script Kubernetes expands ``$(VAR)`` in).
 ``render-qwen3-30b-a3b-autoscaled`` was made with its example (issue 20:
 ``spec.autoscaling``, the KEDA ScaledObject as the last child).
+Every ``render-*.yaml`` was regenerated once more when the engine pods got their drain (the
+exporter's ``/drain`` preStop hook, ``--shutdown-timeout``, ``terminationGracePeriodSeconds`` from
+``spec.engine.drainSeconds``), the exporter's ``/readyz`` and ``/livez`` probes (workers included), and
+the ``sh -c`` command that cleans ``/dev/shm`` before ``vllm serve``.
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
