@@ -128,6 +128,6 @@ def test_a_request_in_flight_when_the_pod_stops_completes(cpu_wheel, tiny_model,
         assert straggler.error is None, f"{straggler.error}; log tail:\n{engine.tail()}"
         assert straggler.result["usage"]["completion_tokens"] == 64
         assert code == 0, engine.tail()
-        assert "mode=drain" in engine.log() or "drain" in engine.log().lower()
+        assert "EngineCore: draining in-flight requests count=1" in engine.log()  # vLLM 0.32's own words
     finally:
         engine.stop()
