@@ -266,3 +266,43 @@ async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None
         assert recreate and "tiny-0-1" in recreate[0]["message"] and event_span(recreate[0])[0] is not None
         assert restarting([], ["tiny-0-1 (group 0 recreated 3x)"])[0] == "GroupRestarting"
         world.lws_controller.check_alive()
+
+
+async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built, sim_plane) -> None:
+    """The operator on the real plane with the real LWS controller: a worker that fails at every start
+    makes LWS recreate its group again and again (fresh pods, restart counts 0); the operator counts
+    the controller's ``RecreateGroupOnPodRestart`` Events and sets ``Degraded`` (``GroupRestarting``)
+    with the pod, and phase ``Degraded``."""
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=6, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane, crash_pod_if=lambda s, worker: worker == 1)
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        op = await world.start_operator()
+        res = copy.deepcopy(RESOURCE)
+        res["spec"]["parallelism"] = {"tensor": 1, "data": 4, "nodes": 2}
+        res["spec"]["replicas"] = 1
+        res["spec"]["autotune"]["mode"] = "Off"
+        await world.apply(res)
+
+        async def recreations():
+            events = await cluster.list(f"/api/v1/namespaces/{ns}/events")
+            n = sum(max(int(e.get("count") or 1), int((e.get("series") or {}).get("count") or 0))
+                    for e in events if e.get("reason") == k8s_names.LWS_RECREATE_GROUP_REASON)
+            return n if n >= 3 else None
+
+        await _until(recreations, timeout=120, what="3 group recreations")
+
+        async def degraded():
+            # the operator's resync timer (60 s in a cluster) refreshes the status: asked for here
+            op["controller"].reconciler.request_refresh(ns, "tiny")
+            st = (await world.get("tiny")).get("status") or {}
+            cond = _cond({"status": st}, "Degraded")
+            return st if cond.get("status") == "True" and cond.get("reason") == "GroupRestarting" else None
+
+        st = await _until(degraded, timeout=60, what="Degraded=GroupRestarting")
+        cond = _cond({"status": st}, "Degraded")
+        assert "tiny-0-1 (group 0 recreated" in cond["message"], cond
+        assert st["phase"] == "Degraded" and st["message"] == cond["message"]
+        world.lws_controller.check_alive()
