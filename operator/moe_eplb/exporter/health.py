@@ -48,6 +48,8 @@ ENV_DRAIN_MIN_SECONDS = "MOE_EPLB_DRAIN_MIN_SECONDS"
 ENV_API_URL = "MOE_EPLB_API_URL"  # vLLM's API (default http://127.0.0.1:8000, a worker's: its leader's)
 BEAT_PREFIX = "beat-"
 _BEAT = struct.Struct("<dd")  # forward began (monotonic s; 0: none under way), last step ended
+#: how long vLLM's /health may take (below the readiness probe's timeoutSeconds, 5)
+API_HEALTH_TIMEOUT_SECONDS = 3.0
 #: series whose sum is the requests vLLM still has to finish
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -216,7 +218,7 @@ class PodHealth:
     def _api_health(self) -> str | None:
         if self.settings.role != k8s_names.ROLE_API or not self.settings.api_url:
             return None
-        status, _ = self.get(f"{self.settings.api_url}/health", 5.0)
+        status, _ = self.get(f"{self.settings.api_url}/health", API_HEALTH_TIMEOUT_SECONDS)
         return None if status == 200 else f"vLLM's /health answers {status or 'nothing'}"
 
     def live(self) -> tuple[bool, str]:
