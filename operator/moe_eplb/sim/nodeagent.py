@@ -90,8 +90,9 @@ def node_object(name: str, *, gpus: int, product: str = "NVIDIA-H200") -> dict[s
     }
 
 
-def node_status(gpus: int, now: str) -> dict[str, Any]:
-    capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti", GPU_RESOURCE: str(gpus)}
+def node_status(gpus: int, now: str, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
+    """A Ready node's status with ``gpus`` of the device plugin's resource ``gpu_resource``."""
+    capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti", gpu_resource: str(gpus)}
     return {"status": {
         "capacity": capacity, "allocatable": capacity,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated node agent",
@@ -156,7 +157,8 @@ class NodeAgent(PollingKubelet):
     content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`).
     ``node_prefix``: the Nodes are ``<node_prefix>-0`` ... ``-<nodes - 1>``; ``remove_nodes``: delete
     them when it stops (a world on a shared control plane: the next one's pods must not be scheduled
-    onto machines nobody runs)."""
+    onto machines nobody runs); ``gpu_resource``: the GPUs' resource name (``amd.com/gpu`` for a ROCm
+    node)."""
 
     role = "node agent"
 
@@ -166,11 +168,12 @@ class NodeAgent(PollingKubelet):
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
                  on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None,
-                 node_prefix: str = "gpu-node", remove_nodes: bool = False) -> None:
+                 node_prefix: str = "gpu-node", remove_nodes: bool = False, gpu_resource: str = GPU_RESOURCE) -> None:
         self.cluster, self.workload, self.clock = cluster, workload, clock
         self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
         self.remove_nodes = remove_nodes
         self.gpus_per_node = gpus_per_node
+        self.gpu_resource = gpu_resource  # the device plugin's resource name (spec.engine.gpuResourceName)
         self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
         self.crash_if = crash_if or (lambda s: False)
         self.faults_for = faults_for or (lambda s: EngineFaults())
@@ -192,7 +195,8 @@ class NodeAgent(PollingKubelet):
             except aiohttp.ClientResponseError as exc:
                 if exc.status != 409:
                     raise
-            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}/status", node_status(self.gpus_per_node, now),
+            status = node_status(self.gpus_per_node, now, self.gpu_resource)
+            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}/status", status,
                                        content_type="application/merge-patch+json")
             # the apiserver taints a new Node not-ready (TaintNodesByCondition); the node lifecycle
             # controller lifts it once the node reports Ready. That controller is not run here (it
