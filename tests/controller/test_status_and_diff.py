@@ -182,6 +182,10 @@ def test_restarts_turn_degraded_and_clear_when_they_stop():
     assert st["phase"] == "Degraded" and cond["Degraded"]["status"] == "True"
     assert cond["Degraded"]["reason"] == "PodRestarting" and "pod m-abc restarted 4x" in cond["Degraded"]["message"]
     assert cond["Ready"]["status"] == "True"  # still serving: degraded, not down
+    # a tuner change that crash-looped is the cause: its reason wins over the restarts it made
+    tuned = ready_status(resource(), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, restarts=restarts,
+                         tuner=("RolledBackAfterCrashLoop", "rolled back"))
+    assert {c["type"]: c for c in tuned["conditions"]}["Degraded"]["reason"] == "RolledBackAfterCrashLoop"
     calm = ready_status(resource(status=st), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
     assert calm["phase"] == "Running"
     assert {c["type"]: c for c in calm["conditions"]}["Degraded"]["status"] == "False"

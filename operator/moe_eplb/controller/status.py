@@ -240,12 +240,12 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
     degraded = bool(w.failure) or lost or tuner is not None or restarts is not None
     if w.failure:
         degraded_reason, degraded_msg = "ProgressDeadlineExceeded", w.failure
+    elif tuner is not None:  # the cause, when a tuner change made the pods restart
+        degraded_reason, degraded_msg = tuner
     elif restarts is not None:
         degraded_reason, degraded_msg = restarts
     elif lost:
         degraded_reason, degraded_msg = "ReplicasUnavailable", counts
-    elif tuner is not None:
-        degraded_reason, degraded_msg = tuner
     else:
         degraded_reason, degraded_msg = "AsExpected", ""
     if all_ready:
