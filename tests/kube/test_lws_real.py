@@ -306,3 +306,48 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
         assert "tiny-0-1 (group 0 recreated" in cond["message"], cond
         assert st["phase"] == "Degraded" and st["message"] == cond["message"]
         world.lws_controller.check_alive()
+
+
+async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim_plane) -> None:
+    """A Deployment pod (no group to recreate) whose engine hangs fails its liveness probe; the
+    container restarts in place (``restartCount`` + 1, ``lastState`` exit code 137 with the probe's
+    message) and serves again; after three such restarts the operator sets ``Degraded``
+    (``PodRestarting``) naming the pod and the failed probe."""
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=7, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane)
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        op = await world.start_operator()
+        res = copy.deepcopy(RESOURCE)
+        res["spec"]["replicas"] = 1
+        res["spec"]["autotune"]["mode"] = "Off"
+        await world.apply(res)
+
+        async def pod(restarts: int):
+            ps = [p for p in await cluster.list(f"/api/v1/namespaces/{ns}/pods", "eplb.ai/name=tiny")
+                  if not p["metadata"].get("deletionTimestamp")]
+            if len(ps) != 1:
+                return None
+            (cs,) = (ps[0].get("status") or {}).get("containerStatuses") or [{}]
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in ps[0]["status"].get("conditions") or [])
+            return ps[0] if ready and int(cs.get("restartCount") or 0) == restarts else None
+
+        first = await _until(lambda: pod(0), what="the pod ready")
+        name = first["metadata"]["name"]
+        for n in (1, 2, 3):
+            world.kubelet.agent.stick(ns, name)
+            again = await _until(lambda n=n: pod(n), timeout=60, what=f"restart {n} and ready again")
+        assert again["metadata"]["uid"] == first["metadata"]["uid"]  # restarted in place, not replaced
+        term = again["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        assert term["exitCode"] == 137 and term["message"].startswith("Liveness probe failed: HTTP probe failed with statuscode: 503")
+
+        async def degraded():
+            op["controller"].reconciler.request_refresh(ns, "tiny")
+            st = (await world.get("tiny")).get("status") or {}
+            c = _cond({"status": st}, "Degraded")
+            return c if c.get("status") == "True" and c.get("reason") == "PodRestarting" else None
+
+        cond = await _until(degraded, timeout=60, what="Degraded=PodRestarting")
+        assert f"pod {name} restarted 3x (last: Error, exit code 137, Liveness probe failed" in cond["message"], cond
