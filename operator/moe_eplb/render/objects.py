@@ -123,8 +123,10 @@ def _env(inf: MoEInference, role: str = k8s_names.ROLE_API) -> list[dict[str, An
     if pvc and not inf.model.name.startswith("/"):
         env.append({"name": "HF_HOME", "value": pvc.mount_path})
     # what the exporter's health endpoints need: whose requests to drain, for how long
+    # (the operator's: a user's entry of the same name is left out, spec.engine.drainSeconds sets it)
     env += [{"name": k8s_names.ENGINE_ROLE_ENV, "value": role},
             {"name": k8s_names.DRAIN_SECONDS_ENV, "value": str(inf.engine.drain_seconds)}]
+    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV}
     return env + [e for e in user if e.get("name") not in merged]
 
 
