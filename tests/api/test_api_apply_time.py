@@ -48,6 +48,12 @@ BAD = {
                                   "spec.engine.resources.limits", "tensor x dataLocal"),
     "gpu-request-mismatch": ({"spec.engine.resources": {"requests": {"nvidia.com/gpu": 1}}},
                              "spec.engine.resources.requests", "tensor x dataLocal"),
+    "gpu-limit-mismatch-amd": ({"spec.engine.gpuResourceName": "amd.com/gpu",
+                                "spec.engine.resources": {"limits": {"amd.com/gpu": 2}}},
+                               "spec.engine.resources.limits", "tensor x dataLocal"),
+    "gpu-resource-name-without-domain": ({"spec.engine.gpuResourceName": "gpus"},
+                                         "spec.engine.gpuResourceName", "does not match"),
+    "drain-seconds-negative": ({"spec.engine.drainSeconds": -1}, "spec.engine.drainSeconds", ">= 0"),
     "data-local-inconsistent": ({"spec.parallelism.data": 4, "spec.parallelism.nodes": 2, "spec.parallelism.dataLocal": 1},
                                 "spec.parallelism.dataLocal", "data / spec.parallelism.nodes"),
     "data-not-multiple-of-nodes": ({"spec.parallelism.data": 3, "spec.parallelism.nodes": 2},
@@ -122,6 +128,9 @@ def test_good_variants_pass(variant) -> None:
         {"spec.engine.image": "registry.local:5000/team/vllm@sha256:" + "a" * 64, "spec.eplb.enabled": False},
         {"spec.engine.image": "vllm/vllm-openai:v0.12.0-cu130", "spec.autotune.memoryBudgetPerGpu": "8Gi"},
         {"spec.autotune.memoryBudgetPerGpu": 8589934592},
+        # the GPU count is checked on the resource name the pods request, not on nvidia.com/gpu
+        {"spec.engine.gpuResourceName": "amd.com/gpu", "spec.engine.resources": {"limits": {"amd.com/gpu": 4}}},
+        {"spec.engine.drainSeconds": 0},
     ]
     for changes in good:
         assert apiserver_problems(variant(changes)) == [], changes

@@ -186,6 +186,7 @@ def test_seed_args_parse_in_vllm(serve_parser, seed) -> None:
     assert engine.limit_mm_per_prompt == {"image": 4, "video": 0}
     assert engine.mm_encoder_tp_mode == "data"
     assert engine.moe_backend == "triton"  # the only WNA16 backend with EPLB in this vLLM
+    assert engine.shutdown_timeout == 30  # the drain's --shutdown-timeout (vLLM >= 0.18)
     assert engine.served_model_name == ["qwen3-vl-30b-a3b-instruct"] or engine.served_model_name == "qwen3-vl-30b-a3b-instruct"
 
 
@@ -205,6 +206,7 @@ def test_multinode_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
     the container args as "$@") is what vLLM's parser takes, with the leader's settings."""
     import subprocess
 
+    from moe_eplb.render.engine_args import SHM_CLEAN
     from moe_eplb.render.objects import render_children
     from moe_eplb.sim.kubelet import container_argv
 
@@ -213,7 +215,9 @@ def test_multinode_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
     worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
     env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
     argv = container_argv(worker, env)
-    argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+    assert argv[2].startswith(SHM_CLEAN + "; ")
+    # never empty this machine's /dev/shm: the clean is left out, vllm replaced by a printer
+    argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
     out = subprocess.run(argv, capture_output=True, text=True, check=True, env={**env, "PATH": "/usr/bin:/bin"})
     ns = serve_parser.parse_args(out.stdout.splitlines())
     assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 8)

@@ -254,6 +254,22 @@ def test_timeout_rolls_back():
     assert s.rollback_reason == "timeout"
 
 
+def test_the_timeout_counts_the_old_pods_drain():
+    """A rollout waits for every batch's old pods to drain (terminationGracePeriodSeconds): a long
+    drainSeconds must not turn a healthy rollout into a timeout rollback."""
+    cfg, st = _rolling_state()
+    grace = 600 + 30 + 30
+    timeout = r.rollout_timeout_s(cfg, stop_seconds=grace, replicas=4, max_surge=1, max_unavailable=1)
+    assert timeout == cfg.rollout_timeout_s + 2 * grace  # 4 groups, 2 at a time
+    assert r.rollout_timeout_s(cfg, stop_seconds=grace, replicas=3, max_surge=0, max_unavailable=0) == \
+        cfg.rollout_timeout_s + 3 * grace
+    assert r.rollout_timeout_s(cfg) == cfg.rollout_timeout_s
+    waiting = r.advance(cfg, st, _view(settled=False), now=T0 + cfg.rollout_timeout_s + 1, timeout_s=timeout)
+    assert not waiting.changed and waiting.rollback_reason is None
+    late = r.advance(cfg, st, _view(settled=False), now=T0 + timeout + 1, timeout_s=timeout)
+    assert late.rollback_reason == "timeout"
+
+
 def test_unknown_phase_is_abandoned_with_a_condition():
     cfg, st = _rolling_state()
     st = st.replace(rollout=dataclasses.replace(st.rollout, phase="Teleporting"))

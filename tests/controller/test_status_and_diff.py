@@ -7,6 +7,7 @@ from moe_eplb.controller.reconcile import covers, merge_diff
 from moe_eplb.controller.status import (
     invalid_status,
     ready_status,
+    restarting,
     status_patch,
     summarize_workloads,
     tuner_degraded_of,
@@ -149,3 +150,42 @@ def test_autoscaling_condition_says_when_the_cluster_lacks_the_autoscalers_kind(
         (True, "AutoscalerActive", "KEDA ScaledObject m scales ...")
     ok, reason, message = _autoscaling_condition("KEDA ScaledObject m scales ...", ["ScaledObject/m"])
     assert (ok, reason) == (False, "AutoscalerKindMissing") and "install KEDA, or use spec.autoscaling.backend: HPA" in message
+
+
+def _pod(name, restarts=0, waiting=None, last=None, deleting=False):
+    cs = {"name": "vllm", "restartCount": restarts,
+          "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}}}
+    if last:
+        cs["lastState"] = {"terminated": last}
+    meta = {"name": name, **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})}
+    return {"metadata": meta, "status": {"containerStatuses": [cs]}}
+
+
+def test_restarting_pods_and_groups_name_the_pod():
+    assert restarting([_pod("a", 2), _pod("b", 9, deleting=True)]) is None
+    reason, msg = restarting([_pod("a", 1), _pod("b", 3, last={"reason": "Error", "exitCode": 137,
+                                                              "message": "Liveness probe failed: HTTP 503"})])
+    assert reason == "PodRestarting"
+    assert msg == "engine pods keep restarting: pod b restarted 3x (last: Error, exit code 137, " \
+                  "Liveness probe failed: HTTP 503)"
+    assert restarting([_pod("c", 1, waiting="CrashLoopBackOff")])[1] == "engine pods keep restarting: pod c restarted 1x"
+    # LWS hides a pod's restarts by recreating its group: the recreations count
+    assert restarting([_pod("m-0-1")], ["m-0-1 (group 0 recreated 4x)"]) == (
+        "GroupRestarting", "replica groups keep restarting: m-0-1 (group 0 recreated 4x)")
+
+
+def test_restarts_turn_degraded_and_clear_when_they_stop():
+    ready = deploy(status={"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2})
+    restarts = restarting([_pod("m-abc", 4, last={"reason": "Error", "exitCode": 137})])
+    st = ready_status(resource(), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, restarts=restarts)
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert st["phase"] == "Degraded" and cond["Degraded"]["status"] == "True"
+    assert cond["Degraded"]["reason"] == "PodRestarting" and "pod m-abc restarted 4x" in cond["Degraded"]["message"]
+    assert cond["Ready"]["status"] == "True"  # still serving: degraded, not down
+    # a tuner change that crash-looped is the cause: its reason wins over the restarts it made
+    tuned = ready_status(resource(), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None, restarts=restarts,
+                         tuner=("RolledBackAfterCrashLoop", "rolled back"))
+    assert {c["type"]: c for c in tuned["conditions"]}["Degraded"]["reason"] == "RolledBackAfterCrashLoop"
+    calm = ready_status(resource(status=st), [ready], eplb=EPLB, ep_size=4, selector="s", endpoint=None)
+    assert calm["phase"] == "Running"
+    assert {c["type"]: c for c in calm["conditions"]}["Degraded"]["status"] == "False"

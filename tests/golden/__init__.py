@@ -11,6 +11,10 @@ copying the LWS group labels onto the series (issue 13: ``replica_group``, ``gro
 ``spec.autoscaling``, the KEDA ScaledObject as the last child). ``render-deepseek-v3-deepep-rdma``,
 ``render-qwen3-30b-a3b-restricted``, ``-kueue`` and ``-s3-streamer`` were made with their examples
 (``spec.engine.podTemplate`` merged into the engine pods); the existing goldens did not change.
+Every ``render-*.yaml`` was regenerated once more when the engine pods got their drain (the
+exporter's ``/drain`` preStop hook, ``--shutdown-timeout``, ``terminationGracePeriodSeconds`` from
+``spec.engine.drainSeconds``), the exporter's ``/readyz`` and ``/livez`` probes (workers included), and
+the ``sh -c`` command that cleans ``/dev/shm`` before ``vllm serve``.
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

@@ -36,6 +36,8 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
                                "spec.eplb.numRedundantExperts"),
     "quantity-passes-pattern-only": ({"spec.engine.shmSize": "1.2.3"}, "spec.engine.shmSize"),
     "extra-arg-sets-parallelism": ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]"),
+    "extra-arg-sets-shutdown-timeout": ({"spec.engine.extraArgs": ["--shutdown-timeout", "5"]},
+                                        "spec.engine.extraArgs[0]"),
     **OVERLAY_OPERATOR_ONLY,
 }
 #: the apply-time table of tests/api, and the pod-template overlay's (tests/api/test_api_podtemplate.py)

@@ -186,3 +186,157 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane
         sts = await cluster.list(f"/apis/apps/v1/namespaces/{ns}/statefulsets")
         assert sorted(s["metadata"]["name"] for s in sts) == ["tiny", "tiny-0", "tiny-1"]
         world.lws_controller.check_alive()
+
+
+async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None:
+    """A worker that hangs in a forward pass (alive, no API of its own) fails its rendered liveness
+    probe (the exporter's ``/livez``), which the node agent runs as a kubelet would; the container
+    restart makes the REAL LeaderWorkerSet controller recreate the whole group
+    (``RecreateGroupOnPodRestart``); the other group is left alone and the new group runs again. The
+    operator's ``Degraded`` reading (:func:`moe_eplb.controller.status.restarting`) names the group."""
+    from moe_eplb.controller.status import restarting
+    from moe_eplb.controller.workload import event_span
+
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=5, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane)
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        lws = _lws(2, ns=ns)
+        worker_c = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        live = worker_c["livenessProbe"]
+        assert live["httpGet"] == {"path": k8s_names.EXPORTER_LIVE_PATH, "port": k8s_names.EXPORTER_PORT_NAME}
+        lws_path = f"/apis/{k8s_names.LWS_API_VERSION}/namespaces/{ns}/leaderworkersets"
+        await cluster.create(lws_path, lws)
+
+        async def pods() -> dict[str, dict]:
+            return {p["metadata"]["name"]: p for p in await cluster.list(f"/api/v1/namespaces/{ns}/pods",
+                                                                         "eplb.ai/name=tiny")
+                    if not p["metadata"].get("deletionTimestamp")}
+
+        async def all_ready():
+            ps = await pods()
+            ok = len(ps) == 4 and all(any(c["type"] == "Ready" and c["status"] == "True"
+                                          for c in (p.get("status") or {}).get("conditions") or [])
+                                      for p in ps.values())
+            return ps if ok else None
+
+        first = await _until(all_ready, what="2 groups ready")
+        world.kubelet.agent.stick(ns, "tiny-0-1")
+        seen: list[dict] = []
+
+        async def recreated():
+            ps = await pods()
+            for p in ps.values():
+                for cs in (p.get("status") or {}).get("containerStatuses") or []:
+                    if int(cs.get("restartCount") or 0) > 0:
+                        seen.append({"pod": p["metadata"]["name"], **cs})
+            new = {n: p["metadata"]["uid"] for n, p in ps.items()}
+            ok = (len(new) == 4 and new["tiny-0"] != first["tiny-0"]["metadata"]["uid"]
+                  and new["tiny-0-1"] != first["tiny-0-1"]["metadata"]["uid"])
+            return ps if ok else None
+
+        await _until(recreated, timeout=90, what="group 0 recreated")
+        second = await _until(all_ready, timeout=90, what="group 0 ready again")
+        # the other group kept its pods; the stuck pod's restart carried the probe's reason
+        assert {second[n]["metadata"]["uid"] for n in ("tiny-1", "tiny-1-1")} == \
+            {first[n]["metadata"]["uid"] for n in ("tiny-1", "tiny-1-1")}
+        assert {second[n]["metadata"]["uid"] for n in ("tiny-0", "tiny-0-1")}.isdisjoint(
+            {first[n]["metadata"]["uid"] for n in ("tiny-0", "tiny-0-1")})
+        restarted = [s for s in seen if s["pod"] == "tiny-0-1"]
+        if restarted:  # LWS may delete the pod before a poll here sees its status
+            term = restarted[0]["lastState"]["terminated"]
+            assert term["exitCode"] == 137 and "Liveness probe failed" in term["message"] and "503" in term["message"]
+        assert not [s for s in seen if s["pod"].startswith("tiny-1")]
+        # the real controller's Event, as the operator reads it for Degraded
+        events = await cluster.list(f"/api/v1/namespaces/{ns}/events")
+        recreate = [e for e in events if e.get("reason") == k8s_names.LWS_RECREATE_GROUP_REASON]
+        assert recreate and "tiny-0-1" in recreate[0]["message"] and event_span(recreate[0])[0] is not None
+        assert restarting([], ["tiny-0-1 (group 0 recreated 3x)"])[0] == "GroupRestarting"
+        world.lws_controller.check_alive()
+
+
+async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built, sim_plane) -> None:
+    """The operator on the real plane with the real LWS controller: a worker that fails at every start
+    makes LWS recreate its group again and again (fresh pods, restart counts 0); the operator counts
+    the controller's ``RecreateGroupOnPodRestart`` Events and sets ``Degraded`` (``GroupRestarting``)
+    with the pod, and phase ``Degraded``."""
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=6, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane, crash_pod_if=lambda s, worker: worker == 1)
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        op = await world.start_operator()
+        res = copy.deepcopy(RESOURCE)
+        res["spec"]["parallelism"] = {"tensor": 1, "data": 4, "nodes": 2}
+        res["spec"]["replicas"] = 1
+        res["spec"]["autotune"]["mode"] = "Off"
+        await world.apply(res)
+
+        async def recreations():
+            events = await cluster.list(f"/api/v1/namespaces/{ns}/events")
+            n = sum(max(int(e.get("count") or 1), int((e.get("series") or {}).get("count") or 0))
+                    for e in events if e.get("reason") == k8s_names.LWS_RECREATE_GROUP_REASON)
+            return n if n >= 3 else None
+
+        await _until(recreations, timeout=120, what="3 group recreations")
+
+        async def degraded():
+            # the operator's resync timer (60 s in a cluster) refreshes the status: asked for here
+            op["controller"].reconciler.request_refresh(ns, "tiny")
+            st = (await world.get("tiny")).get("status") or {}
+            cond = _cond({"status": st}, "Degraded")
+            return st if cond.get("status") == "True" and cond.get("reason") == "GroupRestarting" else None
+
+        st = await _until(degraded, timeout=60, what="Degraded=GroupRestarting")
+        cond = _cond({"status": st}, "Degraded")
+        assert "tiny-0-1 (group 0 recreated" in cond["message"], cond
+        assert st["phase"] == "Degraded" and st["message"] == cond["message"]
+        world.lws_controller.check_alive()
+
+
+async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim_plane) -> None:
+    """A Deployment pod (no group to recreate) whose engine hangs fails its liveness probe; the
+    container restarts in place (``restartCount`` + 1, ``lastState`` exit code 137 with the probe's
+    message) and serves again; after three such restarts the operator sets ``Degraded``
+    (``PodRestarting``) naming the pod and the failed probe."""
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=7, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane)
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        op = await world.start_operator()
+        res = copy.deepcopy(RESOURCE)
+        res["spec"]["replicas"] = 1
+        res["spec"]["autotune"]["mode"] = "Off"
+        await world.apply(res)
+
+        async def pod(restarts: int):
+            ps = [p for p in await cluster.list(f"/api/v1/namespaces/{ns}/pods", "eplb.ai/name=tiny")
+                  if not p["metadata"].get("deletionTimestamp")]
+            if len(ps) != 1:
+                return None
+            (cs,) = (ps[0].get("status") or {}).get("containerStatuses") or [{}]
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in ps[0]["status"].get("conditions") or [])
+            return ps[0] if ready and int(cs.get("restartCount") or 0) == restarts else None
+
+        first = await _until(lambda: pod(0), what="the pod ready")
+        name = first["metadata"]["name"]
+        for n in (1, 2, 3):
+            world.kubelet.agent.stick(ns, name)
+            again = await _until(lambda n=n: pod(n), timeout=60, what=f"restart {n} and ready again")
+        assert again["metadata"]["uid"] == first["metadata"]["uid"]  # restarted in place, not replaced
+        term = again["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        assert term["exitCode"] == 137 and term["message"].startswith("Liveness probe failed: HTTP probe failed with statuscode: 503")
+
+        async def degraded():
+            op["controller"].reconciler.request_refresh(ns, "tiny")
+            st = (await world.get("tiny")).get("status") or {}
+            c = _cond({"status": st}, "Degraded")
+            return c if c.get("status") == "True" and c.get("reason") == "PodRestarting" else None
+
+        cond = await _until(degraded, timeout=60, what="Degraded=PodRestarting")
+        assert f"pod {name} restarted 3x (last: Error, exit code 137, Liveness probe failed" in cond["message"], cond

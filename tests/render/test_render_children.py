@@ -14,9 +14,9 @@ from moe_eplb.api.schema import schema_problems, unknown_field_problems
 from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.contracts.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
-from moe_eplb.render.engine_args import engine_args
+from moe_eplb.render.engine_args import SHM_CLEAN, engine_args
 from moe_eplb.render.labels import labels, selector_string
-from moe_eplb.render.objects import endpoint, render_children
+from moe_eplb.render.objects import API_COMMAND, endpoint, render_children
 from moe_eplb.sim.kubelet import container_argv
 from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from tests.render.crd_subsets import LEADER_WORKER_SET, POD_MONITOR
@@ -38,6 +38,7 @@ SEED_ARGS = [
     "--gpu-memory-utilization", "0.9",
     "--limit-mm-per-prompt", '{"image":4,"video":0}',
     "--mm-encoder-tp-mode", "data",
+    "--shutdown-timeout", "30",
 ]
 
 
@@ -53,7 +54,7 @@ def container(pod_template):
 def test_seed_args_exactly(seed) -> None:
     deploy = by_kind(render_children_of(seed))["Deployment"]
     c = container(deploy["spec"]["template"])
-    assert c["command"] == ["vllm", "serve"]
+    assert c["command"] == API_COMMAND
     assert c["args"] == SEED_ARGS
 
 
@@ -82,7 +83,9 @@ def test_seed_deployment(seed) -> None:
     startup = c["startupProbe"]
     assert startup["httpGet"] == {"path": "/health", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600  # default startupTimeoutSeconds
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health" and c["livenessProbe"]["failureThreshold"] >= 3
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": k8s_names.EXPORTER_PORT_NAME}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": k8s_names.EXPORTER_PORT_NAME}
+    assert c["livenessProbe"]["failureThreshold"] >= 3
     hash_ = spec["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
     assert hash_ == _effective(seed).config_hash()
 
@@ -268,11 +271,11 @@ def test_worker_command_runs_in_a_real_shell(deepseek) -> None:
     Kubernetes' ``$(VAR)`` expansion, with ``vllm`` replaced by a printer."""
     lws = by_kind(render_children_of(deepseek))["LeaderWorkerSet"]
     worker = container(lws["spec"]["leaderWorkerTemplate"]["workerTemplate"])
-    assert worker["command"][:2] == ["/bin/sh", "-c"] and "startupProbe" not in worker
+    assert worker["command"][:2] == ["/bin/sh", "-c"]
     env = {"LWS_LEADER_ADDRESS": "deepseek-v3-0.deepseek-v3.default", "LWS_WORKER_INDEX": "1"}
     argv = container_argv(worker, env)
-    assert argv[2].startswith('exec vllm serve "$@" ')
-    argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+    assert argv[2].startswith(SHM_CLEAN + '; exec vllm serve "$@" ')
+    argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
     out = subprocess.run(argv, capture_output=True, text=True, check=True,
                          env={**env, "PATH": "/usr/bin:/bin"}).stdout.splitlines()
     leader_args = container(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["args"]

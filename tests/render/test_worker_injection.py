@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from moe_eplb.cli import main
+from moe_eplb.render.engine_args import SHM_CLEAN
 from moe_eplb.sim import lws as lws_mod
 from moe_eplb.sim.kubelet import container_argv, container_env, expand_vars
 from tests.example_manifests import EXAMPLES, load_moeinferences
@@ -106,14 +107,21 @@ def test_hostile_env_and_args_reach_leader_and_workers_as_the_same_argv(tmp_path
     # no user text in the worker's script: it is the fixed one, every $ escaped for Kubernetes
     assert worker_c["command"] == [
         "/bin/sh", "-c",
-        'exec vllm serve "$$@" --data-parallel-start-rank "$$((LWS_WORKER_INDEX * 8))" --headless', "vllm"]
+        SHM_CLEAN + '; exec vllm serve "$$@" --data-parallel-start-rank "$$((LWS_WORKER_INDEX * 8))" --headless',
+        "vllm"]
     argvs, envs = {}, {}
     for index in (0, 1):
         pod = lws_mod.group_pod(lws, lws["spec"], 0, index, "r1")
         (c,) = pod["spec"]["containers"]
+        # never clean this machine's /dev/shm: the script cleans a sandbox instead
+        shm = tmp_path / f"shm{index}"
+        shm.mkdir()
+        (shm / "vllm_dist_leftover").write_text("x")
+        c["command"][2] = c["command"][2].replace("/dev/shm", str(shm))
         envs[index] = container_env(c)
         argvs[index] = _run(container_argv(c, envs[index]), envs[index], bindir, tmp_path / f"argv{index}")
     assert not marker.exists(), "a hostile env value ran a command"
+    assert [list((tmp_path / f"shm{i}").iterdir()) for i in (0, 1)] == [[], []]  # a previous run's leftovers are gone
     leader, worker = argvs[0], argvs[1]
     address = "deepseek-v3-0.deepseek-v3.default"
     expected_user = [
@@ -148,4 +156,4 @@ def test_worker_script_has_no_user_text_for_any_data_local(tmp_path):
     assert "EVIL" not in script and "$(EVIL)" in c["args"]
     env = {"(LWS_WORKER_INDEX * 4": "boom", "@": "boom", "EVIL": "x"}
     assert expand_vars(script, env) == (
-        'exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * 4))" --headless')
+        SHM_CLEAN + '; exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * 4))" --headless')

@@ -98,7 +98,7 @@ def full(cpu_wheel, prometheus_binary, tiny_model, bridge_dir, engine_root):
 
 def test_engine_runs_the_rendered_args_and_serves(full):
     c = full.rendered.container
-    assert c["command"] == ["vllm", "serve"]
+    assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][2].endswith('exec vllm serve "$$@"')
     argv = full.engine.argv()
     # only the documented adaptations: launcher, model path, port + host
     expected = list(c["args"])

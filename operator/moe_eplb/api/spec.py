@@ -141,6 +141,8 @@ class Engine:
     resources: dict[str, Any] = field(default_factory=dict, metadata={"raw": True})
     shm_size: Any = None  # a Kubernetes quantity, string or number
     startup_timeout_seconds: int = 3600
+    drain_seconds: int = 600
+    gpu_resource_name: str = "nvidia.com/gpu"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
     image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})

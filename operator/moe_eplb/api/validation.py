@@ -78,6 +78,7 @@ _GENERATED_FLAGS = {
     "--served-model-name": "spec.model.servedName",
     "--port": "nothing (the API port is fixed at 8000)",
     "--headless": "spec.parallelism.nodes",
+    "--shutdown-timeout": "spec.engine.drainSeconds (the operator sets --shutdown-timeout with the drain)",
 }
 
 

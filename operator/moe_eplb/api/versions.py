@@ -15,6 +15,7 @@ _VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 EPLB_FIRST = (0, 9, 0)  # --enable-eplb exists
 EPLB_CONFIG_JSON = (0, 10, 2)  # --eplb-config '{...}' replaces the flat flags
 FLAT_EPLB_FLAGS_REMOVED = (0, 12, 0)  # --num-redundant-experts etc. no longer accepted
+SHUTDOWN_TIMEOUT_FLAG = (0, 18, 0)  # --shutdown-timeout N: drain in-flight requests on SIGTERM (vLLM PR #34730)
 
 
 def parse_version(text: str | None) -> Version | None:

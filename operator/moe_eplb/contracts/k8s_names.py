@@ -62,6 +62,16 @@ API_PORT_NAME = "http"
 EXPORTER_PORT = 9400  # the exporter plugin's /metrics
 EXPORTER_PORT_NAME = "eplb-metrics"
 EXPORTER_PATH = "/metrics"
+#: the exporter's health endpoints on the same port (moe_eplb.exporter.health): liveness (the
+#: engine's processes alive, no worker stuck in a forward), readiness (not draining, vLLM's /health
+#: answers), and the drain the preStop hook calls (blocks until no request is in flight)
+EXPORTER_LIVE_PATH = "/livez"
+EXPORTER_READY_PATH = "/readyz"
+EXPORTER_DRAIN_PATH = "/drain"
+#: env of the engine container the exporter's health endpoints read (values rendered by the operator)
+ENGINE_ROLE_ENV = "MOE_EPLB_ROLE"  # "api" (serves the API: a Deployment pod, an LWS leader) or "worker"
+DRAIN_SECONDS_ENV = "MOE_EPLB_DRAIN_SECONDS"
+ROLE_API, ROLE_WORKER = "api", "worker"
 #: the vLLM general plugin of the exporter (entry point in pyproject.toml, VLLM_PLUGINS value)
 EXPORTER_PLUGIN = "moe_eplb_exporter"
 #: the vLLM entry-point group of general plugins

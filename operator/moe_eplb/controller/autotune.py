@@ -68,6 +68,7 @@ from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import TuneResult, tune
+from moe_eplb.render.engine_args import termination_grace_seconds
 
 log = logging.getLogger("moe_eplb.autotune")
 
@@ -218,7 +219,9 @@ class AutotuneLoop:
         window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
         if window is not None and not view.crashlooping:
             measured = await self.load_observer.measure(inf, pods, *window)
-        step = ro.advance(cfg, state, view, now=now, measured=measured)
+        timeout = ro.rollout_timeout_s(cfg, stop_seconds=termination_grace_seconds(inf), replicas=inf.replicas,
+                                       max_surge=inf.rollout.max_surge, max_unavailable=inf.rollout.max_unavailable)
+        step = ro.advance(cfg, state, view, now=now, measured=measured, timeout_s=timeout)
         log.debug("autotune %s/%s: rollout %s, %s, measured %s", inf.namespace, inf.name, cur.phase, view, measured)
         if not step.changed:
             return None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from moe_eplb.contracts.k8s_names import (
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
+from moe_eplb.controller.workload import restarts_of
 from moe_eplb.render.autoscaler import describe as describe_autoscaler
 from moe_eplb.render.labels import selector_string
 from moe_eplb.render.objects import endpoint, render_children
@@ -296,9 +298,11 @@ class Reconciler:
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size
         scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped)
+        restarts = await self._restarts(inf, live_children)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
-            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling)
+            endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling,
+            restarts=restarts)
         opmetrics.record_replicas(ns, inf.name, desired=inf.replicas, ready=int(new_status.get("readyReplicas") or 0),
                                   autoscaling=inf.autoscaling)
         outcome.phase = new_status["phase"]
@@ -308,8 +312,17 @@ class Reconciler:
                                                               selector=new_status["selector"],
                                                               endpoint=new_status.get("endpoint"),
                                                               tuner=status_mod.tuner_degraded_of(fresh.get("status")),
-                                                              autoscaling=scaling))
+                                                              autoscaling=scaling, restarts=restarts))
         return outcome
+
+    async def _restarts(self, inf: Any, live_children: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+        """Pods or groups that keep restarting (``Degraded``); None when none, or unreadable."""
+        workloads = [dict(c) for c in live_children if c.get("kind") in status_mod.WORKLOAD_KINDS]
+        try:
+            return await restarts_of(self.client, inf, workloads, time.time())
+        except ApiError as exc:  # no read access to pods or events: the condition then misses restarts
+            log.info("reading the pods of %s/%s failed: %s", inf.namespace, inf.name, exc)
+            return None
 
     async def _report_invalid(self, resource: Mapping[str, Any], problems: Sequence[Any]) -> ReconcileOutcome:
         old_status = resource.get("status") or {}

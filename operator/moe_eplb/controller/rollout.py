@@ -39,7 +39,7 @@ from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller.decisions import Conditions, Event, describe
 
 __all__ = ["ROLLING", "OBSERVING", "ROLLING_BACK", "WorkloadView", "Step", "advance", "measurement_window",
-           "superseded_reason"]
+           "rollout_timeout_s", "superseded_reason"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,17 @@ class WorkloadView:
     newest_replica_at: float | None = None
     #: replicas (replica groups) the child workloads are rendered with (sum of their spec.replicas)
     replicas: int | None = None
+
+
+def rollout_timeout_s(cfg: AutotuneSpec, *, stop_seconds: float = 0.0, replicas: int = 1, max_surge: int = 1,
+                      max_unavailable: int = 0) -> float:
+    """How long the new pods may take to become ready before the change is rolled back: the
+    autotune allowance (``AutotuneSpec.rollout_timeout_s``) plus, for every batch of the rolling update
+    (``replicas`` replaced ``max_surge + max_unavailable`` at a time), the time an old pod may take to
+    stop (``stop_seconds``: its drain, vLLM's shutdown and the margin, i.e. its
+    ``terminationGracePeriodSeconds``): a long drain must not look like a stuck rollout."""
+    batches = -(-max(1, replicas) // max(1, max_surge + max_unavailable))
+    return cfg.rollout_timeout_s + batches * max(0.0, stop_seconds)
 
 
 def superseded_reason(ro: Rollout, view: WorkloadView) -> str | None:
@@ -162,7 +173,7 @@ def _crash_loop_rollback(step: Step, ro: Rollout, view: WorkloadView, now: float
                     degraded=True)
 
 
-def _rolling(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now: float) -> None:
+def _rolling(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now: float, timeout_s: float) -> None:
     new_template = view.template_hash is not None and view.template_hash != ro.from_hash
     if view.crashlooping and new_template:
         _crash_loop_rollback(step, ro, view, now)
@@ -174,7 +185,7 @@ def _rolling(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now
                             f"pods with {describe(ro.to_knobs)} are ready; observing for {cfg.observe_s:.0f}s"))
         step.conditions["Tuned"] = ("True", "Observing", f"pods with {describe(ro.to_knobs)} are ready; "
                                     f"observing for {cfg.observe_s:.0f}s")
-    elif now - (ro.started_at if ro.started_at is not None else now) > cfg.rollout_timeout_s:
+    elif now - (ro.started_at if ro.started_at is not None else now) > timeout_s:
         started = ro.started_at if ro.started_at is not None else now
         _start_rollback(step, ro, view, now, "timeout",
                         f"pods with {describe(ro.to_knobs)} not ready after {now - started:.0f}s; "
@@ -245,7 +256,7 @@ def _rolling_back(step: Step, ro: Rollout, view: WorkloadView, now: float) -> No
 
 
 def advance(cfg: AutotuneSpec, state: AutotuneStatus, view: WorkloadView, *, now: float,
-            measured: Measurement | None = None) -> Step:
+            measured: Measurement | None = None, timeout_s: float | None = None) -> Step:
     """Move the rollout in ``state.rollout`` one step.
 
     Args:
@@ -255,6 +266,8 @@ def advance(cfg: AutotuneSpec, state: AutotuneStatus, view: WorkloadView, *, now
         now: POSIX seconds.
         measured: the new pods' performance over :func:`measurement_window` when the caller could
             measure it (None: no data).
+        timeout_s: how long the new pods may take to become ready (:func:`rollout_timeout_s`, which
+            counts the old pods' drain); None: ``cfg.rollout_timeout_s``.
 
     Returns:
         A :class:`Step`; ``changed`` says whether its ``status`` differs from ``state``. Every
@@ -272,7 +285,7 @@ def advance(cfg: AutotuneSpec, state: AutotuneStatus, view: WorkloadView, *, now
         step.events.append(("Normal", "TuningSuperseded", msg))
         step.conditions["Tuned"] = ("True", "Superseded", msg)
     elif ro.phase == ROLLING:
-        _rolling(step, cfg, ro, view, now)
+        _rolling(step, cfg, ro, view, now, cfg.rollout_timeout_s if timeout_s is None else timeout_s)
     elif ro.phase == OBSERVING:
         _observing(step, cfg, ro, view, now, measured)
     elif ro.phase == ROLLING_BACK:

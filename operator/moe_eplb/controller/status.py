@@ -12,7 +12,9 @@ dry run that precedes every write; then nothing is applied):
 ``Invalid`` (SpecValid False) > ``Degraded`` > ``Running`` (Ready True) > ``Pending`` (no workload
 has reported a status yet) > ``Progressing``.
 
-``Degraded`` is also true while ``status.autotune.degraded`` = {time, reason, message} is set: the
+``Degraded`` is also true while engine pods keep restarting (reason ``PodRestarting``, or
+``GroupRestarting`` for LeaderWorkerSet groups recreated again and again; the message names the pod:
+:func:`restarting`), and while ``status.autotune.degraded`` = {time, reason, message} is set: the
 autotune loop records there that a tuner change crash-looped and was rolled back (it clears it
 when a later change is kept); the condition then carries its reason and message.
 """
@@ -27,6 +29,10 @@ from typing import Any
 from moe_eplb.api.autotune_status import Degraded, parse_autotune_status
 
 OWNED_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "Autoscaling")
+#: a pod restarted this often (or a LeaderWorkerSet group recreated this often within
+#: RESTART_WINDOW_SECONDS) keeps restarting: ``Degraded`` names it
+DEGRADED_RESTARTS = 3
+RESTART_WINDOW_SECONDS = 3600.0
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet", "StatefulSet")
 
 
@@ -157,6 +163,47 @@ def rejected_status(resource: Mapping[str, Any], refusals: Sequence[str], now: s
     return current
 
 
+def _last_termination(pod: Mapping[str, Any]) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("lastState") or {}).get("terminated") or {}
+        if term:
+            parts = [str(term.get("reason") or "terminated")]
+            if term.get("exitCode") is not None:
+                parts.append(f"exit code {term['exitCode']}")
+            if term.get("message"):
+                parts.append(str(term["message"]).strip().splitlines()[-1][:200])
+            return ", ".join(parts)
+    return ""
+
+
+def restarting(pods: Iterable[Mapping[str, Any]], recreated_groups: Sequence[str] = (),
+               threshold: int = DEGRADED_RESTARTS) -> tuple[str, str] | None:
+    """``(reason, message)`` when engine pods keep restarting, naming the pod, else None.
+
+    ``GroupRestarting``: LeaderWorkerSet groups recreated ``threshold`` times or more
+    (``recreated_groups``: ``"<pod> (group <i> recreated <n>x)"``, from its ``RecreateGroupOnPodRestart``
+    Events, :func:`moe_eplb.controller.workload.recreated_groups`); ``PodRestarting``: a pod (not being
+    deleted) in ``CrashLoopBackOff`` or restarted ``threshold`` times, with its last termination
+    (e.g. a failed liveness probe, ``moe_eplb.exporter.health``)."""
+    if recreated_groups:
+        return "GroupRestarting", "replica groups keep restarting: " + "; ".join(sorted(recreated_groups)[:5])
+    bad = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            count = int(cs.get("restartCount") or 0)
+            waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+            if count >= threshold or waiting == "CrashLoopBackOff":
+                last = _last_termination(p)
+                bad.append(f"pod {meta.get('name')} restarted {count}x" + (f" (last: {last})" if last else ""))
+                break
+    if not bad:
+        return None
+    return "PodRestarting", "engine pods keep restarting: " + "; ".join(sorted(bad)[:5])
+
+
 def tuner_degraded(record: Degraded | None) -> tuple[str, str] | None:
     """``(reason, message)`` of ``status.autotune.degraded`` (set by the autotune loop after a
     crash-loop rollback), or None when absent."""
@@ -174,9 +221,11 @@ def tuner_degraded_of(status: Mapping[str, Any] | None) -> tuple[str, str] | Non
 
 def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, Any]], *, eplb: Mapping[str, Any],
                  ep_size: int, selector: str, endpoint: str | None, tuner: tuple[str, str] | None = None,
-                 autoscaling: tuple[bool, str, str] | None = None, now: str | None = None) -> dict[str, Any]:
+                 autoscaling: tuple[bool, str, str] | None = None, restarts: tuple[str, str] | None = None,
+                 now: str | None = None) -> dict[str, Any]:
     """The status of a valid resource whose children are applied; ``children`` are the live objects;
     ``tuner``: ``(reason, message)`` while a tuner change that crash-looped keeps Degraded true;
+    ``restarts``: ``(reason, message)`` of pods or groups that keep restarting (:func:`restarting`);
     ``autoscaling``: the ``Autoscaling`` condition ``(status, reason, message)`` (None: no
     autoscaler; the condition is then False, or absent when it never was set)."""
     now = now or now_rfc3339()
@@ -188,13 +237,15 @@ def ready_status(resource: Mapping[str, Any], children: Sequence[Mapping[str, An
     all_ready = w.rolled_out and w.ready >= w.desired
     was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
     lost = w.rolled_out and w.ready < w.desired and was_ready
-    degraded = bool(w.failure) or lost or tuner is not None
+    degraded = bool(w.failure) or lost or tuner is not None or restarts is not None
     if w.failure:
         degraded_reason, degraded_msg = "ProgressDeadlineExceeded", w.failure
+    elif tuner is not None:  # the cause, when a tuner change made the pods restart
+        degraded_reason, degraded_msg = tuner
+    elif restarts is not None:
+        degraded_reason, degraded_msg = restarts
     elif lost:
         degraded_reason, degraded_msg = "ReplicasUnavailable", counts
-    elif tuner is not None:
-        degraded_reason, degraded_msg = tuner
     else:
         degraded_reason, degraded_msg = "AsExpected", ""
     if all_ready:

@@ -74,6 +74,26 @@ async def workload_view(client: Any, inf: MoEInference, *, crashloop_restarts: i
     return ro.WorkloadView(inf.generation, settled, ",".join(hashes), tuple(sorted(set(crashes))), **extra), pods
 
 
+async def restarts_of(client: Any, inf: MoEInference, workloads: list[dict], now_wall: float
+                      ) -> tuple[str, str] | None:
+    """``(reason, message)`` when the engine pods of ``inf`` keep restarting (the ``Degraded``
+    condition, :func:`moe_eplb.controller.status.restarting`): its pods' restart counts, and for a
+    LeaderWorkerSet (``workloads``: the live workload children) its group recreations of the last
+    :data:`~moe_eplb.controller.status.RESTART_WINDOW_SECONDS` (fresh pods hide those restarts)."""
+    from moe_eplb.controller import status
+
+    ns = inf.namespace or "default"
+    pods = await client.list("v1", "Pod", ns, label_selector=f"{k8s_names.NAME_LABEL}={inf.name}")
+    recreated: list[str] = []
+    for w in workloads:
+        if w.get("kind") != k8s_names.LWS_KIND:
+            continue
+        hashes = sorted({_config_hash(t) for t in _pod_templates(w)})
+        recreated += await recreated_groups(client, w, pods, hashes, now_wall - status.RESTART_WINDOW_SECONDS,
+                                            status.DEGRADED_RESTARTS)
+    return status.restarting(pods, recreated)
+
+
 def newest_pod_start(pods: list[dict], to_clock: Callable[[float], float] = lambda t: t) -> float | None:
     """When the youngest engine pod (not being deleted) was created, in clock seconds; None without pods."""
     times = [parse_iso((p.get("metadata") or {}).get("creationTimestamp")) for p in pods

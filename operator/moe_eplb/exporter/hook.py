@@ -16,6 +16,9 @@ install, once per process, a method patch on the *class*
 * ``prepare_forward``: remember the forward's real (unpadded) token count and when it started
   (host values vLLM passes in; the step telemetry of :mod:`moe_eplb.exporter.recorder`).
 
+Both ``prepare_forward`` and ``step`` also beat the process's heartbeat (a forward began, a step
+ended: :class:`moe_eplb.exporter.health.Heartbeat`), which the pod's liveness probe reads.
+
 If ``eplb_state`` is not imported yet, the patch is applied by a ``sys.meta_path`` finder right
 after the module is executed. The patch finds the instance's recorder lazily on its first step
 (after ``load_model()``, so every model, drafter included, is registered). vLLM's own code always
@@ -45,6 +48,8 @@ VLLM_CONFIG = "_moe_eplb_vllm_config"  # the worker's VllmConfig, seen while add
 _DISABLED = object()
 
 RecorderFactory = Callable[[Any, Any], Any]  # (eplb_state, layout) -> StateRecorder
+#: the process's heartbeat (:class:`moe_eplb.exporter.health.Heartbeat`), set by :func:`install`
+_heartbeat: list[Any] = []
 # The exporter's own cost per step: CPU time of the step thread spent in exporter code (not wall time,
 # which on a busy host also counts the thread being preempted; ~0.25 us per reading).
 _now = time.thread_time
@@ -128,6 +133,7 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
                 rec = None
         t1 = _now()
         result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        _beat("step_ended")
         if rec is not None:
             t2 = _now()
             try:
@@ -189,6 +195,7 @@ def _wrapped_prepare_forward(orig_prepare: Callable, factory: RecorderFactory) -
 
     @functools.wraps(orig_prepare)
     def prepare_forward(self, model_config, num_unpadded_tokens, *args, **kwargs):
+        _beat("forward_began")
         result = orig_prepare(self, model_config, num_unpadded_tokens, *args, **kwargs)
         t0 = _now()
         try:
@@ -284,8 +291,22 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
-def install(factory: RecorderFactory) -> None:
-    """Patch ``EplbState`` now if vLLM's EPLB module is loaded, else as soon as it is."""
+def _beat(what: str) -> None:
+    """Tell the heartbeat (if any) that a forward began / a step ended; never raises into vLLM."""
+    if not _heartbeat:
+        return
+    try:
+        getattr(_heartbeat[0], what)()
+    except Exception as exc:  # noqa: BLE001
+        log.error("moe-eplb exporter: the heartbeat failed (%s: %s); liveness no longer sees a stuck worker",
+                  type(exc).__name__, exc)
+        _heartbeat.clear()
+
+
+def install(factory: RecorderFactory, heartbeat: Any = None) -> None:
+    """Patch ``EplbState`` now if vLLM's EPLB module is loaded, else as soon as it is. ``heartbeat``:
+    told when a forward begins and when an EPLB step ends (the liveness probe's stuck check)."""
+    _heartbeat[:] = [heartbeat] if heartbeat is not None else []
 
     def apply(module: Any) -> None:
         cls = getattr(module, "EplbState", None)

@@ -10,7 +10,11 @@ possibly more than once. What each process does:
   serves ``/metrics`` on port 9400 (``eplb-metrics``) until this process ends; with
   ``MOE_EPLB_TRACE_DIR`` set it also captures traces;
 * **every** process installs the hook on vLLM's ``EplbState`` (see :mod:`moe_eplb.exporter.hook`);
-  only processes that run an EPLB state (the workers) ever record anything.
+  only processes that run an EPLB state (the workers) ever record anything, and they keep a
+  heartbeat for the pod's liveness probe (:mod:`moe_eplb.exporter.health`).
+
+With ``MOE_EPLB_EXPORTER_MODE=off`` the exporter process still starts, for the pod's probes and
+``preStop`` drain only (no hook, no series).
 
 Imports only the standard library, numpy and prometheus-client at load; torch and vLLM only when
 the hook fires inside a worker. Nothing here raises into vLLM: a problem is logged once and the
@@ -102,8 +106,6 @@ def register() -> None:
     except st.ExporterSettingsError as exc:
         log.error("moe-eplb exporter disabled: %s", exc)
         return
-    if settings.mode == "off":
-        return
     try:
         if settings.server_pid is None:
             # the pod's first vLLM process: own the directory and the port
@@ -128,8 +130,11 @@ def register() -> None:
             # from one installed in the image
             log.info("moe-eplb exporter %s loaded from %s; /metrics on %s:%d", moe_eplb.__version__,
                      os.path.dirname(os.path.abspath(moe_eplb.__file__)), settings.address, settings.port)
-        from moe_eplb.exporter import hook
+        if settings.mode == "off":
+            return  # the server answers the pod's probes and drain only: no hook, no recorder
+        from moe_eplb.exporter import health, hook
 
-        hook.install(_recorder_factory(settings))
+        beat = health.Heartbeat(settings.directory) if settings.directory else None
+        hook.install(_recorder_factory(settings), heartbeat=beat)
     except Exception as exc:  # noqa: BLE001 - never break vLLM's start-up
         log.error("moe-eplb exporter disabled: %s: %s", type(exc).__name__, exc)

@@ -1,4 +1,5 @@
-"""The pod's dedicated ``/metrics`` server (port ``eplb-metrics``, 9400).
+"""The pod's dedicated ``/metrics`` server (port ``eplb-metrics``, 9400), which also answers the
+pod's probes and its ``preStop`` drain (``/livez``, ``/readyz``, ``/drain``: :mod:`moe_eplb.exporter.health`).
 
 It runs in its own small process (``python -m moe_eplb.exporter.server``), started by the plugin in
 the pod's first vLLM process and ending when that process ends: rendering ~30 000 series takes a
@@ -46,10 +47,24 @@ def make_registry(collector) -> CollectorRegistry:
 
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
+    health = None  # a moe_eplb.exporter.health.PodHealth: /livez, /readyz, /drain
+
+    def _health(self, path: str) -> tuple[bytes, int, str]:
+        if path == k8s_names.EXPORTER_DRAIN_PATH:
+            return (self.health.drain() + "\n").encode(), 200, "text/plain"
+        ok, why = self.health.live() if path == k8s_names.EXPORTER_LIVE_PATH else self.health.ready()
+        return (why + "\n").encode(), 200 if ok else 503, "text/plain"
 
     def do_GET(self):  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
-        if path == k8s_names.EXPORTER_PATH:
+        health_paths = (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH, k8s_names.EXPORTER_DRAIN_PATH)
+        if path in health_paths and self.health is not None:
+            try:
+                body, status, ctype = self._health(path)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("moe-eplb exporter: %s failed", path)
+                body, status, ctype = f"{path} failed: {exc}\n".encode(), 500, "text/plain"
+        elif path == k8s_names.EXPORTER_PATH:
             try:
                 body, status, ctype = generate_latest(self.registry), 200, CONTENT_TYPE
             except Exception as exc:  # noqa: BLE001
@@ -72,11 +87,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0) -> ThreadingHTTPServer:
+def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0,
+          health=None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
     Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
-    be on its way out)."""
-    handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry})
+    be on its way out). ``health``: a :class:`~moe_eplb.exporter.health.PodHealth` answering the
+    health paths (404 without)."""
+    handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health})
     deadline = time.monotonic() + bind_retry_seconds
     while True:
         try:
@@ -96,6 +113,7 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     """Entry point of the server process: serve until the vLLM process that started us is gone."""
     from moe_eplb.exporter import settings as st
     from moe_eplb.exporter.collector import PodCollector
+    from moe_eplb.exporter.health import HealthSettings, PodHealth
 
     st.setup_logging()
     try:
@@ -106,9 +124,13 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     if not settings.directory:
         log.error("moe-eplb exporter: %s is not set; nothing to serve", st.ENV_DIR)
         return 2
-    collector = PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds)
+    if settings.mode == "off":  # the health endpoints only (the probes rely on them)
+        registry = CollectorRegistry(auto_describe=False)
+    else:
+        registry = make_registry(PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds))
+    health = PodHealth(HealthSettings.from_env(), settings.directory)
     try:
-        httpd = serve(make_registry(collector), settings.address, settings.port, bind_retry_seconds=10.0)
+        httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health)
     except OSError as exc:
         log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
                   settings.address, settings.port, exc, st.ENV_PORT)

@@ -15,12 +15,21 @@ import json
 
 from moe_eplb.api import catalog
 from moe_eplb.api.spec import EplbSettings, MoEInference
-from moe_eplb.api.versions import Version, uses_eplb_config_json
+from moe_eplb.api.versions import SHUTDOWN_TIMEOUT_FLAG, Version, uses_eplb_config_json
 from moe_eplb.contracts.k8s_names import API_PORT, CHAT_TEMPLATE_DIR
 
 DP_RPC_PORT = 13345
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
 LATEST_KNOWN = (0, 33, 0)
+#: vLLM's own graceful shutdown after SIGTERM (``--shutdown-timeout``), on top of the preStop drain of
+#: ``spec.engine.drainSeconds``: requests still running when the drain time ran out get this long more
+SHUTDOWN_TIMEOUT_SECONDS = 30
+#: what the kubelet allows beyond the drain and vLLM's shutdown before it kills the container
+TERMINATION_MARGIN_SECONDS = 30
+#: removes what a previous run of the container left in the pod's /dev/shm (an emptyDir that outlives
+#: a container restart: vLLM's shared-memory segments, the exporter's directory), then runs vLLM.
+#: Init containers do not run again on a container restart, so the engine container does it itself.
+SHM_CLEAN = "rm -rf -- /dev/shm/* /dev/shm/.[!.]* /dev/shm/..?* 2>/dev/null"
 
 
 def _json(value: object) -> str:
@@ -99,7 +108,30 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
         args += ["--mm-encoder-tp-mode", e.mm_encoder_tp_mode]
     if e.chat_template:
         args += ["--chat-template", f"{CHAT_TEMPLATE_DIR}/{e.chat_template.key}"]
+    args += shutdown_args(inf, version)
     return args + list(e.extra_args)
+
+
+def shutdown_args(inf: MoEInference, version: Version) -> list[str]:
+    """``--shutdown-timeout`` when the pod drains (``drainSeconds > 0``) and the version has the flag
+    (vLLM >= 0.18.0; before it, vLLM aborts what runs on SIGTERM and the preStop drain is all)."""
+    if inf.engine.drain_seconds <= 0 or version < SHUTDOWN_TIMEOUT_FLAG:
+        return []
+    return ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS)]
+
+
+def termination_grace_seconds(inf: MoEInference) -> int:
+    """The pod's ``terminationGracePeriodSeconds``: the preStop drain, vLLM's own shutdown and a
+    margin (60 s without a drain)."""
+    drain = inf.engine.drain_seconds
+    return drain + SHUTDOWN_TIMEOUT_SECONDS + TERMINATION_MARGIN_SECONDS if drain > 0 else 60
+
+
+def engine_script() -> str:
+    """The ``sh -c`` script of a pod that serves the API (a Deployment pod, an LWS leader):
+    :data:`SHM_CLEAN`, then ``exec vllm serve "$@"`` with the container ``args`` verbatim. Fixed
+    text (no user-derived part), ``$`` escaped for Kubernetes' ``$(VAR)`` expansion."""
+    return k8s_escape(f'{SHM_CLEAN}; exec vllm serve "$@"')
 
 
 def _dp_args(inf: MoEInference) -> list[str]:
@@ -122,7 +154,7 @@ def multinode_worker_args(inf: MoEInference) -> list[str]:
 
 
 def multinode_worker_script(inf: MoEInference) -> str:
-    """The worker's ``sh -c`` script: ``exec vllm serve "$@"`` (the container ``args``, verbatim)
+    """The worker's ``sh -c`` script: :data:`SHM_CLEAN`, then ``exec vllm serve "$@"`` (the container ``args``, verbatim)
     then ``--data-parallel-start-rank $((LWS_WORKER_INDEX x dataLocal)) --headless``.
 
     No user-derived text is in it (``dataLocal`` is an int), and every ``$`` is written ``$$`` so
@@ -130,7 +162,8 @@ def multinode_worker_script(inf: MoEInference) -> str:
     must see it, whatever env the pod has.
     """
     data_local = int(inf.parallelism.data_local)
-    script = f'exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * {data_local}))" --headless'
+    script = (f'{SHM_CLEAN}; exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * {data_local}))"'
+              ' --headless')
     return k8s_escape(script)
 
 

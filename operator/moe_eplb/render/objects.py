@@ -41,16 +41,20 @@ from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
     engine_args,
+    engine_script,
     multinode_leader_args,
     multinode_worker_args,
     multinode_worker_script,
+    termination_grace_seconds,
 )
 from moe_eplb.render.labels import labels, selector_labels
 from moe_eplb.render.overlay import merge_pod_template
 
-GPU_RESOURCE = "nvidia.com/gpu"
 HEALTH_PATH = "/health"
 PROBE_PERIOD_SECONDS = 10
+#: the engine container's command where it serves the API: a fixed script that cleans /dev/shm and
+#: execs ``vllm serve`` with the container ``args`` ("vllm" is the script's $0)
+API_COMMAND = ["/bin/sh", "-c", engine_script(), "vllm"]
 SCRAPE_INTERVAL = "15s"
 
 
@@ -101,7 +105,7 @@ def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:
 # --- pods -----------------------------------------------------------------------------------------
 
 
-def _env(inf: MoEInference) -> list[dict[str, Any]]:
+def _env(inf: MoEInference, role: str = k8s_names.ROLE_API) -> list[dict[str, Any]]:
     user = [dict(e) for e in inf.engine.env]
     plugins = [EXPORTER_PLUGIN]
     for e in user:
@@ -120,6 +124,11 @@ def _env(inf: MoEInference) -> list[dict[str, Any]]:
     pvc = inf.model.pvc
     if pvc and not inf.model.name.startswith("/"):
         env.append({"name": "HF_HOME", "value": pvc.mount_path})
+    # what the exporter's health endpoints need: whose requests to drain, for how long
+    # (the operator's: a user's entry of the same name is left out, spec.engine.drainSeconds sets it)
+    env += [{"name": k8s_names.ENGINE_ROLE_ENV, "value": role},
+            {"name": k8s_names.DRAIN_SECONDS_ENV, "value": str(inf.engine.drain_seconds)}]
+    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV}
     return env + [e for e in user if e.get("name") not in merged]
 
 
@@ -145,31 +154,50 @@ def _exporter_init_container(inf: MoEInference) -> dict[str, Any]:
 
 
 def _resources(inf: MoEInference) -> dict[str, Any]:
-    gpus = inf.parallelism.gpus_per_pod
+    gpus, name = inf.parallelism.gpus_per_pod, inf.engine.gpu_resource_name
     res = {k: dict(v) for k, v in (inf.engine.resources or {}).items() if isinstance(v, dict)}
     limits = res.setdefault("limits", {})
-    limits[GPU_RESOURCE] = gpus
+    limits[name] = gpus
     if "requests" in res:
-        res["requests"][GPU_RESOURCE] = gpus
+        res["requests"][name] = gpus
     return res
 
 
 def _probes(serves_api: bool, startup_timeout: int) -> dict[str, Any]:
-    if not serves_api:
-        return {}
-    get = {"path": HEALTH_PATH, "port": API_PORT_NAME}
+    """Probes of an engine container (see docs/operator.md, "Pod health").
+
+    A pod that serves the API waits for vLLM's ``/health`` (startup); a worker for its exporter.
+    Readiness and liveness are the exporter's (``moe_eplb.exporter.health``): readiness fails while
+    the pod drains (so the Service stops routing to it) or vLLM's ``/health`` fails; liveness fails
+    when the engine's process is gone (the exporter ends with it) or a worker is stuck in a forward
+    pass. The startup probe holds both off for up to ``spec.engine.startupTimeoutSeconds`` (model
+    loading can take most of an hour for the largest models), on workers too.
+    """
+    exporter = k8s_names.EXPORTER_PORT_NAME
+    start = {"path": HEALTH_PATH, "port": API_PORT_NAME} if serves_api else \
+        {"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}
+    ready = {"path": k8s_names.EXPORTER_READY_PATH, "port": exporter}
+    live = {"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}
     return {
-        # model loading can take most of an hour for the largest models: the startup probe holds off
-        # liveness until /health answers once, for up to spec.engine.startupTimeoutSeconds
         "startupProbe": {
-            "httpGet": dict(get),
+            "httpGet": start,
             "periodSeconds": PROBE_PERIOD_SECONDS,
             "timeoutSeconds": 5,
             "failureThreshold": math.ceil(startup_timeout / PROBE_PERIOD_SECONDS),
         },
-        "readinessProbe": {"httpGet": dict(get), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": dict(get), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 5},
+        "readinessProbe": {"httpGet": ready, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": live, "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 5},
     }
+
+
+def _lifecycle(inf: MoEInference) -> dict[str, Any]:
+    """The preStop drain (``spec.engine.drainSeconds`` > 0): the kubelet's GET on the exporter's
+    ``/drain`` turns the pod unready and returns once vLLM has no request in flight (a worker: once
+    its group's leader has none, or is gone), or after ``drainSeconds``; SIGTERM follows."""
+    if inf.engine.drain_seconds <= 0:
+        return {}
+    drain = {"path": k8s_names.EXPORTER_DRAIN_PATH, "port": k8s_names.EXPORTER_PORT_NAME}
+    return {"lifecycle": {"preStop": {"httpGet": drain}}}
 
 
 def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -204,6 +232,7 @@ def pod_template(
     """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports), with
     ``spec.engine.podTemplate`` merged in (:mod:`moe_eplb.render.overlay`)."""
     volumes, mounts = _volumes(inf)
+    role = k8s_names.ROLE_API if serves_api else k8s_names.ROLE_WORKER
     ports = [{"name": k8s_names.EXPORTER_PORT_NAME, "containerPort": k8s_names.EXPORTER_PORT, "protocol": "TCP"}]
     if serves_api:
         ports.insert(0, {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"})
@@ -214,15 +243,16 @@ def pod_template(
         "command": command,
         **({"args": args} if args is not None else {}),
         "ports": ports,
-        "env": _env(inf),
+        "env": _env(inf, role),
         "resources": _resources(inf),
         "volumeMounts": mounts,
         **_probes(serves_api, inf.engine.startup_timeout_seconds),
+        **_lifecycle(inf),
     }
     spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": termination_grace_seconds(inf),
     }
     if inf.engine.exporter.inject:
         spec["initContainers"] = [_exporter_init_container(inf)]
@@ -245,7 +275,7 @@ def pod_template(
 
 def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     """Single-node replica groups: one Deployment, one pod per replica group."""
-    template = pod_template(inf, eplb, command=["vllm", "serve"], args=engine_args(inf, eplb))
+    template = pod_template(inf, eplb, command=API_COMMAND, args=engine_args(inf, eplb))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -258,7 +288,8 @@ def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
                 "rollingUpdate": {"maxSurge": inf.rollout.max_surge, "maxUnavailable": inf.rollout.max_unavailable},
             },
             "revisionHistoryLimit": 3,
-            "progressDeadlineSeconds": inf.engine.startup_timeout_seconds + 600,
+            # a rolling step waits for an old pod's drain and a new pod's start
+            "progressDeadlineSeconds": inf.engine.startup_timeout_seconds + termination_grace_seconds(inf) + 600,
             "template": template,
         },
     }
@@ -268,7 +299,7 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     """Multi-node replica groups: a LeaderWorkerSet; each group is ``nodes`` pods running one vLLM
     data-parallel engine (leader serves the API, workers run ``--headless``)."""
     common = engine_args(inf, eplb)
-    leader = pod_template(inf, eplb, command=["vllm", "serve"], args=common + multinode_leader_args(inf))
+    leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf))
     # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
     # script; no user text is ever part of a `sh -c` string (issue 24)
     worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],

@@ -469,6 +469,8 @@ class SimulatedEngine:
         self._lock = threading.Lock()  # held while the replay changes what /metrics renders
         self._task: asyncio.Task | None = None
         self._expositions = [_Exposition(self, k) for k in range(pods)]
+        #: pods (index in the group) whose worker hangs in a forward pass: their liveness path fails
+        self.stuck: set[int] = set()
 
     def exposition(self, pod: int = 0) -> bytes:
         """What pod ``pod`` of the engine answers on ``/metrics`` now (classic text format)."""
@@ -622,7 +624,21 @@ class SimulatedEngine:
             return 200, body, "text/plain; version=0.0.4; charset=utf-8"
         if path == "/health":
             return (200, b"ok", "text/plain") if self.ready else (503, b"loading", "text/plain")
+        if path in (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH, k8s_names.EXPORTER_DRAIN_PATH):
+            return self._health(pod, path)
         return 404, b"not found", "text/plain"
+
+    def _health(self, pod: int, path: str) -> tuple[int, bytes, str]:
+        """The exporter's health paths (``moe_eplb.exporter.health``) as a simulated pod answers
+        them: not live while its worker is stuck (:attr:`stuck`, set by a test), ready once loaded
+        and live, drained at once (a simulated engine has no requests in flight)."""
+        if path == k8s_names.EXPORTER_DRAIN_PATH:
+            return 200, b"drained: simulated engine\n", "text/plain"
+        if pod in self.stuck:
+            return 503, f"worker of pod {pod} is stuck (simulated)\n".encode(), "text/plain"
+        if path == k8s_names.EXPORTER_READY_PATH and not self.ready:
+            return 503, b"loading\n", "text/plain"
+        return 200, b"live\n", "text/plain"
 
     def _server_for(self, pod: int, host: str, port: int) -> ThreadingHTTPServer:
         engine = self

@@ -7,6 +7,9 @@ binds them; this agent
 
 - registers ``nodes`` Node objects as a GPU node would have them (``nvidia.com/gpu`` capacity and
   allocatable, the GPU product and count labels, ``Ready``);
+- runs each engine container's ``livenessProbe`` (``httpGet``, :mod:`moe_eplb.sim.probes`) once its
+  engine is up, and restarts a container whose probe keeps failing (``restartCount`` + 1);
+  :meth:`NodeAgent.stick` makes a pod's worker hang so that its probe fails;
 - watches (polls) the pods bound to its nodes and runs one
   :class:`~moe_eplb.sim.engine.SimulatedEngine` per pod, with the EPLB settings parsed from the pod's
   own vLLM arguments (:func:`moe_eplb.sim.kubelet.engine_settings`), on a loopback address of its own
@@ -55,6 +58,7 @@ from moe_eplb.sim.kubelet import (
     PollingKubelet,
     engine_settings,
 )
+from moe_eplb.sim.probes import LivenessProber
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +90,9 @@ def node_object(name: str, *, gpus: int, product: str = "NVIDIA-H200") -> dict[s
     }
 
 
-def node_status(gpus: int, now: str) -> dict[str, Any]:
-    capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti", GPU_RESOURCE: str(gpus)}
+def node_status(gpus: int, now: str, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
+    """A Ready node's status with ``gpus`` of the device plugin's resource ``gpu_resource``."""
+    capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti", gpu_resource: str(gpus)}
     return {"status": {
         "capacity": capacity, "allocatable": capacity,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated node agent",
@@ -131,6 +136,8 @@ class AgentPod:
     worker: int = 0
     size: int = 1
     spec: dict = field(default_factory=dict)
+    prober: LivenessProber | None = None  # the engine container's liveness probe, run as a kubelet would
+    last_termination: dict | None = None  # lastState.terminated after a liveness restart
 
     @property
     def ready(self) -> bool:
@@ -150,7 +157,8 @@ class NodeAgent(PollingKubelet):
     content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`).
     ``node_prefix``: the Nodes are ``<node_prefix>-0`` ... ``-<nodes - 1>``; ``remove_nodes``: delete
     them when it stops (a world on a shared control plane: the next one's pods must not be scheduled
-    onto machines nobody runs)."""
+    onto machines nobody runs); ``gpu_resource``: the GPUs' resource name (``amd.com/gpu`` for a ROCm
+    node)."""
 
     role = "node agent"
 
@@ -160,11 +168,12 @@ class NodeAgent(PollingKubelet):
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
                  on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None,
-                 node_prefix: str = "gpu-node", remove_nodes: bool = False) -> None:
+                 node_prefix: str = "gpu-node", remove_nodes: bool = False, gpu_resource: str = GPU_RESOURCE) -> None:
         self.cluster, self.workload, self.clock = cluster, workload, clock
         self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
         self.remove_nodes = remove_nodes
         self.gpus_per_node = gpus_per_node
+        self.gpu_resource = gpu_resource  # the device plugin's resource name (spec.engine.gpuResourceName)
         self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
         self.crash_if = crash_if or (lambda s: False)
         self.faults_for = faults_for or (lambda s: EngineFaults())
@@ -186,7 +195,8 @@ class NodeAgent(PollingKubelet):
             except aiohttp.ClientResponseError as exc:
                 if exc.status != 409:
                     raise
-            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}/status", node_status(self.gpus_per_node, now),
+            status = node_status(self.gpus_per_node, now, self.gpu_resource)
+            await self.cluster.request("PATCH", f"/api/v1/nodes/{name}/status", status,
                                        content_type="application/merge-patch+json")
             # the apiserver taints a new Node not-ready (TaintNodesByCondition); the node lifecycle
             # controller lifts it once the node reports Ready. That controller is not run here (it
@@ -246,6 +256,7 @@ class NodeAgent(PollingKubelet):
         for p in live:
             if p.uid in self.pods:
                 self._advance(p)
+                await self._probe(p)
                 await self._write_status(p)
         await self._notify_targets()
 
@@ -272,6 +283,9 @@ class NodeAgent(PollingKubelet):
         p = AgentPod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], instance=instance,
                      ip=self._next_ip(port), port=port,
                      hash=labels.get("pod-template-hash") or labels.get(k8s_names.LWS_TEMPLATE_REVISION_LABEL, ""))
+        vllm = next((c for c in spec.get("containers") or [] if c.get("name") == "vllm"), None)
+        if vllm is not None and vllm.get("livenessProbe"):
+            p.prober = LivenessProber(vllm, self.clock.now)
         self.pods[p.uid] = p
         member = group_of(meta)
         if member is not None:  # its group's engine starts once the group is whole (_reconcile_groups)
@@ -306,8 +320,37 @@ class NodeAgent(PollingKubelet):
         if p.ready and not p.ready_since:
             p.ready_since = _now()
 
+    async def _probe(self, p: AgentPod) -> None:
+        """Run the pod's liveness probe once its engine has started; restart the container when it
+        fails ``failureThreshold`` times: ``restartCount`` + 1 (which makes LeaderWorkerSet recreate
+        a group), and a Deployment pod's engine starts again."""
+        if p.prober is None or p.crash or p.engine is None or not p.engine.ready:
+            return
+        p.prober.started()
+        failure = await p.prober.step(p.ip)
+        if failure is None:
+            return
+        log.info("node agent: pod %s/%s: %s; restarting its container", p.namespace, p.name, failure)
+        p.restarts += 1
+        p.last_termination = {"terminated": {"reason": "Error", "exitCode": 137, "message": failure}}
+        if p.group is None:  # a Deployment pod: its engine starts again (a group waits for LWS)
+            await p.engine.stop()
+            p.engine = SimulatedEngine(self.trace_for(p.instance), p.settings, self.clock,
+                                       startup_seconds=self.startup_seconds, tick=self.engine_tick,
+                                       faults=self.faults_for(p.settings), seed=self.pods_started,
+                                       true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,))
+            await p.engine.start()
+            p.ready_since = ""
+
+    def stick(self, namespace: str, pod: str) -> None:
+        """Make the worker of pod ``pod`` hang in a forward pass (its liveness path fails; tests)."""
+        p = next(p for p in self.pods.values() if (p.namespace, p.name) == (namespace, pod))
+        if p.engine is None:
+            raise ValueError(f"pod {namespace}/{pod} runs no engine")
+        p.engine.stuck.add(p.worker)
+
     async def _write_status(self, p: AgentPod) -> None:
-        last = None
+        last = p.last_termination
         if p.crash and p.restarts and p.group is not None:
             # restarted and running again (about to fail) when LWS sees the restart and recreates the
             # group (RecreateGroupOnPodRestart), as the emulation shows it (sim/kubelet.py)

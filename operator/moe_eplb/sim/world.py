@@ -167,6 +167,8 @@ class SimWorld:
             its namespace is deleted at the end.
         namespace: where :meth:`apply` and :meth:`get` work (``default``; on a ``shared_plane`` a
             fresh one, set by :meth:`run`).
+        gpu_resource: with ``api="real"``, the extended resource the simulated nodes' device plugin
+            advertises (``amd.com/gpu`` for ROCm nodes; ``spec.engine.gpuResourceName``).
         emulated_hpa: run the emulated HPA controller (:mod:`moe_eplb.sim.hpa`, ``world.hpa``) that
             scales on the pods' vLLM metrics itself: on the emulated API (no HPA controller there), or
             on the real one without the adapter (kube-controller-manager then runs without its own HPA
@@ -199,6 +201,7 @@ class SimWorld:
     metrics_adapter: bool = False
     emulated_hpa: bool = False
     lws: str = "auto"
+    gpu_resource: str = "nvidia.com/gpu"  # the simulated nodes' GPU resource name (api="real")
     shared_plane: Any = None
     namespace: str = "default"
     # handles, set by run()
@@ -280,7 +283,8 @@ class SimWorld:
                                       node_prefix=self._node_prefix(), remove_nodes=self._on_shared_plane(),
                                       startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
                                       poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
-                                      num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change)
+                                      num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change,
+                                      gpu_resource=self.gpu_resource)
                     if self.crash_pod_if is not None:
                         agent.crash_pod_if = self.crash_pod_if
                     await agent.start()

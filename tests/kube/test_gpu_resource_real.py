@@ -1,0 +1,60 @@
+"""``spec.engine.gpuResourceName`` against the REAL kube-scheduler: on simulated ROCm nodes (their
+device plugin advertises ``amd.com/gpu``), an engine pod requesting ``amd.com/gpu`` is scheduled and
+serves, while one requesting the default ``nvidia.com/gpu`` stays Pending, unschedulable for want of
+that resource."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+from moe_eplb.eplb import synth
+from moe_eplb.sim.world import SimWorld
+from tests.autotune.conftest import RESOURCE
+
+
+async def _until(check, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def _cond(pod: dict, ctype: str) -> dict:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
+
+
+async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(sim_plane) -> None:
+    workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
+                              bucket_seconds=15, seed=8, shift_at=0.5)
+    world = SimWorld(workload=workload, api="real", lws="auto", scale=100.0, startup_seconds=30.0,
+                     kubelet_poll=0.1, shared_plane=sim_plane, gpu_resource="amd.com/gpu")
+    async with world.run():
+        ns, cluster = world.namespace, world.cluster
+        await world.start_operator()
+        for name, gpu in (("rocm", "amd.com/gpu"), ("cuda", None)):
+            res = copy.deepcopy(RESOURCE)
+            res["metadata"]["name"] = name
+            res["spec"]["replicas"] = 1
+            res["spec"]["autotune"]["mode"] = "Off"
+            if gpu:
+                res["spec"]["engine"]["gpuResourceName"] = gpu
+            await world.apply(res)
+
+        async def pod(name: str, check) -> dict | None:
+            ps = await cluster.list(f"/api/v1/namespaces/{ns}/pods", f"eplb.ai/name={name}")
+            return ps[0] if len(ps) == 1 and check(ps[0]) else None
+
+        rocm = await _until(lambda: pod("rocm", lambda p: _cond(p, "Ready").get("status") == "True"),
+                            what="the amd.com/gpu pod ready")
+        assert rocm["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}  # the apiserver stores quantities as strings
+        assert rocm["spec"]["nodeName"].startswith(world._node_prefix())
+        cuda = await _until(lambda: pod("cuda", lambda p: _cond(p, "PodScheduled").get("reason") == "Unschedulable"),
+                            what="the nvidia.com/gpu pod refused by the scheduler")
+        assert cuda["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        assert "Insufficient nvidia.com/gpu" in _cond(cuda, "PodScheduled")["message"]
+        assert not cuda["spec"].get("nodeName")

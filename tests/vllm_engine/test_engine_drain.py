@@ -1,0 +1,179 @@
+"""A planned stop of a REAL vLLM engine loses no request: the rendered ``preStop`` drain, then SIGTERM
+as the kubelet sends it, with the rendered ``--shutdown-timeout`` (vLLM on CPU with the test bridge).
+
+The engine runs the args and env ``moe-eplb render`` gives the "full" MoEInference of
+:func:`scripts.vllm_engine.harness.manifest` (its adaptations listed there); the pod's hooks are
+played as the kubelet plays them: the ``preStop`` is the rendered ``httpGet`` on the exporter's port,
+sent while a long generation runs; SIGTERM goes to the engine's main process once the hook returned;
+the process gets ``terminationGracePeriodSeconds`` (minus what the hook took) to exit. Also checked:
+the pod turns unready while it drains (``readinessProbe``), stays live (``livenessProbe``), and a
+request that still arrives after the drain (a straggler) is finished by vLLM's own graceful shutdown.
+Before that, the liveness probe's stuck check on the same engine: a worker frozen mid-generation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from moe_eplb.contracts import k8s_names
+from moe_eplb.exporter.health import pid_alive, read_beats, requests_in_flight
+from scripts.vllm_engine import harness
+
+from .conftest import record_time
+
+pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]
+
+LONG = 440  # tokens of the long generation (max_model_len 512)
+
+
+def _get(url: str, timeout: float = 600.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _probe_url(engine: harness.Engine, probe: dict) -> str:
+    get = probe["httpGet"]
+    assert get["port"] == k8s_names.EXPORTER_PORT_NAME  # the exporter's port: mapped to the test's port
+    return f"http://127.0.0.1:{engine.exporter_port}{get['path']}"
+
+
+class Timed:
+    """A call in a thread, with when it ended (monotonic) and its result or error."""
+
+    def __init__(self, fn, *args) -> None:
+        self.result, self.error, self.ended = None, None, None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            self.result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+        self.ended = time.monotonic()
+
+    def join(self, timeout: float) -> Timed:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "still running"
+        return self
+
+
+def _wait_running(engine: harness.Engine, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if requests_in_flight(engine.vllm_metrics_text()) >= 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the long request never showed up as running")
+
+
+@pytest.fixture(scope="module")
+def pod(cpu_wheel, tiny_model, bridge_dir, engine_root):
+    """One engine for the module, started from the rendered args and env; the liveness check's stuck
+    limit cut to 3 s (a forward here takes milliseconds) and the drain's minimum to 0.5 s (a cluster
+    waits 5 s for the endpoints first)."""
+    work = os.path.join(engine_root, "drain")
+    os.makedirs(work, exist_ok=True)
+    rendered = harness.render(harness.manifest("full"), work)
+    engine = harness.Engine(rendered, tiny_model, bridge_dir, work,
+                            extra_env={"MOE_EPLB_DRAIN_MIN_SECONDS": "0.5", "MOE_EPLB_STUCK_SECONDS": "3"})
+    try:
+        engine.start()
+        record_time("drain engine: start until /health (s)", engine.ready_seconds)
+        engine.complete("warm up", 4)
+        yield engine
+    finally:
+        engine.stop()
+
+
+def _wait_probe(url: str, status: int, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = _get(url, 10)
+        if last[0] == status:
+            return last[1]
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered {status} (last: {last})")
+
+
+def test_a_stuck_worker_fails_liveness_and_recovers(pod):
+    """Each worker process keeps a heartbeat; freezing one worker (SIGSTOP) mid-generation leaves its
+    tensor-parallel peer waiting inside a forward pass: ``/livez`` turns 503 naming a stuck worker,
+    and once the worker runs again (SIGCONT) it is live again and the request completes."""
+    c = pod.rendered.container
+    live_url = _probe_url(pod, c["livenessProbe"])
+    beats = read_beats(pod.exporter_dir)
+    assert len(beats) == 2 and all(b.last_step > 0 and pid_alive(b.pid) for b in beats), beats  # TP 2: two workers
+    assert _get(live_url, 10) == (200, "live\n")
+    long = Timed(pod.complete, "a story that is interrupted", LONG)
+    _wait_running(pod)
+    frozen = max(b.pid for b in beats)
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        text = _wait_probe(live_url, 503, timeout=60)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    assert "is stuck: a forward pass began" in text, text
+    _wait_probe(live_url, 200, timeout=60)
+    long.join(300)
+    assert long.error is None, long.error
+    assert long.result["usage"]["completion_tokens"] == LONG
+
+
+def test_a_request_in_flight_when_the_pod_stops_completes(pod):
+    """(Runs last: it stops the engine.)"""
+    engine, rendered = pod, pod.rendered
+    c = rendered.container
+    args = c["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "30"  # vLLM 0.32 has the flag
+    assert rendered.env[k8s_names.DRAIN_SECONDS_ENV] == "600"
+    grace = int(rendered.yaml_text.split("terminationGracePeriodSeconds: ")[1].split()[0])
+    assert grace == 600 + 30 + 30
+    ready_url, live_url = _probe_url(engine, c["readinessProbe"]), _probe_url(engine, c["livenessProbe"])
+    drain_url = _probe_url(engine, c["lifecycle"]["preStop"])
+    assert _get(ready_url)[0] == 200 and _get(live_url)[0] == 200
+
+    long = Timed(engine.complete, "a long story about a mixture of experts", LONG)
+    _wait_running(engine)
+    hook_started = time.monotonic()
+    hook = Timed(_get, drain_url)  # the kubelet's preStop: GET, and wait for it
+    time.sleep(0.3)
+    ready_during, live_during = _get(ready_url, 10), _get(live_url, 10)
+    long.join(300)
+    hook.join(120)
+    hook_seconds = hook.ended - hook_started
+
+    # the request completed with all its tokens, and the hook returned only after it had
+    assert long.error is None, long.error
+    assert long.result["usage"]["completion_tokens"] == LONG
+    assert hook.result[0] == 200 and hook.result[1].startswith("drained: no request in flight"), hook.result
+    assert hook.ended >= long.ended
+    assert ready_during == (503, "draining\n") and live_during[0] == 200
+    record_time("drain engine: preStop hook (s)", hook_seconds)
+
+    # a straggler (routed before the endpoints caught up), then SIGTERM as the kubelet sends it:
+    # vLLM's --shutdown-timeout lets it finish before the process exits
+    straggler = Timed(engine.complete, "one more", 64)
+    _wait_running(engine)
+    proc = engine.proc
+    assert proc is not None
+    term_at = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = proc.wait(timeout=grace - hook_seconds)
+    record_time("drain engine: SIGTERM until exit (s)", time.monotonic() - term_at)
+    straggler.join(60)
+    assert straggler.error is None, f"{straggler.error}; log tail:\n{engine.tail()}"
+    assert straggler.result["usage"]["completion_tokens"] == 64
+    assert code == 0, engine.tail()
+    assert "EngineCore: draining in-flight requests count=1" in engine.log()  # vLLM 0.32's own words
