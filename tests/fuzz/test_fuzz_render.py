@@ -15,7 +15,7 @@ import copy
 
 import yaml
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from moe_eplb.api.crd import openapi_schema
@@ -131,6 +131,12 @@ def _no_traceback(result) -> None:
     assert "Traceback" not in result.output
 
 
+#: two CLI runs per example (~0.3 s): a quarter of the tier's count keeps it short; for a longer hunt
+#: MOE_EPLB_FUZZ_EXAMPLES=2000 MOE_EPLB_FUZZ_RANDOM=1 (tests/fuzz/conftest.py)
+FEWER = settings(max_examples=max(10, settings.default.max_examples // 4))
+
+
+@FEWER
 @given(st.sampled_from(SEEDS), st.lists(MUTATION, min_size=1, max_size=6), OPERATOR_FLAGS)
 def test_render_renders_or_refuses_as_validate_does(tmp_path_factory, seed, mutations, flags):
     path = tmp_path_factory.mktemp("r") / "m.yaml"
@@ -141,6 +147,7 @@ def test_render_renders_or_refuses_as_validate_does(tmp_path_factory, seed, muta
     render = runner.invoke(main, ["render", "-f", str(path), *args])
     _no_traceback(validate)
     _no_traceback(render)
+    event(f"validate exit {validate.exit_code}")  # --hypothesis-show-statistics: how many rendered
     assert "cannot render the children" not in render.stderr, render.stderr  # validation missed a case
     if validate.exit_code == 0:
         assert validate.stdout == "valid\n" and render.exit_code == 0, render.output
@@ -167,6 +174,7 @@ DOCUMENT = st.one_of(
 )
 
 
+@FEWER
 @given(st.lists(DOCUMENT, min_size=1, max_size=3), OPERATOR_FLAGS)
 def test_streams_of_hostile_documents_render_or_are_refused_as_validate_does(tmp_path_factory, docs, flags):
     path = tmp_path_factory.mktemp("s") / "m.yaml"

@@ -12,8 +12,8 @@ import yaml
 
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
-from moe_eplb.api.spec import parse
-from moe_eplb.api.validation import check, operator_default_problems
+from moe_eplb.api.spec import OperatorDefaults, parse
+from moe_eplb.api.validation import check, check_for_operator, operator_default_problems
 from moe_eplb.contracts import vllm_facts
 from moe_eplb.render import autoscaler as au
 from moe_eplb.render.objects import render_children
@@ -204,6 +204,14 @@ def test_keda_without_a_prometheus_address_is_refused_by_the_operator():
     assert checked.problems == []  # the operator may have a default (--prometheus-url)
     (problem,) = operator_default_problems(checked.inference)
     assert problem.field == "spec.monitoring.prometheusUrl" and "backend: HPA" in problem.message
+    # what the reconciler and `moe-eplb validate|render` run: refused without the operator's address,
+    # rendered with it (the resource's own address would win)
+    assert check_for_operator(res).problems == [problem]
+    given = check_for_operator(res, OperatorDefaults(prometheus_url="http://prom.monitoring:9090"))
+    assert given.problems == [] and given.inference.prometheus_url == "http://prom.monitoring:9090"
+    assert au.autoscaler(given.inference)["spec"]["triggers"][0]["metadata"]["serverAddress"] == \
+        "http://prom.monitoring:9090"
+    assert check(res).inference.prometheus_url is None  # the resource itself is not changed
 
 
 def test_printer_columns_show_desired_and_ready_replicas():
