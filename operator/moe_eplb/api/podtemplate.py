@@ -48,7 +48,18 @@ from moe_eplb.contracts.k8s_names import (
 )
 
 FIELD = "spec.engine.podTemplate"
-GPU_RESOURCE = "nvidia.com/gpu"
+#: the rule, at ``spec`` level (it reads ``spec.engine.gpuResourceName``), that keeps the GPU count out of
+#: the engine container's overlay; in crd.yaml beside the rules on ``spec.engine.resources``
+GPU_RULES = tuple(
+    {"rule": "!has(self.engine.podTemplate) || !has(self.engine.podTemplate.spec) || "
+             "!has(self.engine.podTemplate.spec.containers) || self.engine.podTemplate.spec.containers.all(c, "
+             f"c.name != '{ENGINE_CONTAINER}' || !has(c.resources) || !has(c.resources.{kind}) || "
+             f"!(self.engine.gpuResourceName in c.resources.{kind}))",
+     "fieldPath": ".engine.podTemplate.spec.containers",
+     "message": f"{FIELD}.spec.containers[{ENGINE_CONTAINER}].resources.{kind}: the GPU count "
+                "(spec.engine.gpuResourceName, default nvidia.com/gpu) is the operator's (tensor x dataLocal); "
+                "remove it here (other resources such as rdma/ib are fine)"}
+    for kind in ("limits", "requests"))
 #: labels the workload, Service, PDB and PodMonitor select on (render.labels.selector_labels)
 SELECTOR_LABELS = (COMPONENT_LABEL, NAME_LABEL)
 #: labels and annotations LeaderWorkerSet sets on every pod of a group
@@ -105,16 +116,18 @@ def container_rules() -> list[dict[str, Any]]:
            for fld, fix in (("command", "add vLLM flags with spec.engine.extraArgs"),
                             ("args", "add vLLM flags with spec.engine.extraArgs"),
                             ("image", "set spec.engine.image"))]
+    out += [{"rule": _engine(f"!has(self.{fld})"), "fieldPath": f".{fld}",
+             "message": f"{where}.{fld}: the operator sets the engine's {fld} ({why}); remove it ({fix})"}
+            for fld, why, fix in (
+                ("lifecycle", "its preStop hook drains the pod", "size the drain with spec.engine.drainSeconds"),
+                ("startupProbe", "the health of a pod or a group's worker",
+                 "size model loading with spec.engine.startupTimeoutSeconds"),
+                ("livenessProbe", "the health of a pod or a group's worker", "the operator's probe fails a stuck or "
+                 "dead engine; spec.engine.startupTimeoutSeconds sizes loading"),
+                ("readinessProbe", "the drain turns it unready first", "spec.engine.drainSeconds sizes the drain"))]
     out.append({"rule": f"self.name == '{ENGINE_CONTAINER}' || has(self.image)", "fieldPath": ".image",
                 "message": f"{FIELD}.spec.containers: a container other than {ENGINE_CONTAINER} is a sidecar "
                            "and needs an image; set image (or name it vllm to merge into the engine container)"})
-    for kind in ("limits", "requests"):
-        out.append({
-            "rule": _engine(f"!has(self.resources) || !has(self.resources.{kind}) || "
-                            f"!('{GPU_RESOURCE}' in self.resources.{kind})"),
-            "fieldPath": f".resources.{kind}",
-            "message": f"{where}.resources.{kind}: the GPU count ({GPU_RESOURCE}) is the operator's (tensor x "
-                       "dataLocal); remove it here (other resources such as rdma/ib are fine)"})
     out.append({
         "rule": f"!has(self.ports) || self.ports.all(p, !(p.containerPort in {_list(OWNED_PORTS)}) && "
                 f"(!has(p.name) || !(p.name in {_list(OWNED_PORT_NAMES)})))",
@@ -150,6 +163,9 @@ def pod_spec_rules() -> list[dict[str, Any]]:
         {"rule": "!has(self.ephemeralContainers)", "fieldPath": ".ephemeralContainers",
          "message": f"{FIELD}.spec.ephemeralContainers: a pod template cannot have ephemeral containers (they are "
                     "added to a running pod with kubectl debug); use containers for a sidecar"},
+        {"rule": "!has(self.terminationGracePeriodSeconds)", "fieldPath": ".terminationGracePeriodSeconds",
+         "message": f"{FIELD}.spec.terminationGracePeriodSeconds: the operator derives it from "
+                    "spec.engine.drainSeconds (the drain plus vLLM's shutdown); set spec.engine.drainSeconds"},
         {"rule": "!has(self.restartPolicy) || self.restartPolicy == 'Always'", "fieldPath": ".restartPolicy",
          "message": f"{FIELD}.spec.restartPolicy: engine pods belong to a Deployment or LeaderWorkerSet, which "
                     "allow only Always; remove it"},

@@ -5,7 +5,8 @@ benchmarks. Nothing here talks to a real cluster or a GPU.
   ``kubelet`` (kubelet, Deployment and LeaderWorkerSet controllers; ``lws``: the LeaderWorkerSet
   decisions), ``engine`` (a vLLM engine pod's stand-in), ``physics`` (a deployment's true costs),
   ``recording`` (a trace one simulated engine served), ``hpa`` (an HPA controller where the real one
-  cannot read vLLM's metrics), ``nodeagent`` (GPU nodes for the real control plane);
+  cannot read vLLM's metrics), ``nodeagent`` (GPU nodes for the real control plane), ``probes``
+  (the kubelet's liveness probes of the pods the node agent runs);
 - real parts on loopback: ``controlplane`` (etcd, kube-apiserver, kube-controller-manager,
   kube-scheduler built by ``make kube``), ``simplane`` (that plane as a simulated cluster runs on
   it), ``lwscontroller`` (the real LeaderWorkerSet controller), ``metricsadapter``
