@@ -222,7 +222,7 @@ async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None
                                       for p in ps.values())
             return ps if ok else None
 
-        first = await _until(all_ready, what="2 groups ready")
+        first = await eventually(all_ready, what="2 groups ready", timeout=60, interval=0.1)
         world.kubelet.agent.stick(ns, "tiny-0-1")
         seen: list[dict] = []
 
@@ -237,8 +237,8 @@ async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None
                   and new["tiny-0-1"] != first["tiny-0-1"]["metadata"]["uid"])
             return ps if ok else None
 
-        await _until(recreated, timeout=90, what="group 0 recreated")
-        second = await _until(all_ready, timeout=90, what="group 0 ready again")
+        await eventually(recreated, timeout=90, what="group 0 recreated", interval=0.1)
+        second = await eventually(all_ready, timeout=90, what="group 0 ready again", interval=0.1)
         # the other group kept its pods; the stuck pod's restart carried the probe's reason
         assert {second[n]["metadata"]["uid"] for n in ("tiny-1", "tiny-1-1")} == \
             {first[n]["metadata"]["uid"] for n in ("tiny-1", "tiny-1-1")}
@@ -281,7 +281,7 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
                     for e in events if e.get("reason") == k8s_names.LWS_RECREATE_GROUP_REASON)
             return n if n >= 3 else None
 
-        await _until(recreations, timeout=120, what="3 group recreations")
+        await eventually(recreations, timeout=120, what="3 group recreations", interval=0.1)
 
         async def degraded():
             # the operator's resync timer (60 s in a cluster) refreshes the status: asked for here
@@ -290,7 +290,7 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
             cond = _cond({"status": st}, "Degraded")
             return st if cond.get("status") == "True" and cond.get("reason") == "GroupRestarting" else None
 
-        st = await _until(degraded, timeout=60, what="Degraded=GroupRestarting")
+        st = await eventually(degraded, timeout=60, what="Degraded=GroupRestarting", interval=0.1)
         cond = _cond({"status": st}, "Degraded")
         assert "tiny-0-1 (group 0 recreated" in cond["message"], cond
         assert st["phase"] == "Degraded" and st["message"] == cond["message"]
@@ -323,11 +323,11 @@ async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in ps[0]["status"].get("conditions") or [])
             return ps[0] if ready and int(cs.get("restartCount") or 0) == restarts else None
 
-        first = await _until(lambda: pod(0), what="the pod ready")
+        first = await eventually(lambda: pod(0), what="the pod ready", timeout=60, interval=0.1)
         name = first["metadata"]["name"]
         for n in (1, 2, 3):
             world.kubelet.agent.stick(ns, name)
-            again = await _until(lambda n=n: pod(n), timeout=60, what=f"restart {n} and ready again")
+            again = await eventually(lambda n=n: pod(n), timeout=60, what=f"restart {n} and ready again", interval=0.1)
         assert again["metadata"]["uid"] == first["metadata"]["uid"]  # restarted in place, not replaced
         term = again["status"]["containerStatuses"][0]["lastState"]["terminated"]
         assert term["exitCode"] == 137 and term["message"].startswith("Liveness probe failed: HTTP probe failed with statuscode: 503")
@@ -338,5 +338,5 @@ async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim
             c = _cond({"status": st}, "Degraded")
             return c if c.get("status") == "True" and c.get("reason") == "PodRestarting" else None
 
-        cond = await _until(degraded, timeout=60, what="Degraded=PodRestarting")
+        cond = await eventually(degraded, timeout=60, what="Degraded=PodRestarting", interval=0.1)
         assert f"pod {name} restarted 3x (last: Error, exit code 137, Liveness probe failed" in cond["message"], cond
