@@ -5,23 +5,11 @@ that resource."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
 
 from moe_eplb.eplb import synth
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
-
-
-async def _until(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s")
 
 
 def _cond(pod: dict, ctype: str) -> dict:
