@@ -10,6 +10,7 @@ import copy
 from moe_eplb.eplb import synth
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
+from tests.polling import eventually
 
 
 def _cond(pod: dict, ctype: str) -> dict:
@@ -37,12 +38,12 @@ async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(
             ps = await cluster.list(f"/api/v1/namespaces/{ns}/pods", f"eplb.ai/name={name}")
             return ps[0] if len(ps) == 1 and check(ps[0]) else None
 
-        rocm = await _until(lambda: pod("rocm", lambda p: _cond(p, "Ready").get("status") == "True"),
-                            what="the amd.com/gpu pod ready")
+        rocm = await eventually(lambda: pod("rocm", lambda p: _cond(p, "Ready").get("status") == "True"),
+                            what="the amd.com/gpu pod ready", timeout=60, interval=0.1)
         assert rocm["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}  # the apiserver stores quantities as strings
         assert rocm["spec"]["nodeName"].startswith(world._node_prefix())
-        cuda = await _until(lambda: pod("cuda", lambda p: _cond(p, "PodScheduled").get("reason") == "Unschedulable"),
-                            what="the nvidia.com/gpu pod refused by the scheduler")
+        cuda = await eventually(lambda: pod("cuda", lambda p: _cond(p, "PodScheduled").get("reason") == "Unschedulable"),
+                            what="the nvidia.com/gpu pod refused by the scheduler", timeout=60, interval=0.1)
         assert cuda["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
         assert "Insufficient nvidia.com/gpu" in _cond(cuda, "PodScheduled")["message"]
         assert not cuda["spec"].get("nodeName")
