@@ -121,15 +121,40 @@ def test_architecture_eplb_support_matches_the_wheel(arch: str) -> None:
         assert _newer_than_wheel(ARCHITECTURES[arch].eplb_since), f"{arch} is not a vLLM {vllm.__version__} architecture"
         return
     module, cls_name = models[arch][:2]
-    cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
-    assert cls is not None, f"{cls_name} not found in {module}"
-    bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
-    implements = any(b.endswith("MixtureOfExperts") for b in bases)
-    if not implements:  # e.g. a subclass of an MoE CausalLM
-        implements = any(b in models and b != arch and _arch_is_moe(models, b) for b in bases)
+    if module.startswith("vllm."):  # a platform package (vllm/models/<name>/{nvidia,amd,common})
+        implements = _package_class_is_moe(module, cls_name)
+    else:
+        cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
+        assert cls is not None, f"{cls_name} not found in {module}"
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+        implements = any(b.endswith("MixtureOfExperts") for b in bases)
+        if not implements:  # e.g. a subclass of an MoE CausalLM
+            implements = any(b in models and b != arch and _arch_is_moe(models, b) for b in bases)
     info = ARCHITECTURES[arch]
     expected = info.eplb_since is not None and info.eplb_since <= WHEEL
     assert implements is expected, (arch, bases)
+
+
+def _package_class_is_moe(module: str, cls_name: str) -> bool:
+    """Whether ``cls_name`` in vLLM's platform package ``module`` (its NVIDIA code, as vLLM runs on
+    CUDA) implements ``MixtureOfExperts``, directly or through a base class of the same package."""
+    root = Path(vllm.__file__).parent.joinpath(*module.split(".")[1:])
+    assert root.is_dir(), f"{module} is not in vLLM {vllm.__version__}"
+    classes = {}
+    for path in sorted((root / "nvidia").glob("*.py")) + sorted((root / "common").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+
+    def moe(name: str, depth: int = 0) -> bool:
+        cls = classes.get(name)
+        if cls is None or depth > 5:
+            return False
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+        return any(b.endswith("MixtureOfExperts") or moe(b, depth + 1) for b in bases)
+
+    assert cls_name in classes, f"{cls_name} not found in {module}"
+    return moe(cls_name)
 
 
 def _arch_is_moe(models: dict, arch: str) -> bool:

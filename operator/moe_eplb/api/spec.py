@@ -489,6 +489,12 @@ class MoEInference:
         return floor if floor is not None else 0
 
     @property
+    def tuner_bounds(self) -> Bounds:
+        """``spec.autotune.bounds`` with the redundancy floor (:attr:`redundancy_floor`) as a hard lower
+        end: what the tuner searches."""
+        return self.autotune.bounds.with_redundancy_floor(self.redundancy_floor)
+
+    @property
     def eplb_enabled(self) -> bool:
         return bool(self.spec.eplb is not None and self.spec.eplb.enabled)
 

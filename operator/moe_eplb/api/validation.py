@@ -273,6 +273,11 @@ def _eplb_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None, ver
         elif version is not None and EPLB_FIRST < arch.eplb_since and version < arch.eplb_since:
             problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
     problems += _quantization_problems(inf, version)
+    backend = inf.engine.moe_backend_arg
+    refused_since = catalog.MOE_BACKEND_EPLB_REFUSALS.get((arch_name or "", backend or ""))
+    if refused_since is not None and (version is None or version >= refused_since):
+        problems.append(Problem("spec.engine.extraArgs", f"--moe-backend {backend}: vLLM refuses EPLB with this "
+                                f"kernel for {arch_name} (MegaMoE); remove the argument or set spec.eplb.enabled: false"))
     if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
         problems.append(
             Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
@@ -678,6 +683,12 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
                                 "model (MTP of a MoE model, or a MoE drafter) yet; remove --speculative-config or set "
                                 "spec.faultTolerance.enabled: false"))
     k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
+    if k and par.data_local > 1 and k % par.data_local:
+        problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
+                                f"{k} is not a multiple of the data-parallel ranks per pod ({par.data_local}): with "
+                                "fault tolerance each pod runs vLLM's multi-port supervisor, which stops every rank "
+                                "of the pod when one fails, so ranks are lost a pod at a time; use "
+                                f"{-(-k // par.data_local) * par.data_local}"))
     if not k or not experts or k >= par.data or not inf.eplb.enabled:
         return problems  # nothing to survive, or the CRD refuses it already
     floor = wide_ep.fault_tolerance_floor(experts, par.tensor, par.data, k)

@@ -417,7 +417,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
         num_groups=int(shape.num_expert_groups or 1),
         memory_budget_bytes=cfg.memory_budget_bytes,
         bytes_per_expert=shape.bytes_per_expert,
-        bounds=cfg.bounds,
+        bounds=inf.tuner_bounds,  # the fault-tolerance floor is a hard lower end
         current=current,
         cost=cost,
         min_gain=cfg.min_gain,

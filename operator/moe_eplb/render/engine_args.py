@@ -18,7 +18,8 @@ its internal data-parallel load balancing and with more than one API server (``e
 ``config/parallel.py``), so every data-parallel rank then serves its own API: with more than one rank
 per pod ``--data-parallel-multi-port-external-lb`` (ranks on ports 8000, 8001, ...), with one
 ``--data-parallel-rank`` (external load balancing); workers of a multi-node group are then not
-headless.
+headless. vLLM's multi-port supervisor stops all ranks of its pod when one becomes unhealthy, so
+ranks are lost a pod at a time (validation asks ``rankFailuresToSurvive`` in whole pods).
 """
 
 from __future__ import annotations
