@@ -35,6 +35,28 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
                                "spec.eplb.numRedundantExperts"),
     "quantity-passes-pattern-only": ({"spec.engine.shmSize": "1.2.3"}, "spec.engine.shmSize"),
     "extra-arg-sets-parallelism": ({"spec.engine.extraArgs": ["--tensor-parallel-size", "8"]}, "spec.engine.extraArgs[0]"),
+    # vLLM 0.34 (wide EP): what needs the catalog's hidden size, extraArgs or the version's defaults
+    "deepep-ll-buffer-over-32gib": ({"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "deepep_low_latency"},
+                                     "spec.eplb.numRedundantExperts": 200,
+                                     "spec.engine.extraArgs": ["--max-num-batched-tokens", "8192"]},
+                                    "spec.eplb.numRedundantExperts"),
+    "ft-moe-draft": ({"spec.engine.image": "vllm/vllm-openai:v0.34.0",
+                      "spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
+                      "spec.faultTolerance": {"enabled": True},
+                      "spec.engine.extraArgs": ["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']},
+                     "spec.engine.extraArgs[0]"),
+    "ft-ranks-not-whole-pods": ({"spec.engine.image": "vllm/vllm-openai:v0.34.0", "spec.eplb.numRedundantExperts": 24,
+                                 "spec.parallelism": {"tensor": 1, "data": 8, "nodes": 2, "all2allBackend": "nixl_ep"},
+                                 "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 1}},
+                                "spec.faultTolerance.rankFailuresToSurvive"),
+    "moonep-quantized": ({"spec.eplb.enabled": False, "spec.parallelism.all2allBackend": "moonep",
+                          "spec.engine.dtype": "bfloat16"}, "spec.parallelism.all2allBackend"),
+    "omitted-redundancy-outside-bounds": ({"spec.engine.image": "vllm/vllm-openai:v0.34.0",
+                                           "spec.eplb.numRedundantExperts": DELETE,
+                                           "spec.parallelism": {"tensor": 1, "data": 6},
+                                           "spec.autotune.bounds": {"numRedundantExperts": {"min": 8, "max": 16}}},
+                                          "spec.autotune.bounds.numRedundantExperts"),
+    "nccl-communicator-with-async": ({"spec.eplb.communicator": "torch_nccl"}, "spec.eplb.communicator"),
 }
 
 
