@@ -22,6 +22,8 @@ Sources (the released wheels' Python code; see ``/work/shared/notes/vllm-034.md`
 
 from __future__ import annotations
 
+import re
+
 from moe_eplb.api.versions import Version
 from moe_eplb.contracts import vllm_facts
 
@@ -87,9 +89,18 @@ BATCHED_DP_DEFAULT_TOKENS = 256
 #: The largest DeepEP low-latency buffer that works (above it the buffer registration fails).
 DEEPEP_LL_BUFFER_LIMIT = 32 * 2**30
 
-#: The log line vLLM 0.34's engine core writes when a ``scale_down`` committed (no metric or API
-#: field keeps it: ``GET /v1/fault_tolerance/status`` is reset to ``healthy`` once recovery succeeds).
-SCALE_DOWN_LOG_MARK = "scale_down complete: removed"
+#: How vLLM 0.34 reports a committed ``scale_down``: only a log line of each surviving engine core,
+#: ``[FT] Engine N scale_down complete: removed [..], cumulative dead_dp_ranks=[..]``. No metric or
+#: API field keeps it (``GET /v1/fault_tolerance/status`` is reset to ``healthy`` once recovery
+#: succeeds), and the workers' ``eep_eplb_suppressed`` flag (EPLB no longer steps) is in-process.
+_SCALE_DOWN_LINE = re.compile(r"\[FT\] Engine (\d+) scale_down complete: removed \[([0-9, ]*)\]")
+
+
+def scale_downs_in_log(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    """(engine index, data-parallel ranks removed) of every ``[FT] Engine N scale_down complete:
+    removed [...]`` line vLLM 0.34's engine core logged in ``text`` (``engine_core_sentinel.py``)."""
+    return [(int(m.group(1)), tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x))
+            for m in _SCALE_DOWN_LINE.finditer(text)]
 
 
 def backend_since(backend: str) -> Version:
