@@ -253,3 +253,42 @@ def test_wna16_auto_backend_prefers_marlin_so_triton_must_be_forced() -> None:
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_get_priority_backends")
     order = [n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr.isupper()]
     assert order.index("MARLIN") < order.index("TRITON")
+
+
+def test_fault_tolerance_and_all2all_args_parse_in_vllm(serve_parser, variant) -> None:
+    """Fault tolerance (one API server per data-parallel rank through the multi-port supervisor), the
+    all2all backend and the EPLB communicator, as rendered, through vLLM's own parser."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
+                   "spec.eplb.communicator": "torch_gloo", "spec.faultTolerance": {"enabled": True}})
+    inf = parse(res)
+    ns = serve_parser.parse_args(engine_args(inf, inf.effective))
+    assert ns.enable_fault_tolerance and ns.all2all_backend == "nixl_ep"
+    assert ns.data_parallel_multi_port_external_lb and (ns.data_parallel_size, ns.data_parallel_size_local) == (4, 4)
+    ns.model = ns.model_tag
+    engine = EngineArgs.from_cli_args(ns)
+    assert engine.eplb_config.communicator == "torch_gloo" and engine.eplb_config.num_redundant_experts == 8
+
+
+def test_fault_tolerance_one_rank_per_pod_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
+    """With one data-parallel rank per pod each worker is its own external-LB rank (not headless)."""
+    import subprocess
+
+    from moe_eplb.render.objects import render_children
+    from moe_eplb.sim.kubelet import container_argv
+
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 4, "nodes": 4, "all2allBackend": "deepep_low_latency"},
+                   "spec.faultTolerance": {"enabled": True}})
+    inf = parse(res)
+    leader = serve_parser.parse_args([a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in
+                                      engine_args(inf, inf.effective) + multinode_leader_args(inf)])
+    assert leader.data_parallel_rank == 0 and leader.enable_fault_tolerance
+    lws = [c for c in render_children(inf) if c["kind"] == "LeaderWorkerSet"][0]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "3"}
+    argv = container_argv(worker, env)
+    argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    ns = serve_parser.parse_args(out.stdout.splitlines())
+    assert ns.data_parallel_rank == 3 and not ns.headless and ns.all2all_backend == "deepep_low_latency"
