@@ -8,7 +8,8 @@ copying the LWS group labels onto the series (issue 13: ``replica_group``, ``gro
 ``group_size``), and once more when the worker's argv moved from its ``sh -c`` script into container
 ``args`` (issue 24: no user text in a script Kubernetes expands ``$(VAR)`` in).
 ``render-qwen3-30b-a3b-autoscaled`` was made with its example (issue 20:
-``spec.autoscaling``, the KEDA ScaledObject as the last child).
+``spec.autoscaling``, the KEDA ScaledObject as the last child). ``render-deepseek-v3-fault-tolerant``
+was made with its example (vLLM 0.34: fault tolerance, the all2all backend, the redundancy floor).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
