@@ -249,7 +249,11 @@ def test_fault_tolerance_refusals_only_validate_makes() -> None:
     per_pod = deepseek(32, **{"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2,
                                                    "all2allBackend": "deepep_low_latency"}})
     assert "use 8" in messages(validate(per_pod), "spec.faultTolerance.rankFailuresToSurvive")
-    for res in (draft, servers, per_pod):
+    one_pod = qwen3("0.34.0", **{"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
+                                 "spec.eplb.numRedundantExperts": 44,
+                                 "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 1}})
+    assert "only retry is possible" in messages(validate(one_pod), "spec.faultTolerance.rankFailuresToSurvive")
+    for res in (draft, servers, per_pod, one_pod):
         assert apiserver_problems(res) == []
 
 

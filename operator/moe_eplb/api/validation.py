@@ -684,11 +684,13 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
                                 "spec.faultTolerance.enabled: false"))
     k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
     if k and par.data_local > 1 and k % par.data_local:
+        whole = -(-k // par.data_local) * par.data_local
+        fix = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set it to 0, "
+               "or spread the ranks over pods (spec.parallelism.nodes)")
         problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
                                 f"{k} is not a multiple of the data-parallel ranks per pod ({par.data_local}): with "
                                 "fault tolerance each pod runs vLLM's multi-port supervisor, which stops every rank "
-                                "of the pod when one fails, so ranks are lost a pod at a time; use "
-                                f"{-(-k // par.data_local) * par.data_local}"))
+                                f"of the pod when one fails, so ranks are lost a pod at a time; {fix}"))
     if not k or not experts or k >= par.data or not inf.eplb.enabled:
         return problems  # nothing to survive, or the CRD refuses it already
     floor = wide_ep.fault_tolerance_floor(experts, par.tensor, par.data, k)
