@@ -20,8 +20,8 @@ def test_apply_defaults_fills_nested_defaults_like_the_apiserver() -> None:
     assert spec["engine"]["image"] == default_engine_image()
     assert spec["engine"]["startupTimeoutSeconds"] == 3600
     assert spec["parallelism"] == {"tensor": 1, "data": 1, "nodes": 1, "expert": True}
-    assert spec["eplb"] == {"enabled": False, "windowSize": 1000, "stepInterval": 3000,
-                            "numRedundantExperts": 0, "logBalancedness": False}
+    # numRedundantExperts has no default: absent means "the minimum valid value for the version"
+    assert spec["eplb"] == {"enabled": False, "windowSize": 1000, "stepInterval": 3000, "logBalancedness": False}
     assert spec["autotune"]["mode"] == "Off" and spec["autotune"]["cooldownSeconds"] == 3600
     assert spec["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert spec["monitoring"] == {"podMonitor": {"enabled": False}}

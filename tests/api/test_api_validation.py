@@ -223,11 +223,11 @@ def _effective(resource):
 
 
 @pytest.mark.parametrize("changes,field,words", [
-    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2"}, "spec.engine.exporter.inject", ["0.12.0 - 0.33.x", "0.11.2",
+    ({"spec.engine.image": "vllm/vllm-openai:v0.11.2"}, "spec.engine.exporter.inject", ["0.12.0 - 0.34.x", "0.11.2",
                                                                                          "inject: false"]),
     ({"spec.engine.image": "vllm/vllm-openai:v0.32.0", "spec.engine.exporter": {"inject": False}},
      "spec.engine.exporter.inject", ["not the plugin image", "ghcr.io/moe-eplb/vllm"]),
-    ({"spec.engine.image": "vllm/vllm-openai:v0.34.0"}, "spec.engine.exporter.inject", ["0.12.0 - 0.33.x", "0.34.0"]),
+    ({"spec.engine.image": "vllm/vllm-openai:v0.35.0"}, "spec.engine.exporter.inject", ["0.12.0 - 0.34.x", "0.35.0"]),
     ({"spec.engine.image": "vllm/vllm-openai:v0.11.2", "spec.engine.exporter": {"inject": False},
       "spec.autotune": {"mode": "Recommend"}}, "spec.autotune.mode", ["needs the per-expert load exporter"]),
     ({"spec.monitoring.podMonitor": {"enabled": True, "labels": {"bad key!": "x"}}},

@@ -126,15 +126,40 @@ def test_architecture_eplb_support_matches_the_wheel(arch: str) -> None:
         assert _newer_than_wheel(ARCHITECTURES[arch].eplb_since), f"{arch} is not a vLLM {vllm.__version__} architecture"
         return
     module, cls_name = models[arch][:2]
-    cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
-    assert cls is not None, f"{cls_name} not found in {module}"
-    bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
-    implements = any(b.endswith("MixtureOfExperts") for b in bases)
-    if not implements:  # e.g. a subclass of an MoE CausalLM
-        implements = any(b in models and b != arch and _arch_is_moe(models, b) for b in bases)
+    if module.startswith("vllm."):  # a platform package (vllm/models/<name>/{nvidia,amd,common})
+        implements = _package_class_is_moe(module, cls_name)
+    else:
+        cls = _class(_module_source(f"vllm.model_executor.models.{module}"), cls_name)
+        assert cls is not None, f"{cls_name} not found in {module}"
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+        implements = any(b.endswith("MixtureOfExperts") for b in bases)
+        if not implements:  # e.g. a subclass of an MoE CausalLM
+            implements = any(b in models and b != arch and _arch_is_moe(models, b) for b in bases)
     info = ARCHITECTURES[arch]
     expected = info.eplb_since is not None and info.eplb_since <= WHEEL
     assert implements is expected, (arch, bases)
+
+
+def _package_class_is_moe(module: str, cls_name: str) -> bool:
+    """Whether ``cls_name`` in vLLM's platform package ``module`` (its NVIDIA code, as vLLM runs on
+    CUDA) implements ``MixtureOfExperts``, directly or through a base class of the same package."""
+    root = Path(vllm.__file__).parent.joinpath(*module.split(".")[1:])
+    assert root.is_dir(), f"{module} is not in vLLM {vllm.__version__}"
+    classes = {}
+    for path in sorted((root / "nvidia").glob("*.py")) + sorted((root / "common").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+
+    def moe(name: str, depth: int = 0) -> bool:
+        cls = classes.get(name)
+        if cls is None or depth > 5:
+            return False
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+        return any(b.endswith("MixtureOfExperts") or moe(b, depth + 1) for b in bases)
+
+    assert cls_name in classes, f"{cls_name} not found in {module}"
+    return moe(cls_name)
 
 
 def _arch_is_moe(models: dict, arch: str) -> bool:
@@ -218,6 +243,7 @@ def test_multinode_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
     assert argv[2].startswith(SHM_CLEAN + "; ")
     # never empty this machine's /dev/shm: the clean is left out, vllm replaced by a printer
     argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
+    assert "/dev/shm" not in argv[2], argv[2]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, env={**env, "PATH": "/usr/bin:/bin"})
     ns = serve_parser.parse_args(out.stdout.splitlines())
     assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 8)
@@ -246,6 +272,7 @@ def _engine_argvs(doc: dict) -> list[tuple[str, list[str]]]:
     is run by a real shell with its ``exec vllm serve`` replaced by printing the arguments."""
     import subprocess
 
+    from moe_eplb.render.engine_args import SHM_CLEAN
     from moe_eplb.render.objects import render_children
     from moe_eplb.sim.kubelet import container_argv, container_env
 
@@ -267,7 +294,9 @@ def _engine_argvs(doc: dict) -> list[tuple[str, list[str]]]:
                 out.append((role, argv[2:]))
                 continue
             assert argv[:2] == ["/bin/sh", "-c"] and "exec vllm serve" in argv[2], argv[:3]
-            argv[2] = argv[2].replace("exec vllm serve", "printf '%s\\n'", 1)
+            # never empty this machine's /dev/shm: the clean is left out, vllm replaced by a printer
+            argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
+            assert "/dev/shm" not in argv[2], argv[2]
             done = subprocess.run(argv, capture_output=True, text=True, check=True,
                                   env={**env, "PATH": "/usr/bin:/bin"})
             out.append((role, done.stdout.splitlines()))
@@ -298,3 +327,44 @@ def test_every_example_engine_command_parses_in_vllm(serve_parser, name, index, 
             assert ns.data_parallel_address == "10.0.0.1"
             assert ns.data_parallel_start_rank == (0 if role == "leader" else inf.parallelism.data_local)
             assert bool(ns.headless) is (role == "worker")
+
+
+def test_fault_tolerance_and_all2all_args_parse_in_vllm(serve_parser, variant) -> None:
+    """Fault tolerance (one API server per data-parallel rank through the multi-port supervisor), the
+    all2all backend and the EPLB communicator, as rendered, through vLLM's own parser."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
+                   "spec.eplb.communicator": "torch_gloo", "spec.faultTolerance": {"enabled": True}})
+    inf = parse(res)
+    ns = serve_parser.parse_args(engine_args(inf, inf.effective))
+    assert ns.enable_fault_tolerance and ns.all2all_backend == "nixl_ep"
+    assert ns.data_parallel_multi_port_external_lb and (ns.data_parallel_size, ns.data_parallel_size_local) == (4, 4)
+    ns.model = ns.model_tag
+    engine = EngineArgs.from_cli_args(ns)
+    assert engine.eplb_config.communicator == "torch_gloo" and engine.eplb_config.num_redundant_experts == 8
+
+
+def test_fault_tolerance_one_rank_per_pod_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
+    """With one data-parallel rank per pod each worker is its own external-LB rank (not headless)."""
+    import subprocess
+
+    from moe_eplb.render.engine_args import SHM_CLEAN
+    from moe_eplb.render.objects import render_children
+    from moe_eplb.sim.kubelet import container_argv
+
+    res = variant({"spec.parallelism": {"tensor": 1, "data": 4, "nodes": 4, "all2allBackend": "deepep_low_latency"},
+                   "spec.faultTolerance": {"enabled": True}})
+    inf = parse(res)
+    leader = serve_parser.parse_args([a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in
+                                      engine_args(inf, inf.effective) + multinode_leader_args(inf)])
+    assert leader.data_parallel_rank == 0 and leader.enable_fault_tolerance
+    lws = [c for c in render_children(inf) if c["kind"] == "LeaderWorkerSet"][0]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "3"}
+    argv = container_argv(worker, env)
+    argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
+    assert "/dev/shm" not in argv[2], argv[2]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    ns = serve_parser.parse_args(out.stdout.splitlines())
+    assert ns.data_parallel_rank == 3 and not ns.headless and ns.all2all_backend == "deepep_low_latency"

@@ -74,6 +74,31 @@ async def _evaluated(kube, name):
     return ((obj.get("status") or {}).get("autotune") or {}).get("lastEvaluation")
 
 
+def _pod_log_read(kube) -> bool:
+    return any(req.resource is not None and req.resource.plural == "pods" and req.subresource == "log"
+               for req in kube.api)
+
+
+async def fault_tolerance_reads_pod_logs(kube, eventually, name):
+    """Fault tolerance on vLLM 0.34: the autotune loop reads the running engine pods' logs for vLLM's
+    scale_down line (the emulated apiserver has no kubelet: the read is answered with an error)."""
+    from moe_eplb.contracts.k8s_names import NAME_LABEL
+
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {
+        "engine": {"image": "vllm/vllm-openai:v0.34.0"}, "eplb": {"numRedundantExperts": 256},
+        "parallelism": {"all2allBackend": "deepep_low_latency"},
+        "faultTolerance": {"enabled": True, "rankFailuresToSurvive": 8},
+        "monitoring": {"prometheusUrl": None},  # read the pods directly: nothing waits on an unreachable host
+        "autotune": {"evaluationIntervalSeconds": 10}}})
+    await kube.create(f"/api/v1/namespaces/{NS}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-0", "namespace": NS, "labels": {NAME_LABEL: name}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.34.0"}]}})
+    await kube.patch(f"/api/v1/namespaces/{NS}/pods/{name}-0/status", {"status": {"phase": "Running"}})
+    await eventually(lambda: _pod_log_read(kube), timeout=30)
+    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"autotune": {"evaluationIntervalSeconds": 300}}})
+    await kube.delete(f"/api/v1/namespaces/{NS}/pods/{name}-0")
+
+
 async def lifecycle(kube, eventually, res):
     """Create, make ready, change EPLB, scale, autotune (Recommend), autoscale, hand-edit every child, delete."""
     name = res["metadata"]["name"]
@@ -96,6 +121,8 @@ async def lifecycle(kube, eventually, res):
         "autoscaling": autoscaling, "monitoring": {"prometheusUrl": "http://prometheus.invalid:9090",
                                                    "podMonitor": {"enabled": True}}}})
     await eventually(lambda: observed(kube, name, 5))
+    if multinode:
+        await fault_tolerance_reads_pod_logs(kube, eventually, name)
     kinds = {c["kind"] for c in (await children(kube, name)).values()}
     assert ("HorizontalPodAutoscaler" if multinode else "ScaledObject") in kinds, kinds
     for child in (await children(kube, name)).values():  # hand edits, put back by the operator

@@ -15,6 +15,8 @@ Every ``render-*.yaml`` was regenerated once more when the engine pods got their
 exporter's ``/drain`` preStop hook, ``--shutdown-timeout``, ``terminationGracePeriodSeconds`` from
 ``spec.engine.drainSeconds``), the exporter's ``/readyz`` and ``/livez`` probes (workers included), and
 the ``sh -c`` command that cleans ``/dev/shm`` before ``vllm serve``.
+``render-deepseek-v3-fault-tolerant`` was made with its example (vLLM 0.34: fault tolerance, the all2all
+backend, the redundancy floor).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

@@ -72,6 +72,16 @@ ARCHITECTURES: dict[str, ArchitectureInfo] = {
         ArchitectureInfo("Ernie4_5_MoeForCausalLM", (0, 11, 0)),
         ArchitectureInfo("AliceAIForCausalLM", (0, 33, 0),
                          note="new in vLLM 0.33 (hybrid linear-attention MoE; no pipeline parallelism)"),
+        ArchitectureInfo("Qwen3_5MoeForCausalLM", (0, 32, 0),
+                         note="Qwen3.5 MoE (oldest release read: 0.32); vLLM 0.34 adds the NVIDIA path "
+                              "(vllm/models/qwen3_5/nvidia) with EPLB, and its MTP drafter Qwen3_5MoeMTP"),
+        ArchitectureInfo("Qwen3_5MoeForConditionalGeneration", (0, 32, 0), multimodal=True,
+                         note="Qwen3.5 MoE with vision; the 0.34 NVIDIA path as for Qwen3_5MoeForCausalLM"),
+        ArchitectureInfo("Step5ForCausalLM", (0, 33, 0),
+                         note="new in vLLM 0.33 (+ the Step5MTP drafter; AMD from 0.34). The MegaMoE kernel "
+                              "(--moe-backend deep_gemm_mega_moe) refuses EPLB"),
+        ArchitectureInfo("MuseSparkForConditionalGeneration", (0, 33, 0), multimodal=True,
+                         note="new in vLLM 0.33; checkpoints with a post-expert norm refuse EPLB (vLLM raises)"),
     )
 }
 
@@ -265,6 +275,13 @@ MODELS: tuple[ModelInfo, ...] = (
 _BY_ID = {hf_id.lower(): m for m in MODELS for hf_id in m.hf_ids}
 _QUANTIZED_NAME = re.compile(r"(awq|gptq|int4|w4a16|4bit|4-bit|bnb|nf4)", re.IGNORECASE)
 _FP8_NAME = re.compile(r"fp8", re.IGNORECASE)
+
+
+#: MoE kernel backends (``--moe-backend``) that refuse EPLB for an architecture, from the version on:
+#: Step5's DeepGEMM MegaMoE ("Step5 MegaMoE does not yet support EPLB", vLLM 0.33+).
+MOE_BACKEND_EPLB_REFUSALS: dict[tuple[str, str], Version] = {
+    ("Step5ForCausalLM", "deep_gemm_mega_moe"): (0, 33, 0),
+}
 
 
 def lookup(model_name: str) -> ModelInfo | None:

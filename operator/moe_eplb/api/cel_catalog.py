@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.api import catalog
+from moe_eplb.api import catalog, wide_ep
 from moe_eplb.api.versions import EPLB_FIRST, Version, format_version
 
 BEGIN = "# BEGIN generated catalog rules"
@@ -173,13 +173,15 @@ def rules() -> list[dict[str, Any]]:
         by_experts.setdefault(m.num_experts, []).append(m)
     for experts, models in sorted(by_experts.items(), reverse=True):
         out.append({
-            "rule": f"!self.eplb.enabled || {MOE_OVERRIDE} || !{name_is(models)} || "
-                    f"({experts} + self.eplb.numRedundantExperts) % {EP_SIZE} == 0",
+            "rule": f"!self.eplb.enabled || !has(self.eplb.numRedundantExperts) || {MOE_OVERRIDE} || "
+                    f"!{name_is(models)} || ({experts} + self.eplb.numRedundantExperts) % {EP_SIZE} == 0",
             "fieldPath": ".eplb.numRedundantExperts",
             "message": f"spec.eplb.numRedundantExperts: this model has {experts} experts; ({experts} + "
                        "numRedundantExperts) must be divisible by the EP size (tensor x data)",
             "messageExpression": divisibility_message(str(experts)),
         })
+    out += redundancy_rules(by_experts)
+    out += wide_ep_rules()
     text_archs = [a.name for a in catalog.ARCHITECTURES.values() if not a.multimodal]
     for fld in ("limitMmPerPrompt", "mmEncoderTpMode"):
         out.append({
@@ -188,6 +190,107 @@ def rules() -> list[dict[str, Any]]:
             "message": f"spec.engine.{fld}: the model's architecture is not multimodal (vLLM rejects multimodal "
                        "options for it); remove the field",
         })
+    return out
+
+
+FT_K = "self.faultTolerance.rankFailuresToSurvive"
+FT_ON = f"(has(self.faultTolerance) && self.faultTolerance.enabled && {FT_K} > 0 && {FT_K} < self.parallelism.data)"
+BACKEND = "self.parallelism.all2allBackend"
+
+
+def ft_floor_expr(experts: str) -> str:
+    """CEL int: the smallest valid R with ``R x (data - k) >= k x experts`` (the fault-tolerance
+    floor, :func:`moe_eplb.api.wide_ep.fault_tolerance_floor`); only evaluated when k < data."""
+    k, dp = FT_K, "self.parallelism.data"
+    f = f"(({k} * {experts} + {dp} - {k} - 1) / ({dp} - {k}))"
+    return f"({f} + ({EP_SIZE} - ({experts} + {f}) % {EP_SIZE}) % {EP_SIZE})"
+
+
+def ft_floor_message(experts: str) -> str:
+    r, floor = "self.eplb.numRedundantExperts", ft_floor_expr(experts)
+    return ("'spec.eplb.numRedundantExperts: %d is below the fault-tolerance floor %d for surviving %d lost "
+            "data-parallel rank(s) (R >= k x (experts + R) / data, experts %d, data %d); set numRedundantExperts "
+            "to at least %d, or lower spec.faultTolerance.rankFailuresToSurvive'.format("
+            f"[{r}, {floor}, {FT_K}, {experts}, self.parallelism.data, {floor}])")
+
+
+def omitted_message(experts: str) -> str:
+    below = wide_ep.REDUNDANCY_AUTO_MIN_SINCE
+    return (f"'spec.eplb.numRedundantExperts: omitted, and vLLM before {format_version(below)} then runs 0 "
+            "redundant experts, but the EP size %d does not divide the experts (%d) (vLLM refuses to start): "
+            f"set numRedundantExperts %d (or use vLLM >= {format_version(below)}, which picks it)'.format("
+            f"[{EP_SIZE}, {experts}, ({EP_SIZE} - {experts} % {EP_SIZE}) % {EP_SIZE}])")
+
+
+def redundancy_rules(by_experts: dict[int, list[catalog.ModelInfo]]) -> list[dict[str, Any]]:
+    """Per expert count (catalog models, and ``spec.model.moe.numExperts``): an omitted
+    numRedundantExperts on vLLM < 0.34 where the experts do not divide (vLLM runs 0 and refuses to
+    start), and an explicit one below the fault-tolerance floor."""
+    old = engine_version_below(wide_ep.REDUNDANCY_AUTO_MIN_SINCE)
+    out: list[dict[str, Any]] = []
+    groups = [(str(e), f"!{MOE_OVERRIDE} && {name_is(ms)}") for e, ms in sorted(by_experts.items(), reverse=True)]
+    groups.append(("self.model.moe.numExperts", MOE_OVERRIDE))
+    for experts, which in groups:
+        out.append({
+            "rule": f"!self.eplb.enabled || has(self.eplb.numRedundantExperts) || !({which}) || !{old} || "
+                    f"{experts} % {EP_SIZE} == 0",
+            "fieldPath": ".eplb.numRedundantExperts",
+            "message": f"spec.eplb.numRedundantExperts: omitted, and vLLM before "
+                       f"{format_version(wide_ep.REDUNDANCY_AUTO_MIN_SINCE)} then runs 0 redundant experts, which "
+                       "the experts do not divide over the EP size: set numRedundantExperts",
+            "messageExpression": omitted_message(experts),
+        })
+        if experts != "self.model.moe.numExperts":  # the hand-written rule covers the override
+            out.append({
+                "rule": f"!{FT_ON} || !has(self.eplb.numRedundantExperts) || !({which}) || "
+                        f"self.eplb.numRedundantExperts * (self.parallelism.data - {FT_K}) >= {FT_K} * {experts}",
+                "fieldPath": ".eplb.numRedundantExperts",
+                "message": "spec.eplb.numRedundantExperts is below the fault-tolerance floor: surviving k lost "
+                           "data-parallel ranks needs R >= k x (experts + R) / data; raise numRedundantExperts or "
+                           "lower spec.faultTolerance.rankFailuresToSurvive",
+                "messageExpression": ft_floor_message(experts),
+            })
+    return out
+
+
+def wide_ep_rules() -> list[dict[str, Any]]:
+    """vLLM versions of the all2all backends, the EPLB communicator and fault tolerance."""
+    out: list[dict[str, Any]] = []
+    by_since: dict[Version, list[str]] = {}
+    for name, since in wide_ep.ALL2ALL_SINCE.items():
+        by_since.setdefault(since, []).append(name)
+    for since, names in sorted(by_since.items()):
+        listed = "[" + ", ".join(f"'{n}'" for n in names) + "]"
+        out.append({
+            "rule": f"!has({BACKEND}) || !({BACKEND} in {listed}) || !{engine_version_below(since)}",
+            "fieldPath": ".parallelism.all2allBackend",
+            "message": f"spec.parallelism.all2allBackend: {', '.join(names)} needs vLLM >= {format_version(since)} "
+                       "(the oldest release whose --all2all-backend choices the operator checked): use a newer "
+                       "image or leave the field out",
+        })
+    comm_since = wide_ep.COMMUNICATOR_SINCE[wide_ep.SYMM_MEM]
+    out.append({
+        "rule": f"!has(self.eplb.communicator) || self.eplb.communicator != '{wide_ep.SYMM_MEM}' || "
+                f"!{engine_version_below(comm_since)}",
+        "fieldPath": ".eplb.communicator",
+        "message": f"spec.eplb.communicator: symm_mem needs vLLM >= {format_version(comm_since)}: use a newer image "
+                   "or another communicator",
+    })
+    out.append({
+        "rule": f"!has(self.faultTolerance) || !self.faultTolerance.enabled || "
+                f"!{engine_version_below(wide_ep.FAULT_TOLERANCE_SINCE)}",
+        "fieldPath": ".faultTolerance.enabled",
+        "message": f"spec.faultTolerance.enabled: --enable-fault-tolerance needs vLLM >= "
+                   f"{format_version(wide_ep.FAULT_TOLERANCE_SINCE)} (the oldest release the operator checked): use "
+                   "a newer image or set spec.faultTolerance.enabled: false",
+    })
+    out.append({
+        "rule": f"!has(self.faultTolerance) || {FT_K} == 0 || !{engine_version_below(wide_ep.FT_SCALE_DOWN_SINCE)}",
+        "fieldPath": ".faultTolerance.rankFailuresToSurvive",
+        "message": f"spec.faultTolerance.rankFailuresToSurvive: re-hosting a lost rank's experts (scale_down) needs "
+                   f"vLLM >= {format_version(wide_ep.FT_SCALE_DOWN_SINCE)} (older versions only retry): use a newer "
+                   "image or set it to 0",
+    })
     return out
 
 

@@ -97,3 +97,12 @@ class Bounds:
 
     def to_dict(self) -> dict[str, list[int | None]]:
         return {k: list(getattr(self, k)) for k in ("window", "interval", "redundant")}
+
+    def with_redundancy_floor(self, floor: int) -> Bounds:
+        """These bounds with the redundancy's lower end raised to ``floor`` (a hard lower bound, e.g.
+        the fault-tolerance floor: the tuner then never proposes less). The floor wins over an upper
+        end below it (validation refuses such bounds; the tuner still never goes below the floor)."""
+        lo, hi = self.redundant
+        if floor <= 0 or (lo is not None and lo >= floor):
+            return self
+        return Bounds(self.window, self.interval, (floor, hi if hi is None or hi >= floor else floor))

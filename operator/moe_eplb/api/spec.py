@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_eplb.api import catalog
+from moe_eplb.api import catalog, wide_ep
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
@@ -176,6 +176,7 @@ class Parallelism:
     nodes: int = 1
     data_local_field: int | None = field(default=None, metadata={"key": "dataLocal"})
     expert: bool = True
+    all2all_backend: str | None = field(default=None, metadata={"key": "all2allBackend"})  # vLLM --all2all-backend
 
     @property
     def data_local(self) -> int:
@@ -194,18 +195,29 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class SpecEplb:
-    """``spec.eplb`` as written."""
+    """``spec.eplb`` as written. ``num_redundant_experts`` None: omitted (the operator renders the
+    minimum valid value for the version, :attr:`MoEInference.redundancy_in_force`)."""
 
     enabled: bool
     window_size: int
     step_interval: int
-    num_redundant_experts: int
+    num_redundant_experts: int | None = None
     use_async: bool | None = field(default=None, metadata={"key": "async"})
     log_balancedness: bool = False
+    communicator: str | None = None  # eplb-config communicator (None: vLLM's automatic choice)
 
-    @property
-    def knobs(self) -> Knobs:
-        return Knobs(self.window_size, self.step_interval, self.num_redundant_experts)
+    def knobs_with(self, redundant: int) -> Knobs:
+        """The knobs with ``redundant`` in force (the written value, or the resolved one when omitted)."""
+        return Knobs(self.window_size, self.step_interval, redundant)
+
+
+@dataclass(frozen=True)
+class FaultTolerance:
+    """``spec.faultTolerance``: vLLM's ``--enable-fault-tolerance``, and how many lost data-parallel
+    ranks ``scale_down`` must be able to re-host (the redundancy floor, :mod:`moe_eplb.api.wide_ep`)."""
+
+    enabled: bool = False
+    rank_failures_to_survive: int = 0
 
 
 @dataclass(frozen=True)
@@ -217,6 +229,7 @@ class EplbSettings:
     use_async: bool | None = None
     log_balancedness: bool = False
     source: str = "spec"
+    communicator: str | None = None
 
     @property
     def window_size(self) -> int:
@@ -235,6 +248,8 @@ class EplbSettings:
         payload = {"enabled": self.enabled, "window_size": self.window_size, "step_interval": self.step_interval,
                    "num_redundant_experts": self.num_redundant_experts, "use_async": self.use_async,
                    "log_balancedness": self.log_balancedness}
+        if self.communicator is not None:  # absent from the hash when unset: existing pods keep their hash
+            payload["communicator"] = self.communicator
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -375,6 +390,7 @@ class Spec:
     parallelism: Parallelism = field(default_factory=Parallelism)
     replicas: int = 1
     eplb: SpecEplb | None = None
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     monitoring: Monitoring = field(default_factory=Monitoring)
@@ -450,8 +466,61 @@ class MoEInference:
 
     @property
     def eplb(self) -> EplbSettings:
-        """``spec.eplb`` as written (see :attr:`effective` for what runs)."""
-        return _spec_settings(self.spec.eplb)
+        """``spec.eplb`` as written, an omitted ``numRedundantExperts`` resolved
+        (:attr:`redundancy_in_force`; see :attr:`effective` for what runs)."""
+        return _spec_settings(self.spec.eplb, self.redundancy_in_force)
+
+    @property
+    def fault_tolerance(self) -> FaultTolerance:
+        return self.spec.fault_tolerance
+
+    @property
+    def ranks_to_survive(self) -> int:
+        """Lost data-parallel ranks ``scale_down`` must be able to re-host (0: fault tolerance off,
+        or ``retry`` only)."""
+        ft = self.spec.fault_tolerance
+        return ft.rank_failures_to_survive if ft.enabled else 0
+
+    @property
+    def redundancy_floor(self) -> int:
+        """The fewest redundant experts this spec may run (a hard lower bound of the tuner too):
+        the fault-tolerance floor (:func:`moe_eplb.api.wide_ep.fault_tolerance_floor`) when ranks
+        must be survived and the expert count is known, else 0."""
+        experts, k = self.moe_shape.num_experts, self.ranks_to_survive
+        if not k or not experts or not self.eplb_enabled:
+            return 0
+        floor = wide_ep.fault_tolerance_floor(experts, self.parallelism.tensor, self.parallelism.data, k)
+        return floor if floor is not None else 0
+
+    @property
+    def tuner_bounds(self) -> Bounds:
+        """``spec.autotune.bounds`` with the redundancy floor (:attr:`redundancy_floor`) as a hard lower
+        end: what the tuner searches."""
+        return self.autotune.bounds.with_redundancy_floor(self.redundancy_floor)
+
+    @property
+    def eplb_enabled(self) -> bool:
+        return bool(self.spec.eplb is not None and self.spec.eplb.enabled)
+
+    @property
+    def redundancy_omitted(self) -> bool:
+        """``spec.eplb.numRedundantExperts`` is not in the spec."""
+        return self.spec.eplb is not None and self.spec.eplb.num_redundant_experts is None
+
+    @property
+    def redundancy_in_force(self) -> int:
+        """``spec.eplb.numRedundantExperts``, or where the spec omits it the minimum valid value: the
+        smallest R with (experts + R) divisible by the EP size (what vLLM 0.34 picks itself;
+        validation refuses it on older versions where that is not 0, as they would), raised to the
+        fault-tolerance floor. 0 with EPLB off (vLLM forces it) or when the expert count is unknown
+        (what vLLM before 0.34 runs)."""
+        eplb = self.spec.eplb
+        if eplb is not None and eplb.num_redundant_experts is not None:
+            return eplb.num_redundant_experts
+        experts = self.moe_shape.num_experts
+        if not self.eplb_enabled or not experts:
+            return 0
+        return max(wide_ep.smallest_valid_redundancy(experts, self.parallelism.ep_size), self.redundancy_floor)
 
     @property
     def catalog_model(self) -> catalog.ModelInfo | None:
@@ -518,9 +587,14 @@ class MoEInference:
 
     def knobs_problem(self, knobs: Knobs) -> str | None:
         """Why ``knobs`` cannot run with this spec (vLLM's limit, divisibility of experts +
-        redundant by the EP size), or None when they can."""
-        return vllm_facts.redundant_problem(self.moe_shape.num_experts, self.parallelism.ep_size,
-                                            knobs.num_redundant_experts)
+        redundant by the EP size, the fault-tolerance floor), or None when they can."""
+        problem = vllm_facts.redundant_problem(self.moe_shape.num_experts, self.parallelism.ep_size,
+                                               knobs.num_redundant_experts)
+        if problem is None and knobs.num_redundant_experts < self.redundancy_floor:
+            problem = (f"{knobs.num_redundant_experts} redundant experts is below the fault-tolerance floor "
+                       f"{self.redundancy_floor} (spec.faultTolerance.rankFailuresToSurvive "
+                       f"{self.ranks_to_survive})")
+        return problem
 
 
 def status_eplb(settings: EplbSettings) -> dict[str, Any]:
@@ -528,11 +602,11 @@ def status_eplb(settings: EplbSettings) -> dict[str, Any]:
     return {"enabled": settings.enabled, **to_crd(settings.knobs)}
 
 
-def _spec_settings(eplb: SpecEplb | None) -> EplbSettings:
+def _spec_settings(eplb: SpecEplb | None, redundant: int) -> EplbSettings:
     if eplb is None:
         raise SpecError("spec.eplb: required (the CRD defaults it; was the resource defaulted?)")
-    return EplbSettings(enabled=eplb.enabled, knobs=eplb.knobs, use_async=eplb.use_async,
-                        log_balancedness=eplb.log_balancedness, source="spec")
+    return EplbSettings(enabled=eplb.enabled, knobs=eplb.knobs_with(redundant), use_async=eplb.use_async,
+                        log_balancedness=eplb.log_balancedness, source="spec", communicator=eplb.communicator)
 
 
 def resolve_effective(spec_eplb: EplbSettings, override: Override | None, generation: int,
@@ -562,7 +636,8 @@ def resolve_effective(spec_eplb: EplbSettings, override: Override | None, genera
     if problem is not None:
         return spec_eplb, problem
     return EplbSettings(enabled=True, knobs=knobs, use_async=spec_eplb.use_async,
-                        log_balancedness=spec_eplb.log_balancedness, source="autotune"), None
+                        log_balancedness=spec_eplb.log_balancedness, source="autotune",
+                        communicator=spec_eplb.communicator), None
 
 
 def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInference:
@@ -595,7 +670,7 @@ def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInferen
     partial = MoEInference(name=str(meta.get("name") or ""), namespace=meta.get("namespace"), uid=meta.get("uid"),
                            generation=generation, resource_version=meta.get("resourceVersion"),
                            labels=dict(labels), spec=spec, status=autotune,
-                           effective=_spec_settings(spec.eplb),
+                           effective=_spec_settings(spec.eplb, 0),
                            conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)))
     effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)
     if why is None and autotune.override is None and any(n.startswith("status.autotune.override") for n in autotune.notes):

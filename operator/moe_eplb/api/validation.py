@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb.api import catalog
+from moe_eplb.api import catalog, wide_ep
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
@@ -79,6 +79,10 @@ _GENERATED_FLAGS = {
     "--port": "nothing (the API port is fixed at 8000)",
     "--headless": "spec.parallelism.nodes",
     "--shutdown-timeout": "spec.engine.drainSeconds (the operator sets --shutdown-timeout with the drain)",
+    "--enable-fault-tolerance": "spec.faultTolerance.enabled",
+    "--data-parallel-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
+    "--data-parallel-multi-port-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
+    "--data-parallel-rank": "spec.faultTolerance.enabled (the operator wires the load balancing)",
 }
 
 
@@ -225,6 +229,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
     problems += autoscaling_problems(inf, version)
     problems += _extra_args_problems(inf)
     problems += _pod_template_problems(inf)
+    problems += wide_ep_problems(inf, version)
     return problems
 
 
@@ -284,6 +289,11 @@ def _eplb_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None, ver
         elif version is not None and EPLB_FIRST < arch.eplb_since and version < arch.eplb_since:
             problems.append(_version_problem("spec.eplb.enabled", f"EPLB for {arch.name}", arch.eplb_since, version))
     problems += _quantization_problems(inf, version)
+    backend = inf.engine.moe_backend_arg
+    refused_since = catalog.MOE_BACKEND_EPLB_REFUSALS.get((arch_name or "", backend or ""))
+    if refused_since is not None and (version is None or version >= refused_since):
+        problems.append(Problem("spec.engine.extraArgs", f"--moe-backend {backend}: vLLM refuses EPLB with this "
+                                f"kernel for {arch_name} (MegaMoE); remove the argument or set spec.eplb.enabled: false"))
     if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
         problems.append(
             Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
@@ -295,14 +305,24 @@ def _eplb_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None, ver
 
 
 def _redundancy_problems(inf: MoEInference) -> list[Problem]:
-    """Experts plus redundant experts must divide by the EP size: the spec's value, and some value
-    within the autotune bounds."""
+    """Experts plus redundant experts must divide by the EP size: the spec's value (or, omitted, what
+    the version runs), and some value within the autotune bounds."""
     shape, par, eplb = inf.moe_shape, inf.parallelism, inf.eplb
     problems: list[Problem] = []
     if not shape.num_experts:
         return problems
     total = shape.num_experts + eplb.num_redundant_experts
-    if total % par.ep_size:
+    version = inf.engine.version
+    if inf.redundancy_omitted and version is not None and version < wide_ep.REDUNDANCY_AUTO_MIN_SINCE:
+        smallest = wide_ep.smallest_valid_redundancy(shape.num_experts, par.ep_size)
+        if smallest:
+            problems.append(Problem(
+                "spec.eplb.numRedundantExperts",
+                f"omitted, and vLLM {format_version(version)} then runs 0 redundant experts (only vLLM >= "
+                f"{format_version(wide_ep.REDUNDANCY_AUTO_MIN_SINCE)} picks the minimum valid value), but experts "
+                f"({shape.num_experts}) is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x data "
+                f"{par.data}): set numRedundantExperts {smallest} (or {smallest + par.ep_size}, ...)"))
+    elif total % par.ep_size:
         near = nearest_redundant_values(shape.num_experts, eplb.num_redundant_experts, par.ep_size)
         choices = " or ".join(map(str, near))
         problems.append(
@@ -312,6 +332,11 @@ def _redundancy_problems(inf: MoEInference) -> list[Problem]:
                     f"data {par.data}); use numRedundantExperts {choices}")
         )
     lo, hi = inf.autotune.bounds.redundant
+    if inf.redundancy_omitted and lo is not None and hi is not None and not lo <= eplb.num_redundant_experts <= hi:
+        problems.append(Problem("spec.autotune.bounds.numRedundantExperts",
+                                f"[{lo}, {hi}] must contain the redundancy in force, {eplb.num_redundant_experts} "
+                                "(spec.eplb.numRedundantExperts omitted: the minimum valid value); widen the bounds "
+                                "or set spec.eplb.numRedundantExperts"))
     if lo is not None and hi is not None and not any(
             (shape.num_experts + r) % par.ep_size == 0 for r in range(lo, hi + 1)):
         problems.append(
@@ -558,3 +583,162 @@ def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
                     f"spec.autotune.memoryBudgetPerGpu ({budget / 2**30:.2f} GiB); lower R or raise the budget")
         ]
     return []
+
+
+# --------------------------------------------------------------------------------------------------
+# wide expert parallelism: all2all backend, EPLB communicator, fault tolerance (vLLM 0.34)
+# --------------------------------------------------------------------------------------------------
+
+
+def _arg_value(args: tuple[str, ...], flag: str) -> tuple[int, str] | None:
+    """(index, value) of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), or None."""
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return i, arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return i, args[i + 1]
+    return None
+
+
+def all2all_backend(inf: MoEInference) -> tuple[str, str] | None:
+    """(backend, the field that sets it): ``spec.parallelism.all2allBackend``, else an
+    ``--all2all-backend`` in extraArgs; None when vLLM's default runs."""
+    if inf.parallelism.all2all_backend:
+        return inf.parallelism.all2all_backend, "spec.parallelism.all2allBackend"
+    found = _arg_value(inf.engine.extra_args, "--all2all-backend")
+    return (found[1], f"spec.engine.extraArgs[{found[0]}]") if found else None
+
+
+def tokens_per_rank(inf: MoEInference) -> int:
+    """The tokens per data-parallel rank DeepEP low latency is sized for: ``--max-num-batched-tokens``
+    from extraArgs, else vLLM's default with DeepEP low latency and data parallel (256)."""
+    found = _arg_value(inf.engine.extra_args, "--max-num-batched-tokens")
+    if found and found[1].isdigit():
+        return int(found[1])
+    return wide_ep.BATCHED_DP_DEFAULT_TOKENS
+
+
+def wide_ep_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    """The all2all backend and the EPLB communicator for the version and with EPLB, the DeepEP
+    low-latency buffer of the redundancy, and fault tolerance's own constraints and redundancy floor
+    (the CRD checks what it can: versions, data parallel, backends; these need the catalog, the
+    version's defaults or extraArgs)."""
+    problems = _all2all_problems(inf, version) + _communicator_problems(inf, version)
+    if inf.fault_tolerance.enabled:
+        problems += _fault_tolerance_problems(inf)
+    return problems
+
+
+def _all2all_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    found = all2all_backend(inf)
+    problems: list[Problem] = []
+    where = "spec.parallelism.all2allBackend"
+    if inf.parallelism.all2all_backend and _arg_value(inf.engine.extra_args, "--all2all-backend"):
+        i = _arg_value(inf.engine.extra_args, "--all2all-backend")[0]  # type: ignore[index]
+        problems.append(Problem(f"spec.engine.extraArgs[{i}]", f"--all2all-backend is generated by the operator from "
+                                f"{where}; remove the argument"))
+    if found is None:
+        return problems
+    backend, fld = found
+    if fld != where and backend not in wide_ep.ALL2ALL_SINCE:
+        return problems + [Problem(fld, f"--all2all-backend {backend!r} is not one of vLLM's backends "
+                                        f"({', '.join(wide_ep.ALL2ALL_BACKENDS)}); set {where} instead")]
+    if backend not in wide_ep.ALL2ALL_SINCE:
+        return problems
+    if inf.eplb.enabled and backend == wide_ep.MOONEP and fld != where:
+        problems.append(Problem(fld, "moonep does not support EPLB (vLLM refuses it); use another backend or set "
+                                     "spec.eplb.enabled: false"))
+    if backend == wide_ep.MOONEP and (inf.quantization or "none") != "none":
+        problems.append(Problem(fld, f"moonep runs unquantized bfloat16 models only, and the checkpoint is "
+                                     f"{inf.quantization} (vLLM refuses it): use another backend"))
+    if backend == wide_ep.DEEPEP_LOW_LATENCY and inf.eplb.enabled:
+        problems += _deepep_buffer_problems(inf, fld)
+    return problems
+
+
+def _deepep_buffer_problems(inf: MoEInference, fld: str) -> list[Problem]:
+    """DeepEP low latency's RDMA buffer grows with the physical experts (logical + redundant); above
+    32 GiB it cannot be registered. Refused with the largest redundancy that fits."""
+    entry, shape, par = inf.catalog_model, inf.moe_shape, inf.parallelism
+    if entry is None or not shape.num_experts or par.data <= 1:
+        return []  # the hidden size is unknown, or vLLM runs no all2all exchange
+    r, tokens = inf.eplb.num_redundant_experts, tokens_per_rank(inf)
+    need = wide_ep.deepep_ll_buffer_bytes(tokens, entry.hidden_size, shape.num_experts + r)
+    if need <= wide_ep.DEEPEP_LL_BUFFER_LIMIT:
+        return []
+    best = wide_ep.largest_deepep_ll_redundancy(shape.num_experts, par.ep_size, tokens, entry.hidden_size)
+    fix = (f"use numRedundantExperts {best} or less" if best is not None else
+           "no redundancy fits: lower --max-num-batched-tokens")
+    return [Problem("spec.eplb.numRedundantExperts",
+                    f"{r} redundant experts make DeepEP low latency's buffer {need / 2**30:.1f} GiB per GPU ({tokens} "
+                    f"tokens per rank x hidden {entry.hidden_size} x {shape.num_experts + r} physical experts), more "
+                    f"than the 32 GiB it can register ({fld} deepep_low_latency); {fix}, or lower "
+                    "--max-num-batched-tokens in spec.engine.extraArgs")]
+
+
+def _communicator_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
+    comm = inf.spec.eplb.communicator if inf.spec.eplb is not None else None
+    if comm is None or version is None:
+        return []
+    async_on = inf.eplb.use_async if inf.eplb.use_async is not None else version >= wide_ep.ASYNC_DEFAULT_SINCE
+    if comm in wide_ep.ASYNC_REFUSED_COMMUNICATORS and async_on:
+        return [Problem("spec.eplb.communicator", f"{comm} cannot run with async EPLB (vLLM refuses it: NCCL "
+                        "multi-stream conflicts), and async is on: use torch_gloo or nixl, or set spec.eplb.async: false")]
+    return []
+
+
+def _speculative_moe_draft(inf: MoEInference) -> int | None:
+    """Index in extraArgs of a ``--speculative-config`` whose draft is a MoE model (an MTP drafter of
+    a MoE model, or a catalog model), else None."""
+    found = _arg_value(inf.engine.extra_args, "--speculative-config")
+    if found is None:
+        return None
+    text = found[1].lower()
+    if "mtp" in text or any(m.matches_name(word) for m in catalog.MODELS for word in re.findall(r"[\w./-]+", text)):
+        return found[0]
+    return None
+
+
+def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
+    """What vLLM's fault tolerance refuses that the CRD cannot see (extraArgs, the catalog's expert
+    count), and the redundancy floor (:func:`moe_eplb.api.wide_ep.fault_tolerance_floor`)."""
+    problems: list[Problem] = []
+    count = _arg_value(inf.engine.extra_args, "--api-server-count")
+    if count is not None and count[1] != "1":
+        problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "fault tolerance needs one API server per "
+                                "engine (vLLM refuses --api-server-count > 1 with it); remove the argument"))
+    draft = _speculative_moe_draft(inf)
+    if draft is not None:
+        problems.append(Problem(f"spec.engine.extraArgs[{draft}]", "vLLM fault tolerance does not support a MoE draft "
+                                "model (MTP of a MoE model, or a MoE drafter) yet; remove --speculative-config or set "
+                                "spec.faultTolerance.enabled: false"))
+    k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
+    if k and par.data_local > 1 and k % par.data_local:
+        whole = -(-k // par.data_local) * par.data_local
+        fix = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set it to 0, "
+               "or spread the ranks over pods (spec.parallelism.nodes)")
+        problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
+                                f"{k} is not a multiple of the data-parallel ranks per pod ({par.data_local}): with "
+                                "fault tolerance each pod runs vLLM's multi-port supervisor, which stops every rank "
+                                f"of the pod when one fails, so ranks are lost a pod at a time; {fix}"))
+    if not k or not experts or k >= par.data or not inf.eplb.enabled:
+        return problems  # nothing to survive, or the CRD refuses it already
+    floor = wide_ep.fault_tolerance_floor(experts, par.tensor, par.data, k)
+    r = inf.eplb.num_redundant_experts
+    if floor is None:
+        problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
+                                f"no redundancy up to vLLM's limit ({vllm_facts.MAX_REDUNDANT_EXPERTS}) survives {k} lost "
+                                f"data-parallel rank(s) of {par.data}; lower it or raise spec.parallelism.data"))
+    elif r < floor:
+        problems.append(Problem("spec.eplb.numRedundantExperts",
+                                f"{r} is below the fault-tolerance floor {floor} for surviving {k} lost data-parallel "
+                                f"rank(s): each rank holds tensor x (experts + R) / EP = {(experts + r) // par.data} "
+                                f"slots per layer, and re-hosting them needs R >= k x (experts + R) / data (experts "
+                                f"{experts}, data {par.data}); set numRedundantExperts to at least {floor}, or lower "
+                                "spec.faultTolerance.rankFailuresToSurvive"))
+    lo, hi = inf.autotune.bounds.redundant
+    if floor is not None and hi is not None and hi < floor:
+        problems.append(Problem("spec.autotune.bounds.numRedundantExperts",
+                                f"max {hi} is below the fault-tolerance floor {floor}, which the tuner never goes "
+                                f"below; raise it to at least {floor}"))
+    return problems

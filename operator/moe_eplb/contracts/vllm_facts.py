@@ -19,10 +19,10 @@ DEFAULT_WINDOW_SIZE = 1000
 DEFAULT_STEP_INTERVAL = 3000
 DEFAULT_NUM_REDUNDANT_EXPERTS = 0
 
-#: vLLM versions the exporter plugin supports: 0.12.0 (multi-model EPLB state) through 0.33.x
+#: vLLM versions the exporter plugin supports: 0.12.0 (multi-model EPLB state) through 0.34.x
 #: (0.33's ``EplbState`` has the same methods and signatures as 0.32's; see docs/exporter.md).
 EXPORTER_MIN_VLLM = (0, 12, 0)
-EXPORTER_MAX_VLLM_MINOR = (0, 33)
+EXPORTER_MAX_VLLM_MINOR = (0, 34)
 
 
 def exporter_supports(version: tuple[int, ...]) -> bool:

@@ -61,6 +61,8 @@ from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import ApiError, KubeClient
 from moe_eplb.controller.observe import LoadObserver, LoadUnavailable
+from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
+from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
 from moe_eplb.controller.workload import read_scaling, workload_view
 from moe_eplb.eplb.calibrate import Calibration, calibrate
@@ -118,6 +120,7 @@ class AutotuneLoop:
         self.host = host
         self.settings = settings or AutotuneSettings.from_env()
         self.load_observer = LoadObserver(self.settings)
+        self.scale_down_watch = ScaleDownWatch()
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
     def now(self) -> float:
@@ -248,6 +251,15 @@ class AutotuneLoop:
                                  {"Tuned": ("False", "EplbDisabled", reason)}, now):
                 return f"evaluation:{dec.KEEP}"
             return "conflict"
+        if inf.fault_tolerance.enabled:  # vLLM >= 0.34 stops EPLB after a scale_down: pause
+            _, pods = await self._view(client, inf)
+            paused = await self.scale_down_watch.paused(client, inf, pods, self.settings.clock.to_wall(now))
+            if paused is not None:
+                ev = Evaluation(time=now, current=inf.effective.knobs, decision=dec.KEEP, reason=paused)
+                if await self._write(client, inf, inf.status.replace(last_evaluation=ev),
+                                     {"Tuned": ("False", SCALE_DOWN_PAUSED, paused)}, now):
+                    return f"evaluation:{dec.KEEP}"
+                return "conflict"
         got = await self._gather(client, inf, now)
         # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
         now = self.now()
@@ -420,7 +432,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
         num_groups=int(shape.num_expert_groups or 1),
         memory_budget_bytes=cfg.memory_budget_bytes,
         bytes_per_expert=shape.bytes_per_expert,
-        bounds=cfg.bounds,
+        bounds=inf.tuner_bounds,  # the fault-tolerance floor is a hard lower end
         current=current,
         cost=cost,
         min_gain=cfg.min_gain,

@@ -197,7 +197,7 @@ class KubeClient:
 
     async def _call(self, verb: str, method: str, kind: Kind, path: str, *, subresource: str | None = None,
                     body: Any = None, params: Mapping[str, str] | None = None,
-                    content_type: str = "application/json") -> Any:
+                    content_type: str = "application/json", raw: bool = False) -> Any:
         await self.open()
         assert self._session is not None
         self.calls.append((verb, kind.group, kind.plural, subresource))
@@ -215,8 +215,10 @@ class KubeClient:
         except json.JSONDecodeError:
             payload = {"message": text}
         if status >= 400:
+            if not isinstance(payload, dict):
+                payload = {"message": text}
             raise ApiError(status, str(payload.get("reason", reason)), str(payload.get("message", text))[:2000])
-        return payload
+        return text if raw else payload
 
     # ---- verbs ----------------------------------------------------------------------------------
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -238,6 +240,16 @@ class KubeClient:
             params["fieldSelector"] = field_selector
         result = await self._call("list", "GET", k, k.path(namespace), params=params)
         return list(result.get("items") or [])
+
+    async def pod_log(self, namespace: str | None, name: str, *, container: str | None = None,
+                      since_seconds: int | None = None) -> str:
+        """A pod's log (``pods/log``) as text: its container's, the last ``since_seconds`` only when given."""
+        k = kind_of("v1", "Pod")
+        params = {"container": container} if container else {}
+        if since_seconds is not None:
+            params["sinceSeconds"] = str(max(1, int(since_seconds)))
+        return await self._call("get", "GET", k, k.path(namespace, name, "log"), subresource="log",
+                                params=params, raw=True)
 
     def _params(self, dry_run: bool) -> dict[str, str]:
         return {"fieldManager": self.field_manager, **({"dryRun": "All"} if dry_run else {})}

@@ -39,6 +39,9 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # Engine pods' logs: with spec.faultTolerance on vLLM >= 0.34 the autotune loop reads them for
+    # vLLM's "scale_down complete" line (vLLM reports a scale-down nowhere else; EPLB then stops).
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     # Events on MoEInference (controller and kopf); the autotune loop lists a LeaderWorkerSet's
     # RecreateGroupOnPodRestart Events (a group recreated on every pod restart is a crash loop).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},

@@ -7,6 +7,19 @@ EPLB flags by version (see /work/shared/notes/vllm-eplb.md):
 * >= 0.10.2: ``--enable-eplb --eplb-config '{"window_size":W,"step_interval":I,
   "num_redundant_experts":N,"log_balancedness":B[,"use_async":A]}'`` (the flat flags are deprecated
   there and gone from 0.12.0).
+
+``num_redundant_experts`` is always rendered, also where the spec omits it (the value in force,
+:attr:`moe_eplb.api.spec.MoEInference.redundancy_in_force`), so a resource runs the same on every
+version. ``spec.eplb.communicator`` goes into ``--eplb-config``; ``spec.parallelism.all2allBackend``
+is ``--all2all-backend``.
+
+Fault tolerance (``spec.faultTolerance.enabled``): ``--enable-fault-tolerance``. vLLM refuses it with
+its internal data-parallel load balancing and with more than one API server (``engine/arg_utils.py``,
+``config/parallel.py``), so every data-parallel rank then serves its own API: with more than one rank
+per pod ``--data-parallel-multi-port-external-lb`` (ranks on ports 8000, 8001, ...), with one
+``--data-parallel-rank`` (external load balancing); workers of a multi-node group are then not
+headless. vLLM's multi-port supervisor stops all ranks of its pod when one becomes unhealthy, so
+ranks are lost a pod at a time (validation asks ``rankFailuresToSurvive`` in whole pods).
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ from moe_eplb.contracts.k8s_names import API_PORT, CHAT_TEMPLATE_DIR
 
 DP_RPC_PORT = 13345
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
-LATEST_KNOWN = (0, 33, 0)
+LATEST_KNOWN = (0, 34, 0)
 #: vLLM's own graceful shutdown after SIGTERM (``--shutdown-timeout``), on top of the preStop drain of
 #: ``spec.engine.drainSeconds``: requests still running when the drain time ran out get this long more
 SHUTDOWN_TIMEOUT_SECONDS = 30
@@ -49,6 +62,8 @@ def eplb_args(eplb: EplbSettings, version: Version) -> list[str]:
         }
         if eplb.use_async is not None:
             config["use_async"] = eplb.use_async
+        if eplb.communicator is not None:
+            config["communicator"] = eplb.communicator
         return ["--enable-eplb", "--eplb-config", _json(config)]
     args = [
         "--enable-eplb",
@@ -90,8 +105,14 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     args += ["--port", str(API_PORT), "--tensor-parallel-size", str(p.tensor)]
     if p.data > 1:
         args += ["--data-parallel-size", str(p.data)]
+        if inf.fault_tolerance.enabled and p.nodes == 1:
+            args += ["--data-parallel-size-local", str(p.data), "--data-parallel-multi-port-external-lb"]
     if p.expert and p.ep_size > 1:
         args.append("--enable-expert-parallel")
+    if p.all2all_backend:
+        args += ["--all2all-backend", p.all2all_backend]
+    if inf.fault_tolerance.enabled:
+        args.append("--enable-fault-tolerance")
     args += eplb_args(eplb, version)
     backend = eplb_moe_backend(inf, eplb, version)
     if backend:
@@ -141,9 +162,14 @@ def _dp_args(inf: MoEInference) -> list[str]:
 def multinode_leader_args(inf: MoEInference) -> list[str]:
     """Extra args of the LeaderWorkerSet leader (rank 0 pod): it serves the API.
 
-    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes from the env LeaderWorkerSet injects.
+    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes from the env LeaderWorkerSet injects. With
+    fault tolerance, each data-parallel rank serves its own API (see the module's docstring).
     """
-    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)", "--data-parallel-start-rank", "0"]
+    first = ["--data-parallel-start-rank", "0"]
+    if inf.fault_tolerance.enabled:
+        first = ["--data-parallel-rank", "0"] if inf.parallelism.data_local == 1 else \
+            first + ["--data-parallel-multi-port-external-lb"]
+    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)"] + first
 
 
 def multinode_worker_args(inf: MoEInference) -> list[str]:
@@ -162,9 +188,12 @@ def multinode_worker_script(inf: MoEInference) -> str:
     must see it, whatever env the pod has.
     """
     data_local = int(inf.parallelism.data_local)
-    script = (f'{SHM_CLEAN}; exec vllm serve "$@" --data-parallel-start-rank "$((LWS_WORKER_INDEX * {data_local}))"'
-              ' --headless')
-    return k8s_escape(script)
+    rank = f'"$((LWS_WORKER_INDEX * {data_local}))"'
+    tail = f"--data-parallel-start-rank {rank} --headless"
+    if inf.fault_tolerance.enabled:  # every rank serves its own API (see the module's docstring)
+        tail = f"--data-parallel-rank {rank}" if data_local == 1 else \
+            f"--data-parallel-start-rank {rank} --data-parallel-multi-port-external-lb"
+    return k8s_escape(f'{SHM_CLEAN}; exec vllm serve "$@" {tail}')
 
 
 def k8s_escape(text: str) -> str:
