@@ -326,7 +326,8 @@ def test_every_example_engine_command_parses_in_vllm(serve_parser, name, index, 
         if inf.parallelism.nodes > 1:
             assert ns.data_parallel_address == "10.0.0.1"
             assert ns.data_parallel_start_rank == (0 if role == "leader" else inf.parallelism.data_local)
-            assert bool(ns.headless) is (role == "worker")
+            # with fault tolerance every data-parallel rank serves its own API (external load balancing)
+            assert bool(ns.headless) is (role == "worker" and not inf.fault_tolerance.enabled)
 
 
 def test_fault_tolerance_and_all2all_args_parse_in_vllm(serve_parser, variant) -> None:

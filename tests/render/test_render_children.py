@@ -355,3 +355,27 @@ def _effective(resource):
 def render_children_of(resource):
     """``render_children`` of a resource dict (parsed once)."""
     return render_children(parse(resource))
+
+
+def test_fault_tolerant_group_serves_every_rank_and_keeps_survivors() -> None:
+    """With spec.faultTolerance every data-parallel rank serves its own API: the workers get the API
+    port and vLLM's /health as their startup probe, the Service selects every pod of a group (not
+    only leaders), and a failed pod does not make LeaderWorkerSet recreate the surviving ones."""
+    doc = next(d for d in load_moeinferences(EXAMPLES / "deepseek-v3-fault-tolerant.yaml"))
+    inf = parse(doc)
+    assert inf.fault_tolerance.enabled and inf.parallelism.nodes > 1
+    kids = {c["kind"]: c for c in render_children(inf)}
+    lwt = kids["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    assert lwt["restartPolicy"] == "None"
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert {p["name"] for p in worker["ports"]} == {k8s_names.API_PORT_NAME, k8s_names.EXPORTER_PORT_NAME}
+    assert worker["startupProbe"]["httpGet"] == {"path": "/health", "port": k8s_names.API_PORT_NAME}
+    assert k8s_names.LWS_WORKER_INDEX_LABEL not in kids["Service"]["spec"]["selector"]
+    # without fault tolerance: leaders only, groups recreated together, headless workers
+    plain = copy.deepcopy(doc)
+    plain["spec"]["faultTolerance"] = {"enabled": False}
+    kids = {c["kind"]: c for c in render_children(parse(plain))}
+    lwt = kids["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert {p["name"] for p in lwt["workerTemplate"]["spec"]["containers"][0]["ports"]} == {k8s_names.EXPORTER_PORT_NAME}
+    assert kids["Service"]["spec"]["selector"][k8s_names.LWS_WORKER_INDEX_LABEL] == "0"

@@ -1,7 +1,7 @@
 """Wide expert parallelism in vLLM: all2all backends, the EPLB communicator, fault tolerance, and the
 redundancy each of them needs (facts read from vLLM's code, and pure arithmetic on them).
 
-Sources (the released wheels' Python code; see ``/work/shared/notes/vllm-034.md``):
+Sources (the released wheels' Python code):
 
 * ``config/parallel.py``: ``All2AllBackend`` (the ``--all2all-backend`` choices) and
   ``EPLBCommunicatorBackend`` per version; ``ParallelConfig.compute_eplb_num_redundant_experts``

@@ -11,7 +11,8 @@
 - ``autotune``: the tuning loop (:class:`~.autotune.AutotuneLoop`, owned by the handlers' ``Controller``),
   with ``autotune_settings`` (its clock and settings), ``observe`` (the load and measured
   balancedness), ``workload`` (the child workloads read into a ``WorkloadView``), ``decisions`` and
-  ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``).
+  ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
+  ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

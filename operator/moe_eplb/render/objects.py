@@ -297,13 +297,19 @@ def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
 
 def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     """Multi-node replica groups: a LeaderWorkerSet; each group is ``nodes`` pods running one vLLM
-    data-parallel engine (leader serves the API, workers run ``--headless``)."""
+    data-parallel engine (leader serves the API, workers run ``--headless``).
+
+    With ``spec.faultTolerance`` every data-parallel rank serves its own API (vLLM refuses fault
+    tolerance with its internal load balancing), so workers get the API's port, probes and drain, and
+    a failed pod is not answered by recreating its group (``restartPolicy: None``): the surviving
+    ranks keep serving while vLLM re-hosts the lost rank's experts."""
+    ft = inf.fault_tolerance.enabled
     common = engine_args(inf, eplb)
     leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf))
     # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
     # script; no user text is ever part of a `sh -c` string (issue 24)
     worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
-                          args=common + multinode_worker_args(inf), serves_api=False)
+                          args=common + multinode_worker_args(inf), serves_api=ft)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -320,7 +326,7 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
             },
             "leaderWorkerTemplate": {
                 "size": inf.parallelism.nodes,
-                "restartPolicy": "RecreateGroupOnPodRestart",
+                "restartPolicy": "None" if ft else "RecreateGroupOnPodRestart",
                 "leaderTemplate": leader,
                 "workerTemplate": worker,
             },
@@ -332,9 +338,10 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
 
 
 def service(inf: MoEInference) -> dict[str, Any]:
-    """ClusterIP Service for the API (leaders only for multi-node) and the exporter port."""
+    """ClusterIP Service for the API (leaders only for multi-node, unless fault tolerance has every
+    rank serve its own API) and the exporter port."""
     selector = selector_labels(inf.name)
-    if inf.parallelism.nodes > 1:
+    if inf.parallelism.nodes > 1 and not inf.fault_tolerance.enabled:
         selector[LWS_WORKER_INDEX_LABEL] = "0"
     return {
         "apiVersion": "v1",
