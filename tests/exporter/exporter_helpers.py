@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover - tests needing torch skip via importors
     torch = None
 
 KNUTH = 2654435769
+#: set by tests/test_vllm_sources.py in the child pytest's environment (and so in its subprocesses)
+BRIDGE_ENV = "MOE_EPLB_VLLM_SRC_BRIDGE"
 
 
 def free_port() -> int:
@@ -55,6 +57,10 @@ def vllm_world():
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
+    if os.environ.get(BRIDGE_ENV):  # a released wheel's sources, not an installed vLLM
+        from tests import vllm_src_bridge
+
+        vllm_src_bridge.apply()
     vc = VllmConfig()
     vc.parallel_config.enable_eplb = True
     port = free_port()
@@ -105,6 +111,28 @@ def make_moe_model(L: int, E: int, R: int, ep: int = 1):
     return TinyMoE()
 
 
+class StandInModelConfig:
+    """What ``EplbState`` reads of a ``ModelConfig`` (vLLM's needs a real checkpoint): ``model``,
+    ``served_model_name`` (already resolved to a string by vLLM) and the config hash that keys
+    ``model_states``: ``compute_hash()`` (vLLM <= 0.33, through ``compute_hash_cached``) or
+    ``compile_factors()`` (0.34: ``hash_config_cached``). Both derive from the model path and
+    ``tag``; vLLM caches the hash by ``id()``, so distinct configs must hash apart even when one
+    dies and a new one reuses its id (the serial number)."""
+
+    _serial = 0
+
+    def __init__(self, model: str, served_model_name: str | None = None, tag: str = ""):
+        StandInModelConfig._serial += 1
+        self.model, self.served_model_name, self.tag = model, served_model_name, tag
+        self._factors = {"model": model, "tag": tag, "serial": StandInModelConfig._serial}
+
+    def compile_factors(self) -> dict:
+        return dict(self._factors)
+
+    def compute_hash(self) -> str:
+        return "hash-{model}{tag}-{serial}".format(**self._factors)
+
+
 def make_real_state(L=3, E=8, R=4, window=4, interval=10, use_async=False, name="tiny/moe"):
     """vLLM's real ``EplbState`` with one model added through the real ``add_model``."""
     from vllm.config import ParallelConfig, set_current_vllm_config
@@ -119,7 +147,7 @@ def make_real_state(L=3, E=8, R=4, window=4, interval=10, use_async=False, name=
     pc.eplb_config.communicator = "torch_gloo"
     state = EplbState(pc, torch.device("cpu"))
     model = make_moe_model(L, E, R)
-    mc = types.SimpleNamespace(model=name, compute_hash=lambda: "hash-" + name)
+    mc = StandInModelConfig(name)
     with set_current_vllm_config(vc):
         state.add_model(model, mc)
     return state, model
@@ -227,4 +255,5 @@ def make_standin_v010():
 
 
 def env_without_exporter() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_")}
+    """The environment without the exporter's settings (the source-tree bridge flag stays)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_") or k == BRIDGE_ENV}

@@ -1,6 +1,6 @@
 """Which vLLM EPLB state layout a worker runs, found by looking at the objects (not version strings).
 
-Supported: vLLM 0.12.0 through 0.33 (the first release with the seed change through the newest
+Supported: vLLM 0.12.0 through 0.34 (the first release with the seed change through the newest
 tested). Layouts handled explicitly:
 
 ==================  =================  ===========================================================
@@ -9,10 +9,13 @@ layout              vLLM               what differs
 ``multi-model``     0.12 - ~0.2x       ``EplbState.model_states: dict[str, EplbModelState]``;
                                        ``expert_load_pass [L, P]`` over all physical slots;
                                        ``step(is_dummy, is_profile, log_stats)``; every step records
-``multi-model-gated`` ~0.2x - 0.33     as above, plus ``EplbState.should_record_tensor`` (a shared
+``multi-model-gated`` ~0.2x - 0.34     as above, plus ``EplbState.should_record_tensor`` (a shared
                                        bool the router reads): vLLM records only the last
                                        ``window_size`` steps before a rearrangement, so the exporter
-                                       turns recording on every step (see docs/exporter.md)
+                                       turns recording on every step (see docs/exporter.md). From
+                                       0.34 vLLM writes the flag only when its own value flips
+                                       (``_should_record_value``); the exporter still writes it
+                                       after every step, so it stays on either way
 ==================  =================  ===========================================================
 
 Anything else (the single-model ``EplbState`` of vLLM <= 0.11 with ``step(model, ...)``, a load
@@ -32,7 +35,7 @@ class UnsupportedLayout(RuntimeError):
     """The EPLB state does not look like any supported vLLM version's."""
 
 
-SUPPORTED_VLLM = ">=0.12.0,<=0.33.x"
+SUPPORTED_VLLM = ">=0.12.0,<=0.34.x"
 
 
 @dataclass
