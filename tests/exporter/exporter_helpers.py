@@ -31,7 +31,8 @@ def free_port() -> int:
 
 def tiny_exporter_pods() -> dict:
     """The real exporter's aggregated pods (``collector.aggregate``) for a tiny model: 2 layers, 4
-    experts, EP 2, every EP rank in one pod and every family set -- the input of
+    experts, EP 2, every EP rank in one pod and every family set (vLLM 0.34's health signals too:
+    async cycles are timed on rank 0 only) -- the input of
     ``collector.families`` wherever a test needs what a real pod exports."""
     from moe_eplb.exporter import snapshot as snap
     from moe_eplb.exporter.collector import aggregate
@@ -40,7 +41,9 @@ def tiny_exporter_pods() -> dict:
     snaps = [snap.WorkerSnapshot(pid=r, time=0.0, models=[snap.ModelSnapshot(
         name="m", ep_rank=r, ep_size=EP, expert_tokens=np.ones((L, E)), rank_tokens=np.ones((L, EP)),
         replicas=np.ones((L, E), np.int64), steps=5, window_size=1000, step_interval=3000,
-        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30)]) for r in range(EP)]
+        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30, rebalance_failures=0,
+        async_duration_buckets=np.zeros(len(snap.DURATION_BUCKETS) + 1, np.int64) if r == 0 else None)])
+        for r in range(EP)]
     pods = aggregate(snaps)
     for pm in pods.values():
         pm.balancedness = {0: 1.0, 1: 1.0}  # what the pod collector sets for a pod holding every rank

@@ -132,7 +132,15 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
                 _fail_soft("reading the expert load", exc, self)
                 rec = None
         t1 = _now()
-        result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        try:
+            result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        except Exception as exc:
+            if rec is not None:  # vLLM 0.34: the async worker's failure, raised on every rank
+                try:
+                    rec.step_failed(exc)
+                except Exception as inner:  # noqa: BLE001
+                    _fail_soft("counting a failed EPLB step", inner, self)
+            raise
         if rec is not None:
             t2 = _now()
             try:

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from moe_eplb.contracts.vllm_facts import ASYNC_WORKER_ERROR_ATTR
+
 
 class UnsupportedLayout(RuntimeError):
     """The EPLB state does not look like any supported vLLM version's."""
@@ -81,6 +83,8 @@ class EplbLayout:
     window_size: int | None
     step_interval: int | None
     num_redundant_experts: int | None
+    #: vLLM reports async worker failures and times async cycles itself (0.34+: :mod:`.health`)
+    health_signals: bool = False
 
 
 NAMES_ATTR = "_moe_eplb_names"  # set on the EplbState by the hook's add_model wrapper
@@ -185,4 +189,5 @@ def detect(eplb_state: Any) -> EplbLayout:
         window_size=window,
         step_interval=interval,
         num_redundant_experts=redundant,
+        health_signals=hasattr(eplb_state, ASYNC_WORKER_ERROR_ATTR),
     )
