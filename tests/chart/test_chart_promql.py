@@ -102,7 +102,7 @@ def test_catalog_matches_the_operators_metrics():
 
 def test_every_alert_of_the_issue_is_shipped(alert_groups):
     alerts = {r["alert"] for g in alert_groups for r in g["rules"]}
-    assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBRearrangementsStalled",
+    assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBRearrangementsStalled", "MoEEPLBRebalanceFailed",
             "MoEEPLBTuningFailing", "MoEEPLBTuningStale", "MoEEPLBRollback", "MoEEPLBOperatorDown",
             "MoEEPLBAutoscalerAtMax"} == alerts
 
@@ -205,7 +205,7 @@ def test_promtool_accepts_the_rules(chart, tmp_path):
         path.write_text(yaml.safe_dump({"groups": rule_groups(render_chart(chart, values))}))
         res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "SUCCESS: 8 rules found" in res.stdout, res.stdout
+        assert "SUCCESS: 9 rules found" in res.stdout, res.stdout
 
 
 # --- against a real Prometheus ------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_alert_rules_evaluate_without_errors(prometheus):
             break
         assert time.time() < deadline, f"rules not evaluated yet: {rules}"
         time.sleep(0.5)
-    assert len(rules) == 8
+    assert len(rules) == 9
     for r in rules:
         assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
 
@@ -301,6 +301,7 @@ def test_alerts_fire_on_the_sample_data(prometheus):
         ("MoEEPLBTuningStale", samples.STALE): "pending",  # for: 5m
         ("MoEEPLBRollback", samples.DEMO): "firing",
         ("MoEEPLBRearrangementsStalled", samples.STALLED): "firing",  # 20 steps/s, interval 10, flat
+        ("MoEEPLBRebalanceFailed", samples.STALLED): "firing",  # its async worker failures grow
         ("MoEEPLBBalancednessLow", samples.STALLED): "firing",
         ("MoEEPLBAutoscalerAtMax", samples.DEMO): "pending",  # for: 15m
     }

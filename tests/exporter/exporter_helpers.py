@@ -19,11 +19,14 @@ except ImportError:  # pragma: no cover - tests needing torch skip via importors
     torch = None
 
 KNUTH = 2654435769
+#: set by tests/test_vllm_sources.py in the child pytest's environment (and so in its subprocesses)
+BRIDGE_ENV = "MOE_EPLB_VLLM_SRC_BRIDGE"
 
 
 def tiny_exporter_pods() -> dict:
     """The real exporter's aggregated pods (``collector.aggregate``) for a tiny model: 2 layers, 4
-    experts, EP 2, every EP rank in one pod and every family set -- the input of
+    experts, EP 2, every EP rank in one pod and every family set (vLLM 0.34's health signals too:
+    async cycles are timed on rank 0 only) -- the input of
     ``collector.families`` wherever a test needs what a real pod exports."""
     from moe_eplb.exporter import snapshot as snap
     from moe_eplb.exporter.collector import aggregate
@@ -32,7 +35,9 @@ def tiny_exporter_pods() -> dict:
     snaps = [snap.WorkerSnapshot(pid=r, time=0.0, models=[snap.ModelSnapshot(
         name="m", ep_rank=r, ep_size=EP, expert_tokens=np.ones((L, E)), rank_tokens=np.ones((L, EP)),
         replicas=np.ones((L, E), np.int64), steps=5, window_size=1000, step_interval=3000,
-        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30)]) for r in range(EP)]
+        num_redundant_experts=0, use_async=True, kv_cache_bytes=2**30, rebalance_failures=0,
+        async_duration_buckets=np.zeros(len(snap.DURATION_BUCKETS) + 1, np.int64) if r == 0 else None)])
+        for r in range(EP)]
     pods = aggregate(snaps)
     for pm in pods.values():
         pm.balancedness = {0: 1.0, 1: 1.0}  # what the pod collector sets for a pod holding every rank
@@ -49,6 +54,10 @@ def vllm_world():
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
+    if os.environ.get(BRIDGE_ENV):  # a released wheel's sources, not an installed vLLM
+        from tests import vllm_src_bridge
+
+        vllm_src_bridge.apply()
     vc = VllmConfig()
     vc.parallel_config.enable_eplb = True
     port = free_port()
@@ -99,6 +108,28 @@ def make_moe_model(L: int, E: int, R: int, ep: int = 1):
     return TinyMoE()
 
 
+class StandInModelConfig:
+    """What ``EplbState`` reads of a ``ModelConfig`` (vLLM's needs a real checkpoint): ``model``,
+    ``served_model_name`` (already resolved to a string by vLLM) and the config hash that keys
+    ``model_states``: ``compute_hash()`` (vLLM <= 0.33, through ``compute_hash_cached``) or
+    ``compile_factors()`` (0.34: ``hash_config_cached``). Both derive from the model path and
+    ``tag``; vLLM caches the hash by ``id()``, so distinct configs must hash apart even when one
+    dies and a new one reuses its id (the serial number)."""
+
+    _serial = 0
+
+    def __init__(self, model: str, served_model_name: str | None = None, tag: str = ""):
+        StandInModelConfig._serial += 1
+        self.model, self.served_model_name, self.tag = model, served_model_name, tag
+        self._factors = {"model": model, "tag": tag, "serial": StandInModelConfig._serial}
+
+    def compile_factors(self) -> dict:
+        return dict(self._factors)
+
+    def compute_hash(self) -> str:
+        return "hash-{model}{tag}-{serial}".format(**self._factors)
+
+
 def make_real_state(L=3, E=8, R=4, window=4, interval=10, use_async=False, name="tiny/moe"):
     """vLLM's real ``EplbState`` with one model added through the real ``add_model``."""
     from vllm.config import ParallelConfig, set_current_vllm_config
@@ -113,7 +144,7 @@ def make_real_state(L=3, E=8, R=4, window=4, interval=10, use_async=False, name=
     pc.eplb_config.communicator = "torch_gloo"
     state = EplbState(pc, torch.device("cpu"))
     model = make_moe_model(L, E, R)
-    mc = types.SimpleNamespace(model=name, compute_hash=lambda: "hash-" + name)
+    mc = StandInModelConfig(name)
     with set_current_vllm_config(vc):
         state.add_model(model, mc)
     return state, model
@@ -221,4 +252,5 @@ def make_standin_v010():
 
 
 def env_without_exporter() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_")}
+    """The environment without the exporter's settings (the source-tree bridge flag stays)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_") or k == BRIDGE_ENV}

@@ -179,3 +179,26 @@ def test_async_rearrangement_is_timed_until_the_last_layer_is_committed():
     assert m.duration_buckets.sum() == 1
     assert m.duration_sum == pytest.approx(0.8)
     hook.unpatch_eplb_state(AsyncEplbState)
+
+
+def test_model_state_key_follows_the_function_vllm_imports(monkeypatch):
+    """vLLM keys ``model_states`` with the config hash function its EPLB module imports: 0.34's
+    ``hash_config_cached``, 0.32-0.33's ``compute_hash_cached``, older ``model_config.compute_hash()``.
+    The hook uses the same function, so prepare_forward finds the state on every release."""
+    import sys
+    import types
+
+    from moe_eplb.exporter.layout import UnsupportedLayout
+
+    cfg = types.SimpleNamespace(compute_hash=lambda: "old")
+    module = types.ModuleType("fake_eplb_state")
+    monkeypatch.setattr(hook, "EPLB_MODULE", module.__name__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert hook._hash_key(cfg) == "old"
+    module.compute_hash_cached = lambda c: "cached-" + c.compute_hash()
+    assert hook._hash_key(cfg) == "cached-old"
+    module.hash_config_cached = lambda c: "factors"  # 0.34 keeps the old import name nowhere
+    assert hook._hash_key(cfg) == "factors"
+    del module.hash_config_cached, module.compute_hash_cached
+    with pytest.raises(UnsupportedLayout, match="hash_config_cached, compute_hash_cached"):
+        hook._hash_key(types.SimpleNamespace())

@@ -15,7 +15,7 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import hook
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.recorder import IDLE_GAP_SECONDS, SnapshotWriter, StateRecorder, kv_cache_bytes
-from tests.exporter.exporter_helpers import logical_counts, make_moe_model, route, vllm_world
+from tests.exporter.exporter_helpers import StandInModelConfig, logical_counts, make_moe_model, route, vllm_world
 
 
 class FakeClock:
@@ -40,9 +40,8 @@ def _install(es, **kw):
 
 
 def _model_config(model, served, tag=""):
-    """What EplbState.add_model reads of a ModelConfig (vLLM's ModelConfig needs a real checkpoint):
-    ``model``, ``served_model_name`` (already resolved to a string by vLLM) and ``compute_hash``."""
-    return types.SimpleNamespace(model=model, served_model_name=served, compute_hash=lambda: f"hash-{model}{tag}")
+    """What EplbState.add_model reads of a ModelConfig (exporter_helpers.StandInModelConfig)."""
+    return StandInModelConfig(model, served, tag=tag)
 
 
 def _state(es, L=2, E=4, R=0, interval=10**6, models=(("org/tiny", "tiny-served", None),)):

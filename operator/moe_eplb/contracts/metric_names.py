@@ -15,6 +15,12 @@ EXPERT_REPLICAS = "moe_eplb_expert_replicas"  # gauge {model_name, layer, expert
 REARRANGEMENTS = "moe_eplb_rearrangements_total"  # counter {model_name}
 REARRANGEMENT_SECONDS = "moe_eplb_rearrangement_duration_seconds"  # histogram {model_name}
 ENGINE_STEPS = "moe_eplb_engine_steps_total"  # counter {model_name}
+#: vLLM's own rearrangement health signals (vLLM >= 0.34; absent where the engine has none):
+#: async rearrangement cycles vLLM timed itself (its rank-0 log line "Async EPLB rearranged N/M
+#: layers of ... in T s"), and async EPLB worker failures ("Async EPLB worker failed on at least one
+#: rank", raised on every rank). 0 failures is exported from the first step on such an engine.
+ASYNC_REARRANGEMENT_SECONDS = "moe_eplb_async_rearrangement_duration_seconds"  # histogram {model_name}
+REBALANCE_FAILURES = "moe_eplb_rebalance_failures_total"  # counter {model_name}
 STEP_SECONDS = "moe_eplb_step_duration_seconds"  # histogram {model_name, rank}: wall time of one engine step
 STEP_TOKENS = "moe_eplb_step_tokens"  # histogram {model_name, rank}: tokens one engine step routed
 KV_CACHE_BYTES = "moe_eplb_kv_cache_bytes"  # gauge {model_name, rank}: KV cache the rank allocated

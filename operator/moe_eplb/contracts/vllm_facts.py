@@ -36,6 +36,17 @@ def exporter_range() -> str:
     return f"{lo} - {EXPORTER_MAX_VLLM_MINOR[0]}.{EXPORTER_MAX_VLLM_MINOR[1]}.x"
 
 
+#: vLLM 0.34's async EPLB health signals (``distributed/eplb/``): the rank-0 log line of each async
+#: rearrangement cycle (logger ``ASYNC_WORKER_LOGGER``; args: layers moved, layers, vLLM's EPLB
+#: model name, seconds) and the message of the error ``EplbState.step`` raises on every rank once
+#: the async worker failed on one (the worker's exception is its ``__cause__`` there, and
+#: ``EplbState.async_worker_error`` on the failing rank). Earlier releases have neither.
+ASYNC_WORKER_LOGGER = "vllm.distributed.eplb.async_worker"
+ASYNC_REARRANGED_LOG = "Async EPLB rearranged %d/%d layers of %s in %.2f s."
+ASYNC_WORKER_FAILED = "Async EPLB worker failed on at least one rank"
+#: ``EplbState`` attribute holding the async worker's exception (vLLM >= 0.34)
+ASYNC_WORKER_ERROR_ATTR = "async_worker_error"
+
 #: The hand-picked settings of the change that brought EPLB to Qwen3-VL-MoE (vLLM PR #28849),
 #: measured at +4% throughput and -21% mean TTFT: window 3000, interval 1000, 8 redundant.
 SEED_WINDOW_SIZE, SEED_STEP_INTERVAL, SEED_NUM_REDUNDANT_EXPERTS = 3000, 1000, 8

@@ -18,6 +18,10 @@ Every ``tick_seconds`` (wall) the loop's kopf timer parses each MoEInference onc
    spec edit makes it fail with 409 and the tick is simply redone on fresh data. Events and the
    operator metrics (:mod:`.opmetrics`) follow a successful write only.
 
+Before 1., for every resource with EPLB on (whatever ``spec.autotune.mode``), the ``RebalanceFailed``
+condition follows vLLM's async EPLB worker failures the exporter counts (:mod:`.rebalance`), with a
+Warning Event when it turns true.
+
 The loop meets the reconciler through one seam, :class:`Reconciles` (the ``Controller``: its current
 API client and ``reconcile(body)``, called to render a new override at once). An operator restart
 resumes from the resource alone; the loop's own state is the direct-mode scraping (no Prometheus) of
@@ -61,6 +65,9 @@ from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import ApiError, KubeClient
 from moe_eplb.controller.observe import LoadObserver, LoadUnavailable
+from moe_eplb.controller.rebalance import CONDITION as REBALANCE_CONDITION
+from moe_eplb.controller.rebalance import RebalanceWatch
+from moe_eplb.controller.rebalance import event_of as rebalance_event
 from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
@@ -120,6 +127,7 @@ class AutotuneLoop:
         self.host = host
         self.settings = settings or AutotuneSettings.from_env()
         self.load_observer = LoadObserver(self.settings)
+        self.rebalance = RebalanceWatch(self.settings)
         self.scale_down_watch = ScaleDownWatch()
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
@@ -160,7 +168,8 @@ class AutotuneLoop:
     async def tick(self, inf: MoEInference) -> str | None:
         """One tick of the loop for one parsed MoEInference. Returns what happened (for tests and
         logs): ``rollout:<phase or action>``, ``evaluation:<decision>``, ``override:dropped`` (a stale
-        override was removed), ``conflict`` or None (nothing)."""
+        override was removed), ``rebalance:<reason>`` (the ``RebalanceFailed`` condition changed:
+        :mod:`.rebalance`), ``conflict`` or None (nothing)."""
         client = self.host.client
         if client is None:
             return None
@@ -174,6 +183,9 @@ class AutotuneLoop:
                          inf.namespace, inf.name, inf.override_problem)
                 return "override:dropped"
             return "conflict"
+        health = await self.rebalance.check(client, inf, now)
+        if health is not None:
+            return await self._write_rebalance(client, inf, health, now)
         if inf.prometheus_url is None and inf.autotune.mode != "Off":
             await self.load_observer.collect(client, inf, now)
         if state.rollout is not None:
@@ -188,6 +200,18 @@ class AutotuneLoop:
             # rollout's replica count only while pods restart: render.autoscaler.rollout_min_replicas)
             await self._rerender(client, inf)
         return result
+
+    async def _write_rebalance(self, client: KubeClient, inf: MoEInference, condition: tuple[str, str, str],
+                               now: float) -> str:
+        """Write the ``RebalanceFailed`` condition (:mod:`.rebalance`) and post its Event; the rest of
+        the tick waits for the next one (the write changed the resource version)."""
+        if not await self._write(client, inf, inf.status, {REBALANCE_CONDITION: condition}, now):
+            return "conflict"
+        etype, reason, message = rebalance_event(condition)
+        if etype == "Warning":
+            log.warning("autotune %s/%s: %s: %s", inf.namespace, inf.name, reason, message)
+        await self._event(client, inf, etype, reason, message)
+        return f"rebalance:{condition[1]}"
 
     async def _rerender(self, client: KubeClient, inf: MoEInference) -> None:
         """Have the reconciler render the children from the resource as stored now: a status change

@@ -11,6 +11,9 @@ Aggregation over the pod's workers (one per EP rank), per model:
   rank): ranks write their snapshots at slightly different moments, and taking a fixed rank would
   make a counter go DOWN when that rank's first snapshot lands after another's -- which Prometheus
   and the load reader take for a restart (seen on the real engine);
+* vLLM's own health signals (vLLM >= 0.34, :mod:`.health`): async worker failures are raised on
+  every rank, so the most any rank counted is taken (never the sum); async cycle durations are
+  logged by EP rank 0 only, so they come from the rank that has them;
 * step durations, tokens per step and the KV-cache size are per rank: exported per rank (label
   ``rank`` = the worker's own EP rank), never summed;
 * balancedness per layer = mean over ranks / max over ranks of the tokens each rank processed in the
@@ -65,6 +68,9 @@ class PodModel:
     start_time: float
     balancedness: dict[int, float] = field(default_factory=dict)
     per_rank: list[snap.ModelSnapshot] = field(default_factory=list)  # this pod's workers, by EP rank
+    rebalance_failures: int | None = None  # async worker failures (max over ranks; None: not reported)
+    async_duration_buckets: np.ndarray | None = None  # vLLM's async cycle timings (its rank 0's)
+    async_duration_sum: float = 0.0
 
     @property
     def complete(self) -> bool:
@@ -88,6 +94,9 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
             log.warning("moe-eplb exporter: model %s: %d worker(s) disagree on shapes; ignoring them",
                         name, len(parts) - len(same))
         lead = max(same, key=lambda m: (m.steps, m.rearrangements, -m.ep_rank))
+        failures = [m.rebalance_failures for m in same if m.rebalance_failures is not None]
+        timed = [m for m in same if m.async_duration_buckets is not None]
+        timer = max(timed, key=lambda m: (int(np.sum(m.async_duration_buckets)), -m.ep_rank)) if timed else None
         out[name] = PodModel(
             name=name,
             ep_size=first.ep_size,
@@ -105,6 +114,11 @@ def aggregate(snapshots: Iterable[snap.WorkerSnapshot]) -> dict[str, PodModel]:
             use_async=lead.use_async,
             start_time=min(m.start_time for m in same),
             per_rank=same,
+            # every rank raises the same failure: the most any rank saw, never the sum
+            rebalance_failures=max(failures) if failures else None,
+            # vLLM times async cycles on EP rank 0 only: the rank that has the timings
+            async_duration_buckets=None if timer is None else timer.async_duration_buckets,
+            async_duration_sum=0.0 if timer is None else timer.async_duration_sum,
         )
     return out
 
@@ -168,6 +182,11 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
     step_t = HistogramMetricFamily(metric_names.STEP_TOKENS, "Real (unpadded) tokens the rank's router dispatched "
                                    "per engine step (each to top_k experts; dummy steps count 0).", labels=[M, RK])
     kv = GaugeMetricFamily(metric_names.KV_CACHE_BYTES, "Bytes of KV cache the EP rank allocated.", labels=[M, RK])
+    fails = CounterMetricFamily(metric_names.REBALANCE_FAILURES, "Async EPLB worker failures vLLM raised (vLLM >= 0.34: "
+                                "'Async EPLB worker failed on at least one rank').", labels=[M])
+    async_h = HistogramMetricFamily(metric_names.ASYNC_REARRANGEMENT_SECONDS, "Async EPLB rearrangement cycles as vLLM "
+                                    "times them (vLLM >= 0.34, its 'Async EPLB rearranged N/M layers' line).",
+                                    labels=[M])
     for pm in models.values():
         L, E = pm.expert_tokens.shape
         layer_s = [str(l) for l in range(L)]
@@ -207,7 +226,12 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
                               sum_value=m.step_tokens_sum)
             if m.kv_cache_bytes:
                 kv.add_metric([pm.name, r], float(m.kv_cache_bytes))
-    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks, step_s, step_t, kv]
+        if pm.rebalance_failures is not None:
+            fails.add_metric([pm.name], float(pm.rebalance_failures))
+        if pm.async_duration_buckets is not None:
+            async_h.add_metric([pm.name], _buckets(snap.DURATION_BUCKETS, pm.async_duration_buckets),
+                               sum_value=pm.async_duration_sum)
+    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks, step_s, step_t, kv, fails, async_h]
 
 
 def _buckets(bounds, counts) -> list[tuple[str, float]]:

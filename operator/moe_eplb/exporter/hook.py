@@ -1,7 +1,12 @@
 """The hook: how the exporter reaches vLLM's EPLB state without changing vLLM's source.
 
-vLLM creates ``GPUModelRunner.eplb_state`` (an ``EplbState``) in ``load_model()`` and calls
-``eplb_state.step(is_dummy, is_profile, log_stats)`` once per engine step from the model runner.
+vLLM creates the worker's ``EplbState`` in the model runner's ``load_model()`` and calls
+``step(is_dummy, is_profile, log_stats)`` on it once per engine step: up to 0.33 the V1 runner's
+``GPUModelRunner.eplb_state`` (``v1/worker/gpu_model_runner.py``); from 0.34, where that runner is
+gone, the new runner's ``EPLBController`` (``v1/worker/gpu/eplb_utils.py``: ``prepare_load``,
+``step``, ``prepare_forward``; ``GPUModelRunner.eplb_state`` in ``v1/worker/gpu/model_runner.py``
+is a property returning its state). Both build the class from ``vllm.distributed.eplb.eplb_state``,
+so patching that class reaches either runner.
 At plugin load (``register()``, which vLLM runs in every process before the worker is built) we
 install, once per process, a method patch on the *class*
 ``vllm.distributed.eplb.eplb_state.EplbState``:
@@ -36,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from moe_eplb.exporter.layout import NAMES_ATTR, UnsupportedLayout, check_step_signature, detect
+from moe_eplb.exporter.layout import NAMES_ATTR, SUPPORTED_VLLM, UnsupportedLayout, check_step_signature, detect
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -132,7 +137,15 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
                 _fail_soft("reading the expert load", exc, self)
                 rec = None
         t1 = _now()
-        result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        try:
+            result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
+        except Exception as exc:
+            if rec is not None:  # vLLM 0.34: the async worker's failure, raised on every rank
+                try:
+                    rec.step_failed(exc)
+                except Exception as inner:  # noqa: BLE001
+                    _fail_soft("counting a failed EPLB step", inner, self)
+            raise
         _beat("step_ended")
         if rec is not None:
             t2 = _now()
@@ -211,13 +224,27 @@ def _wrapped_prepare_forward(orig_prepare: Callable, factory: RecorderFactory) -
     return prepare_forward
 
 
+#: The function ``vllm.distributed.eplb.eplb_state`` keys ``model_states`` with, newest first:
+#: ``hash_config_cached`` (vLLM 0.34: the hash of ``compile_factors()``, cached by ``id``; vLLM
+#: 0.34 has no ``ModelConfig.compute_hash``), ``compute_hash_cached`` (0.32 - 0.33: cached
+#: ``compute_hash()``). Older releases call ``model_config.compute_hash()`` directly.
+KEY_FUNCTIONS = ("hash_config_cached", "compute_hash_cached")
+
+
 def _hash_key(model_config: Any):
-    """The ``model_states`` key vLLM uses for ``model_config`` (its cached config hash)."""
+    """The ``model_states`` key vLLM uses for ``model_config``: computed by the function vLLM's own
+    EPLB module imported for it (so a cached hash is the very string vLLM stored)."""
     module = sys.modules.get(EPLB_MODULE)
-    cached = getattr(module, "compute_hash_cached", None)
-    if cached is not None:
-        return cached(model_config)
-    return model_config.compute_hash()
+    for name in KEY_FUNCTIONS:
+        key_of = getattr(module, name, None)
+        if callable(key_of):
+            return key_of(model_config)
+    compute = getattr(model_config, "compute_hash", None)
+    if compute is None:
+        raise UnsupportedLayout(f"{EPLB_MODULE} has none of {', '.join(KEY_FUNCTIONS)} and the model "
+                                f"config no compute_hash(): cannot find a model's EPLB state; supported: "
+                                f"vLLM {SUPPORTED_VLLM}")
+    return compute()
 
 
 def remember_model(eplb_state: Any, before: set, model_config: Any, model_name: str | None) -> None:

@@ -1,6 +1,6 @@
 """Which vLLM EPLB state layout a worker runs, found by looking at the objects (not version strings).
 
-Supported: vLLM 0.12.0 through 0.33 (the first release with the seed change through the newest
+Supported: vLLM 0.12.0 through 0.34 (the first release with the seed change through the newest
 tested). Layouts handled explicitly:
 
 ==================  =================  ===========================================================
@@ -9,10 +9,13 @@ layout              vLLM               what differs
 ``multi-model``     0.12 - ~0.2x       ``EplbState.model_states: dict[str, EplbModelState]``;
                                        ``expert_load_pass [L, P]`` over all physical slots;
                                        ``step(is_dummy, is_profile, log_stats)``; every step records
-``multi-model-gated`` ~0.2x - 0.33     as above, plus ``EplbState.should_record_tensor`` (a shared
+``multi-model-gated`` ~0.2x - 0.34     as above, plus ``EplbState.should_record_tensor`` (a shared
                                        bool the router reads): vLLM records only the last
                                        ``window_size`` steps before a rearrangement, so the exporter
-                                       turns recording on every step (see docs/exporter.md)
+                                       turns recording on every step (see docs/exporter.md). From
+                                       0.34 vLLM writes the flag only when its own value flips
+                                       (``_should_record_value``); the exporter still writes it
+                                       after every step, so it stays on either way
 ==================  =================  ===========================================================
 
 Anything else (the single-model ``EplbState`` of vLLM <= 0.11 with ``step(model, ...)``, a load
@@ -27,12 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from moe_eplb.contracts.vllm_facts import ASYNC_WORKER_ERROR_ATTR
+
 
 class UnsupportedLayout(RuntimeError):
     """The EPLB state does not look like any supported vLLM version's."""
 
 
-SUPPORTED_VLLM = ">=0.12.0,<=0.33.x"
+SUPPORTED_VLLM = ">=0.12.0,<=0.34.x"
 
 
 @dataclass
@@ -78,6 +83,8 @@ class EplbLayout:
     window_size: int | None
     step_interval: int | None
     num_redundant_experts: int | None
+    #: vLLM reports async worker failures and times async cycles itself (0.34+: :mod:`.health`)
+    health_signals: bool = False
 
 
 NAMES_ATTR = "_moe_eplb_names"  # set on the EplbState by the hook's add_model wrapper
@@ -182,4 +189,5 @@ def detect(eplb_state: Any) -> EplbLayout:
         window_size=window,
         step_interval=interval,
         num_redundant_experts=redundant,
+        health_signals=hasattr(eplb_state, ASYNC_WORKER_ERROR_ATTR),
     )

@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from moe_eplb.contracts import metric_names
+from moe_eplb.contracts import metric_names, vllm_facts
+from moe_eplb.exporter import rebalance_signals
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.layout import EplbLayout, ModelHandle
 
@@ -143,6 +144,10 @@ class ModelAccumulator:
         self.step_tokens_sum = 0.0
         self.forward_tokens = 0  # tokens of the forward(s) of the step under way (prepare_forward)
         self.kv_cache_bytes: int | None = None
+        # vLLM's own health signals (layout.health_signals: vLLM >= 0.34; exported only then)
+        self.async_buckets = np.zeros(len(snap.DURATION_BUCKETS) + 1, np.int64)
+        self.async_sum = 0.0
+        self.rebalance_failures = 0
         self._rank_warned = False
         self.host_buffers = None  # pinned copies of (acc_logical, acc_physical, replica_count)
 
@@ -193,7 +198,13 @@ class ModelAccumulator:
         idx = int(np.searchsorted(np.asarray(snap.DURATION_BUCKETS), seconds, side="left"))
         self.duration_buckets[idx] += 1
 
+    def observe_async(self, seconds: float) -> None:
+        """One async rearrangement cycle as vLLM timed it (its "Async EPLB rearranged" line)."""
+        self.async_sum += seconds
+        self.async_buckets[int(np.searchsorted(np.asarray(snap.DURATION_BUCKETS), seconds, side="left"))] += 1
+
     def to_snapshot(self) -> snap.ModelSnapshot:
+        signals = self.layout.health_signals
         return snap.ModelSnapshot(
             name=self.handle.name,
             ep_rank=self.ep_rank,
@@ -217,6 +228,9 @@ class ModelAccumulator:
             step_tokens_sum=self.step_tokens_sum,
             top_k=self.handle.top_k,
             kv_cache_bytes=self.kv_cache_bytes,
+            rebalance_failures=self.rebalance_failures if signals else None,
+            async_duration_buckets=self.async_buckets.copy() if signals and self.layout.is_async else None,
+            async_duration_sum=self.async_sum,
         )
 
 
@@ -239,6 +253,11 @@ class SnapshotWriter:
             self._queue.put_nowait(snapshot)
         except queue.Full:
             pass
+
+    def write_now(self, snapshot: snap.WorkerSnapshot) -> None:
+        """Write ``snapshot`` from the calling thread (the worker may be about to die)."""
+        os.makedirs(self.directory, exist_ok=True)
+        snap.write(self.directory, snapshot)
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until the queued snapshot is on disk (tests, shutdown)."""
@@ -313,6 +332,9 @@ class StateRecorder:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._idle_thread = None
+        # vLLM's own health signals (.rebalance_signals): the async cycles it logs, the failures seen (by id)
+        self._tap = rebalance_signals.attach_tap() if layout.health_signals and layout.is_async else None
+        self._failures_seen: set[int] = set()
         if idle_flush:
             self._idle_thread = threading.Thread(target=self._idle_loop, name="moe-eplb-idle-flush", daemon=True)
             self._idle_thread.start()
@@ -356,6 +378,7 @@ class StateRecorder:
         self._forward_t = None
         self._last_step_end = end
         self.recorded_steps += 1
+        self._health_after_step(st)
         if self._async_pending is not None and not any(m.handle.rebalancing for m in self.models):
             seconds = self.clock() - self._async_pending
             self._async_pending = None
@@ -365,6 +388,36 @@ class StateRecorder:
             self.poll()
             if self._pending is None and self.clock() - self._last_flush >= self.flush_seconds:
                 self.start_readback()
+
+    def _health_after_step(self, st: Any) -> None:
+        """Take vLLM's async cycle timings logged since the last step, and a dead async worker."""
+        if self._tap is not None:
+            for name, _done, _total, seconds in self._tap.drain():  # vLLM logs its EplbModelState.model_name
+                for m in self.models:
+                    if getattr(m.handle.state, "model_name", None) == name:
+                        m.observe_async(seconds)
+        error = getattr(st, vllm_facts.ASYNC_WORKER_ERROR_ATTR, None) if self.layout.health_signals else None
+        if error is not None:
+            self.rebalance_failed(error)
+
+    def step_failed(self, exc: BaseException) -> None:
+        """vLLM's step raised ``exc`` (the hook re-raises it): count it when it is the async
+        worker's failure."""
+        failure = rebalance_signals.failure_of(exc)
+        if failure is not None:
+            self.rebalance_failed(failure)
+
+    def rebalance_failed(self, failure: BaseException) -> None:
+        """Count one async worker failure (each exception once) and write the snapshot at once: vLLM
+        is about to stop this worker unless fault tolerance keeps it."""
+        if id(failure) in self._failures_seen:
+            return
+        self._failures_seen.add(id(failure))
+        for m in self.models:
+            m.rebalance_failures += 1
+        log.error("moe-eplb exporter: vLLM's async EPLB worker failed (%s: %s)", type(failure).__name__, failure)
+        if self.writer is not None:
+            self.writer.write_now(self.snapshot())
 
     def rearrange_started(self) -> None:
         self._rearrange_started = self.clock()
@@ -456,8 +509,11 @@ class StateRecorder:
                 return
 
     def close(self) -> None:
-        """Stop the idle-flush thread (tests)."""
+        """Stop the idle-flush thread and the log tap (tests)."""
         self._stop.set()
+        if self._tap is not None:
+            rebalance_signals.detach_tap(self._tap)
+            self._tap = None
 
     def snapshot(self) -> snap.WorkerSnapshot:
         """The host counters now (tokens: as of the last read-back that landed)."""

@@ -22,11 +22,14 @@ key                         shape / type      meaning
                                               ``metric_names.STEP_SECONDS_BUCKETS`` (+Inf last)
 ``m{i}_step_tokens``        int64 [T]         tokens per engine step of this rank per bucket of
                                               ``metric_names.STEP_TOKENS_BUCKETS`` (+Inf last)
+``m{i}_async_duration``     int64 [B]         async rearrangement cycles as vLLM timed them, per
+                                              duration bucket (only where vLLM reports them)
 ==========================  ================  ====================================================
 
 ``models[i]`` holds ``name, ep_rank, ep_size, num_layers, num_experts, num_physical_experts,
 window_size, step_interval, num_redundant_experts, use_async, steps, rearrangements, duration_sum,
-start_time, step_seconds_sum, step_tokens_sum, top_k, kv_cache_bytes``; ``meta`` also holds
+start_time, step_seconds_sum, step_tokens_sum, top_k, kv_cache_bytes, rebalance_failures (None: vLLM
+does not report them), async_duration_sum``; ``meta`` also holds
 ``exporter_seconds`` (time the worker spent in the exporter's per-step code) and
 ``recorded_steps``.
 """
@@ -75,6 +78,9 @@ class ModelSnapshot:
     step_tokens_sum: float = 0.0
     top_k: int | None = None
     kv_cache_bytes: int | None = None  # this rank's KV cache, when the worker could see it
+    rebalance_failures: int | None = None  # async EPLB worker failures seen (None: vLLM has no such signal)
+    async_duration_buckets: np.ndarray | None = None  # async cycles vLLM timed, per bucket (None: none reported)
+    async_duration_sum: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -121,8 +127,12 @@ def encode(snapshot: WorkerSnapshot) -> bytes:
                 "step_tokens_sum": float(m.step_tokens_sum),
                 "top_k": m.top_k,
                 "kv_cache_bytes": m.kv_cache_bytes,
+                "rebalance_failures": m.rebalance_failures,
+                "async_duration_sum": float(m.async_duration_sum),
             }
         )
+        if m.async_duration_buckets is not None:
+            arrays[f"m{i}_async_duration"] = np.asarray(m.async_duration_buckets, np.int64)
         arrays[f"m{i}_expert_tokens"] = np.asarray(m.expert_tokens, np.float64)
         arrays[f"m{i}_rank_tokens"] = np.asarray(m.rank_tokens, np.float64)
         arrays[f"m{i}_replicas"] = np.asarray(m.replicas, np.int64)
@@ -163,6 +173,9 @@ def decode(data: bytes) -> WorkerSnapshot:
                     step_tokens_sum=float(mm.get("step_tokens_sum") or 0.0),
                     top_k=mm.get("top_k"),
                     kv_cache_bytes=mm.get("kv_cache_bytes"),
+                    rebalance_failures=mm.get("rebalance_failures"),
+                    async_duration_buckets=z[f"m{i}_async_duration"] if f"m{i}_async_duration" in z.files else None,
+                    async_duration_sum=float(mm.get("async_duration_sum") or 0.0),
                 )
             )
     return WorkerSnapshot(pid=int(meta["pid"]), time=float(meta["time"]), models=models,

@@ -335,6 +335,15 @@ class _Exposition:
         out += [metric + lab + repr(float(v)) for lab, v in zip(series, values)]
         return out
 
+    def _duration(self, h: str, help_: str, secs: list[float]) -> list[str]:
+        """A histogram of durations over REARRANGEMENT_SECONDS_BUCKETS, labelled with the model."""
+        m, M = self.m, metric_names.LABEL_MODEL
+        lines = [f"# HELP {h} {help_}", f"# TYPE {h} histogram"]
+        for b in (*metric_names.REARRANGEMENT_SECONDS_BUCKETS, "+Inf"):
+            c = len(secs) if b == "+Inf" else sum(1 for x in secs if x <= float(b))
+            lines.append(f'{h}_bucket{{{M}="{m}",le="{b}"}} {float(c)!r}')
+        return lines + [f'{h}_count{{{M}="{m}"}} {float(len(secs))!r}', f'{h}_sum{{{M}="{m}"}} {float(sum(secs))!r}']
+
     def render(self) -> bytes:
         e, m, M = self.e, self.m, metric_names.LABEL_MODEL
         if not e.ready or e.silent:
@@ -351,13 +360,15 @@ class _Exposition:
         lines += self._family(strip(n.REARRANGEMENTS), "counter", "EPLB rearrangements (simulated)",
                               [f'{{{M}="{m}"}} '], [e.replay.rearrangements])
         secs = e.rearrangement_seconds
-        h = n.REARRANGEMENT_SECONDS
-        lines += [f"# HELP {h} EPLB rearrangement duration (simulated: the true cost's stall or copy time)",
-                  f"# TYPE {h} histogram"]
-        for b in (*n.REARRANGEMENT_SECONDS_BUCKETS, "+Inf"):
-            c = len(secs) if b == "+Inf" else sum(1 for x in secs if x <= float(b))
-            lines.append(f'{h}_bucket{{{M}="{m}",le="{b}"}} {float(c)!r}')
-        lines += [f'{h}_count{{{M}="{m}"}} {float(len(secs))!r}', f'{h}_sum{{{M}="{m}"}} {float(sum(secs))!r}']
+        lines += self._duration(n.REARRANGEMENT_SECONDS, "EPLB rearrangement duration (simulated: the true cost's "
+                                "stall or copy time)", secs)
+        # vLLM >= 0.34's own signals: async cycles as vLLM times them (the same cycles here) and
+        # async worker failures (none simulated)
+        if e.true.use_async:
+            lines += self._duration(n.ASYNC_REARRANGEMENT_SECONDS, "Async EPLB cycles as vLLM times them "
+                                    "(simulated)", secs)
+        lines += self._family(strip(n.REBALANCE_FAILURES), "counter", "Async EPLB worker failures (simulated: none)",
+                              [f'{{{M}="{m}"}} '], [0])
         lines += self._family(strip(n.ENGINE_STEPS), "counter", "Engine steps (simulated)",
                               [f'{{{M}="{m}"}} '], [e.replay.steps])
         if e.pods == 1:  # only a pod holding every EP rank exports it
