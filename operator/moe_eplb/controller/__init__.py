@@ -12,7 +12,8 @@
   with ``autotune_settings`` (its clock and settings), ``observe`` (the load and measured
   balancedness), ``workload`` (the child workloads read into a ``WorkloadView``), ``decisions`` and
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
-  ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs).
+  ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
+  ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

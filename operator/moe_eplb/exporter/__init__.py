@@ -5,7 +5,8 @@ Modules, in data-flow order: ``settings`` (environment), ``layout`` (which vLLM 
 read-back, snapshot writer), ``snapshot`` (per-worker files), ``collector`` (pod aggregation,
 Prometheus families), ``server`` (the pod's ``/metrics`` process), ``capture`` (trace files),
 ``plugin`` (``register()``, the entry point), ``health`` (the pod's ``/livez``, ``/readyz`` and
-``/drain``: a worker's heartbeat, the preStop drain); ``inject`` (the init container's copy of the plugin
+``/drain``: a worker's heartbeat, the preStop drain), ``rebalance_signals`` (vLLM 0.34's async
+rearrangement durations and worker failures); ``inject`` (the init container's copy of the plugin
 into a stock vLLM image). Metric names come from :mod:`moe_eplb.contracts.metric_names`; the
 package imports only the contracts. Importing it pulls in nothing; torch and vLLM are imported only
 inside workers.
