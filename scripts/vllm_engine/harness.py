@@ -384,9 +384,11 @@ class Engine:
         return Samples(self.vllm_metrics_text()).total("vllm:iteration_tokens_total_count")
 
     def wait_exported(self, timeout: float = 30.0) -> tuple[Samples, Samples]:
-        """Poll until the exporter's engine-step counter equals vLLM's own iteration count: all the
-        engine did is exported (after the last request that takes the idle flush, ~1-2 s).
-        Returns (exporter scrape, vLLM /metrics scrape)."""
+        """Poll until the exporter's engine-step counter equals vLLM's own iteration count, and so
+        does every rank's step-duration histogram: all the engine did is exported (after the last
+        request that takes the idle flush, ~1-2 s). The step counter is written with each step, the
+        durations once their asynchronous read-back completes, so under load the histogram can trail
+        the counter by a few steps for a moment. Returns (exporter scrape, vLLM /metrics scrape)."""
         from moe_eplb.contracts import metric_names
 
         deadline = time.monotonic() + timeout
@@ -394,7 +396,8 @@ class Engine:
             vllm = Samples(self.vllm_metrics_text())
             exp = Samples(self.exporter_text())
             target = vllm.total("vllm:iteration_tokens_total_count")
-            if target > 0 and exp.total(metric_names.ENGINE_STEPS) == target:
+            timed = [v for _, v in exp.select(metric_names.STEP_SECONDS + "_count")]
+            if target > 0 and exp.total(metric_names.ENGINE_STEPS) == target and all(v == target for v in timed):
                 return exp, vllm
             if time.monotonic() > deadline:
                 raise AssertionError(f"exporter shows {exp.total(metric_names.ENGINE_STEPS)} engine steps, vLLM ran "
