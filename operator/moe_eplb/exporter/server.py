@@ -172,15 +172,9 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
 
 
 def _alive(pid: int) -> bool:
-    if os.getppid() != pid:  # our parent exited (we were re-parented)
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from moe_eplb.exporter.health import pid_alive
+
+    return os.getppid() == pid and pid_alive(pid)  # not re-parented: our parent has not exited
 
 
 if __name__ == "__main__":

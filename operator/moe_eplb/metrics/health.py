@@ -11,12 +11,11 @@ the count into the ``RebalanceFailed`` condition (pure).
 from __future__ import annotations
 
 import math
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from moe_eplb.contracts import metric_names
-from moe_eplb.metrics.measure import _exporter_url, _ready
+from moe_eplb.metrics.measure import scrape_ready_pods
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.scrape import exposition_samples
@@ -49,20 +48,8 @@ def failures_from_exposition(text: str) -> dict[str, float]:
 
 def scrape_failures(pods: Iterable[Mapping], timeout: float) -> dict[tuple[str, str], float]:
     """``{(pod, model_name): failures}`` of every ready pod whose exporter answers."""
-    out: dict[tuple[str, str], float] = {}
-    for pod in pods:
-        url = _exporter_url(pod)
-        if not url or not _ready(pod):
-            continue
-        try:
-            req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                counts = failures_from_exposition(resp.read().decode("utf-8"))
-        except Exception:  # noqa: BLE001 - a pod that cannot be scraped is left out of this round
-            continue
-        for model, value in counts.items():
-            out[(pod["metadata"]["name"], model)] = value
-    return out
+    per_pod = scrape_ready_pods(pods, timeout, failures_from_exposition)
+    return {(pod, model): value for pod, counts in per_pod.items() for model, value in counts.items()}
 
 
 @dataclass

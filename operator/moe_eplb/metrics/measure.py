@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import selector
 from moe_eplb.metrics.scrape import Round, exposition_samples
 from moe_eplb.metrics.series import parse_vector
+
+T = TypeVar("T")
 
 RankCounts = dict[str, np.ndarray]  # pod (or engine) -> [L, EP] rank tokens
 
@@ -138,9 +141,10 @@ def _ready(pod: Mapping) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def scrape_rank_counts(pods: Iterable[Mapping], timeout: float) -> RankCounts:
-    """One round: ``[L, EP]`` rank counters of every ready pod that answers (others left out)."""
-    out: RankCounts = {}
+def scrape_ready_pods(pods: Iterable[Mapping], timeout: float, read: Callable[[str], T | None]) -> dict[str, T]:
+    """One round over the exporters of every ready pod: ``{pod name: read(its /metrics body)}``; a pod
+    that does not answer, or whose body ``read`` makes None of, is left out of this round."""
+    out: dict[str, T] = {}
     for pod in pods:
         url = _exporter_url(pod)
         if not url or not _ready(pod):
@@ -148,12 +152,17 @@ def scrape_rank_counts(pods: Iterable[Mapping], timeout: float) -> RankCounts:
         try:
             req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                counts = rank_counts_from_exposition(resp.read().decode("utf-8"))
+                value = read(resp.read().decode("utf-8"))
         except Exception:  # noqa: BLE001 - a pod that cannot be scraped is left out of this round
             continue
-        if counts is not None:
-            out[pod["metadata"]["name"]] = counts
+        if value is not None:
+            out[pod["metadata"]["name"]] = value
     return out
+
+
+def scrape_rank_counts(pods: Iterable[Mapping], timeout: float) -> RankCounts:
+    """One round: ``[L, EP]`` rank counters of every ready pod that answers (others left out)."""
+    return scrape_ready_pods(pods, timeout, rank_counts_from_exposition)
 
 
 @dataclass
