@@ -17,6 +17,7 @@ from moe_eplb.api.spec import parse, status_eplb
 from moe_eplb.api.validation import apiserver_problems, validate
 from moe_eplb.render.engine_args import engine_args, multinode_leader_args, multinode_worker_script
 from moe_eplb.render.objects import render_children
+from tests.example_manifests import set_path
 
 
 def fields(problems) -> set[str]:
@@ -38,11 +39,7 @@ def qwen3(version: str, **changes) -> dict:
                     "engine": {"image": f"vllm/vllm-openai:v{version}"},
                     "parallelism": {"tensor": 1, "data": 6}, "eplb": {"enabled": True}}}
     for dotted, value in changes.items():
-        node = res
-        *head, last = dotted.split(".")
-        for part in head:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_path(res, dotted, value)
     return res
 
 
@@ -56,11 +53,7 @@ def deepseek(redundant: int | None, **changes) -> dict:
     if redundant is not None:
         res["spec"]["eplb"]["numRedundantExperts"] = redundant
     for dotted, value in changes.items():
-        node = res
-        *head, last = dotted.split(".")
-        for part in head:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_path(res, dotted, value)
     return res
 
 

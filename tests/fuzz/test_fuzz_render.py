@@ -131,6 +131,18 @@ def _no_traceback(result) -> None:
     assert "Traceback" not in result.output
 
 
+def _validate_and_render(path, flags):
+    """``moe-eplb validate`` and ``render`` on ``path`` with the operator's flags; neither may end in a
+    traceback."""
+    args = [a for k, v in flags.items() if v is not None for a in (k, v)]
+    runner = CliRunner()
+    validate = runner.invoke(main, ["validate", "-f", str(path), *args])
+    render = runner.invoke(main, ["render", "-f", str(path), *args])
+    _no_traceback(validate)
+    _no_traceback(render)
+    return validate, render
+
+
 #: two CLI runs per example (~0.3 s): a quarter of the tier's count keeps it short; for a longer hunt
 #: MOE_EPLB_FUZZ_EXAMPLES=2000 MOE_EPLB_FUZZ_RANDOM=1 (tests/fuzz/conftest.py)
 FEWER = settings(max_examples=max(10, settings.default.max_examples // 4))
@@ -141,12 +153,7 @@ FEWER = settings(max_examples=max(10, settings.default.max_examples // 4))
 def test_render_renders_or_refuses_as_validate_does(tmp_path_factory, seed, mutations, flags):
     path = tmp_path_factory.mktemp("r") / "m.yaml"
     path.write_text(yaml.safe_dump(mutated(seed, mutations)))
-    args = [a for k, v in flags.items() if v is not None for a in (k, v)]
-    runner = CliRunner()
-    validate = runner.invoke(main, ["validate", "-f", str(path), *args])
-    render = runner.invoke(main, ["render", "-f", str(path), *args])
-    _no_traceback(validate)
-    _no_traceback(render)
+    validate, render = _validate_and_render(path, flags)
     event(f"validate exit {validate.exit_code}")  # --hypothesis-show-statistics: how many rendered
     assert "cannot render the children" not in render.stderr, render.stderr  # validation missed a case
     if validate.exit_code == 0:
@@ -182,12 +189,7 @@ def test_streams_of_hostile_documents_render_or_are_refused_as_validate_does(tmp
         path.write_text(yaml.safe_dump_all(docs))
     except (yaml.YAMLError, ValueError):
         return
-    args = [a for k, v in flags.items() if v is not None for a in (k, v)]
-    runner = CliRunner()
-    validate = runner.invoke(main, ["validate", "-f", str(path), *args])
-    render = runner.invoke(main, ["render", "-f", str(path), *args])
-    _no_traceback(validate)
-    _no_traceback(render)
+    validate, render = _validate_and_render(path, flags)
     assert "cannot render the children" not in render.stderr, render.stderr
     assert validate.exit_code in (0, 1) and render.exit_code == validate.exit_code, (validate.output, render.output)
     assert render.stderr == validate.stderr

@@ -75,6 +75,19 @@ def _cond(obj: dict, ctype: str) -> dict:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
 
 
+async def _degraded(world, op, ns: str, reason: str) -> tuple[dict, dict]:
+    """(the resource's status, its ``Degraded`` condition) once that is True with ``reason``."""
+
+    async def check():
+        # the operator's resync timer (60 s in a cluster) refreshes the status: asked for here
+        op["controller"].reconciler.request_refresh(ns, "tiny")
+        st = (await world.get("tiny")).get("status") or {}
+        c = _cond({"status": st}, "Degraded")
+        return (st, c) if c.get("status") == "True" and c.get("reason") == reason else None
+
+    return await eventually(check, timeout=60, what=f"Degraded={reason}", interval=0.1)
+
+
 @pytest.fixture()
 def built() -> None:
     """Skip without the built control plane and LWS controller (fail in CI: MOE_EPLB_REQUIRE_KUBE=1)."""
@@ -283,15 +296,7 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
 
         await eventually(recreations, timeout=120, what="3 group recreations", interval=0.1)
 
-        async def degraded():
-            # the operator's resync timer (60 s in a cluster) refreshes the status: asked for here
-            op["controller"].reconciler.request_refresh(ns, "tiny")
-            st = (await world.get("tiny")).get("status") or {}
-            cond = _cond({"status": st}, "Degraded")
-            return st if cond.get("status") == "True" and cond.get("reason") == "GroupRestarting" else None
-
-        st = await eventually(degraded, timeout=60, what="Degraded=GroupRestarting", interval=0.1)
-        cond = _cond({"status": st}, "Degraded")
+        st, cond = await _degraded(world, op, ns, "GroupRestarting")
         assert "tiny-0-1 (group 0 recreated" in cond["message"], cond
         assert st["phase"] == "Degraded" and st["message"] == cond["message"]
         world.lws_controller.check_alive()
@@ -332,11 +337,5 @@ async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim
         term = again["status"]["containerStatuses"][0]["lastState"]["terminated"]
         assert term["exitCode"] == 137 and term["message"].startswith("Liveness probe failed: HTTP probe failed with statuscode: 503")
 
-        async def degraded():
-            op["controller"].reconciler.request_refresh(ns, "tiny")
-            st = (await world.get("tiny")).get("status") or {}
-            c = _cond({"status": st}, "Degraded")
-            return c if c.get("status") == "True" and c.get("reason") == "PodRestarting" else None
-
-        cond = await eventually(degraded, timeout=60, what="Degraded=PodRestarting", interval=0.1)
+        _, cond = await _degraded(world, op, ns, "PodRestarting")
         assert f"pod {name} restarted 3x (last: Error, exit code 137, Liveness probe failed" in cond["message"], cond
