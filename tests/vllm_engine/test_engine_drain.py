@@ -68,13 +68,17 @@ class Timed:
         return self
 
 
-def _wait_running(engine: harness.Engine, timeout: float = 60.0) -> None:
+def _wait_running(engine: harness.Engine, request: Timed, timeout: float = 60.0) -> None:
+    """Until vLLM's own gauge counts ``request`` as running; fails at once, with what it returned, if
+    the request ended before it was seen (too short a generation for this machine's speed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if requests_in_flight(engine.vllm_metrics_text()) >= 1:
             return
+        assert request.ended is None, (
+            f"the request ended before vLLM counted it as running: {request.error or request.result}")
         time.sleep(0.05)
-    raise AssertionError("the long request never showed up as running")
+    raise AssertionError(f"the request never showed up as running; log tail:\n{engine.tail()}")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +121,7 @@ def test_a_stuck_worker_fails_liveness_and_recovers(pod):
     assert len(beats) == 2 and all(b.last_step > 0 and pid_alive(b.pid) for b in beats), beats  # TP 2: two workers
     assert _get(live_url, 10) == (200, "live\n")
     long = Timed(pod.complete, "a story that is interrupted", LONG)
-    _wait_running(pod)
+    _wait_running(pod, long)
     frozen = max(b.pid for b in beats)
     os.kill(frozen, signal.SIGSTOP)
     try:
@@ -145,7 +149,7 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     assert _get(ready_url)[0] == 200 and _get(live_url)[0] == 200
 
     long = Timed(engine.complete, "a long story about a mixture of experts", LONG)
-    _wait_running(engine)
+    _wait_running(engine, long)
     hook_started = time.monotonic()
     hook = Timed(_get, drain_url)  # the kubelet's preStop: GET, and wait for it
     time.sleep(0.3)
@@ -163,9 +167,10 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     record_time("drain engine: preStop hook (s)", hook_seconds)
 
     # a straggler (routed before the endpoints caught up), then SIGTERM as the kubelet sends it:
-    # vLLM's --shutdown-timeout lets it finish before the process exits
-    straggler = Timed(engine.complete, "one more", 64)
-    _wait_running(engine)
+    # vLLM's --shutdown-timeout lets it finish before the process exits. As long as the first one, so
+    # that it is still running when SIGTERM comes (64 tokens ended before the first poll in CI)
+    straggler = Timed(engine.complete, "one more", LONG)
+    _wait_running(engine, straggler)
     proc = engine.proc
     assert proc is not None
     term_at = time.monotonic()
@@ -174,6 +179,6 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     record_time("drain engine: SIGTERM until exit (s)", time.monotonic() - term_at)
     straggler.join(60)
     assert straggler.error is None, f"{straggler.error}; log tail:\n{engine.tail()}"
-    assert straggler.result["usage"]["completion_tokens"] == 64
+    assert straggler.result["usage"]["completion_tokens"] == LONG
     assert code == 0, engine.tail()
     assert "EngineCore: draining in-flight requests count=1" in engine.log()  # vLLM 0.32's own words
