@@ -8,7 +8,8 @@
 - ``simulator`` (replays vLLM's EPLB over a trace), ``costmodel`` (predicted throughput),
   ``calibrate`` (fits the cost model to a deployment's telemetry), ``capacity`` (what redundancy
   costs in KV cache and replicas), ``robust`` (decisions that hold over what cannot be measured),
-  ``tuner`` (the search of window x interval x redundancy);
+  ``tuner`` (the search of window x interval x redundancy), ``exploration`` (the types an
+  experiment's case, arms and learned ranges share);
 - ``report`` (plots and the markdown summary of ``--report DIR``).
 
 Files only in ``tracefile`` and ``report``. Imports ``api`` and the contracts.

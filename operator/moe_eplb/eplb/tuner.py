@@ -47,6 +47,7 @@ import numpy as np
 from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs
 from moe_eplb.contracts import vllm_facts
 from moe_eplb.eplb.costmodel import CostModel
+from moe_eplb.eplb.exploration import Exploration
 from moe_eplb.eplb.robust import Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.trace import LoadTrace
@@ -127,6 +128,7 @@ class TuneResult:
     policy_windows: int = 0
     stats: dict = field(default_factory=dict)
     robust: dict | None = None  # the robust decision's report (_robust_decide), when ranges were given
+    explore: Exploration | None = None  # a case for a trial on part of the replicas (eplb.exploration)
 
     def gain_over(self, other: Candidate | None) -> float | None:
         if other is None or other.score <= 0:

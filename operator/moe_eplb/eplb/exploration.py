@@ -1,0 +1,57 @@
+"""What an experiment is about and what it measured: the types the tuner, the learning step and the
+autotune loop's experiments share (no behaviour here).
+
+- :class:`Exploration`: the tuner's case for trying a candidate on part of the replicas although the
+  point estimate alone would not switch: the choice hinges on a parameter the calibration could not
+  pin (its range is a prior) and the regret at stake exceeds what a trial costs;
+- :class:`ArmObservation`: one arm of an experiment (trial or control) as read from vLLM's own
+  metrics of its pods over the experiment;
+- :class:`LearnedRange`: a parameter range narrowed by an experiment, kept for later decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_eplb.api.knobs import Knobs
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """Run ``candidate`` as a trial: ``parameter`` (a cost-model field whose range is a prior) decides
+    between it and the running setting; ``regret_at_stake`` (fraction of throughput) is what keeping
+    the running setting may lose across that range, ``trial_cost`` (fraction) what the trial costs."""
+
+    candidate: Knobs
+    parameter: str
+    regret_at_stake: float
+    trial_cost: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArmObservation:
+    """One arm over an experiment, from vLLM's metrics of its pods (None where not exported)."""
+
+    knobs: Knobs
+    pods: int
+    seconds: float
+    step_seconds: float | None = None  # mean engine step (inter-token) time
+    tokens_per_step: float | None = None  # mean batch size in tokens
+    tokens_per_second_per_gpu: float | None = None
+    balancedness: float | None = None  # served balancedness (mean over EP ranks / max)
+    prefix_hit_rate: float | None = None
+    kv_cache_usage: float | None = None
+
+
+@dataclass(frozen=True)
+class LearnedRange:
+    """``parameter``'s range narrowed from the prior ``[prior_low, prior_high]`` to ``[low, high]`` by
+    the experiment ``source`` names."""
+
+    parameter: str
+    low: float
+    high: float
+    prior_low: float
+    prior_high: float
+    source: str
