@@ -157,7 +157,7 @@ def test_hpa_metric_names():
 @pytest.mark.parametrize("series", [vllm_facts.REQUESTS_WAITING, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
 def test_the_hpa_names_the_metric_as_the_adapters_rule_serves_it(series):
     """One name for both sides: the rendered HPA's metric (render.autoscaler) and the name
-    prometheus-adapter's rule (sim.metricsadapter.adapter_config) gives the series."""
+    prometheus-adapter's rule (sim.real.metricsadapter.adapter_config) gives the series."""
     import re
 
     from moe_eplb.contracts.metric_names import adapter_metric_name

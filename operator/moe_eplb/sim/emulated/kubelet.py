@@ -151,7 +151,8 @@ class FakeKubelet(PollingKubelet):
     (see module doc).
 
     Args:
-        api_url: base URL of the API server (no auth, as the emulation serves it).
+        api: the API server's base URL (no auth, as the emulation serves it), or a
+            :class:`moe_eplb.controller.k8s.Connection` with a real one's credentials.
         workload: the trace every engine replays (global, following ``clock``); or a mapping
             MoEInference name -> trace (each resource its own workload; ``"*"``: the default).
         clock: shared simulated time.
