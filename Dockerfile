@@ -53,8 +53,13 @@ RUN python -m venv /opt/moe-eplb
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
+# The simulator (moe_eplb.sim: the demo's simulated cluster and the tests' harness) is left out: the
+# operator never imports it (tests/test_layering.py checks its import closure), and the demo needs
+# what the image does not have (kmock, or the control plane built from Go). docs/architecture.md.
 RUN /opt/moe-eplb/bin/pip install ".[operator]" \
- && /opt/moe-eplb/bin/moe-eplb --version
+ && rm -rf "$(/opt/moe-eplb/bin/python -c 'import moe_eplb, os; print(os.path.dirname(moe_eplb.__file__))')/sim" \
+ && /opt/moe-eplb/bin/moe-eplb --version \
+ && ! /opt/moe-eplb/bin/python -c "import moe_eplb.sim" 2>/dev/null
 
 FROM ${OPERATOR_PYTHON} AS operator
 LABEL org.opencontainers.image.title="moe-eplb operator" \

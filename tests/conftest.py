@@ -1,14 +1,14 @@
 """Shared fixtures: an emulated Kubernetes API server, and the real operator running against it.
 
-- ``kube``: a fresh :class:`moe_eplb.sim.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
+- ``emulated_cluster``: a fresh :class:`moe_eplb.sim.emulated.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
   loopback, MoEInference CRD installed, namespace ``default``) per test.
 - ``operator_runner(**kw)``: ``async with operator_runner(): ...`` runs the real kopf operator
-  (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) against ``kube`` inside
+  (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) against ``emulated_cluster`` inside
   the test's event loop until the block exits; yields the
   :class:`~moe_eplb.controller.handlers.Controller`.
 - ``eventually``: ``await eventually(check, timeout=10)`` polls a sync or async check until truthy.
-- ``sim_plane`` (session): ONE real control plane for the whole run
-  (:class:`moe_eplb.sim.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager,
+- ``real_control_plane`` (session): ONE real control plane for the whole run
+  (:class:`moe_eplb.sim.real.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager,
   kube-scheduler, the aggregation layer, the project's CRDs, and the real LeaderWorkerSet controller
   where built), started on first use (seconds) and shared by the ``kube`` tier (``control_plane``),
   the real-API autotune scenarios and the real LWS test (``SimWorld(shared_plane=...)``: a namespace
@@ -36,8 +36,8 @@ from tests.polling import eventually
 from tests.require import missing, missing_vllm, vllm_missing_reason
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
-SERVER_FIXTURES = frozenset({"kube", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
-                             "sim_plane", "control_plane"})
+SERVER_FIXTURES = frozenset({"emulated_cluster", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
+                             "real_control_plane", "control_plane"})
 
 #: the session's shared control plane once started (for the log tails of failing tests)
 _SIM_PLANE: Any = None
@@ -66,7 +66,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
     names = set(getattr(item, "fixturenames", ()))
-    if not (report.failed and _SIM_PLANE is not None and names & {"sim_plane", "control_plane", "plane"}):
+    if not (report.failed and _SIM_PLANE is not None and names & {"real_control_plane", "control_plane", "plane"}):
         return
     plane, lws = _SIM_PLANE.plane, _SIM_PLANE.lws_controller
     for name in plane.logs:
@@ -77,12 +77,12 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def sim_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def real_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's real control plane (see the module doc); stopped at the end of the session."""
     global _SIM_PLANE
-    from moe_eplb.sim import simplane
-    from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
-    from moe_eplb.sim.lwscontroller import find_lws_binary
+    from moe_eplb.sim.real import simplane
+    from moe_eplb.sim.real.controlplane import default_bin_dir, find_binaries
+    from moe_eplb.sim.real.lwscontroller import find_lws_binary
 
     if find_binaries() is None:
         missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
@@ -97,13 +97,13 @@ def sim_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture()
-async def kube() -> AsyncIterator[Any]:
-    """A fresh emulated API server (``moe_eplb.sim.kubeapi.EmulatedCluster``) for one test."""
+async def emulated_cluster() -> AsyncIterator[Any]:
+    """A fresh emulated API server (``moe_eplb.sim.emulated.kubeapi.EmulatedCluster``) for one test."""
     pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
     pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
-    from moe_eplb.sim.kubeapi import emulated_cluster
+    from moe_eplb.sim.emulated.kubeapi import emulated_cluster as start
 
-    async with emulated_cluster() as cluster:
+    async with start() as cluster:
         yield cluster
 
 
@@ -146,9 +146,9 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
 
 
 @pytest.fixture()
-def operator_runner(kube: Any) -> Callable[..., Any]:
-    """``async with operator_runner(**kw) as controller:`` runs the real operator against ``kube``."""
-    return lambda **kw: running_operator(kube, **kw)
+def operator_runner(emulated_cluster: Any) -> Callable[..., Any]:
+    """``async with operator_runner(**kw) as controller:`` runs the real operator against ``emulated_cluster``."""
+    return lambda **kw: running_operator(emulated_cluster, **kw)
 
 
 @pytest.fixture(name="eventually")

@@ -81,12 +81,44 @@ def test_links_into_the_repository_resolve(path):
     assert not broken, f"{path.name}: " + "; ".join(broken)
 
 
-PACKAGES = sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+PACKAGES = sorted(p.parent for p in PACKAGE.rglob("*/__init__.py"))
 
 
-@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def _dotted(package) -> str:
+    return ".".join(package.relative_to(PACKAGE.parent).parts)
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=_dotted)
 def test_package_docstring_names_every_module(package):
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     missing = [m.stem for m in sorted(package.glob("*.py"))
                if m.stem != "__init__" and not re.search(rf"\b{re.escape(m.stem)}\b", doc)]
-    assert not missing, f"moe_eplb.{package.name}'s docstring does not say what it holds: {', '.join(missing)}"
+    assert not missing, f"{_dotted(package)}'s docstring does not say what it holds: {', '.join(missing)}"
+
+
+_TREE_LINE = re.compile(r"^((?:│   |    )*)(?:├── |└── )([\w.]+)/")
+
+
+def folders_in_the_picture(text: str) -> set[str]:
+    """The folders of the ``operator/moe_eplb/`` tree picture in ``text`` (paths under moe_eplb)."""
+    block = text.split("```\noperator/moe_eplb/\n", 1)[1].split("```", 1)[0]
+    out, stack = set(), []
+    for line in block.splitlines():
+        m = _TREE_LINE.match(line)
+        if m:
+            depth = len(m.group(1)) // 4
+            stack = stack[:depth] + [m.group(2)]
+            out.add("/".join(stack))
+    return out
+
+
+def test_the_architecture_picture_matches_the_package_folders():
+    pictured = folders_in_the_picture((ROOT / "docs" / "architecture.md").read_text())
+    folders = {"/".join(p.relative_to(PACKAGE).parts) for p in PACKAGES}
+    assert pictured == folders, (f"docs/architecture.md's tree: not folders {sorted(pictured - folders)}; "
+                                 f"missing {sorted(folders - pictured)}")
+
+
+def test_the_picture_reader_reads_nesting():
+    text = "x\n```\noperator/moe_eplb/\n├── api/   a\n└── sim/   s\n    ├── emulated/  e\n    └── real/\n```\n"
+    assert folders_in_the_picture(text) == {"api", "sim", "sim/emulated", "sim/real"}

@@ -303,3 +303,86 @@ def test_the_naming_check_finds_stale_names(tmp_path):
 def test_the_rule_itself(source, target, ok):
     dst = _layer(target)
     assert (dst in (ALLOWED[source] or set())) is ok
+
+
+# ---- sim/: two backends behind one seam ----------------------------------------------------------
+#: the backend packages of ``moe_eplb/sim/``: neither imports the other (what both need is in ``sim/``)
+SIM_BACKENDS = {"emulated": "real", "real": "emulated"}
+
+
+def sim_backend_crossings(package: Path = PACKAGE) -> list[str]:
+    """``sim/<side>/file.py:line: imports module`` for every import, function-local ones included,
+    relative or absolute, ``from moe_eplb.sim import <other>`` too, from one backend package of
+    ``sim/`` into the other."""
+    bad = []
+    for side, other in SIM_BACKENDS.items():
+        banned = f"moe_eplb.sim.{other}"
+        for path in sorted((package / "sim" / side).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = ".".join((["moe_eplb", "sim", side][: 4 - node.level] if node.level else [])
+                                    + ([node.module] if node.module else []))
+                    names = [base] if base == banned or base.startswith(banned + ".") else [
+                        f"{base}.{a.name}" for a in node.names]
+                else:
+                    continue
+                bad += [f"sim/{side}/{path.name}:{node.lineno}: imports {n}" for n in dict.fromkeys(names)
+                        if n == banned or n.startswith(banned + ".")]
+    return bad
+
+
+def test_the_sim_backends_do_not_import_each_other():
+    assert (PACKAGE / "sim" / "emulated" / "__init__.py").is_file() and (PACKAGE / "sim" / "real" / "__init__.py").is_file()
+    assert sim_backend_crossings() == []
+
+
+def test_the_backend_check_finds_crossings(tmp_path):
+    sim = tmp_path / "moe_eplb" / "sim"
+    for side in SIM_BACKENDS:
+        (sim / side).mkdir(parents=True)
+    (sim / "emulated" / "a.py").write_text("import json\n\n\ndef f():\n    from moe_eplb.sim.real.nodeagent import NodeAgent\n")
+    (sim / "emulated" / "b.py").write_text("from moe_eplb.sim import pods, real\n")
+    (sim / "real" / "c.py").write_text("from ..emulated import kubeapi\nfrom . import probes\nimport moe_eplb.sim.pods\n")
+    assert sim_backend_crossings(tmp_path / "moe_eplb") == [
+        "sim/emulated/a.py:5: imports moe_eplb.sim.real.nodeagent",
+        "sim/emulated/b.py:1: imports moe_eplb.sim.real",
+        "sim/real/c.py:1: imports moe_eplb.sim.emulated",
+    ]
+
+
+#: what the operator's process runs (the image's ``moe-eplb run``): the product packages and the
+#: CLI's operator path (the CLI's commands are imported by name on use; ``demo_cmd`` is the demo's)
+OPERATOR_ROOTS = ("moe_eplb.controller", "moe_eplb.api", "moe_eplb.render", "moe_eplb.eplb", "moe_eplb.metrics",
+                  "moe_eplb.exporter", "moe_eplb.contracts", "moe_eplb.cli", "moe_eplb.cli.operator_cmds",
+                  "moe_eplb.cli.api_cmds", "moe_eplb.cli.eplb_cmds", "moe_eplb.__main__")
+
+
+def import_closure(graph: dict[str, set[str]], roots: tuple[str, ...]) -> set[str]:
+    """Every module the ``roots`` (a module, or every module of a package) import, transitively."""
+    todo = [m for m in graph if any(m == r or (m.startswith(r + ".") and r.count(".") == 1 and r != "moe_eplb.cli")
+                                     for r in roots)]
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph.get(m, ())
+    return seen
+
+
+def test_the_operator_never_imports_the_simulator():
+    """The operator image leaves ``moe_eplb/sim/`` out (Dockerfile): nothing the operator runs may
+    import it, also not inside a function."""
+    closure = import_closure(_import_graph(), OPERATOR_ROOTS)
+    assert "moe_eplb.controller.main" in closure and "moe_eplb.cli.operator_cmds" in closure
+    assert "moe_eplb.cli.demo_cmd" not in closure
+    assert sorted(m for m in closure if m == "moe_eplb.sim" or m.startswith("moe_eplb.sim.")) == []
+
+
+def test_the_closure_follows_function_local_imports():
+    graph = {"moe_eplb.controller.a": {"moe_eplb.eplb.b"}, "moe_eplb.eplb.b": {"moe_eplb.sim.world"},
+             "moe_eplb.sim.world": set(), "moe_eplb.cli.demo_cmd": {"moe_eplb.sim.demo"}}
+    assert import_closure(graph, ("moe_eplb.controller",)) == {"moe_eplb.controller.a", "moe_eplb.eplb.b",
+                                                               "moe_eplb.sim.world"}

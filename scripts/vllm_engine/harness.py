@@ -50,8 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import poll_ready
-from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.procs import free_port, poll_ready
 from moe_eplb.sim.prometheus import PROMETHEUS_BIN, RunningPrometheus, prometheus_binary, start_prometheus
 
 HERE = os.path.dirname(os.path.abspath(__file__))

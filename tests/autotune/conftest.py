@@ -80,7 +80,7 @@ def api(request) -> str:
     ``tools/lws`` is built, simulated GPU nodes; ``make kube``). The real one is
     skipped without the built binaries, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
     if request.param == "real":
-        from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
+        from moe_eplb.sim.real.controlplane import default_bin_dir, find_binaries
 
         if find_binaries() is None:
             missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
@@ -90,9 +90,9 @@ def api(request) -> str:
 
 @pytest.fixture()
 def plane(api: str, request) -> Any:
-    """On the real API, the session's control plane (``sim_plane``) for ``SimWorld(shared_plane=...)``:
+    """On the real API, the session's control plane (``real_control_plane``) for ``SimWorld(shared_plane=...)``:
     each world then runs in a namespace and on Nodes of its own. ``None`` on the emulation."""
-    return request.getfixturevalue("sim_plane") if api == "real" else None
+    return request.getfixturevalue("real_control_plane") if api == "real" else None
 
 
 @pytest.fixture(params=KINDS)

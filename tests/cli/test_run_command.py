@@ -33,10 +33,10 @@ async def http_get(url: str) -> tuple[int, str] | None:
         return None
 
 
-def chart_env(kube, health: int, metrics: int, pod: str, **extra: str) -> dict[str, str]:
+def chart_env(emulated_cluster, health: int, metrics: int, pod: str, **extra: str) -> dict[str, str]:
     """What the chart's Deployment sets (peering on, no priority), pointed at the emulator."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_EPLB_") and k != "POD_ID"}
-    return {**env, "MOE_EPLB_KUBECONFIG": kube.kubeconfig, "MOE_EPLB_NAMESPACES": "", "MOE_EPLB_PEERING": "",
+    return {**env, "MOE_EPLB_KUBECONFIG": emulated_cluster.kubeconfig, "MOE_EPLB_NAMESPACES": "", "MOE_EPLB_PEERING": "",
             "MOE_EPLB_PROMETHEUS_URL": "", "MOE_EPLB_HEALTH_PORT": str(health), "MOE_EPLB_METRICS_PORT": str(metrics),
             "MOE_EPLB_LOG_LEVEL": "INFO", "MOE_EPLB_LOG_FORMAT": "json", "POD_NAME": pod,
             "POD_NAMESPACE": "moe-system", **extra}
@@ -51,16 +51,16 @@ def reconciles(metrics_text: str) -> float:
                if line.startswith("moe_eplb_reconciles_total{"))
 
 
-async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventually, tmp_path):
+async def test_run_command_serves_liveness_metrics_and_reconciles(emulated_cluster, eventually, tmp_path):
     health, metrics = free_port(), free_port()
-    env = chart_env(kube, health, metrics, "moe-eplb-0", MOE_EPLB_PEERING="")  # '' = standalone
+    env = chart_env(emulated_cluster, health, metrics, "moe-eplb-0", MOE_EPLB_PEERING="")  # '' = standalone
     log_path = tmp_path / "operator.log"
     proc = subprocess.Popen([sys.executable, "-m", "moe_eplb", "run"], stdout=subprocess.DEVNULL,
                             stderr=open(log_path, "w"), env=env)
     try:
         await eventually(lambda: http_get(f"http://127.0.0.1:{health}/healthz"), timeout=30)
-        await kube.create(kube.moeinference_path(NS), example())
-        await eventually(lambda: observed(kube, "qwen3-vl-30b", 1), timeout=20)
+        await emulated_cluster.create(emulated_cluster.moeinference_path(NS), example())
+        await eventually(lambda: observed(emulated_cluster, "qwen3-vl-30b", 1), timeout=20)
         status, text = await eventually(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"))
         assert status == 200
         assert 'moe_eplb_reconciles_total{result="ok"}' in text
@@ -78,12 +78,12 @@ async def test_run_command_serves_liveness_metrics_and_reconciles(kube, eventual
     assert not any("peering" in rec["message"].lower() and rec["severity"] in ("warn", "error") for rec in lines)
 
 
-async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_path):
+async def test_two_replicas_with_the_charts_env_elect_one(emulated_cluster, eventually, tmp_path):
     """Two ``moe-eplb run`` processes with the chart's environment (peering on, no priority given):
     each draws its own priority (by seniority), the peering is required, so the newer never resumes,
     and exactly one reconciles. (With a shared
     priority kopf 1.45 would pause both.)"""
-    await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
+    await emulated_cluster.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
     procs, ports, logs = {}, {}, {}
     try:
         for pod in ("moe-eplb-a", "moe-eplb-b"):
@@ -91,12 +91,12 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
             ports[pod], logs[pod] = (health, metrics), tmp_path / f"{pod}.log"
             procs[pod] = subprocess.Popen(
                 [sys.executable, "-m", "moe_eplb", "run"], stdout=subprocess.DEVNULL, stderr=open(logs[pod], "w"),
-                env=chart_env(kube, health, metrics, pod, MOE_EPLB_PEERING="moe-eplb"))
+                env=chart_env(emulated_cluster, health, metrics, pod, MOE_EPLB_PEERING="moe-eplb"))
         for health, _ in ports.values():
             await eventually(lambda h=health: http_get(f"http://127.0.0.1:{h}/healthz"), timeout=30)
 
         async def both_registered():
-            peers = (await kube.get("/apis/kopf.dev/v1/clusterkopfpeerings/moe-eplb")).get("status") or {}
+            peers = (await emulated_cluster.get("/apis/kopf.dev/v1/clusterkopfpeerings/moe-eplb")).get("status") or {}
             return peers if set(peers) == set(procs) else None
 
         peers = await eventually(both_registered, timeout=20)
@@ -108,8 +108,8 @@ async def test_two_replicas_with_the_charts_env_elect_one(kube, eventually, tmp_
         await eventually(lambda: any("Resuming operations" in r["message"] for r in json_logs(logs[leader])),
                          timeout=20)
 
-        await kube.create(kube.moeinference_path(NS), example())
-        await eventually(lambda: observed(kube, "qwen3-vl-30b", 1), timeout=20)
+        await emulated_cluster.create(emulated_cluster.moeinference_path(NS), example())
+        await eventually(lambda: observed(emulated_cluster, "qwen3-vl-30b", 1), timeout=20)
         await asyncio.sleep(1.0)  # room for a (wrong) second actor to reconcile too
         counts = {}
         for pod, (_, metrics) in ports.items():

@@ -12,9 +12,9 @@ NS = "default"
 
 
 @pytest.fixture()
-def started(kube, operator_runner, eventually) -> Callable[..., Any]:
+def started(emulated_cluster, operator_runner, eventually) -> Callable[..., Any]:
     """``async with started(resource, **operator_kw) as obj:`` runs the real operator against
-    ``kube``, creates ``resource`` in namespace ``default`` and waits until its status has observed
+    ``emulated_cluster``, creates ``resource`` in namespace ``default`` and waits until its status has observed
     generation 1; ``obj`` is the resource as stored then. The operator stops when the block exits."""
 
     @contextlib.asynccontextmanager
@@ -22,11 +22,11 @@ def started(kube, operator_runner, eventually) -> Callable[..., Any]:
         name = resource["metadata"]["name"]
 
         async def observed() -> dict | None:
-            obj = await kube.get(kube.moeinference_path(NS, name))
+            obj = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
             return obj if (obj.get("status") or {}).get("observedGeneration") == 1 else None
 
         async with operator_runner(**operator_kw):
-            await kube.create(kube.moeinference_path(NS), resource)
+            await emulated_cluster.create(emulated_cluster.moeinference_path(NS), resource)
             yield await eventually(observed)
 
     return start

@@ -17,8 +17,8 @@ def svc(name: str) -> dict:
             "spec": {"ports": [{"name": "http", "port": 8000}]}}
 
 
-async def test_client_verbs_and_errors(kube):
-    async with KubeClient(Connection(server=kube.url, token="t")) as client:
+async def test_client_verbs_and_errors(emulated_cluster):
+    async with KubeClient(Connection(server=emulated_cluster.url, token="t")) as client:
         assert await client.get("v1", "Service", "default", "s") is None
         created = await client.create(svc("s"))
         assert created["metadata"]["uid"]

@@ -30,16 +30,16 @@ def condition(obj: dict, type_: str) -> dict:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
-async def scaled_event(kube, name: str) -> dict | None:
-    return next((e for e in await events_for(kube, name) if e["reason"] == "Scaled"), None)
+async def scaled_event(emulated_cluster, name: str) -> dict | None:
+    return next((e for e in await events_for(emulated_cluster, name) if e["reason"] == "Scaled"), None)
 
 
-async def test_autoscaler_lifecycle(kube, eventually, started):
+async def test_autoscaler_lifecycle(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
-    path = kube.moeinference_path(NS, name)
+    path = emulated_cluster.moeinference_path(NS, name)
     async with started(res) as obj:
-        kids = await children(kube, name)
+        kids = await children(emulated_cluster, name)
         so = kids[f"ScaledObject/{name}"]
         assert so["spec"]["scaleTargetRef"] == {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": name}
         assert so["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
@@ -50,30 +50,30 @@ async def test_autoscaler_lifecycle(kube, eventually, started):
         assert REGISTRY.get_sample_value("moe_eplb_replicas", {**labels, "state": "desired"}) == 1
 
         # KEDA's HPA writes /scale: the workload follows, with a Scaled Event
-        await kube.patch(path + "/scale", {"spec": {"replicas": 3}})
-        await eventually(lambda: observed(kube, name, 2))
-        assert sum(w["spec"]["replicas"] for w in workloads(await children(kube, name)).values()) == 3
-        await eventually(lambda: scaled_event(kube, name))
+        await emulated_cluster.patch(path + "/scale", {"spec": {"replicas": 3}})
+        await eventually(lambda: observed(emulated_cluster, name, 2))
+        assert sum(w["spec"]["replicas"] for w in workloads(await children(emulated_cluster, name)).values()) == 3
+        await eventually(lambda: scaled_event(emulated_cluster, name))
         assert REGISTRY.get_sample_value("moe_eplb_replicas", {**labels, "state": "desired"}) == 3
 
         # the HPA backend instead: the ScaledObject goes, an autoscaling/v2 HPA comes
-        await kube.patch(path, {"spec": {"autoscaling": {"backend": "HPA", "hpa": {"metricsApi": "External"}}}})
-        await eventually(lambda: observed(kube, name, 3))
-        kinds = {k.split("/")[0] for k in await children(kube, name)}
+        await emulated_cluster.patch(path, {"spec": {"autoscaling": {"backend": "HPA", "hpa": {"metricsApi": "External"}}}})
+        await eventually(lambda: observed(emulated_cluster, name, 3))
+        kinds = {k.split("/")[0] for k in await children(emulated_cluster, name)}
         assert "HorizontalPodAutoscaler" in kinds and "ScaledObject" not in kinds
 
         # off: the autoscaler is removed, the condition says so, spec.replicas is the user's again
-        await kube.patch(path, {"spec": {"autoscaling": {"enabled": False}}})
-        stored = await eventually(lambda: observed(kube, name, 4))
-        kinds = {k.split("/")[0] for k in await children(kube, name)}
+        await emulated_cluster.patch(path, {"spec": {"autoscaling": {"enabled": False}}})
+        stored = await eventually(lambda: observed(emulated_cluster, name, 4))
+        kinds = {k.split("/")[0] for k in await children(emulated_cluster, name)}
         assert not kinds & {"HorizontalPodAutoscaler", "ScaledObject"}
         assert (condition(stored, "Autoscaling")["status"], condition(stored, "Autoscaling")["reason"]) == \
             ("False", "Disabled")
         assert REGISTRY.get_sample_value("moe_eplb_autoscaler_max_replicas", labels) is None
-        assert sum(w["spec"]["replicas"] for w in workloads(await children(kube, name)).values()) == 3
+        assert sum(w["spec"]["replicas"] for w in workloads(await children(emulated_cluster, name)).values()) == 3
 
 
-async def test_a_scaled_object_kedas_crd_refuses_is_never_applied(kube, eventually, started):
+async def test_a_scaled_object_kedas_crd_refuses_is_never_applied(emulated_cluster, eventually, started):
     """The emulated API server enforces KEDA's CRD: a ScaledObject written by hand with min > max is
     refused there (422), the same object the rendered one is checked against."""
     import aiohttp
@@ -81,9 +81,9 @@ async def test_a_scaled_object_kedas_crd_refuses_is_never_applied(kube, eventual
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        so = (await children(kube, name))[f"ScaledObject/{name}"]
+        so = (await children(emulated_cluster, name))[f"ScaledObject/{name}"]
         bad = {"apiVersion": so["apiVersion"], "kind": so["kind"], "metadata": {"name": "hand-made"},
                "spec": {**so["spec"], "minReplicaCount": "one"}}
         with pytest.raises(aiohttp.ClientResponseError) as err:
-            await kube.create("/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects", bad)
+            await emulated_cluster.create("/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects", bad)
         assert err.value.status == 422

@@ -1,5 +1,5 @@
 """Operator-in-the-loop: the real kopf operator (fresh registry, embedded in the test's loop) against
-the emulated API server (``moe_eplb.sim.kubeapi``) over real HTTP, with the real validation and
+the emulated API server (``moe_eplb.sim.emulated.kubeapi``) over real HTTP, with the real validation and
 rendering. Each test applies resources like a user would and asserts what lands in the API."""
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def cond(obj: dict, type_: str) -> dict:
     return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
-async def children(kube, name: str) -> dict[str, dict]:
+async def children(emulated_cluster, name: str) -> dict[str, dict]:
     """Every child of ``name`` found by its label, keyed "Kind/name"."""
     out = {}
     for path in CHILD_PATHS:
-        for item in await kube.list(path, f"eplb.ai/name={name}"):
+        for item in await emulated_cluster.list(path, f"eplb.ai/name={name}"):
             out[f"{item['kind']}/{item['metadata']['name']}"] = item
     return out
 
@@ -75,30 +75,30 @@ def child_path(obj: dict) -> str:
     return f"{base}/namespaces/{obj['metadata']['namespace']}/{PLURALS[obj['kind']]}/{obj['metadata']['name']}"
 
 
-async def observed(kube, name: str, generation: int) -> dict | None:
-    obj = await kube.get(kube.moeinference_path(NS, name))
+async def observed(emulated_cluster, name: str, generation: int) -> dict | None:
+    obj = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
     return obj if (obj.get("status") or {}).get("observedGeneration") == generation else None
 
 
-async def events_for(kube, name: str) -> list[dict]:
-    return [e for e in await kube.list("/api/v1/namespaces/default/events")
+async def events_for(emulated_cluster, name: str) -> list[dict]:
+    return [e for e in await emulated_cluster.list("/api/v1/namespaces/default/events")
             if e.get("involvedObject", {}).get("name") == name]
 
 
-async def make_ready(kube, kids: dict[str, dict]) -> None:
+async def make_ready(emulated_cluster, kids: dict[str, dict]) -> None:
     """Play the workload controllers: every workload reports all replicas updated and ready."""
     for obj in workloads(kids).values():
-        live = await kube.get(child_path(obj))
-        await kube.patch(child_path(obj) + "/status", {"status": kube.api.ready_status(live)})
+        live = await emulated_cluster.get(child_path(obj))
+        await emulated_cluster.patch(child_path(obj) + "/status", {"status": emulated_cluster.api.ready_status(live)})
 
 
-async def test_create_makes_children_and_status(kube, operator_runner, eventually):
+async def test_create_makes_children_and_status(emulated_cluster, operator_runner, eventually):
     res = example()
     name = res["metadata"]["name"]
     async with operator_runner():
-        created = await kube.create(kube.moeinference_path(NS), res)
-        obj = await eventually(lambda: observed(kube, name, 1))
-        kids = await children(kube, name)
+        created = await emulated_cluster.create(emulated_cluster.moeinference_path(NS), res)
+        obj = await eventually(lambda: observed(emulated_cluster, name, 1))
+        kids = await children(emulated_cluster, name)
 
         # children: a workload, a Service with the http port, owned by the resource, labelled
         assert workloads(kids), kids.keys()
@@ -124,19 +124,19 @@ async def test_create_makes_children_and_status(kube, operator_runner, eventuall
         assert st["readyReplicas"] == 0
 
         # the workload controllers report ready -> the child watch refreshes the status
-        await make_ready(kube, kids)
-        obj = await eventually(lambda: _phase(kube, name, "Running"))
+        await make_ready(emulated_cluster, kids)
+        obj = await eventually(lambda: _phase(emulated_cluster, name, "Running"))
         assert cond(obj, "Ready")["status"] == "True"
         assert cond(obj, "Progressing")["status"] == "False"
         assert cond(obj, "Degraded")["status"] == "False"
         assert obj["status"]["readyReplicas"] == res["spec"]["replicas"]
         assert obj["status"]["replicas"] == res["spec"]["replicas"]
 
-        reasons = [e["reason"] for e in await events_for(kube, name)]
+        reasons = [e["reason"] for e in await events_for(emulated_cluster, name)]
         assert "Created" in reasons
 
 
-async def test_operator_wide_defaults_reach_the_children(kube, eventually, started):
+async def test_operator_wide_defaults_reach_the_children(emulated_cluster, eventually, started):
     """``moe-eplb run --pod-monitor-labels release=kube-prometheus-stack --exporter-image ...`` (the
     chart's operator.podMonitorLabels and its own image): the PodMonitor carries the label that
     kube-prometheus-stack selects by, the injection runs the operator's image; the resource is
@@ -148,7 +148,7 @@ async def test_operator_wide_defaults_reach_the_children(kube, eventually, start
     res = example()
     name = res["metadata"]["name"]
     async with started(res, operator_settings=settings) as obj:
-        kids = await children(kube, name)
+        kids = await children(emulated_cluster, name)
         assert kids[f"PodMonitor/{name}"]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         (workload,) = workloads(kids).values()
         inits = pod_template(workload)["spec"]["initContainers"]
@@ -157,21 +157,21 @@ async def test_operator_wide_defaults_reach_the_children(kube, eventually, start
         assert "image" not in (obj["spec"]["engine"].get("exporter") or {})
 
 
-async def _phase(kube, name, phase):
-    obj = await kube.get(kube.moeinference_path(NS, name))
+async def _phase(emulated_cluster, name, phase):
+    obj = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
     return obj if (obj.get("status") or {}).get("phase") == phase else None
 
 
-async def test_eplb_change_rolls_the_pod_template(kube, eventually, started):
+async def test_eplb_change_rolls_the_pod_template(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        before = workloads(await children(kube, name))
+        before = workloads(await children(emulated_cluster, name))
         hashes = {k: pod_template(v)["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for k, v in before.items()}
 
-        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 2000}}})
-        obj = await eventually(lambda: observed(kube, name, 2))
-        after = workloads(await children(kube, name))
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 2000}}})
+        obj = await eventually(lambda: observed(emulated_cluster, name, 2))
+        after = workloads(await children(emulated_cluster, name))
 
     assert obj["status"]["eplb"]["windowSize"] == 2000
     assert set(after) == set(before)
@@ -181,36 +181,36 @@ async def test_eplb_change_rolls_the_pod_template(kube, eventually, started):
         assert "2000" in yaml.safe_dump(pod_template(w))  # the new window reaches the engine args
 
 
-async def test_scale_changes_replicas_only(kube, eventually, started):
+async def test_scale_changes_replicas_only(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        before = workloads(await children(kube, name))
-        first = len(list(kube.api))
+        before = workloads(await children(emulated_cluster, name))
+        first = len(list(emulated_cluster.api))
 
-        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 3}})
-        await eventually(lambda: observed(kube, name, 2))
-        after = workloads(await children(kube, name))
-        reasons = [e["reason"] for e in await events_for(kube, name)]
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"replicas": 3}})
+        await eventually(lambda: observed(emulated_cluster, name, 2))
+        after = workloads(await children(emulated_cluster, name))
+        reasons = [e["reason"] for e in await events_for(emulated_cluster, name)]
 
     assert sum(w["spec"].get("replicas", 1) for w in after.values()) >= 3
     for key, w in after.items():
         if key in before:  # the same pod template: no pod restarts
             assert pod_template(w) == pod_template(before[key])
     # what the operator sent to the workloads: replicas and nothing else
-    workload_patches = [r.data for r in list(kube.api)[first:]
+    workload_patches = [r.data for r in list(emulated_cluster.api)[first:]
                         if r.method == "PATCH" and r.resource is not None
                         and r.resource.plural in ("deployments", "leaderworkersets") and r.subresource is None]
     assert workload_patches and all(p == {"spec": {"replicas": p["spec"]["replicas"]}} for p in workload_patches)
     assert "Scaled" in reasons
 
 
-async def test_invalid_spec_is_reported_and_applies_nothing(kube, eventually, started):
+async def test_invalid_spec_is_reported_and_applies_nothing(emulated_cluster, eventually, started):
     res = example("bad")
     res["spec"]["eplb"]["numRedundantExperts"] = 7  # 128 + 7 is not divisible by EP size 4
     async with started(res) as obj:
-        kids = await children(kube, "bad")
-        events = await events_for(kube, "bad")
+        kids = await children(emulated_cluster, "bad")
+        events = await events_for(emulated_cluster, "bad")
 
     assert kids == {}
     assert obj["status"]["phase"] == "Invalid"
@@ -221,16 +221,16 @@ async def test_invalid_spec_is_reported_and_applies_nothing(kube, eventually, st
     assert len(warnings) == 1 and "numRedundantExperts" in warnings[0]["message"]
 
 
-async def test_invalid_update_leaves_running_children_untouched(kube, eventually, started):
+async def test_invalid_update_leaves_running_children_untouched(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        before = await children(kube, name)
+        before = await children(emulated_cluster, name)
 
-        await kube.patch(kube.moeinference_path(NS, name),
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name),
                          {"spec": {"eplb": {"numRedundantExperts": 5}, "replicas": 2}})
-        obj = await eventually(lambda: observed(kube, name, 2))
-        after = await children(kube, name)
+        obj = await eventually(lambda: observed(emulated_cluster, name, 2))
+        after = await children(emulated_cluster, name)
 
     assert cond(obj, "SpecValid")["status"] == "False"
     assert obj["status"]["phase"] == "Invalid"
@@ -238,11 +238,11 @@ async def test_invalid_update_leaves_running_children_untouched(kube, eventually
         {k: v["metadata"]["resourceVersion"] for k, v in before.items()}
 
 
-async def test_hand_edits_are_put_back(kube, eventually, started):
+async def test_hand_edits_are_put_back(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        kids = await children(kube, name)
+        kids = await children(emulated_cluster, name)
         key, workload = next(iter(workloads(kids).items()))
         template = pod_template(workload)
         path = child_path(workload)
@@ -251,117 +251,117 @@ async def test_hand_edits_are_put_back(kube, eventually, started):
         broken = copy.deepcopy(template)
         broken["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "edited-by-hand"
         field = "template" if workload["kind"] == "Deployment" else "leaderWorkerTemplate"
-        await kube.patch(path, {"spec": {field: broken, "replicas": 7}})
+        await emulated_cluster.patch(path, {"spec": {field: broken, "replicas": 7}})
 
         async def restored():
-            live = await kube.get(path)
+            live = await emulated_cluster.get(path)
             return live if pod_template(live) == template and live["spec"]["replicas"] == workload["spec"]["replicas"] \
                 else None
         await eventually(restored)
 
         # someone deletes the Service: it comes back
         svc = next(v for v in kids.values() if v["kind"] == "Service")
-        await kube.delete(child_path(svc))
-        back = await eventually(lambda: kube.get_or_none(child_path(svc)))
+        await emulated_cluster.delete(child_path(svc))
+        back = await eventually(lambda: emulated_cluster.get_or_none(child_path(svc)))
         assert back["metadata"]["uid"] != svc["metadata"]["uid"]
         assert back["spec"]["ports"] == svc["spec"]["ports"]
-        reasons = [e["reason"] for e in await events_for(kube, name)]
+        reasons = [e["reason"] for e in await events_for(emulated_cluster, name)]
     assert "DriftCorrected" in reasons
 
 
-async def test_timer_restores_drift_without_child_events(kube, eventually, started):
+async def test_timer_restores_drift_without_child_events(emulated_cluster, eventually, started):
     """The periodic resync also puts hand edits back (here the child watch cannot see the edit:
     it is written straight into the emulator's store, without a watch event)."""
     res = example()
     name = res["metadata"]["name"]
     async with started(res, resync_seconds=0.3):
-        kids = await children(kube, name)
+        kids = await children(emulated_cluster, name)
         svc = next(v for v in kids.values() if v["kind"] == "Service")
-        key = next(k for k in kube.api.store if k[0].plural == "services" and k[2] == svc["metadata"]["name"])
-        kube.api.store[key]["spec"]["ports"] = [{"name": "http", "port": 9999}]
-        fixed = await eventually(lambda: _ports_are(kube, child_path(svc), svc["spec"]["ports"]))
+        key = next(k for k in emulated_cluster.api.store if k[0].plural == "services" and k[2] == svc["metadata"]["name"])
+        emulated_cluster.api.store[key]["spec"]["ports"] = [{"name": "http", "port": 9999}]
+        fixed = await eventually(lambda: _ports_are(emulated_cluster, child_path(svc), svc["spec"]["ports"]))
     assert fixed
 
 
-async def _ports_are(kube, path, ports):
-    live = await kube.get(path)
+async def _ports_are(emulated_cluster, path, ports):
+    live = await emulated_cluster.get(path)
     return live if live["spec"]["ports"] == ports else None
 
 
-async def test_delete_removes_children_and_the_resource(kube, eventually, started):
+async def test_delete_removes_children_and_the_resource(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res) as obj:
         assert "eplb.ai/finalizer" in obj["metadata"]["finalizers"]
-        assert await children(kube, name)
+        assert await children(emulated_cluster, name)
 
-        await kube.delete(kube.moeinference_path(NS, name))
-        await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
-        assert await children(kube, name) == {}
-    deletes = [w for w in kube.api.writes if w[0] == "delete" and w[3] == name and w[1] != "moeinferences"]
+        await emulated_cluster.delete(emulated_cluster.moeinference_path(NS, name))
+        await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)))
+        assert await children(emulated_cluster, name) == {}
+    deletes = [w for w in emulated_cluster.api.writes if w[0] == "delete" and w[3] == name and w[1] != "moeinferences"]
     assert {w[1] for w in deletes} >= {"services"}
 
 
-async def _gone(kube, path):
-    return await kube.get_or_none(path) is None
+async def _gone(emulated_cluster, path):
+    return await emulated_cluster.get_or_none(path) is None
 
 
-async def test_restart_resumes_without_duplicate_work(kube, operator_runner, eventually, started):
+async def test_restart_resumes_without_duplicate_work(emulated_cluster, operator_runner, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        kids = await children(kube, name)
-        await make_ready(kube, kids)
-        await eventually(lambda: _phase(kube, name, "Running"))
-    before = {k: v["metadata"]["resourceVersion"] for k, v in (await children(kube, name)).items()}
-    parent_before = await kube.get(kube.moeinference_path(NS, name))
-    writes_before = len(kube.api.writes)
+        kids = await children(emulated_cluster, name)
+        await make_ready(emulated_cluster, kids)
+        await eventually(lambda: _phase(emulated_cluster, name, "Running"))
+    before = {k: v["metadata"]["resourceVersion"] for k, v in (await children(emulated_cluster, name)).items()}
+    parent_before = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
+    writes_before = len(emulated_cluster.api.writes)
 
     results: list[str] = []
     async with operator_runner(counter=results.append):
         await eventually(lambda: "ok" in results, timeout=10)  # the resume handler ran
-        after_kids = await children(kube, name)
+        after_kids = await children(emulated_cluster, name)
     after = {k: v["metadata"]["resourceVersion"] for k, v in after_kids.items()}
-    parent_after = await kube.get(kube.moeinference_path(NS, name))
+    parent_after = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
 
     assert after == before
-    child_writes = [w for w in kube.api.writes[writes_before:] if w[1] != "moeinferences"]
+    child_writes = [w for w in emulated_cluster.api.writes[writes_before:] if w[1] != "moeinferences"]
     assert child_writes == []
     assert parent_after["status"] == parent_before["status"]
 
 
-async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(kube, eventually, started):
+async def test_multinode_resource_runs_as_leaderworkerset_and_scales_groups(emulated_cluster, eventually, started):
     res = next(d for d in yaml.safe_load_all((ROOT / "examples" / "deepseek-v3-multinode.yaml").read_text())
                if d and d.get("kind") == "MoEInference")
     name = res["metadata"]["name"]
     async with started(res) as obj:
-        kids = await children(kube, name)
+        kids = await children(emulated_cluster, name)
         lws = kids[f"LeaderWorkerSet/{name}"]
         assert not any(k.startswith("Deployment/") for k in kids)
         assert obj["status"]["epSize"] == 16
-        await make_ready(kube, kids)
-        await eventually(lambda: _phase(kube, name, "Running"))
+        await make_ready(emulated_cluster, kids)
+        await eventually(lambda: _phase(emulated_cluster, name, "Running"))
 
-        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
-        obj = await eventually(lambda: observed(kube, name, 2))
-        scaled = (await children(kube, name))[f"LeaderWorkerSet/{name}"]
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"replicas": 2}})
+        obj = await eventually(lambda: observed(emulated_cluster, name, 2))
+        scaled = (await children(emulated_cluster, name))[f"LeaderWorkerSet/{name}"]
     assert scaled["spec"]["replicas"] == 2
     assert scaled["spec"]["leaderWorkerTemplate"] == lws["spec"]["leaderWorkerTemplate"]
     # the LWS observed generation 1 only: the status says it is rolling out the new replica count
     assert obj["status"]["phase"] in ("Progressing", "Running") and cond(obj, "Ready")["status"] == "False"
 
 
-async def test_child_refused_by_the_api_server_applies_nothing(kube, eventually, started):
+async def test_child_refused_by_the_api_server_applies_nothing(emulated_cluster, eventually, started):
     """An admission webhook (played by a kmock reaction) refuses the PodMonitor: the dry run that
     precedes every write catches it, so not even the Service or the Deployment is created."""
-    kube.api["post /apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"] << 422 << {
+    emulated_cluster.api["post /apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"] << 422 << {
         "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "reason": "Invalid",
         "message": "admission webhook denied the request: podMetricsEndpoints[0].interval: too short"}
     res = example()
     name = res["metadata"]["name"]
     async with started(res) as obj:
-        kids = await children(kube, name)
-        events = await events_for(kube, name)
+        kids = await children(emulated_cluster, name)
+        events = await events_for(emulated_cluster, name)
     assert kids == {}
     assert obj["status"]["phase"] == "Degraded"
     degraded = cond(obj, "Degraded")
@@ -370,33 +370,33 @@ async def test_child_refused_by_the_api_server_applies_nothing(kube, eventually,
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["ChildRejected"]
 
 
-async def test_scale_subresource_like_an_autoscaler(kube, eventually, started):
+async def test_scale_subresource_like_an_autoscaler(emulated_cluster, eventually, started):
     """HPA/KEDA write /scale: the operator scales the workload; /scale reports the selector."""
     res = example()
     name = res["metadata"]["name"]
-    path = kube.moeinference_path(NS, name)
+    path = emulated_cluster.moeinference_path(NS, name)
     async with started(res):
-        before = workloads(await children(kube, name))
-        scale = await kube.get(path + "/scale")
+        before = workloads(await children(emulated_cluster, name))
+        scale = await emulated_cluster.get(path + "/scale")
         assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
         assert f"eplb.ai/name={name}" in scale["status"]["selector"]
 
-        await kube.patch(path + "/scale", {"spec": {"replicas": 2}})
-        await eventually(lambda: observed(kube, name, 2))
-        after = workloads(await children(kube, name))
+        await emulated_cluster.patch(path + "/scale", {"spec": {"replicas": 2}})
+        await eventually(lambda: observed(emulated_cluster, name, 2))
+        after = workloads(await children(emulated_cluster, name))
     assert sum(w["spec"]["replicas"] for w in after.values()) == 2
     assert all(pod_template(after[k]) == pod_template(before[k]) for k in after)
 
 
-async def test_child_no_longer_rendered_is_pruned(kube, eventually, started):
+async def test_child_no_longer_rendered_is_pruned(emulated_cluster, eventually, started):
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        assert f"PodMonitor/{name}" in await children(kube, name)
-        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}})
-        await eventually(lambda: observed(kube, name, 2))
-        kids = await children(kube, name)
-        reasons = [e["reason"] for e in await events_for(kube, name)]
+        assert f"PodMonitor/{name}" in await children(emulated_cluster, name)
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"monitoring": {"podMonitor": {"enabled": False}}}})
+        await eventually(lambda: observed(emulated_cluster, name, 2))
+        kids = await children(emulated_cluster, name)
+        reasons = [e["reason"] for e in await events_for(emulated_cluster, name)]
     assert f"PodMonitor/{name}" not in kids and f"Service/{name}" in kids
     assert "Pruned" in reasons
 
@@ -407,7 +407,7 @@ def _multinode() -> dict:
 
 
 @pytest.mark.parametrize("make", [example, _multinode], ids=["Deployment", "LeaderWorkerSet"])
-async def test_status_heals_after_transient_status_write_failures(kube, eventually, started, make):
+async def test_status_heals_after_transient_status_write_failures(emulated_cluster, eventually, started, make):
     """Status writes of the operator fail for a while (500 and 409 in turn) just when the workload
     becomes ready: the refresh that child event triggered is retried with backoff, so the status
     reaches Running within seconds of the API recovering -- not at the next resync (an hour here)."""
@@ -426,33 +426,33 @@ async def test_status_heals_after_transient_status_write_failures(kube, eventual
         return None
 
     failing = False
-    kube.api.faults = faults
+    emulated_cluster.api.faults = faults
     async with started(res) as obj:
         assert obj["status"]["phase"] in ("Pending", "Progressing")
         failing = True
-        await make_ready(kube, await children(kube, name))  # a child event -> a refresh, which fails
+        await make_ready(emulated_cluster, await children(emulated_cluster, name))  # a child event -> a refresh, which fails
         await eventually(lambda: len(failed) >= 1, timeout=10)  # refused
         await asyncio.sleep(1.0)  # the API keeps failing for a second
-        stale = (await kube.get(kube.moeinference_path(NS, name)))["status"]
+        stale = (await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name)))["status"]
         assert stale["phase"] != "Running" and cond({"status": stale}, "Ready")["status"] == "False"
         failing = False
-        healed = await eventually(lambda: _phase(kube, name, "Running"), timeout=8)
+        healed = await eventually(lambda: _phase(emulated_cluster, name, "Running"), timeout=8)
     assert healed["status"]["readyReplicas"] == healed["spec"].get("replicas", 1)
     assert cond(healed, "Ready")["status"] == "True" and cond(healed, "Progressing")["status"] == "False"
 
 
-async def test_malformed_pod_template_is_refused_and_children_stay(kube, eventually, started):
+async def test_malformed_pod_template_is_refused_and_children_stay(emulated_cluster, eventually, started):
     """A malformed ``spec.engine.podTemplate`` (an apiserver without the CRD's rules, or an edit that
     bypassed admission) is refused by the reconcile with one line naming the field and the fix; the
     running children are not touched."""
     res = example()
     name = res["metadata"]["name"]
     async with started(res):
-        before = await children(kube, name)
+        before = await children(emulated_cluster, name)
         bad = {"containers": [{"name": "vllm", "command": ["sleep", "infinity"]}], "hostNetwork": "yes"}
-        await kube.patch(kube.moeinference_path(NS, name), {"spec": {"engine": {"podTemplate": {"spec": bad}}}})
-        obj = await eventually(lambda: observed(kube, name, 2))
-        after = await children(kube, name)
+        await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"engine": {"podTemplate": {"spec": bad}}}})
+        obj = await eventually(lambda: observed(emulated_cluster, name, 2))
+        after = await children(emulated_cluster, name)
 
     spec_valid = cond(obj, "SpecValid")
     assert spec_valid["status"] == "False" and obj["status"]["phase"] == "Invalid"

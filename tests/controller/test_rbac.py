@@ -37,11 +37,11 @@ from tests.controller.test_operator_loop import (  # noqa: F401
 pytestmark = pytest.mark.integration  # the real operator and an emulated API server
 
 
-def operator_requests(kube, *, with_scope: bool = False):
+def operator_requests(emulated_cluster, *, with_scope: bool = False):
     """(group, resource[/subresource], verb) of every resource request sent by kopf or the controller;
     with ``with_scope``, a 4th item: whether the URL named a namespace."""
     seen = set()
-    for req in kube.api:
+    for req in emulated_cluster.api:
         agent = req.headers.get("User-Agent", "")
         if not (agent.startswith("kopf/") or agent == USER_AGENT):
             continue
@@ -69,96 +69,96 @@ def fast_autotune():
     return AutotuneSettings(tick_seconds=0.2, http_timeout=1.0)
 
 
-async def _evaluated(kube, name):
-    obj = await kube.get(kube.moeinference_path(NS, name))
+async def _evaluated(emulated_cluster, name):
+    obj = await emulated_cluster.get(emulated_cluster.moeinference_path(NS, name))
     return ((obj.get("status") or {}).get("autotune") or {}).get("lastEvaluation")
 
 
-def _pod_log_read(kube) -> bool:
+def _pod_log_read(emulated_cluster) -> bool:
     return any(req.resource is not None and req.resource.plural == "pods" and req.subresource == "log"
-               for req in kube.api)
+               for req in emulated_cluster.api)
 
 
-async def fault_tolerance_reads_pod_logs(kube, eventually, name):
+async def fault_tolerance_reads_pod_logs(emulated_cluster, eventually, name):
     """Fault tolerance on vLLM 0.34: the autotune loop reads the running engine pods' logs for vLLM's
     scale_down line (the emulated apiserver has no kubelet: the read is answered with an error)."""
     from moe_eplb.contracts.k8s_names import NAME_LABEL
 
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {
         "engine": {"image": "vllm/vllm-openai:v0.34.0"}, "eplb": {"numRedundantExperts": 256},
         "parallelism": {"all2allBackend": "deepep_low_latency"},
         "faultTolerance": {"enabled": True, "rankFailuresToSurvive": 8},
         "monitoring": {"prometheusUrl": None},  # read the pods directly: nothing waits on an unreachable host
         "autotune": {"evaluationIntervalSeconds": 10}}})
-    await kube.create(f"/api/v1/namespaces/{NS}/pods", {
+    await emulated_cluster.create(f"/api/v1/namespaces/{NS}/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-0", "namespace": NS, "labels": {NAME_LABEL: name}},
         "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.34.0"}]}})
-    await kube.patch(f"/api/v1/namespaces/{NS}/pods/{name}-0/status", {"status": {"phase": "Running"}})
-    await eventually(lambda: _pod_log_read(kube), timeout=30)
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"autotune": {"evaluationIntervalSeconds": 300}}})
-    await kube.delete(f"/api/v1/namespaces/{NS}/pods/{name}-0")
+    await emulated_cluster.patch(f"/api/v1/namespaces/{NS}/pods/{name}-0/status", {"status": {"phase": "Running"}})
+    await eventually(lambda: _pod_log_read(emulated_cluster), timeout=30)
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"autotune": {"evaluationIntervalSeconds": 300}}})
+    await emulated_cluster.delete(f"/api/v1/namespaces/{NS}/pods/{name}-0")
 
 
-async def lifecycle(kube, eventually, res):
+async def lifecycle(emulated_cluster, eventually, res):
     """Create, make ready, change EPLB, scale, autotune (Recommend), autoscale, hand-edit every child, delete."""
     name = res["metadata"]["name"]
-    await kube.create(kube.moeinference_path(NS), res)
-    await eventually(lambda: observed(kube, name, 1))
-    await make_ready(kube, await children(kube, name))
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 1500}}})
-    await eventually(lambda: observed(kube, name, 2))
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"replicas": 2}})
-    await eventually(lambda: observed(kube, name, 3))
+    await emulated_cluster.create(emulated_cluster.moeinference_path(NS), res)
+    await eventually(lambda: observed(emulated_cluster, name, 1))
+    await make_ready(emulated_cluster, await children(emulated_cluster, name))
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"eplb": {"windowSize": 1500}}})
+    await eventually(lambda: observed(emulated_cluster, name, 2))
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"replicas": 2}})
+    await eventually(lambda: observed(emulated_cluster, name, 3))
     # the autotune loop: lists the pods (direct scrape, workload view); no load -> a NoData evaluation
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {"autotune": {"mode": "Recommend"}}})
-    await eventually(lambda: observed(kube, name, 4))
-    evaluation = await eventually(lambda: _evaluated(kube, name), timeout=15)
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {"autotune": {"mode": "Recommend"}}})
+    await eventually(lambda: observed(emulated_cluster, name, 4))
+    evaluation = await eventually(lambda: _evaluated(emulated_cluster, name), timeout=15)
     assert evaluation["decision"] == "NoData"
     # autoscaling on: a KEDA ScaledObject (single-node) or an HPA on an External metric (multi-node)
     multinode = res["spec"].get("parallelism", {}).get("nodes", 1) > 1
     autoscaling = {"maxReplicas": 4, **({"backend": "HPA", "hpa": {"metricsApi": "External"}} if multinode else {})}
-    await kube.patch(kube.moeinference_path(NS, name), {"spec": {
+    await emulated_cluster.patch(emulated_cluster.moeinference_path(NS, name), {"spec": {
         "autoscaling": autoscaling, "monitoring": {"prometheusUrl": "http://prometheus.invalid:9090",
                                                    "podMonitor": {"enabled": True}}}})
-    await eventually(lambda: observed(kube, name, 5))
+    await eventually(lambda: observed(emulated_cluster, name, 5))
     if multinode:
-        await fault_tolerance_reads_pod_logs(kube, eventually, name)
-    kinds = {c["kind"] for c in (await children(kube, name)).values()}
+        await fault_tolerance_reads_pod_logs(emulated_cluster, eventually, name)
+    kinds = {c["kind"] for c in (await children(emulated_cluster, name)).values()}
     assert ("HorizontalPodAutoscaler" if multinode else "ScaledObject") in kinds, kinds
-    for child in (await children(kube, name)).values():  # hand edits, put back by the operator
-        await kube.patch(child_path(child), {"metadata": {"ownerReferences": []}})
-    await eventually(lambda: _all_owned(kube, name))
-    await kube.delete(kube.moeinference_path(NS, name))
-    await eventually(lambda: _gone(kube, kube.moeinference_path(NS, name)))
+    for child in (await children(emulated_cluster, name)).values():  # hand edits, put back by the operator
+        await emulated_cluster.patch(child_path(child), {"metadata": {"ownerReferences": []}})
+    await eventually(lambda: _all_owned(emulated_cluster, name))
+    await emulated_cluster.delete(emulated_cluster.moeinference_path(NS, name))
+    await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)))
 
 
-async def test_rbac_rules_cover_every_call_and_every_rule_is_used(kube, operator_runner, eventually, fast_autotune):
-    await kube.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
+async def test_rbac_rules_cover_every_call_and_every_rule_is_used(emulated_cluster, operator_runner, eventually, fast_autotune):
+    await emulated_cluster.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
     async with operator_runner(standalone=False, peering_name="moe-eplb", autotune=fast_autotune):
         for res in examples():
-            await lifecycle(kube, eventually, res)
+            await lifecycle(emulated_cluster, eventually, res)
 
-    used = operator_requests(kube)
+    used = operator_requests(emulated_cluster)
     not_allowed = sorted(u for u in used if not allows(*u))
     assert not_allowed == [], f"calls not covered by RBAC_RULES: {not_allowed}"
     unused = sorted(set(grants(RBAC_RULES)) - used)
     assert unused == [], f"RBAC_RULES grants never used: {unused}"
 
 
-async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(kube, operator_runner, eventually, fast_autotune):
+async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(emulated_cluster, operator_runner, eventually, fast_autotune):
     """With --namespace, every call to a namespaced resource names the namespace (a Role there
     suffices), peering uses KopfPeering, and only kopf's CRD discovery and its namespace observer
     are cluster-wide (NAMESPACED_MODE_CLUSTER_RULES)."""
-    await kube.create("/apis/kopf.dev/v1/namespaces/default/kopfpeerings", {"metadata": {"name": "moe-eplb"}})
+    await emulated_cluster.create("/apis/kopf.dev/v1/namespaces/default/kopfpeerings", {"metadata": {"name": "moe-eplb"}})
     async with operator_runner(standalone=False, peering_name="moe-eplb", namespaces=("default",),
                                autotune=fast_autotune):
         for res in examples():
-            await lifecycle(kube, eventually, res)
+            await lifecycle(emulated_cluster, eventually, res)
 
     namespaced_rules = [dict(r, resources=["kopfpeerings" if x == "clusterkopfpeerings" else x
                                            for x in r["resources"]]) for r in RBAC_RULES]
     namespaced_rules += NAMESPACED_MODE_CLUSTER_RULES
-    used = operator_requests(kube, with_scope=True)
+    used = operator_requests(emulated_cluster, with_scope=True)
     cluster_wide = sorted((g, r, v) for g, r, v, ns in used if not ns)
     assert cluster_wide == [("", "namespaces", "list"), ("", "namespaces", "watch"),
                             ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -168,8 +168,8 @@ async def test_namespaced_mode_needs_only_namespaced_access_plus_crds(kube, oper
     assert ("kopf.dev", "kopfpeerings", "patch", True) in used
 
 
-async def _all_owned(kube, name):
-    kids = await children(kube, name)
+async def _all_owned(emulated_cluster, name):
+    kids = await children(emulated_cluster, name)
     return kids and all(c["metadata"].get("ownerReferences") for c in kids.values())
 
 

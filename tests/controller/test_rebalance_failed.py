@@ -106,7 +106,7 @@ def test_prometheus_query_counts_the_window():
 
 
 @pytest.mark.integration
-async def test_failure_sets_the_condition_and_an_event_then_recovers(kube, tmp_path):
+async def test_failure_sets_the_condition_and_an_event_then_recovers(emulated_cluster, tmp_path):
     from moe_eplb.api.spec import parse
     from moe_eplb.controller import rebalance
     from moe_eplb.controller.autotune import AutotuneLoop
@@ -122,7 +122,7 @@ async def test_failure_sets_the_condition_and_an_event_then_recovers(kube, tmp_p
     exporter = _Exporter(pod_dir)
     wall = [0.0]
     try:
-        async with KubeClient(Connection(server=kube.url, token="t")) as client:
+        async with KubeClient(Connection(server=emulated_cluster.url, token="t")) as client:
             created = await client.create(body)
             await client.create({
                 "apiVersion": "v1", "kind": "Pod",

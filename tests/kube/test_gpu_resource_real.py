@@ -17,11 +17,11 @@ def _cond(pod: dict, ctype: str) -> dict:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
 
 
-async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(sim_plane) -> None:
+async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(real_control_plane) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=8, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="auto", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1, shared_plane=sim_plane, gpu_resource="amd.com/gpu")
+                     kubelet_poll=0.1, shared_plane=real_control_plane, gpu_resource="amd.com/gpu")
     async with world.run():
         ns, cluster = world.namespace, world.cluster
         await world.start_operator()

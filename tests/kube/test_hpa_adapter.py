@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from moe_eplb.api.quantity import quantity_number as quantity
 from moe_eplb.contracts.metric_names import MOEINFERENCE_LABEL, adapter_metric_name
 from moe_eplb.contracts.vllm_facts import REQUESTS_WAITING
 from moe_eplb.eplb import synth
-from moe_eplb.sim.metricsadapter import quantity
 from moe_eplb.sim.physics import TrueCost
 from moe_eplb.sim.world import SimWorld
 from tests.polling import eventually

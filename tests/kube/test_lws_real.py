@@ -1,6 +1,6 @@
 """The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, ``tools/build-go-tool.sh tools/lws``) on the real
-control plane, its webhooks served and registered (:mod:`moe_eplb.sim.lwscontroller`), with the
-simulated GPU nodes running each group as one engine (:mod:`moe_eplb.sim.nodeagent`).
+control plane, its webhooks served and registered (:mod:`moe_eplb.sim.real.lwscontroller`), with the
+simulated GPU nodes running each group as one engine (:mod:`moe_eplb.sim.real.nodeagent`).
 
 What the operator relies on, checked against the real thing: the pods of a group (labels,
 annotation and env from its pod webhook), groups ready, ``updatedReplicas`` / ``readyReplicas`` and
@@ -21,8 +21,8 @@ from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.status import workload_observed_generation
 from moe_eplb.eplb import synth
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim import lwscontroller
-from moe_eplb.sim.controlplane import find_binaries
+from moe_eplb.sim.real import lwscontroller
+from moe_eplb.sim.real.controlplane import find_binaries
 from moe_eplb.sim.world import SimWorld
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
@@ -95,11 +95,11 @@ def built() -> None:
         missing("the control plane and the LWS controller are not built (run `make kube`)")
 
 
-async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane) -> None:
+async def test_real_controller_runs_rolls_and_rolls_back_groups(built, real_control_plane) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=4, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1, shared_plane=sim_plane)
+                     kubelet_poll=0.1, shared_plane=real_control_plane)
     async with world.run():
         assert world.lws == "real" and world.lws_controller is not None
         ns = world.namespace
@@ -201,7 +201,7 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, sim_plane
         world.lws_controller.check_alive()
 
 
-async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None:
+async def test_a_stuck_worker_gets_its_group_recreated(built, real_control_plane) -> None:
     """A worker that hangs in a forward pass (alive, no API of its own) fails its rendered liveness
     probe (the exporter's ``/livez``), which the node agent runs as a kubelet would; the container
     restart makes the REAL LeaderWorkerSet controller recreate the whole group
@@ -213,7 +213,7 @@ async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=5, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1, shared_plane=sim_plane)
+                     kubelet_poll=0.1, shared_plane=real_control_plane)
     async with world.run():
         ns, cluster = world.namespace, world.cluster
         lws = _lws(2, ns=ns)
@@ -270,7 +270,7 @@ async def test_a_stuck_worker_gets_its_group_recreated(built, sim_plane) -> None
         world.lws_controller.check_alive()
 
 
-async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built, sim_plane) -> None:
+async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built, real_control_plane) -> None:
     """The operator on the real plane with the real LWS controller: a worker that fails at every start
     makes LWS recreate its group again and again (fresh pods, restart counts 0); the operator counts
     the controller's ``RecreateGroupOnPodRestart`` Events and sets ``Degraded`` (``GroupRestarting``)
@@ -278,7 +278,7 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=6, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1, shared_plane=sim_plane, crash_pod_if=lambda s, worker: worker == 1)
+                     kubelet_poll=0.1, shared_plane=real_control_plane, crash_pod_if=lambda s, worker: worker == 1)
     async with world.run():
         ns, cluster = world.namespace, world.cluster
         op = await world.start_operator()
@@ -302,7 +302,7 @@ async def test_a_group_that_keeps_restarting_turns_degraded_naming_the_pod(built
         world.lws_controller.check_alive()
 
 
-async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim_plane) -> None:
+async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, real_control_plane) -> None:
     """A Deployment pod (no group to recreate) whose engine hangs fails its liveness probe; the
     container restarts in place (``restartCount`` + 1, ``lastState`` exit code 137 with the probe's
     message) and serves again; after three such restarts the operator sets ``Degraded``
@@ -310,7 +310,7 @@ async def test_a_stuck_single_node_pod_restarts_in_place_and_degrades(built, sim
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=7, shift_at=0.5)
     world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
-                     kubelet_poll=0.1, shared_plane=sim_plane)
+                     kubelet_poll=0.1, shared_plane=real_control_plane)
     async with world.run():
         ns, cluster = world.namespace, world.cluster
         op = await world.start_operator()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_eplb.sim.controlplane import find_binaries
+from moe_eplb.sim.real.controlplane import find_binaries
 from moe_eplb.sim.world import prometheus_binary
 
 pytestmark = [pytest.mark.integration,

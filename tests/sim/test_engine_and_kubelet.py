@@ -128,7 +128,7 @@ async def test_pods_answer_while_the_event_loop_is_blocked(small_trace):
 
 
 def test_kubelet_reads_the_rendered_pod_template():
-    from moe_eplb.sim.kubelet import engine_settings
+    from moe_eplb.sim.pods import engine_settings
 
     res = copy.deepcopy(RESOURCE)
     res["spec"]["eplb"].update(windowSize=2000, stepInterval=4000, numRedundantExperts=4)

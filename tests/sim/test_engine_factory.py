@@ -14,7 +14,7 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 from moe_eplb.api.knobs import Knobs  # noqa: E402
-from moe_eplb.sim.kubelet import EngineRequest  # noqa: E402
+from moe_eplb.sim.pods import EngineRequest  # noqa: E402
 from moe_eplb.sim.world import SimWorld  # noqa: E402
 from tests.autotune.conftest import NAME, NS, RESOURCE  # noqa: E402
 from tests.polling import eventually

@@ -1,4 +1,4 @@
-"""The emulated HPA controller's algorithm (moe_eplb.sim.hpa: the HPA's recommendation with its
+"""The emulated HPA controller's algorithm (moe_eplb.sim.emulated.hpa: the HPA's recommendation with its
 tolerance, the behavior's stabilization windows and rate policies, the ScalingLimited reasons) and
 the autoscale scenario's summary (moe_eplb.sim.demo_autoscale.summary_record): pure, no processes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from moe_eplb.sim import demo_autoscale as A
-from moe_eplb.sim.hpa import LIMIT_MESSAGES, SERIES, limit, recommend, stabilize
+from moe_eplb.sim.emulated.hpa import LIMIT_MESSAGES, SERIES, limit, recommend, stabilize
 
 UP = {"scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
                   "policies": [{"type": "Pods", "value": 1, "periodSeconds": 15}]},

@@ -20,9 +20,9 @@ from moe_eplb.contracts import k8s_names
 from moe_eplb.eplb import synth
 from moe_eplb.metrics.scrape import parse_exposition
 from moe_eplb.render.objects import render_children
+from moe_eplb.sim.emulated.kubeapi import emulated_cluster
+from moe_eplb.sim.emulated.kubelet import FakeKubelet
 from moe_eplb.sim.engine import SimClock
-from moe_eplb.sim.kubeapi import emulated_cluster
-from moe_eplb.sim.kubelet import FakeKubelet
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
 from tests.sim.test_lws import _problems

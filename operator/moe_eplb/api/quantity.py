@@ -32,6 +32,12 @@ def quantity_bytes(value: Any) -> int | None:
     return int(q) if q >= 0 else None
 
 
+def quantity_number(value: str) -> float:
+    """A Kubernetes quantity as a number, as the metrics APIs write values (``"1500m"`` -> 1.5, ``"12"``);
+    the parser's error (``ValueError``) for a malformed one."""
+    return float(_parse_quantity(value))
+
+
 def parse_bytes(value: Any, where: str = "memory budget") -> int:
     """Bytes from plain digits (``8589934592``), a Kubernetes quantity (``8Gi``, ``500M``) or either
     with a trailing ``B`` (``8GiB``, ``8GB``); :class:`QuantityError` naming ``where`` otherwise."""

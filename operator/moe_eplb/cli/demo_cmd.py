@@ -47,8 +47,12 @@ def register(main: click.Group) -> None:
         On failure the last line says what failed (exit 1).
         """
         import asyncio
+        import importlib.util
         import time
 
+        if importlib.util.find_spec("moe_eplb.sim") is None:  # the operator image ships without it
+            raise click.ClickException("the simulator (moe_eplb.sim) is not installed here: the operator image leaves "
+                                       "it out; run the demo from a source checkout (pip install -e '.[operator,demo]')")
         from moe_eplb.sim.demo import failure_line, run_demo
 
         t0 = time.monotonic()

@@ -1,20 +1,22 @@
 """The simulated cluster and the real parts run locally: for ``moe-eplb demo``, the tests and the
-benchmarks. Nothing here talks to a real cluster or a GPU.
+benchmarks. Nothing here talks to a real cluster or a GPU. By backend, behind one seam:
 
-- simulated (not Kubernetes, not vLLM): ``kubeapi`` (an emulated Kubernetes API over real HTTP),
-  ``kubelet`` (kubelet, Deployment and LeaderWorkerSet controllers; ``lws``: the LeaderWorkerSet
-  decisions), ``engine`` (a vLLM engine pod's stand-in), ``physics`` (a deployment's true costs),
-  ``recording`` (a trace one simulated engine served), ``hpa`` (an HPA controller where the real one
-  cannot read vLLM's metrics), ``nodeagent`` (GPU nodes for the real control plane), ``probes``
-  (the kubelet's liveness probes of the pods the node agent runs);
-- real parts on loopback: ``controlplane`` (etcd, kube-apiserver, kube-controller-manager,
-  kube-scheduler built by ``make kube``), ``simplane`` (that plane as a simulated cluster runs on
-  it), ``lwscontroller`` (the real LeaderWorkerSet controller), ``metricsadapter``
-  (prometheus-adapter), ``prometheus`` (the one way to start a Prometheus server), ``realapi`` (the
-  async client on the real plane), ``procs`` (child processes that never outlive the program, and
-  ``free_port``);
+- ``emulated/`` (:mod:`moe_eplb.sim.emulated`): the kmock-based Kubernetes API and its emulated
+  controllers (kubelet, Deployment, LeaderWorkerSet, HPA). Frozen: kept for the demo without a Go
+  build and for fault injection;
+- ``real/`` (:mod:`moe_eplb.sim.real`): the real control plane, LeaderWorkerSet controller and
+  prometheus-adapter built from Go modules, run on loopback, with simulated GPU nodes;
+- ``backend`` (``ClusterBackend``: which of the two a world runs on, chosen once; the one module that
+  imports both), ``client`` (the harness's one apiserver client, with the product's ``Connection``),
+  ``pods`` (what the emulated kubelet and the real node agent share: reading a pod spec, the poll
+  loop), ``procs`` (child processes that never outlive the program, ``free_port``, ``poll_ready``),
+  ``prometheus`` (the one way to start a Prometheus server);
+- the simulated engines beside them: ``engine`` (a vLLM engine pod's stand-in), ``physics`` (a
+  deployment's true costs), ``recording`` (a trace one simulated engine served);
 - ``world`` (a whole simulated cluster in one event loop: ``SimWorld``), ``demo`` and
   ``demo_autoscale`` (``moe-eplb demo``).
 
-May import every other package.
+The vendored CRDs the emulation serves and the real plane falls back to (``lws_crd.yaml``,
+``keda_scaledobject_crd.yaml``) live here, beside both. The operator never imports this package; its
+image does not ship it (docs/architecture.md). May import every other package.
 """

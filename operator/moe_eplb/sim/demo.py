@@ -118,7 +118,7 @@ API_WORDS = {
 
 def api_of(world: Any) -> str:
     """Which Kubernetes API the demo's world runs on, as the summary's ``api`` says it: the world's
-    ``api`` attribute where it has one, else ``"emulated"`` (:mod:`moe_eplb.sim.kubeapi`)."""
+    ``api`` attribute where it has one, else ``"emulated"`` (:mod:`moe_eplb.sim.emulated.kubeapi`)."""
     return str(getattr(world, "api", None) or "emulated")
 
 

@@ -16,7 +16,7 @@ new replicas serve.
 Which autoscaler acts (printed, and ``autoscaler`` in the summary): on the real control plane with
 prometheus-adapter built (``make kube``) and Prometheus installed, the REAL HPA controller of
 kube-controller-manager, reading the metric from Prometheus through prometheus-adapter; otherwise the
-emulated HPA controller (:mod:`moe_eplb.sim.hpa`: the same HPA object, algorithm and status, reading
+emulated HPA controller (:mod:`moe_eplb.sim.emulated.hpa`: the same HPA object, algorithm and status, reading
 the pods' ``/metrics``). The HPA lives in wall time (it knows no simulated clock), so the demo's
 ``scaleUp`` allows a replica every :data:`SCALE_UP_PERIOD_S` wall seconds.
 
@@ -151,8 +151,8 @@ def summary_record(rec: AutoscaleRecord, *, api: str, load_source: str, autoscal
 def _world(speed: float, hours: float, seed: int, use_prom: bool, api: str, observer: Callable) -> Any:
     """The simulated cluster of the scenario, with the real HPA controller where it can read the metric."""
     from moe_eplb.eplb import profiles, synth
-    from moe_eplb.sim.metricsadapter import find_adapter
     from moe_eplb.sim.physics import TrueCost
+    from moe_eplb.sim.real.metricsadapter import find_adapter
     from moe_eplb.sim.world import SimWorld, resolve_api
 
     api = resolve_api(api)
@@ -276,7 +276,7 @@ def _hpa_metric(status: dict) -> str:
     for m in status.get("currentMetrics") or []:
         cur = (m.get(m.get("type", "").lower()) or {}).get("current") or {}
         if "averageValue" in cur:
-            from moe_eplb.sim.metricsadapter import quantity
+            from moe_eplb.api.quantity import quantity_number as quantity
 
             return f"the HPA read {quantity(cur['averageValue']):.1f} waiting requests per replica, target {TARGET_WAITING}"
     return "the HPA's metric not in its status yet"

@@ -17,6 +17,9 @@ Every child is started by :func:`spawn`:
 
 Only the standard library (``ctypes`` for ``prctl``); elsewhere than Linux the parent-death signal is
 not set and the rest still applies.
+
+Also what every process starter here shares: :func:`free_port` and :func:`poll_ready` (wait until a
+started server answers). Shared by both backends (``sim.emulated``, ``sim.real``) and the top level.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import os
 import queue
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -179,6 +184,27 @@ def free_port() -> int:
 
 
 _S = TypeVar("_S", bound="Stoppable")
+
+
+def poll_ready(probe: Callable[[], str | None], timeout: float, *, alive: Callable[[], None] | None = None,
+               interval: float = 0.2) -> str | None:
+    """Call ``probe()`` every ``interval`` s (``alive()`` first: it raises if the process died) until it
+    returns None (ready) or ``timeout`` s (at least 5) have passed. Its other answers, and the network
+    errors it raises (``URLError``, ``HTTPError``, ``OSError``, ``SSLError``), say why not yet; the last
+    reason comes back on a timeout, None once ready."""
+    deadline = time.monotonic() + max(timeout, 5.0)
+    last: str | None = "not tried"
+    while time.monotonic() < deadline:
+        if alive is not None:
+            alive()
+        try:
+            last = probe()
+        except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
+            last = str(exc) or type(exc).__name__
+        if last is None:
+            return None
+        time.sleep(interval)
+    return last
 
 
 class Stoppable:

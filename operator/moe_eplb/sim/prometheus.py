@@ -4,7 +4,7 @@ the benchmarks start one.
 :func:`start_prometheus` writes the configuration (a dict; JSON is YAML) into a work folder, starts
 the binary with :func:`moe_eplb.sim.procs.spawn` -- its own process group, killed with this process
 however it ends -- and returns a :class:`RunningPrometheus` once ``/-/ready`` answers 200
-(:func:`moe_eplb.sim.controlplane.poll_ready`); a server that exits or stays unready is stopped and
+(:func:`moe_eplb.sim.procs.poll_ready`); a server that exits or stays unready is stopped and
 the error quotes its log. ``storage`` serves an existing
 TSDB (one that ``promtool tsdb create-blocks-from openmetrics`` backfilled).
 
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import poll_ready
-from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.procs import free_port, poll_ready
 
 #: where the Debian ``prometheus`` package installs the server (``apt-get install prometheus``)
 PROMETHEUS_BIN = "/usr/bin/prometheus"

@@ -1,9 +1,12 @@
 """A whole SIMULATED cluster in one event loop, for ``moe-eplb demo`` and the autotune tests.
 
-:class:`SimWorld` starts, in order:
+:class:`SimWorld` starts, in order, on the :class:`~moe_eplb.sim.backend.ClusterBackend` its ``api``
+picks once (:mod:`moe_eplb.sim.backend`):
 
-1. the emulated Kubernetes API (:mod:`moe_eplb.sim.kubeapi`, kmock over real HTTP);
-2. the fake kubelet (:mod:`moe_eplb.sim.kubelet`), which runs a simulated engine
+1. the Kubernetes API: the emulated one (:mod:`moe_eplb.sim.emulated.kubeapi`, kmock over real HTTP)
+   or a real control plane (:mod:`moe_eplb.sim.real`);
+2. what plays the kubelet -- the fake kubelet (:mod:`moe_eplb.sim.emulated.kubelet`) or the node agent
+   (:mod:`moe_eplb.sim.real.nodeagent`) -- which runs a simulated engine
    (:mod:`moe_eplb.sim.engine`) per pod of every moe-eplb Deployment, replaying one workload trace
    on an accelerated :class:`~moe_eplb.sim.engine.SimClock`;
 3. optionally a real Prometheus (``/usr/bin/prometheus``) on loopback, scraping the engine pods
@@ -11,7 +14,7 @@
    ``namespace``, ``pod``, ``moeinference``);
    With ``api="real"`` and ``metrics_adapter=True``, prometheus-adapter (built by ``make kube``)
    serves vLLM's metrics from that Prometheus as ``custom.metrics.k8s.io`` to the real HPA
-   controller (:mod:`moe_eplb.sim.metricsadapter`);
+   controller (:mod:`moe_eplb.sim.real.metricsadapter`);
 4. the real operator(s) (``moe_eplb.controller.main.run_operator``) with the autotune loop on the
    same clock.
 
@@ -33,43 +36,12 @@ from typing import Any
 from moe_eplb.contracts import metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim import procs
+from moe_eplb.sim.backend import APIS, ClusterBackend, backend_for, resolve_api, resolve_lws  # noqa: F401  (resolve_*: the demo's)
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock
 from moe_eplb.sim.procs import free_port
 from moe_eplb.sim.prometheus import RunningPrometheus, prometheus_binary, start_prometheus
 
 log = logging.getLogger(__name__)
-
-APIS = ("emulated", "real", "auto")
-
-
-def resolve_api(api: str) -> str:
-    """``emulated`` | ``real`` | ``auto`` (real when the control plane is built, else emulated)."""
-    if api not in APIS:
-        raise ValueError(f"api: {api!r} is not one of {', '.join(APIS)}")
-    if api == "auto":
-        from moe_eplb.sim.controlplane import find_binaries
-
-        return "real" if find_binaries() is not None else "emulated"
-    if api == "real":
-        from moe_eplb.sim.controlplane import default_bin_dir, find_binaries
-
-        if find_binaries() is None:
-            raise RuntimeError(f"api=real: no control plane built in {default_bin_dir()} (run `make kube`)")
-    return api
-
-
-def resolve_lws(lws: str) -> str:
-    """On the real API: ``real`` | ``emulated`` | ``auto`` (real when ``tools/build-go-tool.sh tools/lws`` built it)."""
-    from moe_eplb.sim.lwscontroller import default_lws_bin_dir, find_lws_binary
-
-    if lws not in APIS:
-        raise ValueError(f"lws: {lws!r} is not one of {', '.join(APIS)}")
-    if lws == "auto":
-        return "real" if find_lws_binary() is not None else "emulated"
-    if lws == "real" and find_lws_binary() is None:
-        raise RuntimeError(f"lws=real: no LeaderWorkerSet controller built in {default_lws_bin_dir()} (run `make kube`)")
-    return lws
-
 
 class LocalPrometheus:
     """A real Prometheus server on 127.0.0.1 scraping targets listed in a file (file_sd).
@@ -92,7 +64,7 @@ class LocalPrometheus:
         self.server: RunningPrometheus | None = None
 
     def update(self, targets: list[dict]) -> None:
-        """Scrape ``targets`` (the fake kubelet's :meth:`~moe_eplb.sim.kubelet.FakeKubelet.targets`)
+        """Scrape ``targets`` (the fake kubelet's :meth:`~moe_eplb.sim.emulated.kubelet.FakeKubelet.targets`)
         with the labels the PodMonitor puts on every series: ``namespace``, ``pod``, ``moeinference``
         and, for pods of a LeaderWorkerSet group, the group labels (``metric_names.GROUP_*``)."""
         keep = ("namespace", "pod", "moeinference", metric_names.GROUP_LABEL, metric_names.GROUP_WORKER_LABEL,
@@ -145,21 +117,21 @@ class SimWorld:
         true_cost: the deployment's true cost parameters (:class:`moe_eplb.sim.physics.TrueCost`)
             the engines produce their telemetry from; never given to the operator.
         api: ``"emulated"`` (the kmock-based API and the fake kubelet playing the workload controllers)
-            or ``"real"``: a real control plane (:mod:`moe_eplb.sim.controlplane`, built by ``make
+            or ``"real"``: a real control plane (:mod:`moe_eplb.sim.real.controlplane`, built by ``make
             kube``) with the real Deployment/ReplicaSet controllers and kube-scheduler, simulated GPU
-            nodes (:mod:`moe_eplb.sim.nodeagent`), and the LeaderWorkerSet controller picked by
+            nodes (:mod:`moe_eplb.sim.real.nodeagent`), and the LeaderWorkerSet controller picked by
             ``lws``. ``"auto"``: real when the binaries are built.
         lws: on the real API, which LeaderWorkerSet controller runs: ``"real"`` (``sigs.k8s.io/lws``
-            built by ``tools/build-go-tool.sh tools/lws``, with its webhooks: :mod:`moe_eplb.sim.lwscontroller`; the
-            node agent runs its groups), ``"emulated"`` (:mod:`moe_eplb.sim.lws` in the fake kubelet,
+            built by ``tools/build-go-tool.sh tools/lws``, with its webhooks: :mod:`moe_eplb.sim.real.lwscontroller`; the
+            node agent runs its groups), ``"emulated"`` (:mod:`moe_eplb.sim.emulated.lws` in the fake kubelet,
             over the real API) or ``"auto"`` (real when built). Set by :meth:`run` to the one used.
-        engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.kubelet.EngineRequest`
-            instead of a simulated one (see :class:`~moe_eplb.sim.kubelet.FakeKubelet`); ``workload``
+        engine_factory: builds each pod's engine from a :class:`moe_eplb.sim.pods.EngineRequest`
+            instead of a simulated one (see :class:`~moe_eplb.sim.emulated.kubelet.FakeKubelet`); ``workload``
             is then only used by engines the factory does not build (pass an empty mapping).
         metrics_adapter: with ``api="real"`` and ``prometheus``, run prometheus-adapter as the
             ``custom.metrics.k8s.io`` API (the control plane then has the aggregation layer), so an
             HPA can scale on vLLM's per-pod metrics (``world.adapter``).
-        shared_plane: with ``api="real"``, a running :class:`moe_eplb.sim.simplane.SimPlane` (a test
+        shared_plane: with ``api="real"``, a running :class:`moe_eplb.sim.real.simplane.SimPlane` (a test
             session's) to run on instead of starting a control plane -- when its LWS controller is
             the one ``lws`` picks (and it has the aggregation layer if ``metrics_adapter``). The
             world then works in a namespace of its own (``namespace``, made at the start), its node
@@ -169,7 +141,7 @@ class SimWorld:
             fresh one, set by :meth:`run`).
         gpu_resource: with ``api="real"``, the extended resource the simulated nodes' device plugin
             advertises (``amd.com/gpu`` for ROCm nodes; ``spec.engine.gpuResourceName``).
-        emulated_hpa: run the emulated HPA controller (:mod:`moe_eplb.sim.hpa`, ``world.hpa``) that
+        emulated_hpa: run the emulated HPA controller (:mod:`moe_eplb.sim.emulated.hpa`, ``world.hpa``) that
             scales on the pods' vLLM metrics itself: on the emulated API (no HPA controller there), or
             on the real one without the adapter (kube-controller-manager then runs without its own HPA
             controller). Not with ``metrics_adapter`` (the real one acts then). :attr:`autoscaler`
@@ -205,6 +177,7 @@ class SimWorld:
     shared_plane: Any = None
     namespace: str = "default"
     # handles, set by run()
+    backend: ClusterBackend | None = None
     plane: Any = None
     lws_controller: Any = None
     cluster: Any = None
@@ -226,7 +199,7 @@ class SimWorld:
         if self.metrics_adapter:
             return "the real HPA controller (kube-controller-manager), vLLM's metrics from Prometheus via prometheus-adapter"
         if self.emulated_hpa:
-            from moe_eplb.sim.hpa import NAME
+            from moe_eplb.sim.emulated.hpa import NAME
 
             return f"the {NAME}, vLLM's metrics scraped from the pods"
         return None
@@ -234,7 +207,6 @@ class SimWorld:
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
         from moe_eplb.controller.autotune_settings import AutotuneSettings
-        from moe_eplb.sim.kubelet import FakeKubelet
 
         self.clock = SimClock.started_now(self.scale)
         rt = AutotuneSettings(clock=self.clock, tick_seconds=self.tick_seconds,
@@ -245,14 +217,11 @@ class SimWorld:
         if self.search is not None:
             rt.search = dict(self.search)
         self.autotune = rt  # what every operator started here runs its loop with
-        self.api = resolve_api(self.api)
-        if self.metrics_adapter and (self.api != "real" or not self.prometheus):
-            raise ValueError("metrics_adapter: needs api='real' (an aggregation layer) and prometheus=True (its source)")
-        if self.metrics_adapter and self.emulated_hpa:
-            raise ValueError("emulated_hpa: not with metrics_adapter (the real HPA controller scales then)")
-        self.lws = resolve_lws(self.lws) if self.api == "real" else "emulated"
+        backend = self.backend = backend_for(self.api, lws=self.lws, shared_plane=self.shared_plane)
+        self.api, self.lws = backend.name, backend.lws
+        backend.check(self)
         try:
-            async with self._cluster() as cluster:
+            async with backend.cluster(self) as cluster:
                 self.cluster = cluster
                 if self.prometheus:
                     binary = prometheus_binary()
@@ -262,39 +231,10 @@ class SimWorld:
                     await self.prom.start()
                 if self.metrics_adapter:
                     await self._start_adapter()
-                real = self.api == "real"
-                on_change = None
-                if self.prom:
-                    on_change = self._real_targets if real else self.prom.update
-                lws = None
-                if self.lws == "emulated":  # the fake kubelet: Deployments too on the emulation
-                    lws = FakeKubelet(cluster.url, self.workload, self.clock,
-                                      startup_seconds=self.startup_seconds, crash_if=self.crash_if,
-                                      crash_pod_if=self.crash_pod_if, faults_for=self.faults_for,
-                                      num_groups=self.num_groups,
-                                      engine_tick=self.engine_tick, poll=self.kubelet_poll,
-                                      on_change=on_change, true_cost=self.true_cost, engine_factory=self.engine_factory,
-                                      **(self._real_kubelet_options() if real else {}))
-                agent = None
-                if real:
-                    from moe_eplb.sim.nodeagent import NodeAgent, RealNodes
-
-                    agent = NodeAgent(cluster, self.workload, self.clock, nodes=8, gpus_per_node=16,
-                                      node_prefix=self._node_prefix(), remove_nodes=self._on_shared_plane(),
-                                      startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
-                                      poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
-                                      num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change,
-                                      gpu_resource=self.gpu_resource)
-                    if self.crash_pod_if is not None:
-                        agent.crash_pod_if = self.crash_pod_if
-                    await agent.start()
-                    self.kubelet = RealNodes(agent, lws)
-                else:
-                    self.kubelet = lws
-                if lws is not None:
-                    await lws.start()
+                self.kubelet = backend.nodes(self, self._targets_changed if self.prom else None)
+                await self.kubelet.start()
                 if self.emulated_hpa:
-                    from moe_eplb.sim.hpa import EmulatedHpaController
+                    from moe_eplb.sim.emulated.hpa import EmulatedHpaController
 
                     self.hpa = EmulatedHpaController(cluster, http_timeout=self.http_timeout)
                     await self.hpa.start()
@@ -306,10 +246,7 @@ class SimWorld:
                         self.hpa = None
                     for op in list(self.operators):
                         await self.stop_operator(op)
-                    if lws is not None:
-                        await lws.stop()
-                    if agent is not None:
-                        await agent.stop()
+                    await self.kubelet.stop()
                     if self.adapter is not None:
                         await asyncio.to_thread(self.adapter.stop)
                         self.adapter = None
@@ -319,48 +256,8 @@ class SimWorld:
         finally:
             self.autotune = None  # its clock and observer belong to this run
 
-    @contextlib.asynccontextmanager
-    async def _cluster(self) -> AsyncIterator[Any]:
-        """The API the world runs on: the emulation, a real control plane started here, or the
-        ``shared_plane`` (then in a namespace of its own, cleaned at the end)."""
-        if self.api != "real":
-            from moe_eplb.sim.kubeapi import emulated_cluster
-
-            async with emulated_cluster() as cluster:
-                yield cluster
-            return
-        from moe_eplb.sim import simplane
-        from moe_eplb.sim.realapi import real_cluster
-
-        shared = self.shared_plane
-        if shared is not None and (shared.lws != self.lws or (self.metrics_adapter and not shared.aggregator)
-                                   or shared.hpa == self.emulated_hpa):
-            shared = None  # not the controllers this world needs: a plane of its own
-        with contextlib.ExitStack() as stack:
-            if shared is None:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-eplb-kube-"))
-                # one HPA controller: the emulated one reads the pods, the real one would have no metrics API
-                sp = await asyncio.to_thread(simplane.start, tmp, lws=self.lws == "real",
-                                             aggregator=self.metrics_adapter, hpa=not self.emulated_hpa)
-            else:
-                sp = shared
-                self.namespace = await asyncio.to_thread(sp.new_namespace)
-            self.plane, self.lws_controller = sp.plane, sp.lws_controller
-            try:
-                async with real_cluster(sp.plane) as cluster:
-                    yield cluster
-            finally:
-                self.plane = self.lws_controller = None
-                if shared is None:
-                    await asyncio.to_thread(sp.stop)
-                else:  # a failure here must not hide the world's own
-                    try:
-                        await asyncio.to_thread(sp.clean_namespace, self.namespace)
-                    except Exception as exc:  # noqa: BLE001
-                        log.warning("could not clean namespace %s of the shared control plane: %s", self.namespace, exc)
-
     async def _start_adapter(self) -> None:
-        from moe_eplb.sim.metricsadapter import PrometheusAdapter
+        from moe_eplb.sim.real.metricsadapter import PrometheusAdapter
 
         assert self.prom is not None and self.plane is not None
         adapter = PrometheusAdapter(self.plane, self.prom.url, os.path.join(self.plane.workdir, "adapter"))
@@ -373,37 +270,20 @@ class SimWorld:
         the running engines produce their telemetry from it from their next step on, and engines
         started later start with it."""
         self.true_cost = true_cost
-        kubelets = [self.kubelet.agent, self.kubelet.lws] if hasattr(self.kubelet, "agent") else [self.kubelet]
-        for k in [k for k in kubelets if k is not None]:  # no LWS stand-in when the real controller runs
-            k.true_cost = true_cost
-        for engine in self.kubelet.engines():
-            if hasattr(engine, "true"):  # a simulated engine (not one an engine_factory built)
-                engine.true = true_cost
+        self.kubelet.set_true_cost(true_cost)
 
-    def _on_shared_plane(self) -> bool:
-        """Whether this world runs on a ``shared_plane`` (then in a namespace and on Nodes of its own)."""
-        return self.api == "real" and self.namespace != "default"
-
-    def _node_prefix(self) -> str:
-        return f"{self.namespace}-gpu" if self._on_shared_plane() else "gpu-node"
-
-    def _real_kubelet_options(self) -> dict[str, Any]:
-        return {"headers": {"Authorization": f"Bearer {self.plane.admin_token}"}, "ssl": self.plane.ssl_context(),
-                "deployments": False, "node_name": f"{self._node_prefix()}-7",
-                "namespace": self.namespace if self._on_shared_plane() else None}
-
-    def _real_targets(self, _changed: list[dict]) -> None:
+    def _targets_changed(self, _changed: list[dict]) -> None:
+        """Prometheus scrapes every ready pod of the world (on the real plane: the node agent's and
+        the LWS stand-in's together)."""
         if self.prom is not None and self.kubelet is not None:
             self.prom.update(self.kubelet.targets())
 
     def connection(self) -> Any:
-        """The operator's credentials for this world's API."""
+        """The operator's credentials for this world's API (the harness client's own)."""
         import kopf
 
-        if self.plane is not None:
-            return kopf.ConnectionInfo(server=self.cluster.url, token=self.plane.admin_token,
-                                       ca_path=str(self.plane.ca_file))
-        return kopf.ConnectionInfo(server=self.cluster.url, token="emulated")
+        c = self.cluster.connection
+        return kopf.ConnectionInfo(server=c.server, token=c.token, ca_path=c.ca_path)
 
     async def start_operator(self, *, standalone: bool = True, priority: int = 0,
                              peering_name: str = "moe-eplb") -> dict:

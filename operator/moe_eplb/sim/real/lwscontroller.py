@@ -1,5 +1,5 @@
 """The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, built by ``tools/build-go-tool.sh tools/lws``) run
-against a :class:`~moe_eplb.sim.controlplane.ControlPlane` on loopback. Not an emulation.
+against a :class:`~moe_eplb.sim.real.controlplane.ControlPlane` on loopback. Not an emulation.
 
 What running it outside a cluster takes (all done by :class:`LwsController`):
 
@@ -7,7 +7,7 @@ What running it outside a cluster takes (all done by :class:`LwsController`):
 - its ``--config`` file (``config.lws.x-k8s.io/v1alpha1`` ``Configuration``): leader election off,
   metrics and health probes on free loopback ports, ``internalCertManagement`` disabled and the
   webhook server on ``127.0.0.1:<port>`` with a certificate made here
-  (:func:`~moe_eplb.sim.controlplane.serving_certificate`) (the
+  (:func:`~moe_eplb.sim.real.controlplane.serving_certificate`) (the
   controller otherwise writes its own into a Secret and patches in-cluster webhook Services);
 - its webhooks registered: the published ``config/webhook/manifests.yaml`` of the module (copied to
   ``tools/lws/bin/webhook-manifests.yaml`` by the build) with each ``clientConfig.service`` rewritten
@@ -35,14 +35,13 @@ from typing import Any
 import yaml
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import (
+from moe_eplb.sim.procs import free_port, poll_ready
+from moe_eplb.sim.real.controlplane import (
     ControlPlane,
     ControlPlaneError,
-    poll_ready,
     serving_certificate,
     stop_process,
 )
-from moe_eplb.sim.procs import free_port
 
 BINARY = "lws-controller"
 MANIFESTS = "webhook-manifests.yaml"
@@ -58,7 +57,7 @@ def default_lws_bin_dir() -> pathlib.Path:
     env = os.environ.get("MOE_EPLB_LWS_BIN")
     if env:
         return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parents[3] / "tools" / "lws" / "bin"
+    return pathlib.Path(__file__).resolve().parents[4] / "tools" / "lws" / "bin"
 
 
 def find_lws_binary(folder: str | os.PathLike[str] | None = None) -> pathlib.Path | None:

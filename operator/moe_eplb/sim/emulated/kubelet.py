@@ -2,7 +2,7 @@
 ``moe-eplb demo``. Not Kubernetes.
 
 It watches (polls) the Deployments and LeaderWorkerSets that moe-eplb manages in an emulated
-Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HTTP works) and:
+Kubernetes API (``moe_eplb.sim.emulated.kubeapi``; any API server reachable over plain HTTP works) and:
 
 - runs one :class:`~moe_eplb.sim.engine.SimulatedEngine` per engine -- one per pod of a Deployment,
   one per LeaderWorkerSet group, spanning the group's pods (its ranks step in lockstep, each pod
@@ -12,12 +12,12 @@ Kubernetes API (``moe_eplb.sim.kubeapi``; any API server reachable over plain HT
   behave differently;
 - creates the Pod objects (``podIP: 127.0.0.1``, the container port named ``eplb-metrics`` set to
   the engine's real port, the template's labels and annotations; for a group also what
-  LeaderWorkerSet adds, see :mod:`moe_eplb.sim.lws`) and keeps their status (Ready once the engine
+  LeaderWorkerSet adds, see :mod:`moe_eplb.sim.emulated.lws`) and keeps their status (Ready once the engine
   has loaded; ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
 - rolls Deployment pods like the Deployment controller's RollingUpdate: never more than ``replicas +
   maxSurge`` pods, never fewer than ``replicas - maxUnavailable`` ready ones, new pods first, old
   pods removed as new ones become ready;
-- rolls LeaderWorkerSet groups like the LWS controller (:mod:`moe_eplb.sim.lws`: partition by group,
+- rolls LeaderWorkerSet groups like the LWS controller (:mod:`moe_eplb.sim.emulated.lws`: partition by group,
   ``maxUnavailable`` / ``maxSurge`` on groups), recreates a whole group when one of its pods restarts
   (``RecreateGroupOnPodRestart``) and records the ``RecreateGroup`` Event (one per recreation: the
   Event's ``related`` leader pod is a new object each time, so client-go's recorder never merges them);
@@ -41,7 +41,6 @@ a group (0 = leader). ``faults_for(settings)`` can inject engine faults (see
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -49,7 +48,6 @@ import hashlib
 import json
 import logging
 import secrets
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,159 +55,21 @@ from typing import Any
 
 import aiohttp
 
-from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs, KnobsError
 from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.sim import lws as lws_mod
+from moe_eplb.sim.client import ClusterClient, Connection, open_session
+from moe_eplb.sim.emulated import lws as lws_mod
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
+from moe_eplb.sim.pods import (
+    CRASH_BACKOFF_SECONDS,
+    MANAGED_SELECTOR,
+    EngineRequest,
+    PodSpecError,
+    PollingKubelet,
+    engine_settings,
+)
 
 log = logging.getLogger(__name__)
-
-MANAGED_SELECTOR = "app.kubernetes.io/managed-by=moe-eplb"
-CRASH_BACKOFF_SECONDS = 10.0  # simulated seconds before the first restart; doubles, capped at 300
-
-
-class PodSpecError(ValueError):
-    """The pod template does not say how to run the simulated engine."""
-
-
-def expand_vars(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' expansion of ``$(VAR)`` in a container's ``command``, ``args`` and env values
-    (k8s.io/kubernetes third_party/forked/golang/expansion): ``$(VAR)`` becomes VAR's value when VAR
-    is in ``env``, else stays as written; ``$$`` becomes ``$``; a ``$`` before any other character,
-    or a ``$(`` without a closing ``)``, stays as written. One pass: expanded values are not rescanned.
-    """
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c != "$" or i + 1 == n:
-            out.append(c)
-            i += 1
-            continue
-        nxt = text[i + 1]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-        elif nxt == "(":
-            close = text.find(")", i + 2)
-            if close < 0:
-                out.append("$(")
-                i += 2
-                continue
-            name = text[i + 2:close]
-            out.append(env[name] if name in env else f"$({name})")
-            i = close + 1
-        else:
-            out.append("$" + nxt)
-            i += 2
-    return "".join(out)
-
-
-def container_env(container: dict) -> dict[str, str]:
-    """The literal env of a container as Kubernetes resolves it: in order, each ``value`` expanded
-    with the variables defined before it (``valueFrom`` entries are skipped: no API here)."""
-    env: dict[str, str] = {}
-    for e in container.get("env") or []:
-        if isinstance(e, dict) and "value" in e and isinstance(e.get("name"), str):
-            env[e["name"]] = expand_vars(str(e["value"]), env)
-    return env
-
-
-def container_argv(container: dict, env: Mapping[str, str] | None = None) -> list[str]:
-    """The argv a container runs: ``command`` + ``args`` after Kubernetes' ``$(VAR)`` expansion
-    with ``env`` (default: :func:`container_env`)."""
-    env = container_env(container) if env is None else env
-    return [expand_vars(str(t), env) for t in list(container.get("command") or []) + list(container.get("args") or [])]
-
-
-def _tokens(container: dict) -> list[str]:
-    raw = container_argv(container)
-    if len(raw) >= 3 and raw[0].rsplit("/", 1)[-1] in ("sh", "bash") and raw[1] == "-c":
-        # `sh -c SCRIPT NAME ARGS...`: the script's words, its "$@" replaced by ARGS
-        words = shlex.split(raw[2])
-        params = raw[4:]
-        out: list[str] = []
-        for w in words:
-            out += params if w == "$@" else [w]
-        return out
-    out = []
-    for tok in raw:
-        if isinstance(tok, str) and (tok.startswith(("vllm ", "exec vllm ")) or (" --" in tok and "{" not in tok)):
-            out += shlex.split(tok)  # a `[exec] vllm serve ...` command line (a JSON arg is one token)
-        else:
-            out.append(str(tok))
-    return out
-
-
-def _flag(tokens: list[str], *flags: str) -> str | None:
-    for i, tok in enumerate(tokens):
-        for f in flags:
-            if tok == f and i + 1 < len(tokens):
-                return tokens[i + 1]
-            if tok.startswith(f + "="):
-                return tok[len(f) + 1:]
-    return None
-
-
-def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) -> EngineSettings:
-    """EPLB settings of the vLLM container in ``pod_spec`` (a Pod template's ``spec``).
-
-    Raises:
-        PodSpecError: no container runs ``vllm serve``, or its EPLB arguments are malformed.
-    """
-    for c in pod_spec.get("containers") or []:
-        toks = _tokens(c)
-        if "serve" not in toks:
-            continue
-        i = toks.index("serve")
-        model = _flag(toks, "--served-model-name") or _flag(toks, "--model") or (
-            toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("-") else "model")
-        tp = int(_flag(toks, "--tensor-parallel-size", "-tp") or 1)
-        dp = int(_flag(toks, "--data-parallel-size", "-dp") or 1)
-        enabled = "--enable-eplb" in toks
-        w, iv, r = VLLM_DEFAULTS.window_size, VLLM_DEFAULTS.step_interval, VLLM_DEFAULTS.num_redundant_experts
-        cfg = _flag(toks, "--eplb-config")
-        if cfg is not None:
-            try:
-                d = json.loads(cfg)
-            except json.JSONDecodeError as exc:
-                raise PodSpecError(f"--eplb-config: not JSON ({exc})") from exc
-            w, iv, r = int(d.get("window_size", w)), int(d.get("step_interval", iv)), int(d.get("num_redundant_experts", r))
-        w = int(_flag(toks, "--eplb-window-size") or w)
-        iv = int(_flag(toks, "--eplb-step-interval") or iv)
-        r = int(_flag(toks, "--num-redundant-experts") or r)
-        try:
-            knobs = Knobs(w, iv, r)
-        except KnobsError as exc:
-            raise PodSpecError(f"EPLB arguments: {exc}") from exc
-        return EngineSettings(model=model, ep_size=tp * dp, knobs=knobs, eplb_enabled=enabled,
-                              num_groups=num_groups, share=share)
-    raise PodSpecError("no container runs `vllm serve`")
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """What the kubelet asks an engine factory for: the engine of one Deployment pod, or of one
-    LeaderWorkerSet group (``pods`` > 1: the leader's pod spec; every pod of it runs the same args).
-
-    Attributes:
-        settings: the EPLB settings parsed from the pod spec (:func:`engine_settings`).
-        instance: the MoEInference (pod label ``eplb.ai/name``).
-        namespace: the pod's namespace.
-        pod_spec: the pod's spec as the workload's template has it (containers, command, args, env);
-            a copy, the factory may keep it.
-        pods: pods the engine spans.
-        seed: a number distinct per engine the kubelet starts (the pods created so far).
-    """
-
-    settings: EngineSettings
-    instance: str
-    namespace: str
-    pod_spec: dict
-    pods: int = 1
-    seed: int = 0
-
 
 def _int_or_percent(value: Any, total: int, *, round_up: bool) -> int:
     return lws_mod.scaled(value, total, round_up=round_up)
@@ -286,83 +146,13 @@ class _Lws:
         return {p.name: p for g in self.groups.values() for p in g.pods.values()}
 
 
-class PollingKubelet:
-    """What the two simulated kubelets share -- :class:`FakeKubelet` (the emulation) and
-    :class:`moe_eplb.sim.nodeagent.NodeAgent` (the real control plane): the trace and the expert
-    groups per MoEInference, the poll loop around ``reconcile_once()`` (a failed pass is logged and
-    retried, never fatal), the ``on_change(targets)`` notice when the ready pods change, and a crashing
-    container's restarts with a doubling back-off (:meth:`advance_crash`)."""
-
-    #: how the poll loop's task and warnings name it
-    role = "kubelet"
-    workload: LoadTrace | Mapping[str, LoadTrace]
-    num_groups: int | Mapping[str, int]
-    poll: float
-    on_change: Callable[[list[dict]], Any] | None
-    _task: asyncio.Task | None = None
-    _last_targets: list[dict] | None = None
-
-    def trace_for(self, instance: str) -> LoadTrace:
-        if isinstance(self.workload, LoadTrace):
-            return self.workload
-        return self.workload.get(instance) or self.workload["*"]
-
-    def groups_for(self, instance: str) -> int:
-        if isinstance(self.num_groups, Mapping):
-            return int(self.num_groups.get(instance, self.num_groups.get("*", 1)))
-        return int(self.num_groups)
-
-    async def reconcile_once(self) -> None:
-        raise NotImplementedError
-
-    def targets(self) -> list[dict]:
-        raise NotImplementedError
-
-    def _start_polling(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"sim-{self.role.replace(' ', '-')}")
-
-    async def _stop_polling(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.reconcile_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a transient API error must not kill the simulation
-                log.warning("%s: %s: %s", self.role, type(exc).__name__, exc or "no message")
-            await asyncio.sleep(self.poll)
-
-    async def _notify_targets(self) -> None:
-        """``on_change(targets)`` (awaited if a coroutine) when :meth:`targets` changed since the last pass."""
-        targets = self.targets()
-        if targets != self._last_targets:
-            self._last_targets = targets
-            if self.on_change:
-                result = self.on_change(targets)
-                if asyncio.iscoroutine(result):
-                    await result
-
-    @staticmethod
-    def advance_crash(p: Any, now: float) -> None:
-        """A crashing container (``p.crash``) restarts when due: ``p.restarts`` + 1, the next one after a
-        back-off doubling from :data:`CRASH_BACKOFF_SECONDS` up to 300 s (clock seconds)."""
-        if p.crash and now >= p.next_restart:
-            p.restarts += 1
-            p.next_restart = now + min(300.0, CRASH_BACKOFF_SECONDS * 2 ** p.restarts)
-
-
 class FakeKubelet(PollingKubelet):
     """Runs simulated engine pods for the moe-eplb Deployments and LeaderWorkerSets of an API server
     (see module doc).
 
     Args:
-        api_url: base URL of the API server (no auth, as the emulation serves it).
+        api: the API server's base URL (no auth, as the emulation serves it), or a
+            :class:`moe_eplb.controller.k8s.Connection` with a real one's credentials.
         workload: the trace every engine replays (global, following ``clock``); or a mapping
             MoEInference name -> trace (each resource its own workload; ``"*"``: the default).
         clock: shared simulated time.
@@ -386,7 +176,7 @@ class FakeKubelet(PollingKubelet):
 
     role = "fake kubelet"
 
-    def __init__(self, api_url: str, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
+    def __init__(self, api: str | Connection, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
                  startup_seconds: float = 120.0, namespace: str | None = None,
                  crash_if: Callable[[EngineSettings], bool] | None = None,
                  crash_pod_if: Callable[[EngineSettings, int], bool] | None = None,
@@ -394,19 +184,17 @@ class FakeKubelet(PollingKubelet):
                  num_groups: int | Mapping[str, int] = 1, poll: float = 0.1, engine_tick: float = 0.1,
                  on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None,
                  engine_factory: Callable[[EngineRequest], Any] | None = None,
-                 headers: Mapping[str, str] | None = None, ssl: Any = None, deployments: bool = True,
-                 node_name: str | None = None) -> None:
+                 deployments: bool = True, node_name: str | None = None) -> None:
         self.true_cost = true_cost
-        # a real API server: its credentials (``headers``: the Authorization header; ``ssl``: an
-        # SSLContext trusting its CA); ``deployments=False`` leaves Deployments to the real Deployment
-        # and ReplicaSet controllers (and their pods to :mod:`moe_eplb.sim.nodeagent`), so this plays
-        # only the LeaderWorkerSet controller and its pods' kubelet; ``node_name`` binds those pods
-        self.headers = dict(headers or {})
-        self.ssl = ssl
+        # ``api``: the API server's URL (no auth, as the emulation serves it) or a Connection with its
+        # credentials (a real API server); ``deployments=False`` leaves Deployments to the real
+        # Deployment and ReplicaSet controllers (and their pods to the real backend's node agent), so
+        # this plays only the LeaderWorkerSet controller and its pods' kubelet; ``node_name`` binds those pods
+        self.connection = api if isinstance(api, Connection) else Connection(server=api.rstrip("/"))
         self.manage_deployments = deployments
         self.node_name = node_name
         self.engine_factory = engine_factory
-        self.url = api_url.rstrip("/")
+        self.url = self.connection.server.rstrip("/")
         self.workload, self.clock = workload, clock
         self.startup_seconds = startup_seconds
         self.namespace = namespace
@@ -419,22 +207,15 @@ class FakeKubelet(PollingKubelet):
         self.deployments: dict[tuple[str, str], _Deploy] = {}
         self.leaderworkersets: dict[tuple[str, str], _Lws] = {}
         self.pods_created = 0
-        self._session: aiohttp.ClientSession | None = None
+        self.client: ClusterClient | None = None  # the harness's apiserver client, while started
+        self._exits = contextlib.AsyncExitStack()
 
     # --- HTTP --------------------------------------------------------------------------------------
 
     async def _req(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
-        assert self._session is not None
-        data = None if body is None else json.dumps(body)
-        async with self._session.request(method, self.url + path, data=data,
-                                         headers={"Content-Type": ctype, **self.headers}) as resp:
-            payload = await resp.json(content_type=None)
-            if resp.status == 404 and method in ("DELETE", "PATCH"):
-                return None
-            if resp.status >= 400:
-                raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
-                                                  message=json.dumps(payload)[:500])
-            return payload
+        """One API call; a DELETE or PATCH of an object already gone answers ``None``."""
+        assert self.client is not None
+        return await self.client.request(method, path, body, ctype, missing_ok=method in ("DELETE", "PATCH"))
 
     def _deploy_path(self, ns: str, name: str | None = None) -> str:
         base = f"/apis/apps/v1/namespaces/{ns}/deployments"
@@ -447,10 +228,10 @@ class FakeKubelet(PollingKubelet):
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        # short timeouts and no keep-alive: a stalled request is retried on the next pass
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0), headers=self.headers,
-                                              connector=aiohttp.TCPConnector(force_close=True,
-                                                                             ssl=self.ssl if self.ssl else None))
+        # short timeouts: a stalled request is retried on the next pass
+        session = await self._exits.enter_async_context(
+            open_session(self.connection, user_agent="moe-eplb-sim-kubelet", timeout=5.0))
+        self.client = ClusterClient(url=self.url, kubeconfig="", session=session, connection=self.connection)
         self._start_polling()
 
     async def stop(self) -> None:
@@ -465,8 +246,8 @@ class FakeKubelet(PollingKubelet):
                     await g.engine.stop()
         self.deployments.clear()
         self.leaderworkersets.clear()
-        if self._session:
-            await self._session.close()
+        self.client = None
+        await self._exits.aclose()
 
     async def __aenter__(self) -> FakeKubelet:
         await self.start()
@@ -478,8 +259,11 @@ class FakeKubelet(PollingKubelet):
     # --- reconciliation ----------------------------------------------------------------------------
 
     async def _list(self, path: str) -> list[dict] | None:
-        async with self._session.get(self.url + path, params={"labelSelector": MANAGED_SELECTOR}) as resp:
-            return (await resp.json(content_type=None)).get("items", []) if resp.status < 400 else None
+        assert self.client is not None
+        try:
+            return await self.client.list(path, label_selector=MANAGED_SELECTOR)
+        except aiohttp.ClientResponseError:
+            return None
 
     async def reconcile_once(self) -> None:
         ns = self.namespace

@@ -1,5 +1,5 @@
 """prometheus-adapter as the ``custom.metrics.k8s.io`` and ``external.metrics.k8s.io`` APIs of a REAL control plane
-(:mod:`moe_eplb.sim.controlplane` started with ``aggregator=True``), serving vLLM's metrics from a
+(:mod:`moe_eplb.sim.real.controlplane` started with ``aggregator=True``), serving vLLM's metrics from a
 real Prometheus to the real HPA controller. Built from its Go module by ``tools/build-go-tool.sh tools/adapter``
 (``make kube``); nothing here is emulated.
 
@@ -36,10 +36,11 @@ from typing import Any
 
 import yaml
 
+from moe_eplb.api.quantity import quantity_number
 from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.sim import procs
-from moe_eplb.sim.controlplane import ControlPlane, ControlPlaneError, base64_file, serving_certificate, stop_process
 from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.real.controlplane import ControlPlane, ControlPlaneError, base64_file, serving_certificate, stop_process
 
 SERVICE_NAMESPACE = "kube-system"
 SERVICE_NAME = "prometheus-adapter"
@@ -57,7 +58,7 @@ def default_adapter_binary() -> pathlib.Path:
     env = os.environ.get("MOE_EPLB_ADAPTER_BIN")
     if env:
         return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parents[3] / "tools" / "adapter" / "bin" / "adapter"
+    return pathlib.Path(__file__).resolve().parents[4] / "tools" / "adapter" / "bin" / "adapter"
 
 
 def find_adapter(path: str | os.PathLike[str] | None = None) -> pathlib.Path | None:
@@ -152,13 +153,13 @@ class PrometheusAdapter(procs.Stoppable):
         """``pod -> value`` of a custom metric as the HPA controller reads it (through the aggregator)."""
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
         out = self.cp.request("GET", f"/apis/{GROUP}/{VERSIONS[-1]}/namespaces/{namespace}/pods/*/{metric}{query}")
-        return {i["describedObject"]["name"]: quantity(i["value"]) for i in out.get("items", [])}
+        return {i["describedObject"]["name"]: quantity_number(i["value"]) for i in out.get("items", [])}
 
     def external_metric(self, namespace: str, metric: str, selector: str = "") -> list[float]:
         """The values of an external metric as the HPA controller reads it (through the aggregator)."""
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
         out = self.cp.request("GET", f"/apis/{EXTERNAL_GROUP}/v1beta1/namespaces/{namespace}/{metric}{query}")
-        return [quantity(i["value"]) for i in out.get("items", [])]
+        return [quantity_number(i["value"]) for i in out.get("items", [])]
 
     # -- internals --------------------------------------------------------------------------------
     def _register(self, ca_bundle: str) -> None:
@@ -206,10 +207,3 @@ class PrometheusAdapter(procs.Stoppable):
                                 f"adapter log: {self.log}\n{self.log_tail()}")
 
 
-
-def quantity(value: str) -> float:
-    """A Kubernetes quantity as the metrics APIs write values (``"1500m"``, ``"12"``), by the
-    Kubernetes client's parser (the apiserver's grammar)."""
-    from kubernetes.utils.quantity import parse_quantity
-
-    return float(parse_quantity(value))

@@ -5,7 +5,7 @@ This is the real thing, not an emulation: the CRD's structural schema, CEL rules
 budget, printer columns, ``/status`` and ``/scale``, server-side apply, RBAC, admission, and the real
 garbage-collector, namespace, service-account, Deployment, ReplicaSet and HPA controllers. What it
 does not have is a kubelet or a container runtime: pods stay ``Pending`` unless something binds them
-and reports their status (``moe_eplb.sim.nodeagent`` can).
+and reports their status (``moe_eplb.sim.real.nodeagent`` can).
 
 Used by the test suite's ``kube`` tier (``tests/kube``) and by ``moe-eplb demo`` when the binaries
 are built. Public entry points:
@@ -17,11 +17,11 @@ are built. Public entry points:
   stops everything on exit; ``cp.logs`` holds each process's log file. ``aggregator=True`` also
   configures the aggregation layer (a front-proxy CA and client certificate, the ``requestheader``
   flags), so an extension API server such as prometheus-adapter can be registered with an APIService
-  (:mod:`moe_eplb.sim.metricsadapter`);
+  (:mod:`moe_eplb.sim.real.metricsadapter`);
 - :func:`serving_certificate` -- a self-signed serving certificate for such an extension server.
 
 Only the standard library here: the TLS material is made with the ``openssl`` command, HTTP calls use
-``urllib``; the async client the tests share with the emulation is :class:`moe_eplb.sim.realapi.RealCluster`.
+``urllib``; the async client the tests share with the emulation is :class:`moe_eplb.sim.real.realapi.RealCluster`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from moe_eplb.sim import procs
-from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.procs import free_port, poll_ready
 
 #: the binaries ``tools/kube/build.sh`` builds, by role
 BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -52,7 +52,7 @@ BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sched
 #: the controllers of kube-controller-manager the project relies on (names as its ``--controllers``
 #: takes them in 1.36): ownerReference garbage collection, namespace deletion, default service
 #: accounts and their tokens, Deployment -> ReplicaSet -> Pod, and the HPA controller (``/scale``;
-#: a world with the emulated one runs without it: sim/hpa.py)
+#: a world with the emulated one runs without it: sim/emulated/hpa.py)
 HPA_CONTROLLER = "horizontal-pod-autoscaler-controller"
 DEFAULT_CONTROLLERS = (
     "garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
@@ -94,7 +94,7 @@ def default_bin_dir() -> pathlib.Path:
     env = os.environ.get("MOE_EPLB_KUBE_BIN")
     if env:
         return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parents[3] / "tools" / "kube" / "bin"
+    return pathlib.Path(__file__).resolve().parents[4] / "tools" / "kube" / "bin"
 
 
 def find_binaries(folder: str | os.PathLike[str] | None = None) -> Binaries | None:
@@ -117,27 +117,6 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a child's process group, SIGKILL it after 10 s, and reap it (nothing when it already
     exited); :func:`moe_eplb.sim.procs.stop`."""
     procs.stop(proc)
-
-
-def poll_ready(probe: Callable[[], str | None], timeout: float, *, alive: Callable[[], None] | None = None,
-               interval: float = 0.2) -> str | None:
-    """Call ``probe()`` every ``interval`` s (``alive()`` first: it raises if the process died) until it
-    returns None (ready) or ``timeout`` s (at least 5) have passed. Its other answers, and the network
-    errors it raises (``URLError``, ``HTTPError``, ``OSError``, ``SSLError``), say why not yet; the last
-    reason comes back on a timeout, None once ready."""
-    deadline = time.monotonic() + max(timeout, 5.0)
-    last: str | None = "not tried"
-    while time.monotonic() < deadline:
-        if alive is not None:
-            alive()
-        try:
-            last = probe()
-        except (urllib.error.URLError, OSError, ssl.SSLError) as exc:
-            last = str(exc) or type(exc).__name__
-        if last is None:
-            return None
-        time.sleep(interval)
-    return last
 
 
 def kubeconfig_dict(server: str, ca_file: str | os.PathLike[str], token: str, *, user: str = "admin",
@@ -444,8 +423,8 @@ def project_crds() -> list[pathlib.Path]:
     CRDs (the chart's copy), and the LeaderWorkerSet CRD (the published one fetched by
     ``tools/kube/crds.sh``, else the trimmed copy the emulation serves)."""
     here = pathlib.Path(__file__).resolve()
-    repo = here.parents[3]
-    out = [here.parents[1] / "api" / "crd.yaml", repo / "charts" / "moe-eplb-operator" / "crds" / "kopfpeerings.kopf.dev.yaml"]
+    repo = here.parents[4]
+    out = [here.parents[2] / "api" / "crd.yaml", repo / "charts" / "moe-eplb-operator" / "crds" / "kopfpeerings.kopf.dev.yaml"]
     published = repo / "tools" / "kube" / "crds" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
-    out.append(published if published.exists() else here.parent / "lws_crd.yaml")
+    out.append(published if published.exists() else here.parents[1] / "lws_crd.yaml")
     return [p for p in out if p.exists()]

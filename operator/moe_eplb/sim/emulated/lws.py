@@ -1,5 +1,5 @@
 """SIMULATED LeaderWorkerSet controller: what it decides and what the pods of a group look like.
-Pure (no I/O); :mod:`moe_eplb.sim.kubelet` applies it. Not the LeaderWorkerSet controller.
+Pure (no I/O); :mod:`moe_eplb.sim.emulated.kubelet` applies it. Not the LeaderWorkerSet controller.
 
 Written from the LeaderWorkerSet v1 API (kubernetes-sigs/lws: ``api/leaderworkerset/v1``, its
 published CRD, the rolling-update and restart-policy documentation) so that the operator meets what
@@ -35,7 +35,7 @@ a cluster with LWS installed shows it:
   conditions ``Available`` / ``Progressing`` / ``UpdateInProgress`` (metav1.Condition).
 
 Differences from the real controller (``sigs.k8s.io/lws`` v0.8.0, run by
-:mod:`moe_eplb.sim.lwscontroller`; see docs/operator.md): the real one reports no generation at all
+:mod:`moe_eplb.sim.real.lwscontroller`; see docs/operator.md): the real one reports no generation at all
 (this one writes ``observedGeneration`` in the status and the conditions), writes one aggregated
 core/v1 Event per message with a growing ``count`` and wall-clock times (this one: one Event per
 recreation, related to the new leader, on the simulation's clock), omits ``updatedReplicas`` /

@@ -1,18 +1,18 @@
-"""SIMULATED GPU nodes for a REAL control plane (:mod:`moe_eplb.sim.controlplane`): a node agent that
+"""SIMULATED GPU nodes for a REAL control plane (:mod:`moe_eplb.sim.real.controlplane`): a node agent that
 plays the kubelet, and only the kubelet. Not Kubernetes.
 
-On the emulation, :mod:`moe_eplb.sim.kubelet` also plays the Deployment controller. On a real
+On the emulation, :mod:`moe_eplb.sim.emulated.kubelet` also plays the Deployment controller. On a real
 apiserver the real Deployment and ReplicaSet controllers create the pods and the real kube-scheduler
 binds them; this agent
 
 - registers ``nodes`` Node objects as a GPU node would have them (``nvidia.com/gpu`` capacity and
   allocatable, the GPU product and count labels, ``Ready``);
-- runs each engine container's ``livenessProbe`` (``httpGet``, :mod:`moe_eplb.sim.probes`) once its
+- runs each engine container's ``livenessProbe`` (``httpGet``, :mod:`moe_eplb.sim.real.probes`) once its
   engine is up, and restarts a container whose probe keeps failing (``restartCount`` + 1);
   :meth:`NodeAgent.stick` makes a pod's worker hang so that its probe fails;
 - watches (polls) the pods bound to its nodes and runs one
   :class:`~moe_eplb.sim.engine.SimulatedEngine` per pod, with the EPLB settings parsed from the pod's
-  own vLLM arguments (:func:`moe_eplb.sim.kubelet.engine_settings`), on a loopback address of its own
+  own vLLM arguments (:func:`moe_eplb.sim.pods.engine_settings`), on a loopback address of its own
   (the "pod IP": 127.x.y.z in a /18 picked at random per agent, skipping an address whose port another
   process on the machine holds, so every pod serves the pod spec's ``eplb-metrics`` port, as on a
   cluster, and agents of concurrent test runs do not collide);
@@ -20,7 +20,7 @@ binds them; this agent
   ``CrashLoopBackOff`` with a growing ``restartCount`` for a crash-looping pod);
 - confirms a pod's deletion (the apiserver keeps a bound pod ``Terminating`` until its kubelet does).
 
-Pods of a LeaderWorkerSet group (made by the REAL LWS controller, :mod:`moe_eplb.sim.lwscontroller`:
+Pods of a LeaderWorkerSet group (made by the REAL LWS controller, :mod:`moe_eplb.sim.real.lwscontroller`:
 its leader StatefulSet's pod and the group's worker StatefulSet's pods, grouped by the labels
 ``leaderworkerset.sigs.k8s.io/name`` and ``group-index`` its pod webhook sets) run ONE engine that
 spans the group's ``size`` pods (``SimulatedEngine(pods=size, hosts=(ip of each pod, ...))``, every
@@ -31,7 +31,7 @@ is whole again (the group restarts together). A crash-looping pod of a group sho
 ``restartCount``, which is what makes LWS recreate the group (``RecreateGroupOnPodRestart``).
 
 Pods the emulated LeaderWorkerSet controller creates (annotation ``sim.eplb.ai/simulated``) run
-their group's engine in :class:`~moe_eplb.sim.kubelet.FakeKubelet` and are left alone here.
+their group's engine in :class:`~moe_eplb.sim.emulated.kubelet.FakeKubelet` and are left alone here.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ import aiohttp
 from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.sim.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.kubelet import (
+from moe_eplb.sim.pods import (
     CRASH_BACKOFF_SECONDS,
     MANAGED_SELECTOR,
     PodSpecError,
     PollingKubelet,
     engine_settings,
 )
-from moe_eplb.sim.probes import LivenessProber
+from moe_eplb.sim.real.probes import LivenessProber
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class AgentGroup:
 
 class NodeAgent(PollingKubelet):
     """The simulated nodes' kubelet (see module doc). ``request(method, path, body=None,
-    content_type=...)`` is the API client's call (:class:`moe_eplb.sim.realapi.RealCluster`).
+    content_type=...)`` is the API client's call (:class:`moe_eplb.sim.real.realapi.RealCluster`).
     ``node_prefix``: the Nodes are ``<node_prefix>-0`` ... ``-<nodes - 1>``; ``remove_nodes``: delete
     them when it stops (a world on a shared control plane: the next one's pods must not be scheduled
     onto machines nobody runs); ``gpu_resource``: the GPUs' resource name (``amd.com/gpu`` for a ROCm
@@ -353,7 +353,7 @@ class NodeAgent(PollingKubelet):
         last = p.last_termination
         if p.crash and p.restarts and p.group is not None:
             # restarted and running again (about to fail) when LWS sees the restart and recreates the
-            # group (RecreateGroupOnPodRestart), as the emulation shows it (sim/kubelet.py)
+            # group (RecreateGroupOnPodRestart), as the emulation shows it (sim/emulated/kubelet.py)
             state = {"running": {"startedAt": p.created_at}}
             last = {"terminated": {"reason": "Error", "exitCode": 1, "message": "simulated crash at start-up"}}
         elif p.crash:
@@ -482,7 +482,7 @@ class NodeAgent(PollingKubelet):
 
 class RealNodes:
     """The kubelet side of a simulated cluster on a real control plane, with the calls the demo and
-    the tests use on :class:`~moe_eplb.sim.kubelet.FakeKubelet`: the :class:`NodeAgent` runs the
+    the tests use on :class:`~moe_eplb.sim.emulated.kubelet.FakeKubelet`: the :class:`NodeAgent` runs the
     pods of Deployments and, with the real LeaderWorkerSet controller, of LWS groups; ``lws``: the
     FakeKubelet in LWS-only mode when the emulated LeaderWorkerSet controller runs instead (the real
     one not built), else ``None``."""
@@ -490,12 +490,29 @@ class RealNodes:
     def __init__(self, agent: NodeAgent, lws: Any = None) -> None:
         self.agent, self.lws = agent, lws
 
+    async def start(self) -> None:
+        """The agent (its Nodes registered), then the LWS stand-in."""
+        await self.agent.start()
+        if self.lws is not None:
+            await self.lws.start()
+
+    async def stop(self) -> None:
+        if self.lws is not None:
+            await self.lws.stop()
+        await self.agent.stop()
+
     @property
     def pods_created(self) -> int:
         return self.agent.pods_started + (self.lws.pods_created if self.lws else 0)
 
     def engines(self, instance: str | None = None) -> list[SimulatedEngine]:
         return self.agent.engines(instance) + (self.lws.engines(instance) if self.lws else [])
+
+    def set_true_cost(self, true_cost: Any) -> None:
+        """The deployment's truth from now on, for the agent's engines and the LWS stand-in's."""
+        for kubelet in (self.agent, self.lws):
+            if kubelet is not None:
+                kubelet.set_true_cost(true_cost)
 
     def running(self) -> list[tuple[str, Any]]:
         return [(p.instance, p) for p in self.agent.pods.values()] + (self.lws.running() if self.lws else [])

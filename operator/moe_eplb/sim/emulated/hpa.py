@@ -10,7 +10,7 @@ windows and periods are wall seconds; it knows no simulated clock):
 - every ``sync_seconds``, for each ``autoscaling/v2`` HorizontalPodAutoscaler in its namespaces, it
   reads the target's ``/scale`` (``spec.replicas``, ``status.selector``), lists the target's pods and
   scrapes the Ready ones' ``/metrics`` (as prometheus-adapter's rule would, a pod's value is the sum of
-  its series over the engines, :func:`moe_eplb.sim.metricsadapter.adapter_config`); the HPA's metric
+  its series over the engines, :func:`moe_eplb.sim.real.metricsadapter.adapter_config`); the HPA's metric
   name is mapped back to vLLM's series by :func:`moe_eplb.contracts.metric_names.adapter_metric_name`;
 - Pods metrics (AverageValue) and External metrics (AverageValue: the sum over the pods the
   ``selector`` picks; Value) give the recommendation :func:`recommend` (``ceil``, 10 % tolerance);
@@ -39,19 +39,19 @@ from typing import Any
 
 import aiohttp
 
+from moe_eplb.api.quantity import quantity_number as _quantity
 from moe_eplb.contracts import k8s_names, metric_names, vllm_facts
 from moe_eplb.metrics.scrape import exposition_samples, pod_labels, targets_from_pods
 from moe_eplb.render.autoscaler import quantity as _quantity_text
-from moe_eplb.sim.metricsadapter import quantity as _quantity
 
-log = logging.getLogger("moe_eplb.sim.hpa")
+log = logging.getLogger("moe_eplb.sim.emulated.hpa")
 
 #: vLLM's gauges the emulated controller reads (by the name prometheus-adapter serves them under)
 SERIES = (vllm_facts.REQUESTS_WAITING, vllm_facts.KV_CACHE_USAGE, vllm_facts.KV_CACHE_USAGE_OLD)
 #: kube-controller-manager's --horizontal-pod-autoscaler-tolerance default
 TOLERANCE = 0.1
 #: the controller's name in :attr:`SimWorld.autoscaler` and the demo's output
-NAME = "emulated HPA controller (moe_eplb.sim.hpa)"
+NAME = "emulated HPA controller (moe_eplb.sim.emulated.hpa)"
 
 
 def recommend(current: int, value: float, target: float, target_type: str, ready: int) -> int:

@@ -1,7 +1,7 @@
 """The real control plane as a simulated cluster runs on it (``SimWorld(api="real")``): etcd,
-kube-apiserver, kube-controller-manager and kube-scheduler (:mod:`moe_eplb.sim.controlplane`), the
+kube-apiserver, kube-controller-manager and kube-scheduler (:mod:`moe_eplb.sim.real.controlplane`), the
 project's CRDs installed, and the real LeaderWorkerSet controller with its webhooks
-(:mod:`moe_eplb.sim.lwscontroller`) where chosen.
+(:mod:`moe_eplb.sim.real.lwscontroller`) where chosen.
 
 A world starts its own (:func:`start`) and stops it at its end; or it runs on one that a test
 session started once (``SimWorld(shared_plane=...)``, the ``sim_plane`` fixture of the test suite):
@@ -21,7 +21,7 @@ import urllib.error
 from typing import Any
 
 from moe_eplb.contracts import k8s_names
-from moe_eplb.sim.controlplane import (
+from moe_eplb.sim.real.controlplane import (
     DEFAULT_CONTROLLERS,
     HPA_CONTROLLER,
     ControlPlane,
@@ -108,7 +108,7 @@ def start(workdir: str | os.PathLike[str], *, lws: bool, aggregator: bool = Fals
     and, with ``lws``, the real LeaderWorkerSet controller (``workdir/lws``); ``hpa``: whether
     kube-controller-manager runs its HPA controller (not where an emulated one scales). Blocking
     (seconds)."""
-    from moe_eplb.sim import lwscontroller
+    from moe_eplb.sim.real import lwscontroller
 
     bins = find_binaries()
     if bins is None:

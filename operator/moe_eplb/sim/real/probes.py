@@ -1,4 +1,4 @@
-"""SIMULATED kubelet probing for the node agent (:mod:`moe_eplb.sim.nodeagent`). Not Kubernetes.
+"""SIMULATED kubelet probing for the node agent (:mod:`moe_eplb.sim.real.nodeagent`). Not Kubernetes.
 
 A kubelet runs a container's ``livenessProbe`` every ``periodSeconds`` once the container has started
 (its startup probe passed), and restarts the container after ``failureThreshold`` failures in a row

@@ -54,10 +54,19 @@ patch ``test``, dry-run, label selectors and garbage collection agree):
   discovery resync (up to 30 s after the CRD was installed);
 - no CEL cost budget at CRD install: a CRD this emulation serves may still be refused by a real
   apiserver (two such defects were found that way: ``tests/kube/test_kubectl.py``);
-- there are no Pods, ReplicaSets or controllers but those of ``sim/kubelet.py``.
+- there are no Pods, ReplicaSets or controllers but those of ``sim/emulated/kubelet.py``.
+
+kmock is used through its public API (``kmock.KubernetesEmulator``, ``kmock.RawHandler``,
+``kmock.Request``, ``kmock.resource``, ...): no ``kmock._internal`` import and no patching of kmock's
+modules. What it still relies on beyond the documented surface is the subclassing contract of
+``KubernetesEmulator``: the emulator overrides ``_handle`` (bypassing the base's own object store,
+which it replaces; the DSL dispatch is ``kmock.RawHandler._handle``) and reads kmock's request log
+and registered reactions (``_requests``, ``_payloads``) to trim the one and to see whether a test
+added any of the other, and serialises writes under kmock's ``_lock``. kmock has no public hook
+for these; they are attributes of the class it extends, pinned with kmock's version in ``pyproject.toml``.
 
 Public entry point: ``async with emulated_cluster() as cluster: ...`` (see :class:`EmulatedCluster`),
-or ``python -m moe_eplb.sim.kubeapi --port 8001 --kubeconfig kubeconfig.yaml`` as a process.
+or ``python -m moe_eplb.sim.emulated.kubeapi --port 8001 --kubeconfig kubeconfig.yaml`` as a process.
 """
 
 from __future__ import annotations
@@ -67,7 +76,6 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import json
 import os
 import pathlib
 import re
@@ -82,10 +90,6 @@ import attrs
 import jsonpatch
 import kmock
 import yaml
-from kmock._internal import (
-    apps as _kmock_apps,  # RawHandler._handle: the DSL dispatch without kmock's own state
-)
-from kmock._internal import parsing as _kmock_parsing
 
 from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_field_problems
 from moe_eplb.contracts.k8s_names import (
@@ -96,6 +100,7 @@ from moe_eplb.contracts.k8s_names import (
     LWS_WORKER_INDEX_LABEL,
     PLURAL,
 )
+from moe_eplb.sim.client import ClusterClient, Connection, open_session
 
 __all__ = [
     "KubeAPIEmulator",
@@ -125,7 +130,7 @@ def _now() -> str:
 
 
 #: The LeaderWorkerSet CRD served (and enforced) by the emulator: see ``scripts/vendor_lws_crd.py``.
-LWS_CRD_FILE = pathlib.Path(__file__).with_name("lws_crd.yaml")
+LWS_CRD_FILE = pathlib.Path(__file__).parent.parent / "lws_crd.yaml"
 
 
 def lws_crd() -> dict[str, Any]:
@@ -134,7 +139,7 @@ def lws_crd() -> dict[str, Any]:
 
 
 #: KEDA's ScaledObject CRD, served (and enforced) by the emulator: see ``scripts/vendor_keda_crd.py``.
-KEDA_CRD_FILE = pathlib.Path(__file__).with_name("keda_scaledobject_crd.yaml")
+KEDA_CRD_FILE = pathlib.Path(__file__).parent.parent / "keda_scaledobject_crd.yaml"
 
 
 def keda_crd() -> dict[str, Any]:
@@ -153,25 +158,31 @@ def _error(status: int, reason: str, message: str, details: dict[str, Any] | Non
 
 # --------------------------------------------------------------------------------------------------
 # kmock 0.8 cannot parse the Namespace objects' own URLs (/api/v1/namespaces[/x[/status]]): it takes
-# "namespaces" for the namespace prefix and fails with a 500. kopf lists and watches namespaces when
-# it serves selected namespaces, so this wraps kmock's path parser (process-wide, only for those
-# URLs; every other path is parsed by kmock as before).
+# "namespaces" for the namespace prefix (and fails with a 500 on the bare list URL). kopf lists and
+# watches namespaces when it serves selected namespaces. So the emulator hands kmock those requests
+# under a stand-in plural that kmock parses (:func:`_namespace_url`) and, before serving, puts the
+# real resource back on the parsed request (:func:`_namespace_request`): kmock's public API only, and
+# no other path is touched.
 # --------------------------------------------------------------------------------------------------
 
-_original_parse_path = getattr(_kmock_parsing.parse_path, "__wrapped__", _kmock_parsing.parse_path)
+_NS_STANDIN = "namespaces--emulated"  # not a valid plural, so never a real resource's
+NAMESPACES = kmock.resource("", "v1", "namespaces")
 
 
-def _parse_path(path: str) -> Any:
+def _namespace_url(path: str) -> str | None:
+    """The stand-in path for a Namespace object URL, else None (every other path as it is)."""
     parts = [p for p in path.strip("/").split("/") if p]
     if parts[:3] == ["api", "v1", "namespaces"] and (len(parts) <= 4 or parts[4] in ("status", "finalize")):
-        return _kmock_parsing.ParsedPath(group="", version="v1", plural="namespaces",
-                                         name=parts[3] if len(parts) > 3 else None,
-                                         subresource=parts[4] if len(parts) > 4 else None)
-    return _original_parse_path(path)
+        return "/" + "/".join(["api", "v1", _NS_STANDIN, *parts[3:]])
+    return None
 
 
-_parse_path.__wrapped__ = _original_parse_path  # type: ignore[attr-defined]
-_kmock_parsing.parse_path = _parse_path
+def _namespace_request(request: kmock.Request) -> kmock.Request:
+    """The request with the Namespace resource back in place of the stand-in (others unchanged)."""
+    if request.resource is None or request.resource.plural != _NS_STANDIN:
+        return request
+    url = request.url.with_path(request.url.path.replace(f"/{_NS_STANDIN}", "/namespaces", 1))
+    return attrs.evolve(request, resource=NAMESPACES, namespace=None, url=url)
 
 # --------------------------------------------------------------------------------------------------
 # label selectors
@@ -420,7 +431,14 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
             return None
 
     # ---- dispatching ----------------------------------------------------------------------------
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        standin = _namespace_url(raw_request.path)
+        if standin is not None:
+            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(standin))
+        return await super().__call__(raw_request)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        request = _namespace_request(request)
         # Object requests go straight to our _serve_* methods. kmock's DSL dispatch (kept for
         # discovery, non-Kubernetes paths, and whenever a test added its own reactions, which then
         # come first) checks each request against every earlier one: quadratic, too slow for the
@@ -446,7 +464,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
                     kmock.action.UPDATE: self._serve_update, kmock.action.DELETE: self._serve_delete,
                 }.get(request.action)
         if serve is None:
-            return await _kmock_apps.RawHandler._handle(self, request)
+            return await kmock.RawHandler._handle(self, request)
         return await kmock.Response(payload=serve(request))(request)
 
     async def _serve_version(self, request: kmock.Request) -> Any:
@@ -895,55 +913,12 @@ def write_kubeconfig(path: str | os.PathLike[str], server: str, namespace: str =
 
 
 @attrs.define
-class EmulatedCluster:
-    """A running emulated API server: ``url``, ``kubeconfig`` (path), the ``api`` emulator itself,
-    and a few async convenience calls over real HTTP (paths like ``/apis/apps/v1/namespaces/ns/deployments``).
-    Errors raise :class:`aiohttp.ClientResponseError`."""
+class EmulatedCluster(ClusterClient):
+    """A running emulated API server: the harness's client (:class:`moe_eplb.sim.client.ClusterClient`:
+    ``url``, ``kubeconfig``, the calls over real HTTP) and ``api``, the emulator itself (its store, its
+    request log and :attr:`KubeAPIEmulator.faults`, for fault injection)."""
 
     api: KubeAPIEmulator
-    url: str
-    kubeconfig: str
-    session: aiohttp.ClientSession
-
-    async def request(self, method: str, path: str, body: Any = None,
-                      content_type: str = "application/json", params: Mapping[str, str] | None = None) -> Any:
-        data = None if body is None else json.dumps(body)
-        async with self.session.request(method, self.url + path, data=data, params=params,
-                                        headers={"Content-Type": content_type}) as resp:
-            payload = await resp.json(content_type=None)
-            if resp.status >= 400:
-                raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
-                                                  message=json.dumps(payload))
-            return payload
-
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.request("POST", path, dict(body))
-
-    async def get(self, path: str) -> dict[str, Any]:
-        return await self.request("GET", path)
-
-    async def get_or_none(self, path: str) -> dict[str, Any] | None:
-        try:
-            return await self.get(path)
-        except aiohttp.ClientResponseError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        return (await self.request("GET", path, params=params))["items"]
-
-    async def patch(self, path: str, patch: Any, *, json_patch: bool = False) -> dict[str, Any]:
-        ctype = "application/json-patch+json" if json_patch else "application/merge-patch+json"
-        return await self.request("PATCH", path, patch, content_type=ctype)
-
-    async def delete(self, path: str) -> dict[str, Any]:
-        return await self.request("DELETE", path)
-
-    def moeinference_path(self, namespace: str, name: str | None = None) -> str:
-        base = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
-        return f"{base}/{name}" if name else base
 
 
 @contextlib.asynccontextmanager
@@ -956,20 +931,16 @@ async def emulated_cluster(*, workload_ready_delay: float | None = None, port: i
     ``faults``: see :attr:`KubeAPIEmulator.faults` (may also be set later on ``cluster.api``)."""
     api = KubeAPIEmulator(workload_ready_delay=workload_ready_delay, faults=faults)
     api.install_crd(dict(crd) if crd is not None else moeinference_crd())
-    ns_res = kmock.resource("", "v1", "namespaces")
     for ns in namespaces:
-        api._create_object(ns_res, None, {"metadata": {"name": ns}})
+        api._create_object(NAMESPACES, None, {"metadata": {"name": ns}})
     with tempfile.TemporaryDirectory(prefix="moe-eplb-kubeapi-") as tmp:
         async with api, kmock.Server(api, host=host, port=port) as server:
             url = str(server.url).rstrip("/")
             kubeconfig = os.path.join(tmp, "kubeconfig.yaml")
             write_kubeconfig(kubeconfig, url)
-            # force_close: no keep-alive. An embedded kopf operator, when it stops, cancels every task
-            # spawned in the loop during its run (kopf's "hung tasks"), which includes this server's
-            # handlers of idle keep-alive connections: a pooled connection would then hang.
-            async with aiohttp.ClientSession(headers={"User-Agent": "emulated-cluster-client"},
-                                             connector=aiohttp.TCPConnector(force_close=True)) as session:
-                yield EmulatedCluster(api=api, url=url, kubeconfig=kubeconfig, session=session)
+            connection = Connection(server=url, token="emulated")
+            async with open_session(connection, user_agent="emulated-cluster-client") as session:
+                yield EmulatedCluster(api=api, url=url, kubeconfig=kubeconfig, session=session, connection=connection)
 
 
 async def _serve_forever(port: int, kubeconfig: str | None, ready_delay: float | None) -> None:
@@ -982,7 +953,7 @@ async def _serve_forever(port: int, kubeconfig: str | None, ready_delay: float |
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m moe_eplb.sim.kubeapi [--port N] [--kubeconfig PATH] [--ready-delay S]``."""
+    """``python -m moe_eplb.sim.emulated.kubeapi [--port N] [--kubeconfig PATH] [--ready-delay S]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the emulator here")
