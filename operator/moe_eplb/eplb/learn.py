@@ -154,12 +154,13 @@ def learn(calibration: Calibration, cost: CostModel, trial: ArmObservation, cont
     """The parameter ranges an experiment narrows (see the module docstring): the MoE share from the
     arms' step times and served balancedness; the prefix working set from their hit rates at two KV
     cache sizes (``bytes_per_redundant_expert``: bytes per GPU one redundant expert takes,
-    ``num_moe_layers x bytes_per_expert / ep_size``; else the cost model's expert size cannot be
-    spread over the ranks and the arms' caches are taken as equal). Each is narrowed against the
+    ``num_moe_layers x bytes_per_expert / ep_size``; without it, arms of different redundancy have
+    caches of unknown size and the working set is not learned). Each is narrowed against the
     calibration's range of it (``calibration.ranges``); ``source`` names the experiment. Returns []
     when the observations cannot tell (never a made-up range)."""
     out = _narrowed("moe_time_share", share_range(trial, control, step_cv=step_cv), calibration, source)
-    if "prefix_working_set" in calibration.ranges:
+    same_r = trial.knobs.num_redundant_experts == control.knobs.num_redundant_experts
+    if "prefix_working_set" in calibration.ranges and (bytes_per_redundant_expert is not None or same_r):
         per_r = bytes_per_redundant_expert or 0.0
 
         def capacity(arm: ArmObservation) -> float:
