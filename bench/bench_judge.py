@@ -79,6 +79,7 @@ class Case:
     running: str
     true: TrueCost
     hot: bool = False  # the demo's shift: a few experts of every layer draw several times their share
+    no_steps: bool = False  # the recorded telemetry has no step times: the MoE share stays a prior
 
 
 def _t(**kw) -> TrueCost:
@@ -122,16 +123,19 @@ CASES = {
     # the demo's DeepSeek-V3 resource after the workload shift: running 100/1000/0 (sync, short window)
     "demo-shift": Case("demo's hot experts, share 0.35, sync 0.91 s, KV 50 %", "demo",
                        _t(moe_time_share=0.35, use_async=False, kv_demand=0.5), hot=True),
-    # only an experiment can tell: step times too noisy for the calibration to pin the MoE share
-    "noisy-moe-def": Case("share 0.5, async, KV 80 %, reuse 0.5, noisy steps", "defaults",
-                          _t(moe_time_share=0.5, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5,
-                             step_noise=0.5, outlier_share=0.2)),
-    "noisy-h800-def": Case("share 0.04, async, KV 80 %, reuse 0.5, noisy steps", "defaults",
-                           _t(moe_time_share=0.04, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5,
-                              step_noise=0.5, outlier_share=0.2)),
-    "noisy-mid-seed": Case("share 0.3, async, KV 70 %, reuse 0.5, noisy steps", "seed",
-                           _t(moe_time_share=0.3, kv_demand=0.7, prefix_reuse=0.5, prefix_working_set=0.4,
-                              step_noise=0.5, outlier_share=0.2)),
+    # only an experiment can tell: no step times recorded, so the MoE share stays its prior range
+    "nosteps-moe-def": Case("share 0.55, async, KV 80 %, reuse 0.5, no step times", "defaults",
+                            _t(moe_time_share=0.55, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5),
+                            no_steps=True),
+    "nosteps-h800-def": Case("share 0.04, async, KV 80 %, reuse 0.5, no step times", "defaults",
+                             _t(moe_time_share=0.04, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5),
+                             no_steps=True),
+    "nosteps-hot-def": Case("hot experts, share 0.5, sync 0.91 s, KV 85 %, reuse 0.5, no step times", "defaults",
+                            _t(moe_time_share=0.5, use_async=False, kv_demand=0.85, prefix_reuse=0.5,
+                               prefix_working_set=0.4), hot=True, no_steps=True),
+    "nosteps-hot-h800": Case("hot experts, share 0.04, sync 0.91 s, KV 85 %, reuse 0.5, no step times", "defaults",
+                             _t(moe_time_share=0.04, use_async=False, kv_demand=0.85, prefix_reuse=0.5,
+                                prefix_working_set=0.4), hot=True, no_steps=True),
 }
 
 
@@ -213,6 +217,8 @@ def run_case(name: str, trace, seed: int) -> dict:
     cut = trace.num_buckets // 2
     history = record(trace.slice(0, cut), running, TOPOLOGY["ep_size"], case.true, num_nodes=TOPOLOGY["num_nodes"],
                      num_groups=TOPOLOGY["num_groups"], seed=seed)
+    if case.no_steps:
+        history = replace(history, telemetry=replace(history.telemetry, step_seconds=None))
     future = trace.slice(cut, trace.num_buckets)
     trial_s = int(future.num_buckets * TRIAL_SHARE) * future.bucket_seconds
     t0 = time.perf_counter()

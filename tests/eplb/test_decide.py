@@ -164,3 +164,20 @@ def test_calibration_intersects_its_ranges_with_the_learned_ones():
     # a learned range that misses the calibration's: the experiment's stands
     miss = with_learned(cal, [LearnedRange("moe_time_share", 0.65, 0.7, 0.03, 0.6, "trial C")])
     assert (miss.ranges["moe_time_share"].low, miss.ranges["moe_time_share"].high) == (0.65, 0.7)
+
+
+def test_a_change_that_hinges_on_a_prior_range_is_tried_on_one_replica_first():
+    ranges = {"moe_time_share": Range("moe_time_share", 0.3, 0.03, 0.6, "prior")}
+    search = SimpleNamespace(cost=CostModel(restart_s=300, horizon_s=21600), robust=SimpleNamespace(ranges=ranges))
+    keys = [RUNNING, SEARCHED]
+    M = np.array([[1.00, 1.00, 0.80], [1.04, 0.93, 1.00]])  # +4 % at the point, -7 % or +25 % at the ends
+    charged = M * np.array([[1.0], [1 - 300 / 21600]])
+    reg = max_regret(charged)
+    e = tuner._explore_change(search, keys, M, reg, 1, 0, "moe_time_share", 4, 1800)
+    assert e is not None and e.candidate == SEARCHED and e.regret_at_stake == pytest.approx(reg[1])
+    assert e.trial_cost == pytest.approx(tuner.trial_cost(300 / 21600, 0.07, 4, 1800, 21600))
+    assert "the change to 100/1000/32 may lose" in e.reason
+    # a pick that may lose less than a trial costs is applied without one
+    safe = np.array([[1.00, 1.00, 0.80], [1.04, 0.999, 1.00]])
+    assert tuner._explore_change(search, keys, safe, max_regret(safe * np.array([[1.0], [1.0]])), 1, 0,
+                                 "moe_time_share", 4, 1800) is None

@@ -2,9 +2,11 @@
 
 A trial (one replica on a candidate setting) and a control (the others on the running setting)
 serve the same traffic at the same time, so what differs between their measurements comes from
-the settings, not from the traffic. :func:`learn` turns that difference into a narrower range for
-the cost-model parameters the calibration could not pin (:class:`~moe_eplb.eplb.robust.Range` with
-``source`` ``prior``), and :func:`moe_eplb.eplb.calibrate.calibrate` keeps it (``learned=``):
+the settings, not from the traffic. :func:`learn` turns that difference into a narrower range of
+the cost-model parameters it informs -- above all those the calibration could not pin
+(:class:`~moe_eplb.eplb.robust.Range` with ``source`` ``prior``), which is what
+:attr:`moe_eplb.eplb.tuner.TuneResult.explore` runs a trial for; a measured range is narrowed too
+where the arms say more -- and :func:`moe_eplb.eplb.calibrate.calibrate` keeps it (``learned=``):
 
 ``moe_time_share`` f -- from the arms' step times against their served balancedness.
     The cost model's balanced step time is scaled by ``(1 - f) + f x`` with ``x`` the served

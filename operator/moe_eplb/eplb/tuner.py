@@ -515,7 +515,9 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
     ties, which go to the running configuration, then a known one (vLLM's defaults, the seed's), then
     the best point estimate (:func:`_minimax_order`). A change to the pick
     is recommended when it beats current by more than ``threshold`` at the point estimate; otherwise
-    current is kept, and :func:`_explore` says whether a trial on part of the replicas pays.
+    current is kept, and :func:`_explore` says whether a trial on part of the replicas pays. A change
+    that hinges on a prior range and may lose more than a trial costs is proposed as a trial first
+    (:func:`_explore_change`).
     Returns (decision, chosen, reason, current's candidate, report, exploration or None)."""
     ss = search.scenario_scores()
     current = search.current
@@ -545,6 +547,9 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
     explore = None
     if decision == "keep" and cur is not None:
         explore = _explore(search, options, keys, M, keys.index(current), replicas, trial_seconds)
+    elif cur is not None and name is not None and search.robust.ranges[name].source == "prior":
+        explore = _explore_change(search, keys, M, reg, keys.index(chosen.knobs), keys.index(current), name,
+                                  replicas, trial_seconds)
     report = {"criterion": "max_regret", "scenarios": len(ss.scen), "restart_charge": restart,
               "parameters": {n: r.to_dict() for n, r in search.robust.ranges.items()},
               "max_regret": float(reg[keys.index(chosen.knobs)]) if chosen.knobs in keys else None,
@@ -640,6 +645,25 @@ def _explore(search: _Search, options: list[Candidate], keys: list[Knobs], M: np
                   f" + exposure to its worst case {-worst_loss[i]:+.2%}); it measures {TIGHTEN_BY_TRIAL.get(name, name)}")
         return Exploration(keys[i], name, float(stake[i]), float(tc[i]), reason)
     return None
+
+
+def _explore_change(search: _Search, keys: list[Knobs], M: np.ndarray, reg: np.ndarray, i_pick: int, i_cur: int,
+                    name: str, replicas: int, trial_seconds: float) -> Exploration | None:
+    """The case for trying a change on one replica before all: the choice hinges on ``name`` (a prior
+    range) and the **regret at stake**, the pick's own largest regret (restart charged: what the change
+    may lose across the ranges, keeping current included), exceeds its :func:`trial_cost`."""
+    cost = search.cost
+    restart = cost.restart_s / cost.horizon_s
+    worst_loss = -float((M[i_pick] / np.maximum(M[i_cur], 1e-12)).min() - 1.0)
+    tc = trial_cost(restart, worst_loss, replicas, trial_seconds, cost.horizon_s)
+    stake = float(reg[i_pick])
+    if stake <= tc:
+        return None
+    r = search.robust.ranges[name]
+    reason = (f"the change to {keys[i_pick].label} may lose {stake:.2%} across the prior range {r.low:.3g}-{r.high:.3g} "
+              f"of {name} (restart charged); a trial on 1 of {replicas} replica(s) for {trial_seconds:.0f} s costs "
+              f"{tc:.2%}; it measures {TIGHTEN_BY_TRIAL.get(name, name)}")
+    return Exploration(keys[i_pick], name, stake, float(tc), reason)
 
 
 def _values_text(values: dict) -> str:
