@@ -23,10 +23,22 @@ tuned 5000/2000/64):
    tokens costing ``prefill_cost_ratio`` times an average token) -- functional forms and
    parameters the tuner's cost model does not have.
 
+Where the tuner proposes a trial (``TuneResult.explore``: the choice hinges on a prior range and
+the regret at stake beats the trial cost, with ``REPLICAS`` replicas), the judge plays it from its
+truth on the first half of the judged half: the trial arm (the candidate, one replica) and the
+control arm (the running setting, the others) on the same traffic, each an
+:class:`~moe_eplb.eplb.exploration.ArmObservation` (served balancedness from the replay, step time
+from the true step cost, KV usage and prefix hit rate from the true memory model, with measurement
+noise); :func:`moe_eplb.eplb.learn.learn` narrows the ranges, the calibration keeps them
+(``calibrate(..., learned=)``) and the tuner decides again; that final decision is scored. Cases
+marked "no step times" drop the recorded step times, so only an experiment can tell the MoE share;
+"demo's hot experts" is the demo's DeepSeek-V3 shift, running 100/1000/0.
+
 Printed per case: the truth, the running configuration, the pick, the best of the grid under the
 truth, the pick as a share of the best, of the running configuration and of vLLM's defaults, the
 running configuration's share of the best, and for comparison the previous tuner's pick (the
 calibrated point estimate with the KV elasticity rule, no ranges) and its share of the best.
+Then which cases explored, what the trial was, what was learned and the decision before and after.
 Exit 1 if any pick is below 97 % of the best, or below the running configuration or the defaults.
 """
 
