@@ -28,9 +28,9 @@ only when the pick's score beats current's by more than ``min_gain + restart_s /
 With parameter ranges (``robust``, from the calibration) the decision is minimax regret: the pick is
 the candidate with the smallest largest regret over the ranges' scenarios, a change charged the
 restart, and it replaces ``current`` when it beats it by the threshold at the point estimate. No
-rule asks a searched configuration to beat a known one in every scenario. When ``current`` is kept
-and the choice hinges on a parameter whose range is a prior, ``TuneResult.explore`` makes the case
-for a trial on one replica (:func:`_explore`, :func:`trial_cost`).
+rule asks a searched configuration to beat a known one in every scenario. When the choice hinges on
+a parameter whose range is a prior, ``TuneResult.explore`` makes the case for a trial on one replica
+(:func:`_explore` when ``current`` is kept, :func:`_explore_change` for a change; :func:`trial_cost`).
 
 Screening: all candidates are first replayed on every k-th MoE layer (about ``screen_layers``),
 then the ``finalists`` best plus the known configurations on all layers; the finalists' exact
@@ -531,10 +531,16 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
     charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
                             for k in keys])[:, None]
     reg = max_regret(charged)
-    order = _minimax_order(keys, M, reg, search.known, current, max(prior_margin, min_gain), tie_tolerance)
-    pick_i = order[0]
+    band = max(prior_margin, min_gain)
+    order = _minimax_order(keys, M, reg, search.known, current, band, tie_tolerance)
+    pick_i, i_min = order[0], int(np.argmin(reg))
     note = (f"{keys[pick_i].label}: smallest largest regret ({reg[pick_i]:.2%}, a change charged the restart's "
             f"{restart:.2%}) over {len(ss.scen)} scenarios of the parameter ranges, among {len(options)} finalists")
+    if reg[pick_i] > reg[i_min] + 1e-12:
+        note = (f"{keys[pick_i].label}: largest regret {reg[pick_i]:.2%} (a change charged the restart's {restart:.2%}) "
+                f"over {len(ss.scen)} scenarios of the parameter ranges, within the model's error margin {band:.2%} of "
+                f"the smallest ({reg[i_min]:.2%}, {keys[i_min].label}), among {len(options)} finalists; a tie goes to "
+                f"the running, then a known configuration")
     decision, chosen, reason, worst = _robust_verdict(search, options, keys, M, reg, ss, pick_i, cur, note, threshold)
     contender = options[int(np.argmax(M[:, 0]))]
     if contender.knobs == chosen.knobs:
