@@ -181,3 +181,30 @@ def test_a_change_that_hinges_on_a_prior_range_is_tried_on_one_replica_first():
     safe = np.array([[1.00, 1.00, 0.80], [1.04, 0.999, 1.00]])
     assert tuner._explore_change(search, keys, safe, max_regret(safe * np.array([[1.0], [1.0]])), 1, 0,
                                  "moe_time_share", 4, 1800) is None
+
+
+def test_the_exploration_is_in_the_json_and_the_table():
+    from rich.console import Console
+
+    from moe_eplb.cli.tune_output import print_tune
+    from moe_eplb.eplb.exploration import Exploration
+    from moe_eplb.eplb.robust import Robustness
+    from moe_eplb.eplb.trace import LoadTrace
+
+    rng = np.random.default_rng(0)
+    pop = rng.gamma(0.5, 1.0, size=(3, 16))
+    load = rng.poisson(pop / pop.sum(-1, keepdims=True) * 3000, size=(16, 3, 16)).astype(float)
+    trace = LoadTrace(load=load, bucket_steps=np.full(16, 250), bucket_seconds=10.0)
+    robust = Robustness({"moe_time_share": Range("moe_time_share", 0.35, 0.03, 0.6, "prior")})
+    res = tuner.tune(trace, ep_size=4, bounds=tuner.Bounds(redundant=(0, 4)), current=VLLM_DEFAULTS, robust=robust,
+                     replicas=3)
+    assert res.to_dict()["robust"]["current_max_regret"] is not None
+    res.explore = Exploration(Knobs(1000, 1000, 4), "moe_time_share", 0.031, 0.006, "why")
+    rec = res.to_dict()["recommendation"]
+    assert rec["explore"] == {"candidate": "1000/1000/4", "knobs": Knobs(1000, 1000, 4).to_dict(),
+                              "parameter": "moe_time_share", "regret_at_stake": 0.031, "trial_cost": 0.006,
+                              "reason": "why"}
+    console = Console(record=True, width=200)
+    print_tune(console, res)
+    text = console.export_text()
+    assert "EXPLORE: try 1000/1000/4 on one replica" in text and "regret at stake 3.10%" in text

@@ -124,8 +124,8 @@ def print_tune(console, result, top: int = 10) -> None:
     exp = rec.get("explore")
     if exp:
         console.print(f"[bold]EXPLORE[/bold]: try {exp['candidate']} on one replica against the running setting: "
-                      f"{exp['parameter']} decides (regret at stake {_pct(exp['regret_at_stake'])}, trial cost "
-                      f"{_pct(exp['trial_cost'])}). {exp['reason']}")
+                      f"{exp['parameter']} decides (regret at stake {exp['regret_at_stake']:.2%}, trial cost "
+                      f"{exp['trial_cost']:.2%}). {exp['reason']}")
 
 
 def print_robust(console, robust: dict) -> None:
