@@ -23,10 +23,22 @@ tuned 5000/2000/64):
    tokens costing ``prefill_cost_ratio`` times an average token) -- functional forms and
    parameters the tuner's cost model does not have.
 
+Where the tuner proposes a trial (``TuneResult.explore``: the choice hinges on a prior range and
+the regret at stake beats the trial cost, with ``REPLICAS`` replicas), the judge plays it from its
+truth on the first half of the judged half: the trial arm (the candidate, one replica) and the
+control arm (the running setting, the others) on the same traffic, each an
+:class:`~moe_eplb.eplb.exploration.ArmObservation` (served balancedness from the replay, step time
+from the true step cost, KV usage and prefix hit rate from the true memory model, with measurement
+noise); :func:`moe_eplb.eplb.learn.learn` narrows the ranges, the calibration keeps them
+(``calibrate(..., learned=)``) and the tuner decides again; that final decision is scored. Cases
+marked "no step times" drop the recorded step times, so only an experiment can tell the MoE share;
+"demo's hot experts" is the demo's DeepSeek-V3 shift, running 100/1000/0.
+
 Printed per case: the truth, the running configuration, the pick, the best of the grid under the
 truth, the pick as a share of the best, of the running configuration and of vLLM's defaults, the
 running configuration's share of the best, and for comparison the previous tuner's pick (the
 calibrated point estimate with the KV elasticity rule, no ranges) and its share of the best.
+Then which cases explored, what the trial was, what was learned and the decision before and after.
 Exit 1 if any pick is below 97 % of the best, or below the running configuration or the defaults.
 """
 
@@ -48,10 +60,12 @@ from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs  # noqa: E402
 from moe_eplb.eplb import synth  # noqa: E402
 from moe_eplb.eplb.calibrate import calibrate  # noqa: E402
 from moe_eplb.eplb.costmodel import CostModel  # noqa: E402
+from moe_eplb.eplb.exploration import ArmObservation  # noqa: E402
+from moe_eplb.eplb.learn import learn  # noqa: E402
 from moe_eplb.eplb.robust import scenario_segments, terms_of  # noqa: E402
 from moe_eplb.eplb.simulator import Replay, SimError, Topology  # noqa: E402
 from moe_eplb.eplb.tuner import tune  # noqa: E402
-from moe_eplb.sim.physics import TrueCost  # noqa: E402
+from moe_eplb.sim.physics import FULL_USAGE, TrueCost, tokens_per_step  # noqa: E402
 from moe_eplb.sim.recording import record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
@@ -61,6 +75,14 @@ TOPOLOGY = dict(ep_size=32, num_nodes=4, num_groups=8)
 SEED_32 = Knobs(3000, 1000, 32)  # the seed's window / interval with 32 redundant experts (valid at EP 32)
 TUNED = Knobs(5000, 2000, 64)  # what an earlier tuner picked where redundancy was free
 RUNNING = {"defaults": VLLM_DEFAULTS, "seed": SEED_32, "tuned": TUNED}
+DEMO_RUNNING = Knobs(100, 1000, 0)  # the demo's DeepSeek-V3 resource after the workload shift
+RUNNING["demo"] = DEMO_RUNNING
+#: Replicas sharing the traffic: a trial runs on one, the control on the others.
+REPLICAS = 4
+#: A trial's share of the judged half (the rest is served by the final decision as well).
+TRIAL_SHARE = 0.5
+#: The judge's measurement noise: relative sd of one pod's 15 s mean step time / prefix hit rate.
+MEASURE_NOISE = 0.03
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,8 @@ class Case:
     what: str
     running: str
     true: TrueCost
+    hot: bool = False  # the demo's shift: a few experts of every layer draw several times their share
+    no_steps: bool = False  # the recorded telemetry has no step times: the MoE share stays a prior
 
 
 def _t(**kw) -> TrueCost:
@@ -108,6 +132,22 @@ CASES = {
                        _t(moe_time_share=0.6, kv_demand=1.2, kv_throughput_elasticity=0.6)),
     "light-prefix-def": Case("share 0.45, async, KV 50 %, reuse 0.3, large working set", "defaults",
                              _t(moe_time_share=0.45, kv_demand=0.5, prefix_reuse=0.3, prefix_working_set=1.5)),
+    # the demo's DeepSeek-V3 resource after the workload shift: running 100/1000/0 (sync, short window)
+    "demo-shift": Case("demo's hot experts, share 0.35, sync 0.91 s, KV 50 %", "demo",
+                       _t(moe_time_share=0.35, use_async=False, kv_demand=0.5), hot=True),
+    # only an experiment can tell: no step times recorded, so the MoE share stays its prior range
+    "nosteps-moe-def": Case("share 0.55, async, KV 80 %, reuse 0.5, no step times", "defaults",
+                            _t(moe_time_share=0.55, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5),
+                            no_steps=True),
+    "nosteps-h800-def": Case("share 0.04, async, KV 80 %, reuse 0.5, no step times", "defaults",
+                             _t(moe_time_share=0.04, kv_demand=0.8, prefix_reuse=0.5, prefix_working_set=0.5),
+                             no_steps=True),
+    "nosteps-hot-def": Case("hot experts, share 0.5, sync, KV 85 %, no step times", "defaults",
+                            _t(moe_time_share=0.5, use_async=False, kv_demand=0.85, prefix_reuse=0.5,
+                               prefix_working_set=0.4), hot=True, no_steps=True),
+    "nosteps-hot-h800": Case("hot experts, share 0.04, sync, KV 85 %, no step times", "defaults",
+                             _t(moe_time_share=0.04, use_async=False, kv_demand=0.85, prefix_reuse=0.5,
+                                prefix_working_set=0.4), hot=True, no_steps=True),
 }
 
 
@@ -135,21 +175,77 @@ def true_scorer(future, true: TrueCost):
     return score
 
 
+def play_arm(knobs: Knobs, pods: int, part, true: TrueCost, rng: np.random.Generator) -> ArmObservation:
+    """One arm of an experiment on ``part`` (the traffic both arms serve) from the TRUTH: its served
+    balancedness from the replay, its step time outside rearrangement stalls from the true balanced
+    step time and MoE share, its KV usage and prefix hit rate from the true memory model, each mean
+    with the judge's measurement noise over ``pods`` x the part's 15 s buckets."""
+    truth = true.cost_model(part)
+    res = Replay(part, Topology(**TOPOLOGY), truth).run(knobs)
+    bal = float(res.balancedness)
+    tok = tokens_per_step(part)
+    n = part.bucket_steps.astype(np.float64)
+    seconds = part.num_buckets * part.bucket_seconds
+    noise = MEASURE_NOISE / np.sqrt(max(1.0, pods * part.num_buckets))
+    L, E = part.num_layers, part.num_experts
+    red = L * (truth.resolve_bytes_per_expert(L, E) or 0.0) * knobs.num_redundant_experts / TOPOLOGY["ep_size"]
+    cap = true.kv_capacity(red)
+    ref = float(np.median(tok[n > 0]))
+    demand = true.kv_demand_share(tok, ref)
+    usage = float(np.average(np.minimum(demand, FULL_USAGE * cap) / cap, weights=n))
+    hit = float(np.average(true.prefix_hit_rate(demand, cap), weights=n)) if true.prefix_reuse > 0 else None
+    tok_mean = float(np.average(tok, weights=n))
+    step = true.balanced_step_s(tok_mean) * ((1 - true.moe_time_share) + true.moe_time_share / bal)
+    jitter = lambda v: None if v is None else float(v * np.exp(rng.normal(0.0, noise)))  # noqa: E731
+    return ArmObservation(knobs, pods, float(seconds), step_seconds=jitter(step), tokens_per_step=jitter(tok_mean),
+                          balancedness=bal, prefix_hit_rate=jitter(hit), kv_cache_usage=usage)
+
+
+def experiment(res, cal, history, running: Knobs, future, true: TrueCost, seed: int):
+    """Play the tuner's exploration from the truth on the first ``TRIAL_SHARE`` of ``future`` (trial
+    on 1 of ``REPLICAS``, control on the others), :func:`learn` from it, and re-decide with the learned
+    ranges. Returns (the final tune result, the learned ranges)."""
+    part = future.slice(0, max(2, int(future.num_buckets * TRIAL_SHARE)))
+    rng = np.random.default_rng(seed + 7)
+    trial = play_arm(res.explore.candidate, 1, part, true, rng)
+    control = play_arm(running, REPLICAS - 1, part, true, rng)
+    L, E = history.num_layers, history.num_experts
+    bpe = true.cost_model(history).resolve_bytes_per_expert(L, E) or 0.0
+    learned = learn(cal, cal.apply(CostModel()), trial, control, source=f"trial {trial.knobs.label} vs {running.label}",
+                    bytes_per_redundant_expert=L * bpe / TOPOLOGY["ep_size"])
+    cal2 = calibrate(history, num_nodes=TOPOLOGY["num_nodes"], num_groups=TOPOLOGY["num_groups"], learned=learned)
+    res2 = tune(history, current=running, cost=cal2.apply(CostModel()), robust=cal2.robustness(),
+                replicas=REPLICAS, trial_seconds=part.num_buckets * part.bucket_seconds, **TOPOLOGY)
+    return res2, learned
+
+
 def run_case(name: str, trace, seed: int) -> dict:
     case = CASES[name]
     running = RUNNING[case.running]
+    if case.hot:
+        from moe_eplb.sim.demo import hot_experts
+
+        trace = hot_experts(trace, from_second=0.0)
     cut = trace.num_buckets // 2
     history = record(trace.slice(0, cut), running, TOPOLOGY["ep_size"], case.true, num_nodes=TOPOLOGY["num_nodes"],
                      num_groups=TOPOLOGY["num_groups"], seed=seed)
+    if case.no_steps:
+        history = replace(history, telemetry=replace(history.telemetry, step_seconds=None))
     future = trace.slice(cut, trace.num_buckets)
+    trial_s = int(future.num_buckets * TRIAL_SHARE) * future.bucket_seconds
     t0 = time.perf_counter()
     cal = calibrate(history, num_nodes=TOPOLOGY["num_nodes"], num_groups=TOPOLOGY["num_groups"])
-    res = tune(history, current=running, cost=cal.apply(CostModel()), robust=cal.robustness(), **TOPOLOGY)
+    res = tune(history, current=running, cost=cal.apply(CostModel()), robust=cal.robustness(), replicas=REPLICAS,
+               trial_seconds=trial_s, **TOPOLOGY)
+    first, learned, explored = res, [], res.explore
+    if res.explore is not None:
+        res, learned = experiment(res, cal, history, running, future, case.true, seed)
     secs = time.perf_counter() - t0
     # the previous tuner: the calibrated point estimate, KV cost by the elasticity rule, no ranges
     before = tune(history, current=running, cost=replace(cal.apply(CostModel()), kv_demand=None), **TOPOLOGY)
     score = true_scorer(future, case.true)
-    grid = list(dict.fromkeys([c.knobs for c in res.candidates] + [running, VLLM_DEFAULTS, before.recommendation]))
+    grid = list(dict.fromkeys([c.knobs for c in res.candidates] + [running, VLLM_DEFAULTS, before.recommendation,
+                                                                   first.recommendation]))
     scored = {k: v for k in grid if (v := score(k)) is not None}
     best = max(scored, key=scored.get)
     pick = res.recommendation
@@ -159,7 +255,31 @@ def run_case(name: str, trace, seed: int) -> dict:
             "running_vs_best": scored[running] / scored[best], "defaults_vs_best": scored[VLLM_DEFAULTS] / scored[best],
             "point_pick": before.recommendation.label, "point_vs_best": scored[before.recommendation] / scored[best],
             "limiting_parameter": (res.robust or {}).get("limiting_parameter"), "reason": res.reason,
+            "max_regret": (res.robust or {}).get("max_regret"),
+            "running_max_regret": (first.robust or {}).get("current_max_regret"),
+            "explored": None if explored is None else {
+                "candidate": explored.candidate.label, "parameter": explored.parameter,
+                "regret_at_stake": explored.regret_at_stake, "trial_cost": explored.trial_cost,
+                "before_pick": first.recommendation.label,
+                "before_vs_best": scored[first.recommendation] / scored[best]},
+            "learned": [asdict(x) for x in learned],
             "tune_seconds": secs, "true": asdict(case.true)}
+
+
+def _print_experiments(rows: list[dict]) -> None:
+    """Which cases explored, what the trial was, what was learned and where the final decision stands."""
+    print(f"\nexperiments (a trial on 1 of {REPLICAS} replicas against the running setting, played from the truth):")
+    for r in rows:
+        e = r["explored"]
+        if e is None:
+            continue
+        got = "; ".join(f"{x['parameter']} {x['prior_low']:.3g}-{x['prior_high']:.3g} -> {x['low']:.3g}-{x['high']:.3g}"
+                        for x in r["learned"]) or "nothing (the arms could not tell)"
+        print(f"  {r['case']:<18} trial {e['candidate']} on {e['parameter']} (at stake {e['regret_at_stake']:.2%}, "
+              f"trial cost {e['trial_cost']:.2%}); learned: {got}; before {e['before_pick']} "
+              f"({e['before_vs_best']:.2%} of best) -> after {r['pick']} ({r['pick_vs_best']:.2%})")
+    if not any(r["explored"] for r in rows):
+        print("  none")
 
 
 def main() -> int:
@@ -191,6 +311,7 @@ def main() -> int:
               f"{r['limiting_parameter'] or '-'}", flush=True)
         if r["pick_vs_best"] < 0.97 or r["pick_vs_running"] < 1.0 - 1e-9 or r["pick_vs_defaults"] < 1.0 - 1e-9:
             failures.append(name)
+    _print_experiments(rows)
     worst = min(r["pick_vs_best"] for r in rows)
     print(f"\nworst pick/best {worst:.2%}; below the running setting: "
           f"{sum(r['pick_vs_running'] < 1 - 1e-9 for r in rows)}; below vLLM's defaults: "

@@ -225,6 +225,23 @@ class Degraded:
     message: str = ""
 
 
+#: Most learned ranges kept (one per parameter in practice; the CRD's maxItems).
+LEARNED_LIMIT = 32
+
+
+@dataclass(frozen=True)
+class LearnedParameter:
+    """One ``status.autotune.learned[]`` entry: ``parameter``'s range narrowed by an experiment from
+    ``[prior_low, prior_high]`` to ``[low, high]``; ``source`` names the experiment."""
+
+    parameter: str
+    low: float
+    high: float
+    prior_low: float | None = None
+    prior_high: float | None = None
+    source: str | None = None
+
+
 @dataclass(frozen=True)
 class AutotuneStatus:
     """The whole ``status.autotune``. ``notes``: records that could not be read (dropped)."""
@@ -238,6 +255,8 @@ class AutotuneStatus:
                                                               "omit_empty": True})
     last_change_time: float | None = _time(default=None)
     degraded: Degraded | None = None
+    #: ranges experiments narrowed, kept across decisions (one entry per parameter, the latest wins)
+    learned: tuple[LearnedParameter, ...] = field(default=(), metadata={"omit_empty": True})
     notes: tuple[str, ...] = field(default=(), metadata={"skip": True}, compare=False)
     #: the mapping as stored (what a status patch is computed against)
     stored: Mapping[str, Any] = field(default_factory=dict, metadata={"skip": True}, compare=False, repr=False)
@@ -249,13 +268,19 @@ class AutotuneStatus:
         """This status with ``entry`` appended to the history (oldest dropped past HISTORY_LIMIT)."""
         return self.replace(history=(self.history + (entry,))[-HISTORY_LIMIT:])
 
+    def with_learned(self, entries: tuple[LearnedParameter, ...] | list[LearnedParameter]) -> AutotuneStatus:
+        """This status with ``entries`` kept: each replaces an earlier entry of the same parameter."""
+        new = {e.parameter for e in entries}
+        kept = tuple(e for e in self.learned if e.parameter not in new) + tuple(entries)
+        return self.replace(learned=kept[-LEARNED_LIMIT:])
+
     def recent_restarts(self, now: float, day: float = 86400.0) -> tuple[float, ...]:
         """Restart times within the last 24 h."""
         return tuple(t for t in self.restarts if now - t < day)
 
 
 _RECORDS = ("override", "rollout", "last_evaluation", "recommendation", "history", "restarts",
-            "last_change_time", "degraded")
+            "last_change_time", "degraded", "learned")
 
 
 def parse_autotune_status(raw: Any) -> AutotuneStatus:

@@ -493,7 +493,8 @@ def _add_tune(main: click.Group) -> None:
                        "2000). Lower it only for short experiments: the recommendation then rests on little data.")
     @click.option("--replicas", type=click.IntRange(1), default=None,
                   help="Replicas (replica groups) serving the trace's traffic now: adds, per candidate, the KV-cache "
-                       "cost of its redundancy in replicas (needs the trace's KV-cache telemetry).")
+                       "cost of its redundancy in replicas (needs the trace's KV-cache telemetry), and prices a "
+                       "trial on one of them (the exploration line).")
     @click.option("--kv-target", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
                   help="With --replicas: the KV-cache usage the autoscaler holds (its KVCacheUsage target; 1 = full).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
@@ -541,7 +542,8 @@ def _add_tune(main: click.Group) -> None:
                               memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
                               bounds=bounds, current=current, cost=cost, min_gain=min_gain,
                               progress=progress, workers=workers, min_steps=min_steps,
-                              robust=calibration.robustness() if calibration is not None and not no_robust else None)
+                              robust=calibration.robustness() if calibration is not None and not no_robust else None,
+                              replicas=replicas or 1)
             if min_steps < MIN_TUNE_STEPS:
                 notes.append(f"--min-steps {min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")

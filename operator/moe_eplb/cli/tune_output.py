@@ -121,6 +121,11 @@ def print_tune(console, result, top: int = 10) -> None:
                       f"x {mem['batch_factor']:.4f} batch, x {mem['prefix_factor']:.4f} prefill of prefix misses")
     if d.get("robust"):
         print_robust(console, d["robust"])
+    exp = rec.get("explore")
+    if exp:
+        console.print(f"[bold]EXPLORE[/bold]: try {exp['candidate']} on one replica against the running setting: "
+                      f"{exp['parameter']} decides (regret at stake {exp['regret_at_stake']:.2%}, trial cost "
+                      f"{exp['trial_cost']:.2%}). {exp['reason']}")
 
 
 def print_robust(console, robust: dict) -> None:

@@ -52,6 +52,7 @@ from moe_eplb.api.autotune_status import (
     AutotuneStatus,
     DataWindow,
     Evaluation,
+    LearnedParameter,
     Measurement,
     Rollout,
     autotune_status_patch,
@@ -75,6 +76,7 @@ from moe_eplb.controller.workload import read_scaling, workload_view
 from moe_eplb.eplb.calibrate import Calibration, calibrate
 from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
+from moe_eplb.eplb.exploration import LearnedRange
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import TuneResult, tune
 from moe_eplb.render.engine_args import termination_grace_seconds
@@ -419,15 +421,33 @@ def kv_capacity(inf: MoEInference, trace: LoadTrace, current: Knobs) -> KvCapaci
     return capacity_from_trace(trace, replicas=inf.replicas, redundant=current.num_redundant_experts, target=target)
 
 
+def learned_ranges(status: AutotuneStatus | None) -> list[LearnedRange]:
+    """``status.autotune.learned`` as the calibration takes it (:class:`LearnedRange`); an entry
+    without its prior ends keeps its own range as the prior."""
+    if status is None:
+        return []
+    return [LearnedRange(e.parameter, e.low, e.high, e.low if e.prior_low is None else e.prior_low,
+                         e.high if e.prior_high is None else e.prior_high, e.source or "")
+            for e in status.learned]
+
+
+def learned_entries(ranges: list[LearnedRange]) -> tuple[LearnedParameter, ...]:
+    """What :func:`moe_eplb.eplb.learn.learn` returned, as ``status.autotune.learned`` entries (keep
+    them with :meth:`AutotuneStatus.with_learned`)."""
+    return tuple(LearnedParameter(r.parameter, r.low, r.high, r.prior_low, r.prior_high, r.source) for r in ranges)
+
+
 def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
     """The cost model calibrated from the trace's telemetry (:func:`moe_eplb.eplb.calibrate.calibrate`),
-    or None when the trace has none or the calibration fails (the constants are used then)."""
+    with the ranges earlier experiments learned (``status.autotune.learned``), or None when the trace
+    has none or the calibration fails (the constants are used then)."""
     if trace.telemetry is None:
         return None
     try:
         return calibrate(trace, cost=CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert),
                          num_nodes=max(1, int(inf.parallelism.nodes or 1)),
-                         num_groups=int(inf.moe_shape.num_expert_groups or 1))
+                         num_groups=int(inf.moe_shape.num_expert_groups or 1),
+                         learned=learned_ranges(inf.status))
     except Exception as exc:  # noqa: BLE001 - calibration is an improvement, never a reason not to tune
         log.warning("autotune %s/%s: calibration failed, using the cost model's constants: %s: %s",
                     inf.namespace, inf.name, type(exc).__name__, exc)
@@ -462,6 +482,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
         min_gain=cfg.min_gain,
         workers=1,
         robust=robust,
+        replicas=max(1, int(inf.replicas or 1)),  # a trial runs on one of them (TuneResult.explore)
         **search,
     )
 

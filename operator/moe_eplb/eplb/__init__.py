@@ -9,7 +9,8 @@
   ``calibrate`` (fits the cost model to a deployment's telemetry), ``capacity`` (what redundancy
   costs in KV cache and replicas), ``robust`` (decisions that hold over what cannot be measured),
   ``tuner`` (the search of window x interval x redundancy), ``exploration`` (the types an
-  experiment's case, arms and learned ranges share);
+  experiment's case, arms and learned ranges share), ``learn`` (ranges narrowed from an
+  experiment's arms);
 - ``report`` (plots and the markdown summary of ``--report DIR``).
 
 Files only in ``tracefile`` and ``report``. Imports ``api`` and the contracts.

@@ -53,12 +53,13 @@ Assumptions and limits: docs/tuner.md ("Calibration").
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from moe_eplb.eplb.costmodel import CostModel
+from moe_eplb.eplb.exploration import LearnedRange
 from moe_eplb.eplb.trace import LoadTrace, Telemetry
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "fit_sync_stall",
     "kv_pressure",
     "calibrate",
+    "with_learned",
 ]
 
 MEASURED, DEFAULT = "measured", "default"
@@ -412,12 +414,14 @@ def _tokens_per_step(trace: LoadTrace) -> np.ndarray:
 
 
 def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int = 1,
-              num_groups: int = 1) -> Calibration:
+              num_groups: int = 1, learned: Sequence[LearnedRange] = ()) -> Calibration:
     """Measure the cost model's parameters from ``trace.telemetry`` (see the module docstring).
 
     ``cost`` supplies the defaults (and the expert size, for the async rearrangement cost and the
     KV cache taken by the running redundancy); ``num_nodes``/``num_groups`` the topology of the
-    replay the async cost needs.
+    replay the async cost needs. ``learned``: ranges earlier experiments narrowed
+    (:func:`moe_eplb.eplb.learn.learn`, kept in ``status.autotune.learned``); each parameter's range
+    is intersected with them (:func:`with_learned`) and ``fit["learned"]`` says so.
 
     Raises:
         CalibrationError: the trace has no telemetry at all.
@@ -448,7 +452,35 @@ def calibrate(trace: LoadTrace, *, cost: CostModel = CostModel(), num_nodes: int
     step_fit = _fit_step_time(trace, tel, cost, counts, mode_async, params, default, fit_info)
     _fit_rearrangement_cost(trace, tel, cost, counts, mode_async, step_fit, num_nodes, num_groups,
                             params, default, fit_info)
-    return _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
+    cal = _kv_and_memory(trace, cost, params, default, fit_info, step_fit, mode_async, use_async)
+    return with_learned(cal, learned) if learned else cal
+
+
+def with_learned(cal: Calibration, learned: Sequence[LearnedRange]) -> Calibration:
+    """``cal`` with each learned range intersected with the calibration's range of its parameter
+    (the arms' range alone where the two miss each other: the experiment is the more direct
+    measurement). The range's ``source`` becomes ``experiment``; its point estimate is the
+    calibration's value where that lies inside and was measured, else the middle of the range.
+    ``fit["learned"]`` lists what was applied (or why not: a parameter this calibration has no
+    range for)."""
+    from moe_eplb.eplb.robust import EXPERIMENT, Range
+
+    ranges, notes = dict(cal.ranges), []
+    for lr in learned:
+        r = ranges.get(lr.parameter)
+        if r is None:
+            notes.append({"parameter": lr.parameter, "source": lr.source, "applied": False,
+                          "note": "no range of this parameter in this calibration"})
+            continue
+        lo, hi = max(r.low, lr.low), min(r.high, lr.high)
+        if lo >= hi:
+            lo, hi = lr.low, lr.high
+        value = r.value if r.source == MEASURED and lo <= r.value <= hi else 0.5 * (lo + hi)
+        note = f"{lo:.3g}-{hi:.3g} learned by {lr.source} (was {r.low:.3g}-{r.high:.3g}, {r.source})"
+        ranges[lr.parameter] = Range(lr.parameter, float(value), float(lo), float(hi), EXPERIMENT, note)
+        notes.append({"parameter": lr.parameter, "source": lr.source, "applied": True, "low": lo, "high": hi,
+                      "was": [r.low, r.high], "was_source": r.source})
+    return replace(cal, ranges=ranges, fit={**cal.fit, "learned": notes})
 
 
 #: rearrangements and stall seconds per bucket (:meth:`Telemetry.rearrangements_per_bucket`), or None

@@ -4,8 +4,10 @@ The calibration (:mod:`moe_eplb.eplb.calibrate`) pins some cost-model parameters
 to a range (their uncertainty, or a documented prior range where the telemetry cannot tell). The
 tuner then scores every finalist under every **scenario** -- each corner of the box of ranges (a
 parameter at its low or high end) plus the point estimate -- and picks the candidate whose **largest
-regret** (how far below the best candidate of the same scenario it falls) is smallest. A change is
-recommended only when the pick beats the running configuration in every scenario.
+regret** (how far below the best candidate of the same scenario it falls, a change charged the
+restart) is smallest (minimax regret). A change is recommended when the pick beats the running
+configuration by the restart threshold at the point estimate; no scenario holds a veto. A range
+narrowed by an experiment (:mod:`moe_eplb.eplb.learn`) has ``source`` :data:`EXPERIMENT`.
 
 Re-scoring needs no new replay: a candidate's predicted throughput per time segment is
 
@@ -26,7 +28,8 @@ import numpy as np
 
 from moe_eplb.eplb.costmodel import CostModel
 
-__all__ = ["Range", "Terms", "terms_of", "scenario_segments", "Scenario", "scenarios", "TIGHTEN", "Robustness",
+__all__ = ["EXPERIMENT", "TIGHTEN_BY_TRIAL",
+           "Range", "Terms", "terms_of", "scenario_segments", "Scenario", "scenarios", "TIGHTEN", "Robustness",
            "ScenarioScores"]
 
 #: What telemetry tightens each parameter's range (shown in the report).
@@ -45,11 +48,22 @@ TIGHTEN = {
     "prefix_prefill_share": "step_seconds against prefix_cache_queries (the time a prompt token costs)",
 }
 
+#: ``Range.source`` of a range narrowed by an experiment's arms (:func:`moe_eplb.eplb.learn.learn`).
+EXPERIMENT = "experiment"
+
+#: What a trial against the running setting measures of each parameter (the exploration's reason).
+TIGHTEN_BY_TRIAL = {
+    "moe_time_share": "the MoE share from the two arms' step times against their served balancedness",
+    "prefix_working_set": "the prefix cache's working set from the arms' hit rates at two KV cache sizes",
+    "prefix_hit_max": "the prefix cache's reach from the arms' hit rates at two KV cache sizes",
+}
+
 
 @dataclass(frozen=True)
 class Range:
     """A cost-model parameter the decision is robust over: its point estimate ``value`` and the range
-    ``low``-``high`` (``source``: ``measured``, its uncertainty; ``prior``, a documented range)."""
+    ``low``-``high`` (``source``: ``measured``, its uncertainty; ``prior``, a documented range;
+    ``experiment``, a prior narrowed by an experiment)."""
 
     name: str
     value: float

@@ -16,13 +16,21 @@ most ``max_redundancy_levels`` values (smallest and largest kept). vLLM's defaul
 (1000/3000/0), the seed's hand-picked 3000/1000/8 and ``current`` are always evaluated when they
 are valid and within bounds and budget.
 
-Known configurations are the prior: a searched configuration is picked only when its score beats
+Without parameter ranges (the point estimate alone), known configurations are the prior: a
+searched configuration is picked only when its score beats
 the best of vLLM's defaults, the seed's 3000/1000/8 and ``current`` (when valid and in bounds) by
 ``prior_margin`` consistently: the lower bound (mean - 1 standard error) of its paired
 per-segment gain over that configuration must exceed ``prior_margin``, so one lucky stretch of
 history cannot buy a change. Leaving ``current`` costs a restart, so the tuner recommends a change
 only when the pick's score beats current's by more than ``min_gain + restart_s / horizon_s`` (see
 :class:`~moe_eplb.eplb.costmodel.CostModel`); otherwise it recommends keeping ``current``.
+
+With parameter ranges (``robust``, from the calibration) the decision is minimax regret: the pick is
+the candidate with the smallest largest regret over the ranges' scenarios, a change charged the
+restart, and it replaces ``current`` when it beats it by the threshold at the point estimate. No
+rule asks a searched configuration to beat a known one in every scenario. When the choice hinges on
+a parameter whose range is a prior, ``TuneResult.explore`` makes the case for a trial on one replica
+(:func:`_explore` when ``current`` is kept, :func:`_explore_change` for a change; :func:`trial_cost`).
 
 Screening: all candidates are first replayed on every k-th MoE layer (about ``screen_layers``),
 then the ``finalists`` best plus the known configurations on all layers; the finalists' exact
@@ -48,7 +56,7 @@ from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Bounds, Knobs
 from moe_eplb.contracts import vllm_facts
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.exploration import Exploration
-from moe_eplb.eplb.robust import Robustness, ScenarioScores, max_regret
+from moe_eplb.eplb.robust import EXPERIMENT, TIGHTEN_BY_TRIAL, Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.trace import LoadTrace
 
@@ -72,6 +80,8 @@ MIN_TUNE_BUCKETS = 2
 DEFAULT_WINDOWS = (500, 1000, 2000, 3000, 5000)
 DEFAULT_INTERVALS = (1000, 2000, 3000, 5000, 10000)
 MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
+#: How long a trial runs when the caller does not say (the exposure term of :func:`trial_cost`).
+DEFAULT_TRIAL_SECONDS = 1800.0
 
 
 class TuneError(ValueError):
@@ -169,6 +179,10 @@ class TuneResult:
         if self.robust is not None:
             for key in ("max_regret", "worst_case_gain_vs_current", "limiting_parameter"):
                 rec[key] = self.robust.get(key)
+        rec["explore"] = None if self.explore is None else {
+            "candidate": self.explore.candidate.label, "knobs": self.explore.candidate.to_dict(),
+            "parameter": self.explore.parameter, "regret_at_stake": self.explore.regret_at_stake,
+            "trial_cost": self.explore.trial_cost, "reason": self.explore.reason}
         if self.cost.kv_demand is not None:
             rec["memory"] = self.cost.memory(ch.result.throughput.redundant_bytes_per_gpu)
         baselines = {
@@ -491,15 +505,20 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
                          f"threshold {threshold:.2%} that pays for a restart"), cur
 
 
-def _robust_decide(search: _Search, prior_margin: float, threshold: float,
-                   tie_tolerance: float) -> tuple[str, Candidate, str, Candidate | None, dict]:
-    """Phases 3-4 over parameter ranges: every exact candidate (the finalists, the known
-    configurations, current) is scored in every scenario (:mod:`moe_eplb.eplb.robust`), a change
-    charged the restart (``restart_s / horizon_s`` of its throughput); the pick has the smallest
-    largest regret (a known configuration within ``prior_margin`` of it wins). So a change is
-    recommended only when, across the ranges, it loses less in the worst case than keeping current
-    does -- and it must also beat current by ``threshold`` at the point estimate. Returns
-    (decision, chosen, reason, current's candidate, report)."""
+def _robust_decide(search: _Search, prior_margin: float, min_gain: float, threshold: float, tie_tolerance: float,
+                   replicas: int = 1, trial_seconds: float = DEFAULT_TRIAL_SECONDS,
+                   ) -> tuple[str, Candidate, str, Candidate | None, dict, Exploration | None]:
+    """Phases 3-4 over parameter ranges (minimax regret): every exact candidate (the finalists, the
+    known configurations, current) is scored in every scenario (:mod:`moe_eplb.eplb.robust`), a change
+    charged the restart (``restart_s / horizon_s`` of its throughput). The pick has the smallest largest
+    regret; candidates within ``max(prior_margin, min_gain)`` of it (the model's error margin) are
+    ties, which go to the running configuration, then a known one (vLLM's defaults, the seed's), then
+    the best point estimate (:func:`_minimax_order`). A change to the pick
+    is recommended when it beats current by more than ``threshold`` at the point estimate; otherwise
+    current is kept, and :func:`_explore` says whether a trial on part of the replicas pays. A change
+    that hinges on a prior range and may lose more than a trial costs is proposed as a trial first
+    (:func:`_explore_change`).
+    Returns (decision, chosen, reason, current's candidate, report, exploration or None)."""
     ss = search.scenario_scores()
     current = search.current
     cur = search.candidate(current) if current is not None and search.runnable(current) else None
@@ -512,58 +531,145 @@ def _robust_decide(search: _Search, prior_margin: float, threshold: float,
     charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
                             for k in keys])[:, None]
     reg = max_regret(charged)
-    order = sorted(range(len(options)), key=lambda i: (round(reg[i] / tie_tolerance), -M[i, 0]))
-    pick_i = order[0]
+    band = max(prior_margin, min_gain)
+    order = _minimax_order(keys, M, reg, search.known, current, band, tie_tolerance)
+    pick_i, i_min = order[0], int(np.argmin(reg))
     note = (f"{keys[pick_i].label}: smallest largest regret ({reg[pick_i]:.2%}, a change charged the restart's "
             f"{restart:.2%}) over {len(ss.scen)} scenarios of the parameter ranges, among {len(options)} finalists")
-    anchors = [i for i, k in enumerate(keys) if k in search.known]
-    if anchors and keys[pick_i] not in search.known:
-        # the known configurations first: a searched one replaces the best of them (by largest regret)
-        # only when it beats it in every scenario
-        a = min(anchors, key=lambda i: (reg[i], -M[i, 0]))
-        win = float((M[pick_i] / np.maximum(M[a], 1e-12)).min() - 1.0)
-        if reg[a] <= reg[pick_i] + prior_margin or win <= tie_tolerance:
-            note = (f"{keys[a].label} (a known configuration, largest regret {reg[a]:.2%}): the searched "
-                    f"{keys[pick_i].label} (largest regret {reg[pick_i]:.2%}) does not beat it in every scenario of "
-                    f"the parameter ranges ({win:+.2%} at worst)")
-            pick_i = a
-        else:
-            note += f"; it beats the best known configuration {keys[a].label} in every scenario ({win:+.2%} at worst)"
-    pick = options[pick_i]
-    worst = None
-    if current is None:
-        decision, chosen, reason = "change", pick, f"no current configuration given; {note}"
-    elif cur is None:
-        decision, chosen, reason = "change", pick, (f"current {current.label} is not a configuration vLLM accepts here "
-                                                    f"((E + R) % ep != 0 or topology), so a change is required; {note}")
-    elif pick.knobs == current:
-        decision, chosen, reason, worst = "keep", cur, f"current configuration is the pick: {note}", 0.0
-    else:
-        i_cur = keys.index(current)
-        ratio = M[pick_i] / np.maximum(M[i_cur], 1e-12)
-        worst = float(ratio.min() - 1.0)
-        at = _values_text(ss.scen[int(ratio.argmin())].values)
-        gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
-                 f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
-        if ratio[0] - 1.0 > threshold:
-            decision, chosen, reason = "change", pick, f"{note}; {gains}"
-        else:
-            decision, chosen, reason = "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point "
-                                                     f"estimate not more than the threshold {threshold:.2%}")
+    if reg[pick_i] > reg[i_min] + 1e-12:
+        note = (f"{keys[pick_i].label}: largest regret {reg[pick_i]:.2%} (a change charged the restart's {restart:.2%}) "
+                f"over {len(ss.scen)} scenarios of the parameter ranges, within the model's error margin {band:.2%} of "
+                f"the smallest ({reg[i_min]:.2%}, {keys[i_min].label}), among {len(options)} finalists; a tie goes to "
+                f"the running, then a known configuration")
+    decision, chosen, reason, worst = _robust_verdict(search, options, keys, M, reg, ss, pick_i, cur, note, threshold)
     contender = options[int(np.argmax(M[:, 0]))]
     if contender.knobs == chosen.knobs:
         others = [options[i] for i in order if options[i].knobs != chosen.knobs]
         contender = others[0] if others else None
     limiting = _limiting(search, chosen, contender)
+    name = limiting.get("limiting_parameter")
+    if name is not None and search.robust.ranges[name].source == EXPERIMENT:
+        reason += f"; the range of {name} was learned from an experiment ({search.robust.ranges[name].note})"
+    explore = None
+    if decision == "keep" and cur is not None:
+        explore = _explore(search, options, keys, M, keys.index(current), replicas, trial_seconds)
+    elif cur is not None and name is not None and search.robust.ranges[name].source == "prior":
+        explore = _explore_change(search, keys, M, reg, keys.index(chosen.knobs), keys.index(current), name,
+                                  replicas, trial_seconds)
     report = {"criterion": "max_regret", "scenarios": len(ss.scen), "restart_charge": restart,
               "parameters": {n: r.to_dict() for n, r in search.robust.ranges.items()},
               "max_regret": float(reg[keys.index(chosen.knobs)]) if chosen.knobs in keys else None,
+              "current_max_regret": float(reg[keys.index(current)]) if cur is not None else None,
               "worst_case_gain_vs_current": worst,
               "point_estimate_pick": keys[int(np.argmax(M[:, 0]))].label,
               "contender": None if contender is None else contender.knobs.label, **limiting,
+              "learned": [n for n, r in search.robust.ranges.items() if r.source == EXPERIMENT],
               "finalists": [{**k.to_dict(), "point_score": float(M[i, 0]), "worst_score": float(M[i].min()),
                              "max_regret": float(reg[i])} for i, k in ((i, keys[i]) for i in order)]}
-    return decision, chosen, reason, cur, report
+    return decision, chosen, reason, cur, report, explore
+
+
+def _minimax_order(keys: list[Knobs], M: np.ndarray, reg: np.ndarray, known: list[Knobs], current: Knobs | None,
+                   band: float, tie_tolerance: float) -> list[int]:
+    """Indices of ``keys`` best first: smallest largest regret; within ``band`` of the smallest (the
+    model's error margin: such differences are ties) the running configuration, then a known one
+    (vLLM's defaults, the seed's), each by its own largest regret, then the higher point-estimate
+    score. A tie band, not a veto: a searched configuration that lowers the largest regret by more
+    than the band is the pick whatever it loses in some scenario."""
+    band = max(band, tie_tolerance)
+    best = float(reg.min())
+
+    def key(i: int) -> tuple:
+        tied = reg[i] <= best + band
+        rank = 0 if keys[i] == current else 1 if keys[i] in known else 2
+        return (0, rank, float(reg[i]), -M[i, 0]) if tied else (1, round(reg[i] / tie_tolerance), -M[i, 0])
+
+    return sorted(range(len(keys)), key=key)
+
+
+def _robust_verdict(search: _Search, options: list[Candidate], keys: list[Knobs], M: np.ndarray, reg: np.ndarray,
+                    ss: ScenarioScores, pick_i: int, cur: Candidate | None, note: str,
+                    threshold: float) -> tuple[str, Candidate, str, float | None]:
+    """Change to the pick or keep current: (decision, chosen, reason, worst-case gain over current)."""
+    current, pick = search.current, options[pick_i]
+    if current is None:
+        return "change", pick, f"no current configuration given; {note}", None
+    if cur is None:
+        return "change", pick, (f"current {current.label} is not a configuration vLLM accepts here "
+                                f"((E + R) % ep != 0 or topology), so a change is required; {note}"), None
+    if pick.knobs == current:
+        return "keep", cur, f"current configuration is the pick: {note}", 0.0
+    i_cur = keys.index(current)
+    ratio = M[pick_i] / np.maximum(M[i_cur], 1e-12)
+    worst = float(ratio.min() - 1.0)
+    at = _values_text(ss.scen[int(ratio.argmin())].values)
+    gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
+             f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
+    if ratio[0] - 1.0 > threshold:
+        return "change", pick, f"{note}; {gains}", worst
+    return "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point estimate not more than "
+                         f"the threshold {threshold:.2%}"), worst
+
+
+def trial_cost(restart: float, worst_loss: float, replicas: int, trial_seconds: float, horizon_s: float) -> float:
+    """What a trial of a candidate on one of ``replicas`` replicas costs, as a fraction of the
+    deployment's throughput over the horizon: the trial replica's restart, ``restart / replicas``
+    (``restart = restart_s / horizon_s``), plus its exposure to the candidate's worst case,
+    ``worst_loss * min(trial_seconds, horizon_s) / horizon_s / replicas`` (``worst_loss``: the
+    candidate's largest relative shortfall against the running setting over the parameter ranges,
+    0 when it never loses). Restoring the trial replica after a discarded trial is a second restart
+    of it only when the trial loses, which the exposure term already bounds."""
+    share = 1.0 / max(1, replicas)
+    return restart * share + max(0.0, worst_loss) * min(trial_seconds, horizon_s) / horizon_s * share
+
+
+def _explore(search: _Search, options: list[Candidate], keys: list[Knobs], M: np.ndarray, i_cur: int,
+             replicas: int, trial_seconds: float) -> Exploration | None:
+    """The case for a trial when current is kept: for each other candidate, the **regret at stake**
+    ``max over scenarios (score x (1 - restart) / current's score - 1)`` (what keeping the running
+    setting may lose across the ranges against it, restart charged) and its :func:`trial_cost`. The
+    candidate with the largest stake net of cost, among those whose stake exceeds the cost, is tried
+    when the parameter that limits its comparison with current (:func:`_limiting`) has a **prior**
+    range (the calibration could not pin it; a measured or learned range is not explored again)."""
+    cost = search.cost
+    restart = cost.restart_s / cost.horizon_s
+    ratio = M / np.maximum(M[i_cur], 1e-12)[None, :]
+    stake = (ratio * (1.0 - restart)).max(axis=1) - 1.0
+    worst_loss = -(ratio.min(axis=1) - 1.0)
+    tc = np.array([trial_cost(restart, float(w), replicas, trial_seconds, cost.horizon_s) for w in worst_loss])
+    order = [i for i in np.argsort(-(stake - tc)) if i != i_cur and stake[i] > tc[i]]
+    cur = options[i_cur]
+    for i in order[:3]:
+        lim = _limiting(search, cur, options[i])
+        name = lim.get("limiting_parameter")
+        if name is None or search.robust.ranges[name].source != "prior":
+            continue
+        r = search.robust.ranges[name]
+        reason = (f"keeping {cur.knobs.label} may lose {stake[i]:.2%} against {keys[i].label} across the prior "
+                  f"range {r.low:.3g}-{r.high:.3g} of {name} (restart charged); a trial on 1 of {replicas} "
+                  f"replica(s) for {trial_seconds:.0f} s costs {tc[i]:.2%} (restart {restart / max(1, replicas):.2%}"
+                  f" + exposure to its worst case {-worst_loss[i]:+.2%}); it measures {TIGHTEN_BY_TRIAL.get(name, name)}")
+        return Exploration(keys[i], name, float(stake[i]), float(tc[i]), reason)
+    return None
+
+
+def _explore_change(search: _Search, keys: list[Knobs], M: np.ndarray, reg: np.ndarray, i_pick: int, i_cur: int,
+                    name: str, replicas: int, trial_seconds: float) -> Exploration | None:
+    """The case for trying a change on one replica before all: the choice hinges on ``name`` (a prior
+    range) and the **regret at stake**, the pick's own largest regret (restart charged: what the change
+    may lose across the ranges, keeping current included), exceeds its :func:`trial_cost`."""
+    cost = search.cost
+    restart = cost.restart_s / cost.horizon_s
+    worst_loss = -float((M[i_pick] / np.maximum(M[i_cur], 1e-12)).min() - 1.0)
+    tc = trial_cost(restart, worst_loss, replicas, trial_seconds, cost.horizon_s)
+    stake = float(reg[i_pick])
+    if stake <= tc:
+        return None
+    r = search.robust.ranges[name]
+    reason = (f"the change to {keys[i_pick].label} may lose {stake:.2%} across the prior range {r.low:.3g}-{r.high:.3g} "
+              f"of {name} (restart charged); a trial on 1 of {replicas} replica(s) for {trial_seconds:.0f} s costs "
+              f"{tc:.2%}; it measures {TIGHTEN_BY_TRIAL.get(name, name)}")
+    return Exploration(keys[i_pick], name, stake, float(tc), reason)
 
 
 def _values_text(values: dict) -> str:
@@ -618,6 +724,8 @@ def tune(
     prior_margin: float = 0.002,
     min_steps: int = MIN_TUNE_STEPS,
     robust: Robustness | None = None,
+    replicas: int = 1,
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -647,16 +755,23 @@ def tune(
             replay the ``finalists`` best (plus defaults, seed and current) on all layers; None
             or a model with few layers: every candidate on all layers.
         finalists: candidates re-scored on all layers after screening.
-        prior_margin: a searched configuration must beat the best known one (vLLM defaults,
-            the seed's 3000/1000/8, current; when valid and in bounds) by this much: the lower
-            bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it.
+        prior_margin: without ranges, a searched configuration must beat the best known one (vLLM
+            defaults, the seed's 3000/1000/8, current; when valid and in bounds) by this much: the
+            lower bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it. With
+            ranges, ``max(prior_margin, min_gain)`` is the tie band of largest regrets inside which
+            the running or a known configuration is preferred.
         min_steps: fewer engine steps than this in the trace (or fewer than two buckets) is too
             little data: TuneError.
         robust: parameter ranges (:class:`~moe_eplb.eplb.robust.Robustness`, e.g.
             ``Calibration.robustness()``): the pick is the finalist with the smallest largest regret
-            over every corner of the ranges, and a change from ``current`` is recommended only when
-            the pick beats it in every corner by the threshold (:func:`_robust_decide`). None: the
-            point estimate ``cost`` decides (:func:`_pick`, :func:`_decide`).
+            over every corner of the ranges (a change charged the restart), and a change from
+            ``current`` is recommended when the pick beats it by the threshold at the point estimate
+            (:func:`_robust_decide`); when current is kept, ``TuneResult.explore`` says whether a
+            trial pays (:func:`_explore`). None: the point estimate ``cost`` decides (:func:`_pick`,
+            :func:`_decide`).
+        replicas: replicas (or replica groups) sharing the traffic; a trial runs on one of them
+            (:func:`trial_cost`).
+        trial_seconds: how long a trial runs (its exposure to the candidate's worst case).
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -672,13 +787,16 @@ def tune(
     _evaluate(search, full, screen_layers, finalists, tie_tolerance)
     t_policy = time.perf_counter() - t0
     threshold = cost.change_threshold(min_gain)
-    robust_report = None
+    robust_report, explore = None, None
     if search.robust is not None:
-        decision, chosen, reason, cur, robust_report = _robust_decide(search, prior_margin, threshold, tie_tolerance)
+        decision, chosen, reason, cur, robust_report, explore = _robust_decide(
+            search, prior_margin, min_gain, threshold, tie_tolerance, replicas, trial_seconds)
     else:
         pick, pick_note = _pick(search, prior_margin)
         decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
-    return _result(search, full, decision, chosen, reason, cur, threshold, robust_report, t0, t_policy)
+    result = _result(search, full, decision, chosen, reason, cur, threshold, robust_report, t0, t_policy)
+    result.explore = explore
+    return result
 
 
 def _new_search(trace: LoadTrace, topology: Topology, cost: CostModel, bounds: Bounds, current: Knobs | None,
