@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime
 import json
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
@@ -43,6 +45,8 @@ TARGET = 10  # waiting requests per replica group
 MAX_REPLICAS = 3
 HPA_NAME = KEDA_HPA_PREFIX + NAME
 WAIT = {"timeout": 90.0, "interval": 0.25}
+POLL = 5  # KEDA's pollingInterval (s)
+COOLDOWN = 30  # seconds, with minReplicas 0: scaleDown.stabilizationWindowSeconds, KEDA's cooldownPeriod
 
 #: the autotune tier's small MoE on one Deployment (4 pods of EP 4 per replica), autotune Off, and
 #: autoscaling with the default backend (KEDA): fast enough for a test (KEDA polls every 5 s; two
@@ -61,7 +65,7 @@ RESOURCE: dict[str, Any] = {
                         "metric": {"type": "RequestsWaiting", "target": TARGET},
                         "scaleUp": {"replicas": 2, "periodSeconds": 1},
                         "scaleDown": {"stabilizationWindowSeconds": 0, "replicas": 3, "periodSeconds": 1},
-                        "keda": {"pollingIntervalSeconds": 5}},
+                        "keda": {"pollingIntervalSeconds": POLL}},
     },
 }
 
@@ -83,6 +87,8 @@ async def keda_world(min_replicas: int) -> AsyncIterator[tuple[SimWorld, Keda, d
                 await world.start_operator()
                 resource = copy.deepcopy(RESOURCE)
                 resource["spec"]["autoscaling"]["minReplicas"] = min_replicas
+                if min_replicas == 0:  # KEDA's cooldown before it scales to zero (and after creation)
+                    resource["spec"]["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] = COOLDOWN
                 resource["spec"]["monitoring"] = {"prometheusUrl": world.prometheus_url}
                 await world.apply(resource)
                 try:
@@ -153,13 +159,20 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         so = await eventually(lambda: _condition_true(cluster, so_path, "Ready"), what="the ScaledObject Ready", **WAIT)
         assert so["spec"]["minReplicaCount"] == 0
         assert so["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
-        # nothing waits: KEDA itself takes /scale to zero (cooldown 0), the operator the Deployment
+        assert so["spec"]["cooldownPeriod"] == COOLDOWN
+        created = datetime.datetime.fromisoformat(so["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+        # nothing waits: KEDA's first polls find the trigger inactive, but a resource just created
+        # keeps its replica while its engines load: not before the cooldown does KEDA take it to zero
+        so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "False"), what="Active False", **WAIT)
+        assert _conditions(so)["Active"]["reason"] == "ScalerCooldown", _conditions(so)["Active"]
+        await asyncio.sleep(2 * POLL)
+        early = time.time() - created
+        assert early < COOLDOWN - 5, f"too slow to tell: {early:.0f} s after creation"
+        assert (await cluster.get(moe_path))["spec"]["replicas"] == 1, f"scaled to zero {early:.0f} s after creation"
         zero = await eventually(lambda: _replicas_at_most(cluster, moe_path, 0), what="spec.replicas == 0", **WAIT)
-        assert zero["spec"]["replicas"] == 0
+        assert zero["spec"]["replicas"] == 0 and time.time() - created >= COOLDOWN - 1
         deploy = f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"
         await eventually(lambda: _field_is(cluster, deploy, 0), what="the Deployment at zero", **WAIT)
-        so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "False"), what="Active False", **WAIT)
-        assert _conditions(so)["Active"]["reason"] == "ScalerNotActive"
 
         # KEDA's word reaches the resource: with a Prometheus address nothing answers at (a user's
         # edit), KEDA's trigger fails, the ScaledObject is not Ready, and the MoEInference's
