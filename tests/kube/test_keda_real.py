@@ -174,6 +174,21 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         deploy = f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"
         await eventually(lambda: _field_is(cluster, deploy, 0), what="the Deployment at zero", **WAIT)
 
+        # at zero no engine runs, so nothing reports a waiting request: a traffic rise does not
+        # activate KEDA (the rendered query has no series; KEDA reads that as 0), the resource stays at zero
+        world.set_true_cost(TrueCost(kv_demand=2.0))
+        await asyncio.sleep(3 * POLL)
+        so = await cluster.get(so_path)
+        assert _conditions(so)["Active"]["status"] == "False", _conditions(so)["Active"]
+        assert (await cluster.get(moe_path))["spec"]["replicas"] == 0
+        # one replica by hand (`kubectl scale moe tiny --replicas=1`, what a request router would do):
+        # its engines report the waiting requests, KEDA activates and its HPA scales to maxReplicas
+        await cluster.patch(f"{moe_path}/scale", {"spec": {"replicas": 1}})
+        so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "True"), what="KEDA active", **WAIT)
+        assert _conditions(so)["Active"]["reason"] == "ScalerActive"
+        up = await eventually(lambda: _replicas_at_least(cluster, moe_path, MAX_REPLICAS), what="maxReplicas", **WAIT)
+        assert up["spec"]["replicas"] == MAX_REPLICAS
+
         # KEDA's word reaches the resource: with a Prometheus address nothing answers at (a user's
         # edit), KEDA's trigger fails, the ScaledObject is not Ready, and the MoEInference's
         # Autoscaling condition carries KEDA's reason and message
