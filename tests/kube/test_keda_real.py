@@ -46,7 +46,7 @@ MAX_REPLICAS = 3
 HPA_NAME = KEDA_HPA_PREFIX + NAME
 WAIT = {"timeout": 90.0, "interval": 0.25}
 POLL = 5  # KEDA's pollingInterval (s)
-COOLDOWN = 30  # seconds, with minReplicas 0: scaleDown.stabilizationWindowSeconds, KEDA's cooldownPeriod
+COOLDOWN = 40  # seconds, with minReplicas 0: scaleDown.stabilizationWindowSeconds, KEDA's cooldownPeriod
 
 #: the autotune tier's small MoE on one Deployment (4 pods of EP 4 per replica), autotune Off, and
 #: autoscaling with the default backend (KEDA): fast enough for a test (KEDA polls every 5 s; two
@@ -165,7 +165,7 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         # keeps its replica while its engines load: not before the cooldown does KEDA take it to zero
         so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "False"), what="Active False", **WAIT)
         assert _conditions(so)["Active"]["reason"] == "ScalerCooldown", _conditions(so)["Active"]
-        await asyncio.sleep(2 * POLL)
+        await asyncio.sleep(POLL)  # one more poll: before the fix KEDA scaled to zero at its first
         early = time.time() - created
         assert early < COOLDOWN - 5, f"too slow to tell: {early:.0f} s after creation"
         assert (await cluster.get(moe_path))["spec"]["replicas"] == 1, f"scaled to zero {early:.0f} s after creation"
@@ -181,6 +181,7 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         so = await cluster.get(so_path)
         assert _conditions(so)["Active"]["status"] == "False", _conditions(so)["Active"]
         assert (await cluster.get(moe_path))["spec"]["replicas"] == 0
+        assert await _prometheus_values(world, ns) == []  # no engine, no series
         # one replica by hand (`kubectl scale moe tiny --replicas=1`, what a request router would do):
         # its engines report the waiting requests, KEDA activates and its HPA scales to maxReplicas
         await cluster.patch(f"{moe_path}/scale", {"spec": {"replicas": 1}})
@@ -204,13 +205,18 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         assert cond["reason"] == "AutoscalerActive", cond
 
 
-async def _prometheus_above(world: SimWorld, ns: str) -> float | None:
-    """The value of the ScaledObject's rendered PromQL in the world's Prometheus, once above target."""
+async def _prometheus_values(world: SimWorld, ns: str) -> list[float]:
+    """The values of the ScaledObject's rendered PromQL in the world's Prometheus now."""
     so = await world.cluster.get(f"/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{NAME}")
     promql = so["spec"]["triggers"][0]["metadata"]["query"]
     url = f"{world.prometheus_url}/api/v1/query?query={urllib.parse.quote(promql)}"
     body = await asyncio.to_thread(lambda: json.load(urllib.request.urlopen(url, timeout=5)))
-    values = [float(r["value"][1]) for r in body["data"]["result"]]
+    return [float(r["value"][1]) for r in body["data"]["result"]]
+
+
+async def _prometheus_above(world: SimWorld, ns: str) -> float | None:
+    """The value of the rendered PromQL, once above target."""
+    values = await _prometheus_values(world, ns)
     return values[0] if values and values[0] > TARGET else None
 
 
