@@ -38,6 +38,7 @@ kube:
 	bash tools/kube/crds.sh
 	bash tools/build-go-tool.sh tools/lws
 	bash tools/build-go-tool.sh tools/adapter
+	bash tools/build-go-tool.sh tools/keda
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 

@@ -152,6 +152,36 @@ def test_autoscaling_condition_says_when_the_cluster_lacks_the_autoscalers_kind(
     assert (ok, reason) == (False, "AutoscalerKindMissing") and "install KEDA, or use spec.autoscaling.backend: HPA" in message
 
 
+def test_autoscaling_condition_carries_kedas_not_ready_scaled_object():
+    from moe_eplb.controller.reconcile import _autoscaling_condition, scaled_object_not_ready
+
+    def so(*conds):
+        return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "m"},
+                "status": {"conditions": [dict(zip(("type", "status", "reason", "message"), c)) for c in conds]}}
+
+    bad = so(("Ready", "False", "ScaledObjectCheckFailed", "Triggers defined in ScaledObject are not correct"),
+             ("Active", "False", "ScalerNotActive", "Scaling is not performed because triggers are not active"))
+    assert scaled_object_not_ready(bad) == ("KEDA reports ScaledObject m not Ready (ScaledObjectCheckFailed): "
+                                            "Triggers defined in ScaledObject are not correct")
+    assert _autoscaling_condition("KEDA ScaledObject m scales ...", [], [deploy(), bad]) == \
+        (False, "ScaledObjectNotReady", scaled_object_not_ready(bad))
+    # Ready, not reported yet (no status, Unknown): the operator says who scales what
+    for fine in (so(("Ready", "True", "ScaledObjectReady", "ScaledObject is defined correctly and is ready for scaling")),
+                 so(("Ready", "Unknown", "", "")), {"kind": "ScaledObject", "metadata": {"name": "m"}}):
+        assert scaled_object_not_ready(fine) is None
+        assert _autoscaling_condition("KEDA ScaledObject m scales ...", [], [fine])[:2] == (True, "AutoscalerActive")
+    # the kind missing wins (no live ScaledObject then anyway)
+    assert _autoscaling_condition("KEDA ScaledObject m scales ...", ["ScaledObject/m"], [bad])[1] == "AutoscalerKindMissing"
+    # in the resource's status: the Autoscaling condition False with KEDA's words, Ready unchanged (the pods)
+    status = ready_status(resource(), [deploy(status={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+                                                      "observedGeneration": 1})],
+                          eplb=EPLB, ep_size=4, selector="s", endpoint=None,
+                          autoscaling=_autoscaling_condition("KEDA ...", [], [bad]))
+    cond = next(c for c in status["conditions"] if c["type"] == "Autoscaling")
+    assert (cond["status"], cond["reason"]) == ("False", "ScaledObjectNotReady")
+    assert "Triggers defined in ScaledObject are not correct" in cond["message"]
+
+
 def _pod(name, restarts=0, waiting=None, last=None, deleting=False):
     cs = {"name": "vllm", "restartCount": restarts,
           "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}}}

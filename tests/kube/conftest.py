@@ -106,3 +106,26 @@ def hpa_adapter_parts() -> None:
         absent.append("no Prometheus binary (apt-get install prometheus)")
     if absent:
         missing("; ".join(absent))
+
+
+@pytest.fixture(scope="module")
+def keda_parts() -> None:
+    """The control plane, KEDA (operator and metrics server, ``tools/keda``) and Prometheus that the
+    real KEDA's tests need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
+    from moe_eplb.sim.real.controlplane import ControlPlaneError, default_bin_dir, find_binaries
+    from moe_eplb.sim.real.keda import crd_files, default_keda_bin_dir, find_keda
+    from moe_eplb.sim.world import prometheus_binary
+
+    absent = []
+    if find_binaries() is None:
+        absent.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
+    if find_keda() is None:
+        absent.append(f"no KEDA built in {default_keda_bin_dir()} (run `make kube`)")
+    try:
+        crd_files()
+    except ControlPlaneError as exc:
+        absent.append(str(exc))
+    if prometheus_binary() is None:
+        absent.append("no Prometheus binary (apt-get install prometheus)")
+    if absent:
+        missing("; ".join(absent))

@@ -122,6 +122,10 @@ def test_scale_to_zero_is_keda_only_and_sets_an_activation_threshold():
     so = child(resource({"minReplicas": 0, "maxReplicas": 2}))
     assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
     assert keda_problems(so) == []
+    # the cooldown before scaling to zero holds for a ScaledObject just created too: KEDA ignores
+    # cooldownPeriod until a trigger was first active and uses initialCooldownPeriod (default 0, which
+    # took a new resource to zero at KEDA's first poll, while its engines loaded: tests/kube/test_keda_real.py)
+    assert so["spec"]["cooldownPeriod"] == so["spec"]["initialCooldownPeriod"] == 1800
 
 
 @pytest.mark.parametrize("api,metric", [("External", {}), ("External", {"type": "TTFT"}),

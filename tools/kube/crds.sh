@@ -10,7 +10,13 @@ CRDS=(
   "github.com/prometheus-operator/prometheus-operator@v0.94.0 example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
   "github.com/prometheus-operator/prometheus-operator@v0.94.0 example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
   "sigs.k8s.io/lws@v0.8.0 config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+  # KEDA: every kind its operator watches (tools/keda runs it; the ScaledObject is the one the operator renders)
   "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/keda.sh_scaledobjects.yaml"
+  "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/keda.sh_scaledjobs.yaml"
+  "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/keda.sh_triggerauthentications.yaml"
+  "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/keda.sh_clustertriggerauthentications.yaml"
+  "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/eventing.keda.sh_cloudeventsources.yaml"
+  "github.com/kedacore/keda/v2@v2.18.0 config/crd/bases/eventing.keda.sh_clustercloudeventsources.yaml"
 )
 mkdir -p crds
 for line in "${CRDS[@]}"; do

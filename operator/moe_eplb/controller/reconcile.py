@@ -297,7 +297,7 @@ class Reconciler:
 
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size
-        scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped)
+        scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped, live_children)
         restarts = await self._restarts(inf, live_children)
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
@@ -449,18 +449,37 @@ class Reconciler:
             log.warning("could not post event %s: %s", reason, exc)
 
 
-def _autoscaling_condition(description: str | None, skipped: Sequence[str]) -> tuple[bool, str, str] | None:
+def _autoscaling_condition(description: str | None, skipped: Sequence[str],
+                           live: Sequence[Mapping[str, Any]] = ()) -> tuple[bool, str, str] | None:
     """The ``Autoscaling`` condition: (True, AutoscalerActive, what scales what) while the autoscaler
-    runs, (False, AutoscalerKindMissing, ...) when the cluster does not serve its kind (no KEDA), None
-    without ``spec.autoscaling``."""
+    runs, (False, AutoscalerKindMissing, ...) when the cluster does not serve its kind (no KEDA),
+    (False, ScaledObjectNotReady, KEDA's reason and message) while KEDA reports the live ScaledObject
+    (among ``live``, the applied children) not Ready, None without ``spec.autoscaling``."""
     if description is None:
         return None
     missing = next((c for c in skipped if c.split("/")[0] in (KEDA_KIND, HPA_KIND)), None)
     if missing is None:
+        keda = next((c for c in live if c.get("kind") == KEDA_KIND), None)
+        not_ready = scaled_object_not_ready(keda) if keda is not None else None
+        if not_ready is not None:
+            return False, "ScaledObjectNotReady", not_ready
         return True, "AutoscalerActive", description
     fix = "install KEDA, or use spec.autoscaling.backend: HPA" if missing.startswith(KEDA_KIND) else \
         "the API server serves no autoscaling/v2"
     return False, "AutoscalerKindMissing", f"{missing} cannot be created: the cluster does not serve its kind ({fix})"
+
+
+def scaled_object_not_ready(scaled_object: Mapping[str, Any]) -> str | None:
+    """What KEDA reports about a ScaledObject whose ``Ready`` condition is False (e.g. reason
+    ``ScaledObjectCheckFailed``, ``Triggers defined in ScaledObject are not correct``), in one line;
+    None while it is Ready or KEDA has not reported yet (no condition, or Unknown)."""
+    conds = {c.get("type"): c for c in (scaled_object.get("status") or {}).get("conditions") or []}
+    ready = conds.get("Ready")
+    if ready is None or ready.get("status") != "False":
+        return None
+    name = (scaled_object.get("metadata") or {}).get("name", "?")
+    why = ready.get("message") or ready.get("reason") or "no message"
+    return f"KEDA reports ScaledObject {name} not Ready ({ready.get('reason') or 'no reason'}): {why}"
 
 
 @dataclass(frozen=True)

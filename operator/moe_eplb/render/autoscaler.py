@@ -138,8 +138,12 @@ def scaled_object(inf: MoEInference) -> dict[str, Any]:
             "minReplicaCount": rollout_min_replicas(inf),
             "maxReplicaCount": a.max_replicas,
             "pollingInterval": a.keda.polling_interval_seconds,
-            # only used when scaling to zero: the last active trigger must be this old
+            # only used when scaling to zero: the last active trigger must be this old -- and, as
+            # KEDA ignores cooldownPeriod until a trigger was first active, the ScaledObject too
+            # (KEDA's default initialCooldownPeriod, 0, took a resource just created to zero at its
+            # first poll, while its engines still loaded)
             "cooldownPeriod": a.scale_down.stabilization_window_seconds,
+            "initialCooldownPeriod": a.scale_down.stabilization_window_seconds,
             "advanced": {"horizontalPodAutoscalerConfig": {"name": KEDA_HPA_PREFIX + inf.name,
                                                            "behavior": behavior(a)}},
             "triggers": [{"type": "prometheus", "name": a.metric.type.lower(),
