@@ -60,7 +60,7 @@ CRD_NAMES = ("keda.sh_scaledobjects.yaml", "keda.sh_scaledjobs.yaml", "keda.sh_t
              "eventing.keda.sh_clustercloudeventsources.yaml")
 BINARIES = ("keda-operator", "keda-adapter")
 
-_REPO = pathlib.Path(__file__).resolve().parents[3]
+_REPO = pathlib.Path(__file__).resolve().parents[4]
 
 
 def default_keda_bin_dir() -> pathlib.Path:
