@@ -127,6 +127,8 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
         raise LoadReadError(NO_DATA, f"no {metric_names.PREFIX}* series{what}; check that the pods run the "
                             "exporter (VLLM_PLUGINS=moe_eplb_exporter, EPLB enabled) and that Prometheus "
                             "scrapes them (PodMonitor)")
+    if not tokens and c.forwarding:
+        _check_forwarding(c, {}, what)
     if not tokens or not c.engine_steps:
         missing = metric_names.EXPERT_TOKENS if not tokens else metric_names.ENGINE_STEPS
         raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
