@@ -17,6 +17,7 @@ from moe_eplb.exporter.group import (
     GroupMerge,
     GroupRole,
     PeerPoller,
+    WorkerTotals,
     decode,
     encode,
     worker_urls,
@@ -47,9 +48,10 @@ def test_role_from_the_leaderworkerset_env():
 
 def test_encode_decode_round_trip_and_garbage():
     a = np.arange(6.0).reshape(2, 3)
-    back = decode(encode({"m": (12.5, a), "m (draft)": (13.0, a[:1])}))
-    assert back["m"][0] == 12.5 and back["m (draft)"][0] == 13.0
+    back = decode(encode({"m": (12.5, a), "m (draft)": (13.0, a[:1])}, {"m": a - 1}))
+    assert back["m"][0] == 12.5 and back["m (draft)"][0] == 13.0 and back["m (draft)"][2] is None
     np.testing.assert_array_equal(back["m"][1], a)
+    np.testing.assert_array_equal(back["m"][2], a - 1)
     with pytest.raises(ValueError, match=GROUP_PATH):
         decode(b"not an npz")
 
@@ -66,12 +68,12 @@ def test_merge_counts_each_token_once_through_worker_restarts():
     m.update(1, {"m": (150.0, np.array([[1.0, 3.0]]))})  # a value dropped, same start time: a restart too
     np.testing.assert_array_equal(m.merged("m", own + 1), [[11, 8]])
     assert m.pods("m") == 2 and m.pods("other") == 1
-    # a leader that starts after a worker's counters (a restarted leader): only what comes after its
-    # first answer counts -- a previous leader exported the rest
+    # a restarted leader counts a worker from the baseline it hands over (the previous leader's
+    # last fetch): nothing twice, nothing missed
     late = GroupMerge(start_time=200.0)
-    late.update(3, {"m": (150.0, np.array([[40.0, 40.0]]))})
+    late.update(3, {"m": (150.0, np.array([[40.0, 40.0]]), np.array([[39.0, 38.0]]))})
     late.update(3, {"m": (150.0, np.array([[41.0, 42.0]]))})
-    np.testing.assert_array_equal(late.merged("m", own), [[1, 2]])
+    np.testing.assert_array_equal(late.merged("m", own), [[2, 4]])
     # a model of another shape is never added
     np.testing.assert_array_equal(late.merged("m", np.zeros((2, 2))), np.zeros((2, 2)))
 
@@ -103,7 +105,7 @@ def test_leader_exports_the_group_sum_over_http_workers_only_their_per_rank_seri
         for w in (1, 2):
             c = PodCollector(dirs[w], "full", role=GroupRole("worker", w, 3))
             workers.append(c)
-            servers.append(serve(make_registry(c), "127.0.0.1", 0, group_totals=c.own))
+            servers.append(serve(make_registry(c), "127.0.0.1", 0, group_totals=WorkerTotals(c.own)))
         urls = tuple(f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
         role = GroupRole("leader", 0, 3, urls)
         merge = GroupMerge(start_time=100.0)
@@ -140,7 +142,7 @@ def test_a_worker_that_does_not_answer_is_retried_and_its_counts_arrive_later(tm
     assert PeerPoller(role, merge, timeout=0.5).poll_once() == 0
     assert merge.pods("m") == 1
     c = PodCollector(d, "full", role=GroupRole("worker", 1, 2))
-    server = serve(make_registry(c), "127.0.0.1", 0, group_totals=c.own)
+    server = serve(make_registry(c), "127.0.0.1", 0, group_totals=WorkerTotals(c.own))
     try:
         role = GroupRole("leader", 0, 2, (f"http://127.0.0.1:{server.server_address[1]}",))
         assert PeerPoller(role, merge).poll_once() == 1
@@ -148,3 +150,16 @@ def test_a_worker_that_does_not_answer_is_retried_and_its_counts_arrive_later(tm
         server.shutdown()
         server.server_close()
     np.testing.assert_array_equal(merge.merged("m", np.zeros((2, 4))), c.own()["m"][1])
+
+
+def test_a_worker_hands_a_new_leader_what_the_previous_one_fetched():
+    now = {"m": (10.0, np.array([[1.0, 2.0]]))}
+    w = WorkerTotals(lambda: now)
+    assert decode(w.answer("leader-a"))["m"][2] is None  # the first leader: no baseline (count from 0)
+    now = {"m": (10.0, np.array([[5.0, 6.0]]))}
+    assert decode(w.answer("leader-a"))["m"][2] is None
+    now = {"m": (10.0, np.array([[7.0, 9.0]]))}
+    got = decode(w.answer("leader-b"))["m"]  # a restarted leader: from leader-a's last fetch on
+    np.testing.assert_array_equal(got[2], [[5.0, 6.0]])
+    now = {"m": (99.0, np.array([[1.0, 1.0]]))}  # the worker restarted too: its new counts are all new
+    assert decode(w.answer("leader-c"))["m"][2] is None

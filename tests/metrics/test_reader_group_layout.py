@@ -14,7 +14,7 @@ from prometheus_client.exposition import generate_latest
 from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
-from moe_eplb.exporter.group import GroupMerge, GroupRole
+from moe_eplb.exporter.group import GroupMerge, GroupRole, WorkerTotals, decode
 from moe_eplb.exporter.server import make_registry
 from moe_eplb.metrics.assemble import counters_from_rounds, group_pods_from_rounds, trace_from_raw_counters
 from moe_eplb.metrics.errors import LoadReadError
@@ -66,41 +66,45 @@ def _round(t: float, bodies: dict[str, bytes]) -> Round:
     return Round(t, pods, {n: _labels(int(n.rsplit("-", 1)[1])) for n in bodies})
 
 
-def simulate(tmp_path, *, worker_restart: int | None = 6, group_restart: int | None = 12, rounds: int = 20):
-    """Both layouts' scrape rounds (every 5 s) of one group of 4 pods under the same random load."""
+def simulate(tmp_path, *, worker_restart: int | None = 6, leader_restart: int | None = 9,
+             group_restart: int | None = 12, rounds: int = 20):
+    """Both layouts' scrape rounds (every 5 s) of one group of 4 pods under the same random load: a
+    worker restarts alone, the leader restarts alone (vLLM fault tolerance keeps the workers
+    serving), then LeaderWorkerSet recreates the whole group."""
     rng = np.random.default_rng(7)
     pods = [Pod(tmp_path, w, start=1000.0 - w) for w in range(PODS)]  # workers' counters start first
-
-    def new_leader():
-        return GroupMerge(start_time=pods[0].start)
-
-    merge = new_leader()
+    answer = {p.w: WorkerTotals(PodCollector(str(p.dir), "full").own) for p in pods[1:]}
+    merge = GroupMerge(start_time=pods[0].start)
     old, new = [], []
     for k in range(rounds):
         t = 1000.0 + 5.0 * (k + 1)
-        if k == worker_restart:
+        if k == worker_restart:  # a new worker process: new counters, a new answerer
             pods[2].restart(t - 1.0)
+            answer[2] = WorkerTotals(PodCollector(str(pods[2].dir), "full").own)
+        if k == leader_restart:
+            pods[0].restart(t - 1.0)
+            merge = GroupMerge(start_time=pods[0].start)
         fresh_group = k == group_restart
-        if fresh_group:  # LeaderWorkerSet recreates the group: every pod's counters start again
+        if fresh_group:  # every pod's counters start again
             for p in pods:
                 p.restart(t - 2.0 + (0.5 if p.w == 0 else 0.0))  # the leader's process starts last
-            merge = new_leader()
-        for p in pods:  # the engine routes nothing before every pod is up (the first round of a group)
-            p.run(np.zeros((RANKS, L, E)) if fresh_group else rng.integers(0, 50, (RANKS, L, E)).astype(float),
-                  0 if fresh_group else 3)
+            answer = {p.w: WorkerTotals(PodCollector(str(p.dir), "full").own) for p in pods[1:]}
+            merge = GroupMerge(start_time=pods[0].start)
+        for p in pods:
+            p.run(rng.integers(0, 50, (RANKS, L, E)).astype(float), 3)
         roles = [GroupRole("leader", 0, PODS, ("-",) * (PODS - 1))] + [GroupRole("worker", w, PODS)
                                                                          for w in range(1, PODS)]
+        for p in pods[1:]:  # the leader's fetch of each worker's totals (its PeerPoller)
+            merge.update(p.w, decode(answer[p.w].answer(merge.leader_id)))
         collectors = [PodCollector(str(p.dir), "full", role=roles[p.w], merge=merge if p.w == 0 else None)
                       for p in pods]
-        for p in pods[1:]:  # the leader's fetch of each worker's totals (its PeerPoller)
-            merge.update(p.w, collectors[p.w].own())
         new.append(_round(t, {f"ds-0-{p.w}": generate_latest(make_registry(collectors[p.w])) for p in pods}))
         old.append(_round(t, {f"ds-0-{p.w}": generate_latest(make_registry(PodCollector(str(p.dir), "full")))
                               for p in pods}))
     return old, new
 
 
-@pytest.mark.parametrize("restarts", [{}, {"worker_restart": None, "group_restart": None}])
+@pytest.mark.parametrize("restarts", [{}, {"worker_restart": None, "leader_restart": None, "group_restart": None}])
 def test_same_trace_from_the_group_layout_as_from_every_pods_copy(tmp_path, restarts):
     old, new = simulate(tmp_path, **restarts)
     grid = np.arange(1000.0, 1101.0, 10.0)
@@ -127,14 +131,13 @@ def test_the_total_is_the_load_routed_once_through_restarts(tmp_path):
     grid = np.arange(1005.0, 1106.0, 10.0)  # the first round (t=1005) is the baseline
     b = trace_from_scraped_rounds(new, grid, pods_per_engine=PODS)
     rng = np.random.default_rng(7)  # the load simulate() routed, drawn again in the same order
-    per_round = [sum(rng.integers(0, 50, (RANKS, L, E)).sum() for _ in range(PODS)) if k != 12 else 0
-                 for k in range(20)]
+    per_round = [sum(rng.integers(0, 50, (RANKS, L, E)).sum() for _ in range(PODS)) for k in range(20)]
     total = sum(per_round[1:])
     assert b.load.sum() == total, "every token once: no gap, no double count across the restarts"
 
 
 def test_a_group_without_its_leaders_series_is_refused(tmp_path):
-    _, new = simulate(tmp_path, rounds=4, worker_restart=None, group_restart=None)
+    _, new = simulate(tmp_path, rounds=4, worker_restart=None, leader_restart=None, group_restart=None)
     for r in new:
         del r.pods["ds-0-0"]
     grid = np.arange(1000.0, 1021.0, 10.0)

@@ -166,8 +166,9 @@ def families(models: dict[str, PodModel], mode: str = "full") -> list:
     f = _Families(mode)
     for pm in models.values():
         _add_model(f, pm, mode)
+    # the group gauge only on a replica group's pods (a pod on its own exports what it always did)
     return [f.expert, f.rank, f.replicas, f.rearr, f.hist, f.steps, f.bal, f.info, f.start, f.ranks, f.step_s,
-            f.step_t, f.kv, f.fails, f.async_h, f.group]
+            f.step_t, f.kv, f.fails, f.async_h, *([f.group] if f.group.samples else [])]
 
 
 class _Families:

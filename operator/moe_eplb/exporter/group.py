@@ -19,10 +19,12 @@ vLLM. The exporters gather them themselves, off the engine:
 So ``sum`` over the group's pods of either family is what it was, and the load reader and the
 dashboards read the same numbers. Restarts (:meth:`GroupMerge.update`): a worker whose counters
 restart (new start time, or a value that dropped) is counted from zero again on top of what the
-leader already exported, so the leader's counter never drops; a leader that restarts starts a new
-counter (its own start time), and counts a worker's totals from zero only when they started after
-it (otherwise from the first fetch on: what a previous leader may have exported is never counted
-twice). This module imports only numpy and the standard library (it runs in the vLLM pod).
+leader already exported, so the leader's counter never drops. A leader that restarts starts a new
+counter (its own start time) and counts each worker from where the previous leader's last fetch
+left it: the worker remembers the totals of its last answer and hands them to a leader it has not
+answered before as its baseline (:class:`WorkerTotals`), so nothing is counted twice and nothing is
+missed beyond what the old leader fetched after its last scrape. This module imports only numpy and
+the standard library (it runs in the vLLM pod).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import io
 import json
 import logging
 import os
+import socket
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,25 +106,58 @@ def worker_urls(leader_address: str, size: int, port: int) -> tuple[str, ...]:
     return tuple(f"http://{host}-{w}{'.' + rest if rest else ''}:{port}" for w in range(1, size))
 
 
-def encode(models: Mapping[str, tuple[float, np.ndarray]]) -> bytes:
-    """A worker's answer on :data:`GROUP_PATH`: per model ``(start_time, expert_tokens [L, E])``."""
+Totals = Mapping[str, tuple[float, np.ndarray]]  # model -> (counter start time, expert tokens [L, E])
+
+
+def encode(models: Totals, baseline: Mapping[str, np.ndarray] | None = None) -> bytes:
+    """A worker's answer on :data:`GROUP_PATH`: per model ``(start_time, expert_tokens [L, E])``, and
+    per model the totals a previous leader last fetched (``baseline``; absent: none fetched them)."""
     names = sorted(models)
+    baseline = baseline or {}
     arrays = {f"m{i}": np.asarray(models[n][1], np.float64) for i, n in enumerate(names)}
+    arrays.update({f"b{i}": np.asarray(baseline[n], np.float64) for i, n in enumerate(names) if n in baseline})
     meta = {"models": [{"name": n, "start_time": float(models[n][0])} for n in names]}
     buf = io.BytesIO()
     np.savez(buf, meta=np.array(json.dumps(meta)), **arrays)
     return buf.getvalue()
 
 
-def decode(body: bytes) -> dict[str, tuple[float, np.ndarray]]:
-    """Inverse of :func:`encode`; raises ValueError on anything else."""
+def decode(body: bytes) -> dict[str, tuple[float, np.ndarray, np.ndarray | None]]:
+    """Inverse of :func:`encode`: model -> ``(start_time, totals, baseline or None)``; raises
+    ValueError on anything else."""
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            return {m["name"]: (float(m["start_time"]), np.asarray(z[f"m{i}"], np.float64))
+            return {m["name"]: (float(m["start_time"]), np.asarray(z[f"m{i}"], np.float64),
+                                np.asarray(z[f"b{i}"], np.float64) if f"b{i}" in z.files else None)
                     for i, m in enumerate(meta["models"])}
     except Exception as exc:  # noqa: BLE001 - any malformed answer is one error
         raise ValueError(f"not a {GROUP_PATH} answer: {exc}") from None
+
+
+class WorkerTotals:
+    """Worker side of :data:`GROUP_PATH`: answers a leader (``?leader=<id>``) with the pod's own totals
+    and remembers them; a leader it has not answered before also gets the totals of the last answer
+    to the previous one as its baseline (what that leader's counter already holds), as long as the
+    worker's counters did not restart since."""
+
+    def __init__(self, own):
+        self.own = own  # () -> Totals (PodCollector.own)
+        self.leader: str | None = None
+        self.served: dict[str, tuple[float, np.ndarray]] = {}
+        self.lock = threading.Lock()
+
+    def answer(self, leader: str) -> bytes:
+        with self.lock:
+            totals = self.own()
+            baseline = None
+            if leader != self.leader:
+                baseline = {n: last for n, (start, last) in self.served.items()
+                            if n in totals and totals[n][0] == start and last.shape == totals[n][1].shape
+                            and not np.any(totals[n][1] < last)}
+                self.leader = leader
+            self.served = {n: (start, np.array(t, np.float64, copy=True)) for n, (start, t) in totals.items()}
+            return encode(totals, baseline)
 
 
 @dataclass
@@ -135,23 +172,26 @@ class GroupMerge:
     """The leader's running sum of its workers' expert counters, per (worker, model); never drops."""
 
     start_time: float  # the leader's own counter start (unix s)
+    #: who this leader is, as its workers tell leaders apart (a restarted leader is a new one)
+    leader_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{time.time():.6f}")
     peers: dict[tuple[int, str], _Peer] = field(default_factory=dict)
     heard: dict[int, float] = field(default_factory=dict)  # worker -> monotonic time of its last answer
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def update(self, worker: int, models: Mapping[str, tuple[float, np.ndarray]], now: float | None = None) -> None:
-        """Fold one answer of ``worker`` in. A worker (model) seen for the first time counts from zero
-        if its counters started after the leader's, else from this answer on; a new start time or a
-        value that dropped is a restart: its new totals count from zero."""
+    def update(self, worker: int, models: Mapping[str, tuple], now: float | None = None) -> None:
+        """Fold one answer of ``worker`` in (model -> ``(start_time, totals[, baseline])``, as
+        :func:`decode` gives). A worker (model) seen for the first time counts from its baseline (the
+        previous leader's last fetch; none: from zero); a new start time or a value that dropped is a
+        restart: its new totals count from zero."""
         with self.lock:
             self.heard[worker] = time.monotonic() if now is None else now
-            for name, (start, totals) in models.items():
-                totals = np.asarray(totals, np.float64)
+            for name, answer in models.items():
+                start, totals = answer[0], np.asarray(answer[1], np.float64)
+                baseline = answer[2] if len(answer) > 2 else None
                 p = self.peers.get((worker, name))
                 if p is None or p.last.shape != totals.shape:
-                    fresh = start >= self.start_time
-                    self.peers[(worker, name)] = _Peer(start, totals.copy(), totals.copy() if fresh
-                                                       else np.zeros_like(totals))
+                    base = baseline if baseline is not None and baseline.shape == totals.shape else 0.0
+                    self.peers[(worker, name)] = _Peer(start, totals.copy(), np.maximum(totals - base, 0.0))
                     continue
                 if start != p.start_time or np.any(totals < p.last):  # the worker restarted
                     p.exported = p.exported + totals
@@ -190,7 +230,8 @@ class PeerPoller:
         ok = 0
         for w, base in enumerate(self.role.peers, start=1):
             try:
-                with urllib.request.urlopen(base + GROUP_PATH, timeout=self.timeout) as r:
+                url = f"{base}{GROUP_PATH}?{urllib.parse.urlencode({'leader': self.merge.leader_id})}"
+                with urllib.request.urlopen(url, timeout=self.timeout) as r:
                     self.merge.update(w, decode(r.read()))
                 ok += 1
                 self._failing.discard(w)

@@ -24,13 +24,14 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from moe_eplb.contracts import k8s_names
-from moe_eplb.exporter.group import GROUP_PATH, encode
+from moe_eplb.exporter.group import GROUP_PATH
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -49,7 +50,7 @@ def make_registry(collector) -> CollectorRegistry:
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     health = None  # a moe_eplb.exporter.health.PodHealth: /livez, /readyz, /drain
-    group_totals = None  # a worker pod of a replica group: () -> its own expert totals (group.GROUP_PATH)
+    group_totals = None  # a worker pod of a replica group: group.WorkerTotals (group.GROUP_PATH)
 
     def _health(self, path: str) -> tuple[bytes, int, str]:
         if path == k8s_names.EXPORTER_DRAIN_PATH:
@@ -74,7 +75,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body, status, ctype = f"collect failed: {exc}\n".encode(), 500, "text/plain"
         elif path == GROUP_PATH and self.group_totals is not None:
             try:
-                body, status, ctype = encode(self.group_totals()), 200, "application/octet-stream"
+                leader = urllib.parse.parse_qs(self.path.partition("?")[2]).get("leader", [""])[0]
+                body, status, ctype = self.group_totals.answer(leader), 200, "application/octet-stream"
             except Exception as exc:  # noqa: BLE001
                 body, status, ctype = f"group totals failed: {exc}\n".encode(), 500, "text/plain"
         elif path in ("/", "/healthz"):
@@ -99,11 +101,11 @@ def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_secon
     """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
     Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
     be on its way out). ``health``: a :class:`~moe_eplb.exporter.health.PodHealth` answering the
-    health paths (404 without). ``group_totals``: a worker pod's own expert totals, served to its
-    group's leader on :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`)."""
+    health paths (404 without). ``group_totals``: a worker pod's
+    :class:`~moe_eplb.exporter.group.WorkerTotals`, answering its group's leader on
+    :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`)."""
     handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health,
-                                                          "group_totals": staticmethod(group_totals) if group_totals
-                                                          else None})
+                                                          "group_totals": group_totals})
     deadline = time.monotonic() + bind_retry_seconds
     while True:
         try:
@@ -122,6 +124,7 @@ def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_secon
 def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     """Entry point of the server process: serve until the vLLM process that started us is gone."""
     from moe_eplb.exporter import settings as st
+    from moe_eplb.exporter.group import WorkerTotals
     from moe_eplb.exporter.health import HealthSettings, PodHealth
 
     st.setup_logging()
@@ -143,7 +146,7 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     worker = collector is not None and collector.role.role == "worker"
     try:
         httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health,
-                      group_totals=collector.own if worker else None)
+                      group_totals=WorkerTotals(collector.own) if worker else None)
     except OSError as exc:
         log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
                   settings.address, settings.port, exc, st.ENV_PORT)
