@@ -63,7 +63,9 @@ def _labels(w: int) -> tuple:
 
 def _round(t: float, bodies: dict[str, bytes]) -> Round:
     pods: dict[str, PodSample] = {n: parse_exposition(b.decode()) for n, b in bodies.items()}
-    return Round(t, pods, {n: _labels(int(n.rsplit("-", 1)[1])) for n in bodies})
+    rnd = Round(t, pods, {n: _labels(int(n.rsplit("-", 1)[1])) for n in bodies})
+    rnd.bodies = bodies  # the /metrics bodies themselves (the real-Prometheus test backfills them)
+    return rnd
 
 
 def simulate(tmp_path, *, worker_restart: int | None = 6, leader_restart: int | None = 9,
