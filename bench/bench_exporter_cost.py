@@ -34,7 +34,7 @@ import numpy as np
 from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
-from moe_eplb.exporter.group import GROUP_PATH, GroupMerge, GroupRole, PeerPoller, WorkerTotals
+from moe_eplb.exporter.group import GROUP_PATH, GroupMerge, GroupRole, PeerPoller, WorkerTotals, encode
 from moe_eplb.exporter.server import make_registry, serve
 from moe_eplb.sim.prometheus import start_prometheus
 
@@ -160,8 +160,7 @@ def main() -> int:
                     "mode": mode, "layout": layout, "pod": "ds-0" if w == 0 else f"ds-0-{w}", "namespace": "bench",
                     metric_names.MOEINFERENCE_LABEL: f"ds-{mode}-{layout}", metric_names.GROUP_LABEL: "0",
                     metric_names.GROUP_WORKER_LABEL: str(w), metric_names.GROUP_SIZE_LABEL: str(args.pods)}})
-    poll_bytes = len(urllib.request.urlopen(f"http://127.0.0.1:{targets[(args.modes.split(',')[0], 'after')][1]}"
-                                            f"{GROUP_PATH}", timeout=30).read())
+    poll_bytes = len(encode(PodCollector(str(dirs[1]), "full").own()))  # one worker's answer to its leader
     iv = f"{args.interval:g}s"
     config = {"global": {"scrape_interval": iv, "scrape_timeout": f"{min(args.interval, 10.0):g}s"},
               "scrape_configs": [{"job_name": "moe-eplb-exporter", "static_configs": static}]}
