@@ -146,3 +146,17 @@ def test_a_group_without_its_leaders_series_is_refused(tmp_path):
     with pytest.raises(LoadReadError) as exc:
         trace_from_scraped_rounds(new, grid, pods_per_engine=PODS)
     assert exc.value.reason == "IncompleteGroup"
+
+
+def test_a_leader_that_does_not_hold_every_pod_is_refused(tmp_path):
+    _, new = simulate(tmp_path, rounds=4, worker_restart=None, leader_restart=None, group_restart=None)
+    grid = np.arange(1000.0, 1021.0, 10.0)
+    assert trace_from_scraped_rounds(new, grid, pods_per_engine=PODS).load.sum() > 0
+    new[-1].pods["ds-0-0"].group_pods["m"] = PODS - 1.0  # the leader cannot reach a worker
+    with pytest.raises(LoadReadError, match="for 3 of its 4 pods") as exc:
+        trace_from_scraped_rounds(new, grid, pods_per_engine=PODS)
+    assert exc.value.reason == "IncompleteGroup"
+    for r in new:  # a leader without the group gauge (grouping off on that pod)
+        r.pods["ds-0-0"].group_pods.clear()
+    with pytest.raises(LoadReadError, match="for 0 of its 4 pods"):
+        trace_from_scraped_rounds(new, grid, pods_per_engine=PODS)

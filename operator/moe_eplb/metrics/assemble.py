@@ -100,6 +100,8 @@ class Counters:
     #: pods of a replica group whose expert counts are in their group leader's counter
     #: (``moe_eplb_exporter_group_pods`` 0: they export no expert series; :mod:`moe_eplb.exporter.group`)
     forwarding: frozenset = frozenset()
+    #: pod -> its newest ``moe_eplb_exporter_group_pods`` (a group's leader: the pods its counter holds)
+    group_counts: dict = field(default_factory=dict)
 
     def starts_at(self, pod: tuple, ts: np.ndarray) -> np.ndarray | None:
         """The pod's exporter start time at each sample time (same scrape, same timestamp)."""
@@ -142,7 +144,8 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
 
         c = Counters([s for s in c.expert_tokens if keep(s)], [s for s in c.engine_steps if keep(s)],
                      {p: s for p, s in c.start_times.items() if keep(s)},
-                     [s for s in c.edge_sums if keep(s)], [s for s in c.edge_counts if keep(s)], c.forwarding)
+                     [s for s in c.edge_sums if keep(s)], [s for s in c.edge_counts if keep(s)], c.forwarding,
+                     c.group_counts)
         if not (c.expert_tokens or c.edge_sums) or not c.engine_steps:
             raise LoadReadError(NO_DATA, f"no series for model {model!r}{what}")
     else:
@@ -227,22 +230,44 @@ def check_pods(c: Counters, what: str) -> None:
 
 
 def _check_forwarding(c: Counters, token_layers: Mapping[tuple, set], what: str) -> None:
-    """The groups of the forwarding pods have a pod exporting their expert counters (the leader)."""
-    with_tokens = {_group_of(dict(p))[0] for p in token_layers if _group_of(dict(p)) is not None}
+    """The groups of the forwarding pods have a pod exporting their expert counters (the leader),
+    and that pod's counter holds every pod of the group (its ``moe_eplb_exporter_group_pods``)."""
+    leaders: dict[tuple, tuple] = {}
+    for p in token_layers:
+        g = _group_of(dict(p))
+        if g is not None:
+            leaders[g[0]] = (p, g[2])
     for pod in sorted(c.forwarding & {s.pod for s in c.engine_steps}):
         g = _group_of(dict(pod))
-        if g is None or g[0] not in with_tokens:
+        if g is None or g[0] not in leaders:
             raise LoadReadError(INCOMPLETE_GROUP if g else INCONSISTENT_SERIES,
                                 f"pod {pod_name(pod)}: its expert counts are exported by its replica group's leader "
                                 f"({metric_names.EXPORTER_GROUP_PODS} = 0), but no pod of "
                                 f"{f'replica group {g[0][2]}' if g else 'its group'} has "
                                 f"{metric_names.EXPERT_TOKENS} series{what}; check that Prometheus scrapes the leader")
+        leader, size = leaders[g[0]]
+        held = c.group_counts.get(leader)
+        if held is None or held < size:
+            raise LoadReadError(INCOMPLETE_GROUP, f"replica group {g[0][2]}{what}: its leader {pod_name(leader)} "
+                                f"exports the group's expert counters for {0 if held is None else int(held)} of its "
+                                f"{size} pods ({metric_names.EXPORTER_GROUP_PODS}); the leader's exporter cannot "
+                                "reach a worker's exporter port (a NetworkPolicy, or MOE_EPLB_EXPORTER_GROUP_PEERS), "
+                                "see its log")
 
 
 def forwarding_pods(group_pods: Sequence[Series]) -> frozenset:
     """Pods whose ``moe_eplb_exporter_group_pods`` is 0 (at their newest sample): a replica group's
     workers, whose expert counts their leader exports."""
-    return frozenset(s.pod for s in group_pods if s.vs.size and float(s.vs[-1]) == 0.0)
+    return frozenset(p for p, v in group_counts(group_pods).items() if v == 0.0)
+
+
+def group_counts(group_pods: Sequence[Series]) -> dict[tuple, float]:
+    """Pod -> its newest ``moe_eplb_exporter_group_pods`` value."""
+    out: dict[tuple, tuple[float, float]] = {}
+    for s in group_pods:
+        if s.vs.size and (s.pod not in out or s.ts[-1] >= out[s.pod][0]):
+            out[s.pod] = (float(s.ts[-1]), float(s.vs[-1]))
+    return {p: v for p, (_, v) in out.items()}
 
 
 @dataclass
@@ -440,7 +465,7 @@ def trace_from_raw_counters(
         raise ValueError(f"max_interpolated_fraction: must be between 0 and 1 (a share of the load), "
                          f"got {max_interpolated_fraction}")
     counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times},
-                        list(edge_sums), list(edge_counts), forwarding_pods(group_pods))
+                        list(edge_sums), list(edge_counts), forwarding_pods(group_pods), group_counts(group_pods))
     counters, model = select_model(counters, model, num_layers, num_experts, what)
     check_pods(counters, what)
     steps = step_increments(counters, grid, what, spread_gaps)
