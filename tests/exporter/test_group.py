@@ -163,3 +163,68 @@ def test_a_worker_hands_a_new_leader_what_the_previous_one_fetched():
     np.testing.assert_array_equal(got[2], [[5.0, 6.0]])
     now = {"m": (99.0, np.array([[1.0, 1.0]]))}  # the worker restarted too: its new counts are all new
     assert decode(w.answer("leader-c"))["m"][2] is None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 30.0) -> bytes:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.integration  # two exporter server processes
+def test_the_server_processes_take_their_roles_from_the_leaderworkerset_env(tmp_path):
+    """``python -m moe_eplb.exporter.server`` as the plugin starts it in a leader pod and a worker
+    pod: the leader's counter is the sum of both pods' counts, the worker exports no L x E series."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    dirs = [_pod_dir(tmp_path, f"p{w}", range(2 * w, 2 * w + 2), scale=w + 1.0, ep=4) for w in range(2)]
+    ports = [_free_port(), _free_port()]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LWS_", "MOE_EPLB_"))}
+    base.update(PYTHONPATH=os.pathsep.join(sys.path), MOE_EPLB_EXPORTER_ADDRESS="127.0.0.1",
+                MOE_EPLB_EXPORTER_FLUSH_SECONDS="0.2", LWS_GROUP_SIZE="2", LWS_LEADER_ADDRESS="unused.invalid",
+                MOE_EPLB_EXPORTER_START_TIME="100.0")
+    envs = [{**base, "LWS_WORKER_INDEX": "0", "MOE_EPLB_EXPORTER_DIR": dirs[0], "MOE_EPLB_EXPORTER_PORT": str(ports[0]),
+             "MOE_EPLB_EXPORTER_GROUP_PEERS": f"http://127.0.0.1:{ports[1]}"},
+            {**base, "LWS_WORKER_INDEX": "1", "MOE_EPLB_EXPORTER_DIR": dirs[1], "MOE_EPLB_EXPORTER_PORT": str(ports[1])}]
+    procs = [subprocess.Popen([sys.executable, "-m", "moe_eplb.exporter.server"], env=e, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for e in envs]
+    try:
+        worker = _get(f"http://127.0.0.1:{ports[1]}/metrics")
+        deadline = time.monotonic() + 30
+        while True:  # until the leader has fetched its worker once
+            leader = _get(f"http://127.0.0.1:{ports[0]}/metrics")
+            if list(_samples(leader, metric_names.EXPORTER_GROUP_PODS).values()) == [2.0] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            p.terminate()
+        errs = [p.communicate(timeout=30)[1].decode() for p in procs]
+    assert list(_samples(leader, metric_names.EXPORTER_GROUP_PODS).values()) == [2.0], errs
+    et = metric_names.EXPERT_TOKENS
+    want: dict = {}
+    for d in dirs:
+        for k, v in _samples(generate_latest(make_registry(PodCollector(d, "full"))), et).items():
+            want[k] = want.get(k, 0.0) + v
+    assert _samples(leader, et) == want
+    assert not _samples(worker, et) and list(_samples(worker, metric_names.EXPORTER_GROUP_PODS).values()) == [0.0]
+    assert "group worker 1" in errs[1] and "group leader" in errs[0], errs
