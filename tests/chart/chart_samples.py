@@ -54,6 +54,7 @@ EXPORTER_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.CONFIG_INFO: ("gauge", (M, *metric_names.CONFIG_INFO_LABELS)),
     metric_names.EXPORTER_START_TIME: ("gauge", (M,)),
     metric_names.EXPORTER_RANKS: ("gauge", (M,)),
+    metric_names.EXPORTER_GROUP_PODS: ("gauge", (M,)),
     metric_names.REBALANCE_FAILURES: ("counter", (M,)),
     metric_names.ASYNC_REARRANGEMENT_SECONDS: ("histogram", (M,)),
 }

@@ -113,12 +113,17 @@ class StandInModelConfig:
     ``served_model_name`` (already resolved to a string by vLLM) and the config hash that keys
     ``model_states``: ``compute_hash()`` (vLLM <= 0.33, through ``compute_hash_cached``) or
     ``compile_factors()`` (0.34: ``hash_config_cached``). Both derive from the model path and
-    ``tag``; vLLM caches the hash by ``id()``, so distinct configs must hash apart even when one
-    dies and a new one reuses its id (the serial number)."""
+    ``tag``; vLLM caches the hash by ``id()``, so distinct configs must hash apart (the serial
+    number). Every one is also kept alive: vLLM <= 0.33 stores a model under ``compute_hash()`` but
+    ``prepare_forward`` looks it up under ``compute_hash_cached()``, which would return a dead
+    config's hash to a new config that reuses its id (vLLM's real configs live as long as the
+    engine), and the forward's tokens would then go unseen."""
 
     _serial = 0
+    _alive: list = []
 
     def __init__(self, model: str, served_model_name: str | None = None, tag: str = ""):
+        StandInModelConfig._alive.append(self)
         StandInModelConfig._serial += 1
         self.model, self.served_model_name, self.tag = model, served_model_name, tag
         self._factors = {"model": model, "tag": tag, "serial": StandInModelConfig._serial}

@@ -6,7 +6,8 @@ read-back, snapshot writer), ``snapshot`` (per-worker files), ``collector`` (pod
 Prometheus families), ``server`` (the pod's ``/metrics`` process), ``capture`` (trace files),
 ``plugin`` (``register()``, the entry point), ``health`` (the pod's ``/livez``, ``/readyz`` and
 ``/drain``: a worker's heartbeat, the preStop drain), ``rebalance_signals`` (vLLM 0.34's async
-rearrangement durations and worker failures); ``inject`` (the init container's copy of the plugin
+rearrangement durations and worker failures), ``group`` (one copy of the expert counters per
+multi-node replica group: the leader sums its workers' totals); ``inject`` (the init container's copy of the plugin
 into a stock vLLM image). Metric names come from :mod:`moe_eplb.contracts.metric_names`; the
 package imports only the contracts. Importing it pulls in nothing; torch and vLLM are imported only
 inside workers.

@@ -43,6 +43,7 @@ from prometheus_client.core import (
 from moe_eplb.contracts import metric_names
 from moe_eplb.contracts.vllm_facts import balancedness_per_layer
 from moe_eplb.exporter import snapshot as snap
+from moe_eplb.exporter.group import GroupMerge, GroupRole
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -71,6 +72,12 @@ class PodModel:
     rebalance_failures: int | None = None  # async worker failures (max over ranks; None: not reported)
     async_duration_buckets: np.ndarray | None = None  # vLLM's async cycle timings (its rank 0's)
     async_duration_sum: float = 0.0
+    #: False on a worker pod of a replica group: its expert counts are in its leader's counter
+    #: (:mod:`.group`), so it exports neither the L x E counters nor the replica gauges
+    export_experts: bool = True
+    #: pods whose expert counts this pod's counter holds (leader: 1 + workers heard; worker: 0);
+    #: None on a pod outside a group (no series)
+    group_pods: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -156,82 +163,104 @@ class BalancednessWindow:
 
 def families(models: dict[str, PodModel], mode: str = "full") -> list:
     """Prometheus metric families for the pod (names from :mod:`moe_eplb.contracts.metric_names`)."""
-    M, LY, EX, RK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
-    expert = CounterMetricFamily(metric_names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
-                                 "(one per token and top-k slot), counted by the routing rank.", labels=[M, LY, EX])
-    rank = CounterMetricFamily(metric_names.RANK_TOKENS, "Tokens dispatched to the experts held by each EP rank, "
-                               "per MoE layer.", labels=[M, LY, RK])
-    replicas = GaugeMetricFamily(metric_names.EXPERT_REPLICAS, "Physical replicas of each logical expert in the current "
-                                 "EPLB map" + (" (only experts with more than one; absent = 1)." if mode == "reduced"
-                                               else "."), labels=[M, LY, EX])
-    rearr = CounterMetricFamily(metric_names.REARRANGEMENTS, "EPLB rearrangements started.", labels=[M])
-    steps = CounterMetricFamily(metric_names.ENGINE_STEPS, "Engine steps seen by EPLB (dummy steps included).", labels=[M])
-    bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
-                            "per MoE layer, over the balancedness window.", labels=[M, LY])
-    info = GaugeMetricFamily(metric_names.CONFIG_INFO, "Running EPLB configuration (value 1).",
-                             labels=[M, *metric_names.CONFIG_INFO_LABELS])
-    start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
-                              labels=[M])
-    ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
-    hist = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS,
-                                 "Duration of EPLB rearrangements (sync: the call; async: until the last "
-                                 "layer is committed).", labels=[M])
-    step_s = HistogramMetricFamily(metric_names.STEP_SECONDS, "Wall time of the engine steps of each EP rank "
-                                   "(end of one EPLB step to the end of the next; waits for work excluded).",
-                                   labels=[M, RK])
-    step_t = HistogramMetricFamily(metric_names.STEP_TOKENS, "Real (unpadded) tokens the rank's router dispatched "
-                                   "per engine step (each to top_k experts; dummy steps count 0).", labels=[M, RK])
-    kv = GaugeMetricFamily(metric_names.KV_CACHE_BYTES, "Bytes of KV cache the EP rank allocated.", labels=[M, RK])
-    fails = CounterMetricFamily(metric_names.REBALANCE_FAILURES, "Async EPLB worker failures vLLM raised (vLLM >= 0.34: "
-                                "'Async EPLB worker failed on at least one rank').", labels=[M])
-    async_h = HistogramMetricFamily(metric_names.ASYNC_REARRANGEMENT_SECONDS, "Async EPLB rearrangement cycles as vLLM "
-                                    "times them (vLLM >= 0.34, its 'Async EPLB rearranged N/M layers' line).",
-                                    labels=[M])
+    f = _Families(mode)
     for pm in models.values():
-        L, E = pm.expert_tokens.shape
-        layer_s = [str(l) for l in range(L)]
-        expert_s = [str(e) for e in range(E)]
+        _add_model(f, pm, mode)
+    # the group gauge only on a replica group's pods (a pod on its own exports what it always did)
+    return [f.expert, f.rank, f.replicas, f.rearr, f.hist, f.steps, f.bal, f.info, f.start, f.ranks, f.step_s,
+            f.step_t, f.kv, f.fails, f.async_h, *([f.group] if f.group.samples else [])]
+
+
+class _Families:
+    """The empty metric families of one scrape."""
+
+    def __init__(self, mode: str):
+        M, LY, EX, RK = metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, metric_names.LABEL_EXPERT, metric_names.LABEL_RANK
+        self.expert = CounterMetricFamily(metric_names.EXPERT_TOKENS, "Tokens routed to each logical expert of each MoE layer "
+                                     "(one per token and top-k slot), counted by the routing rank.", labels=[M, LY, EX])
+        self.rank = CounterMetricFamily(metric_names.RANK_TOKENS, "Tokens dispatched to the experts held by each EP rank, "
+                                   "per MoE layer.", labels=[M, LY, RK])
+        self.replicas = GaugeMetricFamily(metric_names.EXPERT_REPLICAS, "Physical replicas of each logical expert in the current "
+                                     "EPLB map" + (" (only experts with more than one; absent = 1)." if mode == "reduced"
+                                                   else "."), labels=[M, LY, EX])
+        self.rearr = CounterMetricFamily(metric_names.REARRANGEMENTS, "EPLB rearrangements started.", labels=[M])
+        self.steps = CounterMetricFamily(metric_names.ENGINE_STEPS, "Engine steps seen by EPLB (dummy steps included).",
+                                         labels=[M])
+        self.bal = GaugeMetricFamily(metric_names.BALANCEDNESS, "Mean over EP ranks / max over EP ranks of tokens per rank, "
+                                "per MoE layer, over the balancedness window.", labels=[M, LY])
+        self.info = GaugeMetricFamily(metric_names.CONFIG_INFO, "Running EPLB configuration (value 1).",
+                                 labels=[M, *metric_names.CONFIG_INFO_LABELS])
+        self.start = GaugeMetricFamily(metric_names.EXPORTER_START_TIME, "Unix time at which this pod's counters started at 0.",
+                                  labels=[M])
+        self.ranks = GaugeMetricFamily(metric_names.EXPORTER_RANKS, "EP ranks whose counters this pod serves.", labels=[M])
+        self.hist = HistogramMetricFamily(metric_names.REARRANGEMENT_SECONDS,
+                                     "Duration of EPLB rearrangements (sync: the call; async: until the last "
+                                     "layer is committed).", labels=[M])
+        self.step_s = HistogramMetricFamily(metric_names.STEP_SECONDS, "Wall time of the engine steps of each EP rank "
+                                       "(end of one EPLB step to the end of the next; waits for work excluded).",
+                                       labels=[M, RK])
+        self.step_t = HistogramMetricFamily(metric_names.STEP_TOKENS, "Real (unpadded) tokens the rank's router dispatched "
+                                       "per engine step (each to top_k experts; dummy steps count 0).", labels=[M, RK])
+        self.kv = GaugeMetricFamily(metric_names.KV_CACHE_BYTES, "Bytes of KV cache the EP rank allocated.", labels=[M, RK])
+        self.fails = CounterMetricFamily(metric_names.REBALANCE_FAILURES, "Async EPLB worker failures vLLM raised (vLLM >= 0.34: "
+                                    "'Async EPLB worker failed on at least one rank').", labels=[M])
+        self.async_h = HistogramMetricFamily(metric_names.ASYNC_REARRANGEMENT_SECONDS, "Async EPLB rearrangement cycles as vLLM "
+                                        "times them (vLLM >= 0.34, its 'Async EPLB rearranged N/M layers' line).",
+                                        labels=[M])
+        self.group = GaugeMetricFamily(metric_names.EXPORTER_GROUP_PODS, "Pods of the replica group whose expert "
+                                       "counts this pod's moe_eplb_expert_tokens_total holds (the leader: itself and "
+                                       "each worker it hears from; a worker: 0, its counts are in the leader's).",
+                                       labels=[M])
+
+
+def _add_model(f: _Families, pm: PodModel, mode: str) -> None:
+    """Add one model's samples to the families (a group's worker pod: no L x E families)."""
+    L, E = pm.expert_tokens.shape
+    layer_s = [str(l) for l in range(L)]
+    expert_s = [str(e) for e in range(E)]
+    if pm.export_experts:
         et = pm.expert_tokens
         for l in range(L):
             ls = layer_s[l]
             row = et[l]
             for e in range(E):
-                expert.add_metric([pm.name, ls, expert_s[e]], row[e])
-        for l in range(L):
-            for r in range(pm.rank_tokens.shape[1]):
-                rank.add_metric([pm.name, layer_s[l], str(r)], pm.rank_tokens[l, r])
+                f.expert.add_metric([pm.name, ls, expert_s[e]], row[e])
         if mode == "reduced":
             for l, e in zip(*np.nonzero(pm.replicas != 1)):
-                replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
+                f.replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
         else:
             for l in range(L):
                 for e in range(E):
-                    replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
-        rearr.add_metric([pm.name], pm.rearrangements)
-        steps.add_metric([pm.name], pm.steps)
-        for l, b in sorted(pm.balancedness.items()):
-            bal.add_metric([pm.name, layer_s[l]], b)
-        info.add_metric([pm.name, _s(pm.window_size), _s(pm.step_interval), _s(pm.num_redundant_experts),
-                         str(pm.ep_size), "" if pm.use_async is None else str(pm.use_async).lower()], 1.0)
-        start.add_metric([pm.name], pm.start_time)
-        ranks.add_metric([pm.name], float(len(pm.ranks)))
-        cum = np.cumsum(pm.duration_buckets)
-        bounds = [repr(float(b)) for b in snap.DURATION_BUCKETS] + ["+Inf"]
-        hist.add_metric([pm.name], list(zip(bounds, [float(c) for c in cum])), sum_value=pm.duration_sum)
-        for m in pm.per_rank:
-            r = str(m.ep_rank)
-            step_s.add_metric([pm.name, r], _buckets(metric_names.STEP_SECONDS_BUCKETS, m.step_seconds_buckets),
-                              sum_value=m.step_seconds_sum)
-            step_t.add_metric([pm.name, r], _buckets(metric_names.STEP_TOKENS_BUCKETS, m.step_tokens_buckets),
-                              sum_value=m.step_tokens_sum)
-            if m.kv_cache_bytes:
-                kv.add_metric([pm.name, r], float(m.kv_cache_bytes))
-        if pm.rebalance_failures is not None:
-            fails.add_metric([pm.name], float(pm.rebalance_failures))
-        if pm.async_duration_buckets is not None:
-            async_h.add_metric([pm.name], _buckets(snap.DURATION_BUCKETS, pm.async_duration_buckets),
-                               sum_value=pm.async_duration_sum)
-    return [expert, rank, replicas, rearr, hist, steps, bal, info, start, ranks, step_s, step_t, kv, fails, async_h]
+                    f.replicas.add_metric([pm.name, layer_s[l], expert_s[e]], float(pm.replicas[l, e]))
+    for l in range(L):
+        for r in range(pm.rank_tokens.shape[1]):
+            f.rank.add_metric([pm.name, layer_s[l], str(r)], pm.rank_tokens[l, r])
+    f.rearr.add_metric([pm.name], pm.rearrangements)
+    f.steps.add_metric([pm.name], pm.steps)
+    for l, b in sorted(pm.balancedness.items()):
+        f.bal.add_metric([pm.name, layer_s[l]], b)
+    f.info.add_metric([pm.name, _s(pm.window_size), _s(pm.step_interval), _s(pm.num_redundant_experts),
+                       str(pm.ep_size), "" if pm.use_async is None else str(pm.use_async).lower()], 1.0)
+    f.start.add_metric([pm.name], pm.start_time)
+    f.ranks.add_metric([pm.name], float(len(pm.ranks)))
+    cum = np.cumsum(pm.duration_buckets)
+    bounds = [repr(float(b)) for b in snap.DURATION_BUCKETS] + ["+Inf"]
+    f.hist.add_metric([pm.name], list(zip(bounds, [float(c) for c in cum])), sum_value=pm.duration_sum)
+    for m in pm.per_rank:
+        r = str(m.ep_rank)
+        f.step_s.add_metric([pm.name, r], _buckets(metric_names.STEP_SECONDS_BUCKETS, m.step_seconds_buckets),
+                            sum_value=m.step_seconds_sum)
+        f.step_t.add_metric([pm.name, r], _buckets(metric_names.STEP_TOKENS_BUCKETS, m.step_tokens_buckets),
+                            sum_value=m.step_tokens_sum)
+        if m.kv_cache_bytes:
+            f.kv.add_metric([pm.name, r], float(m.kv_cache_bytes))
+    if pm.rebalance_failures is not None:
+        f.fails.add_metric([pm.name], float(pm.rebalance_failures))
+    if pm.async_duration_buckets is not None:
+        f.async_h.add_metric([pm.name], _buckets(snap.DURATION_BUCKETS, pm.async_duration_buckets),
+                             sum_value=pm.async_duration_sum)
+    if pm.group_pods is not None:
+        f.group.add_metric([pm.name], float(pm.group_pods))
 
 
 def _buckets(bounds, counts) -> list[tuple[str, float]]:
@@ -249,11 +278,17 @@ class PodCollector:
     """prometheus_client collector reading the pod's exporter directory at each scrape."""
 
     def __init__(self, directory: str, mode: str = "full", balancedness_window_seconds: float = 60.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, role: GroupRole | None = None, merge: GroupMerge | None = None):
         self.directory = directory
         self.mode = mode
         self.window = BalancednessWindow(balancedness_window_seconds)
         self.clock = clock
+        self.role = role or GroupRole()
+        self.merge = merge  # the leader's: its workers' counts (:class:`~moe_eplb.exporter.group.PeerPoller`)
+
+    def own(self) -> dict[str, tuple[float, np.ndarray]]:
+        """This pod's own expert totals per model, as a worker serves them to its leader."""
+        return {n: (pm.start_time, pm.expert_tokens) for n, pm in aggregate(snap.read_all(self.directory)).items()}
 
     def models(self) -> dict[str, PodModel]:
         models = aggregate(snap.read_all(self.directory))
@@ -261,6 +296,12 @@ class PodCollector:
         for pm in models.values():
             bal = self.window.update(now, pm)
             pm.balancedness = bal if pm.complete else {}
+            if self.role.role == "worker":
+                pm.export_experts, pm.group_pods = False, 0
+            elif self.role.role == "leader":
+                if self.merge is not None:
+                    pm.expert_tokens = self.merge.merged(pm.name, pm.expert_tokens)
+                pm.group_pods = self.merge.pods(pm.name) if self.merge is not None else 1
         return models
 
     def collect(self):

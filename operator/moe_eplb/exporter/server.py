@@ -24,12 +24,14 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from moe_eplb.contracts import k8s_names
+from moe_eplb.exporter.group import GROUP_PATH
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -48,6 +50,7 @@ def make_registry(collector) -> CollectorRegistry:
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     health = None  # a moe_eplb.exporter.health.PodHealth: /livez, /readyz, /drain
+    group_totals = None  # a worker pod of a replica group: group.WorkerTotals (group.GROUP_PATH)
 
     def _health(self, path: str) -> tuple[bytes, int, str]:
         if path == k8s_names.EXPORTER_DRAIN_PATH:
@@ -70,6 +73,12 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception as exc:  # noqa: BLE001
                 log.exception("moe-eplb exporter: collecting failed")
                 body, status, ctype = f"collect failed: {exc}\n".encode(), 500, "text/plain"
+        elif path == GROUP_PATH and self.group_totals is not None:
+            try:
+                leader = urllib.parse.parse_qs(self.path.partition("?")[2]).get("leader", [""])[0]
+                body, status, ctype = self.group_totals.answer(leader), 200, "application/octet-stream"
+            except Exception as exc:  # noqa: BLE001
+                body, status, ctype = f"group totals failed: {exc}\n".encode(), 500, "text/plain"
         elif path in ("/", "/healthz"):
             body, status, ctype = b"moe-eplb exporter: see /metrics\n", 200, "text/plain"
         else:
@@ -88,12 +97,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0,
-          health=None) -> ThreadingHTTPServer:
+          health=None, group_totals=None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
     Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
     be on its way out). ``health``: a :class:`~moe_eplb.exporter.health.PodHealth` answering the
-    health paths (404 without)."""
-    handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health})
+    health paths (404 without). ``group_totals``: a worker pod's
+    :class:`~moe_eplb.exporter.group.WorkerTotals`, answering its group's leader on
+    :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`)."""
+    handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health,
+                                                          "group_totals": group_totals})
     deadline = time.monotonic() + bind_retry_seconds
     while True:
         try:
@@ -112,7 +124,7 @@ def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_secon
 def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     """Entry point of the server process: serve until the vLLM process that started us is gone."""
     from moe_eplb.exporter import settings as st
-    from moe_eplb.exporter.collector import PodCollector
+    from moe_eplb.exporter.group import WorkerTotals
     from moe_eplb.exporter.health import HealthSettings, PodHealth
 
     st.setup_logging()
@@ -124,13 +136,17 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     if not settings.directory:
         log.error("moe-eplb exporter: %s is not set; nothing to serve", st.ENV_DIR)
         return 2
+    collector, poller = None, None
     if settings.mode == "off":  # the health endpoints only (the probes rely on them)
         registry = CollectorRegistry(auto_describe=False)
     else:
-        registry = make_registry(PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds))
+        collector, poller = group_collector(settings)
+        registry = make_registry(collector)
     health = PodHealth(HealthSettings.from_env(), settings.directory)
+    worker = collector is not None and collector.role.role == "worker"
     try:
-        httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health)
+        httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health,
+                      group_totals=WorkerTotals(collector.own) if worker else None)
     except OSError as exc:
         log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
                   settings.address, settings.port, exc, st.ENV_PORT)
@@ -156,6 +172,8 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
             stop.wait(poll_seconds)
     except KeyboardInterrupt:
         pass
+    if poller is not None:
+        poller.stop()
     if capture is not None:
         capture.stop()
         try:
@@ -169,6 +187,33 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
 
         shutil.rmtree(settings.directory, ignore_errors=True)
     return 0
+
+
+def group_collector(settings):
+    """The pod's collector and, on a replica group's leader, its started
+    :class:`~moe_eplb.exporter.group.PeerPoller` (None elsewhere). A bad group setting is logged and
+    the pod exports its own counters (the layout of a pod outside a group)."""
+    from moe_eplb.exporter.collector import PodCollector
+    from moe_eplb.exporter.group import GroupMerge, GroupRole, PeerPoller
+
+    try:
+        role = GroupRole.from_env(port=settings.port)
+    except ValueError as exc:
+        log.error("moe-eplb exporter: %s; exporting this pod's own expert counters", exc)
+        role = GroupRole()
+    merge = GroupMerge(settings.start_time or time.time()) if role.role == "leader" else None
+    collector = PodCollector(settings.directory, settings.mode, settings.balancedness_window_seconds,
+                             role=role, merge=merge)
+    poller = None
+    if merge is not None:
+        poller = PeerPoller(role, merge, interval=settings.flush_seconds)
+        poller.start()
+        log.info("moe-eplb exporter: group leader: exporting the expert counters of %d pods (workers %s)",
+                 role.size, ", ".join(role.peers))
+    elif role.role == "worker":
+        log.info("moe-eplb exporter: group worker %d: expert counters served to the leader on %s",
+                 role.worker, GROUP_PATH)
+    return collector, poller
 
 
 def _alive(pid: int) -> bool:

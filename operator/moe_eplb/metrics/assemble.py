@@ -97,6 +97,11 @@ class Counters:
     #: pod and layer (:class:`moe_eplb.metrics.edges.EdgeLoad`); empty when every pod is read raw
     edge_sums: list[Series] = field(default_factory=list)
     edge_counts: list[Series] = field(default_factory=list)
+    #: pods of a replica group whose expert counts are in their group leader's counter
+    #: (``moe_eplb_exporter_group_pods`` 0: they export no expert series; :mod:`moe_eplb.exporter.group`)
+    forwarding: frozenset = frozenset()
+    #: pod -> its newest ``moe_eplb_exporter_group_pods`` (a group's leader: the pods its counter holds)
+    group_counts: dict = field(default_factory=dict)
 
     def starts_at(self, pod: tuple, ts: np.ndarray) -> np.ndarray | None:
         """The pod's exporter start time at each sample time (same scrape, same timestamp)."""
@@ -124,6 +129,8 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
         raise LoadReadError(NO_DATA, f"no {metric_names.PREFIX}* series{what}; check that the pods run the "
                             "exporter (VLLM_PLUGINS=moe_eplb_exporter, EPLB enabled) and that Prometheus "
                             "scrapes them (PodMonitor)")
+    if not tokens and c.forwarding:
+        _check_forwarding(c, {}, what)
     if not tokens or not c.engine_steps:
         missing = metric_names.EXPERT_TOKENS if not tokens else metric_names.ENGINE_STEPS
         raise LoadReadError(INCONSISTENT_SERIES, f"no {missing} series{what} while the other counter has some")
@@ -137,7 +144,8 @@ def select_model(c: Counters, model: str | None, num_layers: int | None, num_exp
 
         c = Counters([s for s in c.expert_tokens if keep(s)], [s for s in c.engine_steps if keep(s)],
                      {p: s for p, s in c.start_times.items() if keep(s)},
-                     [s for s in c.edge_sums if keep(s)], [s for s in c.edge_counts if keep(s)])
+                     [s for s in c.edge_sums if keep(s)], [s for s in c.edge_counts if keep(s)], c.forwarding,
+                     c.group_counts)
         if not (c.expert_tokens or c.edge_sums) or not c.engine_steps:
             raise LoadReadError(NO_DATA, f"no series for model {model!r}{what}")
     else:
@@ -178,7 +186,9 @@ def check_pods(c: Counters, what: str) -> None:
     * every pod reports every layer that any pod reports (a pod's missing layer is refused like a
       layer missing everywhere);
     * every pod of a multi-node replica group reports: reason ``IncompleteGroup`` naming the group and
-      the missing pod (the group's load is the sum over its pods).
+      the missing pod (the group's load is the sum over its pods);
+    * a group pod whose expert counts are in its leader's counter (``c.forwarding``) has step series
+      only; its group must then have a pod with expert series (``IncompleteGroup`` otherwise).
     """
     step_pods = {s.pod for s in c.engine_steps}
     token_layers: dict[tuple, set] = {}
@@ -200,7 +210,8 @@ def check_pods(c: Counters, what: str) -> None:
             raise LoadReadError(INCOMPLETE_GROUP, f"replica group {key[2]} of {key[0]}/{key[1]}: no series from pod "
                                 f"{names} of its {sizes[key]}{what}; the group's load is the sum over its pods, so "
                                 "it cannot be read without them (check that Prometheus scrapes every pod of the group)")
-    for pod in sorted(set(token_layers) - step_pods) + sorted(step_pods - set(token_layers)):
+    _check_forwarding(c, token_layers, what)
+    for pod in sorted(set(token_layers) - step_pods) + sorted(step_pods - set(token_layers) - c.forwarding):
         has, lacks = ((metric_names.ENGINE_STEPS, metric_names.EXPERT_TOKENS) if pod in step_pods
                       else (metric_names.EXPERT_TOKENS, metric_names.ENGINE_STEPS))
         g = _group_of(dict(pod))
@@ -216,6 +227,47 @@ def check_pods(c: Counters, what: str) -> None:
                 raise LoadReadError(INCONSISTENT_SERIES, f"pod {pod_name(pod)}: no {metric_names.EXPERT_TOKENS} series "
                                     f"for layer(s) {gone[:10]} that other pods report{what}; the exporter reports "
                                     "every layer, so this answer is partial")
+
+
+def _check_forwarding(c: Counters, token_layers: Mapping[tuple, set], what: str) -> None:
+    """The groups of the forwarding pods have a pod exporting their expert counters (the leader),
+    and that pod's counter holds every pod of the group (its ``moe_eplb_exporter_group_pods``)."""
+    leaders: dict[tuple, tuple] = {}
+    for p in token_layers:
+        g = _group_of(dict(p))
+        if g is not None:
+            leaders[g[0]] = (p, g[2])
+    for pod in sorted(c.forwarding & {s.pod for s in c.engine_steps}):
+        g = _group_of(dict(pod))
+        if g is None or g[0] not in leaders:
+            raise LoadReadError(INCOMPLETE_GROUP if g else INCONSISTENT_SERIES,
+                                f"pod {pod_name(pod)}: its expert counts are exported by its replica group's leader "
+                                f"({metric_names.EXPORTER_GROUP_PODS} = 0), but no pod of "
+                                f"{f'replica group {g[0][2]}' if g else 'its group'} has "
+                                f"{metric_names.EXPERT_TOKENS} series{what}; check that Prometheus scrapes the leader")
+        leader, size = leaders[g[0]]
+        held = c.group_counts.get(leader)
+        if held is None or held < size:
+            raise LoadReadError(INCOMPLETE_GROUP, f"replica group {g[0][2]}{what}: its leader {pod_name(leader)} "
+                                f"exports the group's expert counters for {0 if held is None else int(held)} of its "
+                                f"{size} pods ({metric_names.EXPORTER_GROUP_PODS}); the leader's exporter cannot "
+                                "reach a worker's exporter port (a NetworkPolicy, or MOE_EPLB_EXPORTER_GROUP_PEERS), "
+                                "see its log")
+
+
+def forwarding_pods(group_pods: Sequence[Series]) -> frozenset:
+    """Pods whose ``moe_eplb_exporter_group_pods`` is 0 (at their newest sample): a replica group's
+    workers, whose expert counts their leader exports."""
+    return frozenset(p for p, v in group_counts(group_pods).items() if v == 0.0)
+
+
+def group_counts(group_pods: Sequence[Series]) -> dict[tuple, float]:
+    """Pod -> its newest ``moe_eplb_exporter_group_pods`` value."""
+    out: dict[tuple, tuple[float, float]] = {}
+    for s in group_pods:
+        if s.vs.size and (s.pod not in out or s.ts[-1] >= out[s.pod][0]):
+            out[s.pod] = (float(s.ts[-1]), float(s.vs[-1]))
+    return {p: v for p, (_, v) in out.items()}
 
 
 @dataclass
@@ -379,6 +431,7 @@ def trace_from_raw_counters(
     what: str = "",
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
     spread_gaps: bool = True,
+    group_pods: Sequence[Series] = (),
 ) -> LoadTrace:
     """Raw samples of the counters -> trace of T = len(grid) - 1 buckets.
 
@@ -400,6 +453,11 @@ def trace_from_raw_counters(
     rule -- a late round of a loaded operator just puts the load since the previous round in its
     bucket, nothing is estimated or refused (as the old one-bucket-per-two-rounds reading did).
 
+    ``group_pods``: the samples of ``moe_eplb_exporter_group_pods``. A replica group's worker pods
+    (value 0) export no expert series: their leader's counter holds the group's counts
+    (:mod:`moe_eplb.exporter.group`), so they add only their steps. The trace is the one the
+    per-pod layout gives for the same load.
+
     Raises:
         LoadReadError: reasons NoData, InsufficientData, InconsistentSeries or ScrapeGaps.
     """
@@ -407,7 +465,7 @@ def trace_from_raw_counters(
         raise ValueError(f"max_interpolated_fraction: must be between 0 and 1 (a share of the load), "
                          f"got {max_interpolated_fraction}")
     counters = Counters(list(expert_tokens), list(engine_steps), {s.pod: s for s in start_times},
-                        list(edge_sums), list(edge_counts))
+                        list(edge_sums), list(edge_counts), forwarding_pods(group_pods), group_counts(group_pods))
     counters, model = select_model(counters, model, num_layers, num_experts, what)
     check_pods(counters, what)
     steps = step_increments(counters, grid, what, spread_gaps)
@@ -422,6 +480,24 @@ def trace_from_raw_counters(
                                                          pods_per_engine).tolist(),
                            "pods_at_edges": len({s.pod for s in counters.edge_counts}),
                            "pods_raw": len({s.pod for s in counters.expert_tokens})})
+
+
+def group_pods_from_rounds(rounds: Sequence[Round]) -> list[Series]:
+    """The ``moe_eplb_exporter_group_pods`` samples of direct-scrape rounds, labelled as
+    :func:`counters_from_rounds` labels the counters (for ``trace_from_raw_counters(group_pods=)``)."""
+    pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    labels: dict[str, tuple] = {}
+    for rnd in rounds:
+        for pod, sample in rnd.pods.items():
+            labels[pod] = rnd.labels.get(pod, ())
+            for model, v in sample.group_pods.items():
+                pts.setdefault((pod, model), []).append((sample_time(rnd, sample), v))
+    out = []
+    for (pod, model), p in pts.items():
+        p.sort(key=lambda x: x[0])
+        out.append(Series({**dict(labels[pod]), "pod": pod, metric_names.LABEL_MODEL: model},
+                          np.array([x[0] for x in p], np.float64), np.array([x[1] for x in p], np.float64)))
+    return out
 
 
 def counters_from_rounds(rounds: Sequence[Round]) -> tuple[list[Series], list[Series], list[Series]]:

@@ -38,6 +38,8 @@ from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,
     counters_from_rounds,
+    forwarding_pods,
+    group_pods_from_rounds,
     trace_from_raw_counters,
 )
 from moe_eplb.metrics.errors import (
@@ -154,6 +156,7 @@ def ranged(client: PrometheusClient, expr: str, grid: np.ndarray, max_points: in
 def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndarray, engine_steps: list[Series],
                        start_times: list[Series], max_samples: int = MAX_SAMPLES_PER_ANSWER,
                        at_edges: bool = True, max_points: int = MAX_POINTS_PER_SERIES,
+                       forwarding: frozenset = frozenset(),
                        ) -> tuple[list[Series], edges.EdgeLoad | None, str]:
     """The expert-token family of ``selector_expr`` (``{...}`` matchers) over ``grid``: the
     regular pods' counters summed at the bucket edges by Prometheus, the other pods' raw samples
@@ -161,7 +164,9 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
     every pod read raw) and how it was read (``"edges"``, or ``"raw: <why>"``).
 
     ``engine_steps`` and ``start_times`` are the raw step counters and exporter start times of the
-    same window (they tell regular pods apart and check the range queries)."""
+    same window (they tell regular pods apart and check the range queries). ``forwarding``: pod keys
+    of a replica group's workers, which export no expert series (their leader's counter holds them;
+    :func:`~moe_eplb.metrics.assemble.forwarding_pods`): left out of the edge sums."""
     metric = f"{metric_names.EXPERT_TOKENS}{selector_expr}"
     g0, g1 = float(grid[0]), float(grid[-1])
 
@@ -170,7 +175,7 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
 
     if not at_edges:
         return everything("edge sums off")
-    verdict = edges.irregular(engine_steps, start_times, grid)
+    verdict = edges.irregular([s for s in engine_steps if s.pod not in forwarding], start_times, grid)
     pods = frozenset(name for name, why in verdict.items() if why is None)
     if not pods:
         name, why = next(iter(sorted(verdict.items())), ("", "no step counter"))
@@ -368,8 +373,10 @@ def read_load_trace(
 
         starts = read(metric_names.EXPORTER_START_TIME)
         steps = read(metric_names.ENGINE_STEPS)
-        tokens, edge, how = read_expert_tokens(client, sel, grid, steps, starts, max_samples_per_answer, at_edges)
-        trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts,
+        group_pods = read(metric_names.EXPORTER_GROUP_PODS)
+        tokens, edge, how = read_expert_tokens(client, sel, grid, steps, starts, max_samples_per_answer, at_edges,
+                                               forwarding=forwarding_pods(group_pods))
+        trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, group_pods=group_pods,
                                         edge_sums=edge.sums if edge else (), edge_counts=edge.counts if edge else (),
                                         pods_per_engine=pods_per_engine, num_layers=num_layers,
                                         num_experts=num_experts, model=model, what=what,
@@ -405,7 +412,8 @@ def trace_from_scraped_rounds(rounds: list[Round], grid: np.ndarray, *, pods_per
     LeaderWorkerSet groups and telemetry, and no scrape-gap rule (a late round of the operator's own
     puts the load since the previous one in its bucket)."""
     tokens, steps, starts = counters_from_rounds(rounds)
-    trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, pods_per_engine=pods_per_engine,
+    trace = trace_from_raw_counters(tokens, steps, grid, start_times=starts, group_pods=group_pods_from_rounds(rounds),
+                                    pods_per_engine=pods_per_engine,
                                     num_layers=num_layers, num_experts=num_experts, model=model, what=what,
                                     max_interpolated_fraction=max_interpolated_fraction, spread_gaps=False)
     spacing = np.diff([r.time for r in rounds])

@@ -85,6 +85,9 @@ class PodSample:
     start_time: dict[str, float] = field(default_factory=dict)
     steps: dict[str, float] = field(default_factory=dict)
     tokens: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
+    #: ``moe_eplb_exporter_group_pods`` per model (a pod of a replica group; 0: its expert counts
+    #: are in its group leader's counter)
+    group_pods: dict[str, float] = field(default_factory=dict)
     #: (sample name, labels, value) of the telemetry sources the target serves
     #: (:data:`TELEMETRY_SAMPLES`; vLLM's own series only where the target serves them too)
     telemetry: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
@@ -173,7 +176,8 @@ def exposition_samples(text: str, names: Container[str]) -> Iterator[tuple[str, 
 
 
 #: Sample names :func:`parse_exposition` reads (the load's counters and the telemetry's sources).
-_COUNTERS = frozenset({metric_names.EXPERT_TOKENS, metric_names.ENGINE_STEPS, metric_names.EXPORTER_START_TIME})
+_COUNTERS = frozenset({metric_names.EXPERT_TOKENS, metric_names.ENGINE_STEPS, metric_names.EXPORTER_START_TIME,
+                       metric_names.EXPORTER_GROUP_PODS})
 
 
 def parse_exposition(text: str) -> PodSample:
@@ -187,6 +191,8 @@ def parse_exposition(text: str) -> PodSample:
             sample.steps[lab[model]] = value
         elif name == metric_names.EXPORTER_START_TIME:
             sample.start_time[lab[model]] = value
+        elif name == metric_names.EXPORTER_GROUP_PODS:
+            sample.group_pods[lab[model]] = value
         else:
             sample.telemetry.append((name, lab, value))
     return sample
