@@ -181,7 +181,7 @@ def _namespace_request(request: kmock.Request) -> kmock.Request:
     """The request with the Namespace resource back in place of the stand-in (others unchanged)."""
     if request.resource is None or request.resource.plural != _NS_STANDIN:
         return request
-    url = request.url.with_path(request.url.path.replace(f"/{_NS_STANDIN}", "/namespaces", 1))
+    url = request.url.with_path(request.url.path.replace(f"/{_NS_STANDIN}", "/namespaces", 1)).with_query(request.url.query)
     return attrs.evolve(request, resource=NAMESPACES, namespace=None, url=url)
 
 # --------------------------------------------------------------------------------------------------
@@ -434,7 +434,7 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         standin = _namespace_url(raw_request.path)
         if standin is not None:
-            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(standin))
+            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(standin).with_query(raw_request.rel_url.query))
         return await super().__call__(raw_request)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
