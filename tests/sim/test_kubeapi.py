@@ -141,6 +141,10 @@ async def test_namespace_objects_list_get_watch_and_status(emulated_cluster):
             if line.strip():
                 events.append(json.loads(line))
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "team-b"), ("MODIFIED", "team-b")]
+    logged = [(r.resource.plural, r.name, r.subresource, r.url.path) for r in emulated_cluster.api
+              if r.resource is not None and r.resource.group == "" and r.url.path.startswith("/api/v1/namespaces")]
+    assert ("namespaces", "team-b", "status", "/api/v1/namespaces/team-b/status") in logged
+    assert all(plural == "namespaces" for plural, *_ in logged), logged  # the log shows what was asked
 
 
 async def test_generate_name_and_unsupported_apply(emulated_cluster):
