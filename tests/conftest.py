@@ -7,12 +7,16 @@
   the test's event loop until the block exits; yields the
   :class:`~moe_eplb.controller.handlers.Controller`.
 - ``eventually``: ``await eventually(check, timeout=10)`` polls a sync or async check until truthy.
-- ``real_control_plane`` (session): ONE real control plane for the whole run
-  (:class:`moe_eplb.sim.real.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager,
-  kube-scheduler, the aggregation layer, the project's CRDs, and the real LeaderWorkerSet controller
-  where built), started on first use (seconds) and shared by the ``kube`` tier (``control_plane``),
-  the real-API autotune scenarios and the real LWS test (``SimWorld(shared_plane=...)``: a namespace
-  and Nodes of their own per test, cleaned at its end). Skipped without the built binaries, except
+- ``real_control_plane`` (session): ONE real control plane for the whole run, one per worker when
+  pytest-xdist runs the tests in parallel (:func:`worker_id`)
+  (:class:`moe_eplb.sim.real.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager with
+  its HPA controller, kube-scheduler, the aggregation layer, the project's CRDs, and the real
+  LeaderWorkerSet controller where built), started on first use (seconds) and shared by the ``kube``
+  tier (``control_plane``), the real-API autotune scenarios, the real LWS and GPU-resource tests, the
+  real HPA controller's tests and the autoscale demo on the real plane (``SimWorld(shared_plane=...)``:
+  a namespace and Nodes of their own per test, cleaned at its end; what a test needs beside the plane
+  -- prometheus-adapter, a Prometheus, the operator -- it starts and stops itself). A world that needs
+  other controllers (the emulated HPA controller instead of the real one) starts a plane of its own. Skipped without the built binaries, except
   in CI (``MOE_EPLB_REQUIRE_KUBE=1``: failed). The tail of each of its logs is attached to the
   report of a failing test that used it.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -76,6 +81,12 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
         report.sections.append((f"control plane: lws-controller ({lws.log})", lws.log_tail(12)))
 
 
+def worker_id() -> str:
+    """This test process's pytest-xdist worker (``gw0``, ``gw1``, ...), ``main`` without xdist: one
+    session control plane per worker, its folder named by it."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 @pytest.fixture(scope="session")
 def real_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's real control plane (see the module doc); stopped at the end of the session."""
@@ -86,7 +97,7 @@ def real_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
 
     if find_binaries() is None:
         missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
-    plane = simplane.start(tmp_path_factory.mktemp("control-plane"), lws=find_lws_binary() is not None,
+    plane = simplane.start(tmp_path_factory.mktemp(f"control-plane-{worker_id()}"), lws=find_lws_binary() is not None,
                            aggregator=True)
     _SIM_PLANE = plane
     try:

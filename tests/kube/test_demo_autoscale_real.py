@@ -17,9 +17,11 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytestmark = pytest.mark.integration
 
 
-def test_autoscale_scenario_with_the_real_hpa_controller(hpa_adapter_parts, tmp_path):
+def test_autoscale_scenario_with_the_real_hpa_controller(hpa_adapter_parts, real_control_plane, tmp_path):
+    """On the session's control plane (a namespace and Nodes of its own)."""
     lines: list[str] = []
-    summary = asyncio.run(A.run_autoscale_demo(out_dir=str(tmp_path), api="real", prometheus=True, echo=lines.append))
+    summary = asyncio.run(A.run_autoscale_demo(out_dir=str(tmp_path), api="real", prometheus=True, echo=lines.append,
+                                               shared_plane=real_control_plane))
     log = "\n".join(lines)
     assert (summary["api"], summary["load_source"]) == ("real", "prometheus")
     assert summary["autoscaler"].startswith("the real HPA controller (kube-controller-manager)"), summary["autoscaler"]

@@ -41,7 +41,7 @@ async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(
         rocm = await eventually(lambda: pod("rocm", lambda p: _cond(p, "Ready").get("status") == "True"),
                             what="the amd.com/gpu pod ready", timeout=60, interval=0.1)
         assert rocm["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}  # the apiserver stores quantities as strings
-        assert rocm["spec"]["nodeName"].startswith(world._node_prefix())
+        assert rocm["spec"]["nodeName"].startswith(world.backend.node_prefix)
         cuda = await eventually(lambda: pod("cuda", lambda p: _cond(p, "PodScheduled").get("reason") == "Unschedulable"),
                             what="the nvidia.com/gpu pod refused by the scheduler", timeout=60, interval=0.1)
         assert cuda["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}

@@ -30,16 +30,23 @@ from tests.polling import eventually
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 
-NS, NAME = "default", "tiny"
+NAME = "tiny"
 METRIC = adapter_metric_name(REQUESTS_WAITING)  # vllm_num_requests_waiting
 TARGET = 10  # waiting requests per replica
 MAX_REPLICAS = 3
-HPA_PATH = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
-MOE_PATH = f"/apis/eplb.ai/v1alpha1/namespaces/{NS}/moeinferences/{NAME}"
+
+
+def hpa_path(ns: str) -> str:
+    return f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers"
+
+
+def moe_path(ns: str) -> str:
+    return f"/apis/eplb.ai/v1alpha1/namespaces/{ns}/moeinferences/{NAME}"
+
 
 #: the autotune tier's small MoE (4 MoE layers x 16 experts, top-2, EP 4), one replica, autotune Off
 RESOURCE: dict[str, Any] = {
-    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": NAME, "namespace": NS},
+    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": NAME, "namespace": "default"},
     "spec": {
         "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
                   "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
@@ -56,14 +63,14 @@ RESOURCE: dict[str, Any] = {
 EXTERNAL_SELECTOR = f"{MOEINFERENCE_LABEL}={NAME}"
 
 
-def hpa(metrics_api: str) -> dict[str, Any]:
+def hpa(metrics_api: str, ns: str) -> dict[str, Any]:
     """The HPA the operator renders for ``spec.autoscaling`` with backend HPA and a Pods or External metric."""
     target = {"type": "AverageValue", "averageValue": str(TARGET)}
     metric: dict[str, Any] = {"name": METRIC}
     if metrics_api == "External":
         metric["selector"] = {"matchLabels": {MOEINFERENCE_LABEL: NAME}}
     return {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": NAME, "namespace": NS},
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": NAME, "namespace": ns},
         "spec": {
             "scaleTargetRef": {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "name": NAME},
             "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
@@ -85,12 +92,12 @@ def current_average(hpa: dict[str, Any]) -> float | None:
     return None
 
 
-async def served(adapter: Any, metrics_api: str, pod_selector: str) -> list[float]:
+async def served(adapter: Any, ns: str, metrics_api: str, pod_selector: str) -> list[float]:
     """What the adapter serves the HPA now: the value of each pod (Pods), or the MoEInference's total
     (External)."""
     if metrics_api == "Pods":
-        return list((await asyncio.to_thread(adapter.pod_metric, NS, METRIC, pod_selector)).values())
-    return await asyncio.to_thread(adapter.external_metric, NS, METRIC, EXTERNAL_SELECTOR)
+        return list((await asyncio.to_thread(adapter.pod_metric, ns, METRIC, pod_selector)).values())
+    return await asyncio.to_thread(adapter.external_metric, ns, METRIC, EXTERNAL_SELECTOR)
 
 
 def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -98,54 +105,56 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("metrics_api", ["Pods", "External"])
-async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(hpa_adapter_parts, metrics_api) -> None:
+async def test_hpa_scales_moeinference_on_waiting_requests_via_prometheus_adapter(hpa_adapter_parts, real_control_plane,
+                                                                                  metrics_api) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=1)
     world = SimWorld(workload=workload, api="real", prometheus=True, metrics_adapter=True, scrape_interval=0.5,
-                     scale=100.0, startup_seconds=60.0, true_cost=TrueCost(kv_demand=0.2))
+                     scale=100.0, startup_seconds=60.0, true_cost=TrueCost(kv_demand=0.2), shared_plane=real_control_plane)
     async with world.run():
-        cluster, adapter = world.cluster, world.adapter
+        assert world.backend.on_shared, "the session's control plane has the real HPA controller and the aggregation layer"
+        cluster, adapter, ns = world.cluster, world.adapter, world.namespace
         await world.start_operator()
         await world.apply(copy.deepcopy(RESOURCE))
-        selector = await eventually(lambda: _status(cluster, "selector"), what="the /scale selector", **WAIT)
+        selector = await eventually(lambda: _status(cluster, ns, "selector"), what="the /scale selector", **WAIT)
         await eventually(lambda: _ready_targets(world, 1), what="1 ready pod in Prometheus", **WAIT)
-        await cluster.create(HPA_PATH, hpa(metrics_api))
+        await cluster.create(hpa_path(ns), hpa(metrics_api, ns))
 
         # 1. little KV-cache pressure: nothing waits; the HPA reads the metric and holds 1 replica
-        quiet = await eventually(lambda: _hpa_with_metric(cluster), what="the HPA reading the metric", **WAIT)
+        quiet = await eventually(lambda: _hpa_with_metric(cluster, ns), what="the HPA reading the metric", **WAIT)
         assert current_average(quiet) < TARGET
         assert quiet["status"]["desiredReplicas"] == 1
         assert conditions(quiet)["ScalingActive"]["status"] == "True"
         assert conditions(quiet)["ScalingActive"]["reason"] == "ValidMetricFound"
-        now = await served(adapter, metrics_api, selector)
+        now = await served(adapter, ns, metrics_api, selector)
         assert len(now) == 1 and now[0] < TARGET, now  # one pod, or the one total
-        assert (await cluster.get(MOE_PATH))["spec"]["replicas"] == 1
+        assert (await cluster.get(moe_path(ns)))["spec"]["replicas"] == 1
 
         # 2. a traffic rise fills the caches: requests wait, the HPA scales the MoEInference via /scale
         world.set_true_cost(TrueCost(kv_demand=2.0))
-        now = await eventually(lambda: _served_above(adapter, metrics_api, selector),
+        now = await eventually(lambda: _served_above(adapter, ns, metrics_api, selector),
                                what="waiting requests above target through the adapter", **WAIT)
         assert len(now) == 1 and now[0] > TARGET, now
-        scaled = await eventually(lambda: _replicas_at_least(cluster, MAX_REPLICAS),
+        scaled = await eventually(lambda: _replicas_at_least(cluster, ns, MAX_REPLICAS),
                                   what=f"spec.replicas == {MAX_REPLICAS}", **WAIT)
         assert scaled["spec"]["replicas"] == MAX_REPLICAS
-        status = await cluster.get(f"{HPA_PATH}/{NAME}")
+        status = await cluster.get(f"{hpa_path(ns)}/{NAME}")
         assert status["status"]["desiredReplicas"] == MAX_REPLICAS
         assert current_average(status) > TARGET
         assert conditions(status)["ScalingLimited"]["status"] == "True"  # wants more than maxReplicas
         assert conditions(status)["ScalingLimited"]["reason"] == "TooManyReplicas"
         # the operator carries the count to the Deployment, and the simulated nodes run the new pods
-        await eventually(lambda: _deployment_replicas(cluster, MAX_REPLICAS), what=f"the Deployment at {MAX_REPLICAS} replicas", **WAIT)
+        await eventually(lambda: _deployment_replicas(cluster, ns, MAX_REPLICAS), what=f"the Deployment at {MAX_REPLICAS} replicas", **WAIT)
         await eventually(lambda: _ready_targets(world, MAX_REPLICAS), what=f"{MAX_REPLICAS} ready pods in Prometheus", **WAIT)
-        status = await eventually(lambda: _hpa_current_replicas(cluster, MAX_REPLICAS), what="the HPA seeing every pod",
+        status = await eventually(lambda: _hpa_current_replicas(cluster, ns, MAX_REPLICAS), what="the HPA seeing every pod",
                                   **WAIT)
         assert status["status"]["desiredReplicas"] == MAX_REPLICAS
         assert current_average(status) > TARGET
-        assert (await cluster.get(MOE_PATH))["status"]["replicas"] == MAX_REPLICAS
+        assert (await cluster.get(moe_path(ns)))["status"]["replicas"] == MAX_REPLICAS
 
 
-async def _status(cluster: Any, key: str) -> Any:
-    return ((await cluster.get(MOE_PATH)).get("status") or {}).get(key)
+async def _status(cluster: Any, ns: str, key: str) -> Any:
+    return ((await cluster.get(moe_path(ns))).get("status") or {}).get(key)
 
 
 async def _ready_targets(world: SimWorld, n: int) -> list[dict]:
@@ -153,26 +162,26 @@ async def _ready_targets(world: SimWorld, n: int) -> list[dict]:
     return targets if len(targets) == n else []
 
 
-async def _hpa_with_metric(cluster: Any) -> dict[str, Any] | None:
-    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+async def _hpa_with_metric(cluster: Any, ns: str) -> dict[str, Any] | None:
+    obj = await cluster.get(f"{hpa_path(ns)}/{NAME}")
     return obj if current_average(obj) is not None else None
 
 
-async def _deployment_replicas(cluster: Any, n: int) -> bool:
-    return (await cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"))["spec"]["replicas"] == n
+async def _deployment_replicas(cluster: Any, ns: str, n: int) -> bool:
+    return (await cluster.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NAME}"))["spec"]["replicas"] == n
 
 
-async def _served_above(adapter: Any, metrics_api: str, selector: str) -> list[float] | None:
-    now = await served(adapter, metrics_api, selector)
+async def _served_above(adapter: Any, ns: str, metrics_api: str, selector: str) -> list[float] | None:
+    now = await served(adapter, ns, metrics_api, selector)
     return now if now and all(v > TARGET for v in now) else None
 
 
-async def _replicas_at_least(cluster: Any, n: int) -> dict[str, Any] | None:
-    res = await cluster.get(MOE_PATH)
+async def _replicas_at_least(cluster: Any, ns: str, n: int) -> dict[str, Any] | None:
+    res = await cluster.get(moe_path(ns))
     return res if res["spec"]["replicas"] >= n else None
 
 
-async def _hpa_current_replicas(cluster: Any, n: int) -> dict[str, Any] | None:
-    obj = await cluster.get(f"{HPA_PATH}/{NAME}")
+async def _hpa_current_replicas(cluster: Any, ns: str, n: int) -> dict[str, Any] | None:
+    obj = await cluster.get(f"{hpa_path(ns)}/{NAME}")
     status = obj.get("status") or {}
     return obj if status.get("currentReplicas") == n and current_average(obj) is not None else None

@@ -123,6 +123,30 @@ async def test_watch_resumes_after_a_resource_version(emulated_cluster):
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "b"), ("MODIFIED", "a")]
 
 
+async def test_namespace_objects_list_get_watch_and_status(emulated_cluster):
+    """The Namespace objects' own URLs (kmock 0.8 cannot parse them: the emulator serves them itself,
+    query and all), as kopf lists and watches them in namespaced mode."""
+    first = await emulated_cluster.create("/api/v1/namespaces", {"metadata": {"name": "team-a"}})
+    assert first["kind"] == "Namespace" and first["metadata"]["uid"]
+    listed = await emulated_cluster.request("GET", "/api/v1/namespaces")
+    assert listed["kind"] == "NamespaceList" and [i["metadata"]["name"] for i in listed["items"]] == ["default", "team-a"]
+    assert (await emulated_cluster.get("/api/v1/namespaces/team-a"))["metadata"]["name"] == "team-a"
+    await emulated_cluster.create("/api/v1/namespaces", {"metadata": {"name": "team-b"}})
+    status = await emulated_cluster.patch("/api/v1/namespaces/team-b/status", {"status": {"phase": "Active"}})
+    assert status["status"] == {"phase": "Active"}
+    params = {"watch": "true", "resourceVersion": first["metadata"]["resourceVersion"], "timeoutSeconds": "1"}
+    events = []
+    async with emulated_cluster.session.get(emulated_cluster.url + "/api/v1/namespaces", params=params) as resp:
+        async for line in resp.content:
+            if line.strip():
+                events.append(json.loads(line))
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "team-b"), ("MODIFIED", "team-b")]
+    logged = [(r.resource.plural, r.name, r.subresource, r.url.path) for r in emulated_cluster.api
+              if r.resource is not None and r.resource.group == "" and r.url.path.startswith("/api/v1/namespaces")]
+    assert ("namespaces", "team-b", "status", "/api/v1/namespaces/team-b/status") in logged
+    assert all(plural == "namespaces" for plural, *_ in logged), logged  # the log shows what was asked
+
+
 async def test_generate_name_and_unsupported_apply(emulated_cluster):
     ev = await emulated_cluster.create("/api/v1/namespaces/default/events", {"metadata": {"generateName": "x."}})
     assert ev["metadata"]["name"].startswith("x.") and len(ev["metadata"]["name"]) > 2

@@ -114,6 +114,7 @@ class RealBackend(ClusterBackend):
         self.lws = resolve_lws(lws)
         self.shared = shared
         self.on_shared = False  # set by cluster(): whether this run uses ``shared``
+        self.node_prefix = "gpu-node"  # the simulated Nodes' names: <node_prefix>-0 ... (set by cluster())
 
     def check(self, world: SimWorld) -> None:
         if world.metrics_adapter and not world.prometheus:
@@ -133,6 +134,7 @@ class RealBackend(ClusterBackend):
 
         shared = self._usable(world)
         self.on_shared = shared is not None
+        self.node_prefix = "gpu-node"
         with contextlib.ExitStack() as stack:
             if shared is None:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-eplb-kube-"))
@@ -142,6 +144,7 @@ class RealBackend(ClusterBackend):
             else:
                 sp = shared
                 world.namespace = await asyncio.to_thread(sp.new_namespace)
+                self.node_prefix = f"{world.namespace}-gpu"  # Nodes of its own on the shared plane
             world.plane, world.lws_controller = sp.plane, sp.lws_controller
             try:
                 async with real_cluster(sp.plane) as cluster:
@@ -159,7 +162,7 @@ class RealBackend(ClusterBackend):
     def nodes(self, world: SimWorld, on_change: Callable[[list[dict]], Any] | None) -> Nodes:
         from moe_eplb.sim.real.nodeagent import NodeAgent, RealNodes
 
-        prefix = f"{world.namespace}-gpu" if self.on_shared else "gpu-node"
+        prefix = self.node_prefix
         agent = NodeAgent(world.cluster, world.workload, world.clock, nodes=8, gpus_per_node=16, node_prefix=prefix,
                           remove_nodes=self.on_shared, gpu_resource=world.gpu_resource,
                           **_kubelet_options(world, on_change))

@@ -64,7 +64,9 @@ DEFAULT_HOURS, DEFAULT_SPEED = 2.0, 40.0
 #: simulated minutes at this traffic), no redundant experts -- every replica the autoscaler adds
 #: serves that long on vLLM's initial placement, so the tuner wants a shorter interval
 INITIAL_EPLB = {"windowSize": 1000, "stepInterval": 20000, "numRedundantExperts": 0}
-HPA_PATH = f"/apis/{k8s_names.HPA_API_VERSION}/namespaces/default/horizontalpodautoscalers/{NAME}"
+def hpa_path(namespace: str) -> str:
+    """Where the operator's HPA of the scenario's MoEInference lives."""
+    return f"/apis/{k8s_names.HPA_API_VERSION}/namespaces/{namespace}/horizontalpodautoscalers/{NAME}"
 
 
 def resource() -> dict[str, Any]:
@@ -148,7 +150,8 @@ def summary_record(rec: AutoscaleRecord, *, api: str, load_source: str, autoscal
     }
 
 
-def _world(speed: float, hours: float, seed: int, use_prom: bool, api: str, observer: Callable) -> Any:
+def _world(speed: float, hours: float, seed: int, use_prom: bool, api: str, observer: Callable,
+           shared_plane: Any = None) -> Any:
     """The simulated cluster of the scenario, with the real HPA controller where it can read the metric."""
     from moe_eplb.eplb import profiles, synth
     from moe_eplb.sim.physics import TrueCost
@@ -166,13 +169,15 @@ def _world(speed: float, hours: float, seed: int, use_prom: bool, api: str, obse
                     scrape_interval=2.0, tick_seconds=0.5, lookback_seconds=1800.0, bucket_seconds=max(60.0, speed * 2.0),
                     min_steps=MIN_STEPS, observer=observer, engine_tick=0.1, http_timeout=30.0, kubelet_poll=0.25,
                     api=api, metrics_adapter=real_hpa, emulated_hpa=not real_hpa,
-                    true_cost=TrueCost(kv_demand=DEMAND_BEFORE))
+                    true_cost=TrueCost(kv_demand=DEMAND_BEFORE), shared_plane=shared_plane)
 
 
 async def run_autoscale_demo(*, hours: float = DEFAULT_HOURS, speed: float = DEFAULT_SPEED, out_dir: str = "out/demo",
                              prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
-                             echo: Callable[[str], None] = print, api: str = "auto") -> dict:
-    """Run the scenario; returns :func:`summary_record` (also written to ``summary_path`` when given)."""
+                             echo: Callable[[str], None] = print, api: str = "auto", shared_plane: Any = None) -> dict:
+    """Run the scenario; returns :func:`summary_record` (also written to ``summary_path`` when given).
+    ``shared_plane``: on the real API, a running control plane to run on in a namespace of its own (a
+    test session's, see ``SimWorld.shared_plane``) instead of starting one."""
 
     use_prom = prepare_run(out_dir, prometheus)
     rec = AutoscaleRecord()
@@ -204,7 +209,7 @@ async def run_autoscale_demo(*, hours: float = DEFAULT_HOURS, speed: float = DEF
                                                           if started is not None else {})})
             echo(f"{tag} {payload.get('action'):9s} {short(payload.get('reason'), 130)}")
 
-    world = _world(speed, hours, seed, use_prom, api, observer)
+    world = _world(speed, hours, seed, use_prom, api, observer, shared_plane)
     box["world"] = world
     res = resource()
     observe_s = float(res["spec"]["autotune"]["observeSeconds"])
@@ -259,7 +264,7 @@ async def _drive(world: Any, rec: AutoscaleRecord, t0: float, end_s: float, echo
         got = await world.get(NAME)
         now = int((got.get("spec") or {}).get("replicas", 1))
         if now != replicas:
-            hpa = await world.cluster.get_or_none(HPA_PATH)
+            hpa = await world.cluster.get_or_none(hpa_path(world.namespace))
             status = (hpa or {}).get("status") or {}
             # when the autoscaler scaled, as the operator reads it (the HPA's lastScaleTime), else when seen
             wall = parse_iso(status.get("lastScaleTime")) if status.get("lastScaleTime") else None

@@ -181,7 +181,7 @@ def _namespace_request(request: kmock.Request) -> kmock.Request:
     """The request with the Namespace resource back in place of the stand-in (others unchanged)."""
     if request.resource is None or request.resource.plural != _NS_STANDIN:
         return request
-    url = request.url.with_path(request.url.path.replace(f"/{_NS_STANDIN}", "/namespaces", 1))
+    url = request.url.with_path(request.url.path.replace(f"/{_NS_STANDIN}", "/namespaces", 1)).with_query(request.url.query)
     return attrs.evolve(request, resource=NAMESPACES, namespace=None, url=url)
 
 # --------------------------------------------------------------------------------------------------
@@ -434,11 +434,17 @@ class KubeAPIEmulator(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         standin = _namespace_url(raw_request.path)
         if standin is not None:
-            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(standin))
+            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(standin).with_query(raw_request.rel_url.query))
         return await super().__call__(raw_request)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        request = _namespace_request(request)
+        fixed = _namespace_request(request)
+        if fixed is not request:  # the request log (what tests iterate) shows the Namespace request too
+            for i in range(len(self._requests) - 1, -1, -1):
+                if self._requests[i] is request:
+                    self._requests[i] = fixed
+                    break
+            request = fixed
         # Object requests go straight to our _serve_* methods. kmock's DSL dispatch (kept for
         # discovery, non-Kubernetes paths, and whenever a test added its own reactions, which then
         # come first) checks each request against every earlier one: quadratic, too slow for the
