@@ -4,7 +4,9 @@
 # them: the Helm CLI (helm.sh/helm/v4) into helm/bin/helm and the Prometheus Operator
 # (github.com/prometheus-operator/prometheus-operator, cmd/operator) into
 # prometheus-operator/bin/prometheus-operator, with that release's published CRDs in
-# prometheus-operator/bin/crds/. Binaries are ignored; a stamp of go.mod/go.sum skips the build when
+# prometheus-operator/bin/crds/. Then the Prometheus server the operator configures, from its own
+# module (prometheus/go.mod: it needs k8s.io v0.35.3 and automemlimit v0.7, which the Prometheus
+# Operator's v0.37.2/v1.0 cannot give) into prometheus/bin/prometheus. Binaries are ignored; a stamp of go.mod/go.sum skips the build when
 # nothing changed. Usage: bash tools/build.sh        (`make kube` runs it)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,7 +20,7 @@ HELM=helm.sh/helm/v4 PO=github.com/prometheus-operator/prometheus-operator
 HELM_VERSION=$(version $HELM) PO_VERSION=$(version $PO)
 stamp=".built-$HELM_VERSION-$PO_VERSION-$(sha256sum go.mod go.sum | sha256sum | cut -c1-12)"
 if [ -f "helm/bin/$stamp" ] && [ -f "prometheus-operator/bin/$stamp" ]; then
-  echo "helm $HELM_VERSION and prometheus-operator $PO_VERSION already built"; exit 0
+  echo "helm $HELM_VERSION and prometheus-operator $PO_VERSION already built"; bash prometheus/build.sh; exit 0
 fi
 start=$(date +%s)
 # the operator's client module is not on the module proxy: generate it (prometheus-operator/gen-client.sh)
@@ -37,3 +39,4 @@ install -m 0644 "$src"/example/prometheus-operator-crd/monitoring.coreos.com_*.y
 rm -f helm/bin/.built-* prometheus-operator/bin/.built-*
 touch "helm/bin/$stamp" "prometheus-operator/bin/$stamp"
 echo "helm $HELM_VERSION and prometheus-operator $PO_VERSION built in $(( $(date +%s) - start )) s"
+bash prometheus/build.sh

@@ -202,6 +202,7 @@ class SimWorld:
     emulated_hpa: bool = False
     lws: str = "auto"
     gpu_resource: str = "nvidia.com/gpu"  # the simulated nodes' GPU resource name (api="real")
+    api_ports: bool = False  # api="real": engines serve vLLM's series on the pod's API port, the exporter's on its own
     shared_plane: Any = None
     namespace: str = "default"
     # handles, set by run()
@@ -284,7 +285,7 @@ class SimWorld:
                                       startup_seconds=self.startup_seconds, engine_tick=self.engine_tick,
                                       poll=self.kubelet_poll, crash_if=self.crash_if, faults_for=self.faults_for,
                                       num_groups=self.num_groups, true_cost=self.true_cost, on_change=on_change,
-                                      gpu_resource=self.gpu_resource)
+                                      gpu_resource=self.gpu_resource, api_ports=self.api_ports)
                     if self.crash_pod_if is not None:
                         agent.crash_pod_if = self.crash_pod_if
                     await agent.start()
