@@ -11,7 +11,9 @@ configuration Secret and rule ConfigMaps, and a real Prometheus (3.14.0, built b
 the version the operator requires: Debian's 2.42 has no kubernetes service discovery) running that
 configuration (:func:`moe_eplb.sim.promoperator.localize` changes only the service discovery's
 credentials and the rule files' folder). The node agent runs the engine pods on loopback IPs: each serves the exporter's
-series on ``eplb-metrics`` (9400) and vLLM's own on ``http`` (8000), as a real pod does.
+series on ``eplb-metrics`` (9400) and vLLM's own on ``http`` (8000), as a real pod does. Three
+MoEInferences: ``stalled`` (EPLB on, never rearranging), ``healthy``, and ``grouped`` (one engine over
+two pods of a LeaderWorkerSet run by the real LWS controller: the PodMonitor's group relabelings).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 
 RELEASE_LABEL = {"release": "kube-prometheus-stack"}
 MON_NS, PROM = "monitoring", "k8s"
-STALLED, HEALTHY = "stalled", "healthy"
+STALLED, HEALTHY, GROUPED = "stalled", "healthy", "grouped"
+NAMES = (STALLED, HEALTHY, GROUPED)
 STALL_ALERT = "MoEEPLBRearrangementsStalled"
 WAIT = {"timeout": 120.0, "interval": 0.5}
 #: the alert's window and threshold, shortened so that a test sees it (the PodMonitor scrapes every 15 s)
@@ -67,8 +70,9 @@ def docs_values() -> dict[str, Any]:
 
 
 def resource(name: str) -> dict[str, Any]:
-    """A small MoEInference (4 MoE layers x 16 experts, EP 4) with its PodMonitor on."""
-    return {
+    """A small MoEInference (4 MoE layers x 16 experts, EP 4) with its PodMonitor on; ``grouped``:
+    one engine over 2 pods (a LeaderWorkerSet, run by the real LWS controller)."""
+    res = {
         "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "model": {"name": f"example/tiny-moe-{name}", "architecture": "Qwen3MoeForCausalLM",
@@ -82,6 +86,9 @@ def resource(name: str) -> dict[str, Any]:
             "monitoring": {"podMonitor": {"enabled": True}},
         },
     }
+    if name == GROUPED:
+        res["spec"]["parallelism"]["nodes"] = 2
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +111,7 @@ def api(url: str, path: str, **params: str) -> Any:
 async def test_prometheus_operator_scrapes_engine_pods_and_fires_the_stall_alert(parts, tmp_path) -> None:
     workload = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=1,
                               bucket_seconds=15, seed=1)
-    world = SimWorld(workload=workload, api="real", lws="emulated", scale=100.0, startup_seconds=30.0,
+    world = SimWorld(workload=workload, api="real", lws="real", scale=100.0, startup_seconds=30.0,
                      api_ports=True, faults_for=lambda s: EngineFaults(rearrangement_stalled=STALLED in s.model))
     async with world.run():
         cp = world.plane
@@ -125,7 +132,7 @@ async def test_prometheus_operator_scrapes_engine_pods_and_fires_the_stall_alert
         with start_chart_operator(cp, objs, tmp_path / "chart-operator", extra_args=("--standalone",)) as op:
             await asyncio.to_thread(prom_op.start)
             try:
-                for name in (STALLED, HEALTHY):
+                for name in NAMES:
                     await world.apply(copy.deepcopy(resource(name)))
                 await _scrape_and_alert(cp, tmp_path)
             finally:
@@ -143,7 +150,8 @@ async def _scrape_and_alert(cp: Any, tmp_path: Any) -> None:
     assert "$(" not in json.dumps(local)
     prom = await asyncio.to_thread(start_prometheus, tmp_path / "prometheus", local, binary=str(prometheus_server()))
     with prom:
-        targets = await eventually(lambda: _up_targets(prom.url, 4), what="4 engine targets up", **WAIT)
+        # exporter + vLLM port of each single-pod engine; the group's leader both, its worker the exporter
+        targets = await eventually(lambda: _up_targets(prom.url, 7), what="7 engine targets up", **WAIT)
         _check_target_labels(targets)
         await _check_dashboard_variables(prom.url)
         alerts = await eventually(lambda: _firing(prom.url), what=f"{STALL_ALERT} firing", **WAIT)
@@ -157,8 +165,8 @@ async def _scrape_and_alert(cp: Any, tmp_path: Any) -> None:
         # MoEEPLBExporterMissing's inputs: up per port, by the operator's `endpoint` label
         for endpoint in ("eplb-metrics", "http"):
             up = await asyncio.to_thread(api, prom.url, "/api/v1/query", query=f'up{{namespace="default", endpoint="{endpoint}"}}')
-            assert sorted((r["metric"]["moeinference"], r["value"][1]) for r in up["result"]) == [
-                (HEALTHY, "1"), (STALLED, "1")], up
+            want = [(GROUPED, "1")] * (2 if endpoint == "eplb-metrics" else 1) + [(HEALTHY, "1"), (STALLED, "1")]
+            assert sorted((r["metric"]["moeinference"], r["value"][1]) for r in up["result"]) == want, up
 
 
 async def _config_with_jobs(cp: Any) -> dict[str, Any] | None:
@@ -166,7 +174,7 @@ async def _config_with_jobs(cp: Any) -> dict[str, Any] | None:
     (``podMonitor/<namespace>/<name>/<endpoint index>``)."""
     config = await asyncio.to_thread(generated_config, cp, MON_NS, PROM)
     jobs = {sc["job_name"] for sc in (config or {}).get("scrape_configs") or []}
-    want = {f"podMonitor/default/{name}/{i}" for name in (STALLED, HEALTHY) for i in (0, 1)}
+    want = {f"podMonitor/default/{name}/{i}" for name in NAMES for i in (0, 1)}
     return config if want <= jobs else None
 
 
@@ -178,17 +186,27 @@ async def _up_targets(url: str, n: int) -> list[dict[str, Any]] | None:
 
 def _check_target_labels(targets: list[dict[str, Any]]) -> None:
     """Per engine pod: its exporter port and vLLM's port, each labelled as the dashboards and the
-    tuner's reader expect (``namespace``, ``pod``, ``moeinference``, ``container``, ``endpoint``)."""
+    tuner's reader expect (``namespace``, ``pod``, ``moeinference``, ``container``, ``endpoint``; a
+    group's pods also ``replica_group``, ``group_worker``, ``group_size`` from the LWS labels)."""
     by_pod: dict[str, set[str]] = {}
+    group: dict[str, tuple[str, str, str]] = {}
     for t in targets:
         lab = t["labels"]
-        assert lab[metric_names.MOEINFERENCE_LABEL] in (STALLED, HEALTHY), lab
-        assert lab["pod"].startswith(lab[metric_names.MOEINFERENCE_LABEL]), lab
+        name = lab[metric_names.MOEINFERENCE_LABEL]
+        assert name in NAMES and lab["pod"].startswith(name), lab
         assert lab["container"] == "vllm", lab
         by_pod.setdefault(lab["pod"], set()).add(lab["endpoint"])
         port = t["scrapeUrl"].split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
         assert {"eplb-metrics": "9400", "http": "8000"}[lab["endpoint"]] == port, t
-    assert len(by_pod) == 2 and all(eps == {"eplb-metrics", "http"} for eps in by_pod.values()), by_pod
+        if name == GROUPED:
+            group[lab["pod"]] = (lab.get(metric_names.GROUP_LABEL), lab.get(metric_names.GROUP_WORKER_LABEL),
+                                 lab.get(metric_names.GROUP_SIZE_LABEL))
+        else:
+            assert metric_names.GROUP_LABEL not in lab, lab
+    singles = {p: eps for p, eps in by_pod.items() if p not in group}
+    assert len(singles) == 2 and all(eps == {"eplb-metrics", "http"} for eps in singles.values()), by_pod
+    assert sorted(group.values()) == [("0", "0", "2"), ("0", "1", "2")], group
+    assert sorted(by_pod[p] == {"eplb-metrics", "http"} for p in group) == [False, True], by_pod
 
 
 async def _check_dashboard_variables(url: str) -> None:
@@ -203,7 +221,7 @@ async def _check_dashboard_variables(url: str) -> None:
 
     await eventually(listed, what="moe_eplb_config_info scraped", **WAIT)
     sel = f'namespace="default", moeinference="{STALLED}"'
-    assert await values('moe_eplb_config_info{namespace="default"}', "moeinference") == {STALLED, HEALTHY}
+    assert await values('moe_eplb_config_info{namespace="default"}', "moeinference") == set(NAMES)
     assert await values(f"moe_eplb_config_info{{{sel}}}", "model_name") == {f"example/tiny-moe-{STALLED}"}
     # the dashboard's $engine lists vllm:num_requests_running's engine label; the simulated engine
     # serves vLLM's num_requests_waiting (same labels, same port), not that gauge
