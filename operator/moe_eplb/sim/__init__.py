@@ -10,7 +10,8 @@ benchmarks. Nothing here talks to a real cluster or a GPU.
 - real parts on loopback: ``controlplane`` (etcd, kube-apiserver, kube-controller-manager,
   kube-scheduler built by ``make kube``), ``simplane`` (that plane as a simulated cluster runs on
   it), ``lwscontroller`` (the real LeaderWorkerSet controller), ``metricsadapter``
-  (prometheus-adapter), ``prometheus`` (the one way to start a Prometheus server), ``realapi`` (the
+  (prometheus-adapter), ``promoperator`` (the Prometheus Operator and the configuration it
+  generates), ``helmcli`` (the Helm CLI), ``prometheus`` (the one way to start a Prometheus server), ``realapi`` (the
   async client on the real plane), ``procs`` (child processes that never outlive the program, and
   ``free_port``);
 - ``world`` (a whole simulated cluster in one event loop: ``SimWorld``), ``demo`` and
