@@ -30,15 +30,17 @@ setup: $(VENV)/.setup-done
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl) built from Kubernetes' Go modules, the published CRDs it installs, the
-# real LeaderWorkerSet controller (tools/lws: sigs.k8s.io/lws) and prometheus-adapter v0.12.0
-# (custom.metrics.k8s.io for the HPA test, tools/adapter); cold ~15 min on two cores (~25 min with
-# the LWS controller and the adapter), seconds when Go's caches are warm (tools/kube/README.md)
+# real LeaderWorkerSet controller (tools/lws: sigs.k8s.io/lws), prometheus-adapter v0.12.0
+# (custom.metrics.k8s.io for the HPA test, tools/adapter), and the Helm CLI v4.3.2 and the Prometheus
+# Operator v0.94.0 from one tools module (tools/go.mod, tools/build.sh: they share k8s.io v0.37.2);
+# cold ~15 min on two cores for the control plane, seconds when Go's caches are warm (tools/README.md)
 kube:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
 	bash tools/build-go-tool.sh tools/lws
 	bash tools/build-go-tool.sh tools/adapter
 	bash tools/build-go-tool.sh tools/keda
+	bash tools/build.sh
 
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 

@@ -158,3 +158,45 @@ def test_default_prometheus_url_fills_only_an_empty_spec_url():
 def render_children_of(resource):
     """``render_children`` of a resource dict (parsed once)."""
     return render_children(parse(resource))
+
+
+def test_a_stalled_engine_steps_without_rearranging(small_trace):
+    """EngineFaults(rearrangement_stalled): EPLB on, steps go on, no rearrangement (the stall alert's case)."""
+    settings = EngineSettings("m", ep_size=4, knobs=Knobs(250, 500, 4))
+    healthy = SimulatedEplb(small_trace.num_layers, small_trace.num_experts, settings)
+    stalled = SimulatedEplb(small_trace.num_layers, small_trace.num_experts, settings,
+                            EngineFaults(rearrangement_stalled=True))
+    for t in range(small_trace.num_buckets):
+        healthy.run(small_trace.load[t], int(small_trace.bucket_steps[t]))
+        stalled.run(small_trace.load[t], int(small_trace.bucket_steps[t]))
+    assert stalled.steps == healthy.steps > 10 * 500
+    assert healthy.rearrangements > 10 and stalled.rearrangements == 0
+
+
+@pytest.mark.integration
+async def test_with_an_api_port_vllm_series_leave_the_exporter_port(small_trace):
+    """With pod IPs and ``api_port`` (a node agent's ``api_ports``), vLLM's own series are served on
+    the API port only and the exporter's on the exporter port only, as a real pod serves them."""
+    from moe_eplb.sim.engine import split_exposition
+    from moe_eplb.sim.procs import free_port
+
+    clock = SimClock.started_now(scale=200.0)
+    port, api_port = free_port(), free_port()
+    eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4), clock, startup_seconds=0.0,
+                          tick=0.02, port=port, hosts=("127.0.0.1",), api_port=api_port)
+    await eng.start()
+    try:
+        await asyncio.sleep(0.2)
+        texts = {}
+        for p in (port, api_port):
+            with urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=30) as r:
+                texts[p] = r.read().decode()
+        series = {p: {line.split("{")[0].split(" ")[0] for line in t.splitlines() if line and not line.startswith("#")}
+                  for p, t in texts.items()}
+        assert series[api_port] and all(s.startswith("vllm:") for s in series[api_port])
+        assert "moe_eplb_config_info" in series[port] and not any(s.startswith("vllm:") for s in series[port])
+    finally:
+        await eng.stop()
+    both = b"# HELP vllm:a x\n# TYPE vllm:a gauge\nvllm:a 1\n# HELP moe_b y\nmoe_b 2\n"
+    assert split_exposition(both, vllm=True) == b"# HELP vllm:a x\n# TYPE vllm:a gauge\nvllm:a 1\n"
+    assert split_exposition(both, vllm=False) == b"# HELP moe_b y\nmoe_b 2\n"

@@ -5,7 +5,8 @@ benchmarks. Nothing here talks to a real cluster or a GPU. By backend, behind on
   controllers (kubelet, Deployment, LeaderWorkerSet, HPA). Frozen: kept for the demo without a Go
   build and for fault injection;
 - ``real/`` (:mod:`moe_eplb.sim.real`): the real control plane, LeaderWorkerSet controller and
-  prometheus-adapter built from Go modules, run on loopback, with simulated GPU nodes;
+  prometheus-adapter, KEDA, the Prometheus Operator and the Helm CLI built from Go modules, run on
+  loopback, with simulated GPU nodes;
 - ``backend`` (``ClusterBackend``: which of the two a world runs on, chosen once; the one module that
   imports both), ``client`` (the harness's one apiserver client, with the product's ``Connection``),
   ``pods`` (what the emulated kubelet and the real node agent share: reading a pod spec, the poll

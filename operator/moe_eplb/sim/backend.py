@@ -164,7 +164,7 @@ class RealBackend(ClusterBackend):
 
         prefix = self.node_prefix
         agent = NodeAgent(world.cluster, world.workload, world.clock, nodes=8, gpus_per_node=16, node_prefix=prefix,
-                          remove_nodes=self.on_shared, gpu_resource=world.gpu_resource,
+                          remove_nodes=self.on_shared, gpu_resource=world.gpu_resource, api_ports=world.api_ports,
                           **_kubelet_options(world, on_change))
         if world.crash_pod_if is not None:
             agent.crash_pod_if = world.crash_pod_if

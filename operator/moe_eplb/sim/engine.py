@@ -146,10 +146,13 @@ class EngineFaults:
     balancing ``max - load`` balances ``load`` too.)
     ``silent``: the engine serves and is ready, but its exporter answers an empty ``/metrics``
     (a broken plugin): nothing can be measured.
+    ``rearrangement_stalled``: EPLB is on and the engine keeps stepping, but no rearrangement ever
+    happens (vLLM's async EPLB can stop silently): what the stall alert is for.
     """
 
     clustered_placement: bool = False
     silent: bool = False
+    rearrangement_stalled: bool = False
 
 
 class SimulatedEplb:
@@ -256,9 +259,10 @@ class SimulatedEplb:
             self.steps += seg
             left -= seg
             if self.s.eplb_enabled and self.steps >= self.next_rearrange:
-                self._rearrange()
-                if segments:
-                    segments[-1][2] = True
+                if not self.faults.rearrangement_stalled:  # stalled: the step point passes unused
+                    self._rearrange()
+                    if segments:
+                        segments[-1][2] = True
                 self.next_rearrange = self.steps + self.s.knobs.step_interval
         return out
 
@@ -303,6 +307,13 @@ class _Histogram:
             self.counts[i] += times
         self.count += times
         self.total += value * times
+
+
+def split_exposition(body: bytes, *, vllm: bool) -> bytes:
+    """vLLM's own families (``vllm:*``, ``vllm=True``) or the exporter's (the rest) of an exposition."""
+    keep = [line for line in body.split(b"\n") if line and (
+        line[7:] if line.startswith((b"# HELP ", b"# TYPE ")) else line).startswith(b"vllm:") == vllm]
+    return b"\n".join(keep) + b"\n"
 
 
 class _Exposition:
@@ -432,7 +443,7 @@ class SimulatedEngine:
     def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, *,
                  startup_seconds: float = 120.0, tick: float = 0.1, faults: EngineFaults = EngineFaults(),
                  port: int = 0, seed: int = 0, true_cost: TrueCost | None = None, pods: int = 1,
-                 hosts: tuple[str, ...] | None = None) -> None:
+                 hosts: tuple[str, ...] | None = None, api_port: int = 0) -> None:
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         if pods < 1 or settings.ep_size % pods:
@@ -443,6 +454,9 @@ class SimulatedEngine:
         # one loopback address per pod (a node agent gives each pod its own "pod IP", so every pod
         # serves the pod spec's port); default: all on 127.0.0.1, pod 0 on ``port``, the others on free ports
         self.hosts = tuple(hosts) if hosts else None
+        # with pod IPs: vLLM's own series on its API port, as a real pod serves them, and only the
+        # exporter's on ``port`` (default: every series on ``port``)
+        self.api_port = int(api_port) if self.hosts is not None else 0
         if self.hosts is not None and len(self.hosts) != self.pods:
             raise ValueError(f"hosts: {len(self.hosts)} given for {pods} pods")
         self.silent = faults.silent
@@ -620,7 +634,7 @@ class SimulatedEngine:
 
     # --- HTTP ----------------------------------------------------------------------------------
 
-    def _answer(self, pod: int, path: str) -> tuple[int, bytes, str]:
+    def _answer(self, pod: int, path: str, part: str | None = None) -> tuple[int, bytes, str]:
         """What pod ``pod`` answers on ``path``: (status, body, content type). Runs in the pod's
         server thread: the replay holds ``_lock`` while it changes the arrays the exposition reads."""
         path = path.split("?", 1)[0]
@@ -631,6 +645,8 @@ class SimulatedEngine:
                     # not of the replay task's last run, which a busy event loop delays by seconds
                     self._advance_to(self.clock.workload_seconds())
                 body = self._expositions[pod].render()
+            if part is not None:  # split between vLLM's API port ("api") and the exporter's port
+                body = split_exposition(body, vllm=part == "api")
             # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
             return 200, body, "text/plain; version=0.0.4; charset=utf-8"
         if path == "/health":
@@ -651,12 +667,12 @@ class SimulatedEngine:
             return 503, b"loading\n", "text/plain"
         return 200, b"live\n", "text/plain"
 
-    def _server_for(self, pod: int, host: str, port: int) -> ThreadingHTTPServer:
+    def _server_for(self, pod: int, host: str, port: int, part: str | None = None) -> ThreadingHTTPServer:
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                status, body, ctype = engine._answer(pod, self.path)
+                status, body, ctype = engine._answer(pod, self.path, part)
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -684,16 +700,21 @@ class SimulatedEngine:
         for k in range(self.pods):
             host = self.hosts[k] if self.hosts is not None else "127.0.0.1"
             port = self.port if self.hosts is not None or k == 0 else 0
-            server = self._server_for(k, host, port)
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
-                             name=f"sim-pod:{host}:{server.server_address[1]}").start()
-            self._servers.append(server)
+            server = self._server_for(k, host, port, "exporter" if self.api_port else None)
+            self._serve(server, host)
             self.ports.append(server.server_address[1])
+            if self.api_port:
+                self._serve(self._server_for(k, host, self.api_port, "api"), host)
         self.port = self.ports[0]
         self.started_at = self.clock.now()
         self.started_wall = time.time()
         self._task = asyncio.create_task(self._loop(), name=f"sim-engine:{self.port}")
         return self.port
+
+    def _serve(self, server: ThreadingHTTPServer, host: str) -> None:
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+                         name=f"sim-pod:{host}:{server.server_address[1]}").start()
+        self._servers.append(server)
 
     async def stop(self) -> None:
         if self._task is not None:

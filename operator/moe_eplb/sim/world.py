@@ -174,6 +174,7 @@ class SimWorld:
     emulated_hpa: bool = False
     lws: str = "auto"
     gpu_resource: str = "nvidia.com/gpu"  # the simulated nodes' GPU resource name (api="real")
+    api_ports: bool = False  # api="real": engines serve vLLM's series on the pod's API port, the exporter's on its own
     shared_plane: Any = None
     namespace: str = "default"
     # handles, set by run()

@@ -168,10 +168,12 @@ class NodeAgent(PollingKubelet):
                  faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
                  num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
                  on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None,
-                 node_prefix: str = "gpu-node", remove_nodes: bool = False, gpu_resource: str = GPU_RESOURCE) -> None:
+                 node_prefix: str = "gpu-node", remove_nodes: bool = False, gpu_resource: str = GPU_RESOURCE,
+                 api_ports: bool = False) -> None:
         self.cluster, self.workload, self.clock = cluster, workload, clock
         self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
         self.remove_nodes = remove_nodes
+        self.api_ports = api_ports  # engines serve vLLM's series on the pod's API port (a PodMonitor's `http`)
         self.gpus_per_node = gpus_per_node
         self.gpu_resource = gpu_resource  # the device plugin's resource name (spec.engine.gpuResourceName)
         self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
@@ -260,6 +262,13 @@ class NodeAgent(PollingKubelet):
                 await self._write_status(p)
         await self._notify_targets()
 
+    def _api_port(self, pod_spec: Mapping[str, Any] | None) -> int:
+        """vLLM's API port of the pod spec (``http``) when :attr:`api_ports`, else 0 (none)."""
+        if not self.api_ports or pod_spec is None:
+            return 0
+        return next((int(p["containerPort"]) for c in pod_spec.get("containers") or [] for p in c.get("ports") or []
+                     if p.get("name") == k8s_names.API_PORT_NAME), 0)
+
     def _next_ip(self, port: int | None) -> str:
         """The next pod IP of the subnet where ``port`` is free (another process may hold it)."""
         for ip in self._ips:
@@ -306,7 +315,8 @@ class NodeAgent(PollingKubelet):
                 p.engine = SimulatedEngine(self.trace_for(instance), p.settings, self.clock,
                                            startup_seconds=self.startup_seconds, tick=self.engine_tick,
                                            faults=self.faults_for(p.settings), seed=self.pods_started,
-                                           true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,))
+                                           true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,),
+                                           api_port=self._api_port(spec))
                 await p.engine.start()
             except (ValueError, OSError) as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("node agent: pod %s/%s crashes: %s", p.namespace, p.name, exc)
@@ -441,7 +451,7 @@ class NodeAgent(PollingKubelet):
                                          startup_seconds=self.startup_seconds, tick=self.engine_tick,
                                          faults=self.faults_for(settings), seed=self.pods_started,
                                          true_cost=self.true_cost, port=leader.port or 0, pods=size,
-                                         hosts=tuple(p.ip for p in pods))
+                                         hosts=tuple(p.ip for p in pods), api_port=self._api_port(leader.spec))
                 await engine.start()
             except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group
                 log.warning("node agent: group %s/%s-%d crashes: %s", *key, exc)
