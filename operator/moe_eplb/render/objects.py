@@ -1,7 +1,8 @@
 """Child objects of a MoEInference: exactly what the operator applies (pure, no I/O).
 
 :func:`render_children` returns, in apply order: Service, the workload (a Deployment when
-``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel),
+``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel;
+during an experiment the two arms, :mod:`moe_eplb.render.experiment`),
 PodDisruptionBudget, a PodMonitor when ``monitoring.podMonitor.enabled``, and the autoscaler (a KEDA
 ScaledObject or a HorizontalPodAutoscaler, :mod:`moe_eplb.render.autoscaler`) when
 ``spec.autoscaling`` is on. No ConfigMap is
@@ -37,6 +38,7 @@ from moe_eplb.contracts.k8s_names import (
     OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
+from moe_eplb.render import experiment
 from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
@@ -64,7 +66,7 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     eplb = inf.effective
     owner = owner_reference(inf)
     children: list[dict[str, Any]] = [service(inf)]
-    children.append(deployment(inf, eplb) if inf.parallelism.nodes == 1 else leader_worker_set(inf, eplb))
+    children.extend(workloads(inf, eplb))
     children.append(pod_disruption_budget(inf))
     if inf.monitoring.pod_monitor:
         children.append(pod_monitor(inf))
@@ -77,6 +79,15 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
         if owner:
             child["metadata"]["ownerReferences"] = [dict(owner)]
     return children
+
+
+def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
+    """The engine workload: a Deployment or a LeaderWorkerSet; while an experiment runs
+    (``status.autotune.experiment``), its two arms (:mod:`moe_eplb.render.experiment`)."""
+    exp = inf.status.experiment if inf.eplb.enabled else None
+    if inf.parallelism.nodes == 1:
+        return [deployment(inf, eplb)] if exp is None else experiment.deployment_arms(inf, exp, deployment)
+    return [leader_worker_set(inf, eplb)] if exp is None else experiment.lws_arms(inf, exp, leader_worker_set)
 
 
 def owner_reference(inf: MoEInference) -> dict[str, Any] | None:
