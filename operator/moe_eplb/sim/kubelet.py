@@ -252,6 +252,7 @@ class _Deploy:
     name: str
     uid: str
     instance: str = ""  # the MoEInference (pod label eplb.ai/name)
+    replicas: int = 0  # as last reconciled (an experiment's trial Deployment shares the instance's traffic)
     pods: dict[str, SimPod] = field(default_factory=dict)
     status_sent: dict = field(default_factory=dict)
 
@@ -571,7 +572,7 @@ class FakeKubelet(PollingKubelet):
         template = spec.get("template") or {}
         labels = (template.get("metadata") or {}).get("labels") or {}
         d.instance = labels.get(k8s_names.NAME_LABEL, d.name)
-        want = int(spec.get("replicas", 1))
+        want = d.replicas = int(spec.get("replicas", 1))
         h = template_hash(template)
         strategy = (spec.get("strategy") or {})
         ru = strategy.get("rollingUpdate") or {}
@@ -656,7 +657,10 @@ class FakeKubelet(PollingKubelet):
         tmd = template.get("metadata") or {}
         pod_spec = json.loads(json.dumps(template.get("spec") or {}))
         name = f"{d.name}-{h[:8]}-{secrets.token_hex(3)}"
-        settings, why = self._settings_of(d.instance, pod_spec, replicas)
+        # the Service splits the traffic over every pod of the instance (a trial Deployment's too)
+        total = sum(x.replicas for x in self.deployments.values() if x.instance == d.instance
+                    and x.namespace == d.namespace) or replicas
+        settings, why = self._settings_of(d.instance, pod_spec, total)
         if why:
             log.warning("fake kubelet: pod %s cannot run: %s", name, why)
         crash = settings is None or bool(self.crash_if(settings))
