@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.api.knobs import Knobs
+from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.eplb.experiment import ArmBucket
 from moe_eplb.eplb.exploration import ArmObservation
 from moe_eplb.metrics.measure import scrape_ready_pods

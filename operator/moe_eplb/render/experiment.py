@@ -63,7 +63,8 @@ def deployment_arms(inf: MoEInference, exp: Experiment, build) -> list[dict[str,
     n, surge = int(inf.replicas), inf.rollout.max_surge >= 1
     main_replicas = {STARTING: n if surge else n - 1, RUNNING: n - 1, PROMOTING: n - 1, RESTORING: n}
     main = build(inf, control_settings(inf, exp))
-    main["spec"]["replicas"] = max(0, main_replicas.get(exp.phase, n))
+    # a scale-in to one replica keeps that replica serving until the loop ends the experiment
+    main["spec"]["replicas"] = max(min(n, 1), main_replicas.get(exp.phase, n))
     out = [main]
     if exp.phase != RESTORING or surge:
         out.append(trial_deployment(inf, build(inf, trial_settings(inf, exp))))

@@ -333,6 +333,9 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
                 "rollingUpdateConfiguration": {
                     "maxSurge": inf.rollout.max_surge,
                     "maxUnavailable": inf.rollout.max_unavailable,
+                    # every group on the template; an experiment holds the control groups back
+                    # (render.experiment; explicit, so that the end of one sets it back)
+                    "partition": 0,
                 },
             },
             "leaderWorkerTemplate": {
