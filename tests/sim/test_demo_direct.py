@@ -44,16 +44,18 @@ def test_the_demo_without_prometheus_tunes_both_resources(tmp_path):
         assert not any("too little to tune on" in str(d["reason"]) for d in rec["decisions"]), log
         # once the pods serve (the first evaluations may come before they are ready) every one decides
         tuned = list(itertools.dropwhile(lambda d: d == "NoData", made))
-        assert len(tuned) >= 4 and set(tuned) <= {"Apply", "Keep"}, f"{name}: {made}\n{log}"
+        assert len(tuned) >= 3 and set(tuned) <= {"Apply", "Experiment", "Keep"}, f"{name}: {made}\n{log}"
         for d in rec["decisions"]:
             if d["decision"] == "Keep":  # the robust rule names the regret it weighed
                 assert "largest regret" in d["reason"] or "would gain" in d["reason"], d["reason"]
         judged = [h for h in rec["history"] if h.get("action") in ("Kept", "RolledBack")]
         applied = by_name[name]["applied_changes"]
-        if "Apply" in made:
+        if "Apply" in made or any(e["verdict"] == "promoted" for e in by_name[name]["experiments"]):
             assert applied and judged and all(h.get("reason") for h in judged), \
                 f"{name}: history {rec['history']}\n{log}"
         else:
             assert not applied, applied
-    assert "Apply" in [d["decision"] for d in decisions["qwen3-vl-demo"]["decisions"]], log
+    # Qwen3-VL's change runs as an experiment on one of its two replicas first, to a verdict
+    assert "Experiment" in [d["decision"] for d in decisions["qwen3-vl-demo"]["decisions"]], log
+    assert [e["verdict"] for e in by_name["qwen3-vl-demo"]["experiments"]], log
     assert by_name["deepseek-v3-demo"]["kind"] == "LeaderWorkerSet"

@@ -37,6 +37,7 @@ from moe_eplb.api.autotune_status import (
     Arm,
     AutotuneStatus,
     Experiment,
+    HistoryEntry,
     Override,
 )
 from moe_eplb.api.knobs import Knobs
@@ -175,6 +176,11 @@ def _finish(step: ExperimentStep, exp: Experiment, observations: dict | None = N
     done = dataclasses.replace(exp, observations=observations or exp.observations, learned=learned or exp.learned,
                                samples=(), sample_objectives=(), ttft_seconds=())
     step.status = step.status.with_experiment_done(done)
+    if exp.verdict == stats.PROMOTED and exp.phase == PROMOTING:  # a change applied to every replica
+        step.status = step.status.with_history(HistoryEntry(
+            time=done.ended_at or exp.started_at, action="Kept", from_knobs=exp.control.knobs,
+            to_knobs=exp.trial.knobs, reason=f"promoted after its experiment: {exp.reason}",
+            predicted_gain=exp.predicted_gain, started_at=exp.started_at))
     step.changed = True
     step.events.append(("Normal", "ExperimentDone", f"experiment of {describe(exp.trial.knobs)} ended: {exp.verdict}"))
 

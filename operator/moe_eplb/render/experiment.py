@@ -89,7 +89,8 @@ def lws_arms(inf: MoEInference, exp: Experiment, build) -> list[dict[str, Any]]:
     on every group once promoted, back on the control's while restoring; ``build`` is
     :func:`moe_eplb.render.objects.leader_worker_set`."""
     n = int(inf.replicas)
-    if exp.phase == RESTORING:
+    if exp.phase == RESTORING or (n < 2 and exp.phase in (STARTING, RUNNING)):
+        # a scale-in to one group removed the trial's (the highest index): the one left stays as it is
         return [build(inf, dataclasses.replace(inf.effective, knobs=exp.control.knobs))]
     lws = build(inf, trial_settings(inf, exp))
     if exp.phase in (STARTING, RUNNING):
