@@ -73,6 +73,12 @@ class Measurement:
     tokens_per_second: float | None = None
     pods: int | None = None
     source: str | None = None
+    #: the objective across time (one replica): the change's gain normalised by the offered load,
+    #: with its interval (:func:`moe_eplb.eplb.experiment.before_after_estimate`)
+    objective: str | None = None
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class Rollout:
     #: spec.replicas when the rollout started: while it restarts pods, the rendered autoscaler
     #: keeps at least this many replicas (render/autoscaler.rollout_min_replicas)
     replicas: int | None = None
+    #: the objective's buckets before the change (:func:`moe_eplb.eplb.experiment.buckets_record`)
+    objective_before: dict | None = field(default=None, metadata={"raw": True})
 
 
 @dataclass(frozen=True)

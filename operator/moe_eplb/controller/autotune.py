@@ -75,6 +75,7 @@ from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
 from moe_eplb.controller.workload import read_scaling, workload_view
+from moe_eplb.eplb import experiment as stats
 from moe_eplb.eplb.calibrate import Calibration, calibrate
 from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
@@ -255,6 +256,7 @@ class AutotuneLoop:
         window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
         if window is not None and not view.crashlooping:
             measured = await self.load_observer.measure(inf, pods, *window)
+            measured = await self._objective_after(inf, cur, pods, window, measured)
         timeout = ro.rollout_timeout_s(cfg, stop_seconds=termination_grace_seconds(inf), replicas=inf.replicas,
                                        max_surge=inf.rollout.max_surge, max_unavailable=inf.rollout.max_unavailable)
         step = ro.advance(cfg, state, view, now=now, measured=measured, timeout_s=timeout)
@@ -272,6 +274,33 @@ class AutotuneLoop:
             self.settings.observer("rollout" if new_ro is not None else "history", inf,
                                    new_ro if new_ro is not None else step.status.history[-1])
         return f"rollout:{new_ro.phase if new_ro is not None else step.status.history[-1].action}"
+
+    def _objective_before(self, inf: MoEInference, trace: LoadTrace | None) -> dict | None:
+        """The objective's buckets of the load read for the evaluation (the time before a change)."""
+        if trace is None:
+            return None
+        buckets = stats.buckets_of_trace(trace, gpus_per_engine=_gpus_per_engine(inf))
+        return stats.buckets_record(buckets) if buckets else None
+
+    async def _objective_after(self, inf: MoEInference, cur: Rollout, pods: list[dict],
+                               window: tuple[float, float], measured: Measurement | None) -> Measurement | None:
+        """``measured`` with the change's gain on the objective across time (one replica, or every
+        replica at once): the buckets before the change (recorded with the rollout) against those of
+        the judging window, normalised by the offered load, with its interval."""
+        before = stats.buckets_from_record(cur.objective_before)
+        if not before:
+            return measured
+        try:
+            trace, _ = await self.load_observer.read_load(inf, window[0], window[1], pods)
+        except LoadUnavailable as exc:
+            log.info("autotune %s/%s: the objective after the change: %s", inf.namespace, inf.name, exc)
+            return measured
+        after = stats.buckets_of_trace(trace, gpus_per_engine=_gpus_per_engine(inf))
+        est = stats.before_after_estimate(before, after, inf.autotune.experiments.confidence)
+        if est is None:
+            return measured
+        return dataclasses.replace(measured or Measurement(), objective=est.objective, estimate=round(est.estimate, 6),
+                                   ci_low=round(est.ci_low, 6), ci_high=round(est.ci_high, 6))
 
     # --- an experiment in progress ----------------------------------------------------------------
 
@@ -302,7 +331,7 @@ class AutotuneLoop:
             engine_pods = [p for p in pods if p["metadata"]["name"] in arms.trial_ready + arms.control_ready]
             counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, engine_pods, self.settings.http_timeout)
             bucket = tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
-                                    gpus_per_replica=inf.parallelism.gpus_per_pod * max(1, int(inf.parallelism.nodes or 1)))
+                                    gpus_per_replica=_gpus_per_engine(inf))
         observations = _observations(exp, tracker, now)
         learned = exm.learned_ranges(None, None, None, None, source=f"experiment {exp.trial.knobs.describe()}")
         step = exm.advance(cfg, state, aview, now=now, bucket=bucket, observations=observations,
@@ -408,7 +437,8 @@ class AutotuneLoop:
                            answer=answer, tune_error=got.tune_error, workload_blocker=got.blocker,
                            baseline=got.baseline, from_hash=got.view.template_hash,
                            calibration=dec.calibration_record(got.calibration) if got.calibration is not None else None,
-                           scaling=scaling, replicas=int(inf.replicas))
+                           scaling=scaling, replicas=int(inf.replicas),
+                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None)
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:
             replica_costs = dec.replica_costs(got.result, kv_capacity(inf, got.trace, current),
@@ -484,6 +514,10 @@ def experiment_arms(inf: MoEInference, pods: list[dict], crashlooping: tuple[str
             control.append(meta["name"])
     crash = tuple(n for n in crashlooping if n in trial_all or (trial_hash != control_hash and n not in control))
     return _Arms(tuple(sorted(trial)), tuple(sorted(control)), crash)
+
+
+def _gpus_per_engine(inf: MoEInference) -> int:
+    return inf.parallelism.gpus_per_pod * max(1, int(inf.parallelism.nodes or 1))
 
 
 def _pod_ready(pod: dict) -> bool:

@@ -277,6 +277,7 @@ def evaluate(
     calibration: CalibrationRecord | None = None,
     scaling: ScalingState | None = None,
     replicas: int = 1,
+    objective_before: dict | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -297,6 +298,8 @@ def evaluate(
         from_hash: the pod-template config hash running now (rollout progress compares against it).
         calibration: the cost-model calibration used (recorded in ``lastEvaluation``).
         scaling: the replica autoscaler's state (None: no autoscaler); see :func:`scaling_blocker`.
+        objective_before: the objective's buckets before the change (recorded in the rollout: a
+            change applied to all is judged on the objective across time).
         replicas: the replicas (replica groups) running now: with two or more and
             ``spec.autotune.experiments.enabled`` a change starts as an experiment (``Experiment``).
 
@@ -323,7 +326,7 @@ def evaluate(
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                    scaling=scaling, replicas=replicas)
+                    scaling=scaling, replicas=replicas, objective_before=objective_before)
     ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
     out.status = out.status.replace(last_evaluation=ev)
     return out
@@ -332,7 +335,7 @@ def evaluate(
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
            baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
-           replicas: int = 1) -> Evaluation:
+           replicas: int = 1, objective_before: dict | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -378,7 +381,8 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=target,
                           previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
                           from_hash=from_hash, baseline=baseline, predicted_gain=gain,
-                          replicas=scaling.desired if scaling is not None else None)
+                          replicas=scaling.desired if scaling is not None else None,
+                          objective_before=objective_before)
         out.status = out.status.replace(
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))

@@ -231,6 +231,47 @@ def before_after_estimate(before: Sequence[ArmBucket], after: Sequence[ArmBucket
                     ci_low=math.expm1(c - half), ci_high=math.expm1(c + half), confidence=confidence)
 
 
+def buckets_of_trace(trace, *, gpus_per_engine: int, kv_full: float = 0.95) -> list[ArmBucket]:
+    """The objective's buckets of a (per-engine) load trace with telemetry: mean step time, tokens
+    per step, tokens per second of step time per GPU, saturated where requests waited or the KV
+    cache was full. Buckets without steps or a step time are left out; [] without telemetry."""
+    tel = getattr(trace, "telemetry", None)
+    if tel is None or tel.step_seconds is None:
+        return []
+    steps = np.asarray(trace.bucket_steps, dtype=float)
+    tokens = np.asarray(trace.load, dtype=float)[:, 0, :].sum(axis=1) / max(1, int(trace.top_k))
+    out = []
+    for t in range(trace.num_buckets):
+        step_s = float(tel.step_seconds[t])
+        if steps[t] <= 0 or not math.isfinite(step_s) or step_s <= 0:
+            continue
+        per_step = float(tokens[t] / steps[t])
+        waiting = float(tel.requests_waiting[t]) if tel.requests_waiting is not None else 0.0
+        kv = float(tel.kv_cache_usage[t]) if tel.kv_cache_usage is not None else 0.0
+        out.append(ArmBucket(step_seconds=step_s, tokens_per_step=per_step,
+                             tokens_per_second_per_gpu=per_step / step_s / max(1, gpus_per_engine),
+                             saturated=(math.isfinite(waiting) and waiting > 0) or (math.isfinite(kv) and kv >= kv_full)))
+    return out
+
+
+def buckets_record(buckets: Sequence[ArmBucket]) -> dict:
+    """Buckets as the status stores them (one list per field)."""
+    return {"stepSeconds": [round(b.step_seconds or 0.0, 9) for b in buckets],
+            "tokensPerStep": [round(b.tokens_per_step or 0.0, 6) for b in buckets],
+            "tokensPerSecondPerGpu": [round(b.tokens_per_second_per_gpu or 0.0, 6) for b in buckets],
+            "saturated": [bool(b.saturated) for b in buckets]}
+
+
+def buckets_from_record(rec: dict | None) -> list[ArmBucket]:
+    """The inverse of :func:`buckets_record` (a malformed record gives [])."""
+    try:
+        cols = [rec[k] for k in ("stepSeconds", "tokensPerStep", "tokensPerSecondPerGpu", "saturated")]  # type: ignore[index]
+        return [ArmBucket(step_seconds=float(a), tokens_per_step=float(b), tokens_per_second_per_gpu=float(c),
+                          saturated=bool(d)) for a, b, c, d in zip(*cols)]
+    except (TypeError, KeyError, ValueError):
+        return []
+
+
 # --- the rule -------------------------------------------------------------------------------------
 
 
