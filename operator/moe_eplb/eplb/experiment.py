@@ -239,7 +239,7 @@ def buckets_of_trace(trace, *, gpus_per_engine: int, kv_full: float = 0.95) -> l
     if tel is None or tel.step_seconds is None:
         return []
     steps = np.asarray(trace.bucket_steps, dtype=float)
-    tokens = np.asarray(trace.load, dtype=float)[:, 0, :].sum(axis=1) / max(1, int(trace.top_k))
+    tokens = np.asarray(trace.load, dtype=float)[:, 0, :].sum(axis=1) / max(1, int(trace.top_k or 1))
     out = []
     for t in range(trace.num_buckets):
         step_s = float(tel.step_seconds[t])
