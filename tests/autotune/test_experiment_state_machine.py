@@ -248,3 +248,51 @@ def test_lws_arms_use_the_partition(seed, phase, partition):
     base = plain["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["annotations"]["eplb.ai/eplb-config-hash"]
     assert (h == base) == (phase == RESTORING)
     assert plain["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["partition"] == 0
+
+
+# --- one replica: the objective across time judges a change applied to all ------------------------
+
+
+def _observing(before_buckets):
+    from moe_eplb.api.autotune_status import OBSERVING, Measurement, Rollout
+    from moe_eplb.eplb.experiment import buckets_record
+
+    ro = Rollout(kind="apply", phase=OBSERVING, started_at=T0, ready_at=T0 + 60, from_knobs=CUR, to_knobs=NEW,
+                 from_hash="h-old", to_hash="h-new", baseline=Measurement(balancedness=0.8),
+                 objective_before=buckets_record(before_buckets))
+    return AutotuneStatus(rollout=ro)
+
+
+@pytest.mark.parametrize(("est", "low", "high", "action"), [
+    (0.03, 0.01, 0.05, "Kept"), (-0.01, -0.03, 0.01, "Kept"), (-0.08, -0.12, -0.04, "RolledBack")])
+def test_the_rollout_is_judged_on_the_objective_not_balancedness(est, low, high, action):
+    from moe_eplb.api.autotune_status import ROLLING_BACK, Measurement
+    from moe_eplb.controller import rollout as r
+
+    cfg = AutotuneSpec(mode="Apply", observe_s=300, rollback_tolerance=0.02)
+    view = r.WorkloadView(generation=1, settled=True, template_hash="h-new", spec_eplb=CUR)
+    # balancedness rose, but the objective decides (and the reverse)
+    m = Measurement(balancedness=0.9, objective="step_time", estimate=est, ci_low=low, ci_high=high)
+    step = r.advance(cfg, _observing([ArmBucket(0.02, 64)] * 3), view, now=T0 + 400, measured=m)
+    if action == "Kept":
+        assert step.status.rollout is None and step.status.history[-1].action == "Kept"
+        assert "on step_time" in step.status.history[-1].reason and "balancedness 0.900" in step.status.history[-1].reason
+    else:
+        assert step.status.rollout.phase == ROLLING_BACK and step.rollback_reason == "regression"
+
+
+def test_buckets_of_a_trace_and_their_record():
+    from moe_eplb.eplb import experiment as ex
+    from moe_eplb.eplb.trace import LoadTrace, Telemetry
+
+    load = np.ones((4, 2, 8)) * 100.0  # 800 token-slots per layer per bucket, top-2: 400 tokens
+    tel = Telemetry(step_seconds=np.array([0.02, np.nan, 0.025, 0.02]), requests_waiting=np.array([0, 0, 3, 0.0]),
+                    kv_cache_usage=np.array([0.5, 0.5, 0.5, 0.97]))
+    trace = LoadTrace(load=load, bucket_steps=np.array([10, 0, 10, 10]), bucket_seconds=60.0, top_k=2, telemetry=tel)
+    got = ex.buckets_of_trace(trace, gpus_per_engine=4)
+    assert len(got) == 3  # the bucket without steps is left out
+    assert got[0].tokens_per_step == pytest.approx(40.0) and got[0].step_seconds == pytest.approx(0.02)
+    assert got[0].tokens_per_second_per_gpu == pytest.approx(40 / 0.02 / 4)
+    assert [b.saturated for b in got] == [False, True, True]
+    assert ex.buckets_from_record(ex.buckets_record(got)) == got
+    assert ex.buckets_from_record({"stepSeconds": [1]}) == []
