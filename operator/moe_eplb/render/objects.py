@@ -393,7 +393,8 @@ def pod_disruption_budget(inf: MoEInference) -> dict[str, Any]:
 def pod_monitor(inf: MoEInference) -> dict[str, Any]:
     """PodMonitor scraping the exporter (``eplb-metrics``) and vLLM's own ``/metrics`` (``http``).
 
-    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name``; for a multi-node
+    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name`` and ``arm`` from
+    ``eplb.ai/arm`` (an experiment's trial pods; absent on the others); for a multi-node
     resource (LeaderWorkerSet) also ``replica_group``, ``group_worker`` and ``group_size`` from the
     pod's LWS group-index and worker-index labels and size annotation.
     """
@@ -402,7 +403,12 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
             "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(k8s_names.NAME_LABEL)],
             "targetLabel": metric_names.MOEINFERENCE_LABEL,
             "action": "replace",
-        }
+        },
+        {  # an experiment's trial pods: the dashboard's row per arm
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(k8s_names.ARM_LABEL)],
+            "targetLabel": metric_names.ARM_LABEL,
+            "action": "replace",
+        },
     ]
     if inf.parallelism.nodes > 1:  # so that the load reader can sum a group's pods and refuse an incomplete group
         relabel += [{"sourceLabels": [source], "targetLabel": target, "action": "replace"} for source, target in (
