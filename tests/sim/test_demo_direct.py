@@ -51,11 +51,13 @@ def test_the_demo_without_prometheus_tunes_both_resources(tmp_path):
                 assert "largest regret" in d["reason"] or "would gain" in d["reason"], d["reason"]
         judged = [h for h in rec["history"] if h.get("action") in ("Kept", "RolledBack")]
         applied = by_name[name]["applied_changes"]
-        if "Apply" in made or any(e["verdict"] == "promoted" for e in by_name[name]["experiments"]):
+        if "Apply" in made:
             assert applied and judged and all(h.get("reason") for h in judged), \
                 f"{name}: history {rec['history']}\n{log}"
-        else:
+        elif not any(e["verdict"] == "promoted" for e in by_name[name]["experiments"]):
             assert not applied, applied
+        for e in by_name[name]["experiments"]:  # each decided on its estimate and interval
+            assert e["verdict"] in ("promoted", "discarded") and e["ci_low"] <= e["estimate"] <= e["ci_high"], e
     # Qwen3-VL's change runs as an experiment on one of its two replicas first, to a verdict
     assert "Experiment" in [d["decision"] for d in decisions["qwen3-vl-demo"]["decisions"]], log
     assert [e["verdict"] for e in by_name["qwen3-vl-demo"]["experiments"]], log

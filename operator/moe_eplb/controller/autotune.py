@@ -345,6 +345,8 @@ class AutotuneLoop:
         new = step.status.experiment
         if self.settings.observer:
             self.settings.observer("experiment", inf, new if new is not None else step.status.experiments[-1])
+            if new is None and step.status.history != state.history:  # a promotion: the change is kept
+                self.settings.observer("history", inf, step.status.history[-1])
         if new is None:
             self.arm_trackers.pop(key, None)
             return "experiment:done"
