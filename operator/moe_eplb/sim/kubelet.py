@@ -252,7 +252,6 @@ class _Deploy:
     name: str
     uid: str
     instance: str = ""  # the MoEInference (pod label eplb.ai/name)
-    replicas: int = 0  # as last reconciled (an experiment's trial Deployment shares the instance's traffic)
     pods: dict[str, SimPod] = field(default_factory=dict)
     status_sent: dict = field(default_factory=dict)
 
@@ -489,6 +488,13 @@ class FakeKubelet(PollingKubelet):
             items = await self._list(self._deploy_path(ns) if ns else "/apis/apps/v1/deployments")
         if items is not None:
             seen = set()
+            self._listed = {}  # replicas per (namespace, instance) as listed now (a trial Deployment's too)
+            for dep in items:
+                md, sp = dep.get("metadata") or {}, dep.get("spec") or {}
+                inst = (((sp.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(
+                    k8s_names.NAME_LABEL, md["name"])
+                ikey = (md.get("namespace") or "default", inst)
+                self._listed[ikey] = self._listed.get(ikey, 0) + int(sp.get("replicas", 1))
             for dep in items:
                 md = dep.get("metadata") or {}
                 key = (md.get("namespace") or "default", md["name"])
@@ -572,7 +578,7 @@ class FakeKubelet(PollingKubelet):
         template = spec.get("template") or {}
         labels = (template.get("metadata") or {}).get("labels") or {}
         d.instance = labels.get(k8s_names.NAME_LABEL, d.name)
-        want = d.replicas = int(spec.get("replicas", 1))
+        want = int(spec.get("replicas", 1))
         h = template_hash(template)
         strategy = (spec.get("strategy") or {})
         ru = strategy.get("rollingUpdate") or {}
@@ -658,8 +664,7 @@ class FakeKubelet(PollingKubelet):
         pod_spec = json.loads(json.dumps(template.get("spec") or {}))
         name = f"{d.name}-{h[:8]}-{secrets.token_hex(3)}"
         # the Service splits the traffic over every pod of the instance (a trial Deployment's too)
-        total = sum(x.replicas for x in self.deployments.values() if x.instance == d.instance
-                    and x.namespace == d.namespace) or replicas
+        total = getattr(self, "_listed", {}).get((d.namespace, d.instance)) or replicas
         settings, why = self._settings_of(d.instance, pod_spec, total)
         if why:
             log.warning("fake kubelet: pod %s cannot run: %s", name, why)
