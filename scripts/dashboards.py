@@ -265,6 +265,35 @@ def _step_quantile(q: float, by: str, metric: str = mn.STEP_SECONDS) -> str:
     return f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket{{{SEL}}}{RATE})))"
 
 
+def _per_arm(expr: str) -> str:
+    """``expr`` (by label ``arm``) with the pods that have no arm label named ``control``."""
+    return f'label_replace({expr}, "{mn.ARM_LABEL}", "control", "{mn.ARM_LABEL}", "")'
+
+
+def arm_panels(ids: _Ids) -> list:
+    """An experiment's arms (trial, control: one series each), in the collapsed autotune row: what
+    the arms are compared on while an experiment runs (docs/autotune.md#experiments). A series per
+    arm, not a row per arm: the default view of a DeepSeek-V3 stays within 20 panels."""
+    step = (f"sum by ({mn.ARM_LABEL}) (rate({mn.STEP_SECONDS}_sum{{{SEL}}}{RATE})) / "
+            f"sum by ({mn.ARM_LABEL}) (rate({mn.STEP_SECONDS}_count{{{SEL}}}{RATE}))")
+    batch = (f"sum by ({mn.ARM_LABEL}) (rate({mn.STEP_TOKENS}_sum{{{SEL}}}{RATE})) / "
+             f"sum by ({mn.ARM_LABEL}) (rate({mn.STEP_TOKENS}_count{{{SEL}}}{RATE}))")
+    ttft_s = _vllm("vllm:time_to_first_token_seconds", "_sum")
+    ttft_n = _vllm("vllm:time_to_first_token_seconds", "_count")
+    ttft = (f"sum by ({mn.ARM_LABEL}) (rate({ttft_s}{{{SEL_VLLM}}}{RATE})) / "
+            f"sum by ({mn.ARM_LABEL}) (rate({ttft_n}{{{SEL_VLLM}}}{RATE}))")
+    return [
+        timeseries(ids, "Step time per arm", "Mean engine step (inter-token) time of each arm's pods: the "
+                   "objective where the engines are not saturated.", [query(_per_arm(step), "{{arm}}")],
+                   w=8, unit="s"),
+        timeseries(ids, "Tokens per step per arm", "Mean tokens per engine step (batch size) of each arm: step "
+                   "times are compared at comparable batches.", [query(_per_arm(batch), "{{arm}}")],
+                   w=8, unit="short"),
+        timeseries(ids, "TTFT per arm", "Mean time to first token of each arm's pods: the experiment's guard.",
+                   [query(_per_arm(ttft), "{{arm}}")], w=8, unit="s"),
+    ]
+
+
 def expert_load() -> gdash.Dashboard:
     """"MoE expert load": one MoEInference, its layers, experts, ranks, steps, EPLB, serving, tuner."""
     ids = _Ids()
@@ -465,6 +494,8 @@ def expert_load() -> gdash.Dashboard:
     d = d.with_row(row)
 
     row = gdash.Row("Autotune and calibration").id(ids()).collapsed(True)
+    for p in arm_panels(ids):
+        row = row.with_panel(p)
     cal = f"{mn.CALIBRATION_VALUE}{{{SEL_TUNER}}}"
     unc = f"{mn.CALIBRATION_UNCERTAINTY}{{{SEL_TUNER}}}"
     cal_p = f'{mn.CALIBRATION_VALUE}{{{SEL_TUNER}, parameter="$parameter"}}'
@@ -518,6 +549,7 @@ def expert_load() -> gdash.Dashboard:
                          "the time range, so the default (the first) is the most imbalanced layer."))
          .with_variable(custom_variable("topk", "Top k", ["5", "10", "20", "50"],
                                         "How many layers / experts the top-k panels show."))
+
          .with_variable(query_variable(
              "parameter", "Calibration parameter",
              f'label_values({mn.CALIBRATION_VALUE}{{{SEL_TUNER}}}, parameter)', multi=True, include_all=True,

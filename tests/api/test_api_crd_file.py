@@ -35,7 +35,8 @@ PINNED_SPEC = [
     "autotune.bounds.numRedundantExperts.min", "autotune.bounds.numRedundantExperts.max",
     "autotune.memoryBudgetPerGpu", "autotune.evaluationIntervalSeconds", "autotune.cooldownSeconds",
     "autotune.maxRestartsPerDay", "autotune.minGain", "autotune.rollbackTolerance", "autotune.observeSeconds",
-    "rollout.maxSurge", "rollout.maxUnavailable", "monitoring.prometheusUrl", "monitoring.podMonitor.enabled",
+    "autotune.experiments.enabled", "autotune.experiments.minSeconds", "autotune.experiments.maxSeconds",
+    "autotune.experiments.confidence", "rollout.maxSurge", "rollout.maxUnavailable", "monitoring.prometheusUrl", "monitoring.podMonitor.enabled",
 ]
 PINNED_STATUS = [
     "observedGeneration", "phase", "message", "endpoint", "replicas", "readyReplicas", "selector", "epSize",
@@ -46,7 +47,8 @@ PINNED_STATUS = [
 PINNED_DEFAULTS = {
     "autotune.evaluationIntervalSeconds": 300, "autotune.cooldownSeconds": 3600, "autotune.maxRestartsPerDay": 4,
     "autotune.minGain": 0.02, "autotune.rollbackTolerance": 0.02, "autotune.observeSeconds": 600,
-    "rollout.maxSurge": 0, "rollout.maxUnavailable": 1, "autotune.mode": "Off",
+    "autotune.experiments.enabled": True, "autotune.experiments.minSeconds": 900,
+    "autotune.experiments.maxSeconds": 3600, "autotune.experiments.confidence": 0.9, "rollout.maxSurge": 0, "rollout.maxUnavailable": 1, "autotune.mode": "Off",
 }
 
 

@@ -47,6 +47,15 @@ def test_parse_seed(seed) -> None:
         3000, 1000, 8)
     assert inf.engine.limit_mm_per_prompt == {"image": 4, "video": 0}
     assert inf.autotune.mode == "Off" and inf.autotune.evaluation_interval_s == 300
+    exp = inf.autotune.experiments
+    assert exp.enabled and (exp.min_s, exp.max_s, exp.confidence) == (900.0, 3600.0, 0.9)
+
+
+def test_parse_experiments(variant) -> None:
+    inf = parse(variant({"spec.autotune.experiments": {"enabled": False, "minSeconds": 120, "maxSeconds": 600,
+                                                       "confidence": 0.95}}))
+    exp = inf.autotune.experiments
+    assert not exp.enabled and (exp.min_s, exp.max_s, exp.confidence) == (120.0, 600.0, 0.95)
 
 
 def test_parse_moe_override_wins_over_catalog(variant) -> None:

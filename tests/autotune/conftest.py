@@ -53,6 +53,9 @@ RESOURCE: dict[str, Any] = {
             "maxRestartsPerDay": 4,
             "observeSeconds": 300,
             "minGain": 0.01,
+            # these scenarios test the rollout of a change to every replica; the experiment that runs
+            # a change on one replica first has its own (test_operator_experiments.py)
+            "experiments": {"enabled": False},
         },
         "rollout": {"maxSurge": 0, "maxUnavailable": 1},
     },

@@ -215,6 +215,9 @@ def test_collapsed_rows_hold_the_detail():
         "Hot experts and replicas (all layers)", "Steps, rearrangements and exporters", "Serving (vLLM)",
         "Autotune and calibration"]
     assert all(r["panels"] for r in rows.values() if r["collapsed"])
+    arms = [p for p in rows["Autotune and calibration"]["panels"] if p["title"].endswith("per arm")]
+    assert [p["title"] for p in arms] == ["Step time per arm", "Tokens per step per arm", "TTFT per arm"]
+    assert all('"arm", "control", "arm", ""' in p["targets"][0]["expr"] for p in arms)  # unlabelled pods: control
 
 
 def test_annotation_decisions_are_the_tuners():

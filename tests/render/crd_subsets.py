@@ -39,7 +39,8 @@ LEADER_WORKER_SET = {
                         "type": {"type": "string", "enum": ["RollingUpdate"]},
                         "rollingUpdateConfiguration": {
                             "type": "object",
-                            "properties": {"maxSurge": _INT_OR_STRING, "maxUnavailable": _INT_OR_STRING},
+                            "properties": {"maxSurge": _INT_OR_STRING, "maxUnavailable": _INT_OR_STRING,
+                                           "partition": {"type": "integer", "minimum": 0}},
                         },
                     },
                 },

@@ -228,7 +228,9 @@ def test_service_and_pod_monitor(seed) -> None:
     assert ports == [k8s_names.EXPORTER_PORT_NAME, "http"]
     for e in pm["podMetricsEndpoints"]:
         assert e["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_eplb_ai_name"],
-                                     "targetLabel": metric_names.MOEINFERENCE_LABEL, "action": "replace"}]
+                                     "targetLabel": metric_names.MOEINFERENCE_LABEL, "action": "replace"},
+                                    {"sourceLabels": ["__meta_kubernetes_pod_label_eplb_ai_arm"],
+                                     "targetLabel": metric_names.ARM_LABEL, "action": "replace"}]
     assert endpoint(parse(seed)) == "http://qwen3-vl-30b.default.svc:8000"
     assert selector_string("qwen3-vl-30b") == "app.kubernetes.io/component=engine,eplb.ai/name=qwen3-vl-30b"
 

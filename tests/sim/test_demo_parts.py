@@ -42,17 +42,35 @@ def test_summary_has_exactly_the_documented_keys():
               "evaluations": 3, "balancedness": {"tuned": 0.9, "untuned": 0.8, "after_shift_tuned": 0.85,
                                                  "after_shift_untuned": 0.7},
               "applied_changes": [{"at_s": 10.0, "window_size": 100, "step_interval": 1000,
-                                   "num_redundant_experts": 32, "measured_gain": 0.1, "kept": True, "reason": "r"}]}
+                                   "num_redundant_experts": 32, "measured_gain": 0.1, "kept": True, "reason": "r"}],
+              "experiments": [{"arms": [{"arm": "trial", "replicas": 1, "windowSize": 100, "stepInterval": 1000,
+                                         "numRedundantExperts": 32}], "objective": "step_time", "started_s": 1.0,
+                               "ended_s": 2.0, "estimate": 0.03, "ci_low": 0.01, "ci_high": 0.05,
+                               "verdict": "promoted", "learned": [], "extra": "dropped"}]}
     s = D.summary_record(5400.0, {"x": result}, api="emulated", load_source="direct")
     assert set(s) == {"shift_at_s", "api", "load_source", "resources"} and s["shift_at_s"] == 5400.0
     assert (s["api"], s["load_source"]) == ("emulated", "direct")
     with pytest.raises(ValueError, match="load_source"):
         D.summary_record(5400.0, {"x": result}, api="emulated", load_source="pods")
     (r,) = s["resources"]
-    assert set(r) == {"name", "kind", "mode", "applied_changes", "balancedness"}
+    assert set(r) == {"name", "kind", "mode", "applied_changes", "experiments", "balancedness"}
+    assert set(r["experiments"][0]) == {"arms", "objective", "started_s", "ended_s", "estimate", "ci_low", "ci_high",
+                                        "verdict", "learned"}
     assert set(r["applied_changes"][0]) == {"at_s", "window_size", "step_interval", "num_redundant_experts",
                                             "measured_gain", "kept"}
     assert set(r["balancedness"]) == {"tuned", "untuned", "after_shift_tuned", "after_shift_untuned"}
+
+
+def test_experiments_of_the_status():
+    at = {"experiments": [{"phase": "Promoting", "trial": {"arm": "trial", "knobs": {"windowSize": 3000,
+          "stepInterval": 1000, "numRedundantExperts": 8}, "replicas": 1}, "control": {"arm": "control", "knobs":
+          {"windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0}, "replicas": 1},
+          "startedAt": "2026-01-01T00:10:00Z", "endedAt": "2026-01-01T00:40:00Z", "objective": "step_time",
+          "estimate": 0.03, "ciLow": 0.02, "ciHigh": 0.04, "verdict": "promoted", "learned": []}]}
+    (e,) = D.experiments_of(at, D.parse_iso("2026-01-01T00:00:00Z"))
+    assert (e["started_s"], e["ended_s"], e["verdict"], e["ci_low"]) == (600.0, 2400.0, "promoted", 0.02)
+    assert [a["arm"] for a in e["arms"]] == ["trial", "control"] and e["arms"][0]["numRedundantExperts"] == 8
+    assert "promoted" in D.experiment_line(at["experiments"][0]) and "+3.00%" in D.experiment_line(at["experiments"][0])
 
 
 def test_demo_command_offers_summary():

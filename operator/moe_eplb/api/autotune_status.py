@@ -10,6 +10,10 @@ status.
 Rollout kinds and phases::
 
     kind: apply | rollback         phase: Rolling | Observing | RollingBack
+
+Experiment phases (``status.autotune.experiment``)::
+
+    Starting | Running | Promoting | Restoring      verdict: promoted | discarded
 """
 
 from __future__ import annotations
@@ -69,6 +73,12 @@ class Measurement:
     tokens_per_second: float | None = None
     pods: int | None = None
     source: str | None = None
+    #: the objective across time (one replica): the change's gain normalised by the offered load,
+    #: with its interval (:func:`moe_eplb.eplb.experiment.before_after_estimate`)
+    objective: str | None = None
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,8 @@ class Rollout:
     #: spec.replicas when the rollout started: while it restarts pods, the rendered autoscaler
     #: keeps at least this many replicas (render/autoscaler.rollout_min_replicas)
     replicas: int | None = None
+    #: the objective's buckets before the change (:func:`moe_eplb.eplb.experiment.buckets_record`)
+    objective_before: dict | None = field(default=None, metadata={"raw": True})
 
 
 @dataclass(frozen=True)
@@ -242,6 +254,64 @@ class LearnedParameter:
     source: str | None = None
 
 
+#: experiment phases: the trial's pods start; both arms serve and are compared; the verdict is being
+#: carried out (promoted: the control replicas roll to the trial's settings; discarded: the trial
+#: replica returns to the running settings)
+STARTING, RUNNING, PROMOTING, RESTORING = "Starting", "Running", "Promoting", "Restoring"
+EXPERIMENT_PHASES = (STARTING, RUNNING, PROMOTING, RESTORING)
+EXPERIMENTS_LIMIT = 10
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of an experiment: ``trial`` or ``control``, its settings and its replicas."""
+
+    arm: str
+    knobs: Knobs
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """``status.autotune.experiment``: a change tried on one replica (group) while the others keep
+    the running settings, on the same traffic (see :mod:`moe_eplb.controller.experiment`).
+
+    ``samples``: the per-bucket paired differences so far (log ratio of the trial's objective over
+    the control's) and ``sample_objectives`` which objective each used; ``estimate``/``ci_low``/
+    ``ci_high``: the relative gain and its interval at ``confidence``; ``verdict``: promoted or
+    discarded once decided, with ``reason``."""
+
+    phase: str
+    trial: Arm
+    control: Arm
+    started_at: float = _time()
+    ready_at: float | None = _time(default=None)
+    ended_at: float | None = _time(default=None)
+    elapsed_seconds: float | None = None
+    restart_charge: float = 0.0
+    predicted_gain: float | None = None
+    explore: str | None = None  # why it runs although the point estimate alone would not switch
+    objective: str | None = None
+    buckets: int | None = None
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    samples: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
+    sample_objectives: tuple[str, ...] = field(default=(), metadata={"omit_empty": True})
+    ttft_seconds: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})  # (trial, control) sums
+    previous_override: Override | None = None
+    spec_eplb: Knobs | None = None
+    spec_generation: int | None = None
+    from_hash: str | None = None
+    trial_hash: str | None = None
+    #: the two arms as measured over the experiment (stored at its end; the learning step reads them)
+    observations: dict | None = field(default=None, metadata={"raw": True})
+    learned: tuple[dict, ...] = field(default=(), metadata={"raw": True})
+
+
 @dataclass(frozen=True)
 class AutotuneStatus:
     """The whole ``status.autotune``. ``notes``: records that could not be read (dropped)."""
@@ -257,6 +327,9 @@ class AutotuneStatus:
     degraded: Degraded | None = None
     #: ranges experiments narrowed, kept across decisions (one entry per parameter, the latest wins)
     learned: tuple[LearnedParameter, ...] = field(default=(), metadata={"omit_empty": True})
+    experiment: Experiment | None = None
+    #: the last finished experiments (verdict, estimate, interval), oldest first
+    experiments: tuple[Experiment, ...] = field(default=(), metadata={"omit_empty": True})
     notes: tuple[str, ...] = field(default=(), metadata={"skip": True}, compare=False)
     #: the mapping as stored (what a status patch is computed against)
     stored: Mapping[str, Any] = field(default_factory=dict, metadata={"skip": True}, compare=False, repr=False)
@@ -274,13 +347,17 @@ class AutotuneStatus:
         kept = tuple(e for e in self.learned if e.parameter not in new) + tuple(entries)
         return self.replace(learned=kept[-LEARNED_LIMIT:])
 
+    def with_experiment_done(self, done: Experiment) -> AutotuneStatus:
+        """This status without a running experiment and ``done`` appended to ``experiments``."""
+        return self.replace(experiment=None, experiments=(self.experiments + (done,))[-EXPERIMENTS_LIMIT:])
+
     def recent_restarts(self, now: float, day: float = 86400.0) -> tuple[float, ...]:
         """Restart times within the last 24 h."""
         return tuple(t for t in self.restarts if now - t < day)
 
 
 _RECORDS = ("override", "rollout", "last_evaluation", "recommendation", "history", "restarts",
-            "last_change_time", "degraded", "learned")
+            "last_change_time", "degraded", "learned", "experiment", "experiments")
 
 
 def parse_autotune_status(raw: Any) -> AutotuneStatus:

@@ -278,6 +278,19 @@ def _read_mode(value: Any, path: str) -> str:
 
 
 @dataclass(frozen=True)
+class ExperimentsSpec:
+    """``spec.autotune.experiments``: a change first runs on one replica (group) -- the trial arm --
+    while the others keep the running settings (the control arm), on the same traffic; the arms'
+    objective decides (:mod:`moe_eplb.eplb.experiment`). Durations in seconds; ``confidence`` is the
+    two-sided level of the interval that promotes or discards the trial."""
+
+    enabled: bool = True
+    min_s: float = field(default=900.0, metadata={"key": "minSeconds"})
+    max_s: float = field(default=3600.0, metadata={"key": "maxSeconds"})
+    confidence: float = 0.9
+
+
+@dataclass(frozen=True)
 class AutotuneSpec:
     """``spec.autotune`` with the CRD's defaults. Durations in seconds; the memory budget in bytes
     per GPU (None: no budget, or not a quantity -- validation names that)."""
@@ -291,6 +304,7 @@ class AutotuneSpec:
     min_gain: float = 0.02
     rollback_tolerance: float = 0.02
     observe_s: float = field(default=600.0, metadata={"key": "observeSeconds"})
+    experiments: ExperimentsSpec = field(default_factory=ExperimentsSpec)
 
     @property
     def memory_budget_bytes(self) -> int | None:

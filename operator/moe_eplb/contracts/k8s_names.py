@@ -21,6 +21,12 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "engine"
 #: pod-template annotation: hash of the EPLB settings the pods run (a change rolls the pods)
 CONFIG_HASH_ANNOTATION = "eplb.ai/eplb-config-hash"
+#: which arm of an experiment a pod serves in: the trial workload's pods carry ``trial`` (a
+#: Deployment's trial is a second Deployment ``<name>-trial`` behind the same Service); the other
+#: pods are the control arm (a LeaderWorkerSet's trial group is told by its config hash instead)
+ARM_LABEL = "eplb.ai/arm"
+ARM_TRIAL, ARM_CONTROL = "trial", "control"
+TRIAL_SUFFIX = "-trial"
 
 # --- LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, multi-node replica groups) --------------------
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"

@@ -75,6 +75,9 @@ MOEINFERENCE_LABEL = "moeinference"
 #: group): the group's index (pod label ``leaderworkerset.sigs.k8s.io/group-index``), the pod's
 #: index in its group (``.../worker-index``, 0 = leader) and the group's size in pods (pod annotation
 #: ``leaderworkerset.sigs.k8s.io/size``). Series of single-node pods carry none of them.
+#: Label that the PodMonitor copies from the pod label ``eplb.ai/arm`` (an experiment's trial pods
+#: carry ``trial``; the other pods none: the control arm)
+ARM_LABEL = "arm"
 GROUP_LABEL = "replica_group"
 GROUP_WORKER_LABEL = "group_worker"
 GROUP_SIZE_LABEL = "group_size"

@@ -73,6 +73,13 @@ CACHE_CONFIG_BLOCKS_LABEL = "num_gpu_blocks"
 CACHE_CONFIG_BLOCK_SIZE_LABEL = "block_size"
 
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"  # histogram (series _bucket, _sum, _count)
+#: What an experiment's arms are compared on (:mod:`moe_eplb.metrics.arms`): the inter-token latency
+#: (one decode step as a request sees it), the tokens of one engine step (batch size) and the tokens
+#: served (prompt and generated). Histograms have ``_sum`` and ``_count`` series.
+ITL_SECONDS = "vllm:inter_token_latency_seconds"  # histogram
+ITERATION_TOKENS = "vllm:iteration_tokens_total"  # histogram: tokens per engine step
+GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
+PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counter
 
 #: vLLM renamed its KV-cache gauge: ``vllm:kv_cache_usage_perc`` from 0.10.0 on (vLLM PR #18354),
 #: the old ``vllm:gpu_cache_usage_perc`` deprecated in 0.10, hidden in 0.11 (PR #24245, shown only

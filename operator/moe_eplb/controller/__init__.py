@@ -13,7 +13,8 @@
   balancedness), ``workload`` (the child workloads read into a ``WorkloadView``), ``decisions`` and
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
-  ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures).
+  ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

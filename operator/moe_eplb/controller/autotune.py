@@ -49,6 +49,7 @@ import kopf
 from moe_eplb.api.autotune_status import (
     ROLLING,
     ROLLING_BACK,
+    RUNNING,
     AutotuneStatus,
     DataWindow,
     Evaluation,
@@ -59,8 +60,10 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference, SpecError, parse
+from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import decisions as dec
+from moe_eplb.controller import experiment as exm
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
@@ -73,13 +76,16 @@ from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
 from moe_eplb.controller.workload import read_scaling, workload_view
+from moe_eplb.eplb import experiment as stats
 from moe_eplb.eplb.calibrate import Calibration, calibrate
 from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.costmodel import CostModel
 from moe_eplb.eplb.exploration import LearnedRange
 from moe_eplb.eplb.trace import LoadTrace
 from moe_eplb.eplb.tuner import TuneResult, tune
+from moe_eplb.metrics import arms as arms_mod
 from moe_eplb.render.engine_args import termination_grace_seconds
+from moe_eplb.render.experiment import control_settings, trial_settings
 
 log = logging.getLogger("moe_eplb.autotune")
 
@@ -131,6 +137,10 @@ class AutotuneLoop:
         self.load_observer = LoadObserver(self.settings)
         self.rebalance = RebalanceWatch(self.settings)
         self.scale_down_watch = ScaleDownWatch()
+        self.arm_trackers: dict[tuple[str, str], arms_mod.ArmTracker] = {}
+        #: per resource, the calibration and cost model of its last tuning (an experiment it started
+        #: learns against them; lost with the process, then nothing is learned from that experiment)
+        self.last_calibration: dict[tuple[str, str], tuple[Calibration, CostModel]] = {}
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
     def now(self) -> float:
@@ -190,13 +200,16 @@ class AutotuneLoop:
             return await self._write_rebalance(client, inf, health, now)
         if inf.prometheus_url is None and inf.autotune.mode != "Off":
             await self.load_observer.collect(client, inf, now)
-        if state.rollout is not None:
+        if state.experiment is not None:
+            result = await self.advance_experiment(client, inf, now)
+        elif state.rollout is not None:
             result = await self.advance_rollout(client, inf, now)
         elif inf.autotune.mode == "Off" or not dec.due(inf.autotune, state, now):
             return None
         else:
             result = await self.evaluate(client, inf, now)
-        if result in ("evaluation:Apply", "rollout:RollingBack", "rollout:Superseded") or (
+        if result in ("evaluation:Apply", "evaluation:Experiment", "rollout:RollingBack", "rollout:Superseded") or (
+                result is not None and result.startswith("experiment:")) or (
                 inf.autoscaling is not None and result is not None and result.startswith("rollout:")):
             # with an autoscaler, every rollout phase change re-renders it (its minReplicas holds the
             # rollout's replica count only while pods restart: render.autoscaler.rollout_min_replicas)
@@ -248,6 +261,7 @@ class AutotuneLoop:
         window = ro.measurement_window(cfg, state, now, view.newest_replica_at)
         if window is not None and not view.crashlooping:
             measured = await self.load_observer.measure(inf, pods, *window)
+            measured = await self._objective_after(inf, cur, pods, window, measured)
         timeout = ro.rollout_timeout_s(cfg, stop_seconds=termination_grace_seconds(inf), replicas=inf.replicas,
                                        max_surge=inf.rollout.max_surge, max_unavailable=inf.rollout.max_unavailable)
         step = ro.advance(cfg, state, view, now=now, measured=measured, timeout_s=timeout)
@@ -265,6 +279,87 @@ class AutotuneLoop:
             self.settings.observer("rollout" if new_ro is not None else "history", inf,
                                    new_ro if new_ro is not None else step.status.history[-1])
         return f"rollout:{new_ro.phase if new_ro is not None else step.status.history[-1].action}"
+
+    def _objective_before(self, inf: MoEInference, trace: LoadTrace | None) -> dict | None:
+        """The objective's buckets of the load read for the evaluation (the time before a change)."""
+        if trace is None:
+            return None
+        buckets = stats.buckets_of_trace(trace, gpus_per_engine=_gpus_per_engine(inf))
+        return stats.buckets_record(buckets) if buckets else None
+
+    async def _objective_after(self, inf: MoEInference, cur: Rollout, pods: list[dict],
+                               window: tuple[float, float], measured: Measurement | None) -> Measurement | None:
+        """``measured`` with the change's gain on the objective across time (one replica, or every
+        replica at once): the buckets before the change (recorded with the rollout) against those of
+        the judging window, normalised by the offered load, with its interval."""
+        before = stats.buckets_from_record(cur.objective_before)
+        if not before:
+            return measured
+        try:
+            trace, _ = await self.load_observer.read_load(inf, window[0], window[1], pods)
+        except LoadUnavailable as exc:
+            log.info("autotune %s/%s: the objective after the change: %s", inf.namespace, inf.name, exc)
+            return measured
+        after = stats.buckets_of_trace(trace, gpus_per_engine=_gpus_per_engine(inf))
+        est = stats.before_after_estimate(before, after, inf.autotune.experiments.confidence)
+        if est is None:
+            return measured
+        return dataclasses.replace(measured or Measurement(), objective=est.objective, estimate=round(est.estimate, 6),
+                                   ci_low=round(est.ci_low, 6), ci_high=round(est.ci_high, 6))
+
+    # --- an experiment in progress ----------------------------------------------------------------
+
+    async def advance_experiment(self, client: KubeClient, inf: MoEInference, now: float) -> str | None:
+        """Read the arms (their pods, and while both serve one more bucket of the objective) and let
+        :func:`.experiment.advance` decide the experiment's next step; write it. Returns
+        ``experiment:<phase>`` on a change of phase, ``experiment:<verdict>`` when it is decided,
+        ``experiment:done`` when it ended."""
+        state, cfg = inf.status, inf.autotune
+        exp = state.experiment
+        assert exp is not None
+        view, pods = await self._view(client, inf, since=exp.started_at)
+        arms = experiment_arms(inf, pods, view.crashlooping)
+        superseded = None
+        if not inf.eplb.enabled:
+            superseded = "spec.eplb.enabled was set to false"
+        elif exp.spec_eplb is not None and exp.spec_eplb != inf.spec_knobs:
+            superseded = f"spec.eplb changed ({dec.describe(exp.spec_eplb)} -> {dec.describe(inf.spec_knobs)})"
+        aview = exm.ArmsView(replicas=int(inf.replicas), trial_ready=len(arms.trial_ready),
+                             control_ready=len(arms.control_ready), trial_crashlooping=arms.trial_crashlooping,
+                             settled=_arms_settled(inf, view, arms), superseded=superseded)
+        key = (inf.namespace or "default", inf.name)
+        tracker = self.arm_trackers.get(key)
+        if tracker is None or tracker.started_at != exp.started_at:
+            tracker = self.arm_trackers[key] = arms_mod.ArmTracker(started_at=exp.started_at)
+        bucket = None
+        if exp.phase == RUNNING:
+            engine_pods = [p for p in pods if p["metadata"]["name"] in arms.trial_ready + arms.control_ready]
+            counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, engine_pods, self.settings.http_timeout)
+            bucket = tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
+                                    gpus_per_replica=_gpus_per_engine(inf))
+        observations = _observations(exp, tracker, now)
+        learned = _learned(inf, exp, tracker, now, self.last_calibration.get(key))
+        step = exm.advance(cfg, state, aview, now=now, bucket=bucket, observations=observations,
+                           learned=tuple(dataclasses.asdict(r) for r in learned))
+        if not step.changed:
+            return None
+        if step.status.experiment is None and step.verdict is not None and learned:
+            step.status = step.status.with_learned(learned_entries(learned))  # kept for later decisions
+        if not await self._write(client, inf, step.status, step.conditions, now):
+            return "conflict"
+        for etype, reason, message in step.events:
+            await self._event(client, inf, etype, reason, message)
+        new = step.status.experiment
+        if self.settings.observer:
+            self.settings.observer("experiment", inf, new if new is not None else step.status.experiments[-1])
+            if new is None and step.status.history != state.history:  # a promotion: the change is kept
+                self.settings.observer("history", inf, step.status.history[-1])
+        if new is None:
+            self.arm_trackers.pop(key, None)
+            return "experiment:done"
+        if step.verdict is not None:
+            return f"experiment:{step.verdict}"
+        return f"experiment:{new.phase}" if new.phase != exp.phase else "experiment:bucket"
 
     # --- an evaluation ---------------------------------------------------------------------------
 
@@ -323,6 +418,8 @@ class AutotuneLoop:
             t0 = time.process_time()
             try:
                 got.result, got.calibration = await self.tune(got.trace, inf, inf.effective.knobs)
+                if got.calibration is not None:
+                    self.last_calibration[(inf.namespace or "default", inf.name)] = (got.calibration, got.result.cost)
                 got.answer = dec.TunerAnswer.of(got.result)
             except Exception as exc:  # TuneError or a bug in the search: no change, say why
                 got.tune_error = f"{type(exc).__name__}: {exc}"
@@ -351,7 +448,8 @@ class AutotuneLoop:
                            answer=answer, tune_error=got.tune_error, workload_blocker=got.blocker,
                            baseline=got.baseline, from_hash=got.view.template_hash,
                            calibration=dec.calibration_record(got.calibration) if got.calibration is not None else None,
-                           scaling=scaling)
+                           scaling=scaling, replicas=int(inf.replicas),
+                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None)
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:
             replica_costs = dec.replica_costs(got.result, kv_capacity(inf, got.trace, current),
@@ -393,6 +491,87 @@ class AutotuneLoop:
 
 
 # --- pure helpers and the tuner call -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Arms:
+    """An experiment's engine pods by arm: ready pods (one per replica; a group's leader) running
+    the trial's / the control's settings, and the trial's crash-looping pods."""
+
+    trial_ready: tuple[str, ...]
+    control_ready: tuple[str, ...]
+    trial_crashlooping: tuple[str, ...]
+
+
+def experiment_arms(inf: MoEInference, pods: list[dict], crashlooping: tuple[str, ...]) -> _Arms:
+    """The arms of ``inf``'s experiment among its pods, by each pod's config-hash annotation."""
+    exp = inf.status.experiment
+    assert exp is not None
+    trial_hash, control_hash = trial_settings(inf, exp).config_hash(), control_settings(inf, exp).config_hash()
+    trial, control, trial_all = [], [], set()
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        h = (meta.get("annotations") or {}).get(k8s_names.CONFIG_HASH_ANNOTATION)
+        if h == trial_hash:
+            trial_all.add(meta["name"])
+        leader = (meta.get("labels") or {}).get(k8s_names.LWS_WORKER_INDEX_LABEL, "0") == "0"
+        if not leader or not _pod_ready(p):
+            continue
+        if h == trial_hash:
+            trial.append(meta["name"])
+        elif h == control_hash:
+            control.append(meta["name"])
+    crash = tuple(n for n in crashlooping if n in trial_all or (trial_hash != control_hash and n not in control))
+    return _Arms(tuple(sorted(trial)), tuple(sorted(control)), crash)
+
+
+def _gpus_per_engine(inf: MoEInference) -> int:
+    return inf.parallelism.gpus_per_pod * max(1, int(inf.parallelism.nodes or 1))
+
+
+def _pod_ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _arms_settled(inf: MoEInference, view: ro.WorkloadView, arms: _Arms) -> bool:
+    """Whether the arms have rolled out what they were rendered with: a Deployment's as usual; a
+    LeaderWorkerSet held at a partition never counts as settled by the rollout's rule, so its
+    groups are counted: every replica group has a ready leader on the trial's or the control's
+    settings."""
+    if int(inf.parallelism.nodes or 1) == 1:
+        return view.settled
+    return view.template_hash is not None and len(arms.trial_ready) + len(arms.control_ready) >= int(inf.replicas)
+
+
+def _observations(exp, tracker: arms_mod.ArmTracker, now: float) -> dict | None:
+    """The two arms' observations so far (stored with the experiment when it is decided)."""
+    if not tracker.trial:
+        return None
+    since = exp.ready_at if exp.ready_at is not None else exp.started_at
+    seconds = max(0.0, now - since)
+    obs = {arm.arm: exm.observation_dict(arms_mod.observation(arm.knobs, buckets, pods=arm.replicas, seconds=seconds))
+           for arm, buckets in ((exp.trial, tracker.trial), (exp.control, tracker.control))}
+    return obs
+
+
+def _learned(inf: MoEInference, exp, tracker: arms_mod.ArmTracker, now: float,
+             calibrated: tuple[Calibration, CostModel] | None) -> list[LearnedRange]:
+    """The ranges the experiment's arms narrow against the calibration it was started from
+    (:func:`.experiment.learned_ranges`); [] without that calibration or before both arms served."""
+    if calibrated is None or not tracker.trial or not tracker.control:
+        return []
+    since = exp.ready_at if exp.ready_at is not None else exp.started_at
+    seconds = max(0.0, now - since)
+    trial = arms_mod.observation(exp.trial.knobs, tracker.trial, pods=exp.trial.replicas, seconds=seconds)
+    control = arms_mod.observation(exp.control.knobs, tracker.control, pods=exp.control.replicas, seconds=seconds)
+    shape, ep = inf.moe_shape, inf.parallelism.ep_size
+    per_r = (shape.num_moe_layers * shape.bytes_per_expert / ep
+             if shape.num_moe_layers and shape.bytes_per_expert and ep else None)
+    return exm.learned_ranges(*calibrated, trial, control, source=f"experiment {dec.describe(exp.trial.knobs)} "
+                              f"started at {exp.started_at:.0f}", bytes_per_redundant_expert=per_r)
 
 
 def _crash_evidence_since(cur: Rollout) -> float | None:

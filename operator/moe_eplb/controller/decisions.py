@@ -14,6 +14,9 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 ``Keep``    the tuner's best config is the current one, or its gain is below minGain
 ``Recommend``  Recommend mode: a better config exists; written to status, nothing changed
 ``Apply``   Apply mode: a rollout to the recommended config started
+``Experiment``  Apply mode with two or more replicas (``spec.autotune.experiments``): the change
+            (or the tuner's exploration, ``TuneResult.explore``) runs on one replica first
+            (:mod:`.experiment`)
 ``Defer``   a change is worth it but not now (cooldown, restart budget, a rollout or
             an unready workload); the reason says which
 ``NoData``  the load could not be read or is too short; nothing changed
@@ -42,12 +45,14 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
+from moe_eplb.controller import experiment as exp_mod
 from moe_eplb.eplb.calibrate import Calibration
 from moe_eplb.eplb.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
-DECISIONS = (KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR)
+EXPERIMENT = "Experiment"
+DECISIONS = (KEEP, RECOMMEND, APPLY, EXPERIMENT, DEFER, NODATA, ERROR)
 
 #: a condition update: type -> (status, reason, message)
 Conditions = dict[str, tuple[str, str, str]]
@@ -93,6 +98,8 @@ def change_blocker(cfg: AutotuneSpec, state: AutotuneStatus, now: float, *, work
     """
     if state.rollout is not None:
         return f"a {state.rollout.kind or 'change'} rollout is in progress"
+    if state.experiment is not None:
+        return f"an experiment of {describe(state.experiment.trial.knobs)} is running"
     if workload_blocker:
         return workload_blocker
     last = state.last_change_time
@@ -180,13 +187,21 @@ class TunerAnswer:
     reason: str
     gain: float | None  # over the running configuration, else vLLM's defaults, else no EPLB
     breakdown: dict[str, float]
+    restart_charge: float = 0.0  # a restart's share of the throughput over the tuner's horizon
+    explore: Knobs | None = None  # the tuner's case for a trial although it would not switch
+    explore_reason: str | None = None
 
     @classmethod
     def of(cls, result: TuneResult) -> TunerAnswer:
         gain, _vs = result.headline_gain()
         breakdown = {k: (round(float(v), 6) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                      for k, v in result.chosen.result.throughput.to_dict().items()}
-        return cls(result.recommendation, result.decision == "change", result.reason, gain, breakdown)
+        cost = result.cost
+        charge = float(cost.restart_s / cost.horizon_s) if cost.horizon_s else 0.0
+        ex = result.explore
+        return cls(result.recommendation, result.decision == "change", result.reason, gain, breakdown,
+                   restart_charge=charge, explore=ex.candidate if ex is not None else None,
+                   explore_reason=ex.reason if ex is not None else None)
 
 
 def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers: int | None,
@@ -261,6 +276,8 @@ def evaluate(
     from_hash: str | None = None,
     calibration: CalibrationRecord | None = None,
     scaling: ScalingState | None = None,
+    replicas: int = 1,
+    objective_before: dict | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -281,6 +298,10 @@ def evaluate(
         from_hash: the pod-template config hash running now (rollout progress compares against it).
         calibration: the cost-model calibration used (recorded in ``lastEvaluation``).
         scaling: the replica autoscaler's state (None: no autoscaler); see :func:`scaling_blocker`.
+        objective_before: the objective's buckets before the change (recorded in the rollout: a
+            change applied to all is judged on the objective across time).
+        replicas: the replicas (replica groups) running now: with two or more and
+            ``spec.autotune.experiments.enabled`` a change starts as an experiment (``Experiment``).
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -305,7 +326,7 @@ def evaluate(
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                    scaling=scaling)
+                    scaling=scaling, replicas=replicas, objective_before=objective_before)
     ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
     out.status = out.status.replace(last_evaluation=ev)
     return out
@@ -313,7 +334,8 @@ def evaluate(
 
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
-           baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None) -> Evaluation:
+           baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
+           replicas: int = 1, objective_before: dict | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -323,7 +345,11 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
     out.status = state.replace(recommendation=Recommendation(target.window_size, target.step_interval,
                                                             target.num_redundant_experts, gain, now))
     wants_change = target != current and (gain is None or gain >= cfg.min_gain) and answer.wants_change
-    if not wants_change:
+    explore = not wants_change and answer.explore is not None and answer.explore != current \
+        and cfg.mode == "Apply" and exp_mod.possible(cfg, replicas)
+    if explore:
+        target = answer.explore
+    if not wants_change and not explore:
         why = answer.reason or ("the current settings are the best found" if target == current
                                 else f"predicted gain {_pct(gain)} is below minGain {_pct(cfg.min_gain)}")
         out.decision, out.reason = KEEP, why
@@ -342,6 +368,10 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         previous = (state.last_evaluation.reason if state.last_evaluation is not None else None) or ""
         if autoscaler and next(c for c in SCALING_WAITS if blocker.startswith(c)) not in previous:  # once per wait
             out.events.append(("Normal", "WaitingForAutoscaler", f"tuner rollout of {describe(target)} waits: {blocker}"))
+    elif exp_mod.possible(cfg, replicas):
+        _start_experiment(cfg, state, out, now=now, generation=generation, current=current, target=target,
+                          spec_eplb=spec_eplb, answer=answer, from_hash=from_hash, replicas=replicas,
+                          explore=answer.explore_reason if explore else None)
     else:
         out.decision = APPLY
         out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better"
@@ -351,11 +381,29 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=target,
                           previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
                           from_hash=from_hash, baseline=baseline, predicted_gain=gain,
-                          replicas=scaling.desired if scaling is not None else None)
+                          replicas=scaling.desired if scaling is not None else None,
+                          objective_before=objective_before)
         out.status = out.status.replace(
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))
     return ev
+
+
+def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
+                      current: Knobs, target: Knobs, spec_eplb: Knobs, answer: TunerAnswer, from_hash: str | None,
+                      replicas: int, explore: str | None) -> None:
+    """The change runs on one replica first (:func:`.experiment.start`): decision ``Experiment``."""
+    out.decision = EXPERIMENT
+    why = f"exploring ({explore})" if explore else f"predicted {_pct(answer.gain)} better"
+    out.reason = (f"experiment: {describe(target)} on 1 of {replicas} replicas against {describe(current)} "
+                  f"on the others, same traffic: {why}; promoted when the {cfg.experiments.confidence:.0%} interval "
+                  f"beats the restart charge {answer.restart_charge:.2%}")
+    out.conditions["Tuned"] = ("True", "Experimenting", out.reason)
+    out.events.append(("Normal", "ExperimentStarted", out.reason))
+    out.started_rollout = True
+    out.status = exp_mod.start(out.status, now=now, current=current, target=target, replicas=replicas,
+                               generation=generation, spec_eplb=spec_eplb, from_hash=from_hash,
+                               restart_charge=answer.restart_charge, predicted_gain=answer.gain, explore=explore)
 
 
 # --- status helpers ----------------------------------------------------------------------------
@@ -383,7 +431,7 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
     return out
 
 
-__all__ = ["KEEP", "RECOMMEND", "APPLY", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
+__all__ = ["KEEP", "RECOMMEND", "APPLY", "EXPERIMENT", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
            "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
            "calibration_record"]

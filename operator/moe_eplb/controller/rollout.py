@@ -6,7 +6,7 @@ strategy from ``spec.rollout``) together with ``status.autotune.rollout``. Every
 timer then calls :func:`advance` with what the cluster shows; the state moves
 
     Rolling --(new pods all ready)--> Observing --(observeSeconds served, measured)--> done (kept)
-       |                                  |---------(worse than baseline by > tolerance)--> RollingBack
+       |                                  |---------(worse than before by > tolerance)--> RollingBack
        |--(crash loop / timeout)--> RollingBack --(previous pods ready)--> done (rolled back)
     any phase --(the user edited spec.eplb, disabled EPLB, or the change became invalid for the
                  spec)--> done (superseded); a replicas / autotune edit does not supersede
@@ -14,7 +14,11 @@ timer then calls :func:`advance` with what the cluster shows; the state moves
 and every transition is a single status patch, so an operator killed at any point resumes from the
 resource: a rollout is never started twice (the override and the rollout record are written
 together) and a rollback decided is never lost (``phase: RollingBack`` is written with the restored
-override). The records are :mod:`moe_eplb.api.autotune_status`'s ``Rollout``, ``HistoryEntry`` and
+override). The judge in Observing is the objective across time (step time at comparable load, or
+throughput per GPU when saturated: :func:`moe_eplb.eplb.experiment.before_after_estimate`, its
+interval's upper end below ``-rollbackTolerance`` rolls back); only where the objective cannot be
+measured (no step telemetry) does measured balancedness against the baseline decide, as before.
+The records are :mod:`moe_eplb.api.autotune_status`'s ``Rollout``, ``HistoryEntry`` and
 ``Degraded``; ``status.autotune.degraded`` is set when a tuner change crash-looped (and stays until
 a later change is kept), so the reconciler keeps ``Degraded`` true.
 """
@@ -206,12 +210,16 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
                              f"{now - view.newest_replica_at:.0f}s ago, less than observeSeconds)")
         return
     step.needs_measurement = window
-    if measured is None or measured.balancedness is None:
+    objective = measured is not None and measured.estimate is not None and measured.ci_high is not None
+    if measured is None or (measured.balancedness is None and not objective):
         # No data to judge yet: wait up to another observe period, then keep (the prediction stands).
         if now - ready >= 2 * cfg.observe_s + 60:
             _keep_unmeasured(step, ro, now, f"none after {now - ready:.0f}s")
         return
     ro = dataclasses.replace(ro, measured=measured, judged_at=now)
+    if objective:
+        _judge_objective(step, cfg, ro, view, now, measured)
+        return
     base = ro.baseline.balancedness if ro.baseline is not None else None
     got = float(measured.balancedness)
     if base is not None and got < float(base) * (1.0 - cfg.rollback_tolerance):
@@ -222,6 +230,28 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
         return
     vs = f" (was {float(base):.3f})" if base is not None else ""
     msg = f"kept {describe(ro.to_knobs)}: measured balancedness {got:.3f}{vs}"
+    _finish(step, ro, now, "Kept", msg, degraded=None)
+    step.events.append(("Normal", "TunedSettingsKept", msg))
+    step.conditions["Tuned"] = ("True", "Kept", msg)
+
+
+def _judge_objective(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now: float,
+                     m: Measurement) -> None:
+    """The judge on the objective across time (normalised by the offered load, with its interval):
+    roll back when the interval says the change loses by more than ``rollbackTolerance``
+    (its upper end below ``-rollbackTolerance``), else keep; balancedness is reported beside it."""
+    base = ro.baseline.balancedness if ro.baseline is not None else None
+    bal = (f"; balancedness {m.balancedness:.3f}" + (f" (was {float(base):.3f})" if base is not None else "")
+           if m.balancedness is not None else "")
+    got = (f"{m.estimate:+.2%} [{m.ci_low:+.2%}, {m.ci_high:+.2%}] on {m.objective} "
+           f"({cfg.experiments.confidence:.0%} interval, normalised by the offered load)")
+    if m.ci_high is not None and m.ci_high < -cfg.rollback_tolerance:
+        _start_rollback(step, ro, view, now, "regression",
+                        f"the objective after applying {describe(ro.to_knobs)} is {got}: worse by more than "
+                        f"rollbackTolerance {cfg.rollback_tolerance:.0%}{bal}; restoring {describe(ro.from_knobs)}",
+                        degraded=False)
+        return
+    msg = f"kept {describe(ro.to_knobs)}: the objective {got}{bal}"
     _finish(step, ro, now, "Kept", msg, degraded=None)
     step.events.append(("Normal", "TunedSettingsKept", msg))
     step.conditions["Tuned"] = ("True", "Kept", msg)

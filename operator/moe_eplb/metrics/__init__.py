@@ -3,7 +3,8 @@
 The I/O side: ``reader`` (``read_load_trace``: from Prometheus, or by scraping the pods),
 ``promclient`` (a small Prometheus HTTP API client), ``scrape`` (direct pod scraping), ``measure``
 (the running pods' balancedness over a window, the judge of a tuner change), ``health`` (the
-engines' async EPLB worker failures, for ``RebalanceFailed``). The pure side:
+engines' async EPLB worker failures, for ``RebalanceFailed``), ``arms`` (an experiment's arms: one
+bucket of the objective per arm from their pods' metrics). The pure side:
 ``series`` (Prometheus answers parsed into typed series), ``grid`` (the bucket grid), ``increments``
 (per-bucket counter increments, load in scrape gaps spread by time), ``edges`` (regular pods read as
 sums at the bucket edges), ``assemble`` (raw samples -> one MoEInference's trace),

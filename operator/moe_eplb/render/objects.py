@@ -1,7 +1,8 @@
 """Child objects of a MoEInference: exactly what the operator applies (pure, no I/O).
 
 :func:`render_children` returns, in apply order: Service, the workload (a Deployment when
-``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel),
+``parallelism.nodes == 1``, else a LeaderWorkerSet whose groups run native vLLM data parallel;
+during an experiment the two arms, :mod:`moe_eplb.render.experiment`),
 PodDisruptionBudget, a PodMonitor when ``monitoring.podMonitor.enabled``, and the autoscaler (a KEDA
 ScaledObject or a HorizontalPodAutoscaler, :mod:`moe_eplb.render.autoscaler`) when
 ``spec.autoscaling`` is on. No ConfigMap is
@@ -37,6 +38,7 @@ from moe_eplb.contracts.k8s_names import (
     OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
+from moe_eplb.render import experiment
 from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
@@ -64,7 +66,7 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     eplb = inf.effective
     owner = owner_reference(inf)
     children: list[dict[str, Any]] = [service(inf)]
-    children.append(deployment(inf, eplb) if inf.parallelism.nodes == 1 else leader_worker_set(inf, eplb))
+    children.extend(workloads(inf, eplb))
     children.append(pod_disruption_budget(inf))
     if inf.monitoring.pod_monitor:
         children.append(pod_monitor(inf))
@@ -77,6 +79,15 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
         if owner:
             child["metadata"]["ownerReferences"] = [dict(owner)]
     return children
+
+
+def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
+    """The engine workload: a Deployment or a LeaderWorkerSet; while an experiment runs
+    (``status.autotune.experiment``), its two arms (:mod:`moe_eplb.render.experiment`)."""
+    exp = inf.status.experiment if inf.eplb.enabled else None
+    if inf.parallelism.nodes == 1:
+        return [deployment(inf, eplb)] if exp is None else experiment.deployment_arms(inf, exp, deployment)
+    return [leader_worker_set(inf, eplb)] if exp is None else experiment.lws_arms(inf, exp, leader_worker_set)
 
 
 def owner_reference(inf: MoEInference) -> dict[str, Any] | None:
@@ -322,6 +333,9 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
                 "rollingUpdateConfiguration": {
                     "maxSurge": inf.rollout.max_surge,
                     "maxUnavailable": inf.rollout.max_unavailable,
+                    # every group on the template; an experiment holds the control groups back
+                    # (render.experiment; explicit, so that the end of one sets it back)
+                    "partition": 0,
                 },
             },
             "leaderWorkerTemplate": {
@@ -379,7 +393,8 @@ def pod_disruption_budget(inf: MoEInference) -> dict[str, Any]:
 def pod_monitor(inf: MoEInference) -> dict[str, Any]:
     """PodMonitor scraping the exporter (``eplb-metrics``) and vLLM's own ``/metrics`` (``http``).
 
-    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name``; for a multi-node
+    Each series gets label ``moeinference`` from the pod label ``eplb.ai/name`` and ``arm`` from
+    ``eplb.ai/arm`` (an experiment's trial pods; absent on the others); for a multi-node
     resource (LeaderWorkerSet) also ``replica_group``, ``group_worker`` and ``group_size`` from the
     pod's LWS group-index and worker-index labels and size annotation.
     """
@@ -388,7 +403,12 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
             "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(k8s_names.NAME_LABEL)],
             "targetLabel": metric_names.MOEINFERENCE_LABEL,
             "action": "replace",
-        }
+        },
+        {  # an experiment's trial pods: the dashboard's row per arm
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + _prom_label(k8s_names.ARM_LABEL)],
+            "targetLabel": metric_names.ARM_LABEL,
+            "action": "replace",
+        },
     ]
     if inf.parallelism.nodes > 1:  # so that the load reader can sum a group's pods and refuse an incomplete group
         relabel += [{"sourceLabels": [source], "targetLabel": target, "action": "replace"} for source, target in (

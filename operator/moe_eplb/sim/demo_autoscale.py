@@ -74,7 +74,10 @@ def resource() -> dict[str, Any]:
     res = copy.deepcopy(QWEN)
     res["metadata"]["name"] = NAME
     res["spec"]["eplb"].update(INITIAL_EPLB)
-    res["spec"]["autotune"].update({"evaluationIntervalSeconds": 300, "observeSeconds": 2700})
+    res["spec"]["replicas"] = 1  # the autoscaler scales it out
+    # this scenario shows the tuner waiting for the autoscaler; its change is applied to every replica
+    res["spec"]["autotune"].update({"evaluationIntervalSeconds": 300, "observeSeconds": 2700,
+                                    "experiments": {"enabled": False}})
     res["spec"]["autoscaling"] = {
         "minReplicas": 1, "maxReplicas": MAX_REPLICAS, "backend": "HPA", "hpa": {"metricsApi": "Pods"},
         "metric": {"type": "RequestsWaiting", "target": TARGET_WAITING},

@@ -272,6 +272,13 @@ class FakeKubelet(PollingKubelet):
             items = await self._list(self._deploy_path(ns) if ns else "/apis/apps/v1/deployments")
         if items is not None:
             seen = set()
+            self._listed = {}  # replicas per (namespace, instance) as listed now (a trial Deployment's too)
+            for dep in items:
+                md, sp = dep.get("metadata") or {}, dep.get("spec") or {}
+                inst = (((sp.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(
+                    k8s_names.NAME_LABEL, md["name"])
+                ikey = (md.get("namespace") or "default", inst)
+                self._listed[ikey] = self._listed.get(ikey, 0) + int(sp.get("replicas", 1))
             for dep in items:
                 md = dep.get("metadata") or {}
                 key = (md.get("namespace") or "default", md["name"])
@@ -440,7 +447,9 @@ class FakeKubelet(PollingKubelet):
         tmd = template.get("metadata") or {}
         pod_spec = json.loads(json.dumps(template.get("spec") or {}))
         name = f"{d.name}-{h[:8]}-{secrets.token_hex(3)}"
-        settings, why = self._settings_of(d.instance, pod_spec, replicas)
+        # the Service splits the traffic over every pod of the instance (a trial Deployment's too)
+        total = getattr(self, "_listed", {}).get((d.namespace, d.instance)) or replicas
+        settings, why = self._settings_of(d.instance, pod_spec, total)
         if why:
             log.warning("fake kubelet: pod %s cannot run: %s", name, why)
         crash = settings is None or bool(self.crash_if(settings))

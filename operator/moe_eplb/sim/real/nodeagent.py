@@ -226,8 +226,11 @@ class NodeAgent(PollingKubelet):
         listed = await self.cluster.request("GET", "/api/v1/pods", params={"labelSelector": MANAGED_SELECTOR})
         deployments = await self.cluster.request("GET", "/apis/apps/v1/deployments",
                                                  params={"labelSelector": MANAGED_SELECTOR})
-        replicas = {(d["metadata"]["namespace"], d["metadata"]["name"]): int(d["spec"].get("replicas") or 1)
-                    for d in deployments.get("items", [])}
+        replicas: dict = {}
+        for d in deployments.get("items", []):  # per instance: an experiment's trial Deployment shares its traffic
+            tlabels = ((d["spec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
+            key = (d["metadata"]["namespace"], tlabels.get(k8s_names.NAME_LABEL, d["metadata"]["name"]))
+            replicas[key] = replicas.get(key, 0) + int(d["spec"].get("replicas") or 1)
         try:
             lws = await self.cluster.request("GET", LWS_LIST_PATH, params={"labelSelector": MANAGED_SELECTOR})
         except aiohttp.ClientResponseError as exc:  # no LeaderWorkerSet CRD installed
