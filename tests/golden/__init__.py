@@ -17,6 +17,9 @@ exporter's ``/drain`` preStop hook, ``--shutdown-timeout``, ``terminationGracePe
 the ``sh -c`` command that cleans ``/dev/shm`` before ``vllm serve``.
 ``render-deepseek-v3-fault-tolerant`` was made with its example (vLLM 0.34: fault tolerance, the all2all
 backend, the redundancy floor).
+Every ``render-*.yaml`` with a PodMonitor or a LeaderWorkerSet was regenerated once more for the
+experiments: the PodMonitor copies the pods' ``eplb.ai/arm`` label to ``arm``, and a LeaderWorkerSet
+renders its rolling-update ``partition`` (0 outside an experiment).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
