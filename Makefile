@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm kube demo demo-vllm-cpu lint test test-fast test-engine e2e-vllm bench clean
+.PHONY: setup setup-vllm kube demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ setup: $(VENV)/.setup-done
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl) built from Kubernetes' Go modules, the published CRDs it installs, the
 # real LeaderWorkerSet controller (tools/lws: sigs.k8s.io/lws), prometheus-adapter v0.12.0
-# (custom.metrics.k8s.io for the HPA test, tools/adapter), and the Helm CLI v4.3.2 and the Prometheus
+# (custom.metrics.k8s.io for the HPA test, tools/adapter), KEDA v2.18.0 (tools/keda), and the Helm CLI v4.3.2 and the Prometheus
 # Operator v0.94.0 from one tools module (tools/go.mod, tools/build.sh: they share k8s.io v0.37.2);
 # cold ~15 min on two cores for the control plane, seconds when Go's caches are warm (tools/README.md)
 kube:
@@ -47,8 +47,13 @@ setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
 demo: setup
 	$(VENV)/bin/moe-eplb demo
 
+# the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
+# `make test-slow` runs; CI runs both, one after the other (.ci/run)
 test: setup setup-vllm kube
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not slow"
+
+test-slow: setup setup-vllm kube
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m slow
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -48,11 +48,33 @@ SERVER_FIXTURES = frozenset({"emulated_cluster", "operator_runner", "started", "
 _SIM_PLANE: Any = None
 
 
+#: the long end-to-end scenarios, marked ``slow``: ``make test`` leaves them out (it must stay within
+#: 20 minutes on two cores) and ``make test-slow`` runs them (CI: right after ``make test``). Each
+#: runs minutes of simulated hours, a real vLLM engine, or real controllers beside the control plane
+#: (KEDA, the Prometheus Operator with a Prometheus 3, the Helm CLI with the chart's operator).
+SLOW = (
+    "tests/sim/test_demo_direct.py",  # the demo, direct read (simulated hours)
+    "tests/sim/test_demo_autoscale.py",  # the autoscale demo on the emulation
+    "tests/kube/test_demo_autoscale_real.py",  # the autoscale demo with the real HPA controller
+    "tests/kube/test_keda_real.py",  # the real KEDA: to zero, from zero by hand, its conditions
+    "tests/kube/test_prometheus_operator_real.py",  # the real Prometheus Operator and its Prometheus
+    "tests/kube/test_helm_cli_real.py",  # helm install / upgrade / test / uninstall, a plane of its own
+    "tests/autotune/test_operator_experiments.py",  # experiments to their verdicts, both planes
+    "tests/vllm_engine/",  # the real vLLM engine on CPU (also `make test-engine`)
+)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def pytest_collection_modifyitems(items: list) -> None:
     """Mark ``integration`` every test that uses a server fixture or a real Prometheus, so the fast
-    tier (``-m 'not integration'``) cannot pick one up by accident."""
+    tier (``-m 'not integration'``) cannot pick one up by accident; mark ``slow`` (and
+    ``integration``) every test in :data:`SLOW`."""
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("prometheus"):
+            item.add_marker(pytest.mark.integration)
+        rel = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+        if any(rel == s or (s.endswith("/") and rel.startswith(s)) for s in SLOW):
+            item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.integration)
 
 
