@@ -6,6 +6,8 @@ prometheus-adapter, KEDA, the Prometheus Operator and the Helm CLI, built from t
 - ``simplane``: that plane as a simulated cluster runs on it (``SimPlane``: CRDs, the LWS controller,
   namespaces of their own for tests sharing one plane);
 - ``lwscontroller``: the real LeaderWorkerSet controller (sigs.k8s.io/lws) and its webhooks;
+- ``aggregation``: serving an API through the aggregation layer (the loopback Service, the
+  APIServices, waiting until they are Available), for prometheus-adapter and KEDA;
 - ``metricsadapter``: prometheus-adapter serving vLLM's metrics as ``custom.metrics.k8s.io``;
 - ``keda``: KEDA's operator and metrics API server (``external.metrics.k8s.io``) built from its Go module;
 - ``promoperator``: the Prometheus Operator and the Prometheus configuration it generates, run by a

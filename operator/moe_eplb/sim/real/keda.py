@@ -37,7 +37,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from moe_eplb.contracts import k8s_names
 from moe_eplb.sim import procs
 from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.real import aggregation
 from moe_eplb.sim.real.controlplane import ControlPlane, ControlPlaneError, base64_file, serving_certificate, stop_process
 
 VERSION = "v2.18.0"
@@ -116,8 +116,7 @@ class Keda(procs.Stoppable):
         if found is None:
             raise ControlPlaneError(f"no KEDA built in {bin_dir or default_keda_bin_dir()}: "
                                     "run `make kube` (tools/build-go-tool.sh tools/keda)")
-        if not cp.aggregator:
-            raise ControlPlaneError("the control plane runs without the aggregation layer: start it with aggregator=True")
+        aggregation.require(cp)
         self.operator_binary, self.adapter_binary = found
         self.cp = cp
         self.workdir = pathlib.Path(workdir)
@@ -202,40 +201,9 @@ class Keda(procs.Stoppable):
                                            cwd=self.workdir, env=env)
 
     def _register(self, ca_bundle: str) -> None:
-        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        self._put("/api/v1/namespaces", NAMESPACE, ns)
-        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE_NAME, "namespace": NAMESPACE},
-                   "spec": {"type": "ExternalName", "externalName": "localhost",
-                            "ports": [{"name": "https", "port": self.port, "protocol": "TCP"}]}}
-        self._put(f"/api/v1/namespaces/{NAMESPACE}/services", SERVICE_NAME, service)
-        self._put("/apis/apiregistration.k8s.io/v1/apiservices", APISERVICE, {
-            "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": APISERVICE},
-            "spec": {"group": EXTERNAL_GROUP, "version": EXTERNAL_VERSION, "groupPriorityMinimum": 100,
-                     "versionPriority": 100, "caBundle": ca_bundle,
-                     "service": {"namespace": NAMESPACE, "name": SERVICE_NAME, "port": self.port}}})
-
-    def _put(self, collection: str, name: str, body: dict[str, Any]) -> None:
-        try:
-            old = self.cp.request("GET", f"{collection}/{name}")
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-            self.cp.request("POST", collection, body)
-            return
-        if body["kind"] == "Namespace":
-            return
-        body = dict(body, metadata=dict(body["metadata"], resourceVersion=old["metadata"]["resourceVersion"]))
-        self.cp.request("PUT", f"{collection}/{name}", body)
+        aggregation.register(self.cp, namespace=NAMESPACE, service=SERVICE_NAME, port=self.port, ca_bundle=ca_bundle,
+                             versions=[(EXTERNAL_GROUP, EXTERNAL_VERSION)])
 
     def _wait_available(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            obj = self.cp.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
-            last = next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Available"), None)
-            if last and last["status"] == "True":
-                return
-            time.sleep(0.2)
-        raise ControlPlaneError(f"the APIService {APISERVICE} is not Available within {timeout} s ({last}); "
-                                f"keda-adapter log: {self.log('keda-adapter')}\n{self.log_tail('keda-adapter')}")
+        aggregation.wait_available(self.cp, [APISERVICE], timeout, alive=self.check_alive,
+                                   what=f"keda-adapter log: {self.log('keda-adapter')}\n{self.log_tail('keda-adapter')}")

@@ -28,7 +28,6 @@ import contextlib
 import os
 import pathlib
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from moe_eplb.api.quantity import quantity_number
 from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.sim import procs
 from moe_eplb.sim.procs import free_port
+from moe_eplb.sim.real import aggregation
 from moe_eplb.sim.real.controlplane import ControlPlane, ControlPlaneError, base64_file, serving_certificate, stop_process
 
 SERVICE_NAMESPACE = "kube-system"
@@ -107,8 +107,7 @@ class PrometheusAdapter(procs.Stoppable):
         if found is None:
             raise ControlPlaneError(f"no prometheus-adapter built at {binary or default_adapter_binary()}: "
                                     "run `make kube` (tools/build-go-tool.sh tools/adapter)")
-        if not cp.aggregator:
-            raise ControlPlaneError("the control plane runs without the aggregation layer: start it with aggregator=True")
+        aggregation.require(cp)
         self.binary, self.cp, self.prometheus_url = found, cp, prometheus_url
         self.workdir = pathlib.Path(workdir)
         self.series, self.relist_seconds = tuple(series), relist_seconds
@@ -163,47 +162,16 @@ class PrometheusAdapter(procs.Stoppable):
 
     # -- internals --------------------------------------------------------------------------------
     def _register(self, ca_bundle: str) -> None:
-        service = {"apiVersion": "v1", "kind": "Service",
-                   "metadata": {"name": SERVICE_NAME, "namespace": SERVICE_NAMESPACE},
-                   "spec": {"type": "ExternalName", "externalName": "localhost",
-                            "ports": [{"name": "https", "port": self.port, "protocol": "TCP"}]}}
-        self._put(f"/api/v1/namespaces/{SERVICE_NAMESPACE}/services", SERVICE_NAME, service)
-        for i, (group, version) in enumerate(API_VERSIONS):
-            name = f"{version}.{group}"
-            self._put("/apis/apiregistration.k8s.io/v1/apiservices", name, {
-                "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
-                "spec": {"group": group, "version": version, "groupPriorityMinimum": 100, "versionPriority": 100 + i,
-                         "service": {"namespace": SERVICE_NAMESPACE, "name": SERVICE_NAME, "port": self.port},
-                         "caBundle": ca_bundle}})
+        aggregation.register(self.cp, namespace=SERVICE_NAMESPACE, service=SERVICE_NAME, port=self.port,
+                             ca_bundle=ca_bundle, versions=list(API_VERSIONS))
 
-    def _put(self, collection: str, name: str, body: dict[str, Any]) -> None:
-        try:
-            old = self.cp.request("GET", f"{collection}/{name}")
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-            self.cp.request("POST", collection, body)
-            return
-        body = dict(body, metadata=dict(body["metadata"], resourceVersion=old["metadata"]["resourceVersion"]))
-        self.cp.request("PUT", f"{collection}/{name}", body)
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ControlPlaneError(f"prometheus-adapter exited with status {self.proc.returncode}; "
+                                    f"log: {self.log}\n{self.log_tail()}")
 
     def _wait_available(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ControlPlaneError(f"prometheus-adapter exited with status {self.proc.returncode}; "
-                                        f"log: {self.log}\n{self.log_tail()}")
-            conds = {}
-            for group, version in API_VERSIONS:
-                obj = self.cp.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{group}")
-                found = (obj.get("status") or {}).get("conditions") or []
-                conds[f"{version}.{group}"] = next((c for c in found if c["type"] == "Available"), None)
-            if all(c and c["status"] == "True" for c in conds.values()):
-                return
-            last = conds
-            time.sleep(0.2)
-        raise ControlPlaneError(f"the metrics APIServices are not Available within {timeout} s ({last}); "
-                                f"adapter log: {self.log}\n{self.log_tail()}")
+        aggregation.wait_available(self.cp, [f"{v}.{g}" for g, v in API_VERSIONS], timeout, alive=self._check_alive,
+                                   what=f"adapter log: {self.log}\n{self.log_tail()}")
 
 
