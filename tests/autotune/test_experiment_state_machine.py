@@ -184,8 +184,31 @@ def test_the_record_round_trips_through_the_status():
     assert back.experiment == step.status.experiment and not back.notes
 
 
-def test_learned_ranges_is_the_merge_point():
-    assert x.learned_ranges(None, None, None, None, source="x") == []
+def test_learned_ranges_narrow_the_calibration_the_experiment_started_from():
+    """An ended experiment's arms narrow the MoE share (eplb.learn.learn), and the status keeps it; no
+    calibration (an operator restarted since) or a missing arm teaches nothing."""
+    from moe_eplb.api.autotune_status import AutotuneStatus
+    from moe_eplb.controller.autotune import learned_entries
+    from moe_eplb.eplb.calibrate import Calibration
+    from moe_eplb.eplb.costmodel import CostModel
+    from moe_eplb.eplb.exploration import ArmObservation
+    from moe_eplb.eplb.robust import Range
+
+    cal = Calibration(parameters={}, ranges={"moe_time_share": Range("moe_time_share", 0.35, 0.03, 0.6, "prior")})
+
+    def arm(knobs, pods, bal, f=0.4, s0=0.05):  # step time of a MoE share f at served balancedness bal
+        return ArmObservation(knobs, pods, 1800.0, step_seconds=s0 * ((1 - f) + f / bal), tokens_per_step=4096.0,
+                              balancedness=bal)
+
+    trial, control = arm(Knobs(100, 1000, 32), 1, 0.95), arm(Knobs(1000, 3000, 0), 1, 0.75)
+    got = x.learned_ranges(cal, CostModel(), trial, control, source="experiment of 100/1000/32")
+    assert [r.parameter for r in got] == ["moe_time_share"]
+    assert got[0].low < 0.4 < got[0].high and got[0].high - got[0].low < 0.8 * (0.6 - 0.03)
+    kept = AutotuneStatus().with_learned(learned_entries(got))
+    assert [(e.parameter, e.low, e.high, e.source) for e in kept.learned] == [
+        ("moe_time_share", got[0].low, got[0].high, "experiment of 100/1000/32")]
+    assert x.learned_ranges(None, CostModel(), trial, control, source="x") == []
+    assert x.learned_ranges(cal, CostModel(), trial, None, source="x") == []
 
 
 # --- the arms' workloads ----------------------------------------------------------------------------
