@@ -68,6 +68,8 @@ BAD = {
                                       "spec.autotune.experiments.confidence", "must be <= 0.999"),
     "experiments-too-short": ({"spec.autotune.experiments": {"minSeconds": 5}},
                               "spec.autotune.experiments.minSeconds", "must be >= 60"),
+    "scale-to-zero-without-activation-query": ({"spec.autoscaling": {"minReplicas": 0, "maxReplicas": 4}},
+                                               "spec.autoscaling.keda.activationQuery", "your gateway's queue"),
     "bounds-exclude-window": ({"spec.autotune.bounds": {"windowSize": {"min": 10, "max": 100}}},
                               "spec.autotune.bounds.windowSize", "contain the current spec.eplb.windowSize"),
     "bounds-exclude-interval": ({"spec.autotune.bounds": {"stepInterval": {"min": 2000, "max": 9000}}},

@@ -39,6 +39,8 @@ def test_three_lines_are_enough_and_parse_with_defaults():
     ({"maxReplicas": 4, "backend": "HPA"}, {}, "spec.autoscaling.hpa", "set spec.autoscaling.hpa.metricsApi"),
     ({"minReplicas": 0, "maxReplicas": 4, "backend": "HPA", "hpa": {"metricsApi": "External"}}, {},
      "spec.autoscaling.minReplicas", "backend: KEDA"),
+    ({"minReplicas": 0, "maxReplicas": 4}, {}, "spec.autoscaling.keda.activationQuery",
+     "your gateway's queue"),
     ({"maxReplicas": 4, "backend": "HPA", "hpa": {"metricsApi": "Pods"}, "metric": {"type": "TTFT"}}, {},
      "spec.autoscaling.hpa.metricsApi", "use metricsApi: External"),
     ({"maxReplicas": 4, "metric": {"type": "KVCacheUsage", "target": 80}}, {}, "spec.autoscaling.metric.target",
@@ -57,6 +59,14 @@ def test_bad_combinations_name_the_field_and_the_fix(autoscaling, spec, field, f
     assert any(f == field and fix in m for f, m in found), found
 
 
+def test_scale_to_zero_with_an_activation_query_is_valid_and_parsed():
+    res = base()
+    res["spec"]["autoscaling"].update({"minReplicas": 0, "keda": {"activationQuery": "sum(gateway_queue)"}})
+    assert validate(res) == []
+    a = parse(res).autoscaling
+    assert (a.min_replicas, a.keda.activation_query, a.keda.polling_interval_seconds) == (0, "sum(gateway_queue)", 30)
+
+
 def test_an_engine_version_that_cannot_be_told_is_refused_for_the_metric_names():
     res = base()
     res["spec"]["eplb"]["enabled"] = False
@@ -73,7 +83,7 @@ def test_autoscaling_cel_rules_stay_cheap():
     rules = [r["rule"] for r in auto.get("x-kubernetes-validations", [])]
     rules += [r["rule"] for r in auto["properties"]["metric"].get("x-kubernetes-validations", [])]
     rules += [r["rule"] for r in spec["x-kubernetes-validations"] if "autoscaling" in r["rule"]]
-    assert len(rules) == 7
+    assert len(rules) == 8
     for rule in rules:
         assert not any(word in rule for word in ("matches(", ".all(", ".exists(", ".map(", ".filter(")), rule
 

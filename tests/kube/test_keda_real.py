@@ -4,10 +4,12 @@ its HPA on the MoEInference's ``/scale``, and kube-controller-manager's HPA cont
 KEDA's external metric -- KEDA's metrics server (``external.metrics.k8s.io`` through the aggregation
 layer) asking KEDA's operator, which runs the rendered PromQL on a real Prometheus scraping the
 simulated engine pods (vLLM's ``vllm:num_requests_waiting``). With ``minReplicas: 0`` KEDA itself
-takes the resource to zero when nothing waits. What KEDA reports back (the ScaledObject's ``Ready``
+takes the resource to zero when nothing waits, and wakes it on the first request waiting at the
+gateway in front of the engines (``spec.autoscaling.keda.activationQuery`` on a gateway's queue
+series: at zero no engine reports vLLM's metric). What KEDA reports back (the ScaledObject's ``Ready``
 condition) shows in the MoEInference's ``Autoscaling`` condition.
 
-Every part is real except the GPU nodes and engines (:mod:`moe_eplb.sim.nodeagent`); the engines'
+Every part is real except the GPU nodes and engines (:mod:`moe_eplb.sim.real.nodeagent`) and the gateway's queue series; the engines'
 waiting requests come from the deployment's truth (``TrueCost.kv_demand``), raised as a traffic
 rise would (:meth:`SimWorld.set_true_cost`).
 """
@@ -23,10 +25,11 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from moe_eplb.api.quantity import quantity_number as quantity
 from moe_eplb.contracts.k8s_names import KEDA_HPA_PREFIX
@@ -89,6 +92,8 @@ async def keda_world(min_replicas: int) -> AsyncIterator[tuple[SimWorld, Keda, d
                 resource["spec"]["autoscaling"]["minReplicas"] = min_replicas
                 if min_replicas == 0:  # KEDA's cooldown before it scales to zero (and after creation)
                     resource["spec"]["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] = COOLDOWN
+                    # what wakes it from zero: the queue in front of the engines (a gateway's series)
+                    resource["spec"]["autoscaling"]["keda"]["activationQuery"] = f"sum({GATEWAY_SERIES})"
                 resource["spec"]["monitoring"] = {"prometheusUrl": world.prometheus_url}
                 await world.apply(resource)
                 try:
@@ -182,13 +187,19 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         assert _conditions(so)["Active"]["status"] == "False", _conditions(so)["Active"]
         assert (await cluster.get(moe_path))["spec"]["replicas"] == 0
         assert await _prometheus_values(world, ns) == []  # no engine, no series
-        # one replica by hand (`kubectl scale moe tiny --replicas=1`, what a request router would do):
-        # its engines report the waiting requests, KEDA activates and its HPA scales to maxReplicas
-        await cluster.patch(f"{moe_path}/scale", {"spec": {"replicas": 1}})
-        so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "True"), what="KEDA active", **WAIT)
-        assert _conditions(so)["Active"]["reason"] == "ScalerActive"
-        up = await eventually(lambda: _replicas_at_least(cluster, moe_path, MAX_REPLICAS), what="maxReplicas", **WAIT)
-        assert up["spec"]["replicas"] == MAX_REPLICAS
+        # the first request waits at the gateway in front of the engines: the activation query
+        # (spec.autoscaling.keda.activationQuery) sees it, KEDA activates and wakes the resource; its
+        # engines report the waiting requests and its HPA scales on to maxReplicas
+        with gateway_queue(world) as queue:
+            queue.set(1)
+            so = await eventually(lambda: _condition_is(cluster, so_path, "Active", "True"), what="KEDA active", **WAIT)
+            assert _conditions(so)["Active"]["reason"] == "ScalerActive"
+            woke = await eventually(lambda: _replicas_at_least(cluster, moe_path, 1), what="woken from zero", **WAIT)
+            assert woke["spec"]["replicas"] >= 1
+            up = await eventually(lambda: _replicas_at_least(cluster, moe_path, MAX_REPLICAS), what="maxReplicas",
+                                  **WAIT)
+            assert up["spec"]["replicas"] == MAX_REPLICAS
+            queue.set(0)
 
         # KEDA's word reaches the resource: with a Prometheus address nothing answers at (a user's
         # edit), KEDA's trigger fails, the ScaledObject is not Ready, and the MoEInference's
@@ -203,6 +214,26 @@ async def test_keda_scales_moeinference_to_zero_and_its_not_ready_shows_in_statu
         await cluster.patch(moe_path, {"spec": {"monitoring": {"prometheusUrl": world.prometheus_url}}})
         cond = await eventually(lambda: _autoscaling(cluster, moe_path, "True"), what="Autoscaling True again", **WAIT)
         assert cond["reason"] == "AutoscalerActive", cond
+
+
+#: a gateway's queue in front of the engines (a stand-in for the series your gateway or router exports)
+GATEWAY_SERIES = "gateway_requests_waiting"
+
+
+@contextlib.contextmanager
+def gateway_queue(world: SimWorld) -> Iterator[Gauge]:
+    """A gateway's queue series served on loopback and scraped by the world's Prometheus."""
+    registry = CollectorRegistry()
+    gauge = Gauge(GATEWAY_SERIES, "requests waiting at the gateway for an engine", registry=registry)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        assert world.prom is not None
+        world.prom.add_target(f"127.0.0.1:{port}", job="gateway")
+        yield gauge
+    finally:
+        server.shutdown()
+        thread.join(5)
 
 
 async def _prometheus_values(world: SimWorld, ns: str) -> list[float]:

@@ -119,9 +119,17 @@ def test_ttft_quantile_query():
 
 
 def test_scale_to_zero_is_keda_only_and_sets_an_activation_threshold():
-    so = child(resource({"minReplicas": 0, "maxReplicas": 2}))
+    so = child(resource({"minReplicas": 0, "maxReplicas": 2, "keda": {"activationQuery": "sum(gateway_queue)"}}))
     assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
+    # the activation query wakes it from zero (at zero no engine reports vLLM's metric) and asks for one
+    # replica group at most: an AverageValue far above any queue
+    wake = so["spec"]["triggers"][1]
+    assert (wake["type"], wake["name"], wake["metricType"]) == ("prometheus", "activation", "AverageValue")
+    assert wake["metadata"]["query"] == "sum(gateway_queue)" and wake["metadata"]["activationThreshold"] == "0"
+    assert float(wake["metadata"]["threshold"]) >= 1e9
+    assert wake["metadata"]["serverAddress"] == so["spec"]["triggers"][0]["metadata"]["serverAddress"]
     assert keda_problems(so) == []
+    assert len(child(resource({"minReplicas": 1, "maxReplicas": 2}))["spec"]["triggers"]) == 1
     # the cooldown before scaling to zero holds for a ScaledObject just created too: KEDA ignores
     # cooldownPeriod until a trigger was first active and uses initialCooldownPeriod (default 0, which
     # took a new resource to zero at KEDA's first poll, while its engines loaded: tests/kube/test_keda_real.py)

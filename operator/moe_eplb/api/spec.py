@@ -363,6 +363,7 @@ class HpaSource:
 @dataclass(frozen=True)
 class KedaOptions:
     polling_interval_seconds: int = 30
+    activation_query: str | None = None  # wakes the resource from zero (a gateway's queue)
 
 
 @dataclass(frozen=True)

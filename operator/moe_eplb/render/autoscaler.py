@@ -147,9 +147,26 @@ def scaled_object(inf: MoEInference) -> dict[str, Any]:
             "advanced": {"horizontalPodAutoscalerConfig": {"name": KEDA_HPA_PREFIX + inf.name,
                                                            "behavior": behavior(a)}},
             "triggers": [{"type": "prometheus", "name": a.metric.type.lower(),
-                          "metricType": TARGET_TYPES[a.metric.type], "metadata": trigger_meta}],
+                          "metricType": TARGET_TYPES[a.metric.type], "metadata": trigger_meta}]
+                        + _activation_trigger(inf, a),
         },
     }
+
+
+#: the activation trigger's per-replica target: so high that it asks for one replica group at most
+ACTIVATION_THRESHOLD = "1000000000"
+
+
+def _activation_trigger(inf: MoEInference, a: AutoscalingSpec) -> list[dict[str, Any]]:
+    """``spec.autoscaling.keda.activationQuery`` as a second Prometheus trigger: active (KEDA wakes
+    the resource from zero) when the query is above 0; an AverageValue target of
+    :data:`ACTIVATION_THRESHOLD` makes it ask for one replica group at most, so once an engine
+    serves, vLLM's metric decides."""
+    if not a.keda.activation_query:
+        return []
+    return [{"type": "prometheus", "name": "activation", "metricType": "AverageValue",
+             "metadata": {"serverAddress": inf.prometheus_url, "query": a.keda.activation_query,
+                          "threshold": ACTIVATION_THRESHOLD, "activationThreshold": "0"}}]
 
 
 def horizontal_pod_autoscaler(inf: MoEInference) -> dict[str, Any]:

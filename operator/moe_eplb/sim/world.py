@@ -62,6 +62,14 @@ class LocalPrometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets_file = os.path.join(self.dir, "targets.json")
         self.server: RunningPrometheus | None = None
+        self.pod_targets: list[dict] = []
+        #: targets scraped beside the pods (:meth:`add_target`: a gateway's queue, in a test)
+        self.extra_targets: list[dict] = []
+
+    def add_target(self, host_port: str, **labels: str) -> None:
+        """Scrape ``host_port`` too, with ``labels`` on its series, beside the pods."""
+        self.extra_targets.append({"targets": [host_port], "labels": dict(labels)})
+        self.update(self.pod_targets)
 
     def update(self, targets: list[dict]) -> None:
         """Scrape ``targets`` (the fake kubelet's :meth:`~moe_eplb.sim.emulated.kubelet.FakeKubelet.targets`)
@@ -69,8 +77,9 @@ class LocalPrometheus:
         and, for pods of a LeaderWorkerSet group, the group labels (``metric_names.GROUP_*``)."""
         keep = ("namespace", "pod", "moeinference", metric_names.GROUP_LABEL, metric_names.GROUP_WORKER_LABEL,
                 metric_names.GROUP_SIZE_LABEL)
+        self.pod_targets = list(targets)
         groups = [{"targets": [f"{t.get('host', '127.0.0.1')}:{t['port']}"],
-                   "labels": {k: str(t[k]) for k in keep if k in t}} for t in targets]
+                   "labels": {k: str(t[k]) for k in keep if k in t}} for t in targets] + self.extra_targets
         tmp = self.targets_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(groups, f)
