@@ -50,8 +50,8 @@ _SIM_PLANE: Any = None
 
 #: the long end-to-end scenarios, marked ``slow``: ``make test`` leaves them out (it must stay within
 #: 20 minutes on two cores) and ``make test-slow`` runs them (CI: right after ``make test``). Each
-#: runs minutes of simulated hours, a real vLLM engine, or real controllers beside the control plane
-#: (KEDA, the Prometheus Operator with a Prometheus 3, the Helm CLI with the chart's operator).
+#: runs minutes of simulated hours or real controllers beside the control plane (KEDA, the
+#: Prometheus Operator with a Prometheus 3, the Helm CLI with the chart's operator).
 SLOW = (
     "tests/sim/test_demo_direct.py",  # the demo, direct read (simulated hours)
     "tests/sim/test_demo_autoscale.py",  # the autoscale demo on the emulation
@@ -60,7 +60,6 @@ SLOW = (
     "tests/kube/test_prometheus_operator_real.py",  # the real Prometheus Operator and its Prometheus
     "tests/kube/test_helm_cli_real.py",  # helm install / upgrade / test / uninstall, a plane of its own
     "tests/autotune/test_operator_experiments.py",  # experiments to their verdicts, both planes
-    "tests/vllm_engine/",  # the real vLLM engine on CPU (also `make test-engine`)
 )
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
