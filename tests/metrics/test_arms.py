@@ -65,3 +65,27 @@ def test_tracker_pairs_rounds_and_builds_observations():
     assert trial.step_seconds < control.step_seconds
     obs = A.observation(Knobs(1, 2, 0), t.trial, pods=1, seconds=60.0)
     assert obs.step_seconds == pytest.approx(trial.step_seconds) and obs.knobs == Knobs(1, 2, 0)
+
+
+def _ranks(tokens: dict[tuple[int, int], float]) -> str:
+    return "".join(f'moe_eplb_rank_tokens_total{{model_name="m",layer="{lay}",rank="{r}"}} {v}\n'
+                   for (lay, r), v in tokens.items())
+
+
+def test_served_balancedness_is_vllms_mean_over_max_per_layer_over_the_bucket():
+    """Per layer mean/max of the tokens each EP rank took in the bucket, averaged over the layers; a
+    counter that went back (a restart) gives none; the arm's observation carries the mean."""
+    before = A.counters_from_exposition(_ranks({(0, 0): 100, (0, 1): 100, (1, 0): 50, (1, 1): 50}))
+    after = A.counters_from_exposition(_ranks({(0, 0): 140, (0, 1): 120, (1, 0): 80, (1, 1): 80}))
+    assert before["rank_tokens/0/1"] == 100
+    # layer 0: deltas 40, 20 -> 30/40 = 0.75; layer 1: 30, 30 -> 1.0
+    assert A.served_balancedness(before, after) == pytest.approx((0.75 + 1.0) / 2)
+    restarted = A.counters_from_exposition(_ranks({(0, 0): 10, (0, 1): 10, (1, 0): 5, (1, 1): 5}))
+    assert A.served_balancedness(after, restarted) is None
+    assert A.served_balancedness({}, after) is None
+    prev = {"p": A.counters_from_exposition(_body(step_sum=1.0, steps=100, tokens=6400) + _ranks({(0, 0): 0, (0, 1): 0}))}
+    cur = {"p": A.counters_from_exposition(_body(step_sum=2.0, steps=200, tokens=12800) + _ranks({(0, 0): 60, (0, 1): 20}))}
+    b = A.arm_bucket(prev, cur, ["p"], gpus_per_replica=2)
+    assert b is not None and b.balancedness == pytest.approx(40 / 60)
+    obs = A.observation(Knobs(100, 1000, 0), [b, b], pods=1, seconds=60.0)
+    assert obs.balancedness == pytest.approx(40 / 60)

@@ -57,13 +57,14 @@ VERDICTS = (PROMOTED, DISCARDED)
 class ArmBucket:
     """One arm in one bucket (None where the metric is not exported or the arm did not serve):
     mean step time, mean tokens per step, tokens per second per GPU, whether the engine was
-    saturated, mean TTFT."""
+    saturated, mean TTFT, the balancedness it served (what the learning step weighs step times by)."""
 
     step_seconds: float | None = None
     tokens_per_step: float | None = None
     tokens_per_second_per_gpu: float | None = None
     saturated: bool = False
     ttft_seconds: float | None = None
+    balancedness: float | None = None  # served: mean over layers of mean/max tokens over the EP ranks
 
 
 @dataclass(frozen=True)

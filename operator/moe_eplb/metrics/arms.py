@@ -12,7 +12,11 @@ an arm's pods, is that arm's :class:`moe_eplb.eplb.experiment.ArmBucket` (:func:
   histogram's sum: an engine that is saturated is busy all the time, so this is its throughput),
   per GPU; without step times, vLLM's prompt + generated tokens per wall second;
 * saturated: requests waiting (``vllm:num_requests_waiting`` > 0) or the KV cache full (>= 0.95);
-* TTFT: vLLM's ``vllm:time_to_first_token_seconds`` mean (the guard).
+* TTFT: vLLM's ``vllm:time_to_first_token_seconds`` mean (the guard);
+* served balancedness: from the exporter's tokens per EP rank and layer
+  (``moe_eplb_rank_tokens_total``): per layer the mean over the ranks over the max, averaged over the
+  layers and the arm's pods (vLLM's own definition, over the bucket): what the learning step
+  (:func:`moe_eplb.eplb.learn.learn`) weighs the arms' step times by.
 
 Blocking HTTP in :func:`scrape_arm_counters` (call it with ``asyncio.to_thread``); the rest is pure.
 """
@@ -36,18 +40,39 @@ _SUMS = {f"{n}_{part}" for n in (vllm_facts.ITL_SECONDS, vllm_facts.ITERATION_TO
                                   metric_names.STEP_SECONDS, metric_names.STEP_TOKENS) for part in ("sum", "count")}
 _COUNTERS = {vllm_facts.GENERATION_TOKENS, vllm_facts.PROMPT_TOKENS}
 _GAUGES = {vllm_facts.REQUESTS_WAITING, vllm_facts.KV_CACHE_USAGE, vllm_facts.KV_CACHE_USAGE_OLD}
-SAMPLES = frozenset(_SUMS | _COUNTERS | _GAUGES)
+SAMPLES = frozenset(_SUMS | _COUNTERS | _GAUGES | {metric_names.RANK_TOKENS})
 
+#: a sample name summed over label sets, or ``RANK_KEY/<layer>/<rank>`` for one rank's tokens in one layer
 Counters = dict[str, float]
+RANK_KEY = "rank_tokens"
 
 
 def counters_from_exposition(text: str) -> Counters:
     """The samples an arm bucket needs from one ``/metrics`` body, summed over their label sets
-    (ranks, engines); gauges take the largest value."""
+    (ranks, engines); gauges take the largest value; the tokens per EP rank and layer kept apart
+    (``RANK_KEY/<layer>/<rank>``)."""
     out: Counters = {}
-    for name, _labels, value in exposition_samples(text, SAMPLES):
-        out[name] = max(out.get(name, value), value) if name in _GAUGES else out.get(name, 0.0) + value
+    for name, labels, value in exposition_samples(text, SAMPLES):
+        if name == metric_names.RANK_TOKENS:
+            key = f"{RANK_KEY}/{labels.get(metric_names.LABEL_LAYER, '')}/{labels.get(metric_names.LABEL_RANK, '')}"
+            out[key] = out.get(key, 0.0) + value
+        else:
+            out[name] = max(out.get(name, value), value) if name in _GAUGES else out.get(name, 0.0) + value
     return out
+
+
+def served_balancedness(prev: Counters, cur: Counters) -> float | None:
+    """Mean over layers of (mean tokens over the EP ranks / max) between two rounds of one pod;
+    None without rank counters, on a reset, or a bucket with no tokens."""
+    layers: dict[str, list[float]] = {}
+    for key, value in cur.items():
+        if not key.startswith(RANK_KEY + "/") or key not in prev:
+            continue
+        if value < prev[key]:
+            return None  # a counter went back: a restart, no bucket from this pod
+        layers.setdefault(key.split("/")[1], []).append(value - prev[key])
+    ratios = [sum(v) / len(v) / max(v) for v in layers.values() if len(v) > 1 and max(v) > 0]
+    return sum(ratios) / len(ratios) if ratios else None
 
 
 def scrape_arm_counters(pods: Iterable[Mapping], timeout: float) -> dict[str, Counters]:
@@ -72,6 +97,7 @@ class _Sums:
     step: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, steps
     batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # tokens, steps
     ttft: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    balance: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sum of pods' balancedness, pods
     served: float = 0.0
     saturated: bool = False
     pods: int = 0
@@ -93,6 +119,9 @@ class _Sums:
         if (ttft := _mean(prev, cur, vllm_facts.TTFT_SECONDS)) is not None:
             self.ttft[0] += ttft[0] / ttft[1]
             self.ttft[1] += 1
+        if (bal := served_balancedness(prev, cur)) is not None:
+            self.balance[0] += bal
+            self.balance[1] += 1
         waiting = cur.get(vllm_facts.REQUESTS_WAITING, 0.0)
         kv = max(cur.get(vllm_facts.KV_CACHE_USAGE, 0.0), cur.get(vllm_facts.KV_CACHE_USAGE_OLD, 0.0))
         self.saturated = self.saturated or waiting > 0 or kv >= KV_FULL
@@ -111,7 +140,8 @@ def arm_bucket(prev: Mapping[str, Counters], cur: Mapping[str, Counters], pods: 
     tput = sums.served / sums.pods / max(1, gpus_per_replica) if sums.served > 0 else None
     return ArmBucket(step_seconds=sums.step[0] / sums.step[1], tokens_per_step=sums.batch[0] / sums.batch[1],
                      tokens_per_second_per_gpu=tput, saturated=sums.saturated,
-                     ttft_seconds=sums.ttft[0] / sums.ttft[1] if sums.ttft[1] else None)
+                     ttft_seconds=sums.ttft[0] / sums.ttft[1] if sums.ttft[1] else None,
+                     balancedness=sums.balance[0] / sums.balance[1] if sums.balance[1] else None)
 
 
 @dataclass
@@ -151,4 +181,5 @@ def observation(knobs: Knobs, buckets: list[ArmBucket], *, pods: int, seconds: f
     return ArmObservation(knobs=knobs, pods=pods, seconds=seconds,
                           step_seconds=_avg([b.step_seconds for b in buckets]),
                           tokens_per_step=_avg([b.tokens_per_step for b in buckets]),
-                          tokens_per_second_per_gpu=_avg([b.tokens_per_second_per_gpu for b in buckets]))
+                          tokens_per_second_per_gpu=_avg([b.tokens_per_second_per_gpu for b in buckets]),
+                          balancedness=_avg([b.balancedness for b in buckets]))
