@@ -343,7 +343,7 @@ class AutotuneLoop:
                            learned=tuple(dataclasses.asdict(r) for r in learned))
         if not step.changed:
             return None
-        if step.status.experiment is None and step.verdict is not None and learned:
+        if step.verdict is not None and learned:  # the tick the verdict is reached
             step.status = step.status.with_learned(learned_entries(learned))  # kept for later decisions
         if not await self._write(client, inf, step.status, step.conditions, now):
             return "conflict"
