@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-vllm kube demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
+.PHONY: setup setup-vllm kube kube-main kube-slow demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
 
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,19 @@ setup: $(VENV)/.setup-done
 # (custom.metrics.k8s.io for the HPA test, tools/adapter), KEDA v2.18.0 (tools/keda), and the Helm CLI v4.3.2 and the Prometheus
 # Operator v0.94.0 from one tools module (tools/go.mod, tools/build.sh: they share k8s.io v0.37.2);
 # cold ~15 min on two cores for the control plane, seconds when Go's caches are warm (tools/README.md)
-kube:
+kube: kube-main kube-slow
+
+# what the main suite (`make test`) needs: the control plane, the CRDs, the LWS controller, the adapter
+kube-main:
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
 	bash tools/build-go-tool.sh tools/lws
 	bash tools/build-go-tool.sh tools/adapter
+
+# what only the slow tier (`make test-slow`) needs: KEDA, the Helm CLI + Prometheus Operator module and
+# the Prometheus 3 it configures (~30 min cold on two cores: .ci/run builds them niced in the background
+# while the main suite runs)
+kube-slow:
 	bash tools/build-go-tool.sh tools/keda
 	bash tools/build.sh
 
@@ -49,7 +57,7 @@ demo: setup
 
 # the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
 # `make test-slow` runs; CI runs both, one after the other (.ci/run)
-test: setup setup-vllm kube
+test: setup setup-vllm kube-main
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not slow"
 
 test-slow: setup setup-vllm kube

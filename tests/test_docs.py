@@ -54,9 +54,12 @@ def test_readme_is_short_and_keeps_the_two_commands():
 def test_the_two_commands_set_up_a_fresh_clone_first():
     """``make demo`` and ``make test`` make the virtualenv (and what the tests need) themselves."""
     makefile = (ROOT / "Makefile").read_text()
-    deps = dict(re.findall(r"^(demo|test):(.*)$", makefile, flags=re.M))
+    deps = dict(re.findall(r"^(demo|test|test-slow|kube):(.*)$", makefile, flags=re.M))
     assert set(deps["demo"].split()) >= {"setup"}
-    assert set(deps["test"].split()) >= {"setup", "setup-vllm", "kube"}
+    assert set(deps["test"].split()) >= {"setup", "setup-vllm", "kube-main"}
+    # the slow tier needs the tools only it uses (KEDA, Helm, the Prometheus Operator) besides the main ones
+    assert set(deps["test-slow"].split()) >= {"setup", "setup-vllm", "kube"}
+    assert set(deps["kube"].split()) == {"kube-main", "kube-slow"}
 
 
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
