@@ -287,7 +287,7 @@ def _observing(before_buckets):
 
 
 @pytest.mark.parametrize(("est", "low", "high", "action"), [
-    (0.03, 0.01, 0.05, "Kept"), (-0.01, -0.03, 0.01, "Kept"), (-0.08, -0.12, -0.04, "RolledBack")])
+    (0.03, 0.01, 0.05, "Kept"), (-0.01, -0.015, 0.01, "Kept"), (-0.08, -0.12, -0.04, "RolledBack")])
 def test_the_rollout_is_judged_on_the_objective_not_balancedness(est, low, high, action):
     from moe_eplb.api.autotune_status import ROLLING_BACK, Measurement
     from moe_eplb.controller import rollout as r
@@ -319,3 +319,33 @@ def test_buckets_of_a_trace_and_their_record():
     assert [b.saturated for b in got] == [False, True, True]
     assert ex.buckets_from_record(ex.buckets_record(got)) == got
     assert ex.buckets_from_record({"stepSeconds": [1]}) == []
+
+
+@pytest.mark.parametrize(("est", "action"), [(-0.12, "RolledBack"), (-0.01, "Kept")])
+def test_an_inconclusive_interval_observes_on_then_the_estimate_decides(est, action):
+    """An interval across -rollbackTolerance (here [-30%, +10%]) decides nothing while the window can
+    still grow; at 2 x observeSeconds + 60 s the estimate decides, the interval stated."""
+    from moe_eplb.api.autotune_status import OBSERVING, ROLLING_BACK, Measurement
+    from moe_eplb.controller import rollout as r
+
+    cfg = AutotuneSpec(mode="Apply", observe_s=300, rollback_tolerance=0.02)
+    assert r.judge_limit_s(cfg) == 660
+    view = r.WorkloadView(generation=1, settled=True, template_hash="h-new", spec_eplb=CUR)
+    m = Measurement(balancedness=0.4, objective="step_time", estimate=est, ci_low=-0.30, ci_high=0.10)
+    state = _observing([ArmBucket(0.02, 64)] * 3)
+    ready = state.rollout.ready_at
+    early = r.advance(cfg, state, view, now=ready + 400, measured=m)
+    assert early.status.rollout.phase == OBSERVING and not early.status.history
+    assert early.needs_measurement == (ready, ready + 400)  # the next tick measures a longer window
+    late = r.advance(cfg, state, view, now=ready + 660, measured=m)
+    if action == "Kept":
+        entry = late.status.history[-1]
+        assert late.status.rollout is None and entry.action == "Kept"
+        assert "inconclusive after 660s: decided on the estimate" in entry.reason and "-1.00%" in entry.reason
+    else:
+        assert late.status.rollout.phase == ROLLING_BACK and late.rollback_reason == "regression"
+        assert "inconclusive after 660s" in late.status.rollout.reason and "-12.00%" in late.status.rollout.reason
+    # a conclusive interval decides at once, before the limit
+    sure = Measurement(balancedness=0.4, objective="step_time", estimate=est, ci_low=est - 0.005, ci_high=est + 0.005)
+    now = r.advance(cfg, state, view, now=ready + 400, measured=sure)
+    assert (now.status.rollout is None) == (action == "Kept")

@@ -210,8 +210,9 @@ async def test_regression_rolls_back(workload, kind, api, plane):
         await world.start_operator()
         await world.apply(resource(kind))
         got = await wait_for(world, lambda r: any(h.get("action") == "RolledBack"
-                                                  for h in autotune_status(r).get("history") or []) and r, timeout=60)
+                                                  for h in autotune_status(r).get("history") or []) and r, timeout=90)
         at = autotune_status(got)
+        assert not any(h.get("action") == "Kept" for h in at["history"]), at["history"]
         entry = [h for h in at["history"] if h["action"] == "RolledBack"][-1]
         assert "rollbackTolerance" in entry["reason"]
         assert entry["measured"]["balancedness"] < entry["baseline"]["balancedness"] * 0.98

@@ -26,6 +26,7 @@ a later change is kept), so the reconciler keeps ``Degraded`` true.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from moe_eplb.api.autotune_status import (
@@ -216,10 +217,10 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
         if now - ready >= 2 * cfg.observe_s + 60:
             _keep_unmeasured(step, ro, now, f"none after {now - ready:.0f}s")
         return
-    ro = dataclasses.replace(ro, measured=measured, judged_at=now)
     if objective:
-        _judge_objective(step, cfg, ro, view, now, measured)
+        _judge_objective(step, cfg, ro, view, now, measured, observed_s=now - ready)
         return
+    ro = dataclasses.replace(ro, measured=measured, judged_at=now)
     base = ro.baseline.balancedness if ro.baseline is not None else None
     got = float(measured.balancedness)
     if base is not None and got < float(base) * (1.0 - cfg.rollback_tolerance):
@@ -235,20 +236,39 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     step.conditions["Tuned"] = ("True", "Kept", msg)
 
 
+def judge_limit_s(cfg: AutotuneSpec) -> float:
+    """How long a change applied to every replica may be observed while the objective's interval is
+    inconclusive (the same limit as waiting for any data): ``2 x observeSeconds + 60 s``."""
+    return 2 * cfg.observe_s + 60
+
+
 def _judge_objective(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now: float,
-                     m: Measurement) -> None:
+                     m: Measurement, *, observed_s: float) -> None:
     """The judge on the objective across time (normalised by the offered load, with its interval):
-    roll back when the interval says the change loses by more than ``rollbackTolerance``
-    (its upper end below ``-rollbackTolerance``), else keep; balancedness is reported beside it."""
+    roll back when the interval says the change loses by more than ``rollbackTolerance`` (its upper
+    end below ``-rollbackTolerance``), keep when it says it does not (its lower end at or above); an
+    interval across ``-rollbackTolerance`` is inconclusive: observe on (the window grows) until
+    :func:`judge_limit_s`, then the estimate decides, the interval stated. Balancedness is reported
+    beside it, never the judge."""
+    tol = cfg.rollback_tolerance
+    est = float(m.estimate if m.estimate is not None else 0.0)
+    lo = float(m.ci_low if m.ci_low is not None else -math.inf)
+    hi = float(m.ci_high if m.ci_high is not None else math.inf)
+    conclusive = hi < -tol or lo >= -tol
+    if not conclusive and observed_s < judge_limit_s(cfg):
+        return  # more buckets narrow the interval; the rollout stays Observing
+    ro = dataclasses.replace(ro, measured=m, judged_at=now)
     base = ro.baseline.balancedness if ro.baseline is not None else None
     bal = (f"; balancedness {m.balancedness:.3f}" + (f" (was {float(base):.3f})" if base is not None else "")
            if m.balancedness is not None else "")
-    got = (f"{m.estimate:+.2%} [{m.ci_low:+.2%}, {m.ci_high:+.2%}] on {m.objective} "
+    got = (f"{est:+.2%} [{lo:+.2%}, {hi:+.2%}] on {m.objective} "
            f"({cfg.experiments.confidence:.0%} interval, normalised by the offered load)")
-    if m.ci_high is not None and m.ci_high < -cfg.rollback_tolerance:
+    if not conclusive:
+        got += f", inconclusive after {observed_s:.0f}s: decided on the estimate"
+    if hi < -tol or (not conclusive and est < -tol):
         _start_rollback(step, ro, view, now, "regression",
                         f"the objective after applying {describe(ro.to_knobs)} is {got}: worse by more than "
-                        f"rollbackTolerance {cfg.rollback_tolerance:.0%}{bal}; restoring {describe(ro.from_knobs)}",
+                        f"rollbackTolerance {tol:.0%}{bal}; restoring {describe(ro.from_knobs)}",
                         degraded=False)
         return
     msg = f"kept {describe(ro.to_knobs)}: the objective {got}{bal}"
