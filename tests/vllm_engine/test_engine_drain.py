@@ -13,6 +13,7 @@ Before that, the liveness probe's stuck check on the same engine: a worker froze
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -66,6 +67,38 @@ class Timed:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "still running"
         return self
+
+
+class Streamed:
+    """A streamed completion in a thread: ``first`` is set when its first token arrives (so it is in
+    flight for sure, whatever vLLM's gauges say yet), ``usage`` is the final chunk's token count."""
+
+    def __init__(self, engine: harness.Engine, prompt: str, max_tokens: int) -> None:
+        self.first = threading.Event()
+        self.usage, self.error, self.ended = None, None, None
+        body = {"model": engine.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        self._req = urllib.request.Request(f"{engine.url}/v1/completions", data=json.dumps(body).encode(),
+                                           headers={"Content-Type": "application/json"})
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with urllib.request.urlopen(self._req, timeout=300) as resp:
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if chunk.get("choices"):
+                        self.first.set()
+                    if chunk.get("usage"):
+                        self.usage = chunk["usage"]
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+        self.ended = time.monotonic()
+        self.first.set()
 
 
 def _wait_running(engine: harness.Engine, request: Timed, timeout: float = 60.0) -> None:
@@ -172,16 +205,20 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     # a straggler (routed before the endpoints caught up), then SIGTERM as the kubelet sends it:
     # vLLM's --shutdown-timeout lets it finish before the process exits. As long as the first one, so
     # that it is still running when SIGTERM comes (64 tokens ended before the first poll in CI)
-    straggler = Timed(engine.complete, "one more", LONG)
-    _wait_running(engine, straggler)
+    # (streamed: its first token proves it is in flight; vLLM's running gauge once missed a 440-token
+    # request entirely on a loaded CI machine)
+    straggler = Streamed(engine, "one more", LONG)
+    assert straggler.first.wait(60), "the straggler's first token never came"
+    assert straggler.ended is None, f"the straggler ended before SIGTERM: {straggler.error or straggler.usage}"
     proc = engine.proc
     assert proc is not None
     term_at = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
     code = proc.wait(timeout=grace - hook_seconds)
     record_time("drain engine: SIGTERM until exit (s)", time.monotonic() - term_at)
-    straggler.join(60)
+    straggler.thread.join(60)
+    assert not straggler.thread.is_alive(), "the straggler is still running"
     assert straggler.error is None, f"{straggler.error}; log tail:\n{engine.tail()}"
-    assert straggler.result["usage"]["completion_tokens"] == LONG
+    assert straggler.usage is not None and straggler.usage["completion_tokens"] == LONG, straggler.usage
     assert code == 0, engine.tail()
     assert "EngineCore: draining in-flight requests count=1" in engine.log()  # vLLM 0.32's own words
