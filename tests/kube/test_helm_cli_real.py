@@ -18,7 +18,6 @@ import json
 import pathlib
 import shutil
 import subprocess
-import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,17 +98,9 @@ def file_crd(path: pathlib.Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())["spec"]["versions"]
 
 
-def get_or_none(cp: ControlPlane, path: str) -> dict[str, Any] | None:
-    try:
-        return cp.request("GET", path)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
 
 def child_replicas(cp: ControlPlane, n: int) -> bool:
-    child = get_or_none(cp, CHILD)
+    child = cp.get_or_none(CHILD)
     return child is not None and child["spec"]["replicas"] == n
 
 
@@ -190,12 +181,12 @@ def test_helm_cli_install_upgrade_test_uninstall(plane, tmp_path) -> None:
     # 4. helm uninstall: the CRDs, the MoEInference and its engine stay; the release's objects go
     helm.ok("uninstall", RELEASE, "-n", NS)
     assert served_crd(cp) == file_crd(CHART_DIR / "crds" / "moeinferences.eplb.ai.yaml")
-    assert get_or_none(cp, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusterkopfpeerings.kopf.dev")
-    assert get_or_none(cp, MOE) is not None and child_replicas(cp, 3)
+    assert cp.get_or_none("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusterkopfpeerings.kopf.dev")
+    assert cp.get_or_none(MOE) is not None and child_replicas(cp, 3)
     dep = next(o for o in objs if o["kind"] == "Deployment")["metadata"]["name"]
     role = next(o for o in objs if o["kind"] == "ClusterRole")["metadata"]["name"]
-    assert wait_for(lambda: get_or_none(cp, f"/apis/apps/v1/namespaces/{NS}/deployments/{dep}") is None
-                    and get_or_none(cp, f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}") is None,
+    assert wait_for(lambda: cp.get_or_none(f"/apis/apps/v1/namespaces/{NS}/deployments/{dep}") is None
+                    and cp.get_or_none(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}") is None,
                     what="the release's objects deleted")
 
     # 5. helm install again, the CRDs already there and the monitoring API served: it adopts the MoEInference

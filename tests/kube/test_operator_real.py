@@ -12,7 +12,6 @@ import copy
 import json
 import secrets
 import time
-import urllib.error
 from typing import Any
 
 import pytest
@@ -45,14 +44,6 @@ def new_namespace(cp: Any) -> str:
     cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return name
 
-
-def get_or_none(cp: Any, path: str) -> dict[str, Any] | None:
-    try:
-        return cp.request("GET", path)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
 
 
 def create(cp: Any, ns: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +96,7 @@ def test_chart_objects_are_accepted_by_the_apiserver(control_plane, chart_releas
 def test_every_example_reconciles_under_the_charts_rbac(control_plane, chart_release) -> None:
     cp = control_plane
     for name in MONITORING_CRDS:  # absent first: a PodMonitor that cannot be created is skipped, said so
-        if get_or_none(cp, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name.split('_', 1)[1][:-5]}.{name.split('_')[0]}"):
+        if cp.get_or_none(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name.split('_', 1)[1][:-5]}.{name.split('_')[0]}"):
             cp.request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name.split('_', 1)[1][:-5]}.{name.split('_')[0]}")
     ns = new_namespace(cp)
     docs = [d for p in sorted(EXAMPLES.glob("*.yaml")) for d in load_moeinferences(p)]
@@ -119,7 +110,7 @@ def test_every_example_reconciles_under_the_charts_rbac(control_plane, chart_rel
             for kind, child in want:
                 if kind == "PodMonitor":
                     continue
-                assert wait_for(lambda k=kind, c=child: get_or_none(cp, GROUP_PATHS[k].format(ns=ns, name=c)),
+                assert wait_for(lambda k=kind, c=child: cp.get_or_none(GROUP_PATHS[k].format(ns=ns, name=c)),
                                 timeout=60, what=f"{name}: {kind}/{child}"), op.output()[-3000:]
             obj = wait_for(lambda n=name: (o := cp.request("GET", moe(ns, n))) and (o.get("status") or {}).get("selector")
                            and o, timeout=60, what=f"{name}: status.selector")
@@ -131,11 +122,11 @@ def test_every_example_reconciles_under_the_charts_rbac(control_plane, chart_rel
         # now the Prometheus Operator's CRDs arrive: the PodMonitors of the examples that ask for one appear
         with_pm = [(d["metadata"]["name"], c) for d in docs for k, c in expected_children(d, ns) if k == "PodMonitor"]
         assert with_pm, "no example renders a PodMonitor"
-        assert all(get_or_none(cp, GROUP_PATHS["PodMonitor"].format(ns=ns, name=c)) is None for _, c in with_pm)
+        assert all(cp.get_or_none(GROUP_PATHS["PodMonitor"].format(ns=ns, name=c)) is None for _, c in with_pm)
         for name in MONITORING_CRDS:
             install_crd(cp, crd_path(name))
         for owner, child in with_pm:
-            pm = wait_for(lambda c=child: get_or_none(cp, GROUP_PATHS["PodMonitor"].format(ns=ns, name=c)), timeout=90,
+            pm = wait_for(lambda c=child: cp.get_or_none(GROUP_PATHS["PodMonitor"].format(ns=ns, name=c)), timeout=90,
                           what=f"{owner}: PodMonitor after its CRD was installed")
             assert pm["metadata"]["ownerReferences"][0]["name"] == owner
         assert op.proc.poll() is None
@@ -168,7 +159,7 @@ def test_a_spec_change_rolls_the_deployment(control_plane, chart_release) -> Non
                               extra_args=("--standalone",)):
         create(cp, ns, doc)
         dep_path = GROUP_PATHS["Deployment"].format(ns=ns, name=name)
-        dep = wait_for(lambda: get_or_none(cp, dep_path), timeout=60, what="Deployment")
+        dep = wait_for(lambda: cp.get_or_none(dep_path), timeout=60, what="Deployment")
         rs_path = f"/apis/apps/v1/namespaces/{ns}/replicasets"
         wait_for(lambda: len(cp.request("GET", rs_path)["items"]) == 1, what="first ReplicaSet")
         before = dep["metadata"]["generation"]
@@ -215,7 +206,7 @@ def test_two_operators_with_peering_never_both_act(control_plane, chart_release,
             time.sleep(6)  # both have read the peering object
             create(cp, ns, doc)
             dep_path = GROUP_PATHS["Deployment"].format(ns=ns, name=doc["metadata"]["name"])
-            wait_for(lambda: get_or_none(cp, dep_path), timeout=60, what="Deployment")
+            wait_for(lambda: cp.get_or_none(dep_path), timeout=60, what="Deployment")
             time.sleep(3)
             logs = {"a": a.output(), "b": b.output()}
             acted = {k: handled(op) for k, op in (("a", a), ("b", b))}

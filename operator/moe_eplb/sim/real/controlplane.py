@@ -267,6 +267,15 @@ class ControlPlane(procs.Stoppable):
             raw = resp.read()
         return json.loads(raw) if raw else None
 
+    def get_or_none(self, path: str) -> Any:
+        """GET ``path`` as admin; None when the object is not there (404), other errors raise."""
+        try:
+            return self.request("GET", path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
     def kubectl(self, *args: str, kubeconfig: str | os.PathLike[str] | None = None, input_text: str | None = None,
                 check: bool = False, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl (same release as the server) against this control plane."""

@@ -179,19 +179,11 @@ class PrometheusOperator(procs.Stoppable):
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
 
-def _get(cp: ControlPlane, path: str) -> dict[str, Any] | None:
-    try:
-        return cp.request("GET", path)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
 
 def generated_config(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
     """The configuration the operator generated for ``Prometheus`` ``namespace/name`` (its Secret
     ``prometheus-<name>``, key ``prometheus.yaml.gz``), or ``None`` while there is none."""
-    secret = _get(cp, f"/api/v1/namespaces/{namespace}/secrets/prometheus-{name}")
+    secret = cp.get_or_none(f"/api/v1/namespaces/{namespace}/secrets/prometheus-{name}")
     data = (secret or {}).get("data") or {}
     if "prometheus.yaml.gz" in data:
         text = gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"])).decode()
