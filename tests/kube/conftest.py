@@ -44,6 +44,21 @@ def pytest_collection_modifyitems(items: list) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+def tiny_resource(name: str, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A MoEInference of the simulated tiny MoE (16 experts, 4 layers, top-2, EP 4), EPLB at vLLM's
+    defaults, autotune off; ``spec`` adds or replaces top-level spec fields (``replicas``, ``autoscaling``)."""
+    meta = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
+    return {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": meta, "spec": {
+        "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
+                  "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
+                          "bytesPerExpert": 1048576}},
+        "engine": {"image": "vllm/vllm-openai:v0.12.0"},
+        "parallelism": {"tensor": 1, "data": 4},
+        "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
+        "autotune": {"mode": "Off"},
+        **spec}}
+
+
 def not_found(exc: BaseException) -> bool:
     """A ``urllib`` 404: the object is not there yet (any other error ends a wait)."""
     return isinstance(exc, urllib.error.HTTPError) and exc.code == 404

@@ -28,7 +28,7 @@ from moe_eplb.sim.real.controlplane import ControlPlane, control_plane, find_bin
 from moe_eplb.sim.real.helmcli import Helm, find_helm
 from tests.chart.chart_support import CHART_DIR
 from tests.kube.chart_install import MONITORING_CRDS, crd_path, start_chart_operator
-from tests.kube.conftest import wait_for
+from tests.kube.conftest import tiny_resource, wait_for
 from tests.require import missing
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
@@ -42,19 +42,7 @@ MOE = f"/apis/eplb.ai/v1alpha1/namespaces/{APP_NS}/moeinferences/tiny"
 CHILD = f"/apis/apps/v1/namespaces/{APP_NS}/deployments/tiny"
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
 
-RESOURCE: dict[str, Any] = {
-    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": "tiny", "namespace": APP_NS},
-    "spec": {
-        "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
-                  "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
-                          "bytesPerExpert": 1048576}},
-        "engine": {"image": "vllm/vllm-openai:v0.12.0"},
-        "parallelism": {"tensor": 1, "data": 4},
-        "replicas": 1,
-        "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
-        "autotune": {"mode": "Off"},
-    },
-}
+RESOURCE: dict[str, Any] = tiny_resource("tiny", APP_NS, replicas=1)
 
 
 def previous_chart(dest: pathlib.Path) -> tuple[pathlib.Path, str]:

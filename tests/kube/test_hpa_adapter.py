@@ -26,6 +26,7 @@ from moe_eplb.contracts.vllm_facts import REQUESTS_WAITING
 from moe_eplb.eplb import synth
 from moe_eplb.sim.physics import TrueCost
 from moe_eplb.sim.world import SimWorld
+from tests.kube.conftest import tiny_resource
 from tests.polling import eventually
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
@@ -45,19 +46,7 @@ def moe_path(ns: str) -> str:
 
 
 #: the autotune tier's small MoE (4 MoE layers x 16 experts, top-2, EP 4), one replica, autotune Off
-RESOURCE: dict[str, Any] = {
-    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": NAME, "namespace": "default"},
-    "spec": {
-        "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
-                  "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
-                          "bytesPerExpert": 1048576}},
-        "engine": {"image": "vllm/vllm-openai:v0.12.0"},
-        "parallelism": {"tensor": 1, "data": 4},
-        "replicas": 1,
-        "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
-        "autotune": {"mode": "Off"},
-    },
-}
+RESOURCE: dict[str, Any] = tiny_resource(NAME, "default", replicas=1)
 
 #: the series of the MoEInference, as the PodMonitor labels them (the External metric's selector)
 EXTERNAL_SELECTOR = f"{MOEINFERENCE_LABEL}={NAME}"

@@ -39,6 +39,7 @@ from moe_eplb.sim.procs import free_port
 from moe_eplb.sim.real import simplane
 from moe_eplb.sim.real.keda import Keda
 from moe_eplb.sim.world import SimWorld
+from tests.kube.conftest import tiny_resource
 from tests.polling import eventually
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
@@ -54,23 +55,12 @@ COOLDOWN = 40  # seconds, with minReplicas 0: scaleDown.stabilizationWindowSecon
 #: the autotune tier's small MoE on one Deployment (4 pods of EP 4 per replica), autotune Off, and
 #: autoscaling with the default backend (KEDA): fast enough for a test (KEDA polls every 5 s; two
 #: groups a second up; down at once)
-RESOURCE: dict[str, Any] = {
-    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": NAME},
-    "spec": {
-        "model": {"name": "example/tiny-moe", "architecture": "Qwen3MoeForCausalLM",
-                  "moe": {"numExperts": 16, "numMoeLayers": 4, "topK": 2, "numExpertGroups": 1,
-                          "bytesPerExpert": 1048576}},
-        "engine": {"image": "vllm/vllm-openai:v0.12.0"},
-        "parallelism": {"tensor": 1, "data": 4},
-        "eplb": {"enabled": True, "windowSize": 1000, "stepInterval": 3000, "numRedundantExperts": 0},
-        "autotune": {"mode": "Off"},
-        "autoscaling": {"minReplicas": 1, "maxReplicas": MAX_REPLICAS,
-                        "metric": {"type": "RequestsWaiting", "target": TARGET},
-                        "scaleUp": {"replicas": 2, "periodSeconds": 1},
-                        "scaleDown": {"stabilizationWindowSeconds": 0, "replicas": 3, "periodSeconds": 1},
-                        "keda": {"pollingIntervalSeconds": POLL}},
-    },
-}
+RESOURCE: dict[str, Any] = tiny_resource(
+    NAME, autoscaling={"minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+                       "metric": {"type": "RequestsWaiting", "target": TARGET},
+                       "scaleUp": {"replicas": 2, "periodSeconds": 1},
+                       "scaleDown": {"stabilizationWindowSeconds": 0, "replicas": 3, "periodSeconds": 1},
+                       "keda": {"pollingIntervalSeconds": POLL}})
 
 
 @contextlib.asynccontextmanager
