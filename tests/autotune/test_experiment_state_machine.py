@@ -349,3 +349,11 @@ def test_an_inconclusive_interval_observes_on_then_the_estimate_decides(est, act
     sure = Measurement(balancedness=0.4, objective="step_time", estimate=est, ci_low=est - 0.005, ci_high=est + 0.005)
     now = r.advance(cfg, state, view, now=ready + 400, measured=sure)
     assert (now.status.rollout is None) == (action == "Kept")
+    # ... from enough degrees of freedom: the same narrow interval from a fit with 2 left waits
+    assert r.advance(cfg, state, view, now=ready + 400,
+                     measured=dataclasses.replace(sure, dof=r.JUDGE_MIN_DOF)).status.rollout != state.rollout
+    few = r.advance(cfg, state, view, now=ready + 400, measured=dataclasses.replace(sure, dof=2))
+    assert few.status.rollout.phase == OBSERVING and not few.status.history
+    late = r.advance(cfg, state, view, now=ready + 660, measured=dataclasses.replace(sure, dof=2))
+    reason = late.status.history[-1].reason if action == "Kept" else late.status.rollout.reason
+    assert "inconclusive after 660s (2 degrees of freedom): decided on the estimate" in reason

@@ -303,7 +303,7 @@ async def test_operator_killed_mid_rollout_resumes(workload, kind, api, plane):
         got = await wait_for(world, lambda r: autotune_status(r).get("history") and not autotune_status(r).get("rollout")
                              and r, timeout=40)
         at = autotune_status(got)
-        assert [h["action"] for h in at["history"]] == ["Kept"]
+        assert [h["action"] for h in at["history"]] == ["Kept"], at["history"]
         assert len(at["restarts"]) == 1  # one change, not restarted twice
         # the initial pods + the pods of the single rollout; a duplicate restart would create more
         assert world.kubelet.pods_created == 2 * 2 * pods_per_replica(kind), (created_at_kill,

@@ -101,9 +101,42 @@ def test_before_after_normalises_by_the_offered_load() -> None:
     est = ex.before_after_estimate(before, after, 0.9)
     assert est is not None and est.objective == ex.STEP_TIME
     assert est.ci_low <= 0.04 <= est.ci_high and est.ci_low > 0
+    assert est.buckets == 40 and est.dof == 40 - 4  # intercept, batch, batch squared, after
     naive = np.mean([b.step_seconds for b in before]) / np.mean([a.step_seconds for a in after]) - 1
     assert naive < 0
     assert ex.before_after_estimate(before[:1], after, 0.9) is None
+
+
+def test_before_after_is_none_where_the_change_coincides_with_saturation() -> None:
+    """Every bucket before unsaturated (step time), every bucket after saturated (throughput): the
+    "after" indicator equals the saturated one, the two objectives are not comparable, and a fit
+    would report whatever splits the difference (it found +1395% [+1215%, +1734%] here)."""
+    rng = np.random.default_rng(1)
+    before = [ArmBucket(step_seconds=(0.01 + 0.0002 * b) * math.exp(rng.normal(0, 0.01)), tokens_per_step=b)
+              for b in rng.uniform(20, 80, 20)]
+    after = [ArmBucket(saturated=True, tokens_per_second_per_gpu=9000 * math.exp(rng.normal(0, 0.01)))
+             for _ in range(20)]
+    assert ex.before_after_estimate(before, after, 0.9) is None
+    assert ex.before_after_estimate(after, before, 0.9) is None
+    # one unsaturated bucket after the change identifies it again (against the unsaturated before)
+    mixed = after[:5] + [ArmBucket(step_seconds=(0.01 + 0.0002 * 50) / 1.05, tokens_per_step=50)]
+    est = ex.before_after_estimate(before, mixed, 0.9)
+    assert est is not None and est.ci_low < 0.05 < est.ci_high
+
+
+def test_before_after_with_two_batch_sizes_keeps_the_change_identified() -> None:
+    """Only two batch sizes: the squared batch is affine in the batch (a collinear column), yet the
+    change's coefficient is still identified; the degrees of freedom count the rank, not the columns."""
+    rng = np.random.default_rng(2)
+
+    def step(batch, speedup):
+        return (0.01 + 0.0002 * batch) / speedup * math.exp(rng.normal(0, 0.005))
+
+    before = [ArmBucket(step_seconds=step(b, 1.0), tokens_per_step=b) for b in [32, 64] * 8]
+    after = [ArmBucket(step_seconds=step(b, 1.06), tokens_per_step=b) for b in [32, 64] * 8]
+    est = ex.before_after_estimate(before, after, 0.9)
+    assert est is not None and est.ci_low < 0.06 < est.ci_high and est.ci_low > 0.03
+    assert est.dof == 32 - 3  # the rank (3), not the columns (4)
 
 
 def _est(lo, mid, hi):

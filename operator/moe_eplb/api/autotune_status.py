@@ -74,11 +74,13 @@ class Measurement:
     pods: int | None = None
     source: str | None = None
     #: the objective across time (one replica): the change's gain normalised by the offered load,
-    #: with its interval (:func:`moe_eplb.eplb.experiment.before_after_estimate`)
+    #: with its interval (:func:`moe_eplb.eplb.experiment.before_after_estimate`) and the
+    #: interval's residual degrees of freedom (buckets less the fit's parameters)
     objective: str | None = None
     estimate: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    dof: int | None = None
 
 
 @dataclass(frozen=True)

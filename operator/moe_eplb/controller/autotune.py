@@ -305,7 +305,7 @@ class AutotuneLoop:
         if est is None:
             return measured
         return dataclasses.replace(measured or Measurement(), objective=est.objective, estimate=round(est.estimate, 6),
-                                   ci_low=round(est.ci_low, 6), ci_high=round(est.ci_high, 6))
+                                   ci_low=round(est.ci_low, 6), ci_high=round(est.ci_high, 6), dof=est.dof)
 
     # --- an experiment in progress ----------------------------------------------------------------
 

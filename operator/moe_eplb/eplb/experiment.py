@@ -72,7 +72,8 @@ class Estimate:
     """The trial's relative gain on the objective (``+0.03``: 3% better) with its two-sided
     interval at ``confidence``, from ``buckets`` usable buckets (``objective``: which objective they
     used: :data:`THROUGHPUT`, :data:`STEP_TIME` or both joined by ``+``); ``ttft_ratio``: the
-    trial's mean TTFT over the control's (None without TTFT)."""
+    trial's mean TTFT over the control's (None without TTFT); ``dof``: the interval's residual
+    degrees of freedom where it comes from a fit (:func:`before_after_estimate`)."""
 
     objective: str
     buckets: int
@@ -81,6 +82,7 @@ class Estimate:
     ci_high: float
     confidence: float
     ttft_ratio: float | None = None
+    dof: int | None = None
 
     def describe(self) -> str:
         return (f"{self.estimate:+.2%} [{self.ci_low:+.2%}, {self.ci_high:+.2%}] at {self.confidence:.0%} "
@@ -201,7 +203,9 @@ def before_after_estimate(before: Sequence[ArmBucket], after: Sequence[ArmBucket
     on an intercept, a saturated indicator, the unsaturated buckets' log batch size (the offered
     load) and its square (step time is affine in the batch, curved in logs) and an "after"
     indicator; the gain is ``exp(coef) - 1`` of the last, with its t interval.
-    None with too few usable buckets on either side."""
+    None with too few usable buckets on either side, or where the "after" indicator is not
+    identified: every bucket before unsaturated and every one after saturated (or the reverse)
+    measure two different objectives, and no fit can tell the change from the switch."""
     rows, ys, kinds = [], [], []
     for flag, buckets in ((0.0, before), (1.0, after)):
         for b in buckets:
@@ -219,7 +223,10 @@ def before_after_estimate(before: Sequence[ArmBucket], after: Sequence[ArmBucket
     keep = [j for j in range(a.shape[1]) if np.ptp(a[:, j]) > 0 or j == 0]  # drop constant columns
     a = a[:, keep]
     y = np.asarray(ys)
-    dof = len(y) - a.shape[1]
+    rank = int(np.linalg.matrix_rank(a))
+    if rank == int(np.linalg.matrix_rank(a[:, :-1])):
+        return None  # the "after" column lies in the others' span: the change is confounded
+    dof = len(y) - rank  # other columns may still be collinear (two batch sizes: x^2 affine in x)
     if dof < 1:
         return None
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -229,7 +236,7 @@ def before_after_estimate(before: Sequence[ArmBucket], after: Sequence[ArmBucket
     c, se = float(coef[-1]), math.sqrt(max(float(cov[-1, -1]), 0.0))
     half = t_quantile(0.5 + confidence / 2, dof) * se
     return Estimate(objective=_objective_name(kinds), buckets=len(y), estimate=math.expm1(c),
-                    ci_low=math.expm1(c - half), ci_high=math.expm1(c + half), confidence=confidence)
+                    ci_low=math.expm1(c - half), ci_high=math.expm1(c + half), confidence=confidence, dof=dof)
 
 
 def buckets_of_trace(trace, *, gpus_per_engine: int, kv_full: float = 0.95) -> list[ArmBucket]:
