@@ -206,7 +206,7 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     ready = ro.ready_at if ro.ready_at is not None else now
     if window is None:
         if view.newest_replica_at is not None and view.newest_replica_at > ready \
-                and now - ready >= 2 * cfg.observe_s + 60:
+                and now - ready >= judge_limit_s(cfg):
             _keep_unmeasured(step, ro, now, f"the autoscaler kept adding replicas (the youngest started "
                              f"{now - view.newest_replica_at:.0f}s ago, less than observeSeconds)")
         return
@@ -214,7 +214,7 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     objective = measured is not None and measured.estimate is not None and measured.ci_high is not None
     if measured is None or (measured.balancedness is None and not objective):
         # No data to judge yet: wait up to another observe period, then keep (the prediction stands).
-        if now - ready >= 2 * cfg.observe_s + 60:
+        if now - ready >= judge_limit_s(cfg):
             _keep_unmeasured(step, ro, now, f"none after {now - ready:.0f}s")
         return
     if objective:
@@ -244,8 +244,9 @@ JUDGE_MIN_DOF = 4
 
 
 def judge_limit_s(cfg: AutotuneSpec) -> float:
-    """How long a change applied to every replica may be observed while the objective's interval is
-    inconclusive (the same limit as waiting for any data): ``2 x observeSeconds + 60 s``."""
+    """How long a change applied to every replica may be observed without a decision (no data yet,
+    the autoscaler still adding replicas, or the objective's interval inconclusive):
+    ``2 x observeSeconds + 60 s``."""
     return 2 * cfg.observe_s + 60
 
 

@@ -179,7 +179,6 @@ class PrometheusOperator(procs.Stoppable):
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
 
-
 def generated_config(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
     """The configuration the operator generated for ``Prometheus`` ``namespace/name`` (its Secret
     ``prometheus-<name>``, key ``prometheus.yaml.gz``), or ``None`` while there is none."""
