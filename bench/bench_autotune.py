@@ -45,7 +45,7 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller.autotune import run_tuner
 from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH, AutotuneSettings
-from moe_eplb.eplb import synth
+from moe_eplb.eplb.workload import synth
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.reader import MAX_SAMPLES_PER_ANSWER, pack_layers

@@ -9,7 +9,7 @@ A DeepSeek-V3 replica group (58 MoE layers x 256 experts, EP 32 with 32 redundan
 pods of 8 ranks) is served by the exporter's real collector and HTTP server (the per-rank snapshot
 files its workers write, ``PodCollector``, ``make_registry``, ``serve``; no GPU needed), in both
 layouts side by side; the group's leader fetches its workers' totals with its real ``PeerPoller``.
-A real Prometheus (``moe_eplb.sim.prometheus.start_prometheus``) scrapes every pod at the
+A real Prometheus (``moe_eplb_harness.floor.prometheus.start_prometheus``) scrapes every pod at the
 PodMonitor's interval (15 s) with the labels the PodMonitor copies. Figures per layout and mode,
 from Prometheus itself: series stored (``count``), samples per scrape (``scrape_samples_scraped``),
 samples/s at the interval; and the body of one scrape (plain and gzip, as Prometheus asks for it).
@@ -36,7 +36,7 @@ from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
 from moe_eplb.exporter.group import GROUP_PATH, GroupMerge, GroupRole, PeerPoller, WorkerTotals, encode
 from moe_eplb.exporter.server import make_registry, serve
-from moe_eplb.sim.prometheus import start_prometheus
+from moe_eplb_harness.floor.prometheus import start_prometheus
 
 
 def write_pod(directory: Path, pod: int, ranks_per_pod: int, L: int, E: int, EP: int, R: int, rng) -> None:

@@ -4,8 +4,8 @@
                                         [--sequential] [--json FILE]
 
 "vLLM on CPU with the test bridge": vLLM 0.32.0's CPU wheel serving the tiny Qwen3-MoE of
-scripts/vllm_engine (TP 2 = EP 2, sync EPLB every 32 steps, 2 redundant experts), started from the
-args ``moe-eplb render`` makes for the "full" MoEInference (scripts/vllm_engine/harness.py). Two
+harness/moe_eplb_harness/vllm_engine (TP 2 = EP 2, sync EPLB every 32 steps, 2 redundant experts), started from the
+args ``moe-eplb render`` makes for the "full" MoEInference (harness/moe_eplb_harness/vllm_engine/harness.py). Two
 engines, identical but for ``VLLM_PLUGINS``: A with the rendered ``moe_eplb_exporter``, B without.
 Both stay up (an idle engine uses no CPU) and the runs alternate A, B, A, B, ... so drift on the
 shared machine hits both arms alike (``--sequential``: one engine at a time, for small machines).
@@ -38,16 +38,16 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the engine harness: the package scripts.vllm_engine (outside the product and the tests)
-sys.path[:0] = [ROOT, os.path.join(ROOT, "operator")]
+# the engine rig: the package moe_eplb_harness.vllm_engine (the harness distribution, harness/)
+sys.path[:0] = [os.path.join(ROOT, "harness"), os.path.join(ROOT, "operator")]
 
-from scripts.vllm_engine import harness  # noqa: E402
-from scripts.vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
+from moe_eplb_harness.vllm_engine import harness  # noqa: E402
+from moe_eplb_harness.vllm_engine.overhead import TARGET_PCT, measure, one_run, table  # noqa: E402
 
 
 def make_engines(work: str) -> list[harness.Engine]:
     """[with, without]: engines (not started) built from the rendered "full" MoEInference."""
-    from scripts.vllm_engine import tiny_model
+    from moe_eplb_harness.vllm_engine import tiny_model
 
     model = tiny_model.build_tiny_moe(os.path.join(work, "tiny-qwen3-moe"))
     bridge = harness.bridge_site(os.path.join(work, "bridge-site"))

@@ -5,15 +5,15 @@
 The workload is DeepSeek-V3 (58 MoE layers x 256 experts, 8 groups, top-8) at EP 32 on 4 nodes,
 generated from the REAL per-layer expert statistics in ``DIR/deepseek_v3_expert_counts.json``
 (SGLang's recorder; default ``../shared/traces``) with a chat -> code -> math mix. Each case is a
-deployment with TRUE costs (:class:`moe_eplb.sim.physics.TrueCost`) that the tuner never sees,
+deployment with TRUE costs (:class:`moe_eplb_harness.engines.physics.TrueCost`) that the tuner never sees,
 already running a configuration (vLLM's defaults 1000/3000/0, the seed's setting 3000/1000/32, or a
 tuned 5000/2000/64):
 
 1. the first half is served by the running configuration and recorded with the telemetry a real
    deployment exports (step times, rank load, rearrangement durations, KV usage, preemptions,
    queue, prefix-cache queries and hits, the cache's size) under the true costs;
-2. the tuner calibrates on it (:func:`moe_eplb.eplb.calibrate.calibrate`) and decides robustly
-   over the parameter ranges (:meth:`~moe_eplb.eplb.calibrate.Calibration.robustness`), as
+2. the tuner calibrates on it (:func:`moe_eplb.eplb.tuning.calibrate.calibrate`) and decides robustly
+   over the parameter ranges (:meth:`~moe_eplb.eplb.tuning.calibrate.Calibration.robustness`), as
    ``moe-eplb tune`` does, with the running configuration as current;
 3. the judge scores every configuration of the tuner's grid (plus the running one and vLLM's
    defaults) on the second half with the TRUTH: the replay's imbalance and rearrangements priced
@@ -27,9 +27,9 @@ Where the tuner proposes a trial (``TuneResult.explore``: the choice hinges on a
 the regret at stake beats the trial cost, with ``REPLICAS`` replicas), the judge plays it from its
 truth on the first half of the judged half: the trial arm (the candidate, one replica) and the
 control arm (the running setting, the others) on the same traffic, each an
-:class:`~moe_eplb.eplb.exploration.ArmObservation` (served balancedness from the replay, step time
+:class:`~moe_eplb.eplb.tuning.exploration.ArmObservation` (served balancedness from the replay, step time
 from the true step cost, KV usage and prefix hit rate from the true memory model, with measurement
-noise); :func:`moe_eplb.eplb.learn.learn` narrows the ranges, the calibration keeps them
+noise); :func:`moe_eplb.eplb.tuning.learn.learn` narrows the ranges, the calibration keeps them
 (``calibrate(..., learned=)``) and the tuner decides again; that final decision is scored. Cases
 marked "no step times" drop the recorded step times, so only an experiment can tell the MoE share;
 "demo's hot experts" is the demo's DeepSeek-V3 shift, running 100/1000/0.
@@ -57,16 +57,16 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs  # noqa: E402
-from moe_eplb.eplb import synth  # noqa: E402
-from moe_eplb.eplb.calibrate import calibrate  # noqa: E402
-from moe_eplb.eplb.costmodel import CostModel  # noqa: E402
-from moe_eplb.eplb.exploration import ArmObservation  # noqa: E402
-from moe_eplb.eplb.learn import learn  # noqa: E402
-from moe_eplb.eplb.robust import scenario_segments, terms_of  # noqa: E402
-from moe_eplb.eplb.simulator import Replay, SimError, Topology  # noqa: E402
-from moe_eplb.eplb.tuner import tune  # noqa: E402
-from moe_eplb.sim.physics import FULL_USAGE, TrueCost, tokens_per_step  # noqa: E402
-from moe_eplb.sim.recording import record  # noqa: E402
+from moe_eplb.eplb.replay.costmodel import CostModel  # noqa: E402
+from moe_eplb.eplb.replay.simulator import Replay, SimError, Topology  # noqa: E402
+from moe_eplb.eplb.tuning.calibrate import calibrate  # noqa: E402
+from moe_eplb.eplb.tuning.exploration import ArmObservation  # noqa: E402
+from moe_eplb.eplb.tuning.learn import learn  # noqa: E402
+from moe_eplb.eplb.tuning.robust import scenario_segments, terms_of  # noqa: E402
+from moe_eplb.eplb.tuning.tuner import tune  # noqa: E402
+from moe_eplb.eplb.workload import synth  # noqa: E402
+from moe_eplb_harness.engines.physics import FULL_USAGE, TrueCost, tokens_per_step  # noqa: E402
+from moe_eplb_harness.engines.recording import record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
 REAL_FILE = "deepseek_v3_expert_counts.json"
@@ -223,7 +223,7 @@ def run_case(name: str, trace, seed: int) -> dict:
     case = CASES[name]
     running = RUNNING[case.running]
     if case.hot:
-        from moe_eplb.sim.demo import hot_experts
+        from moe_eplb_harness.demo.tuning import hot_experts
 
         trace = hot_experts(trace, from_second=0.0)
     cut = trace.num_buckets // 2

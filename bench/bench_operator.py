@@ -3,7 +3,7 @@ written, and the operator's memory, against the emulated Kubernetes API.
 
     python bench/bench_operator.py [--counts 1 100] [--ready-delay 0] [--json OUT.json]
 
-Each count runs in fresh processes: the API emulation (``python -m moe_eplb.sim.emulated.kubeapi``, with
+Each count runs in fresh processes: the API emulation (``python -m moe_eplb_harness.emulated.kubeapi``, with
 the workload-controller stand-in making Deployments ready ``--ready-delay`` s after each change)
 and the real operator (``moe-eplb run --standalone``), so the RSS measured is the operator's own.
 The driver POSTs all resources at once (copies of ``examples/qwen3-vl-30b-a3b-awq-eplb.yaml``)
@@ -35,7 +35,7 @@ import aiohttp
 import psutil
 import yaml
 
-from moe_eplb.sim.procs import free_port
+from moe_eplb_harness.floor.procs import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "qwen3-vl-30b-a3b-awq-eplb.yaml"
@@ -67,7 +67,7 @@ async def run_one(count: int, ready_delay: float) -> dict:
     kubeconfig = os.path.join(tmp, "kubeconfig.yaml")
     api_port, live_port = free_port(), free_port()
     api_url = f"http://127.0.0.1:{api_port}"
-    api = subprocess.Popen([sys.executable, "-m", "moe_eplb.sim.emulated.kubeapi", "--port", str(api_port),
+    api = subprocess.Popen([sys.executable, "-m", "moe_eplb_harness.emulated.kubeapi", "--port", str(api_port),
                             "--kubeconfig", kubeconfig, "--ready-delay", str(ready_delay)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     op = None

@@ -26,7 +26,7 @@ input before any time is reported:
 Each row names its version; the line under the table says which versions' ``policy/default.py``
 files are byte-identical (0.32.0, 0.33.0 and 0.34.0's are: the same algorithm and code).
 
-moe-eplb's policy runs its compiled kernels (``moe_eplb.eplb.kernels``, Numba) when numba is
+moe-eplb's policy runs its compiled kernels (``moe_eplb.eplb.replay.kernels``, Numba) when numba is
 installed. They are compiled (or loaded from Numba's on-disk cache) before anything is timed; the
 bench prints that one-time cost and whether the cache served it, never inside a row. The row
 "moe-eplb ... NumPy path" is the same function with the kernels switched off (what runs without
@@ -53,8 +53,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from moe_eplb.eplb import kernels  # noqa: E402
-from moe_eplb.eplb.policy import rebalance, rebalance_batch  # noqa: E402
+from moe_eplb.eplb.replay import kernels  # noqa: E402
+from moe_eplb.eplb.replay.policy import rebalance, rebalance_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, EXPERTS = 58, 256

@@ -11,7 +11,7 @@ redundancy 0:128 (R = 0, 32, 64, 96, 128: (256 + R) % 32 == 0) = 125 candidates.
 Rows, measured in this one run, one thread (BLAS pinned to 1), CPU seconds of the process (wall
 seconds beside them; on a shared machine CPU time is the fairer figure), median of ``--repeats``:
 
-- ``tune``: :func:`moe_eplb.eplb.tuner.tune` as in this checkout (screen every candidate on every
+- ``tune``: :func:`moe_eplb.eplb.tuning.tuner.tune` as in this checkout (screen every candidate on every
   4th layer, then the 12 best plus defaults on all 58 layers), one process;
 - ``tune at REV``: the same call with the package as it was at git revision ``--baseline``
   (default: 8f1a9e4, the code before the second round of issue-21 speed work), extracted with ``git archive`` into
@@ -26,7 +26,7 @@ seconds beside them; on a shared machine CPU time is the fairer figure), median 
   replaying the load is not even counted, so the ratio is a lower bound. Without the vllm wheel
   the project's own single-call policy time is used instead (said so in the output).
 
-The compiled kernels (``moe_eplb.eplb.kernels``, Numba) are compiled, or loaded from Numba's
+The compiled kernels (``moe_eplb.eplb.replay.kernels``, Numba) are compiled, or loaded from Numba's
 on-disk cache, before anything is timed: the bench prints that one-time cost and whether the cache
 served it; no row contains it. (The baseline child has no kernels to compile.)
 
@@ -52,10 +52,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from moe_eplb.eplb import kernels, synth  # noqa: E402
-from moe_eplb.eplb.policy import rebalance  # noqa: E402
-from moe_eplb.eplb.simulator import Replay, Topology  # noqa: E402
-from moe_eplb.eplb.tuner import Bounds, tune  # noqa: E402
+from moe_eplb.eplb.replay import kernels  # noqa: E402
+from moe_eplb.eplb.replay.policy import rebalance  # noqa: E402
+from moe_eplb.eplb.replay.simulator import Replay, Topology  # noqa: E402
+from moe_eplb.eplb.tuning.tuner import Bounds, tune  # noqa: E402
+from moe_eplb.eplb.workload import synth  # noqa: E402
 
 TOPO = dict(ep_size=32, num_nodes=4, num_groups=8)
 
@@ -90,8 +91,8 @@ PROFILE = "deepseek-v3-chat-code-math"
 # What the child runs (with the baseline's package first on sys.path): time tune like main() does.
 _CHILD = r"""
 import hashlib, json, os, statistics, sys, time
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.tuner import Bounds, tune
+from moe_eplb.eplb.workload import synth
+from moe_eplb.eplb.tuning.tuner import Bounds, tune
 profile, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 trace = synth.generate(profile, hours=1.0, seed=seed)
 cpu, wall = [], []

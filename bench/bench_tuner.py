@@ -3,7 +3,7 @@
     python bench/bench_tuner.py [--hours 2] [--seed 0] [--only NAME] [--json OUT.json]
                                 [--from-real [DIR]]
 
-Workloads (built by ``moe_eplb.eplb.synth`` from the built-in profiles, whose parameters are
+Workloads (built by ``moe_eplb.eplb.workload.synth`` from the built-in profiles, whose parameters are
 fitted to the real routing data in ../shared/traces; by default nothing here reads that folder;
 ``--from-real`` re-fits the popularity and time structure from the real files at run time:
 ``olmoe_expert_counts.json`` plus the two Mixtral token-routing files):
@@ -45,9 +45,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 from holdout import CALIBRATED_ROWS, ROWS, evaluate_calibrated_holdout, evaluate_holdout  # noqa: E402
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS  # noqa: E402
-from moe_eplb.eplb import synth  # noqa: E402
-from moe_eplb.sim.physics import TrueCost  # noqa: E402
-from moe_eplb.sim.recording import record  # noqa: E402
+from moe_eplb.eplb.workload import synth  # noqa: E402
+from moe_eplb_harness.engines.physics import TrueCost  # noqa: E402
+from moe_eplb_harness.engines.recording import record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "traces")
 REAL_FILES = ("olmoe_expert_counts.json", "mixtral_humaneval_token_routing.json",
@@ -61,7 +61,7 @@ WORKLOADS = {
 }
 
 #: Deployments whose true cost parameters are not the cost model's defaults. The first hour is
-#: recorded with telemetry (:func:`moe_eplb.sim.recording.record`: step times from the true MoE share
+#: recorded with telemetry (:func:`moe_eplb_harness.engines.recording.record`: step times from the true MoE share
 #: and the served imbalance, rearrangement durations, KV usage / preemptions / queue from the true
 #: memory pressure) under vLLM's defaults; the tuner calibrates on it; every row is scored on the
 #: second hour with the TRUE parameters.
@@ -85,7 +85,7 @@ def share_recovery(hour, topo: dict, true: TrueCost, seed: int) -> tuple[bool, s
     drawn anew each time). Recovered: the median of the measured values is within 0.05 of the truth
     and every measured value's +/- 3 standard errors cover it (the stated uncertainty is honest); a
     draw the calibration refuses (too narrow or too noisy to tell) keeps the default and is counted."""
-    from moe_eplb.eplb.calibrate import calibrate
+    from moe_eplb.eplb.tuning.calibrate import calibrate
 
     measured, refused = [], 0
     for s in range(seed, seed + SHARE_DRAWS):

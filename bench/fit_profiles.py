@@ -1,15 +1,15 @@
 """Fit the generator's shipped parameters from the real routing data and write them into the package.
 
-    python bench/fit_profiles.py [--traces ../shared/traces] [--out operator/moe_eplb/eplb/profiles.json]
+    python bench/fit_profiles.py [--traces ../shared/traces] [--out operator/moe_eplb/eplb/workload/profiles/profiles.json]
     python bench/fit_profiles.py --check      # fit again and fail if the shipped file differs
 
 Reads the ``expert_counts_by_domain`` files (OLMoE base / SFT, Mixtral, and DeepSeek-V3's six
 SGLang regimes over all 58 MoE layers) and the ``token_routing_sequence`` files
-(Mixtral-8x7B-Instruct on GSM8K and HumanEval), fits :class:`moe_eplb.eplb.profiles.PopularityFit`
+(Mixtral-8x7B-Instruct on GSM8K and HumanEval), fits :class:`moe_eplb.eplb.workload.profiles.PopularityFit`
 (for DeepSeek-V3 with its 8 expert groups, fitted on the static placement over 32 GPUs) and
-:class:`~moe_eplb.eplb.profiles.TemporalFit` (see docs/traces.md for the method), prints what was
+:class:`~moe_eplb.eplb.workload.profiles.TemporalFit` (see docs/traces.md for the method), prints what was
 fitted -- for DeepSeek-V3 the real and the generated busiest-GPU/mean and hottest-expert/mean
-(:func:`moe_eplb.eplb.profiles.static_imbalance`) -- and writes only the fitted numbers (not the
+(:func:`moe_eplb.eplb.workload.profiles.static_imbalance`) -- and writes only the fitted numbers (not the
 data) to the packaged JSON.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_eplb.eplb import profiles, synth, tracefile
+from moe_eplb.eplb.workload import profiles, synth, tracefile
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
-DEFAULT_OUT = ROOT / "operator" / "moe_eplb" / "eplb" / profiles.FIT_FILE
+DEFAULT_OUT = ROOT / "operator" / "moe_eplb" / "eplb" / "workload" / "profiles" / profiles.FIT_FILE
 
 POPULARITY_FILES = {
     "olmoe": "olmoe_expert_counts.json",

@@ -10,7 +10,7 @@ row                what
 ``no_eplb``        static expert parallelism, no redundancy
 ``vllm_defaults``  window 1000 / interval 3000 / R 0
 ``seed``           the seed change's hand-picked window 3000 / interval 1000 / R 8
-``tuner``          what :func:`~moe_eplb.eplb.tuner.tune` recommends from the first part only
+``tuner``          what :func:`~moe_eplb.eplb.tuning.tuner.tune` recommends from the first part only
 ``hindsight``      the best configuration of the same grid, chosen on the held-out part itself
 ``clairvoyant``    rearranged before every bucket with that bucket's own load, at no cost, with
                    the largest redundancy the search allowed (a bound on balancedness; its
@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.simulator import Replay, SimError, SimResult, Topology
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tuner import SEED_CONFIG, VLLM_DEFAULTS, TuneResult, tune
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.replay.simulator import Replay, SimError, SimResult, Topology
+from moe_eplb.eplb.tuning.tuner import SEED_CONFIG, VLLM_DEFAULTS, TuneResult, tune
+from moe_eplb.eplb.workload.trace import LoadTrace
 
 ROWS = ("no_eplb", "vllm_defaults", "seed", "tuner", "hindsight", "clairvoyant")
 
@@ -127,10 +127,10 @@ def evaluate_calibrated_holdout(history: LoadTrace, future: LoadTrace, true_cost
                                 num_nodes: int = 1, num_groups: int = 1, **tune_kwargs) -> CalibratedHoldout:
     """``history`` carries telemetry recorded under the true parameters (its ``config`` is the
     running configuration). Tune on it twice -- with today's constant cost model and with the
-    calibrated one (:func:`moe_eplb.eplb.calibrate.calibrate`) -- and replay both picks, vLLM's
+    calibrated one (:func:`moe_eplb.eplb.tuning.calibrate.calibrate`) -- and replay both picks, vLLM's
     defaults, no EPLB and every configuration of the grid on ``future`` with ``true_cost``; the
     hindsight row is the grid's best there."""
-    from moe_eplb.eplb.calibrate import calibrate
+    from moe_eplb.eplb.tuning.calibrate import calibrate
 
     tel = history.telemetry
     current = tel.config.knobs if tel is not None and tel.config is not None else None

@@ -5,7 +5,7 @@
 Prints one table with a row per built-in profile (one hour, 15 s buckets, seed 0): time to generate,
 time to write .npz / .json.gz, expert max/mean per layer over the trace (range over layers), the
 TV distance of the expert shares between the first and the last third (how far the hot experts
-move), the static placement's figures of :func:`moe_eplb.eplb.profiles.static_imbalance` (experts
+move), the static placement's figures of :func:`moe_eplb.eplb.workload.profiles.static_imbalance` (experts
 e*E/P .. (e+1)*E/P-1 on GPU e, 32 GPUs for DeepSeek-V3, 4 for Qwen3-VL; whole-trace load, median
 over layers: busiest GPU / mean and hottest expert / mean; real DeepSeek-V3 at EP 32: 2.04-2.52
 and 5.20-7.06 over SGLang's six regimes), the same busiest-GPU/mean per 15 s bucket (mean over
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.profiles import static_imbalance, total_variation
-from moe_eplb.eplb.tracefile import save_trace
+from moe_eplb.eplb.workload import synth
+from moe_eplb.eplb.workload.profiles import static_imbalance, total_variation
+from moe_eplb.eplb.workload.tracefile import save_trace
 
 GPUS = {"deepseek-v3": 32, "qwen3-vl-30b-a3b": 4}
 # (slots, groups, nodes, GPUs) for the "plan on one bucket, score the next" column
@@ -38,7 +38,7 @@ def next_bucket_balancedness(trace, every: int = 5) -> float:
     """Mean balancedness (mean GPU load / max GPU load, per layer) when vLLM's policy places the
     experts for one bucket's load and the next bucket is scored (the README's anchor: 0.817 on a
     real DeepSeek trace, planning on 100 steps and scoring the next 100)."""
-    from moe_eplb.eplb.policy import rebalance
+    from moe_eplb.eplb.replay.policy import rebalance
 
     slots, groups, nodes, gpus = LAYOUT[trace.model]
     out = []

@@ -5,7 +5,7 @@
 # `vllm serve` (vLLM 0.32.0 CPU wheel, tiny Qwen3-MoE, TP 2 = EP 2, sync EPLB) started from the args
 # the operator rendered; the tuner's change restarts it with the new --eplb-config and the judge
 # reads its real counters. Prints progress, then as its LAST line one JSON object
-# (see scripts/vllm_engine/closed_loop.py).
+# (see harness/moe_eplb_harness/vllm_engine/closed_loop.py).
 #
 #   bash scripts/demo_vllm_cpu.sh [--workdir DIR] [--keep] [--timeout S]
 #
@@ -18,4 +18,4 @@ cd "$(dirname "$0")/.."
 . scripts/vllm_cpu_env.sh
 vllm_cpu_env demo-vllm-cpu "kopf, kmock"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec timeout 900 "$PY" -m scripts.vllm_engine.closed_loop "$@"
+exec timeout 900 "$PY" -m moe_eplb_harness.vllm_engine.closed_loop "$@"

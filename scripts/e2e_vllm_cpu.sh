@@ -3,7 +3,7 @@
 #   the operator renders a MoEInference -> vLLM 0.32.0 (CPU wheel, TP 2 = EP 2, sync EPLB) runs
 #   those args -> the exporter plugin inside it -> a real Prometheus scrapes it -> the operator's
 #   load reader builds a trace -> `moe-eplb tune` recommends; plus the exporter's step overhead.
-# Prints progress, then as its LAST line one JSON object (see scripts/vllm_engine/e2e.py).
+# Prints progress, then as its LAST line one JSON object (see harness/moe_eplb_harness/vllm_engine/e2e.py).
 #
 #   bash scripts/e2e_vllm_cpu.sh [--runs N] [--workdir DIR] [--keep]
 #
@@ -15,4 +15,4 @@ cd "$(dirname "$0")/.."
 
 . scripts/vllm_cpu_env.sh
 vllm_cpu_env e2e
-exec timeout 1500 "$PY" -m scripts.vllm_engine.e2e "$@"
+exec timeout 1500 "$PY" -m moe_eplb_harness.vllm_engine.e2e "$@"

@@ -2,7 +2,7 @@
 
 Source: the OpenAPI v3 document of the core group (``/openapi/v3/api/v1``) as the kube-apiserver of
 the release ``tools/kube`` builds serves it (started here from ``tools/kube/bin`` on loopback for a
-few seconds: ``moe_eplb.sim.real.controlplane``), or a saved copy of that document (``--openapi``). The
+few seconds: ``moe_eplb_harness.real.controlplane``), or a saved copy of that document (``--openapi``). The
 served document is used rather than the copy in the ``k8s.io/kubernetes`` module
 (``api/openapi-spec/v3``) because only the served one carries the enum values (``operator: In``,
 ``imagePullPolicy``), so the apiserver refuses ``operator: in`` when the MoEInference is applied.
@@ -38,8 +38,9 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "operator") not in sys.path:
-    sys.path.insert(0, str(REPO / "operator"))
+for _src in ("harness", "operator"):  # the product, and the harness's control plane (--live)
+    if str(REPO / _src) not in sys.path:
+        sys.path.insert(0, str(REPO / _src))
 
 from moe_eplb.api.podtemplate import crd_node  # noqa: E402
 from moe_eplb.api.quantity import QUANTITY_PATTERN  # noqa: E402
@@ -72,7 +73,7 @@ def served_openapi() -> dict[str, Any]:
     """``/openapi/v3/api/v1`` of the built kube-apiserver (tools/kube/bin), started for the purpose."""
     import tempfile
 
-    from moe_eplb.sim.real.controlplane import ControlPlaneError, control_plane
+    from moe_eplb_harness.real.controlplane import ControlPlaneError, control_plane
 
     with tempfile.TemporaryDirectory(prefix="gen-podspec-") as tmp:
         try:

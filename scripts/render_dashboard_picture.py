@@ -4,7 +4,7 @@ with matplotlib from SIMULATED data (not a Grafana screenshot).
 
 The data: one hour of the synthetic "qwen3-vl-30b-a3b-chat-to-math" workload (the seed model's
 shape: 48 MoE layers x 128 experts, top-8; the mix shifts from chat to math), replayed through the
-project's model of vLLM's EPLB (``moe_eplb.sim.engine.SimulatedEplb``) on EP 4 — first with EPLB off
+project's model of vLLM's EPLB (``moe_eplb_harness.engines.engine.SimulatedEplb``) on EP 4 — first with EPLB off
 (vLLM's static placement), then, from minute 30, on fresh pods with EPLB on and 8 redundant experts.
 The panels are those of the dashboard's default view (scripts/dashboards.py) that the simulation
 can feed: overview numbers, the layer x time balancedness heatmap, the top-5 imbalanced layers, and
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.eplb import synth
-from moe_eplb.sim.engine import EngineSettings, SimulatedEplb, balancedness
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.engines.engine import EngineSettings, SimulatedEplb, balancedness
 
 ROOT = Path(__file__).resolve().parent.parent
 EP, SWITCH_MIN = 4, 30.0

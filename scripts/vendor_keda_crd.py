@@ -1,4 +1,4 @@
-"""Write ``operator/moe_eplb/sim/keda_scaledobject_crd.yaml``: KEDA's published ScaledObject CRD,
+"""Write ``harness/moe_eplb_harness/floor/keda_scaledobject_crd.yaml``: KEDA's published ScaledObject CRD,
 trimmed of its descriptions.
 
 The published CRD (``config/crd/bases/keda.sh_scaledobjects.yaml`` of kedacore/keda) is kept field
@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from vendor_crd import vendor  # noqa: E402 - the shared reader/writer next to this script
 
-OUT = pathlib.Path(__file__).resolve().parents[1] / "operator" / "moe_eplb" / "sim" / "keda_scaledobject_crd.yaml"
+OUT = pathlib.Path(__file__).resolve().parents[1] / "harness" / "moe_eplb_harness" / "floor" / "keda_scaledobject_crd.yaml"
 
 
 def strip_descriptions(node: Any, *, in_properties: bool = False) -> Any:

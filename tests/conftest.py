@@ -1,6 +1,6 @@
 """Shared fixtures: an emulated Kubernetes API server, and the real operator running against it.
 
-- ``emulated_cluster``: a fresh :class:`moe_eplb.sim.emulated.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
+- ``emulated_cluster``: a fresh :class:`moe_eplb_harness.emulated.kubeapi.EmulatedCluster` (kmock-based, real HTTP on
   loopback, MoEInference CRD installed, namespace ``default``) per test.
 - ``operator_runner(**kw)``: ``async with operator_runner(): ...`` runs the real kopf operator
   (``moe_eplb.controller.main.run_operator``, fresh registry, standalone) against ``emulated_cluster`` inside
@@ -9,7 +9,7 @@
 - ``eventually``: ``await eventually(check, timeout=10)`` polls a sync or async check until truthy.
 - ``real_control_plane`` (session): ONE real control plane for the whole run, one per worker when
   pytest-xdist runs the tests in parallel (:func:`worker_id`)
-  (:class:`moe_eplb.sim.real.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager with
+  (:class:`moe_eplb_harness.real.simplane.SimPlane`: etcd, kube-apiserver, kube-controller-manager with
   its HPA controller, kube-scheduler, the aggregation layer, the project's CRDs, and the real
   LeaderWorkerSet controller where built), started on first use (seconds) and shared by the ``kube``
   tier (``control_plane``), the real-API autotune scenarios, the real LWS and GPU-resource tests, the
@@ -112,9 +112,9 @@ def worker_id() -> str:
 def real_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's real control plane (see the module doc); stopped at the end of the session."""
     global _SIM_PLANE
-    from moe_eplb.sim.real import simplane
-    from moe_eplb.sim.real.controlplane import default_bin_dir, find_binaries
-    from moe_eplb.sim.real.lwscontroller import find_lws_binary
+    from moe_eplb_harness.real import simplane
+    from moe_eplb_harness.real.controlplane import default_bin_dir, find_binaries
+    from moe_eplb_harness.real.lwscontroller import find_lws_binary
 
     if find_binaries() is None:
         missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")
@@ -130,10 +130,10 @@ def real_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
 
 @pytest.fixture()
 async def emulated_cluster() -> AsyncIterator[Any]:
-    """A fresh emulated API server (``moe_eplb.sim.emulated.kubeapi.EmulatedCluster``) for one test."""
+    """A fresh emulated API server (``moe_eplb_harness.emulated.kubeapi.EmulatedCluster``) for one test."""
     pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
     pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
-    from moe_eplb.sim.emulated.kubeapi import emulated_cluster as start
+    from moe_eplb_harness.emulated.kubeapi import emulated_cluster as start
 
     async with start() as cluster:
         yield cluster
@@ -167,7 +167,7 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                                             namespaces=namespaces, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
-        from moe_eplb.sim.procs import give_signals_back
+        from moe_eplb_harness.floor.procs import give_signals_back
 
         give_signals_back()  # a SIGTERM ends the test run (and its child processes), not just this operator
         yield controller

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PACKAGE = ROOT / "operator" / "moe_eplb"
+HARNESS = ROOT / "harness" / "moe_eplb_harness"
 MAX_README_LINES = 150
 
 #: wording of working notes, never of documentation. Upstream numbers stay fine when they say whose
@@ -85,13 +86,15 @@ def test_links_into_the_repository_resolve(path):
 
 
 PACKAGES = sorted(p.parent for p in PACKAGE.rglob("*/__init__.py"))
+HARNESS_PACKAGES = sorted(p.parent for p in HARNESS.rglob("*/__init__.py"))
 
 
 def _dotted(package) -> str:
-    return ".".join(package.relative_to(PACKAGE.parent).parts)
+    top = HARNESS if package == HARNESS or HARNESS in package.parents else PACKAGE
+    return ".".join(package.relative_to(top.parent).parts)
 
 
-@pytest.mark.parametrize("package", PACKAGES, ids=_dotted)
+@pytest.mark.parametrize("package", [*PACKAGES, HARNESS, *HARNESS_PACKAGES], ids=_dotted)
 def test_package_docstring_names_every_module(package):
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     missing = [m.stem for m in sorted(package.glob("*.py"))
@@ -102,9 +105,9 @@ def test_package_docstring_names_every_module(package):
 _TREE_LINE = re.compile(r"^((?:│   |    )*)(?:├── |└── )([\w.]+)/")
 
 
-def folders_in_the_picture(text: str) -> set[str]:
-    """The folders of the ``operator/moe_eplb/`` tree picture in ``text`` (paths under moe_eplb)."""
-    block = text.split("```\noperator/moe_eplb/\n", 1)[1].split("```", 1)[0]
+def folders_in_the_picture(text: str, root: str = "operator/moe_eplb/") -> set[str]:
+    """The folders of the ``root`` tree picture in ``text`` (paths under it)."""
+    block = text.split(f"```\n{root}\n", 1)[1].split("```", 1)[0]
     out, stack = set(), []
     for line in block.splitlines():
         m = _TREE_LINE.match(line)
@@ -115,10 +118,13 @@ def folders_in_the_picture(text: str) -> set[str]:
     return out
 
 
-def test_the_architecture_picture_matches_the_package_folders():
-    pictured = folders_in_the_picture((ROOT / "docs" / "architecture.md").read_text())
-    folders = {"/".join(p.relative_to(PACKAGE).parts) for p in PACKAGES}
-    assert pictured == folders, (f"docs/architecture.md's tree: not folders {sorted(pictured - folders)}; "
+@pytest.mark.parametrize("root,packages", [(PACKAGE, PACKAGES), (HARNESS, HARNESS_PACKAGES)],
+                         ids=["product", "harness"])
+def test_the_architecture_picture_matches_the_package_folders(root, packages):
+    name = f"{root.relative_to(ROOT).as_posix()}/"
+    pictured = folders_in_the_picture((ROOT / "docs" / "architecture.md").read_text(), name)
+    folders = {"/".join(p.relative_to(root).parts) for p in packages}
+    assert pictured == folders, (f"docs/architecture.md's {name} tree: not folders {sorted(pictured - folders)}; "
                                  f"missing {sorted(folders - pictured)}")
 
 

@@ -5,8 +5,9 @@ functions, points the way the data flows. A wrong-way import fails here with the
   share; its modules are read from the folder, the one list) imports nothing of the project but
   itself and is open to all; no module outside it claims to be a contract;
 * ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
-  render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``sim`` and ``cli``
-  anything.
+  render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``cli`` anything of the
+  product (the harness, ``harness/moe_eplb_harness``, is a distribution of its own that the product
+  never imports).
 
 And no import circles: no two modules of the package import each other, directly or around a
 circle, also not through a function-local import.
@@ -33,7 +34,6 @@ ALLOWED = {
     "metrics": {"api", "eplb"},
     "controller": {"api", "render", "eplb", "metrics"},
     "exporter": set(),
-    "sim": None,  # anything
     "cli": None,
 }
 TOP_LEVEL = {"__init__": set(), "__main__": None}  # __main__ is the CLI's entry
@@ -174,8 +174,8 @@ def test_the_circle_check_finds_a_circle():
 
 ROOT = PACKAGE.parent.parent
 #: Where code that is not a test lives: none of it may import from tests/ (a bench, a script or a
-#: make target that needs a helper gets it from the product or from scripts/).
-OUTSIDE_TESTS = ("operator", "bench", "scripts")
+#: make target that needs a helper gets it from the product, the harness or scripts/).
+OUTSIDE_TESTS = ("operator", "harness", "bench", "scripts")
 #: ``python -m tests.x``, ``from tests... import``, ``import tests...`` in a shell line or a make recipe
 _TESTS_IMPORT_TEXT = re.compile(r"(-m\s+tests\.|\bfrom\s+tests(\.|\s+import)|\bimport\s+tests\b)")
 
@@ -210,7 +210,7 @@ def test_nothing_outside_tests_imports_from_tests():
     ('exec "$PY" -m tests.vllm_engine.e2e "$@"', True),
     ("\t$(PY) -c 'from tests.vllm_engine import harness'", True),
     ("\t$(PY) -m pytest -q tests/vllm_engine", False),
-    ('exec "$PY" -m scripts.vllm_engine.e2e', False),
+    ('exec "$PY" -m moe_eplb_harness.vllm_engine.e2e', False),
 ])
 def test_the_text_rule(line, found):
     assert bool(_TESTS_IMPORT_TEXT.search(line)) is found
@@ -260,7 +260,7 @@ def test_the_contract_location_check_finds_a_stray(tmp_path):
 
 
 #: where the project names its modules in prose and code: docs, docstrings, scripts, build files
-_NAMING_FILES = ("docs/*.md", "operator/**/*.py", "scripts/**/*.py", "bench/*.py", "tests/**/*.py", "Dockerfile",
+_NAMING_FILES = ("docs/*.md", "operator/**/*.py", "harness/**/*.py", "scripts/**/*.py", "bench/*.py", "tests/**/*.py", "Dockerfile",
                  "Makefile", "charts/**/*.yaml", "charts/**/*.tpl")
 
 
@@ -305,84 +305,74 @@ def test_the_rule_itself(source, target, ok):
     assert (dst in (ALLOWED[source] or set())) is ok
 
 
-# ---- sim/: two backends behind one seam ----------------------------------------------------------
-#: the backend packages of ``moe_eplb/sim/``: neither imports the other (what both need is in ``sim/``)
-SIM_BACKENDS = {"emulated": "real", "real": "emulated"}
+# ---- the harness: two backends behind one seam --------------------------------------------------
+HARNESS = ROOT / "harness" / "moe_eplb_harness"
+#: the backend packages of the harness: neither imports the other (what both need is in ``floor/``)
+BACKENDS = {"emulated": "real", "real": "emulated"}
 
 
-def sim_backend_crossings(package: Path = PACKAGE) -> list[str]:
-    """``sim/<side>/file.py:line: imports module`` for every import, function-local ones included,
-    relative or absolute, ``from moe_eplb.sim import <other>`` too, from one backend package of
-    ``sim/`` into the other."""
+def backend_crossings(package: Path = HARNESS) -> list[str]:
+    """``<side>/file.py:line: imports module`` for every import, function-local ones included,
+    relative or absolute, ``from moe_eplb_harness import <other>`` too, from one backend package of
+    the harness into the other."""
     bad = []
-    for side, other in SIM_BACKENDS.items():
-        banned = f"moe_eplb.sim.{other}"
-        for path in sorted((package / "sim" / side).rglob("*.py")):
+    for side, other in BACKENDS.items():
+        banned = f"moe_eplb_harness.{other}"
+        for path in sorted((package / side).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom):
-                    base = ".".join((["moe_eplb", "sim", side][: 4 - node.level] if node.level else [])
+                    base = ".".join((["moe_eplb_harness", side][: 3 - node.level] if node.level else [])
                                     + ([node.module] if node.module else []))
                     names = [base] if base == banned or base.startswith(banned + ".") else [
                         f"{base}.{a.name}" for a in node.names]
                 else:
                     continue
-                bad += [f"sim/{side}/{path.name}:{node.lineno}: imports {n}" for n in dict.fromkeys(names)
+                bad += [f"{side}/{path.name}:{node.lineno}: imports {n}" for n in dict.fromkeys(names)
                         if n == banned or n.startswith(banned + ".")]
     return bad
 
 
-def test_the_sim_backends_do_not_import_each_other():
-    assert (PACKAGE / "sim" / "emulated" / "__init__.py").is_file() and (PACKAGE / "sim" / "real" / "__init__.py").is_file()
-    assert sim_backend_crossings() == []
+def test_the_backends_do_not_import_each_other():
+    assert (HARNESS / "emulated" / "__init__.py").is_file() and (HARNESS / "real" / "__init__.py").is_file()
+    assert backend_crossings() == []
 
 
 def test_the_backend_check_finds_crossings(tmp_path):
-    sim = tmp_path / "moe_eplb" / "sim"
-    for side in SIM_BACKENDS:
-        (sim / side).mkdir(parents=True)
-    (sim / "emulated" / "a.py").write_text("import json\n\n\ndef f():\n    from moe_eplb.sim.real.nodeagent import NodeAgent\n")
-    (sim / "emulated" / "b.py").write_text("from moe_eplb.sim import pods, real\n")
-    (sim / "real" / "c.py").write_text("from ..emulated import kubeapi\nfrom . import probes\nimport moe_eplb.sim.pods\n")
-    assert sim_backend_crossings(tmp_path / "moe_eplb") == [
-        "sim/emulated/a.py:5: imports moe_eplb.sim.real.nodeagent",
-        "sim/emulated/b.py:1: imports moe_eplb.sim.real",
-        "sim/real/c.py:1: imports moe_eplb.sim.emulated",
+    harness = tmp_path / "moe_eplb_harness"
+    for side in BACKENDS:
+        (harness / side).mkdir(parents=True)
+    (harness / "emulated" / "a.py").write_text("import json\n\n\ndef f():\n    from moe_eplb_harness.real.nodeagent import NodeAgent\n")
+    (harness / "emulated" / "b.py").write_text("from moe_eplb_harness import floor, real\n")
+    (harness / "real" / "c.py").write_text("from ..emulated import kubeapi\nfrom . import probes\nimport moe_eplb_harness.floor.pods\n")
+    assert backend_crossings(harness) == [
+        "emulated/a.py:5: imports moe_eplb_harness.real.nodeagent",
+        "emulated/b.py:1: imports moe_eplb_harness.real",
+        "real/c.py:1: imports moe_eplb_harness.emulated",
     ]
 
 
-#: what the operator's process runs (the image's ``moe-eplb run``): the product packages and the
-#: CLI's operator path (the CLI's commands are imported by name on use; ``demo_cmd`` is the demo's)
-OPERATOR_ROOTS = ("moe_eplb.controller", "moe_eplb.api", "moe_eplb.render", "moe_eplb.eplb", "moe_eplb.metrics",
-                  "moe_eplb.exporter", "moe_eplb.contracts", "moe_eplb.cli", "moe_eplb.cli.operator_cmds",
-                  "moe_eplb.cli.api_cmds", "moe_eplb.cli.eplb_cmds", "moe_eplb.__main__")
+def harness_imports(package: Path = PACKAGE) -> list[str]:
+    """``file:line: module`` of every import of the harness (``moe_eplb_harness``) in the product,
+    function-local ones included: the product distribution does not depend on it."""
+    bad = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(package.parent)}:{node.lineno}: {n}" for n in names
+                    if n == "moe_eplb_harness" or n.startswith("moe_eplb_harness.")]
+    return bad
 
 
-def import_closure(graph: dict[str, set[str]], roots: tuple[str, ...]) -> set[str]:
-    """Every module the ``roots`` (a module, or every module of a package) import, transitively."""
-    todo = [m for m in graph if any(m == r or (m.startswith(r + ".") and r.count(".") == 1 and r != "moe_eplb.cli")
-                                     for r in roots)]
-    seen: set[str] = set()
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += graph.get(m, ())
-    return seen
+def test_the_product_never_imports_the_harness():
+    """The operator image holds the product only (Dockerfile): nothing in it may import the harness,
+    also not inside a function; ``moe-eplb demo`` reaches it through an entry point."""
+    assert harness_imports() == []
 
 
-def test_the_operator_never_imports_the_simulator():
-    """The operator image leaves ``moe_eplb/sim/`` out (Dockerfile): nothing the operator runs may
-    import it, also not inside a function."""
-    closure = import_closure(_import_graph(), OPERATOR_ROOTS)
-    assert "moe_eplb.controller.main" in closure and "moe_eplb.cli.operator_cmds" in closure
-    assert "moe_eplb.cli.demo_cmd" not in closure
-    assert sorted(m for m in closure if m == "moe_eplb.sim" or m.startswith("moe_eplb.sim.")) == []
-
-
-def test_the_closure_follows_function_local_imports():
-    graph = {"moe_eplb.controller.a": {"moe_eplb.eplb.b"}, "moe_eplb.eplb.b": {"moe_eplb.sim.world"},
-             "moe_eplb.sim.world": set(), "moe_eplb.cli.demo_cmd": {"moe_eplb.sim.demo"}}
-    assert import_closure(graph, ("moe_eplb.controller",)) == {"moe_eplb.controller.a", "moe_eplb.eplb.b",
-                                                               "moe_eplb.sim.world"}
+def test_the_harness_check_finds_an_import(tmp_path):
+    (tmp_path / "moe_eplb" / "cli").mkdir(parents=True)
+    (tmp_path / "moe_eplb" / "cli" / "x.py").write_text("def f():\n    from moe_eplb_harness.demo import tuning\n")
+    assert harness_imports(tmp_path / "moe_eplb") == ["moe_eplb/cli/x.py:2: moe_eplb_harness.demo"]

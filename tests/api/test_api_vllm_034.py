@@ -195,7 +195,7 @@ def test_the_tuner_never_proposes_below_the_floor() -> None:
     weights = rng.zipf(1.6, size=(2, 256)).astype(float)  # a skewed load: redundancy pays
     load = np.stack([weights * rng.uniform(0.5, 1.5, size=weights.shape) * 50 for _ in range(24)])
     trace = load.astype(float)
-    from moe_eplb.eplb.trace import LoadTrace
+    from moe_eplb.eplb.workload.trace import LoadTrace
 
     result = run_tuner(LoadTrace(load=trace, bucket_steps=np.full(24, 500)), inf, inf.effective.knobs,
                        {"windows": (1000,), "intervals": (3000,), "max_redundancy_levels": 3})

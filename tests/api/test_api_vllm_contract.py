@@ -233,7 +233,7 @@ def test_multinode_worker_argv_parses_in_vllm(serve_parser, variant) -> None:
 
     from moe_eplb.render.engine_args import SHM_CLEAN
     from moe_eplb.render.objects import render_children
-    from moe_eplb.sim.pods import container_argv
+    from moe_eplb_harness.floor.pods import container_argv
 
     res = variant({"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2}, "spec.eplb.async": False})
     lws = [c for c in render_children(parse(res)) if c["kind"] == "LeaderWorkerSet"][0]
@@ -274,7 +274,7 @@ def _engine_argvs(doc: dict) -> list[tuple[str, list[str]]]:
 
     from moe_eplb.render.engine_args import SHM_CLEAN
     from moe_eplb.render.objects import render_children
-    from moe_eplb.sim.pods import container_argv, container_env
+    from moe_eplb_harness.floor.pods import container_argv, container_env
 
     lws_env = {"LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1", "LWS_GROUP_SIZE": "2"}
     out = []
@@ -352,7 +352,7 @@ def test_fault_tolerance_one_rank_per_pod_worker_argv_parses_in_vllm(serve_parse
 
     from moe_eplb.render.engine_args import SHM_CLEAN
     from moe_eplb.render.objects import render_children
-    from moe_eplb.sim.pods import container_argv
+    from moe_eplb_harness.floor.pods import container_argv
 
     res = variant({"spec.parallelism": {"tensor": 1, "data": 4, "nodes": 4, "all2allBackend": "deepep_low_latency"},
                    "spec.faultTolerance": {"enabled": True}})

@@ -10,7 +10,7 @@ from moe_eplb.api.autotune_status import (
     parse_autotune_status,
 )
 from moe_eplb.controller.autotune import learned_entries, learned_ranges
-from moe_eplb.eplb.exploration import LearnedRange
+from moe_eplb.eplb.tuning.exploration import LearnedRange
 
 SHARE = LearnedParameter("moe_time_share", 0.41, 0.52, 0.03, 0.6, "trial 100/1000/32 vs 100/1000/0")
 

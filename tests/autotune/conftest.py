@@ -1,6 +1,6 @@
 """Fixtures for the operator-in-the-loop autotune tests.
 
-Each test runs a whole simulated cluster (:class:`moe_eplb.sim.world.SimWorld`) in its event loop:
+Each test runs a whole simulated cluster (:class:`moe_eplb_harness.cluster.world.SimWorld`) in its event loop:
 the emulated Kubernetes API, the fake kubelet running simulated engine pods (real HTTP metrics),
 optionally a real Prometheus, and the real kopf operator with the autotune timer. Time is
 accelerated 100x (a 300 s evaluation interval is 3 s of wall time).
@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
-from moe_eplb.eplb import synth  # noqa: E402
+from moe_eplb.eplb.workload import synth  # noqa: E402
 from tests.polling import eventually
 from tests.require import missing
 
@@ -83,7 +83,7 @@ def api(request) -> str:
     ``tools/lws`` is built, simulated GPU nodes; ``make kube``). The real one is
     skipped without the built binaries, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
     if request.param == "real":
-        from moe_eplb.sim.real.controlplane import default_bin_dir, find_binaries
+        from moe_eplb_harness.real.controlplane import default_bin_dir, find_binaries
 
         if find_binaries() is None:
             missing(f"no control plane built in {default_bin_dir()} (run `make kube`)")

@@ -24,8 +24,8 @@ from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec, ExperimentsSpec, parse
 from moe_eplb.controller import decisions as d
 from moe_eplb.controller import experiment as x
-from moe_eplb.eplb.experiment import DISCARDED, PROMOTED, ArmBucket
-from moe_eplb.eplb.exploration import Exploration
+from moe_eplb.eplb.tuning.experiment import DISCARDED, PROMOTED, ArmBucket
+from moe_eplb.eplb.tuning.exploration import Exploration
 from moe_eplb.render.objects import render_children
 from tests.example_manifests import seed as seed_fixture
 
@@ -81,7 +81,7 @@ def test_explore_starts_an_experiment_where_the_point_estimate_would_keep():
 
 
 def test_tuner_answer_carries_explore_and_the_restart_charge(monkeypatch):
-    from moe_eplb.eplb.tuner import TuneResult
+    from moe_eplb.eplb.tuning.tuner import TuneResult
 
     ex = Exploration(candidate=NEW, parameter="moe_time_share", regret_at_stake=0.05, trial_cost=0.01, reason="r")
     cost = type("C", (), {"restart_s": 36.0, "horizon_s": 3600.0})()
@@ -185,14 +185,14 @@ def test_the_record_round_trips_through_the_status():
 
 
 def test_learned_ranges_narrow_the_calibration_the_experiment_started_from():
-    """An ended experiment's arms narrow the MoE share (eplb.learn.learn), and the status keeps it; no
+    """An ended experiment's arms narrow the MoE share (eplb.tuning.learn.learn), and the status keeps it; no
     calibration (an operator restarted since) or a missing arm teaches nothing."""
     from moe_eplb.api.autotune_status import AutotuneStatus
     from moe_eplb.controller.autotune import learned_entries
-    from moe_eplb.eplb.calibrate import Calibration
-    from moe_eplb.eplb.costmodel import CostModel
-    from moe_eplb.eplb.exploration import ArmObservation
-    from moe_eplb.eplb.robust import Range
+    from moe_eplb.eplb.replay.costmodel import CostModel
+    from moe_eplb.eplb.tuning.calibrate import Calibration
+    from moe_eplb.eplb.tuning.exploration import ArmObservation
+    from moe_eplb.eplb.tuning.robust import Range
 
     cal = Calibration(parameters={}, ranges={"moe_time_share": Range("moe_time_share", 0.35, 0.03, 0.6, "prior")})
 
@@ -278,7 +278,7 @@ def test_lws_arms_use_the_partition(seed, phase, partition):
 
 def _observing(before_buckets):
     from moe_eplb.api.autotune_status import OBSERVING, Measurement, Rollout
-    from moe_eplb.eplb.experiment import buckets_record
+    from moe_eplb.eplb.tuning.experiment import buckets_record
 
     ro = Rollout(kind="apply", phase=OBSERVING, started_at=T0, ready_at=T0 + 60, from_knobs=CUR, to_knobs=NEW,
                  from_hash="h-old", to_hash="h-new", baseline=Measurement(balancedness=0.8),
@@ -305,8 +305,8 @@ def test_the_rollout_is_judged_on_the_objective_not_balancedness(est, low, high,
 
 
 def test_buckets_of_a_trace_and_their_record():
-    from moe_eplb.eplb import experiment as ex
-    from moe_eplb.eplb.trace import LoadTrace, Telemetry
+    from moe_eplb.eplb.tuning import experiment as ex
+    from moe_eplb.eplb.workload.trace import LoadTrace, Telemetry
 
     load = np.ones((4, 2, 8)) * 100.0  # 800 token-slots per layer per bucket, top-2: 400 tokens
     tel = Telemetry(step_seconds=np.array([0.02, np.nan, 0.025, 0.02]), requests_waiting=np.array([0, 0, 3, 0.0]),

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from moe_eplb.sim.world import SimWorld
+from moe_eplb_harness.cluster.world import SimWorld
 
 from .conftest import NAME, NS, SCALE, autotune_status, cond, events, resource, template_hash, wait_for, workload_of
 

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from moe_eplb.sim.world import SimWorld, prometheus_binary
+from moe_eplb_harness.cluster.world import SimWorld, prometheus_binary
 
 from .conftest import (
     NAME,
@@ -199,7 +199,7 @@ async def test_cooldown_and_restart_budget_defer(workload, kind):
 
 
 async def test_regression_rolls_back(workload, kind, api, plane):
-    from moe_eplb.sim.engine import EngineFaults
+    from moe_eplb_harness.engines.engine import EngineFaults
 
     # Pods with the tuned settings pack the hottest experts together (a broken expert map):
     # measured balancedness falls below the baseline, so the change must be rolled back.
@@ -360,7 +360,7 @@ async def test_kept_without_a_measurement_sets_tuned(workload, kind):
     """The tuned pods' exporters answer nothing (a broken plugin): the change cannot be judged, is
     kept on the prediction after 2 x observeSeconds + 60 s, and that exit path sets the Tuned
     condition too (it used to keep saying Applying)."""
-    from moe_eplb.sim.engine import EngineFaults
+    from moe_eplb_harness.engines.engine import EngineFaults
 
     world = _world(workload, faults_for=lambda s: EngineFaults(silent=_knobs(s) != START_KNOBS))
     async with world.run():

@@ -1,5 +1,5 @@
 """Closed loop with calibration: simulated engines produce telemetry from hidden true cost parameters
-(:class:`moe_eplb.sim.physics.TrueCost`, given to the fake kubelet only); the real operator reads it
+(:class:`moe_eplb_harness.engines.physics.TrueCost`, given to the fake kubelet only); the real operator reads it
 (from a real Prometheus, or by scraping the pods), calibrates its cost model and records the
 calibration in ``status.autotune.lastEvaluation.calibration`` and its metrics."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.world import SimWorld, prometheus_binary
+from moe_eplb_harness.cluster.world import SimWorld, prometheus_binary
+from moe_eplb_harness.engines.physics import TrueCost
 
 from .conftest import NAME, NS, SCALE, autotune_status, resource, wait_for
 

@@ -13,7 +13,7 @@ import contextlib
 
 import pytest
 
-from moe_eplb.sim.world import SimWorld
+from moe_eplb_harness.cluster.world import SimWorld
 
 from .conftest import NAME, SCALE, START, autotune_status, events, resource, running_settings, wait_for
 
@@ -94,7 +94,7 @@ async def test_trial_promoted(workload, kind, api, plane):
 
 
 async def test_trial_discarded(workload, kind, api, plane):
-    from moe_eplb.sim.engine import EngineFaults
+    from moe_eplb_harness.engines.engine import EngineFaults
 
     # the trial's settings run with a broken expert map (hot experts packed together): slower steps
     world = _world(workload, api=api, shared_plane=plane,

@@ -30,8 +30,8 @@ from prometheus_client.core import (
 )
 
 from moe_eplb.contracts import k8s_names, metric_names
-from moe_eplb.sim import prometheus
-from moe_eplb.sim.prometheus import RunningPrometheus
+from moe_eplb_harness.floor import prometheus
+from moe_eplb_harness.floor.prometheus import RunningPrometheus
 from scripts import vllm_metric_names as v
 from tests.polling import wait_until
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from moe_eplb.sim.prometheus import prometheus_binary
+from moe_eplb_harness.floor.prometheus import prometheus_binary
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import (
     CHART_DIR,

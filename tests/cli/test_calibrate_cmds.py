@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.cli import main
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.tracefile import save_trace
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.recording import record
+from moe_eplb.eplb.workload import synth
+from moe_eplb.eplb.workload.tracefile import save_trace
+from moe_eplb_harness.engines.physics import TrueCost
+from moe_eplb_harness.engines.recording import record
 
 
 def _run(*args):
@@ -115,9 +115,9 @@ def test_trace_info_summarises_the_telemetry(traces):
 
 def test_tune_prices_each_candidates_redundancy_in_replicas(traces):
     """`tune --replicas N [--kv-target T]`: per candidate, the KV cache its redundancy leaves and the
-    replicas it needs at the trace's KV-cache use (eplb/capacity.py), in JSON and as a table."""
-    from moe_eplb.eplb.capacity import capacity_from_trace, replicas_needed
-    from moe_eplb.eplb.tracefile import load_trace
+    replicas it needs at the trace's KV-cache use (eplb/replay/capacity.py), in JSON and as a table."""
+    from moe_eplb.eplb.replay.capacity import capacity_from_trace, replicas_needed
+    from moe_eplb.eplb.workload.tracefile import load_trace
 
     tel, plain, _ = traces
     args = ("tune", "--trace", tel, "--ep-size", 8, "--bytes-per-expert", 64 * 2**20)

@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from moe_eplb.cli import main
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tracefile import save_trace
+from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb.eplb.workload.tracefile import save_trace
 
 WEIGHTS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "rebalance-weights.json"
 

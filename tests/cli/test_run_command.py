@@ -18,7 +18,7 @@ import sys
 
 import aiohttp
 
-from moe_eplb.sim.procs import free_port
+from moe_eplb_harness.floor.procs import free_port
 from tests.controller.test_operator_loop import NS, example, observed
 
 pytestmark = pytest.mark.integration  # `moe-eplb run` processes

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from moe_eplb.cli import main
-from moe_eplb.eplb import profiles, synth
-from moe_eplb.eplb.tracefile import load_trace
+from moe_eplb.eplb.workload import profiles, synth
+from moe_eplb.eplb.workload.tracefile import load_trace
 
 TRACES = Path(os.environ.get("MOE_EPLB_SHARED_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces"))
 
@@ -67,7 +67,7 @@ def test_synth_rejects_unknown_output_type(tmp_path):
 
 def test_info_text_and_json(tmp_path):
     path = tmp_path / "t.json"
-    from moe_eplb.eplb.tracefile import save_trace
+    from moe_eplb.eplb.workload.tracefile import save_trace
 
     trace = synth.generate("qwen3-vl-30b-a3b-steady", hours=0.1, seed=1)
     save_trace(trace, path)

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from moe_eplb.cli import main
-from moe_eplb.eplb.simulator import simulate, simulate_static
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tracefile import save_trace
+from moe_eplb.eplb.replay.simulator import simulate, simulate_static
+from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb.eplb.workload.tracefile import save_trace
 
 
 def _run(*args):
@@ -124,8 +124,8 @@ def test_bad_trace_file_is_reported(tmp_path):
 def test_report_plots_show_every_configuration_against_time(trace_file, tmp_path):
     """Every line is in the legend; the recommendation equal to vLLM's defaults is one line naming
     both (not one hidden under the other); the x-axis is time; ``--report DIR/`` prints one slash."""
-    from moe_eplb.eplb.report import _plt, balancedness_figure, merge_series, time_axis
-    from moe_eplb.eplb.simulator import simulate, simulate_static
+    from moe_eplb.eplb.replay.simulator import simulate, simulate_static
+    from moe_eplb.eplb.tuning.report import _plt, balancedness_figure, merge_series, time_axis
 
     path, trace = trace_file
     defaults = simulate(trace, ep_size=4, window_size=1000, step_interval=3000, num_redundant_experts=0)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from moe_eplb.api.spec import parse
 from moe_eplb.controller import autotune
-from moe_eplb.eplb.exploration import LearnedRange
+from moe_eplb.eplb.tuning.exploration import LearnedRange
 from tests.api.test_api_vllm_034 import deepseek
 
 

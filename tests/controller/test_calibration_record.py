@@ -16,7 +16,7 @@ from moe_eplb.api.knobs import VLLM_DEFAULTS
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import opmetrics
-from moe_eplb.eplb.calibrate import Calibration, Parameter
+from moe_eplb.eplb.tuning.calibrate import Calibration, Parameter
 
 
 def _cal(share_source: str = "measured") -> Calibration:

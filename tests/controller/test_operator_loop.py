@@ -1,5 +1,5 @@
 """Operator-in-the-loop: the real kopf operator (fresh registry, embedded in the test's loop) against
-the emulated API server (``moe_eplb.sim.emulated.kubeapi``) over real HTTP, with the real validation and
+the emulated API server (``moe_eplb_harness.emulated.kubeapi``) over real HTTP, with the real validation and
 rendering. Each test applies resources like a user would and asserts what lands in the API."""
 
 from __future__ import annotations

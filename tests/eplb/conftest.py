@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from moe_eplb.eplb import kernels
+from moe_eplb.eplb.replay import kernels
 
 
 @pytest.fixture(params=["compiled", "numpy"])
 def kernel_path(request, monkeypatch):
-    """Run the test once with the compiled kernels (:mod:`moe_eplb.eplb.kernels`, Numba) and once
+    """Run the test once with the compiled kernels (:mod:`moe_eplb.eplb.replay.kernels`, Numba) and once
     with the NumPy code they replace; both must give the same answers. The compiled run is skipped
     where Numba cannot be imported (or ``MOE_EPLB_NO_JIT=1`` is set)."""
     if request.param == "compiled" and not kernels.AVAILABLE:

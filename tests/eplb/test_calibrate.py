@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.calibrate import (
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.replay.simulator import Replay, Topology
+from moe_eplb.eplb.tuning.calibrate import (
     DEFAULT,
     MEASURED,
     PARAMETERS,
@@ -18,12 +19,11 @@ from moe_eplb.eplb.calibrate import (
     fit_sync_stall,
     kv_pressure,
 )
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.simulator import Replay, Topology
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tuner import tune
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.recording import record
+from moe_eplb.eplb.tuning.tuner import tune
+from moe_eplb.eplb.workload import synth
+from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb_harness.engines.physics import TrueCost
+from moe_eplb_harness.engines.recording import record
 
 
 def _synthetic(f: float, n_buckets: int = 240, noise: float = 0.01, seed: int = 0, spread: float = 0.3,

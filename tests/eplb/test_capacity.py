@@ -1,4 +1,4 @@
-"""A candidate's redundancy priced in replicas (eplb/capacity.py) and the evaluation record of it
+"""A candidate's redundancy priced in replicas (eplb/replay/capacity.py) and the evaluation record of it
 (decisions.replica_costs on a real tuner result)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from moe_eplb.controller import decisions as d
-from moe_eplb.eplb.capacity import KvCapacity, kv_bytes_per_gpu, replicas_needed
-from moe_eplb.eplb.tuner import tune
+from moe_eplb.eplb.replay.capacity import KvCapacity, kv_bytes_per_gpu, replicas_needed
+from moe_eplb.eplb.tuning.tuner import tune
 from tests.metrics.test_per_engine_trace import L, _rounds, read
 
 GIB, MIB = 2**30, 2**20

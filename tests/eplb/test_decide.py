@@ -1,5 +1,5 @@
 """The tuner's decision over parameter ranges (minimax regret, no every-scenario veto), the case for
-a trial (TuneResult.explore), and what an experiment's arms teach (moe_eplb.eplb.learn)."""
+a trial (TuneResult.explore), and what an experiment's arms teach (moe_eplb.eplb.tuning.learn)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import SEED_CONFIG, VLLM_DEFAULTS, Knobs
-from moe_eplb.eplb import tuner
-from moe_eplb.eplb.calibrate import Calibration, with_learned
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.exploration import ArmObservation, LearnedRange
-from moe_eplb.eplb.learn import learn, share_range, working_set_range
-from moe_eplb.eplb.robust import EXPERIMENT, Range, max_regret
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.tuning import tuner
+from moe_eplb.eplb.tuning.calibrate import Calibration, with_learned
+from moe_eplb.eplb.tuning.exploration import ArmObservation, LearnedRange
+from moe_eplb.eplb.tuning.learn import learn, share_range, working_set_range
+from moe_eplb.eplb.tuning.robust import EXPERIMENT, Range, max_regret
 
 RUNNING = Knobs(100, 1000, 0)
 SEARCHED = Knobs(100, 1000, 32)
@@ -187,9 +187,9 @@ def test_the_exploration_is_in_the_json_and_the_table():
     from rich.console import Console
 
     from moe_eplb.cli.tune_output import print_tune
-    from moe_eplb.eplb.exploration import Exploration
-    from moe_eplb.eplb.robust import Robustness
-    from moe_eplb.eplb.trace import LoadTrace
+    from moe_eplb.eplb.tuning.exploration import Exploration
+    from moe_eplb.eplb.tuning.robust import Robustness
+    from moe_eplb.eplb.workload.trace import LoadTrace
 
     rng = np.random.default_rng(0)
     pop = rng.gamma(0.5, 1.0, size=(3, 16))

@@ -1,4 +1,4 @@
-"""The experiment statistics (``moe_eplb.eplb.experiment``): estimates and intervals on synthetic
+"""The experiment statistics (``moe_eplb.eplb.tuning.experiment``): estimates and intervals on synthetic
 paired buckets with a known difference, the t quantile, the before/after fit and the verdict rule."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from moe_eplb.eplb import experiment as ex
-from moe_eplb.eplb.experiment import ArmBucket
+from moe_eplb.eplb.tuning import experiment as ex
+from moe_eplb.eplb.tuning.experiment import ArmBucket
 
 
 @pytest.mark.parametrize(("p", "df", "want"), [

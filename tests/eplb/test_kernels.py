@@ -1,4 +1,4 @@
-"""The compiled kernels (moe_eplb.eplb.kernels, Numba) against the NumPy code they replace, side by
+"""The compiled kernels (moe_eplb.eplb.replay.kernels, Numba) against the NumPy code they replace, side by
 side in one process, and how they are switched off and cached."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.eplb import kernels, synth
-from moe_eplb.eplb.policy import logical_to_physical, rebalance, rebalance_batch
-from moe_eplb.eplb.simulator import Replay, Topology
+from moe_eplb.eplb.replay import kernels
+from moe_eplb.eplb.replay.policy import logical_to_physical, rebalance, rebalance_batch
+from moe_eplb.eplb.replay.simulator import Replay, Topology
+from moe_eplb.eplb.workload import synth
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 
@@ -115,8 +116,8 @@ def _child(code: str, **env: str) -> dict:
 _WARM = """
 import json
 import numpy as np
-from moe_eplb.eplb import kernels
-from moe_eplb.eplb.policy import rebalance
+from moe_eplb.eplb.replay import kernels
+from moe_eplb.eplb.replay.policy import rebalance
 w = kernels.warm_up()
 p = rebalance(np.arange(64).reshape(2, 32) % 7, 40, 4, 2, 8)[0]
 print(json.dumps({"enabled": kernels.ENABLED, "hits": w.cache_hits, "misses": w.cache_misses,
@@ -157,9 +158,9 @@ def test_numba_is_imported_only_when_the_policy_runs():
     out = _child("""
 import json, sys
 import numpy as np
-import moe_eplb.cli, moe_eplb.eplb.policy, moe_eplb.eplb.simulator, moe_eplb.eplb.tuner
+import moe_eplb.cli, moe_eplb.eplb.replay.policy, moe_eplb.eplb.replay.simulator, moe_eplb.eplb.tuning.tuner
 before = "numba" in sys.modules
-moe_eplb.eplb.policy.rebalance(np.ones((2, 8)), 8, 1, 1, 4)
+moe_eplb.eplb.replay.policy.rebalance(np.ones((2, 8)), 8, 1, 1, 4)
 print(json.dumps({"before": before, "after": "numba" in sys.modules}))
 """)
     assert out == {"before": False, "after": True}

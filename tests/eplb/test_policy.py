@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from moe_eplb.cli import main
-from moe_eplb.eplb import policy
-from moe_eplb.eplb.policy import (
+from moe_eplb.eplb.replay import policy
+from moe_eplb.eplb.replay.policy import (
     PolicyError,
     logical_to_physical,
     rebalance,

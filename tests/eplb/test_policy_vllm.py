@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_eplb.eplb.policy import rebalance, rebalance_batch
+from moe_eplb.eplb.replay.policy import rebalance, rebalance_batch
 from tests.require import missing_vllm
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -112,7 +112,7 @@ def test_batch_matches_vllm_per_item(vllm_policy):
          "gpus-not-multiple-of-nodes"],
 )
 def test_rejects_what_vllm_rejects(vllm_policy, experts, sizes):
-    from moe_eplb.eplb.policy import PolicyError
+    from moe_eplb.eplb.replay.policy import PolicyError
 
     w = np.ones((2, experts))
     with pytest.raises((AssertionError, ValueError, IndexError)):

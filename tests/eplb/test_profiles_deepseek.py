@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_eplb.eplb import profiles, synth, tracefile
-from moe_eplb.eplb.profiles import static_imbalance, static_imbalance_per_layer
-from moe_eplb.eplb.trace import TraceError
+from moe_eplb.eplb.workload import profiles, synth, tracefile
+from moe_eplb.eplb.workload.profiles import static_imbalance, static_imbalance_per_layer
+from moe_eplb.eplb.workload.trace import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = Path(os.environ.get("MOE_EPLB_SHARED_TRACES", ROOT.parent / "shared" / "traces"))
@@ -84,7 +84,7 @@ def test_the_deepseek_profiles_run_on_the_deepseek_fit():
 
 
 def test_the_fit_ships_parameters_not_counts():
-    raw = json.loads((ROOT / "operator" / "moe_eplb" / "eplb" / profiles.FIT_FILE).read_text())["popularity"]["deepseek-v3"]
+    raw = json.loads((ROOT / "operator" / "moe_eplb" / "eplb" / "workload" / "profiles" / profiles.FIT_FILE).read_text())["popularity"]["deepseek-v3"]
 
     def longest(x) -> int:
         return max([len(x)] + [longest(v) for v in x]) if isinstance(x, list) else (

@@ -1,5 +1,5 @@
 """The memory model (KV batch cap and prefix cache), its calibration, and robust decisions over the
-ranges of what the telemetry cannot pin down (moe_eplb.eplb.robust, the tuner's robust path)."""
+ranges of what the telemetry cannot pin down (moe_eplb.eplb.tuning.robust, the tuner's robust path)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.calibrate import KV_BOUND_DEMAND, calibrate
-from moe_eplb.eplb.costmodel import GIB, CostModel
-from moe_eplb.eplb.robust import Range, max_regret, scenario_segments, scenarios, terms_of
-from moe_eplb.eplb.simulator import Replay, Topology
-from moe_eplb.eplb.tuner import segment_edges, tune
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.recording import record
+from moe_eplb.eplb.replay.costmodel import GIB, CostModel
+from moe_eplb.eplb.replay.simulator import Replay, Topology
+from moe_eplb.eplb.tuning.calibrate import calibrate
+from moe_eplb.eplb.tuning.calibrate.memory import KV_BOUND_DEMAND
+from moe_eplb.eplb.tuning.robust import Range, max_regret, scenario_segments, scenarios, terms_of
+from moe_eplb.eplb.tuning.tuner import segment_edges, tune
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.engines.physics import TrueCost
+from moe_eplb_harness.engines.recording import record
 
 BPE = 58 * 3 * 7168 * 2048 / 8  # a DeepSeek-V3 rank's redundant-expert memory, spread over 8 layers
 RUNNING = Knobs(3000, 1000, 16)  # a seed-like setting with redundancy, valid at EP 16 on 64 experts

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.policy import rebalance
-from moe_eplb.eplb.simulator import (
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.replay.policy import rebalance
+from moe_eplb.eplb.replay.simulator import (
     Knobs,
     Replay,
     SimError,
@@ -19,7 +19,7 @@ from moe_eplb.eplb.simulator import (
     simulate_clairvoyant,
     simulate_static,
 )
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload.trace import LoadTrace
 
 # every test runs on the compiled kernels and on the NumPy path (tests/eplb/conftest.py)
 pytestmark = pytest.mark.usefixtures("kernel_path")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_eplb.eplb import profiles, synth
-from moe_eplb.eplb.profiles import total_variation
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload import profiles, synth
+from moe_eplb.eplb.workload.profiles import total_variation
+from moe_eplb.eplb.workload.trace import LoadTrace
 
 FIT = profiles.builtin_popularity("olmoe")
 REAL_MM = np.concatenate(list(FIT.max_over_mean.values()))  # 2.50 .. 7.81 (OLMoE)

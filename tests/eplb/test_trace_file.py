@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from moe_eplb.eplb.trace import LoadTrace, TraceError
-from moe_eplb.eplb.tracefile import (
+from moe_eplb.eplb.workload.trace import LoadTrace, TraceError
+from moe_eplb.eplb.workload.tracefile import (
     load_trace,
     save_trace,
     trace_from_dict,

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_eplb.eplb import profiles, tracefile
-from moe_eplb.eplb.trace import TraceError
+from moe_eplb.eplb.workload import profiles, tracefile
+from moe_eplb.eplb.workload.trace import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = Path(os.environ.get("MOE_EPLB_SHARED_TRACES", ROOT.parent / "shared" / "traces"))

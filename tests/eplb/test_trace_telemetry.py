@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
-from moe_eplb.eplb.trace import LoadTrace, TraceError, served_imbalance
-from moe_eplb.eplb.tracefile import load_trace, save_trace, trace_from_dict, trace_to_dict
+from moe_eplb.eplb.workload.trace import LoadTrace, TraceError, served_imbalance
+from moe_eplb.eplb.workload.tracefile import load_trace, save_trace, trace_from_dict, trace_to_dict
 
 T, L, E, EP = 4, 2, 8, 2
 
@@ -159,7 +159,7 @@ def test_summary_reports_the_telemetry():
 
 
 def test_load_trace_object_checks_telemetry_too():
-    from moe_eplb.eplb.trace import Telemetry
+    from moe_eplb.eplb.workload.trace import Telemetry
 
     with pytest.raises(TraceError, match="^kv_cache_usage: expected 2 numbers"):
         LoadTrace(load=np.ones((2, 1, 2)), bucket_steps=[1, 1], telemetry=Telemetry(kv_cache_usage=np.zeros(3)))

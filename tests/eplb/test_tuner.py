@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from moe_eplb.cli.tune_args import parse_bounds, parse_bytes, parse_knobs
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.simulator import Knobs, Replay, Topology
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tuner import (
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.replay.simulator import Knobs, Replay, Topology
+from moe_eplb.eplb.tuning.tuner import (
     SEED_CONFIG,
     VLLM_DEFAULTS,
     Bounds,
@@ -23,6 +22,7 @@ from moe_eplb.eplb.tuner import (
     _gain_lower_bound,
     tune,
 )
+from moe_eplb.eplb.workload.trace import LoadTrace
 
 # every test runs on the compiled kernels and on the NumPy path (tests/eplb/conftest.py)
 pytestmark = pytest.mark.usefixtures("kernel_path")
@@ -219,7 +219,7 @@ def test_holdout_property_on_real_data_derived_workload(source):
     fits, or fitted now on the files in ../shared/traces): Qwen3-VL shape, a chat -> math shift,
     tuned on the first half only, scored on the second."""
     from bench.holdout import evaluate_holdout
-    from moe_eplb.eplb import synth
+    from moe_eplb.eplb.workload import synth
 
     src = _real_source() if source == "real-files" else None
     trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", hours=1.0, seed=7, source=src)

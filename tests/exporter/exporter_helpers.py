@@ -10,8 +10,8 @@ import types
 
 import numpy as np
 
-from moe_eplb.sim.procs import free_port
-from scripts.vllm_engine.cpu_eplb_bridge import PerfCounterEvent
+from moe_eplb_harness.floor.procs import free_port
+from moe_eplb_harness.vllm_engine.cpu_eplb_bridge import PerfCounterEvent
 
 try:  # the torch-free helpers (free_port, env_without_exporter) must import without it
     import torch

@@ -29,7 +29,7 @@ import urllib.request
 MODEL = "org/Tiny-MoE"
 ABSENT = ("torch", "vllm", "kopf", "kubernetes", "yaml", "click", "scipy", "numba", "hypothesis", "pytest",
           "moe_eplb.api", "moe_eplb.eplb", "moe_eplb.metrics", "moe_eplb.controller", "moe_eplb.render",
-          "moe_eplb.cli", "moe_eplb.sim", "tests")
+          "moe_eplb.cli", "moe_eplb_harness", "tests")
 
 
 def _wait(check, timeout: float = 30.0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_eplb.eplb.tracefile import load_trace
+from moe_eplb.eplb.workload.tracefile import load_trace
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.capture import TraceCapture
 

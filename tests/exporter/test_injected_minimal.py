@@ -24,7 +24,7 @@ import prometheus_client
 import pytest
 
 import moe_eplb
-from moe_eplb.eplb.tracefile import load_trace
+from moe_eplb.eplb.workload.tracefile import load_trace
 from tests import ROOT
 
 pytestmark = pytest.mark.integration

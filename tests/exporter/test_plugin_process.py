@@ -12,9 +12,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from moe_eplb.eplb.tracefile import load_trace
+from moe_eplb.eplb.workload.tracefile import load_trace
 from moe_eplb.exporter import snapshot
-from moe_eplb.sim.procs import free_port
+from moe_eplb_harness.floor.procs import free_port
 from tests.exporter.exporter_helpers import env_without_exporter
 
 pytestmark = pytest.mark.integration  # exporter server processes

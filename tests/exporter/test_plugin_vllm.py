@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb.contracts import metric_names
-from moe_eplb.sim.procs import free_port
+from moe_eplb_harness.floor.procs import free_port
 from tests import ROOT
 from tests.exporter.exporter_helpers import env_without_exporter
 from tests.require import missing_vllm

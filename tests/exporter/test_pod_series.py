@@ -21,7 +21,7 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.exporter import snapshot as snap
 from moe_eplb.exporter.collector import PodCollector
 from moe_eplb.exporter.server import make_registry
-from moe_eplb.sim.procs import free_port
+from moe_eplb_harness.floor.procs import free_port
 from tests.exporter.exporter_helpers import env_without_exporter
 
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from moe_eplb.cli import main
 from moe_eplb.contracts import bounded_read
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tracefile import DomainCounts, TokenRouting, load_trace, read_routing_file
+from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb.eplb.workload.tracefile import DomainCounts, TokenRouting, load_trace, read_routing_file
 from tests.example_manifests import EXAMPLES, load_moeinferences
 
 # --- value strategies ------------------------------------------------------------------------------

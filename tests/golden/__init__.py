@@ -50,7 +50,7 @@ def make_trace() -> dict:
             "bucket_seconds": 15.0, "top_k": top_k, "model": "golden"}
 
 
-#: relative tolerance for floats: the compiled kernels (``eplb/kernels.py``) and the NumPy fallback sum
+#: relative tolerance for floats: the compiled kernels (``eplb/replay/kernels.py``) and the NumPy fallback sum
 #: in different orders, and Numba's code differs by CPU (vector width, FMA), so the same tune agrees
 #: to ~1e-9, not to the last bit; a change a user could see is far larger than this
 FLOAT_REL = 1e-7

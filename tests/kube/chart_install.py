@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.sim import procs
-from moe_eplb.sim.procs import free_port
-from moe_eplb.sim.real.controlplane import ControlPlane
+from moe_eplb_harness.floor import procs
+from moe_eplb_harness.floor.procs import free_port
+from moe_eplb_harness.real.controlplane import ControlPlane
 from tests.chart.chart_support import CHART_DIR
 
 MONITORING_CRDS = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",

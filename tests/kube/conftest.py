@@ -1,15 +1,15 @@
 """The ``kube`` tier: tests against a REAL control plane (etcd, kube-apiserver,
 kube-controller-manager of one Kubernetes release, built from Go modules by ``tools/kube/build.sh``;
-``make kube``). See :mod:`moe_eplb.sim.real.controlplane`.
+``make kube``). See :mod:`moe_eplb_harness.real.controlplane`.
 
-- ``control_plane`` (session): the running :class:`~moe_eplb.sim.real.controlplane.ControlPlane` of the
+- ``control_plane`` (session): the running :class:`~moe_eplb_harness.real.controlplane.ControlPlane` of the
   session's ``real_control_plane`` (tests/conftest.py: shared with the real-API autotune scenarios; with
   kube-scheduler and, where built, the real LeaderWorkerSet controller), with the MoEInference CRD
   (``crds/``) installed and established. Started once (seconds); its logs stay in the session's
   temporary folder, and the tail of each is attached to a failing test's report.
 - ``kube_ns``: a fresh namespace for one test, deleted afterwards.
 - ``real``: ``async with real(token=None) as cluster`` -- the async client
-  (:class:`~moe_eplb.sim.real.realapi.RealCluster`) with the emulation's calls.
+  (:class:`~moe_eplb_harness.real.realapi.RealCluster`) with the emulation's calls.
 
 Without the built binaries the tier is skipped with the reason, except in CI
 (``MOE_EPLB_REQUIRE_KUBE=1``), where a missing binary fails every test here.
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_eplb.sim.real.controlplane import ControlPlane
+from moe_eplb_harness.real.controlplane import ControlPlane
 from tests.example_manifests import seed, variant  # noqa: F401  (pytest fixtures)
 from tests.polling import wait_until
 from tests.require import missing
@@ -99,7 +99,7 @@ def kube_ns(control_plane: ControlPlane) -> Iterator[str]:
 
 @pytest.fixture()
 def real(control_plane: ControlPlane) -> Callable[..., Any]:
-    from moe_eplb.sim.real.realapi import real_cluster
+    from moe_eplb_harness.real.realapi import real_cluster
 
     return lambda token=None: real_cluster(control_plane, token=token)
 
@@ -108,9 +108,9 @@ def real(control_plane: ControlPlane) -> Callable[..., Any]:
 def hpa_adapter_parts() -> None:
     """The control plane, prometheus-adapter and Prometheus that the real HPA controller's tests
     need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
-    from moe_eplb.sim.real.controlplane import default_bin_dir, find_binaries
-    from moe_eplb.sim.real.metricsadapter import default_adapter_binary, find_adapter
-    from moe_eplb.sim.world import prometheus_binary
+    from moe_eplb_harness.cluster.world import prometheus_binary
+    from moe_eplb_harness.real.controlplane import default_bin_dir, find_binaries
+    from moe_eplb_harness.real.metricsadapter import default_adapter_binary, find_adapter
 
     absent = []
     if find_binaries() is None:
@@ -127,9 +127,9 @@ def hpa_adapter_parts() -> None:
 def keda_parts() -> None:
     """The control plane, KEDA (operator and metrics server, ``tools/keda``) and Prometheus that the
     real KEDA's tests need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
-    from moe_eplb.sim.real.controlplane import ControlPlaneError, default_bin_dir, find_binaries
-    from moe_eplb.sim.real.keda import crd_files, default_keda_bin_dir, find_keda
-    from moe_eplb.sim.world import prometheus_binary
+    from moe_eplb_harness.cluster.world import prometheus_binary
+    from moe_eplb_harness.real.controlplane import ControlPlaneError, default_bin_dir, find_binaries
+    from moe_eplb_harness.real.keda import crd_files, default_keda_bin_dir, find_keda
 
     absent = []
     if find_binaries() is None:

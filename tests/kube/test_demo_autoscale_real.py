@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from moe_eplb.sim import demo_autoscale as A
+from moe_eplb_harness.demo import autoscale as A
 from tests.sim.autoscale_story import assert_autoscale_story
 
 pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from moe_eplb.eplb import synth
-from moe_eplb.sim.world import SimWorld
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.cluster.world import SimWorld
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
 

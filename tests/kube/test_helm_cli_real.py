@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_eplb.sim.real.controlplane import ControlPlane, control_plane, find_binaries
-from moe_eplb.sim.real.helmcli import Helm, find_helm
+from moe_eplb_harness.real.controlplane import ControlPlane, control_plane, find_binaries
+from moe_eplb_harness.real.helmcli import Helm, find_helm
 from tests.chart.chart_support import CHART_DIR
 from tests.kube.chart_install import MONITORING_CRDS, crd_path, start_chart_operator
 from tests.kube.conftest import tiny_resource, wait_for

@@ -8,7 +8,7 @@ controller (5 s sync), kube-scheduler, the operator, Prometheus scraping the sim
 v0.12.0 built from its Go module (``make kube``).
 
 The engines' waiting requests come from the KV-cache pressure of the deployment's truth
-(:class:`moe_eplb.sim.physics.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
+(:class:`moe_eplb_harness.engines.physics.TrueCost`, ``kv_demand``): low at first (nothing waits, the HPA holds
 1 replica), then raised as a traffic rise would (:meth:`SimWorld.set_true_cost`).
 """
 
@@ -23,9 +23,9 @@ import pytest
 from moe_eplb.api.quantity import quantity_number as quantity
 from moe_eplb.contracts.metric_names import MOEINFERENCE_LABEL, adapter_metric_name
 from moe_eplb.contracts.vllm_facts import REQUESTS_WAITING
-from moe_eplb.eplb import synth
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.world import SimWorld
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.cluster.world import SimWorld
+from moe_eplb_harness.engines.physics import TrueCost
 from tests.kube.conftest import tiny_resource
 from tests.polling import eventually
 

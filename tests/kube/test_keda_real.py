@@ -9,7 +9,7 @@ gateway in front of the engines (``spec.autoscaling.keda.activationQuery`` on a 
 series: at zero no engine reports vLLM's metric). What KEDA reports back (the ScaledObject's ``Ready``
 condition) shows in the MoEInference's ``Autoscaling`` condition.
 
-Every part is real except the GPU nodes and engines (:mod:`moe_eplb.sim.real.nodeagent`) and the gateway's queue series; the engines'
+Every part is real except the GPU nodes and engines (:mod:`moe_eplb_harness.real.nodeagent`) and the gateway's queue series; the engines'
 waiting requests come from the deployment's truth (``TrueCost.kv_demand``), raised as a traffic
 rise would (:meth:`SimWorld.set_true_cost`).
 """
@@ -33,12 +33,12 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from moe_eplb.api.quantity import quantity_number as quantity
 from moe_eplb.contracts.k8s_names import KEDA_HPA_PREFIX
-from moe_eplb.eplb import synth
-from moe_eplb.sim.physics import TrueCost
-from moe_eplb.sim.procs import free_port
-from moe_eplb.sim.real import simplane
-from moe_eplb.sim.real.keda import Keda
-from moe_eplb.sim.world import SimWorld
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.cluster.world import SimWorld
+from moe_eplb_harness.engines.physics import TrueCost
+from moe_eplb_harness.floor.procs import free_port
+from moe_eplb_harness.real import simplane
+from moe_eplb_harness.real.keda import Keda
 from tests.kube.conftest import tiny_resource
 from tests.polling import eventually
 

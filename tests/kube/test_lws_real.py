@@ -1,6 +1,6 @@
 """The REAL LeaderWorkerSet controller (``sigs.k8s.io/lws``, ``tools/build-go-tool.sh tools/lws``) on the real
-control plane, its webhooks served and registered (:mod:`moe_eplb.sim.real.lwscontroller`), with the
-simulated GPU nodes running each group as one engine (:mod:`moe_eplb.sim.real.nodeagent`).
+control plane, its webhooks served and registered (:mod:`moe_eplb_harness.real.lwscontroller`), with the
+simulated GPU nodes running each group as one engine (:mod:`moe_eplb_harness.real.nodeagent`).
 
 What the operator relies on, checked against the real thing: the pods of a group (labels,
 annotation and env from its pod webhook), groups ready, ``updatedReplicas`` / ``readyReplicas`` and
@@ -19,11 +19,11 @@ import yaml
 from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.status import workload_observed_generation
-from moe_eplb.eplb import synth
+from moe_eplb.eplb.workload import synth
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.real import lwscontroller
-from moe_eplb.sim.real.controlplane import find_binaries
-from moe_eplb.sim.world import SimWorld
+from moe_eplb_harness.cluster.world import SimWorld
+from moe_eplb_harness.real import lwscontroller
+from moe_eplb_harness.real.controlplane import find_binaries
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
 from tests.require import missing

@@ -17,7 +17,7 @@ import yaml
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.validation import check
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.real.controlplane import apply_objects
+from moe_eplb_harness.real.controlplane import apply_objects
 from scripts import gen_podspec_schema as gen
 from tests.example_manifests import EXAMPLES, load_moeinferences
 from tests.kube.chart_install import MONITORING_CRDS, crd_path

@@ -9,7 +9,7 @@ chart's operator process (under its ServiceAccount), a ``Prometheus`` resource s
 ``release: kube-prometheus-stack`` as kube-prometheus-stack's does, the Prometheus Operator writing its
 configuration Secret and rule ConfigMaps, and a real Prometheus (3.14.0, built by ``make kube`` at
 the version the operator requires: Debian's 2.42 has no kubernetes service discovery) running that
-configuration (:func:`moe_eplb.sim.real.promoperator.localize` changes only the service discovery's
+configuration (:func:`moe_eplb_harness.real.promoperator.localize` changes only the service discovery's
 credentials and the rule files' folder). The node agent runs the engine pods on loopback IPs: each serves the exporter's
 series on ``eplb-metrics`` (9400) and vLLM's own on ``http`` (8000), as a real pod does. Three
 MoEInferences: ``stalled`` (EPLB on, never rearranging), ``healthy``, and ``grouped`` (one engine over
@@ -30,11 +30,12 @@ import yaml
 
 from moe_eplb.contracts import metric_names
 from moe_eplb.contracts.vllm_facts import REQUESTS_WAITING
-from moe_eplb.eplb import synth
-from moe_eplb.sim.engine import EngineFaults
-from moe_eplb.sim.prometheus import start_prometheus
-from moe_eplb.sim.real.controlplane import find_binaries
-from moe_eplb.sim.real.promoperator import (
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.cluster.world import SimWorld
+from moe_eplb_harness.engines.engine import EngineFaults
+from moe_eplb_harness.floor.prometheus import start_prometheus
+from moe_eplb_harness.real.controlplane import find_binaries
+from moe_eplb_harness.real.promoperator import (
     PrometheusOperator,
     find_operator,
     generated_config,
@@ -44,7 +45,6 @@ from moe_eplb.sim.real.promoperator import (
     prometheus_server,
     rule_files,
 )
-from moe_eplb.sim.world import SimWorld
 from tests.chart.chart_support import CHART_DIR
 from tests.kube.chart_install import apply, render, start_chart_operator
 from tests.polling import eventually

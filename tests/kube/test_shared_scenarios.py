@@ -1,7 +1,7 @@
-"""API scenarios run on BOTH the emulation (``moe_eplb.sim.emulated.kubeapi``, the fast tier and the demo's
+"""API scenarios run on BOTH the emulation (``moe_eplb_harness.emulated.kubeapi``, the fast tier and the demo's
 fallback) and the real kube-apiserver, through the same async client calls: where the emulation's
 answer differs from the real one, the real one wins and the emulation is fixed, or the difference is
-listed in ``sim/emulated/kubeapi.py``'s docstring ("Differences from a real apiserver") and asserted here as such.
+listed in ``moe_eplb_harness/emulated/kubeapi.py``'s docstring ("Differences from a real apiserver") and asserted here as such.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ def either(request, control_plane) -> Any:
     async def open_cluster() -> AsyncIterator[tuple[Any, str]]:
         ns = f"s-{secrets.token_hex(3)}"
         if kind == "emulated":
-            from moe_eplb.sim.emulated.kubeapi import emulated_cluster
+            from moe_eplb_harness.emulated.kubeapi import emulated_cluster
 
             async with emulated_cluster(namespaces=("default", ns)) as cluster:
                 yield cluster, ns
         else:
-            from moe_eplb.sim.real.realapi import real_cluster
+            from moe_eplb_harness.real.realapi import real_cluster
 
             async with real_cluster(control_plane) as cluster:
                 await cluster.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from moe_eplb.sim.prometheus import prometheus_binary, promtool_binary, start_prometheus
+from moe_eplb_harness.floor.prometheus import prometheus_binary, promtool_binary, start_prometheus
 
 PROMETHEUS = prometheus_binary()
 PROMTOOL = promtool_binary()

@@ -24,8 +24,8 @@ from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_scraped_rounds, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
-from moe_eplb.sim.procs import free_port
-from moe_eplb.sim.prometheus import prometheus_binary, start_prometheus
+from moe_eplb_harness.floor.procs import free_port
+from moe_eplb_harness.floor.prometheus import prometheus_binary, start_prometheus
 from tests import ROOT
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.integration]

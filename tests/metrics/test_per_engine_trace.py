@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH
-from moe_eplb.eplb.tuner import tune
+from moe_eplb.eplb.tuning.tuner import tune
 from moe_eplb.metrics.assemble import per_engine
 from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.reader import trace_from_scraped_rounds
@@ -93,7 +93,7 @@ def test_the_tuners_answer_is_invariant_to_the_replica_count():
 
 
 def test_summed_telemetry_is_divided_and_means_are_kept():
-    from moe_eplb.eplb.trace import LoadTrace, Telemetry
+    from moe_eplb.eplb.workload.trace import LoadTrace, Telemetry
 
     T2 = 3
     tel = Telemetry(step_seconds=np.full(T2, 0.02), rank_load=np.full((T2, L, 4), 100.0),

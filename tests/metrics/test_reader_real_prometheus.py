@@ -137,7 +137,7 @@ def test_trace_from_prometheus_command_writes_the_same_trace(prom, tmp_path):
     from click.testing import CliRunner
 
     from moe_eplb.cli import main
-    from moe_eplb.eplb.tracefile import load_trace
+    from moe_eplb.eplb.workload.tracefile import load_trace
 
     base, t0 = prom
     out = tmp_path / "t.npz"

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload import synth
+from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics.reader import trace_from_scraped_rounds, with_telemetry
 from moe_eplb.metrics.scrape import Round, parse_exposition
 from moe_eplb.metrics.series import Series
 from moe_eplb.metrics.telemetry_keys import TelemetrySeries, gauge_mean, telemetry_from_series
-from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.physics import TrueCost
+from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.physics import TrueCost
 
 GRID = np.array([0.0, 15.0, 30.0, 45.0])  # 3 buckets
 TS = np.array([0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0])

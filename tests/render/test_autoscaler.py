@@ -17,7 +17,7 @@ from moe_eplb.api.validation import check, check_for_operator, operator_default_
 from moe_eplb.contracts import vllm_facts
 from moe_eplb.render import autoscaler as au
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.emulated.kubeapi import keda_crd
+from moe_eplb_harness.emulated.kubeapi import keda_crd
 from tests.example_manifests import EXAMPLES, load_moeinferences
 
 K8S = kubernetes_validate.latest_version()
@@ -45,7 +45,7 @@ def child(res: dict) -> dict | None:
 
 
 def test_vendored_keda_crd_names_its_source_commit():
-    from moe_eplb.sim.emulated.kubeapi import KEDA_CRD_FILE
+    from moe_eplb_harness.emulated.kubeapi import KEDA_CRD_FILE
 
     first = KEDA_CRD_FILE.read_text().splitlines()[0]
     assert first.startswith("# KEDA ScaledObject CRD from kedacore/keda@") and len(first.split("@")[1]) == 40
@@ -173,7 +173,7 @@ def test_the_hpa_names_the_metric_as_the_adapters_rule_serves_it(series):
     import re
 
     from moe_eplb.contracts.metric_names import adapter_metric_name
-    from moe_eplb.sim.real.metricsadapter import adapter_config
+    from moe_eplb_harness.real.metricsadapter import adapter_config
 
     rule = adapter_config((series,))["rules"][0]["name"]
     served = re.sub(rule["matches"], rule["as"].replace("${1}", r"\1"), series)

@@ -9,7 +9,7 @@ from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names
 from moe_eplb.render.engine_args import SHM_CLEAN
 from moe_eplb.render.objects import API_COMMAND, render_children
-from moe_eplb.sim.pods import container_argv
+from moe_eplb_harness.floor.pods import container_argv
 
 
 def _workload(res):

@@ -17,7 +17,7 @@ from moe_eplb.contracts.k8s_names import CONFIG_HASH_ANNOTATION, EXPORTER_PLUGIN
 from moe_eplb.render.engine_args import SHM_CLEAN, engine_args
 from moe_eplb.render.labels import labels, selector_string
 from moe_eplb.render.objects import API_COMMAND, endpoint, render_children
-from moe_eplb.sim.pods import container_argv
+from moe_eplb_harness.floor.pods import container_argv
 from tests.example_manifests import DELETE, EXAMPLES, frozen, load_moeinferences
 from tests.render.crd_subsets import LEADER_WORKER_SET, POD_MONITOR
 

@@ -1,9 +1,9 @@
 """Multi-node render: no user text reaches a ``sh -c`` script, and leader and workers run the same
 argv after Kubernetes' ``$(VAR)`` expansion (issue 24, the worker script injection).
 
-The pods are built as LeaderWorkerSet builds them (:func:`moe_eplb.sim.emulated.lws.group_pod`: its env
+The pods are built as LeaderWorkerSet builds them (:func:`moe_eplb_harness.emulated.lws.group_pod`: its env
 first), their ``command`` + ``args`` expanded as the kubelet does
-(:func:`moe_eplb.sim.pods.expand_vars`), and then really run: the leader's argv directly, the
+(:func:`moe_eplb_harness.floor.pods.expand_vars`), and then really run: the leader's argv directly, the
 worker's through ``/bin/sh``, with a ``vllm`` on ``PATH`` that writes the argv it got.
 """
 
@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from moe_eplb.cli import main
 from moe_eplb.render.engine_args import SHM_CLEAN
-from moe_eplb.sim.emulated import lws as lws_mod
-from moe_eplb.sim.pods import container_argv, container_env, expand_vars
+from moe_eplb_harness.emulated import lws as lws_mod
+from moe_eplb_harness.floor.pods import container_argv, container_env, expand_vars
 from tests.example_manifests import EXAMPLES, load_moeinferences
 
 # --- the expansion itself, per the Kubernetes docs and the cases of its expansion_test.go ----------

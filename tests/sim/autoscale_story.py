@@ -4,7 +4,7 @@ tests/kube/test_demo_autoscale_real.py)."""
 
 from __future__ import annotations
 
-from moe_eplb.sim import demo_autoscale as A
+from moe_eplb_harness.demo import autoscale as A
 
 
 def assert_autoscale_story(summary: dict, log: str) -> None:

@@ -1,6 +1,6 @@
 """No child process of the simulation (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 the LeaderWorkerSet controller, Prometheus) outlives the Python process that started it
-(:mod:`moe_eplb.sim.procs`): a demo-like process killed with SIGTERM or SIGKILL, or ending on an
+(:mod:`moe_eplb_harness.floor.procs`): a demo-like process killed with SIGTERM or SIGKILL, or ending on an
 exception without stopping what it started, leaves none behind. Checked in ``/proc``."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_eplb.sim.real.controlplane import find_binaries
-from moe_eplb.sim.world import prometheus_binary
+from moe_eplb_harness.cluster.world import prometheus_binary
+from moe_eplb_harness.real.controlplane import find_binaries
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: its children's (pid, start time) as one JSON line, then waits to be killed
 WORLD = r"""
 import asyncio, json, sys
-from moe_eplb.eplb import synth
-from moe_eplb.sim import procs
-from moe_eplb.sim.world import SimWorld
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.floor import procs
+from moe_eplb_harness.cluster.world import SimWorld
 
 def start_time(pid):
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
@@ -50,8 +50,8 @@ asyncio.run(main())
 #: waits to be killed (``wait``)
 PROMETHEUS = r"""
 import asyncio, json, sys, time
-from moe_eplb.sim import procs
-from moe_eplb.sim.world import LocalPrometheus, prometheus_binary
+from moe_eplb_harness.floor import procs
+from moe_eplb_harness.cluster.world import LocalPrometheus, prometheus_binary
 
 def start_time(pid):
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]

@@ -1,5 +1,5 @@
 """``moe-eplb demo --scenario autoscale`` on the emulated API (issue 20, part 4): the emulated HPA
-controller (moe_eplb.sim.emulated.hpa) scales the MoEInference out on its pods' waiting requests after the
+controller (moe_eplb_harness.emulated.hpa) scales the MoEInference out on its pods' waiting requests after the
 traffic rises, and the real operator's tuner defers its rollout until the new replicas have settled,
 then applies. The real control plane's run (the real HPA controller through prometheus-adapter) is
 tests/kube/test_demo_autoscale_real.py. Runs the scenario as the CLI does (2 simulated hours at 40x,
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from moe_eplb.sim import demo_autoscale as A
+from moe_eplb_harness.demo import autoscale as A
 
 from .autoscale_story import assert_autoscale_story
 

@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from moe_eplb.sim import demo as D
+from moe_eplb_harness.demo import tuning as D
 
 pytestmark = pytest.mark.integration  # the real operator, an emulated API server and simulated engine pods
 

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from moe_eplb.api.spec import parse
 from moe_eplb.cli import main
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim import demo as D
+from moe_eplb_harness.demo import tuning as D
 
 
 def test_the_demo_runs_one_deployment_and_one_leaderworkerset():

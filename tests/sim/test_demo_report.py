@@ -6,7 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from moe_eplb.sim.demo import CHANGE_MARKERS, DemoRecord, _write_report, balancedness_figure, short  # noqa: E402
+from moe_eplb_harness.demo.tuning import CHANGE_MARKERS, DemoRecord, _write_report, balancedness_figure, short  # noqa: E402
 
 REASON = ("measured balancedness 0.912 vs 0.874 before the change (+4.3%, tolerance 2.0%): kept; the "
           "workload shifted to math | code at 1:30")

@@ -13,10 +13,10 @@ import pytest
 
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import OperatorDefaults, parse
-from moe_eplb.eplb import synth
-from moe_eplb.eplb.simulator import simulate
+from moe_eplb.eplb.replay.simulator import simulate
+from moe_eplb.eplb.workload import synth
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.engine import (
+from moe_eplb_harness.engines.engine import (
     EngineFaults,
     EngineSettings,
     SimClock,
@@ -128,7 +128,7 @@ async def test_pods_answer_while_the_event_loop_is_blocked(small_trace):
 
 
 def test_kubelet_reads_the_rendered_pod_template():
-    from moe_eplb.sim.pods import engine_settings
+    from moe_eplb_harness.floor.pods import engine_settings
 
     res = copy.deepcopy(RESOURCE)
     res["spec"]["eplb"].update(windowSize=2000, stepInterval=4000, numRedundantExperts=4)
@@ -177,8 +177,8 @@ def test_a_stalled_engine_steps_without_rearranging(small_trace):
 async def test_with_an_api_port_vllm_series_leave_the_exporter_port(small_trace):
     """With pod IPs and ``api_port`` (a node agent's ``api_ports``), vLLM's own series are served on
     the API port only and the exporter's on the exporter port only, as a real pod serves them."""
-    from moe_eplb.sim.engine import split_exposition
-    from moe_eplb.sim.procs import free_port
+    from moe_eplb_harness.engines.engine import split_exposition
+    from moe_eplb_harness.floor.procs import free_port
 
     clock = SimClock.started_now(scale=200.0)
     port, api_port = free_port(), free_port()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.knobs import Knobs
-from moe_eplb.eplb import synth
-from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
-from moe_eplb.sim.physics import TrueCost
+from moe_eplb.eplb.workload import synth
+from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.physics import TrueCost
 
 
 def _values(text: str, skip: tuple[str, ...] = ()) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """The fake kubelet's engine-factory hook (``FakeKubelet(engine_factory=...)``, ``SimWorld.engine_factory``):
 what a factory is given (the parsed settings and the rendered pod spec), how the kubelet uses the
 engine it returns (start, ports in the Pod object, readiness, stop on a roll), for a Deployment and
-for a LeaderWorkerSet group. The real-engine demo (scripts/vllm_engine/closed_loop.py) stands on it."""
+for a LeaderWorkerSet group. The real-engine demo (harness/moe_eplb_harness/vllm_engine/closed_loop.py) stands on it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytest.importorskip("kopf", reason="the operator extra (kopf) is not installed")
 pytest.importorskip("kmock", reason="the test extra (kmock) is not installed")
 
 from moe_eplb.api.knobs import Knobs  # noqa: E402
-from moe_eplb.sim.pods import EngineRequest  # noqa: E402
-from moe_eplb.sim.world import SimWorld  # noqa: E402
+from moe_eplb_harness.cluster.world import SimWorld  # noqa: E402
+from moe_eplb_harness.floor.pods import EngineRequest  # noqa: E402
 from tests.autotune.conftest import NAME, NS, RESOURCE  # noqa: E402
 from tests.polling import eventually
 

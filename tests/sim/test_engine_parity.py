@@ -10,9 +10,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from moe_eplb.eplb import synth
+from moe_eplb.eplb.workload import synth
 from moe_eplb.exporter.collector import families
-from moe_eplb.sim.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
 from tests.exporter.exporter_helpers import tiny_exporter_pods
 
 

@@ -1,13 +1,13 @@
-"""The emulated HPA controller's algorithm (moe_eplb.sim.emulated.hpa: the HPA's recommendation with its
+"""The emulated HPA controller's algorithm (moe_eplb_harness.emulated.hpa: the HPA's recommendation with its
 tolerance, the behavior's stabilization windows and rate policies, the ScalingLimited reasons) and
-the autoscale scenario's summary (moe_eplb.sim.demo_autoscale.summary_record): pure, no processes."""
+the autoscale scenario's summary (moe_eplb_harness.demo.autoscale.summary_record): pure, no processes."""
 
 from __future__ import annotations
 
 import pytest
 
-from moe_eplb.sim import demo_autoscale as A
-from moe_eplb.sim.emulated.hpa import LIMIT_MESSAGES, SERIES, limit, recommend, stabilize
+from moe_eplb_harness.demo import autoscale as A
+from moe_eplb_harness.emulated.hpa import LIMIT_MESSAGES, SERIES, limit, recommend, stabilize
 
 UP = {"scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
                   "policies": [{"type": "Pods", "value": 1, "periodSeconds": 15}]},

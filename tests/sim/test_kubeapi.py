@@ -1,4 +1,4 @@
-"""The emulated API server (moe_eplb.sim.emulated.kubeapi) behaves like the apiserver where the operator
+"""The emulated API server (moe_eplb_harness.emulated.kubeapi) behaves like the apiserver where the operator
 depends on it: server-set metadata, generation, conflicts, JSON patch tests, selectors, status
 isolation, finalizers, cascade deletion and resumable watches."""
 
@@ -14,7 +14,7 @@ import json
 import aiohttp
 import pytest
 
-from moe_eplb.sim.emulated.kubeapi import label_selector_matches, parse_label_selector
+from moe_eplb_harness.emulated.kubeapi import label_selector_matches, parse_label_selector
 
 pytestmark = pytest.mark.integration  # an emulated API server
 
@@ -157,7 +157,7 @@ async def test_generate_name_and_unsupported_apply(emulated_cluster):
 
 
 async def test_workload_ready_delay_plays_the_controllers():
-    from moe_eplb.sim.emulated.kubeapi import emulated_cluster as start
+    from moe_eplb_harness.emulated.kubeapi import emulated_cluster as start
 
     async with start(workload_ready_delay=0.01) as cluster:
         await cluster.create(DEPLOYS, {"metadata": {"name": "d"}, "spec": {"replicas": 3}})

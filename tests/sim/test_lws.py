@@ -1,4 +1,4 @@
-"""The LeaderWorkerSet emulation (moe_eplb.sim.emulated.lws) follows the real API: a rolling update by group
+"""The LeaderWorkerSet emulation (moe_eplb_harness.emulated.lws) follows the real API: a rolling update by group
 honours maxUnavailable and maxSurge, scaling changes groups only, and every object and status it
 emits passes the published LWS CRD's schema (the project's own validator, apiserver-style)."""
 
@@ -14,8 +14,8 @@ from moe_eplb.api.schema import fill_schema_defaults, schema_problems, unknown_f
 from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.emulated import lws as L
-from moe_eplb.sim.emulated.kubeapi import lws_crd
+from moe_eplb_harness.emulated import lws as L
+from moe_eplb_harness.emulated.kubeapi import lws_crd
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA = lws_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -17,12 +17,12 @@ import pytest
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names
-from moe_eplb.eplb import synth
+from moe_eplb.eplb.workload import synth
 from moe_eplb.metrics.scrape import parse_exposition
 from moe_eplb.render.objects import render_children
-from moe_eplb.sim.emulated.kubeapi import emulated_cluster
-from moe_eplb.sim.emulated.kubelet import FakeKubelet
-from moe_eplb.sim.engine import SimClock
+from moe_eplb_harness.emulated.kubeapi import emulated_cluster
+from moe_eplb_harness.emulated.kubelet import FakeKubelet
+from moe_eplb_harness.engines.engine import SimClock
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
 from tests.sim.test_lws import _problems

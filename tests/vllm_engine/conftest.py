@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from scripts.vllm_engine import harness
+from moe_eplb_harness.vllm_engine import harness
 
 REQUIRE_ENV = "MOE_EPLB_REQUIRE_VLLM_ENGINE"
 TIMINGS: dict[str, float] = {}
@@ -68,7 +68,7 @@ def engine_root(tmp_path_factory, cpu_wheel) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(engine_root) -> str:
-    from scripts.vllm_engine import tiny_model as tm
+    from moe_eplb_harness.vllm_engine import tiny_model as tm
 
     t0 = time.monotonic()
     path = tm.build_tiny_moe(os.path.join(engine_root, "tiny-qwen3-moe"))

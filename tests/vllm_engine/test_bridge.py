@@ -8,14 +8,14 @@ import subprocess
 
 import pytest
 
-from scripts.vllm_engine import harness
+from moe_eplb_harness.vllm_engine import harness
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
 def bridge(cpu_wheel):
-    from scripts.vllm_engine import cpu_eplb_bridge
+    from moe_eplb_harness.vllm_engine import cpu_eplb_bridge
 
     return cpu_eplb_bridge
 
@@ -119,7 +119,7 @@ def test_each_point_refuses_code_vllm_no_longer_has(bridge, monkeypatch):
 def test_register_bridges_all_five_points_in_a_fresh_process(bridge_dir):
     """What vLLM's plugin loader does in each process: the entry point from the generated
     dist-info, found through PYTHONPATH alone."""
-    from scripts.vllm_engine import plugin_dist
+    from moe_eplb_harness.vllm_engine import plugin_dist
 
     env = plugin_dist.prepend_path({"PATH": "/usr/bin:/bin", "VLLM_PLUGINS": "cpu_eplb_bridge"}, bridge_dir,
                                    harness.OPERATOR_DIR)

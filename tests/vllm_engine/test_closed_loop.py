@@ -9,7 +9,7 @@ import time
 
 from moe_eplb.api.autotune_status import iso as format_iso
 from moe_eplb.api.validation import check
-from scripts.vllm_engine import closed_loop as cl
+from moe_eplb_harness.vllm_engine import closed_loop as cl
 
 
 def test_the_loops_resource_is_valid_and_starts_at_the_tiers_settings():

@@ -2,7 +2,7 @@
 as the kubelet sends it, with the rendered ``--shutdown-timeout`` (vLLM on CPU with the test bridge).
 
 The engine runs the args and env ``moe-eplb render`` gives the "full" MoEInference of
-:func:`scripts.vllm_engine.harness.manifest` (its adaptations listed there); the pod's hooks are
+:func:`moe_eplb_harness.vllm_engine.harness.manifest` (its adaptations listed there); the pod's hooks are
 played as the kubelet plays them: the ``preStop`` is the rendered ``httpGet`` on the exporter's port,
 sent while a long generation runs; SIGTERM goes to the engine's main process once the hook returned;
 the process gets ``terminationGracePeriodSeconds`` (minus what the hook took) to exit. Also checked:
@@ -25,7 +25,7 @@ import pytest
 
 from moe_eplb.contracts import k8s_names
 from moe_eplb.exporter.health import pid_alive, read_beats, requests_in_flight
-from scripts.vllm_engine import harness
+from moe_eplb_harness.vllm_engine import harness
 
 from .conftest import record_time
 

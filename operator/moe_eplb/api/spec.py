@@ -281,7 +281,7 @@ def _read_mode(value: Any, path: str) -> str:
 class ExperimentsSpec:
     """``spec.autotune.experiments``: a change first runs on one replica (group) -- the trial arm --
     while the others keep the running settings (the control arm), on the same traffic; the arms'
-    objective decides (:mod:`moe_eplb.eplb.experiment`). Durations in seconds; ``confidence`` is the
+    objective decides (:mod:`moe_eplb.eplb.tuning.experiment`). Durations in seconds; ``confidence`` is the
     two-sided level of the interval that promotes or discards the trial."""
 
     enabled: bool = True

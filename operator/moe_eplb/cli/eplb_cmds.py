@@ -87,7 +87,7 @@ def _add_rebalance(main: click.Group) -> None:
         each physical slot (GPU-major: slots g*S..(g+1)*S-1 are GPU g's, S = replicas / gpus) and
         the replica count of each logical expert.
         """
-        from moe_eplb.eplb.policy import PolicyError, rebalance
+        from moe_eplb.eplb.replay.policy import PolicyError, rebalance
 
         weights = _read_weights(weights_path)
         experts = len(weights[0])
@@ -152,7 +152,7 @@ def _add_trace_profiles(trace_group: click.Group) -> None:
     @trace_group.command("profiles")
     def trace_profiles_cmd() -> None:
         """List the generator's built-in profiles and model shapes."""
-        from moe_eplb.eplb import synth
+        from moe_eplb.eplb.workload import synth
 
         for name in synth.list_profiles():
             prof = synth.get_profile(name)
@@ -181,8 +181,8 @@ def _add_trace_synth(trace_group: click.Group) -> None:
     @click.option("-o", "--output", required=True, metavar="OUT.json|.json.gz|.npz", help="Trace file to write.")
     def trace_synth_cmd(profile_name, model_shape, hours, bucket_seconds, seed, shift_at, sources, output) -> None:
         """Generate a load trace from real expert popularity (see docs/traces.md)."""
-        from moe_eplb.eplb import synth, tracefile
-        from moe_eplb.eplb.trace import TraceError
+        from moe_eplb.eplb.workload import synth, tracefile
+        from moe_eplb.eplb.workload.trace import TraceError
 
         if profile_name not in synth.list_profiles():
             raise click.BadParameter(
@@ -241,8 +241,8 @@ def _add_trace_from_prometheus(trace_group: click.Group) -> None:
     def trace_from_prometheus_cmd(url, namespace, name, hours, bucket_seconds, end, model, output) -> None:
         """Read a MoEInference's expert load from Prometheus into a trace file (the operator's reader:
         raw counter samples, exact per bucket; restarts, joins and scrape gaps handled)."""
-        from moe_eplb.eplb import tracefile
-        from moe_eplb.eplb.trace import TraceError
+        from moe_eplb.eplb.workload import tracefile
+        from moe_eplb.eplb.workload.trace import TraceError
         from moe_eplb.metrics.errors import LoadReadError
         from moe_eplb.metrics.reader import read_load_trace
 
@@ -277,8 +277,8 @@ def _add_trace_info(trace_group: click.Group) -> None:
     def trace_info_cmd(path: str, as_json: bool, max_trace_bytes: int) -> None:
         """Shape, steps and expert imbalance of a trace file (.json, .json.gz, .npz) or of a real
         routing data file (expert counts by domain, token routing)."""
-        from moe_eplb.eplb import tracefile
-        from moe_eplb.eplb.trace import TraceError
+        from moe_eplb.eplb.workload import tracefile
+        from moe_eplb.eplb.workload.trace import TraceError
 
         try:
             if path.lower().endswith((".json", ".json.gz")) and _is_routing_file(path):
@@ -311,7 +311,7 @@ MAX_SYNTH_BYTES = 2**30
 
 def _check_synth_size(profile_name: str, model_shape: str | None, hours: float, bucket_seconds: float) -> None:
     """Refuse, before generating, a trace too large to generate in reasonable memory."""
-    from moe_eplb.eplb import synth
+    from moe_eplb.eplb.workload import synth
 
     if not (hours > 0 and bucket_seconds > 0):
         return  # the generator names the flag
@@ -342,7 +342,7 @@ def _routing_info(data) -> dict:
     """Summary of a real routing data file (plain numbers)."""
     import numpy as np
 
-    from moe_eplb.eplb import profiles, tracefile
+    from moe_eplb.eplb.workload import profiles, tracefile
 
     if isinstance(data, tracefile.DomainCounts):
         fit = profiles.fit_popularity(data)
@@ -388,8 +388,8 @@ def _max_trace_option(fn):
 
 def _load_trace_arg(path: str, max_bytes: int | None = None):
     from moe_eplb.contracts.trace_format import MAX_TRACE_BYTES
-    from moe_eplb.eplb.trace import TraceError
-    from moe_eplb.eplb.tracefile import load_trace
+    from moe_eplb.eplb.workload.trace import TraceError
+    from moe_eplb.eplb.workload.tracefile import load_trace
 
     try:
         trace = load_trace(path, max_bytes=max_bytes or MAX_TRACE_BYTES)
@@ -440,8 +440,8 @@ def _add_simulate(main: click.Group) -> None:
         """
         from moe_eplb.api.knobs import Knobs
         from moe_eplb.cli.tune_output import bad_parameter, print_simulation
-        from moe_eplb.eplb.costmodel import CostModel
-        from moe_eplb.eplb.simulator import Replay, SimError, Topology
+        from moe_eplb.eplb.replay.costmodel import CostModel
+        from moe_eplb.eplb.replay.simulator import Replay, SimError, Topology
 
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path, max_trace_bytes)
@@ -453,7 +453,7 @@ def _add_simulate(main: click.Group) -> None:
         except (SimError, ValueError) as exc:
             raise bad_parameter(exc) from None
         if report_dir:
-            from moe_eplb.eplb.report import write_simulation_report
+            from moe_eplb.eplb.tuning.report import write_simulation_report
 
             write_simulation_report(report_dir, trace, eplb, static)
         if as_json:
@@ -514,9 +514,9 @@ def _add_tune(main: click.Group) -> None:
         """
         from moe_eplb.cli.tune_args import parse_bounds, parse_bytes, parse_knobs
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
-        from moe_eplb.eplb.costmodel import CostModel
-        from moe_eplb.eplb.simulator import SimError
-        from moe_eplb.eplb.tuner import MIN_TUNE_STEPS, Bounds, TuneError, tune
+        from moe_eplb.eplb.replay.costmodel import CostModel
+        from moe_eplb.eplb.replay.simulator import SimError
+        from moe_eplb.eplb.tuning.tuner import MIN_TUNE_STEPS, Bounds, TuneError, tune
 
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path, max_trace_bytes)
@@ -552,7 +552,7 @@ def _add_tune(main: click.Group) -> None:
         costs = _replica_costs(trace, result, replicas, kv_target, bytes_per_expert or cost.bytes_per_expert,
                                ep_size) if replicas else None
         if report_dir:
-            from moe_eplb.eplb.report import write_tune_report
+            from moe_eplb.eplb.tuning.report import write_tune_report
 
             write_tune_report(report_dir, trace, result)
         if as_json:
@@ -584,8 +584,8 @@ def _add_tune(main: click.Group) -> None:
 
 def _replica_costs(trace, result, replicas: int, kv_target: float, bytes_per_expert: float | None, ep_size: int):
     """``moe-eplb tune --replicas``: each candidate's redundancy priced in replicas at the trace's
-    KV-cache use (:func:`moe_eplb.eplb.capacity.candidate_costs`)."""
-    from moe_eplb.eplb.capacity import candidate_costs, capacity_from_trace
+    KV-cache use (:func:`moe_eplb.eplb.replay.capacity.candidate_costs`)."""
+    from moe_eplb.eplb.replay.capacity import candidate_costs, capacity_from_trace
 
     running = result.current.knobs if result.current is not None else None
     cap = capacity_from_trace(trace, replicas=replicas, target=kv_target,
@@ -606,7 +606,7 @@ def _calibrated(trace, cost, nodes: int, groups: int, bytes_per_expert: float | 
     recorded mode."""
     from dataclasses import replace
 
-    from moe_eplb.eplb.calibrate import calibrate
+    from moe_eplb.eplb.tuning.calibrate import calibrate
 
     if bytes_per_expert is not None:
         cost = replace(cost, bytes_per_expert=float(bytes_per_expert))
@@ -633,9 +633,9 @@ def _add_calibrate(main: click.Group) -> None:
         cost and the KV-cache penalty of redundant experts, each with its uncertainty and source
         (measured, or the default kept and why). See docs/tuner.md ("Calibration")."""
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration
-        from moe_eplb.eplb.calibrate import CalibrationError
-        from moe_eplb.eplb.costmodel import CostModel
-        from moe_eplb.eplb.simulator import SimError
+        from moe_eplb.eplb.replay.costmodel import CostModel
+        from moe_eplb.eplb.replay.simulator import SimError
+        from moe_eplb.eplb.tuning.calibrate import CalibrationError
 
         trace = _load_trace_arg(trace_path, max_trace_bytes)
         if trace.telemetry is None:

@@ -1,6 +1,6 @@
 """The tuner's command-line values: ``--bounds``, ``--memory-budget`` and ``--current`` text -> the
-tuner's arguments (:func:`moe_eplb.eplb.tuner.tune`). Bad text raises
-:class:`~moe_eplb.eplb.tuner.TuneError` naming the flag's field, which ``moe-eplb tune`` reports
+tuner's arguments (:func:`moe_eplb.eplb.tuning.tuner.tune`). Bad text raises
+:class:`~moe_eplb.eplb.tuning.tuner.TuneError` naming the flag's field, which ``moe-eplb tune`` reports
 with exit status 2."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.quantity import QuantityError
 from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
-from moe_eplb.eplb.tuner import TuneError
+from moe_eplb.eplb.tuning.tuner import TuneError
 
 __all__ = ["parse_bounds", "parse_bytes", "parse_knobs"]
 

@@ -87,7 +87,7 @@ def adapter_metric_name(series: str, quantile: float | None = None) -> str:
     """The name prometheus-adapter serves a vLLM series under in the custom and external metrics APIs
     (the metric name of an HPA's Pods or External metric): vLLM's ``vllm:`` prefix becomes ``vllm_``
     (``vllm:num_requests_waiting`` -> ``vllm_num_requests_waiting``), as the adapter's rule renames
-    it (:func:`moe_eplb.sim.real.metricsadapter.adapter_config`); a quantile of a histogram (TTFT) adds
+    it (:func:`moe_eplb_harness.real.metricsadapter.adapter_config`); a quantile of a histogram (TTFT) adds
     ``_p<percent>`` (0.9 -> ``..._p90``, 0.995 -> ``..._p99_5``)."""
     name = series.replace(":", "_")
     if quantile is not None:

@@ -40,7 +40,7 @@ key                         type                           meaning
 =========================== ============================== =========================================
 
 This module reads and writes the raw key -> value mapping and bounds what a hostile file can make
-it allocate (through :mod:`moe_eplb.contracts.bounded_read`); :mod:`moe_eplb.eplb.tracefile` validates the
+it allocate (through :mod:`moe_eplb.contracts.bounded_read`); :mod:`moe_eplb.eplb.workload.tracefile` validates the
 values strictly into a ``LoadTrace``.
 """
 

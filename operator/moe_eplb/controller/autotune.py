@@ -29,7 +29,7 @@ its :class:`~.observe.LoadObserver`. kopf peering makes only one of several oper
 handlers, so only one acts.
 
 The clock may be accelerated for the demo and tests (``AutotuneSettings.clock``, e.g. a
-:class:`moe_eplb.sim.engine.SimClock`): spec durations are in the clock's seconds, Prometheus is
+:class:`moe_eplb_harness.engines.engine.SimClock`): spec durations are in the clock's seconds, Prometheus is
 queried in wall time (``clock.to_wall``).
 """
 
@@ -76,13 +76,13 @@ from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
 from moe_eplb.controller.workload import read_scaling, workload_view
-from moe_eplb.eplb import experiment as stats
-from moe_eplb.eplb.calibrate import Calibration, calibrate
-from moe_eplb.eplb.capacity import KvCapacity, capacity_from_trace
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.exploration import LearnedRange
-from moe_eplb.eplb.trace import LoadTrace
-from moe_eplb.eplb.tuner import TuneResult, tune
+from moe_eplb.eplb.replay.capacity import KvCapacity, capacity_from_trace
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.tuning import experiment as stats
+from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
+from moe_eplb.eplb.tuning.exploration import LearnedRange
+from moe_eplb.eplb.tuning.tuner import TuneResult, tune
+from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import arms as arms_mod
 from moe_eplb.render.engine_args import termination_grace_seconds
 from moe_eplb.render.experiment import control_settings, trial_settings
@@ -593,7 +593,7 @@ def _blocker(view: ro.WorkloadView) -> str | None:
 
 
 def kv_capacity(inf: MoEInference, trace: LoadTrace, current: Knobs) -> KvCapacity | None:
-    """Today's KV cache from the trace's telemetry (:func:`moe_eplb.eplb.capacity.capacity_from_trace`)
+    """Today's KV cache from the trace's telemetry (:func:`moe_eplb.eplb.replay.capacity.capacity_from_trace`)
     at the autoscaler's target usage (its KVCacheUsage target, else a full cache)."""
     auto = inf.autoscaling
     target = auto.metric.target if auto is not None and auto.metric.type == "KVCacheUsage" else 1.0
@@ -611,13 +611,13 @@ def learned_ranges(status: AutotuneStatus | None) -> list[LearnedRange]:
 
 
 def learned_entries(ranges: list[LearnedRange]) -> tuple[LearnedParameter, ...]:
-    """What :func:`moe_eplb.eplb.learn.learn` returned, as ``status.autotune.learned`` entries (keep
+    """What :func:`moe_eplb.eplb.tuning.learn.learn` returned, as ``status.autotune.learned`` entries (keep
     them with :meth:`AutotuneStatus.with_learned`)."""
     return tuple(LearnedParameter(r.parameter, r.low, r.high, r.prior_low, r.prior_high, r.source) for r in ranges)
 
 
 def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
-    """The cost model calibrated from the trace's telemetry (:func:`moe_eplb.eplb.calibrate.calibrate`),
+    """The cost model calibrated from the trace's telemetry (:func:`moe_eplb.eplb.tuning.calibrate.calibrate`),
     with the ranges earlier experiments learned (``status.autotune.learned``), or None when the trace
     has none or the calibration fails (the constants are used then)."""
     if trace.telemetry is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from moe_eplb.api.spec import MoEInference
-from moe_eplb.eplb.tuner import MIN_TUNE_STEPS
+from moe_eplb.eplb.tuning.tuner import MIN_TUNE_STEPS
 
 #: The operator's search (a reduced ladder of the tuner's, 27 candidates, the 6 best of the screening
 #: re-scored on every layer) on the last 30 minutes of load, sized so one core evaluates >= 200
@@ -32,7 +32,7 @@ OPERATOR_SEARCH: dict[str, Any] = {
 
 class Clock(Protocol):
     """The loop's clock: ``now()`` in its seconds, ``to_wall(t)`` to wall (POSIX) seconds and
-    ``scale`` (its seconds per wall second). An accelerated clock (:class:`moe_eplb.sim.engine.SimClock`)
+    ``scale`` (its seconds per wall second). An accelerated clock (:class:`moe_eplb_harness.engines.engine.SimClock`)
     also has ``to_sim(wall)``, the inverse of ``to_wall``."""
 
     scale: float

@@ -46,9 +46,9 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller import experiment as exp_mod
-from moe_eplb.eplb.calibrate import Calibration
-from moe_eplb.eplb.capacity import KvCapacity, candidate_costs
-from moe_eplb.eplb.tuner import TuneResult
+from moe_eplb.eplb.replay.capacity import KvCapacity, candidate_costs
+from moe_eplb.eplb.tuning.calibrate import Calibration
+from moe_eplb.eplb.tuning.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
 EXPERIMENT = "Experiment"
@@ -180,7 +180,7 @@ def due(cfg: AutotuneSpec, state: AutotuneStatus, now: float) -> bool:
 
 @dataclass(frozen=True)
 class TunerAnswer:
-    """What the decision needs of a :class:`~moe_eplb.eplb.tuner.TuneResult`."""
+    """What the decision needs of a :class:`~moe_eplb.eplb.tuning.tuner.TuneResult`."""
 
     recommendation: Knobs
     wants_change: bool  # the tuner's own decision ("change" vs "keep")
@@ -208,7 +208,7 @@ def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers:
                   bytes_per_expert: float | None, ep_size: int, limit: int = 6) -> tuple[ReplicaCost, ...]:
     """The tuner's best ``limit`` candidates with the KV cache per GPU their redundancy leaves and
     the replicas they would need at today's traffic and the autoscaler's target
-    (:func:`moe_eplb.eplb.capacity.candidate_costs`; a candidate predicted faster than the running
+    (:func:`moe_eplb.eplb.replay.capacity.candidate_costs`; a candidate predicted faster than the running
     settings needs fewer), as ``lastEvaluation.replicaCosts``. Empty without a measured KV cache or
     the model's expert size."""
     if cap is None or not num_moe_layers or not bytes_per_expert:

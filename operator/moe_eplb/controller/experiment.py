@@ -43,11 +43,11 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.contracts.k8s_names import ARM_CONTROL, ARM_TRIAL
-from moe_eplb.eplb import experiment as stats
-from moe_eplb.eplb.calibrate import Calibration
-from moe_eplb.eplb.costmodel import CostModel
-from moe_eplb.eplb.exploration import ArmObservation, LearnedRange
-from moe_eplb.eplb.learn import learn
+from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.tuning import experiment as stats
+from moe_eplb.eplb.tuning.calibrate import Calibration
+from moe_eplb.eplb.tuning.exploration import ArmObservation, LearnedRange
+from moe_eplb.eplb.tuning.learn import learn
 
 #: a condition update: type -> (status, reason, message); an Event: (type, reason, message)
 Conditions = dict[str, tuple[str, str, str]]
@@ -271,7 +271,7 @@ def learned_ranges(calibration: Calibration | None, cost: CostModel | None, tria
                    control: ArmObservation | None, *, source: str,
                    bytes_per_redundant_expert: float | None = None) -> list[LearnedRange]:
     """What the experiment taught the calibration: the parameter ranges the two arms narrow
-    (:func:`moe_eplb.eplb.learn.learn`); [] without the calibration the experiment was started from
+    (:func:`moe_eplb.eplb.tuning.learn.learn`); [] without the calibration the experiment was started from
     (an operator restarted since) or without both arms' observations."""
     if calibration is None or cost is None or trial is None or control is None:
         return []

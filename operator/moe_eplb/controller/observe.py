@@ -25,7 +25,7 @@ from moe_eplb.api.autotune_status import DataWindow, Measurement
 from moe_eplb.api.spec import MoEInference
 from moe_eplb.contracts import k8s_names
 from moe_eplb.controller.autotune_settings import AutotuneSettings
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import measure as measure_mod
 from moe_eplb.metrics import reader
 from moe_eplb.metrics.assemble import per_engine

@@ -15,7 +15,7 @@ and every transition is a single status patch, so an operator killed at any poin
 resource: a rollout is never started twice (the override and the rollout record are written
 together) and a rollback decided is never lost (``phase: RollingBack`` is written with the restored
 override). The judge in Observing is the objective across time (step time at comparable load, or
-throughput per GPU when saturated: :func:`moe_eplb.eplb.experiment.before_after_estimate`, its
+throughput per GPU when saturated: :func:`moe_eplb.eplb.tuning.experiment.before_after_estimate`, its
 interval's upper end below ``-rollbackTolerance`` rolls back); only where the objective cannot be
 measured (no step telemetry) does measured balancedness against the baseline decide, as before.
 The records are :mod:`moe_eplb.api.autotune_status`'s ``Rollout``, ``HistoryEntry`` and

@@ -7,7 +7,7 @@ and the engine steps since the previous bucket. After each bucket it rewrites
 ``<dir>/<model>-<host>-<start>-<part>.npz`` atomically
 (:func:`moe_eplb.contracts.trace_format.write_trace_file`), starting a new part every
 ``MOE_EPLB_TRACE_MAX_BUCKETS`` buckets so no file grows without bound. Read them with
-``moe-eplb tune --trace <file>`` (or ``moe_eplb.eplb.tracefile.load_trace``).
+``moe-eplb tune --trace <file>`` (or ``moe_eplb.eplb.workload.tracefile.load_trace``).
 
 A pod holds the load routed by its own EP ranks; for an engine that spans several pods each pod's
 file is that pod's share (add the files' ``load`` to get the engine's), or read the whole engine

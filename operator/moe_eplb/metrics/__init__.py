@@ -1,4 +1,4 @@
-"""The operator's load reader: the exporter's counters -> a :class:`~moe_eplb.eplb.trace.LoadTrace`.
+"""The operator's load reader: the exporter's counters -> a :class:`~moe_eplb.eplb.workload.trace.LoadTrace`.
 
 The I/O side: ``reader`` (``read_load_trace``: from Prometheus, or by scraping the pods),
 ``promclient`` (a small Prometheus HTTP API client), ``scrape`` (direct pod scraping), ``measure``

@@ -2,7 +2,7 @@
 
 Each tick of a running experiment scrapes every ready engine pod once (:func:`scrape_arm_counters`)
 and keeps the counters (:class:`ArmTracker`); the difference with the previous round, summed over
-an arm's pods, is that arm's :class:`moe_eplb.eplb.experiment.ArmBucket` (:func:`arm_bucket`):
+an arm's pods, is that arm's :class:`moe_eplb.eplb.tuning.experiment.ArmBucket` (:func:`arm_bucket`):
 
 * step time: vLLM's inter-token latency (``vllm:inter_token_latency_seconds``, its mean over the
   bucket), else the exporter's engine step histogram (``moe_eplb_step_duration_seconds``);
@@ -16,7 +16,7 @@ an arm's pods, is that arm's :class:`moe_eplb.eplb.experiment.ArmBucket` (:func:
 * served balancedness: from the exporter's tokens per EP rank and layer
   (``moe_eplb_rank_tokens_total``): per layer the mean over the ranks over the max, averaged over the
   layers and the arm's pods (vLLM's own definition, over the bucket): what the learning step
-  (:func:`moe_eplb.eplb.learn.learn`) weighs the arms' step times by.
+  (:func:`moe_eplb.eplb.tuning.learn.learn`) weighs the arms' step times by.
 
 Blocking HTTP in :func:`scrape_arm_counters` (call it with ``asyncio.to_thread``); the rest is pure.
 """
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.contracts import metric_names, vllm_facts
-from moe_eplb.eplb.experiment import ArmBucket
-from moe_eplb.eplb.exploration import ArmObservation
+from moe_eplb.eplb.tuning.experiment import ArmBucket
+from moe_eplb.eplb.tuning.exploration import ArmObservation
 from moe_eplb.metrics.measure import scrape_ready_pods
 from moe_eplb.metrics.scrape import exposition_samples
 
@@ -176,7 +176,7 @@ def _avg(values: list[float | None]) -> float | None:
 
 
 def observation(knobs: Knobs, buckets: list[ArmBucket], *, pods: int, seconds: float) -> ArmObservation:
-    """One arm over the experiment (:class:`moe_eplb.eplb.exploration.ArmObservation`): the means
+    """One arm over the experiment (:class:`moe_eplb.eplb.tuning.exploration.ArmObservation`): the means
     of its buckets (None where no bucket had the value)."""
     return ArmObservation(knobs=knobs, pods=pods, seconds=seconds,
                           step_seconds=_avg([b.step_seconds for b in buckets]),

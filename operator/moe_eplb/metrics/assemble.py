@@ -3,7 +3,7 @@
 The one route from Prometheus to a trace: :func:`trace_from_raw_counters` takes the raw samples
 of the exporter's counters (Prometheus answers to instant queries of range vectors, with one
 baseline sample per series at or before the window; see :mod:`moe_eplb.metrics.reader`), parses
-them once (:mod:`moe_eplb.metrics.series`) and builds the :class:`~moe_eplb.eplb.trace.LoadTrace`
+them once (:mod:`moe_eplb.metrics.series`) and builds the :class:`~moe_eplb.eplb.workload.trace.LoadTrace`
 directly, in named phases:
 
 1. :func:`select_model` -- the model to read (a DeepSeek MTP drafter registers its own);
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from moe_eplb.contracts import metric_names
-from moe_eplb.eplb.trace import LoadTrace
+from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics.errors import (
     INCOMPLETE_GROUP,
     INCONSISTENT_SERIES,

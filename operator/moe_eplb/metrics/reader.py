@@ -33,7 +33,7 @@ import numpy as np
 
 from moe_eplb.contracts import metric_names
 from moe_eplb.contracts.trace_format import TELEMETRY_KEYS
-from moe_eplb.eplb.trace import LoadTrace, TraceError
+from moe_eplb.eplb.workload.trace import LoadTrace, TraceError
 from moe_eplb.metrics import edges
 from moe_eplb.metrics.assemble import (
     DEFAULT_MAX_INTERPOLATED_FRACTION,

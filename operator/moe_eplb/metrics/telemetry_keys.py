@@ -1,6 +1,6 @@
-"""Raw samples -> a trace's telemetry (:class:`~moe_eplb.eplb.trace.Telemetry`; pure, no I/O).
+"""Raw samples -> a trace's telemetry (:class:`~moe_eplb.eplb.workload.trace.Telemetry`; pure, no I/O).
 
-The telemetry the calibration (:mod:`moe_eplb.eplb.calibrate`) fits on comes from the exporter's and
+The telemetry the calibration (:mod:`moe_eplb.eplb.tuning.calibrate`) fits on comes from the exporter's and
 vLLM's own series of the MoEInference, on the load trace's bucket grid (``grid`` [T+1] edges; bucket
 k holds samples with ``grid[k] < t <= grid[k+1]``, :mod:`moe_eplb.metrics.increments`):
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from moe_eplb.api.knobs import Knobs, KnobsError
 from moe_eplb.contracts import metric_names, vllm_facts
-from moe_eplb.eplb.trace import Rearrangement, RecordedConfig, Telemetry
+from moe_eplb.eplb.workload.trace import Rearrangement, RecordedConfig, Telemetry
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.grid import LOOKBACK_SECONDS, edge_matrix, max_gap_for, starts_at
 from moe_eplb.metrics.increments import counter_increments

@@ -1,0 +1,3 @@
+"""The simulated engines: ``engine`` (a vLLM engine pod's stand-in: EPLB replayed over a workload,
+the exporter's and vLLM's metrics served), ``physics`` (the deployment's true costs the engines
+follow), ``recording`` (a trace one simulated engine served). Imports only the product."""
