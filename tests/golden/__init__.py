@@ -20,6 +20,8 @@ backend, the redundancy floor).
 Every ``render-*.yaml`` with a PodMonitor or a LeaderWorkerSet was regenerated once more for the
 experiments: the PodMonitor copies the pods' ``eplb.ai/arm`` label to ``arm``, and a LeaderWorkerSet
 renders its rolling-update ``partition`` (0 outside an experiment).
+Every ``render-*.yaml`` was regenerated once more when the engine pods started mounting the operator's
+control token (the ``eplb-control`` Secret volume and ``MOE_EPLB_CONTROL_TOKEN_FILE``).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

@@ -244,3 +244,45 @@ def test_a_removed_rbac_verb_gives_a_condition_not_a_crash(control_plane, chart_
         time.sleep(5)
         assert op.proc.poll() is None, op.output()[-2000:]  # still running: no crash loop
     assert yaml.safe_dump(obj)  # the status is a plain object (kept for the failure report)
+
+
+def test_the_control_secret_is_made_once_kept_rotated_by_deleting_it_and_gone_with_the_resource(
+        control_plane, chart_release) -> None:
+    """The operator's control token (controller.control) under the chart's RBAC: the Secret
+    ``<name>-control`` appears with a random token and an ownerReference, the pods mount it, later
+    reconciles keep the token, a deleted Secret comes back with a new token, and deleting the
+    resource deletes it."""
+    import base64
+
+    cp = control_plane
+    ns = new_namespace(cp)
+    doc = load_moeinferences(EXAMPLES / "qwen3-vl-30b-a3b-awq-eplb.yaml")[0]
+    name = doc["metadata"]["name"]
+    secret_path = f"/api/v1/namespaces/{ns}/secrets/{name}-control"
+
+    def token() -> str | None:
+        secret = cp.get_or_none(secret_path)
+        return base64.b64decode(secret["data"]["token"]).decode() if secret else None
+
+    with start_chart_operator(cp, chart_release["objs"], chart_release["workdir"], pod_name="op-control",
+                              extra_args=("--standalone", "--resync-seconds", "2")) as op:
+        uid = create(cp, ns, doc)["metadata"]["uid"]
+        first = wait_for(token, timeout=60, what="control Secret")
+        assert len(first) >= 40, first  # 32 random bytes, URL-safe base64
+        secret = cp.request("GET", secret_path)
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+        dep = wait_for(lambda: cp.get_or_none(GROUP_PATHS["Deployment"].format(ns=ns, name=name)), timeout=60,
+                       what="Deployment")
+        pod = dep["spec"]["template"]["spec"]
+        assert {"name": "eplb-control", "secret": {"secretName": f"{name}-control", "optional": True,
+                "items": [{"key": "token", "path": "token"}], "defaultMode": 420}} in pod["volumes"]
+        # resyncs every 2 s: the token stays what it was
+        time.sleep(5)
+        assert token() == first
+        # deleting the Secret rotates the token
+        cp.request("DELETE", secret_path)
+        second = wait_for(lambda: (t := token()) and t != first and t, timeout=60, what="a new control Secret")
+        assert second != first
+        cp.request("DELETE", moe(ns, name))
+        wait_for(lambda: cp.get_or_none(secret_path) is None, timeout=60, what="the Secret deleted with the resource")
+        assert op.proc.poll() is None, op.output()[-2000:]

@@ -381,3 +381,35 @@ def test_fault_tolerant_group_serves_every_rank_and_keeps_survivors() -> None:
     assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     assert {p["name"] for p in lwt["workerTemplate"]["spec"]["containers"][0]["ports"]} == {k8s_names.EXPORTER_PORT_NAME}
     assert kids["Service"]["spec"]["selector"][k8s_names.LWS_WORKER_INDEX_LABEL] == "0"
+
+
+def test_every_engine_pod_mounts_the_control_token_and_the_secret_is_not_a_child(seed, deepseek) -> None:
+    """The operator's control token: every engine container (single-node, LWS leader and worker) mounts
+    ``<name>-control`` read-only and is told where the file is; the Secret itself is not one of the
+    rendered children (the reconciler makes it once, with a random token)."""
+    from moe_eplb.render.objects import control_secret
+
+    for resource, pods in ((seed, 1), (deepseek, 2)):
+        inf = parse(resource)
+        kids = render_children(inf)
+        assert "Secret" not in {c["kind"] for c in kids}
+        templates = [c["spec"]["template"] for c in kids if c["kind"] == "Deployment"] + [
+            c["spec"]["leaderWorkerTemplate"][t] for c in kids if c["kind"] == "LeaderWorkerSet"
+            for t in ("leaderTemplate", "workerTemplate")]
+        assert len(templates) == pods
+        for tmpl in templates:
+            secret_name = f"{inf.name}-control"
+            assert {"name": "eplb-control", "secret": {"secretName": secret_name, "optional": True,
+                                                       "items": [{"key": "token", "path": "token"}]}} \
+                in tmpl["spec"]["volumes"]
+            c = container(tmpl)
+            assert {"name": "eplb-control", "mountPath": "/var/run/moe-eplb/control", "readOnly": True} \
+                in c["volumeMounts"]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env[k8s_names.CONTROL_TOKEN_FILE_ENV] == "/var/run/moe-eplb/control/token"
+    inf = parse(seed)
+    secret = control_secret(inf, "tok-123")
+    assert secret["metadata"]["name"] == f"{inf.name}-control" and secret["type"] == "Opaque"
+    assert secret["data"] == {"token": "dG9rLTEyMw=="}  # base64 of the token, as the API server stores it
+    assert secret["metadata"]["labels"] == labels(inf.name)
+    kubernetes_validate.validate(secret, K8S, strict=True)

@@ -99,5 +99,26 @@ MODEL_VOLUME = "model-storage"  # spec.model.storage.pvc
 CHAT_TEMPLATE_VOLUME = "chat-template"  # spec.engine.chatTemplate
 CHAT_TEMPLATE_DIR = "/etc/moe-eplb/chat-template"
 
+# --- the operator's control channel to its engine pods ------------------------------------------
+#: A Secret per resource (``<name>-control``, key ``token``), made by the reconciler when absent and
+#: never overwritten (delete it to rotate). It is mounted read-only into every engine container, and a
+#: request that changes a running engine (through the exporter) must carry ``Authorization: Bearer
+#: <token>``: only the operator, which reads the Secret, can send one. The exporter reads the file at
+#: each request, so a rotated Secret takes effect once the kubelet has refreshed the mount.
+CONTROL_SECRET_SUFFIX = "-control"
+CONTROL_TOKEN_KEY = "token"
+CONTROL_VOLUME = "eplb-control"
+CONTROL_MOUNT_DIR = "/var/run/moe-eplb/control"
+CONTROL_TOKEN_FILE = f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"
+CONTROL_TOKEN_FILE_ENV = "MOE_EPLB_CONTROL_TOKEN_FILE"  # env of the engine container: the token file's path
+CONTROL_AUTH_HEADER = "Authorization"
+CONTROL_AUTH_SCHEME = "Bearer"
+
+
+def control_secret_name(resource_name: str) -> str:
+    """The control Secret of the MoEInference ``resource_name``."""
+    return f"{resource_name}{CONTROL_SECRET_SUFFIX}"
+
+
 # --- the operator's own endpoints -----------------------------------------------------------------
 OPERATOR_METRICS_PORT = 8080

@@ -5,6 +5,8 @@
 - ``status``: phase and conditions from the children's readiness (pure);
 - ``k8s``: the small async Kubernetes client (aiohttp, plain dicts);
 - ``rbac``: every API call the operator makes, as ClusterRole rules (data);
+- ``control``: the control token's Secret (made once per resource) and the header that carries it on
+  a request that changes a running engine;
 - ``main``: kopf settings and ``run_operator`` (``moe-eplb run``, tests, demo, benchmark), with
   ``settings`` (the process's settings from CLI/env values) and ``peering`` (start-up under required
   peering);

@@ -73,6 +73,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Event"): Kind("", "v1", "events"),
     # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
     ("v1", "Pod"): Kind("", "v1", "pods"),
+    # the control token's Secret (controller.control): created once, read by the pod clients
+    ("v1", "Secret"): Kind("", "v1", "secrets"),
     # kopf's peering objects (controller.peering announces a replica before it acts)
     ("kopf.dev/v1", "ClusterKopfPeering"): Kind("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False),
     ("kopf.dev/v1", "KopfPeering"): Kind("kopf.dev", "v1", "kopfpeerings"),

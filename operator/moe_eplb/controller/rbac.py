@@ -37,6 +37,9 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # The control token's Secret (controller.control): created once per resource, read by the code
+    # that sends control requests to engine pods, deleted with the resource.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},
     # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # Engine pods' logs: with spec.faultTolerance on vLLM >= 0.34 the autotune loop reads them for

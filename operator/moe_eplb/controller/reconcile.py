@@ -43,8 +43,9 @@ from moe_eplb.contracts.k8s_names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAME_LABEL,
+    control_secret_name,
 )
-from moe_eplb.controller import opmetrics
+from moe_eplb.controller import control, opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.controller.workload import restarts_of
@@ -237,6 +238,8 @@ class Reconciler:
         for api_version, kind, name in await self._owned_children(resource):
             if await self.client.delete(api_version, kind, meta["namespace"], name):
                 deleted.append(f"{kind}/{name}")
+        if await control.delete_secret(self.client, meta):  # not a rendered child (never pruned)
+            deleted.append(f"Secret/{control_secret_name(meta['name'])}")
         self._locks.pop((meta["namespace"], meta["name"]), None)
         opmetrics.forget(meta["namespace"], meta["name"])
         if deleted:
@@ -267,6 +270,8 @@ class Reconciler:
         rejected = await self._dry_run(plans)
         if rejected:  # the API server would refuse a child: apply none of them
             return await self._report_rejected(resource, rejected)
+        if await control.ensure_secret(self.client, inf):  # before the pods that mount it
+            outcome.created.append(f"Secret/{control_secret_name(inf.name)}")
         live_children: list[dict[str, Any]] = []
         for child, live_now, patch in plans:
             live, action = await self._apply_child(child, live_now, patch)

@@ -6,7 +6,8 @@ during an experiment the two arms, :mod:`moe_eplb.render.experiment`),
 PodDisruptionBudget, a PodMonitor when ``monitoring.podMonitor.enabled``, and the autoscaler (a KEDA
 ScaledObject or a HorizontalPodAutoscaler, :mod:`moe_eplb.render.autoscaler`) when
 ``spec.autoscaling`` is on. No ConfigMap is
-created: the chat template is mounted from the user's ConfigMap.
+created: the chat template is mounted from the user's ConfigMap. The control Secret the engine pods
+mount (:func:`control_secret`) is made once by the reconciler, outside this list: its token is random.
 
 Every child carries the pinned labels, ``metadata.namespace`` (when the resource has one) and an
 ownerReference to the MoEInference (when ``metadata.uid`` is present). The pod template carries
@@ -16,6 +17,7 @@ settings rolls the pods while a change of ``replicas`` does not.
 
 from __future__ import annotations
 
+import base64
 import math
 from typing import Any
 
@@ -81,6 +83,22 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     return children
 
 
+def control_secret(inf: MoEInference, token: str) -> dict[str, Any]:
+    """The Secret holding the operator's control token (``<name>-control``, key ``token``), mounted
+    into every engine container: a request that changes a running engine carries it. Not one of
+    :func:`render_children`: the token is random, so the reconciler creates the Secret once (with a
+    token it draws) and never patches it; deleting it rotates the token."""
+    meta: dict[str, Any] = _meta(inf, k8s_names.control_secret_name(inf.name))
+    if inf.namespace:
+        meta["namespace"] = inf.namespace
+    owner = owner_reference(inf)
+    if owner:
+        meta["ownerReferences"] = [owner]
+    data = base64.b64encode(token.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": {k8s_names.CONTROL_TOKEN_KEY: data}}
+
+
 def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
     """The engine workload: a Deployment or a LeaderWorkerSet; while an experiment runs
     (``status.autotune.experiment``), its two arms (:mod:`moe_eplb.render.experiment`)."""
@@ -138,8 +156,10 @@ def _env(inf: MoEInference, role: str = k8s_names.ROLE_API) -> list[dict[str, An
     # what the exporter's health endpoints need: whose requests to drain, for how long
     # (the operator's: a user's entry of the same name is left out, spec.engine.drainSeconds sets it)
     env += [{"name": k8s_names.ENGINE_ROLE_ENV, "value": role},
-            {"name": k8s_names.DRAIN_SECONDS_ENV, "value": str(inf.engine.drain_seconds)}]
-    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV}
+            {"name": k8s_names.DRAIN_SECONDS_ENV, "value": str(inf.engine.drain_seconds)},
+            # where the exporter finds the token of the operator's control requests (control_secret)
+            {"name": k8s_names.CONTROL_TOKEN_FILE_ENV, "value": k8s_names.CONTROL_TOKEN_FILE}]
+    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV, k8s_names.CONTROL_TOKEN_FILE_ENV}
     return env + [e for e in user if e.get("name") not in merged]
 
 
@@ -228,6 +248,13 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
     if inf.engine.exporter.inject:
         volumes.append({"name": EXPORTER_VOLUME, "emptyDir": {}})
         mounts.append({"name": EXPORTER_VOLUME, "mountPath": EXPORTER_INJECT_DIR, "readOnly": True})
+    # the operator's control token (control_secret; the default file mode, so an engine that runs as
+    # any user can read it); optional, so a pod whose Secret is missing (its objects applied without
+    # the operator) starts, with control requests off
+    volumes.append({"name": k8s_names.CONTROL_VOLUME, "secret": {
+        "secretName": k8s_names.control_secret_name(inf.name), "optional": True,
+        "items": [{"key": k8s_names.CONTROL_TOKEN_KEY, "path": k8s_names.CONTROL_TOKEN_KEY}]}})
+    mounts.append({"name": k8s_names.CONTROL_VOLUME, "mountPath": k8s_names.CONTROL_MOUNT_DIR, "readOnly": True})
     tmpl = inf.engine.chat_template
     if tmpl:
         volumes.append(
