@@ -107,3 +107,44 @@ def grid_resource(changes: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("changes", [c for _, c in GRID], ids=[i for i, _ in GRID])
 def test_launch_logic_a_grid_of_layouts_launches_as_meant(vllm_release, changes):
     _assert_launches(render(grid_resource(changes)), vllm_release)
+
+
+def test_launch_logic_the_per_release_choices_are_the_releases_own(vllm_release):
+    """The all2all backends, EPLB config keys and communicators the operator checks per release
+    (:mod:`moe_eplb.api.vllm_cli`, generated) are exactly what the release's parser and config offer;
+    every key the operator renders in ``--eplb-config`` is one of the release's."""
+    from moe_eplb.api import vllm_cli
+    from moe_eplb.api.layout import SUPERVISOR_PORT
+    from moe_eplb.api.versions import parse_version
+    from moe_eplb.render.engine_args import eplb_args
+
+    got = vllm_release.ask({"choices": True})
+    version = parse_version(got["version"])
+    assert version in vllm_cli.RELEASES, f"vLLM {got['version']} is not read: python scripts/vllm_cli_choices.py"
+    want = vllm_cli.RELEASES[version]
+    for kind in ("all2all_backends", "eplb_config_keys", "communicators"):
+        assert tuple(sorted(got[kind])) == want[kind], (kind, "python scripts/vllm_cli_choices.py regenerates it")
+    assert got["supervisor_port"] == want["supervisor_port"] == SUPERVISOR_PORT
+    (resource,) = load_moeinferences(EXAMPLES / "deepseek-v3-fault-tolerant.yaml")
+    checked = check_for_operator(resource, PROM)
+    settings = checked.inference.effective.__class__(**{**checked.inference.effective.__dict__, "use_async": True,
+                                                        "communicator": "nixl"})
+    args = eplb_args(settings, version)
+    rendered = set(yaml.safe_load(args[args.index("--eplb-config") + 1]))
+    assert rendered <= set(got["eplb_config_keys"]), rendered - set(got["eplb_config_keys"])
+
+
+def test_launch_logic_passthrough_is_refused_as_every_release_refuses_it(vllm_release):
+    """``all2allBackend: passthrough`` is a value of vLLM's ``All2AllBackend`` that no release's CLI
+    offers: the release's parser refuses it, and so does validation (it would never start)."""
+    from moe_eplb.api.validation import validate
+
+    (resource,) = load_moeinferences(EXAMPLES / "qwen3-30b-a3b-autotune.yaml")
+    answer = vllm_release.ask({"argv": ["serve", "m", "--all2all-backend", "passthrough"], "env": {}})
+    assert "invalid choice: 'passthrough'" in answer.get("error", ""), answer
+    bad = grid_resource({})
+    set_path(bad, "spec.parallelism", {"tensor": 1, "data": 8, "all2allBackend": "passthrough"})
+    set_path(bad, "spec.engine.image", f"vllm/vllm-openai:v{vllm_release.version}")
+    problems = validate(bad)
+    assert [p.field for p in problems] == ["spec.parallelism.all2allBackend"], [str(p) for p in problems]
+    assert "passthrough" in problems[0].message
