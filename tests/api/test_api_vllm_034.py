@@ -257,7 +257,8 @@ def test_fault_tolerance_with_ranks_per_pod_runs_the_multi_port_supervisor() -> 
     assert validate(res) == []
     inf = parse(res)
     assert inf.redundancy_in_force == wide_ep.fault_tolerance_floor(256, 1, 16, 8) == 256
-    assert multinode_leader_args(inf)[-3:] == ["--data-parallel-start-rank", "0", "--data-parallel-multi-port-external-lb"]
+    assert multinode_leader_args(inf)[-5:] == ["--data-parallel-start-rank", "0", "--data-parallel-multi-port-external-lb",
+                                               "--data-parallel-supervisor-port", "9256"]
     single = parse(qwen3("0.34.0", **{"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
                                        "spec.faultTolerance": {"enabled": True}}))
     args = engine_args(single, single.effective)

@@ -221,7 +221,8 @@ def test_multinode_leader_args_parse_in_vllm(serve_parser, variant) -> None:
     args = [a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in engine_args(inf, inf.effective)
             + multinode_leader_args(inf)]
     ns = serve_parser.parse_args(args)
-    assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, 0)
+    # no start rank on the leader (it would make vLLM infer hybrid LB: tests/launch_logic)
+    assert (ns.data_parallel_size, ns.data_parallel_size_local, ns.data_parallel_start_rank) == (16, 8, None)
     assert ns.data_parallel_address == "10.0.0.1"
     assert ns.eplb_config.use_async is False
 
@@ -325,7 +326,8 @@ def test_every_example_engine_command_parses_in_vllm(serve_parser, name, index, 
                 inf.effective.window_size, inf.effective.step_interval, inf.effective.num_redundant_experts), role
         if inf.parallelism.nodes > 1:
             assert ns.data_parallel_address == "10.0.0.1"
-            assert ns.data_parallel_start_rank == (0 if role == "leader" else inf.parallelism.data_local)
+            leader_start = 0 if inf.layout.supervised else None  # internal LB: none (tests/launch_logic)
+            assert ns.data_parallel_start_rank == (leader_start if role == "leader" else inf.parallelism.data_local)
             # with fault tolerance every data-parallel rank serves its own API (external load balancing)
             assert bool(ns.headless) is (role == "worker" and not inf.fault_tolerance.enabled)
 

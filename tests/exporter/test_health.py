@@ -19,7 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from moe_eplb.contracts import k8s_names
 from moe_eplb.exporter import health as h
-from moe_eplb.exporter.server import serve
+from moe_eplb.exporter.drain import drain_url, request_drain
+from moe_eplb.exporter.drain import main as drain_main
+from moe_eplb.exporter.server import from_loopback, serve
 
 VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -166,6 +168,9 @@ def test_the_endpoints_over_http(tmp_path):
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
 
+    def post(path: str) -> tuple[int, str]:
+        return request_drain(base + path, 30)
+
     try:
         assert get(k8s_names.EXPORTER_LIVE_PATH) == (200, "live\n")
         assert get(k8s_names.EXPORTER_READY_PATH) == (200, "ready\n")
@@ -176,7 +181,7 @@ def test_the_endpoints_over_http(tmp_path):
         beat.step_ended()
         assert get(k8s_names.EXPORTER_LIVE_PATH)[0] == 200
         result = {}
-        drain = threading.Thread(target=lambda: result.setdefault("r", get(k8s_names.EXPORTER_DRAIN_PATH)))
+        drain = threading.Thread(target=lambda: result.setdefault("r", post(k8s_names.EXPORTER_DRAIN_PATH)))
         drain.start()
         time.sleep(0.3)
         assert drain.is_alive()  # a request is still running
@@ -198,3 +203,152 @@ def test_other_paths_stay_404(path):
         assert exc.value.code == 404
     finally:
         server.shutdown()
+
+
+def test_a_drain_not_followed_by_the_stop_expires():
+    """Drained (the hook ran) but the pod was never stopped: unready only until the drain time plus
+    60 s (the rest of terminationGracePeriodSeconds) has passed, then ready again; a later drain
+    starts afresh."""
+    ph, t = _health(FakeVllm([0] * 20), drain_seconds=60.0, drain_min_seconds=0.0)
+    assert ph.drain().startswith("drained: no request in flight")
+    assert ph.settings.drain_expiry_seconds == 120.0
+    t[0] = 119.0
+    assert ph.ready() == (False, "draining")
+    t[0] = 120.0
+    assert ph.ready() == (True, "ready") and not ph.draining
+    assert ph.drain().startswith("drained") and ph.drain_started == 120.0 and ph.ready()[0] is False
+    env = {k8s_names.DRAIN_SECONDS_ENV: "600", h.ENV_DRAIN_EXPIRY_SECONDS: "30"}
+    assert h.HealthSettings.from_env(env).drain_expiry_seconds == 30.0
+    assert h.HealthSettings.from_env({k8s_names.DRAIN_SECONDS_ENV: "600"}).drain_expiry_seconds == 660.0
+
+
+def test_health_and_drain_follow_every_api_server_of_the_pod():
+    """Several API servers in the pod (MOE_EPLB_API_PORTS): one unhealthy port fails readiness and
+    liveness, and the drain waits for the requests of all of them."""
+    settings = h.HealthSettings.from_env({k8s_names.API_PORTS_ENV: "8000,8001,8002"})
+    assert settings.api_urls == ("http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    assert h.HealthSettings.from_env({k8s_names.ENGINE_ROLE_ENV: "worker", k8s_names.API_PORTS_ENV: "8000,8001",
+                                      k8s_names.LWS_LEADER_ADDRESS_ENV: "l"}).api_urls == ("http://l:8000",)
+    health = {8000: 200, 8001: 503, 8002: 200}
+    running = {8000: [0, 0], 8001: [1, 0], 8002: [0, 0]}
+    t = [0.0]
+
+    def get(url: str, timeout: float) -> tuple[int, str]:
+        port = int(url.split(":")[2].split("/")[0])
+        if url.endswith("/health"):
+            return health[port], ""
+        n = running[port].pop(0) if len(running[port]) > 1 else running[port][0]
+        return 200, VLLM_METRICS.format(run=n, wait=0.0)
+
+    def sleep(s: float) -> None:
+        t[0] += s
+
+    ph = h.PodHealth(settings.__class__(**{**settings.__dict__, "drain_min_seconds": 0.0}), None, get=get,
+                     clock=lambda: t[0], sleep=sleep)
+    assert ph.ready() == (False, "vLLM's /health on port 8001 answers 503") and not ph.live()[0]
+    health[8001] = 200
+    assert ph.ready() == (True, "ready")
+    assert ph.drain() == "drained: no request in flight after 1.0s"  # port 8001 still had one at first
+
+
+class _RecordingVllm(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = b"" if self.path == "/health" else VLLM_METRICS.format(run=0, wait=0).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def _exporter(tmp_path):
+    vllm = ThreadingHTTPServer(("127.0.0.1", 0), _RecordingVllm)
+    threading.Thread(target=vllm.serve_forever, daemon=True).start()
+    settings = h.HealthSettings(api_url=f"http://127.0.0.1:{vllm.server_address[1]}", drain_min_seconds=0.0,
+                                poll_seconds=0.05)
+    health = h.PodHealth(settings, str(tmp_path))
+    server = serve(CollectorRegistry(), "0.0.0.0", 0, health=health)
+    return vllm, server, health
+
+
+def _other_address() -> str | None:
+    """An address of this machine that is not loopback (as another pod or the kubelet would connect
+    from), or None where there is none."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: picks the outgoing interface
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_a_drain_from_another_address_is_refused(tmp_path):
+    """Only the pod's own preStop (loopback, inside the pod's network namespace) drains it: the same
+    POST from another address -- another pod, the node -- is refused and the pod stays ready."""
+    other = _other_address()
+    if other is None:
+        pytest.skip("this machine has no address other than loopback to send from")
+    vllm, server, health = _exporter(tmp_path)
+    port = server.server_address[1]
+    try:
+        status, body = request_drain(f"http://{other}:{port}{k8s_names.EXPORTER_DRAIN_PATH}", 10)
+        assert status == 403 and "only from inside the pod" in body
+        assert health.ready() == (True, "ready") and health.drain_started is None
+        status, body = request_drain(f"http://127.0.0.1:{port}{k8s_names.EXPORTER_DRAIN_PATH}", 10)
+        assert status == 200 and body.startswith("drained") and health.ready() == (False, "draining")
+    finally:
+        server.shutdown()
+        vllm.shutdown()
+
+
+def test_a_scrape_of_every_exporter_path_leaves_the_pod_ready(tmp_path):
+    """A GET of any path -- a scraper following links, a curious curl of /drain -- changes nothing:
+    /drain answers 405 and the pod stays ready."""
+    vllm, server, health = _exporter(tmp_path)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    paths = [k8s_names.EXPORTER_PATH, k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH,
+             k8s_names.EXPORTER_DRAIN_PATH, k8s_names.EXPORTER_DRAIN_PATH + "?now=1", "/", "/healthz", "/group"]
+    try:
+        for path in paths:
+            try:
+                with urllib.request.urlopen(base + path, timeout=10) as r:
+                    status = r.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            assert status != 500, path
+            assert health.ready() == (True, "ready") and health.drain_started is None, path
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(base + k8s_names.EXPORTER_DRAIN_PATH, timeout=10)
+        assert exc.value.code == 405 and exc.value.headers["Allow"] == "POST"
+    finally:
+        server.shutdown()
+        vllm.shutdown()
+
+
+def test_the_prestop_command_drains_through_loopback(tmp_path, capsys):
+    """``python3 -m moe_eplb.exporter.drain`` (the rendered preStop) posts to the pod's own exporter
+    on 127.0.0.1:$MOE_EPLB_EXPORTER_PORT and exits 0 once drained; 1 when nothing answers."""
+    vllm, server, health = _exporter(tmp_path)
+    port = str(server.server_address[1])
+    try:
+        assert drain_url({"MOE_EPLB_EXPORTER_PORT": port}) == f"http://127.0.0.1:{port}/drain"
+        assert drain_url({}) == "http://127.0.0.1:9400/drain"
+        assert drain_main({"MOE_EPLB_EXPORTER_PORT": port, k8s_names.DRAIN_SECONDS_ENV: "5"}) == 0
+        assert "moe-eplb preStop: drained" in capsys.readouterr().out
+        assert health.ready() == (False, "draining")
+    finally:
+        server.shutdown()
+        vllm.shutdown()
+    assert drain_main({"MOE_EPLB_EXPORTER_PORT": port, k8s_names.DRAIN_SECONDS_ENV: "1"}) == 1
+
+
+@pytest.mark.parametrize("host,ok", [("127.0.0.1", True), ("127.8.0.3", True), ("::1", True),
+                                     ("::ffff:127.0.0.1", True), ("10.0.0.7", False), ("::ffff:10.0.0.7", False),
+                                     ("fe80::1%eth0", False), ("", False), ("localhost", False)])
+def test_loopback_is_the_pods_own(host, ok):
+    assert from_loopback(host) is ok

@@ -33,7 +33,9 @@ def test_drain_renders_hook_grace_flag_and_env(variant):
         res = variant({"spec.engine.drainSeconds": drain})
         (pod,) = _pod_specs(res).values()
         (c,) = pod["containers"]
-        assert c["lifecycle"] == {"preStop": {"httpGet": {"path": "/drain", "port": k8s_names.EXPORTER_PORT_NAME}}}
+        # an exec in the engine container (the pod's own network namespace: the exporter takes a drain
+        # from loopback only), never an httpGet the kubelet sends from the node
+        assert c["lifecycle"] == {"preStop": {"exec": {"command": ["python3", "-m", "moe_eplb.exporter.drain"]}}}
         assert pod["terminationGracePeriodSeconds"] == drain + 60
         args = c["args"]
         assert args[args.index("--shutdown-timeout") + 1] == "30"
@@ -67,7 +69,7 @@ def test_every_pod_of_a_group_has_probes_sized_for_long_loads(variant):
         assert s["periodSeconds"] * s["failureThreshold"] >= 7200
         assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": exporter}
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": exporter}
-        assert c["lifecycle"]["preStop"]["httpGet"]["path"] == "/drain"
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == list(k8s_names.DRAIN_COMMAND)
     assert _env(leader)[k8s_names.ENGINE_ROLE_ENV] == "api" and _env(worker)[k8s_names.ENGINE_ROLE_ENV] == "worker"
     assert specs["leader"]["terminationGracePeriodSeconds"] == specs["worker"]["terminationGracePeriodSeconds"] == 660
 
@@ -102,3 +104,50 @@ def test_the_api_command_cleans_shm_and_passes_args_verbatim(tmp_path, variant):
     assert list(shm.iterdir()) == []
     got = [a.decode() for a in out.read_bytes().split(b"\0")[:-1]]
     assert got == ["serve", *c["args"][:-3], "a b", "$HOME", "'\""]
+
+
+def test_a_stock_engine_uses_what_vllm_offers(variant):
+    """``spec.engine.exporter.inject: false`` on a stock image (no exporter in the pod): startup,
+    readiness and liveness on vLLM's own ``/health``, no preStop hook and no exporter port, and vLLM's
+    graceful shutdown is the whole drain (``--shutdown-timeout drainSeconds``)."""
+    res = variant({"spec.engine.image": "vllm/vllm-openai:v0.35.0", "spec.engine.exporter": {"inject": False},
+                   "spec.engine.drainSeconds": 300})
+    children = render_children(parse(res))
+    (pod,) = _pod_specs(res).values()
+    (c,) = pod["containers"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert "lifecycle" not in c and "initContainers" not in pod
+    assert [p["name"] for p in c["ports"]] == ["http"]
+    args = c["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "300"
+    assert pod["terminationGracePeriodSeconds"] == 300 + 30
+    service = next(x for x in children if x["kind"] == "Service")
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+    monitor = next(x for x in children if x["kind"] == "PodMonitor")
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["http"]
+
+
+def test_several_api_servers_a_pod_are_each_reachable(variant):
+    """Fault tolerance with 8 ranks a pod (vLLM's multi-port supervisor): every rank's API port is a
+    container port, a Service port and a PodMonitor endpoint; startup waits for the supervisor's
+    aggregated health; the exporter's health and drain follow every port."""
+    res = variant({"spec.model.name": "deepseek-ai/DeepSeek-R1", "spec.model.architecture": None,
+                   "spec.model.quantization": None, "spec.engine.image": "vllm/vllm-openai:v0.34.0",
+                   "spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2, "all2allBackend": "deepep_low_latency"},
+                   "spec.faultTolerance": {"enabled": True}, "spec.engine.limitMmPerPrompt": None,
+                   "spec.engine.mmEncoderTpMode": None, "spec.eplb.numRedundantExperts": 32})
+    children = render_children(parse(res))
+    names = ["http"] + [f"http-{i}" for i in range(1, 8)]
+    service = next(x for x in children if x["kind"] == "Service")
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == \
+        list(zip(names, range(8000, 8008))) + [("eplb-metrics", 9400)]
+    assert k8s_names.LWS_WORKER_INDEX_LABEL not in service["spec"]["selector"]  # every pod serves
+    monitor = next(x for x in children if x["kind"] == "PodMonitor")
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["eplb-metrics"] + names
+    for spec in _pod_specs(res).values():
+        (c,) = spec["containers"]
+        assert [(p["name"], p["containerPort"]) for p in c["ports"]] == \
+            list(zip(names, range(8000, 8008))) + [("dp-supervisor", 9256), ("eplb-metrics", 9400)]
+        assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": "dp-supervisor"}
+        assert _env(c)[k8s_names.API_PORTS_ENV] == ",".join(str(8000 + i) for i in range(8))

@@ -259,9 +259,10 @@ def test_deepseek_renders_a_leader_worker_set(deepseek) -> None:
     args = leader["args"]
     assert args[0] == "deepseek-ai/DeepSeek-V3-0324"
     pairs = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--data-parallel")}
+    # no --data-parallel-start-rank on the leader: vLLM would infer hybrid load balancing from it and
+    # its API would dispatch to its own 8 ranks only (tests/launch_logic checks what vLLM makes of it)
     assert pairs == {"--data-parallel-size": "16", "--data-parallel-size-local": "8",
-                     "--data-parallel-rpc-port": "13345", "--data-parallel-address": "$(LWS_LEADER_ADDRESS)",
-                     "--data-parallel-start-rank": "0"}
+                     "--data-parallel-rpc-port": "13345", "--data-parallel-address": "$(LWS_LEADER_ADDRESS)"}
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == 8 and "--headless" not in args
     assert leader["startupProbe"]["failureThreshold"] * leader["startupProbe"]["periodSeconds"] >= 5400
     assert kids["Service"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
@@ -370,8 +371,10 @@ def test_fault_tolerant_group_serves_every_rank_and_keeps_survivors() -> None:
     lwt = kids["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
     assert lwt["restartPolicy"] == "None"
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
-    assert {p["name"] for p in worker["ports"]} == {k8s_names.API_PORT_NAME, k8s_names.EXPORTER_PORT_NAME}
-    assert worker["startupProbe"]["httpGet"] == {"path": "/health", "port": k8s_names.API_PORT_NAME}
+    # 8 ranks a pod: one API server each (ports 8000-8007) and the multi-port supervisor's health
+    assert {p["name"] for p in worker["ports"]} == {k8s_names.api_port_name(i) for i in range(8)} | {
+        "dp-supervisor", k8s_names.EXPORTER_PORT_NAME}
+    assert worker["startupProbe"]["httpGet"] == {"path": "/health", "port": "dp-supervisor"}
     assert k8s_names.LWS_WORKER_INDEX_LABEL not in kids["Service"]["spec"]["selector"]
     # without fault tolerance: leaders only, groups recreated together, headless workers
     plain = copy.deepcopy(doc)

@@ -131,10 +131,10 @@ def test_hostile_env_and_args_reach_leader_and_workers_as_the_same_argv(tmp_path
         HOSTILE_ENV["QUOTE"].format(marker=marker), "$(EVIL)", "$(UNDEFINED)", "a b  c", "$((1+1))", "$HOME", "'\"",
     ]
     tail = ["--data-parallel-size-local", "8", "--data-parallel-rpc-port", "13345", "--data-parallel-address", address]
-    assert leader[-len(tail) - 2:] == tail + ["--data-parallel-start-rank", "0"]
+    assert leader[-len(tail):] == tail  # no start rank: the leader's API serves every rank
     assert worker[-len(tail) - 3:] == tail + ["--data-parallel-start-rank", "8", "--headless"]
     # everything before the rank-specific tail is the same argv, the hostile values as single arguments
-    common_leader, common_worker = leader[: -len(tail) - 2], worker[: -len(tail) - 3]
+    common_leader, common_worker = leader[: -len(tail)], worker[: -len(tail) - 3]
     assert common_leader[:2] == ["serve", "deepseek-ai/DeepSeek-V3-0324"]
     assert common_leader[-len(expected_user) - 1:] == expected_user + ["--index=0"]
     assert common_worker[:-1] == common_leader[:-1] and common_worker[-1] == "--index=1"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
+from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
@@ -31,7 +32,7 @@ from moe_eplb.api.podtemplate import PodTemplateOverlay
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import fill_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
-from moe_eplb.contracts import vllm_facts
+from moe_eplb.contracts import k8s_names, vllm_facts
 
 MODES = ("Off", "Recommend", "Apply")
 
@@ -478,6 +479,26 @@ class MoEInference:
     def served_model_name(self) -> str:
         """The name clients (and vLLM's ``model_name`` label) use: ``servedName``, else ``name``."""
         return self.model.served_name or self.model.name
+
+    @property
+    def layout(self) -> Layout:
+        """How a replica group is launched: the pods' ranks, API servers and load balancing
+        (:func:`moe_eplb.api.layout.layout`; fault tolerance: every rank serves its own API)."""
+        p = self.parallelism
+        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled)
+
+    @property
+    def plugin_image(self) -> bool:
+        """``spec.engine.image`` is the project's image with the exporter plugin installed."""
+        ref = parse_image(self.engine.image)
+        return ref is not None and f"{ref.registry}/{ref.repository}" == k8s_names.PLUGIN_IMAGE_REPOSITORY
+
+    @property
+    def exporter_in_pod(self) -> bool:
+        """The engine pods run the exporter (its probes, drain and metrics): injected
+        (``spec.engine.exporter.inject``), or installed in the image. False: a stock engine, whose
+        probes and drain are vLLM's own (``/health``, ``--shutdown-timeout``)."""
+        return self.engine.exporter.inject or self.plugin_image
 
     @property
     def eplb(self) -> EplbSettings:

@@ -485,8 +485,7 @@ def _exporter_problems(inf: MoEInference, version: Version | None) -> list[Probl
     if not eplb.enabled or version is None:
         return []  # no EPLB state to export; an unknown version is reported elsewhere
     supported = vllm_facts.exporter_supports(version)
-    ref = parse_image(inf.engine.image)
-    plugin_image = ref is not None and f"{ref.registry}/{ref.repository}" == k8s_names.PLUGIN_IMAGE_REPOSITORY
+    plugin_image = inf.plugin_image
     if exporter.inject and not supported:
         return [Problem("spec.engine.exporter.inject",
                         f"the exporter plugin supports vLLM {vllm_facts.exporter_range()}, the image has "

@@ -24,32 +24,22 @@ from __future__ import annotations
 
 import re
 
+from moe_eplb.api import vllm_cli
 from moe_eplb.api.versions import Version
 from moe_eplb.contracts import vllm_facts
 
-#: ``--all2all-backend`` choices and the first version of each: the oldest release read (0.32) is the
-#: first we are sure of (older engines: leave the field out). 0.32 and 0.33 have the same list; 0.34
-#: adds ``mori`` and documents ``mori_high_throughput``/``mori_low_latency`` as deprecated (they
-#: still work). ``pplx`` and ``naive`` are still parsed in 0.32-0.34, but ``ParallelConfig`` replaces
-#: them with ``allgather_reducescatter`` and a warning ("has been removed").
-ALL2ALL_SINCE: dict[str, Version] = {
-    "allgather_reducescatter": (0, 32, 0),
-    "naive": (0, 32, 0),
-    "pplx": (0, 32, 0),
-    "deepep_high_throughput": (0, 32, 0),
-    "deepep_low_latency": (0, 32, 0),
-    "deepep_v2": (0, 32, 0),
-    "mori_high_throughput": (0, 32, 0),
-    "mori_low_latency": (0, 32, 0),
-    "moonep": (0, 32, 0),
-    "nixl_ep": (0, 32, 0),
-    "flashinfer_all2allv": (0, 32, 0),
-    "flashinfer_nvlink_two_sided": (0, 32, 0),
-    "flashinfer_nvlink_one_sided": (0, 32, 0),
-    "passthrough": (0, 32, 0),
-    "mori": (0, 34, 0),
-}
-ALL2ALL_BACKENDS: tuple[str, ...] = tuple(ALL2ALL_SINCE)
+#: ``--all2all-backend`` choices and the first release of each, as each release's own parser offers
+#: them (:mod:`moe_eplb.api.vllm_cli`, generated from the releases' code and checked by the launch-logic
+#: tier): 0.32 and 0.33 have the same list, 0.34 adds ``mori`` (and documents ``mori_high_throughput`` /
+#: ``mori_low_latency`` as deprecated: they still work). ``passthrough`` is a value of vLLM's
+#: ``All2AllBackend`` but no release's CLI offers it ("not selectable from the CLI": vLLM binds it
+#: itself for MoE backends that dispatch on their own), so it is refused. ``pplx`` and ``naive`` are
+#: still parsed in 0.32-0.34, but ``ParallelConfig`` replaces them with ``allgather_reducescatter`` and
+#: a warning ("has been removed"). Older engines than the oldest release read: leave the field out.
+ALL2ALL_SINCE: dict[str, Version] = vllm_cli.since("all2all_backends")
+ALL2ALL_BACKENDS: tuple[str, ...] = vllm_cli.all_offered("all2all_backends")
+#: choices a later release no longer offers: choice -> the first release without it (none so far)
+ALL2ALL_DROPPED: dict[str, Version] = vllm_cli.dropped("all2all_backends")
 #: Parsed but replaced by allgather_reducescatter (with a warning) in every release the operator supports.
 ALL2ALL_REMOVED = ("naive", "pplx")
 #: Deprecated from 0.34 (in favour of ``mori``); still accepted there.
@@ -61,13 +51,11 @@ ALL2ALL_DEFAULT = "allgather_reducescatter"
 MOONEP = "moonep"
 DEEPEP_LOW_LATENCY = "deepep_low_latency"
 
-#: ``EPLBConfig.communicator`` choices and the first version of each; ``symm_mem`` needs CUDA and
-#: every EP rank in one NVLink domain (MNNVL across nodes), else ``ValueError`` at the first rearrangement.
-COMMUNICATOR_SINCE: dict[str, Version] = {
-    "torch_nccl": (0, 32, 0), "torch_gloo": (0, 32, 0), "torch_xccl": (0, 32, 0), "nixl": (0, 32, 0),
-    "pynccl": (0, 32, 0), "symm_mem": (0, 34, 0),
-}
-COMMUNICATORS: tuple[str, ...] = tuple(COMMUNICATOR_SINCE)
+#: ``EPLBConfig.communicator`` choices and the first release of each (from the releases' code:
+#: :mod:`moe_eplb.api.vllm_cli`); ``symm_mem`` (0.34) needs CUDA and every EP rank in one NVLink domain
+#: (MNNVL across nodes), else ``ValueError`` at the first rearrangement.
+COMMUNICATOR_SINCE: dict[str, Version] = vllm_cli.since("communicators")
+COMMUNICATORS: tuple[str, ...] = vllm_cli.all_offered("communicators")
 SYMM_MEM = "symm_mem"
 #: Communicators async EPLB refuses ("NCCL multi-stream conflicts"); async is the default from 0.24.
 ASYNC_REFUSED_COMMUNICATORS = ("torch_nccl", "pynccl")

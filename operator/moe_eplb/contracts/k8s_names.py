@@ -65,18 +65,32 @@ KEDA_HPA_PREFIX = "keda-hpa-"
 # --- ports of an engine pod -----------------------------------------------------------------------
 API_PORT = 8000  # vLLM's OpenAI API and its own /metrics
 API_PORT_NAME = "http"
+#: a pod with several API servers (vLLM's multi-port supervisor: one per data-parallel rank of the
+#: pod, on API_PORT + i) names the i-th one's port API_PORT_NAME + "-" + i (``http-1``, ``http-2``, ...)
+MAX_API_SERVERS_PER_POD = 64
+
+
+def api_port_name(index: int) -> str:
+    """The container/Service port name of a pod's ``index``-th API server (``http``, ``http-1``, ...)."""
+    return API_PORT_NAME if index == 0 else f"{API_PORT_NAME}-{index}"
+
+
 EXPORTER_PORT = 9400  # the exporter plugin's /metrics
 EXPORTER_PORT_NAME = "eplb-metrics"
 EXPORTER_PATH = "/metrics"
 #: the exporter's health endpoints on the same port (moe_eplb.exporter.health): liveness (the
 #: engine's processes alive, no worker stuck in a forward), readiness (not draining, vLLM's /health
-#: answers), and the drain the preStop hook calls (blocks until no request is in flight)
+#: answers), and the drain the preStop hook starts (POST from loopback only; blocks until no request
+#: is in flight): the hook is an exec of DRAIN_COMMAND in the engine container
 EXPORTER_LIVE_PATH = "/livez"
 EXPORTER_READY_PATH = "/readyz"
 EXPORTER_DRAIN_PATH = "/drain"
+DRAIN_COMMAND = ("python3", "-m", "moe_eplb.exporter.drain")
 #: env of the engine container the exporter's health endpoints read (values rendered by the operator)
 ENGINE_ROLE_ENV = "MOE_EPLB_ROLE"  # "api" (serves the API: a Deployment pod, an LWS leader) or "worker"
 DRAIN_SECONDS_ENV = "MOE_EPLB_DRAIN_SECONDS"
+#: the ports of every API server of the pod, comma-separated, where it has several (``8000,8001``)
+API_PORTS_ENV = "MOE_EPLB_API_PORTS"
 ROLE_API, ROLE_WORKER = "api", "worker"
 #: the vLLM general plugin of the exporter (entry point in pyproject.toml, VLLM_PLUGINS value)
 EXPORTER_PLUGIN = "moe_eplb_exporter"

@@ -13,13 +13,26 @@ The operator points every engine pod's probes and its ``preStop`` hook here (``r
 ``/readyz`` (readiness)
     fails while the pod drains; else, in a pod that serves the API, it is vLLM's ``/health``; in a
     worker, it is ``/livez``.
-``/drain`` (the ``preStop`` hook, an HTTP GET the kubelet sends before SIGTERM)
+``/drain`` (the ``preStop`` hook: a ``POST`` from the pod itself, see below)
     turns ``/readyz`` to 503 at once, then returns once vLLM reports no running or waiting request
-    (``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` on its ``/metrics``), once vLLM's
-    API no longer answers (it has exited), or after ``MOE_EPLB_DRAIN_SECONDS``, whichever comes first,
-    and never before ``MOE_EPLB_DRAIN_MIN_SECONDS`` (default 5: the time Service endpoints take to
-    drop the pod). A worker drains against its group's leader (``LWS_LEADER_ADDRESS``): it stays up
-    while the leader still serves requests through it.
+    (``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` on its ``/metrics``, summed over
+    every API server of the pod), once vLLM's API no longer answers (it has exited), or after
+    ``MOE_EPLB_DRAIN_SECONDS``, whichever comes first, and never before ``MOE_EPLB_DRAIN_MIN_SECONDS``
+    (default 5: the time Service endpoints take to drop the pod). A worker drains against its group's
+    leader (``LWS_LEADER_ADDRESS``): it stays up while the leader still serves requests through it.
+
+Only the pod drains itself. The port is the one Prometheus scrapes and any pod may reach, so the
+server accepts a drain only as ``POST /drain`` from a loopback address (:func:`from_loopback`): the
+rendered ``preStop`` hook is an ``exec`` of ``python3 -m moe_eplb.exporter.drain`` inside the engine
+container, which shares the pod's network namespace (a kubelet ``httpGet`` hook would come from the
+node's address instead). A ``GET /drain`` -- a scraper following paths, a curious ``curl`` --
+changes nothing (405). A drain that was not followed by the stop (the hook run by hand, a stop that
+never came) expires after ``MOE_EPLB_DRAIN_EXPIRY_SECONDS`` (default: the drain time plus 60 s,
+the pod's whole ``terminationGracePeriodSeconds``): the pod is then ready again.
+
+Several API servers in one pod (vLLM's multi-port supervisor: one per data-parallel rank, ports
+8000, 8001, ...; ``MOE_EPLB_API_PORTS``): liveness and readiness need every one of them healthy,
+and the drain waits for the requests of all of them.
 
 Heartbeats: each worker process that runs an ``EplbState`` (the hook, :mod:`moe_eplb.exporter.hook`)
 maps a 16-byte file ``beat-<pid>.bin`` in the exporter directory and stores two monotonic times in it
@@ -46,6 +59,10 @@ from moe_eplb.contracts import k8s_names
 ENV_STUCK_SECONDS = "MOE_EPLB_STUCK_SECONDS"
 ENV_DRAIN_MIN_SECONDS = "MOE_EPLB_DRAIN_MIN_SECONDS"
 ENV_API_URL = "MOE_EPLB_API_URL"  # vLLM's API (default http://127.0.0.1:8000, a worker's: its leader's)
+ENV_DRAIN_EXPIRY_SECONDS = "MOE_EPLB_DRAIN_EXPIRY_SECONDS"
+#: a drain not followed by the stop expires this long after the drain time (vLLM's shutdown timeout
+#: and the kubelet's margin: the rest of the pod's terminationGracePeriodSeconds)
+DRAIN_EXPIRY_MARGIN_SECONDS = 60.0
 BEAT_PREFIX = "beat-"
 _BEAT = struct.Struct("<dd")  # forward began (monotonic s; 0: none under way), last step ended
 #: how long vLLM's /health may take (below the readiness probe's timeoutSeconds, 5)
@@ -159,6 +176,19 @@ class HealthSettings:
     drain_min_seconds: float = 5.0
     stuck_seconds: float = 600.0
     poll_seconds: float = 1.0
+    #: the pod's other API servers (vLLM's multi-port supervisor: one per data-parallel rank)
+    more_api_urls: tuple[str, ...] = ()
+    #: how long a drain not followed by the stop keeps the pod unready (None: drain + 60 s)
+    drain_expiry: float | None = None
+
+    @property
+    def api_urls(self) -> tuple[str, ...]:
+        """Every API server the pod's health and drain follow (none without an API to follow)."""
+        return ((self.api_url,) if self.api_url else ()) + self.more_api_urls
+
+    @property
+    def drain_expiry_seconds(self) -> float:
+        return self.drain_expiry if self.drain_expiry is not None else self.drain_seconds + DRAIN_EXPIRY_MARGIN_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HealthSettings:
@@ -166,13 +196,29 @@ class HealthSettings:
         role = k8s_names.ROLE_WORKER if env.get(k8s_names.ENGINE_ROLE_ENV) == k8s_names.ROLE_WORKER \
             else k8s_names.ROLE_API
         api_url = env.get(ENV_API_URL) or None
+        more: tuple[str, ...] = ()
         if api_url is None:
             host = "127.0.0.1" if role == k8s_names.ROLE_API else env.get(k8s_names.LWS_LEADER_ADDRESS_ENV)
             api_url = f"http://{host}:{k8s_names.API_PORT}" if host else None
-        return cls(role=role, api_url=api_url.rstrip("/") if api_url else None,
+            if role == k8s_names.ROLE_API:
+                more = tuple(f"http://127.0.0.1:{p}" for p in api_ports(env.get(k8s_names.API_PORTS_ENV, ""))
+                             if p != k8s_names.API_PORT)
+        expiry = env.get(ENV_DRAIN_EXPIRY_SECONDS)
+        return cls(role=role, api_url=api_url.rstrip("/") if api_url else None, more_api_urls=more,
                    drain_seconds=_number(env, k8s_names.DRAIN_SECONDS_ENV, 600.0),
                    drain_min_seconds=_number(env, ENV_DRAIN_MIN_SECONDS, 5.0),
-                   stuck_seconds=_number(env, ENV_STUCK_SECONDS, 600.0))
+                   stuck_seconds=_number(env, ENV_STUCK_SECONDS, 600.0),
+                   drain_expiry=_number(env, ENV_DRAIN_EXPIRY_SECONDS, 0.0) if expiry else None)
+
+
+def api_ports(text: str) -> tuple[int, ...]:
+    """The ports of ``MOE_EPLB_API_PORTS`` (``8000,8001``); entries that are not ports are skipped."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit() and 0 < int(part) < 65536:
+            out.append(int(part))
+    return tuple(out)
 
 
 def requests_in_flight(metrics_text: str) -> float:
@@ -213,13 +259,24 @@ class PodHealth:
 
     @property
     def draining(self) -> bool:
-        return self.drain_started is not None
+        """A drain started and has not expired (:attr:`HealthSettings.drain_expiry_seconds`: a drain
+        that was not followed by the stop ends, and the pod is ready again)."""
+        with self._lock:
+            started = self.drain_started
+            if started is not None and self.clock() - started >= self.settings.drain_expiry_seconds:
+                self.drain_started = started = None
+            return started is not None
 
     def _api_health(self) -> str | None:
-        if self.settings.role != k8s_names.ROLE_API or not self.settings.api_url:
+        if self.settings.role != k8s_names.ROLE_API:
             return None
-        status, _ = self.get(f"{self.settings.api_url}/health", API_HEALTH_TIMEOUT_SECONDS)
-        return None if status == 200 else f"vLLM's /health answers {status or 'nothing'}"
+        urls = self.settings.api_urls
+        for url in urls:
+            status, _ = self.get(f"{url}/health", API_HEALTH_TIMEOUT_SECONDS)
+            if status != 200:
+                where = "" if len(urls) == 1 else f" on port {url.rsplit(':', 1)[-1]}"
+                return f"vLLM's /health{where} answers {status or 'nothing'}"
+        return None
 
     def live(self) -> tuple[bool, str]:
         problems = beat_problems(read_beats(self.directory), self.clock(), self.settings.stuck_seconds) \
@@ -239,18 +296,21 @@ class PodHealth:
 
     def drain(self) -> str:
         """Stop being ready, then wait until nothing is in flight (see the module doc); a summary."""
-        with self._lock:
-            if self.drain_started is None:
+        if not self.draining:
+            with self._lock:
                 self.drain_started = self.clock()
         s, start = self.settings, self.drain_started
-        if not s.api_url:
+        if start is None or not s.api_urls:
             return "drained: no API to wait for"
         while True:
             waited = self.clock() - start
-            status, text = self.get(f"{s.api_url}/metrics", 5.0)
-            if status == 0:
-                return f"drained: vLLM's API at {s.api_url} is gone after {waited:.1f}s"
-            left = requests_in_flight(text) if status == 200 else None
+            left: float | None = 0.0
+            for url in s.api_urls:
+                status, text = self.get(f"{url}/metrics", 5.0)
+                if status == 0:
+                    return f"drained: vLLM's API at {url} is gone after {waited:.1f}s"
+                n = requests_in_flight(text) if status == 200 else None
+                left = None if left is None or n is None else left + n
             if left == 0 and waited >= s.drain_min_seconds:
                 return f"drained: no request in flight after {waited:.1f}s"
             if waited >= s.drain_seconds:

@@ -1,5 +1,7 @@
 """The pod's dedicated ``/metrics`` server (port ``eplb-metrics``, 9400), which also answers the
 pod's probes and its ``preStop`` drain (``/livez``, ``/readyz``, ``/drain``: :mod:`moe_eplb.exporter.health`).
+The drain is a ``POST`` from loopback only (the pod's own ``preStop``, :mod:`moe_eplb.exporter.drain`);
+any ``GET`` -- a scrape of any path -- changes nothing.
 
 It runs in its own small process (``python -m moe_eplb.exporter.server``), started by the plugin in
 the pod's first vLLM process and ending when that process ends: rendering ~30 000 series takes a
@@ -18,6 +20,7 @@ its parent exits: last trace bucket written, owned directory removed.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -36,6 +39,21 @@ from moe_eplb.exporter.group import GROUP_PATH
 log = logging.getLogger("moe_eplb.exporter")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DRAIN_BY_GET = (b"the drain is started only by the pod's own preStop hook (POST from loopback: "
+                b"python3 -m moe_eplb.exporter.drain); a GET changes nothing\n")
+DRAIN_NOT_LOOPBACK = b"the drain is started only from inside the pod (loopback); refused\n"
+
+
+def from_loopback(host: str) -> bool:
+    """Whether a client address is the pod's own loopback (``127.0.0.0/8``, ``::1``, or an
+    IPv4-mapped loopback): what a process inside the pod's network namespace connects from, never
+    another pod or the kubelet on the node."""
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def make_registry(collector) -> CollectorRegistry:
@@ -53,14 +71,45 @@ class _Handler(BaseHTTPRequestHandler):
     group_totals = None  # a worker pod of a replica group: group.WorkerTotals (group.GROUP_PATH)
 
     def _health(self, path: str) -> tuple[bytes, int, str]:
-        if path == k8s_names.EXPORTER_DRAIN_PATH:
-            return (self.health.drain() + "\n").encode(), 200, "text/plain"
         ok, why = self.health.live() if path == k8s_names.EXPORTER_LIVE_PATH else self.health.ready()
         return (why + "\n").encode(), 200 if ok else 503, "text/plain"
 
+    def _send(self, body: bytes, status: int, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in headers:
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the scraper gave up (timeout); nothing to do
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        """``POST /drain`` from loopback (the pod's preStop): drain and answer when done."""
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 65536:
+            self.rfile.read(length)
+        if path != k8s_names.EXPORTER_DRAIN_PATH or self.health is None:
+            return self._send(b"not found\n", 404, "text/plain")
+        if not from_loopback(self.client_address[0]):
+            log.warning("moe-eplb exporter: refused a drain from %s (only the pod's own preStop drains it)",
+                        self.client_address[0])
+            return self._send(DRAIN_NOT_LOOPBACK, 403, "text/plain")
+        try:
+            body, status = (self.health.drain() + "\n").encode(), 200
+        except Exception as exc:  # noqa: BLE001
+            log.exception("moe-eplb exporter: the drain failed")
+            body, status = f"drain failed: {exc}\n".encode(), 500
+        self._send(body, status, "text/plain")
+
     def do_GET(self):  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
-        health_paths = (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH, k8s_names.EXPORTER_DRAIN_PATH)
+        health_paths = (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH)
+        if path == k8s_names.EXPORTER_DRAIN_PATH and self.health is not None:
+            return self._send(DRAIN_BY_GET, 405, "text/plain", (("Allow", "POST"),))
         if path in health_paths and self.health is not None:
             try:
                 body, status, ctype = self._health(path)
@@ -83,14 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             body, status, ctype = b"moe-eplb exporter: see /metrics\n", 200, "text/plain"
         else:
             body, status, ctype = b"not found\n", 404, "text/plain"
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the scraper gave up (timeout); nothing to do
+        self._send(body, status, ctype)
 
     def log_message(self, fmt, *args):  # keep vLLM's log clean
         pass

@@ -13,13 +13,18 @@ EPLB flags by version (see /work/shared/notes/vllm-eplb.md):
 version. ``spec.eplb.communicator`` goes into ``--eplb-config``; ``spec.parallelism.all2allBackend``
 is ``--all2all-backend``.
 
-Fault tolerance (``spec.faultTolerance.enabled``): ``--enable-fault-tolerance``. vLLM refuses it with
-its internal data-parallel load balancing and with more than one API server (``engine/arg_utils.py``,
-``config/parallel.py``), so every data-parallel rank then serves its own API: with more than one rank
-per pod ``--data-parallel-multi-port-external-lb`` (ranks on ports 8000, 8001, ...), with one
-``--data-parallel-rank`` (external load balancing); workers of a multi-node group are then not
-headless. vLLM's multi-port supervisor stops all ranks of its pod when one becomes unhealthy, so
-ranks are lost a pod at a time (validation asks ``rankFailuresToSurvive`` in whole pods).
+Data-parallel wiring follows the group's launch layout (:mod:`moe_eplb.api.layout`): with vLLM's
+internal load balancing the one API-serving pod (the Deployment's pod, a LeaderWorkerSet's leader)
+gets no ``--data-parallel-start-rank`` (on a process that is not ``--headless`` it would make vLLM
+infer hybrid load balancing, whose API dispatches to that pod's ranks only) and the workers run
+``--headless --data-parallel-start-rank <first rank of the pod>``. Fault tolerance
+(``spec.faultTolerance.enabled``: ``--enable-fault-tolerance``) needs external load balancing and one
+API server per engine (``engine/arg_utils.py``, ``config/parallel.py``), so every data-parallel rank
+then serves its own API: with more than one rank per pod vLLM's multi-port supervisor
+(``--data-parallel-multi-port-external-lb``: ranks on ports 8000, 8001, ..., aggregated health on
+``--data-parallel-supervisor-port``), with one ``--data-parallel-rank``; workers of a multi-node group
+are then not headless. vLLM's multi-port supervisor stops all ranks of its pod when one becomes
+unhealthy, so ranks are lost a pod at a time (validation asks ``rankFailuresToSurvive`` in whole pods).
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ from __future__ import annotations
 import json
 
 from moe_eplb.api import catalog
+from moe_eplb.api.layout import DP_RPC_PORT, dp_flags
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import SHUTDOWN_TIMEOUT_FLAG, Version, uses_eplb_config_json
 from moe_eplb.contracts.k8s_names import API_PORT, CHAT_TEMPLATE_DIR
 
-DP_RPC_PORT = 13345
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
 LATEST_KNOWN = (0, 34, 0)
 #: vLLM's own graceful shutdown after SIGTERM (``--shutdown-timeout``), on top of the preStop drain of
@@ -105,8 +110,10 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     args += ["--port", str(API_PORT), "--tensor-parallel-size", str(p.tensor)]
     if p.data > 1:
         args += ["--data-parallel-size", str(p.data)]
-        if inf.fault_tolerance.enabled and p.nodes == 1:
-            args += ["--data-parallel-size-local", str(p.data), "--data-parallel-multi-port-external-lb"]
+        if p.nodes == 1:
+            lay = inf.layout
+            flags = dp_flags(lay, lay.pods[0])
+            args += (["--data-parallel-size-local", str(p.data)] if flags else []) + flags
     if p.expert and p.ep_size > 1:
         args.append("--enable-expert-parallel")
     if p.all2all_backend:
@@ -133,19 +140,31 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     return args + list(e.extra_args)
 
 
+def shutdown_seconds(inf: MoEInference) -> int:
+    """vLLM's ``--shutdown-timeout``: what still runs after the exporter's preStop drain gets
+    :data:`SHUTDOWN_TIMEOUT_SECONDS`; without the exporter (``spec.engine.exporter.inject: false`` on a
+    stock image) vLLM's own graceful shutdown is the whole drain, so it gets ``drainSeconds``."""
+    return SHUTDOWN_TIMEOUT_SECONDS if inf.exporter_in_pod else inf.engine.drain_seconds
+
+
 def shutdown_args(inf: MoEInference, version: Version) -> list[str]:
     """``--shutdown-timeout`` when the pod drains (``drainSeconds > 0``) and the version has the flag
     (vLLM >= 0.18.0; before it, vLLM aborts what runs on SIGTERM and the preStop drain is all)."""
     if inf.engine.drain_seconds <= 0 or version < SHUTDOWN_TIMEOUT_FLAG:
         return []
-    return ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS)]
+    return ["--shutdown-timeout", str(shutdown_seconds(inf))]
 
 
 def termination_grace_seconds(inf: MoEInference) -> int:
     """The pod's ``terminationGracePeriodSeconds``: the preStop drain, vLLM's own shutdown and a
-    margin (60 s without a drain)."""
+    margin (60 s without a drain). Without the exporter there is no preStop drain: vLLM's shutdown
+    timeout (``drainSeconds``) and the margin."""
     drain = inf.engine.drain_seconds
-    return drain + SHUTDOWN_TIMEOUT_SECONDS + TERMINATION_MARGIN_SECONDS if drain > 0 else 60
+    if drain <= 0:
+        return 60
+    if not inf.exporter_in_pod:
+        return drain + TERMINATION_MARGIN_SECONDS
+    return drain + SHUTDOWN_TIMEOUT_SECONDS + TERMINATION_MARGIN_SECONDS
 
 
 def engine_script() -> str:
@@ -160,39 +179,37 @@ def _dp_args(inf: MoEInference) -> list[str]:
 
 
 def multinode_leader_args(inf: MoEInference) -> list[str]:
-    """Extra args of the LeaderWorkerSet leader (rank 0 pod): it serves the API.
+    """Extra args of the LeaderWorkerSet leader (rank 0 pod), after the common ones.
 
     ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes from the env LeaderWorkerSet injects. With
-    fault tolerance, each data-parallel rank serves its own API (see the module's docstring).
+    vLLM's internal load balancing the leader gets no ``--data-parallel-start-rank``, so its API
+    dispatches to every rank of the group; with fault tolerance each data-parallel rank serves its own
+    API (see the module's docstring and :mod:`moe_eplb.api.layout`).
     """
-    first = ["--data-parallel-start-rank", "0"]
-    if inf.fault_tolerance.enabled:
-        first = ["--data-parallel-rank", "0"] if inf.parallelism.data_local == 1 else \
-            first + ["--data-parallel-multi-port-external-lb"]
-    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)"] + first
+    lay = inf.layout
+    return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)"] + dp_flags(lay, lay.pods[0])
 
 
 def multinode_worker_args(inf: MoEInference) -> list[str]:
-    """Extra args of a LeaderWorkerSet worker (headless) passed as container ``args`` (no shell):
-    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes, as for the leader. The first DP rank and
-    ``--headless`` come from the fixed :func:`multinode_worker_script`."""
+    """Extra args of a LeaderWorkerSet worker passed as container ``args`` (no shell):
+    ``$(LWS_LEADER_ADDRESS)`` is expanded by Kubernetes, as for the leader. The first DP rank (and
+    ``--headless`` or the API flags) come from the fixed :func:`multinode_worker_script`."""
     return _dp_args(inf) + ["--data-parallel-address", "$(LWS_LEADER_ADDRESS)"]
 
 
 def multinode_worker_script(inf: MoEInference) -> str:
-    """The worker's ``sh -c`` script: :data:`SHM_CLEAN`, then ``exec vllm serve "$@"`` (the container ``args``, verbatim)
-    then ``--data-parallel-start-rank $((LWS_WORKER_INDEX x dataLocal)) --headless``.
+    """The worker's ``sh -c`` script: :data:`SHM_CLEAN`, then ``exec vllm serve "$@"`` (the container
+    ``args``, verbatim) then the worker's data-parallel flags of the layout (:func:`moe_eplb.api.layout.dp_flags`)
+    with ``--data-parallel-start-rank`` / ``--data-parallel-rank`` ``$((LWS_WORKER_INDEX x dataLocal))``:
+    ``--headless`` with vLLM's internal load balancing, the API flags with fault tolerance.
 
     No user-derived text is in it (``dataLocal`` is an int), and every ``$`` is written ``$$`` so
     that Kubernetes' ``$(VAR)`` expansion of ``command`` leaves the script exactly as the shell
     must see it, whatever env the pod has.
     """
-    data_local = int(inf.parallelism.data_local)
-    rank = f'"$((LWS_WORKER_INDEX * {data_local}))"'
-    tail = f"--data-parallel-start-rank {rank} --headless"
-    if inf.fault_tolerance.enabled:  # every rank serves its own API (see the module's docstring)
-        tail = f"--data-parallel-rank {rank}" if data_local == 1 else \
-            f"--data-parallel-start-rank {rank} --data-parallel-multi-port-external-lb"
+    lay = inf.layout
+    rank = f'"$((LWS_WORKER_INDEX * {int(inf.parallelism.data_local)}))"'
+    tail = " ".join(dp_flags(lay, lay.pods[1], start_rank=rank))
     return k8s_escape(f'{SHM_CLEAN}; exec vllm serve "$@" {tail}')
 
 

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from moe_eplb import __version__
+from moe_eplb.api.layout import SUPERVISOR_PORT, SUPERVISOR_PORT_NAME, PodLaunch
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.contracts.k8s_names import (
@@ -134,7 +135,7 @@ def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:
 # --- pods -----------------------------------------------------------------------------------------
 
 
-def _env(inf: MoEInference, role: str = k8s_names.ROLE_API) -> list[dict[str, Any]]:
+def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | None = None) -> list[dict[str, Any]]:
     user = [dict(e) for e in inf.engine.env]
     plugins = [EXPORTER_PLUGIN]
     for e in user:
@@ -159,7 +160,10 @@ def _env(inf: MoEInference, role: str = k8s_names.ROLE_API) -> list[dict[str, An
             {"name": k8s_names.DRAIN_SECONDS_ENV, "value": str(inf.engine.drain_seconds)},
             # where the exporter finds the token of the operator's control requests (control_secret)
             {"name": k8s_names.CONTROL_TOKEN_FILE_ENV, "value": k8s_names.CONTROL_TOKEN_FILE}]
-    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV, k8s_names.CONTROL_TOKEN_FILE_ENV}
+    merged |= {k8s_names.ENGINE_ROLE_ENV, k8s_names.DRAIN_SECONDS_ENV, k8s_names.API_PORTS_ENV,
+               k8s_names.CONTROL_TOKEN_FILE_ENV}
+    if pod is not None and len(pod.api_servers) > 1:  # several API servers: health and drain follow all
+        env.append({"name": k8s_names.API_PORTS_ENV, "value": ",".join(map(str, pod.api_ports))})
     return env + [e for e in user if e.get("name") not in merged]
 
 
@@ -194,41 +198,52 @@ def _resources(inf: MoEInference) -> dict[str, Any]:
     return res
 
 
-def _probes(serves_api: bool, startup_timeout: int) -> dict[str, Any]:
+def _probe(get: dict[str, Any], period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": get, "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failures}
+
+
+def _probes(inf: MoEInference, pod: PodLaunch) -> dict[str, Any]:
     """Probes of an engine container (see docs/operator.md, "Pod health").
 
-    A pod that serves the API waits for vLLM's ``/health`` (startup); a worker for its exporter.
-    Readiness and liveness are the exporter's (``moe_eplb.exporter.health``): readiness fails while
-    the pod drains (so the Service stops routing to it) or vLLM's ``/health`` fails; liveness fails
-    when the engine's process is gone (the exporter ends with it) or a worker is stuck in a forward
-    pass. The startup probe holds both off for up to ``spec.engine.startupTimeoutSeconds`` (model
-    loading can take most of an hour for the largest models), on workers too.
+    A pod that serves the API waits for vLLM's ``/health`` (startup; with several API servers, the
+    multi-port supervisor's ``/health``, which answers 200 once every one of them is ready); a
+    worker for its exporter. With the exporter in the pod, readiness and liveness are its own
+    (``moe_eplb.exporter.health``): readiness fails while the pod drains (so the Service stops
+    routing to it) or vLLM's ``/health`` fails (on any of the pod's API ports); liveness fails when
+    the engine's process is gone (the exporter ends with it) or a worker is stuck in a forward pass.
+    Without it (a stock engine, ``spec.engine.exporter.inject: false``) they are vLLM's own
+    ``/health`` (the supervisor's with several API servers; a headless worker has none, so only its
+    process is watched). The startup probe holds both off for up to ``spec.engine.startupTimeoutSeconds``
+    (model loading can take most of an hour for the largest models), on workers too.
     """
     exporter = k8s_names.EXPORTER_PORT_NAME
-    start = {"path": HEALTH_PATH, "port": API_PORT_NAME} if serves_api else \
-        {"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}
-    ready = {"path": k8s_names.EXPORTER_READY_PATH, "port": exporter}
-    live = {"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}
+    vllm_health = {"path": HEALTH_PATH, "port": SUPERVISOR_PORT_NAME if pod.supervised else API_PORT_NAME}
+    serves_api = bool(pod.api_servers)
+    startup_failures = math.ceil(inf.engine.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+    if not inf.exporter_in_pod:
+        if not serves_api:
+            return {}
+        return {"startupProbe": _probe(vllm_health, PROBE_PERIOD_SECONDS, 5, startup_failures),
+                "readinessProbe": _probe(dict(vllm_health), 10, 5, 3),
+                "livenessProbe": _probe(dict(vllm_health), 30, 10, 5)}
+    start = vllm_health if serves_api else {"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}
     return {
-        "startupProbe": {
-            "httpGet": start,
-            "periodSeconds": PROBE_PERIOD_SECONDS,
-            "timeoutSeconds": 5,
-            "failureThreshold": math.ceil(startup_timeout / PROBE_PERIOD_SECONDS),
-        },
-        "readinessProbe": {"httpGet": ready, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": live, "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 5},
+        "startupProbe": _probe(start, PROBE_PERIOD_SECONDS, 5, startup_failures),
+        "readinessProbe": _probe({"path": k8s_names.EXPORTER_READY_PATH, "port": exporter}, 10, 5, 3),
+        "livenessProbe": _probe({"path": k8s_names.EXPORTER_LIVE_PATH, "port": exporter}, 30, 10, 5),
     }
 
 
 def _lifecycle(inf: MoEInference) -> dict[str, Any]:
-    """The preStop drain (``spec.engine.drainSeconds`` > 0): the kubelet's GET on the exporter's
-    ``/drain`` turns the pod unready and returns once vLLM has no request in flight (a worker: once
-    its group's leader has none, or is gone), or after ``drainSeconds``; SIGTERM follows."""
-    if inf.engine.drain_seconds <= 0:
+    """The preStop drain (``spec.engine.drainSeconds`` > 0, the exporter in the pod): an ``exec`` of
+    ``python3 -m moe_eplb.exporter.drain`` inside the engine container, which asks the exporter on
+    loopback (the only address it takes a drain from) to turn the pod unready, and returns once vLLM
+    has no request in flight (a worker: once its group's leader has none, or is gone), or after
+    ``drainSeconds``; SIGTERM follows. Without the exporter (a stock engine) there is no hook: vLLM's
+    own graceful shutdown (``--shutdown-timeout drainSeconds``) finishes what runs."""
+    if inf.engine.drain_seconds <= 0 or not inf.exporter_in_pod:
         return {}
-    drain = {"path": k8s_names.EXPORTER_DRAIN_PATH, "port": k8s_names.EXPORTER_PORT_NAME}
-    return {"lifecycle": {"preStop": {"httpGet": drain}}}
+    return {"lifecycle": {"preStop": {"exec": {"command": list(k8s_names.DRAIN_COMMAND)}}}}
 
 
 def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -264,27 +279,37 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
     return volumes, mounts
 
 
+def _ports(inf: MoEInference, pod: PodLaunch) -> list[dict[str, Any]]:
+    """The container ports: every API server of the pod (``http``, ``http-1``, ...), the multi-port
+    supervisor's health port where it runs, and the exporter's where it is in the pod."""
+    ports = [{"name": a.name, "containerPort": a.port, "protocol": "TCP"} for a in pod.api_servers]
+    if pod.supervised:
+        ports.append({"name": SUPERVISOR_PORT_NAME, "containerPort": SUPERVISOR_PORT, "protocol": "TCP"})
+    if inf.exporter_in_pod:
+        ports.append({"name": k8s_names.EXPORTER_PORT_NAME, "containerPort": k8s_names.EXPORTER_PORT, "protocol": "TCP"})
+    return ports
+
+
 def pod_template(
-    inf: MoEInference, eplb: EplbSettings, *, command: list[str], args: list[str] | None, serves_api: bool = True
+    inf: MoEInference, eplb: EplbSettings, *, command: list[str], args: list[str] | None, pod: PodLaunch | None = None
 ) -> dict[str, Any]:
-    """Pod template of one engine pod (labels, config-hash annotation, GPUs, shm, probes, ports), with
-    ``spec.engine.podTemplate`` merged in (:mod:`moe_eplb.render.overlay`)."""
+    """Pod template of one engine pod of the layout (``pod``: the Deployment's pod by default; labels,
+    config-hash annotation, GPUs, shm, probes, ports), with ``spec.engine.podTemplate`` merged in
+    (:mod:`moe_eplb.render.overlay`)."""
+    pod = pod if pod is not None else inf.layout.pods[0]
     volumes, mounts = _volumes(inf)
-    role = k8s_names.ROLE_API if serves_api else k8s_names.ROLE_WORKER
-    ports = [{"name": k8s_names.EXPORTER_PORT_NAME, "containerPort": k8s_names.EXPORTER_PORT, "protocol": "TCP"}]
-    if serves_api:
-        ports.insert(0, {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"})
+    role = k8s_names.ROLE_API if pod.api_servers else k8s_names.ROLE_WORKER
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": inf.engine.image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
         **({"args": args} if args is not None else {}),
-        "ports": ports,
-        "env": _env(inf, role),
+        "ports": _ports(inf, pod),
+        "env": _env(inf, role, pod),
         "resources": _resources(inf),
         "volumeMounts": mounts,
-        **_probes(serves_api, inf.engine.startup_timeout_seconds),
+        **_probes(inf, pod),
         **_lifecycle(inf),
     }
     spec: dict[str, Any] = {
@@ -342,12 +367,13 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     a failed pod is not answered by recreating its group (``restartPolicy: None``): the surviving
     ranks keep serving while vLLM re-hosts the lost rank's experts."""
     ft = inf.fault_tolerance.enabled
+    lay = inf.layout
     common = engine_args(inf, eplb)
-    leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf))
+    leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf), pod=lay.pods[0])
     # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
     # script; no user text is ever part of a `sh -c` string (issue 24)
     worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
-                          args=common + multinode_worker_args(inf), serves_api=ft)
+                          args=common + multinode_worker_args(inf), pod=lay.pods[1])
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -379,28 +405,23 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
 
 
 def service(inf: MoEInference) -> dict[str, Any]:
-    """ClusterIP Service for the API (leaders only for multi-node, unless fault tolerance has every
-    rank serve its own API) and the exporter port."""
+    """ClusterIP Service of every API port of the layout (``http`` 8000; with several API servers a
+    pod, ``http-1`` 8001, ...: each reaches one rank of every pod) and the exporter's port; it selects
+    the pods that serve an API: the leaders only for a multi-node group with vLLM's internal load
+    balancing (its API dispatches to every rank), every pod when every rank serves its own."""
+    lay = inf.layout
     selector = selector_labels(inf.name)
-    if inf.parallelism.nodes > 1 and not inf.fault_tolerance.enabled:
+    if inf.parallelism.nodes > 1 and not lay.workers_serve_api:
         selector[LWS_WORKER_INDEX_LABEL] = "0"
+    ports = [{"name": a.name, "port": a.port, "targetPort": a.name, "protocol": "TCP"} for a in lay.api_ports]
+    if inf.exporter_in_pod:
+        ports.append({"name": k8s_names.EXPORTER_PORT_NAME, "port": k8s_names.EXPORTER_PORT,
+                      "targetPort": k8s_names.EXPORTER_PORT_NAME, "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(inf),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector,
-            "ports": [
-                {"name": API_PORT_NAME, "port": API_PORT, "targetPort": API_PORT_NAME, "protocol": "TCP"},
-                {
-                    "name": k8s_names.EXPORTER_PORT_NAME,
-                    "port": k8s_names.EXPORTER_PORT,
-                    "targetPort": k8s_names.EXPORTER_PORT_NAME,
-                    "protocol": "TCP",
-                },
-            ],
-        },
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
     }
 
 
@@ -444,12 +465,14 @@ def pod_monitor(inf: MoEInference) -> dict[str, Any]:
              metric_names.GROUP_WORKER_LABEL),
             ("__meta_kubernetes_pod_annotation_" + _prom_label(k8s_names.LWS_SIZE_ANNOTATION),
              metric_names.GROUP_SIZE_LABEL))]
-    endpoints = [
-        {"port": k8s_names.EXPORTER_PORT_NAME, "path": k8s_names.EXPORTER_PATH, "interval": SCRAPE_INTERVAL,
-         "relabelings": [dict(r) for r in relabel]},
-        {"port": API_PORT_NAME, "path": "/metrics", "interval": SCRAPE_INTERVAL,
-         "relabelings": [dict(r) for r in relabel]},
-    ]
+    endpoints = []
+    if inf.exporter_in_pod:
+        endpoints.append({"port": k8s_names.EXPORTER_PORT_NAME, "path": k8s_names.EXPORTER_PATH,
+                          "interval": SCRAPE_INTERVAL, "relabelings": [dict(r) for r in relabel]})
+    # vLLM's own /metrics on every API port: with several API servers a pod, each serves its rank's
+    # engine series, so the autoscaler's query and the tuner's reader see every rank
+    endpoints += [{"port": a.name, "path": "/metrics", "interval": SCRAPE_INTERVAL,
+                   "relabelings": [dict(r) for r in relabel]} for a in inf.layout.api_ports]
     spec: dict[str, Any] = {"selector": {"matchLabels": selector_labels(inf.name)}, "podMetricsEndpoints": endpoints}
     if inf.namespace:
         spec["namespaceSelector"] = {"matchNames": [inf.namespace]}

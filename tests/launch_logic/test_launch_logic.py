@@ -1,0 +1,150 @@
+"""vLLM's launch logic as a test tier: every example, every golden and a grid of layouts, rendered,
+run through Kubernetes' ``$(VAR)`` expansion and the pods' own ``sh -c`` scripts, then through each
+release's own ``vllm serve`` parser, ``validate_parsed_serve_args``, serve-path choice and
+``create_engine_config`` up to its ``ParallelConfig`` (tests/launch_logic/vllm_launcher.py), for every
+release in range: the installed CPU wheel (0.32) and the Python sources of 0.33 and 0.34.
+
+Asserted (tests/launch_logic/expect.py): the outcome the operator intends
+(:mod:`moe_eplb.api.layout`) -- the LB mode, which ranks each API server dispatches to, the number of
+API servers, the engines each pod starts, every rank of the group served -- and that every API
+server is reachable through the rendered Service, container ports and PodMonitor.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from moe_eplb.api.spec import OperatorDefaults
+from moe_eplb.api.validation import check_for_operator
+from moe_eplb.render.objects import render_children
+from tests.example_manifests import EXAMPLES, load_moeinferences, set_path
+from tests.launch_logic.expect import launch_group, problems
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+PROM = OperatorDefaults(prometheus_url="http://prometheus.monitoring:9090")
+
+
+def render(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    """The children ``moe-eplb render`` prints for a resource it accepts (failing the test otherwise)."""
+    checked = check_for_operator(resource, PROM)
+    assert checked.problems == [], [str(p) for p in checked.problems]
+    return render_children(checked.inference)
+
+
+def _assert_launches(children, launcher):
+    out = launch_group(children, launcher)
+    assert problems(children, out) == [], "\n".join(problems(children, out))
+    return out
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES, ids=lambda p: p.stem)
+def test_launch_logic_every_example_launches_as_meant(vllm_release, example):
+    for resource in load_moeinferences(example):
+        _assert_launches(render(resource), vllm_release)
+
+
+@pytest.mark.parametrize("golden", sorted(GOLDEN.glob("render-*.yaml")), ids=lambda p: p.stem)
+def test_launch_logic_every_golden_launches_as_meant(vllm_release, golden):
+    children = [d for d in yaml.safe_load_all(golden.read_text()) if d]
+    _assert_launches(children, vllm_release)
+
+
+def test_launch_logic_the_multinode_leader_dispatches_to_every_rank_of_its_group(vllm_release):
+    """examples/deepseek-v3-multinode.yaml (16 ranks over 2 pods): the leader's API servers dispatch to
+    all 16 ranks with vLLM's internal load balancing; the worker is headless with ranks 8-15."""
+    (resource,) = load_moeinferences(EXAMPLES / "deepseek-v3-multinode.yaml")
+    out = _assert_launches(render(resource), vllm_release)
+    leader, worker = out.answers
+    assert leader["path"] == "multi_api_server" and leader["api_server_count"] == 16
+    (front,) = leader["front_ends"]
+    assert (front["lb"], front["port"], front["ranks"], front["engines"]) == ("internal", 8000, list(range(16)),
+                                                                            list(range(8)))
+    assert worker["path"] == "headless" and worker["front_ends"][0]["engines"] == list(range(8, 16))
+
+
+BASE: dict[str, Any] = {
+    "apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": "grid", "namespace": "default"},
+    "spec": {"model": {"name": "deepseek-ai/DeepSeek-R1"}, "engine": {"image": "vllm/vllm-openai:v0.34.0"},
+             "parallelism": {"tensor": 1, "data": 1}, "eplb": {"enabled": True},
+             "monitoring": {"podMonitor": {"enabled": True}}},
+}
+FT = {"spec.faultTolerance": {"enabled": True}, "spec.parallelism.all2allBackend": "deepep_low_latency"}
+#: (id, changes): single pod, multi-node internal LB, fault tolerance, several TP/DP/EP shapes
+GRID = [
+    ("single-tp8", {"spec.parallelism": {"tensor": 8, "data": 1}}),
+    ("single-dp8", {"spec.parallelism": {"tensor": 1, "data": 8}}),
+    ("single-tp2-dp4", {"spec.parallelism": {"tensor": 2, "data": 4}}),
+    ("nodes2-dp16", {"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2}}),
+    ("nodes4-dp32", {"spec.parallelism": {"tensor": 1, "data": 32, "nodes": 4}}),
+    ("nodes2-tp2-dp8", {"spec.parallelism": {"tensor": 2, "data": 8, "nodes": 2}}),
+    ("nodes2-tp8-dp2", {"spec.parallelism": {"tensor": 8, "data": 2, "nodes": 2}}),
+    ("ft-single-dp8", {**FT, "spec.parallelism": {"tensor": 1, "data": 8, "all2allBackend": "deepep_low_latency"}}),
+    ("ft-nodes2-dp16", {**FT, "spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2,
+                                                   "all2allBackend": "deepep_low_latency"}}),
+    ("ft-nodes16-dp16-one-rank-a-pod", {**FT, "spec.parallelism": {"tensor": 1, "data": 16, "nodes": 16,
+                                                                   "all2allBackend": "deepep_low_latency"},
+                                        "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 1}}),
+    ("ft-nodes2-tp2-dp8", {**FT, "spec.parallelism": {"tensor": 2, "data": 8, "nodes": 2,
+                                                      "all2allBackend": "nixl_ep"}}),
+]
+
+
+def grid_resource(changes: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        set_path(out, dotted, value)
+    return out
+
+
+@pytest.mark.parametrize("changes", [c for _, c in GRID], ids=[i for i, _ in GRID])
+def test_launch_logic_a_grid_of_layouts_launches_as_meant(vllm_release, changes):
+    _assert_launches(render(grid_resource(changes)), vllm_release)
+
+
+def test_launch_logic_the_per_release_choices_are_the_releases_own(vllm_release):
+    """The all2all backends, EPLB config keys and communicators the operator checks per release
+    (:mod:`moe_eplb.api.vllm_cli`, generated) are exactly what the release's parser and config offer;
+    every key the operator renders in ``--eplb-config`` is one of the release's."""
+    from moe_eplb.api import vllm_cli
+    from moe_eplb.api.layout import SUPERVISOR_PORT
+    from moe_eplb.api.versions import parse_version
+    from moe_eplb.render.engine_args import eplb_args
+
+    got = vllm_release.ask({"choices": True})
+    version = parse_version(got["version"])
+    assert version in vllm_cli.RELEASES, f"vLLM {got['version']} is not read: python scripts/vllm_cli_choices.py"
+    want = vllm_cli.RELEASES[version]
+    for kind in ("all2all_backends", "eplb_config_keys", "communicators"):
+        assert tuple(sorted(got[kind])) == want[kind], (kind, "python scripts/vllm_cli_choices.py regenerates it")
+    assert got["supervisor_port"] == want["supervisor_port"] == SUPERVISOR_PORT
+    (resource,) = load_moeinferences(EXAMPLES / "deepseek-v3-fault-tolerant.yaml")
+    checked = check_for_operator(resource, PROM)
+    settings = checked.inference.effective.__class__(**{**checked.inference.effective.__dict__, "use_async": True,
+                                                        "communicator": "nixl"})
+    args = eplb_args(settings, version)
+    rendered = set(yaml.safe_load(args[args.index("--eplb-config") + 1]))
+    assert rendered <= set(got["eplb_config_keys"]), rendered - set(got["eplb_config_keys"])
+
+
+def test_launch_logic_passthrough_is_refused_as_every_release_refuses_it(vllm_release):
+    """``all2allBackend: passthrough`` is a value of vLLM's ``All2AllBackend`` that no release's CLI
+    offers: the release's parser refuses it, and so does validation (it would never start)."""
+    from moe_eplb.api.validation import validate
+
+    (resource,) = load_moeinferences(EXAMPLES / "qwen3-30b-a3b-autotune.yaml")
+    answer = vllm_release.ask({"argv": ["serve", "m", "--all2all-backend", "passthrough"], "env": {}})
+    assert "invalid choice: 'passthrough'" in answer.get("error", ""), answer
+    bad = grid_resource({})
+    set_path(bad, "spec.parallelism", {"tensor": 1, "data": 8, "all2allBackend": "passthrough"})
+    set_path(bad, "spec.engine.image", f"vllm/vllm-openai:v{vllm_release.version}")
+    problems = validate(bad)
+    assert [p.field for p in problems] == ["spec.parallelism.all2allBackend"], [str(p) for p in problems]
+    assert "passthrough" in problems[0].message
