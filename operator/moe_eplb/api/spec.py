@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
-from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
+from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.podtemplate import PodTemplateOverlay
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import fill_schema_defaults
