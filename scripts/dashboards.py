@@ -492,6 +492,7 @@ def expert_load() -> gdash.Dashboard:
         row = row.with_panel(p)
 
     d = d.with_row(row)
+    d = d.with_row(fault_recovery_row(ids))
 
     row = gdash.Row("Autotune and calibration").id(ids()).collapsed(True)
     for p in arm_panels(ids):
@@ -569,6 +570,44 @@ def expert_load() -> gdash.Dashboard:
     ):
         d = d.annotation(a)
     return d
+
+
+def fault_recovery_row(ids: _Ids) -> gdash.Row:
+    """The collapsed "Fault recovery" row (spec.faultTolerance): the operator's recovery phase, lost
+    ranks, rounds and their durations, the time left before the engines give up, and the requests
+    vLLM aborted (its own counter: vLLM finishes a faulted engine's requests as aborted)."""
+    row = gdash.Row("Fault recovery").id(ids()).collapsed(True)
+    phase = f"{mn.RECOVERY_PHASE}{{{SEL_TUNER}}}"
+    aborted = f'{_vllm("vllm:request_success", "_total")}{{{SEL_VLLM}, finished_reason="abort"}}'
+    done = f'{_vllm("vllm:request_success", "_total")}{{{SEL_VLLM}, finished_reason!="abort"}}'
+    for p in (
+        timeseries(ids, "Recovery phase", "The fault-recovery phase (1 while in it): Healthy, Recovering (a "
+                   "round prepared, sent or polled), Degraded (a group serves on fewer ranks after scale_down), "
+                   "Restoring (its planned restart), Failed (the engines give up; the group restarts).",
+                   [query(f"max by (phase) ({phase}) > 0", "{{phase}}")], w=8, unit="none", decimals=0),
+        timeseries(ids, "Lost ranks and time left", "Data-parallel ranks the replica groups run without (after "
+                   "scale_down), and the seconds left before the engines of a group with a round in flight give "
+                   "up (vLLM's engine_recovery_timeout_sec; MoEEPLBRecoveryStuck fires when it runs out).",
+                   [query(f"max({mn.RECOVERY_LOST_RANKS}{{{SEL_TUNER}}})", "lost ranks"),
+                    query(f"max by (group) ({mn.RECOVERY_DEADLINE}{{{SEL_TUNER}}}) - time()",
+                          "group {{group}}: seconds left")], w=8, unit="short"),
+        timeseries(ids, "Requests finished and aborted", "vLLM's own request counter per second: finished "
+                   "requests, and those aborted (a faulted engine aborts everything it runs; clients' aborts "
+                   "count here too).",
+                   [query(f"sum(rate({done}{RATE}))", "finished"),
+                    query(f"sum(rate({aborted}{RATE}))", "aborted")], w=8, unit="reqps"),
+        timeseries(ids, "Recovery rounds", "Rounds the operator sent, by instruction (retry, scale_down) and "
+                   "result (Succeeded, Failed, TimedOut, Superseded).",
+                   [query(f"sum by (instruction, result) (increase({mn.RECOVERY_ROUNDS}{{{SEL_TUNER}}}{RATE}))",
+                          "{{instruction}} {{result}}")], w=12, unit="none"),
+        timeseries(ids, "Fault to round end", "Seconds from a fault to the end of its round, by instruction "
+                   "(all MoEInferences of the operator: the histogram has no resource label).",
+                   [query(f"histogram_quantile({q}, sum by (le, instruction) (rate("
+                          f"{mn.RECOVERY_ROUND_SECONDS}_bucket{RATE})))", f"p{int(q * 100)} {{{{instruction}}}}")
+                    for q in (0.5, 0.99)], w=12, unit="s"),
+    ):
+        row = row.with_panel(p)
+    return row
 
 
 def operator_overview() -> gdash.Dashboard:

@@ -91,6 +91,9 @@ class Round:
     deadline: float = _time()
     state: str = PREPARING
     sent_to: tuple[int, ...] = ()
+    #: the ``request_id`` each accepting engine answered with (0.34: the round's own; before 0.34 each
+    #: API server drew one, and a failure names it)
+    accepted_ids: tuple[str, ...] = ()
     removed_ranks: tuple[int, ...] = ()
     store_master: str | None = None
     attempt: int = 1

@@ -420,11 +420,14 @@ def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: fl
     if dead:
         return _finish(st, rnd, now, ROUND_FAILED, f"rank(s) {dead} report dead after the round (vLLM: recovery "
                                                    "failed, a full restart is required)", fail_group=True)
-    # a failed retry or check-in leaves the engines unhealthy (retryable); before 0.34 the server drew the
-    # id itself, so any failure recorded after the round was sent counts
-    own_ids = facts.version >= ftp.CLIENT_REQUEST_ID_SINCE
-    failed = [(r, x) for r, x in zip(rnd.ranks, readings) if x.ft_state == ftp.FAILED and x.status == ftp.UNHEALTHY
-              and (x.last_request_id == rnd.request_id or not own_ids)]
+    # a failed retry or check-in leaves the engines unhealthy (retryable). 0.34 marks it ft_state failed
+    # with our id; before, the client only records the error with the id its server drew for the round
+    if facts.version >= ftp.CLIENT_REQUEST_ID_SINCE:
+        failed = [(r, x) for r, x in zip(rnd.ranks, readings) if x.ft_state == ftp.FAILED
+                  and x.status == ftp.UNHEALTHY and x.last_request_id == rnd.request_id]
+    else:
+        failed = [(r, x) for r, x in zip(rnd.ranks, readings) if x.error and x.status == ftp.UNHEALTHY
+                  and x.last_request_id in rnd.accepted_ids]
     if failed:
         why = failed[0][1].error or "no reason given"
         done = _finish(st, rnd, now, ROUND_FAILED, f"rank {failed[0][0]}: {why}")

@@ -56,6 +56,15 @@ def reading_of(body: object, rank: int) -> RankReading:
                        mask=tuple(int(b) for b in mask) if isinstance(mask, list) else ())
 
 
+def accepted_id(text: str) -> str | None:
+    """The ``request_id`` of an apply route's 202 answer (``{"message", "request_id"}``)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    return _str(body.get(ftp.FIELD_REQUEST_ID)) if isinstance(body, dict) else None
+
+
 def _str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 

@@ -17,6 +17,7 @@ an elastic group's grow back is asked for through :func:`request_grow_back`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -41,7 +42,7 @@ from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import recovery as rec
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import ApiError, KubeClient
-from moe_eplb.controller.recovery_client import Endpoint, RecoveryClient
+from moe_eplb.controller.recovery_client import Endpoint, RecoveryClient, accepted_id
 from moe_eplb.controller.workload import read_scaling, workload_view
 
 log = logging.getLogger("moe_eplb.recovery")
@@ -185,12 +186,14 @@ class RecoveryLoop:
         groups = group_pods(inf, pods, self.settings.to_clock)
         token = await control.read_token(client, ns, inf.name)
         version = inf.engine.version or (0, 0, 0)
-        readings = await self.http.statuses([ep for _, eps in groups.values() for ep in eps], version, token)
+        names = list(groups)
+        polled = await asyncio.gather(*(self.http.statuses(groups[g][1], version, token) for g in names))
+        readings = dict(zip(names, polled))  # per group: the ranks of different groups share numbers
         facts = facts_of(inf)
         tuner, busy = tuner_busy(inf)
         st, steps = inf.fault_recovery, {}
         for name, (view, eps) in groups.items():
-            view = replace(view, readings={ep.rank: readings[ep.rank] for ep in eps if ep.rank in readings})
+            view = replace(view, readings=readings[name])
             groups[name] = (view, eps)
             coord = await self._coordination(client, inf, st, name, groups, tuner, now)
             s = rec.step(st, view, facts, now, resource=inf.name, coord=coord, busy=busy)
@@ -223,6 +226,8 @@ class RecoveryLoop:
                 body = ftp.apply_body(rnd.instruction, rnd.request_id, s.params)
                 answers = await self.http.send_round(eps, version, body, token)
                 reached = tuple(sorted(set(rnd.sent_to) | {r for r, (code, _) in answers.items() if code == ftp.ACCEPTED}))
+                ids = tuple(sorted(set(rnd.accepted_ids) | {i for code, text in answers.values()
+                                                            if code == ftp.ACCEPTED and (i := accepted_id(text))}))
                 refused = {r: a for r, a in answers.items() if a[0] != ftp.ACCEPTED}
                 if refused:
                     log.warning("recovery %s/%s: round %s not accepted by %s", inf.namespace, inf.name, rnd.request_id,
@@ -232,8 +237,8 @@ class RecoveryLoop:
                     cur = parse(fresh).fault_recovery
                     kept = cur.in_flight(name)
                     if kept is not None and kept.request_id == rnd.request_id and kept.state == SENT:
-                        await self._write(client, parse(fresh), cur.with_round(replace(kept, sent_to=reached)), None,
-                                          self.now())
+                        await self._write(client, parse(fresh), cur.with_round(replace(kept, sent_to=reached,
+                                                                                      accepted_ids=ids)), None, self.now())
                 done = f"sent:{rnd.instruction}"
             if s.restart is not None:
                 if rec.restore_mode(facts_of(inf)) == "grow_back":
