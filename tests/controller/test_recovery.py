@@ -300,3 +300,33 @@ def test_the_tuner_pauses_while_a_group_recovers_or_runs_degraded() -> None:
     assert why.startswith("paused: the operator scaled down") and "group 0 ranks [2, 3]" in why
     res["status"]["faultTolerance"]["phase"] = "Recovering"
     assert "fault recovery is Recovering" in tuning_pause(parse(res))
+
+
+def test_a_restarted_operator_resends_a_round_only_to_survivors_it_did_not_reach_and_only_on_034() -> None:
+    s = _tick(RecoveryStatus(), _view({0: "unhealthy", 1: "unhealthy", 3: "unhealthy"}, gone=(2,)), 10.0)
+    rnd = s.send  # written Sent, then the operator died before recording sentTo
+    reached = {0: rec.RankReading("unhealthy", "recovering", rnd.request_id), 1: rec.RankReading("unhealthy"),
+               3: rec.RankReading("unhealthy", "recovering", rnd.request_id)}
+    again = _tick(s.status, _view(reached, gone=(2,)), 12.0)
+    assert again.send is not None and again.send.request_id == rnd.request_id and "[1]" in again.waiting
+    assert again.params == {"removed_dp_ranks": [2]}
+    old = rec.Facts(version=V032, num_experts=16, redundant=16, timeout_s=120.0)
+    s = _tick(RecoveryStatus(), _view(_all("unhealthy")), 10.0, facts=old)
+    assert s.send.instruction == ftp.RETRY
+    quiet = _tick(s.status, _view(_all("unhealthy")), 12.0, facts=old)
+    assert quiet.send is None  # 0.32's client shows no running instruction: never sent twice
+
+
+def test_before_034_a_failure_is_matched_by_the_id_the_server_answered_with() -> None:
+    import dataclasses
+
+    old = rec.Facts(version=V032, num_experts=16, redundant=16, timeout_s=120.0)
+    s = _tick(RecoveryStatus(), _view(_all("unhealthy")), 10.0, facts=old)
+    sent = dataclasses.replace(s.send, sent_to=(0, 1, 2, 3), accepted_ids=("srv-a", "srv-b", "srv-c", "srv-d"))
+    st = s.status.with_round(sent)
+    stale = {r: rec.RankReading("unhealthy", None, "srv-old", "an earlier failure") for r in range(4)}
+    assert _tick(st, _view(stale), 11.0, facts=old).status.rounds[-1].in_flight
+    failed = {**stale, 2: rec.RankReading("unhealthy", None, "srv-c", "RuntimeError: boom")}
+    out = _tick(st, _view(failed), 12.0, facts=old)
+    assert out.status.rounds[0].result == "Failed" and "boom" in out.status.rounds[0].reason
+    assert out.send is not None and out.send.attempt == 2

@@ -70,11 +70,20 @@ class Timeline:
                 done, aborted = done + d, aborted + a
         return done, aborted
 
+    def by_group(self) -> str:
+        """Requests each group's running engine finished and aborted so far (``g0 120/12``)."""
+        out = []
+        for (_, _, gi), g in sorted(self.world.kubelet.agent.groups.items()):
+            if g.engine is not None and g.engine.ft is not None:
+                d, a = g.engine.ft.served()
+                out.append(f"g{gi} {d}/{a}")
+        return " ".join(out)
+
     async def _watch(self) -> None:
         while True:
             st = ((await self.world.get("tiny")).get("status") or {}).get("faultTolerance") or {}
             rounds = [f"{r.get('instruction') or '?'}:{r.get('state')}/{r.get('result') or '-'}" for r in st.get("rounds") or []]
-            row = (round(time.monotonic() - self.t0, 1), st.get("phase", "Healthy"), tuple(rounds), self.served())
+            row = (round(time.monotonic() - self.t0, 1), st.get("phase", "Healthy"), tuple(rounds), self.by_group())
             if not self.rows or self.rows[-1][1:3] != row[1:3]:
                 self.rows.append(row)
             await asyncio.sleep(0.1)
@@ -85,9 +94,9 @@ class Timeline:
 
     def __exit__(self, *exc) -> None:
         self.task.cancel()
-        print("\n  wall s | sim s | phase      | rounds | requests served, aborted")
-        for t, phase, rounds, (done, aborted) in self.rows:
-            print(f"  {t:6.1f} | {t * SCALE:5.0f} | {phase:10} | {', '.join(rounds) or '-'} | {done}, {aborted}")
+        print("\n  wall s | sim s | phase      | rounds | requests finished/aborted per group's engine")
+        for t, phase, rounds, served in self.rows:
+            print(f"  {t:6.1f} | {t * SCALE:5.0f} | {phase:10} | {', '.join(rounds) or '-'} | {served}")
 
 
 async def _status(world: SimWorld) -> dict:

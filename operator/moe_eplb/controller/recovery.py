@@ -422,7 +422,8 @@ def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: fl
                                                    "failed, a full restart is required)", fail_group=True)
     # a failed retry or check-in leaves the engines unhealthy (retryable). 0.34 marks it ft_state failed
     # with our id; before, the client only records the error with the id its server drew for the round
-    if facts.version >= ftp.CLIENT_REQUEST_ID_SINCE:
+    own_ids = facts.version >= ftp.CLIENT_REQUEST_ID_SINCE
+    if own_ids:
         failed = [(r, x) for r, x in zip(rnd.ranks, readings) if x.ft_state == ftp.FAILED
                   and x.status == ftp.UNHEALTHY and x.last_request_id == rnd.request_id]
     else:
@@ -441,9 +442,11 @@ def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: fl
     if now >= rnd.deadline:
         return _finish(st, rnd, now, TIMED_OUT, "the round did not complete within the engines' recovery timeout",
                        fail_group=True)
+    # a restarted operator: the round reached only some survivors before it stopped. Only where vLLM's
+    # client shows a running instruction (0.34's ft_state): before, a second send would run it twice
     unsent = [r for r in rnd.ranks if r not in rnd.sent_to and view.readings.get(r, RankReading()).status == ftp.UNHEALTHY
-              and view.readings[r].ft_state not in (ftp.RECOVERING, ftp.FAILED)]
-    if unsent:  # a restarted operator: the round reached only some survivors before it stopped
+              and view.readings[r].ft_state not in (ftp.RECOVERING, ftp.FAILED)] if own_ids else []
+    if unsent:
         return Step(st, send=rnd, params=_params_of(rnd), waiting=f"resending to rank(s) {unsent}")
     return Step(st, waiting=f"round {rnd.request_id} running")
 
