@@ -63,8 +63,8 @@ async def attach(agent: Any, engine: Any, pods: list[Any]) -> None:
     """Give a group's engine vLLM's fault tolerance when its leader runs ``--enable-fault-tolerance``."""
     leader = pods[0]
     vllm = next((c for c in leader.spec.get("containers") or [] if c.get("name") == "vllm"), None)
-    if vllm is None:
-        return
+    if vllm is None or "--enable-fault-tolerance" not in _tokens(vllm):
+        return  # (the Secrets are read only for a fault-tolerant group's --api-key)
     container = await _resolved_container(agent, leader.namespace, vllm)
     tokens = _tokens({**container, "env": [e for e in container["env"] if "value" in e]})
     cfg = config_from_argv(tokens, _version(vllm.get("image", "")), **agent.ft_timing)
