@@ -462,6 +462,14 @@ def expert_load() -> gdash.Dashboard:
                    "gauge): what redundant experts' weights take away from the KV cache.",
                    [query(f"max by ({L_RANK}) ({mn.KV_CACHE_BYTES}{{{SEL}}})", "rank {{rank}}")],
                    w=6, unit="bytes"),
+        timeseries(ids, "Requests finished and aborted", "vLLM's own request counter per second: finished "
+                   "requests, and those aborted -- a faulted engine (spec.faultTolerance) aborts everything it "
+                   "runs; clients' aborts count here too. The operator's recovery phases are on the MoE EPLB "
+                   "operator dashboard (Fault recovery per MoEInference).",
+                   [query(f'sum(rate({_vllm("vllm:request_success", "_total")}{{{SEL_VLLM}, '
+                          f'finished_reason!="abort"}}{RATE}))', "finished"),
+                    query(f'sum(rate({_vllm("vllm:request_success", "_total")}{{{SEL_VLLM}, '
+                          f'finished_reason="abort"}}{RATE}))', "aborted")], w=24, unit="reqps"),
     ):
         row = row.with_panel(p)
     rep = f"{mn.REPLICAS}{{{SEL_TUNER}"
@@ -571,6 +579,40 @@ def expert_load() -> gdash.Dashboard:
     return d
 
 
+def fault_recovery_row(ids: _Ids, sel: str) -> gdash.Row:
+    """The "Fault recovery per MoEInference" row of the operator dashboard (spec.faultTolerance): the
+    recovery phase, lost ranks, rounds and their durations, and the time left before the engines of a
+    group with a round in flight give up. (Requests a fault aborted are vLLM's own counter, on the
+    MoE expert load dashboard's Serving row.)"""
+    row = gdash.Row("Fault recovery per MoEInference").id(ids())
+    for p in (
+        timeseries(ids, "Recovery phase", "The fault-recovery phase of each MoEInference with "
+                   "spec.faultTolerance (its worst replica group's): Healthy, Recovering (a round prepared, "
+                   "sent or polled), Degraded (a group serves on fewer ranks after scale_down), Restoring (its "
+                   "planned restart), Failed (the engines give up; the group restarts).",
+                   [query(f"max by (namespace, name, phase) ({mn.RECOVERY_PHASE}{{{sel}}}) > 0",
+                          "{{namespace}}/{{name}} {{phase}}")], w=8, unit="none", decimals=0),
+        timeseries(ids, "Lost ranks and time left", "Data-parallel ranks the replica groups run without (after "
+                   "scale_down), and the seconds left before the engines of a group with a round in flight give "
+                   "up (vLLM's engine_recovery_timeout_sec; MoEEPLBRecoveryStuck fires 30 s after it runs out).",
+                   [query(f"max by (namespace, name) ({mn.RECOVERY_LOST_RANKS}{{{sel}}})",
+                          "{{namespace}}/{{name}} lost ranks"),
+                    query(f"max by (namespace, name, group) ({mn.RECOVERY_DEADLINE}{{{sel}}}) - time()",
+                          "{{namespace}}/{{name}} group {{group}}: seconds left")], w=8, unit="short"),
+        timeseries(ids, "Recovery rounds", "Rounds the operator finished, by instruction (retry, scale_down) "
+                   "and result (Succeeded, Failed, TimedOut, Superseded).",
+                   [query(f"sum by (namespace, name, instruction, result) (increase({mn.RECOVERY_ROUNDS}{{{sel}}}"
+                          f"{RATE}))", "{{namespace}}/{{name}} {{instruction}} {{result}}")], w=8, unit="none"),
+        timeseries(ids, "Fault to round end", "Seconds from a fault to the end of its round, by instruction "
+                   "(every MoEInference of the operator: the histogram has no resource label).",
+                   [query(f"histogram_quantile({q}, sum by (le, instruction) (rate("
+                          f"{mn.RECOVERY_ROUND_SECONDS}_bucket{RATE})))", f"p{int(q * 100)} {{{{instruction}}}}")
+                    for q in (0.5, 0.99)], w=24, unit="s"),
+    ):
+        row = row.with_panel(p)
+    return row
+
+
 def operator_overview() -> gdash.Dashboard:
     """"MoE EPLB operator": the operator's reconciles and the tuner across MoEInferences."""
     ids = _Ids()
@@ -621,6 +663,7 @@ def operator_overview() -> gdash.Dashboard:
                           "{{namespace}}/{{name}} {{source}}")], w=24, unit="none", decimals=0),
     ):
         d = d.with_panel(p)
+    d = d.with_row(fault_recovery_row(ids, sel))
     d = (d.with_variable(datasource_variable())
          .with_variable(query_variable("job", "Operator job", f"label_values({mn.RECONCILES}, job)", multi=True,
                                        include_all=True))

@@ -9,8 +9,9 @@ release's real code: the exporter hook on the real ``EplbState`` (step, rearrang
 prepare_forward and its model-state key; 0.34's async worker failure and cycle timing), the model runner's ``EPLBController`` and its
 ``eplb_state`` property, the plugin through vLLM's plugin loader in a process tree, the policy's
 placements against the release's ``DefaultEplbPolicy``, the catalog's EPLB support per model and
-quantization method, the rendered engine arguments through the release's ``vllm serve`` parser, and
-the vLLM metric names the charts use.
+quantization method, the rendered engine arguments through the release's ``vllm serve`` parser,
+the vLLM metric names the charts use, and the fault-recovery protocol through the release's own
+fault-tolerance router, client, ``--api-key`` middleware and engine sentinel.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ MODULES = (
     "tests/eplb/test_policy_vllm.py",
     "tests/api/test_api_vllm_contract.py",
     "tests/chart/test_vllm_metric_names.py",
+    "tests/controller/test_recovery_vllm_contract.py",
 )
 
 VERSIONS = source_versions()

@@ -72,6 +72,11 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.AUTOSCALER_MIN_REPLICAS: ("gauge", ("namespace", "name")),
     metric_names.AUTOSCALER_MAX_REPLICAS: ("gauge", ("namespace", "name")),
     metric_names.AUTOSCALER_TARGET: ("gauge", ("namespace", "name", "metric")),
+    metric_names.RECOVERY_PHASE: ("gauge", ("namespace", "name", "phase")),
+    metric_names.RECOVERY_LOST_RANKS: ("gauge", ("namespace", "name")),
+    metric_names.RECOVERY_ROUNDS: ("counter", ("namespace", "name", "instruction", "result")),
+    metric_names.RECOVERY_ROUND_SECONDS: ("histogram", ("instruction", "result")),
+    metric_names.RECOVERY_DEADLINE: ("gauge", ("namespace", "name", "group")),
 }
 #: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
 #: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
@@ -214,6 +219,8 @@ class SampleCollector:
             if kind == v.COUNTER:
                 fam = CounterMetricFamily(name, name, labels=labels + extra)
                 fam.add_metric(values, 50.0 * dt)
+                if extra == ["finished_reason"]:  # requests a fault (or a client) aborted
+                    fam.add_metric([MODEL, "0", "abort"], 2.0 * dt)
             elif kind == v.GAUGE:
                 fam = GaugeMetricFamily(name, name, labels=labels + extra)
                 fam.add_metric(values, 0.4 if "perc" in name else 3.0)
@@ -261,7 +268,23 @@ class SampleCollector:
         hi.add_metric([NS, DEMO], 4)
         target = self._family(metric_names.AUTOSCALER_TARGET, "target")
         target.add_metric([NS, DEMO, "RequestsWaiting"], 8)
-        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target]
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, *self._recovery(dt, now)]
+
+    def _recovery(self, dt: float, now: float) -> list[Any]:
+        """demo's group 0 runs degraded (8 ranks lost: MoEEPLBRecoveryDegraded, for 1h: pending) and a
+        round of its group 1 is 100 s past its deadline (MoEEPLBRecoveryStuck: firing)."""
+        phase = self._family(metric_names.RECOVERY_PHASE, "recovery phase")
+        for p in ("Healthy", "Recovering", "Degraded", "Restoring", "Failed"):
+            phase.add_metric([NS, DEMO, p], 1.0 if p == "Degraded" else 0.0)
+        lost = self._family(metric_names.RECOVERY_LOST_RANKS, "lost ranks")
+        lost.add_metric([NS, DEMO], 8)
+        rounds = self._family(metric_names.RECOVERY_ROUNDS, "rounds")
+        rounds.add_metric([NS, DEMO, "scale_down", "Succeeded"], dt / 10)
+        took = self._family(metric_names.RECOVERY_ROUND_SECONDS, "round duration")
+        _hist(took, ["scale_down", "Succeeded"], dt / 10, 20.0, metric_names.RECOVERY_SECONDS_BUCKETS)
+        deadline = self._family(metric_names.RECOVERY_DEADLINE, "deadline")
+        deadline.add_metric([NS, DEMO, "1"], now - 100.0)
+        return [phase, lost, rounds, took, deadline]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -94,6 +94,11 @@ GRID = [
                                         "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 1}}),
     ("ft-nodes2-tp2-dp8", {**FT, "spec.parallelism": {"tensor": 2, "data": 8, "nodes": 2,
                                                       "all2allBackend": "nixl_ep"}}),
+    # the recovery's timeout flag, and the operator's control token joining the user's API key
+    ("ft-nodes4-dp8-recovery-timeout-api-key", {**FT, "spec.parallelism": {"tensor": 1, "data": 8, "nodes": 4,
+                                                                           "all2allBackend": "deepep_low_latency"},
+                                                "spec.faultTolerance": {"enabled": True, "recoveryTimeoutSeconds": 90},
+                                                "spec.engine.extraArgs": ["--api-key", "user-key"]}),
 ]
 
 

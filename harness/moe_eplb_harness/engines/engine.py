@@ -417,6 +417,8 @@ class _Exposition:
                                   [f'{{{vllm_facts.CACHE_CONFIG_BLOCK_SIZE_LABEL}="{e.true.kv_block_size}",engine="0",'
                                    f'{vllm_facts.CACHE_CONFIG_BLOCKS_LABEL}="{e.kv_blocks}"}} '], [1])
         st = e.settings
+        if e.ft is not None:  # vLLM's request counter of this pod's rank (finished and aborted)
+            lines += e.ft.exposition(e.ft_rank(self.pod), e.settings.model)
         lines += self._family(n.CONFIG_INFO, "gauge", "EPLB settings of this engine (simulated)",
                               [f'{{{M}="{m}",window_size="{st.knobs.window_size}",step_interval="{st.knobs.step_interval}",'
                                f'num_redundant_experts="{st.num_redundant_experts}",ep_size="{st.ep_size}",'
@@ -496,6 +498,11 @@ class SimulatedEngine:
         self._expositions = [_Exposition(self, k) for k in range(pods)]
         #: pods (index in the group) whose worker hangs in a forward pass: their liveness path fails
         self.stuck: set[int] = set()
+        #: the group's vLLM fault tolerance (:mod:`moe_eplb_harness.engines.fault_tolerance`), set by the
+        #: node agent for pods started with ``--enable-fault-tolerance``; pod k's API serves rank
+        #: k x (DP / pods). None: no fault tolerance
+        self.ft = None
+        self._pod_servers: dict[int, list[ThreadingHTTPServer]] = {}
 
     def exposition(self, pod: int = 0) -> bytes:
         """What pod ``pod`` of the engine answers on ``/metrics`` now (classic text format)."""
@@ -520,6 +527,9 @@ class SimulatedEngine:
             self._advance_to(workload_seconds)
 
     def _advance_to(self, workload_seconds: float) -> None:
+        if self.ft is not None and self._pos is not None and not self.ft.serving():
+            self._pos = workload_seconds  # a faulted group does not step (its ranks wait for a recovery)
+            return
         if self._pos is None:
             self._pos = workload_seconds
             return
@@ -634,10 +644,20 @@ class SimulatedEngine:
 
     # --- HTTP ----------------------------------------------------------------------------------
 
-    def _answer(self, pod: int, path: str, part: str | None = None) -> tuple[int, bytes, str]:
+    def ft_rank(self, pod: int) -> int:
+        """The data-parallel rank pod ``pod``'s API server serves (the first of its ranks)."""
+        return pod * (self.ft.cfg.data // self.pods) if self.ft is not None else pod
+
+    def _answer(self, pod: int, path: str, part: str | None = None, method: str = "GET",
+                headers: dict | None = None, body: bytes = b"") -> tuple[int, bytes, str]:
         """What pod ``pod`` answers on ``path``: (status, body, content type). Runs in the pod's
         server thread: the replay holds ``_lock`` while it changes the arrays the exposition reads."""
         path = path.split("?", 1)[0]
+        if self.ft is not None and part != "exporter" and self.ft.handles(path):
+            code, out = self.ft.answer(self.ft_rank(pod), method, path, dict(headers or {}), body)
+            return code, out, "application/json"
+        if method != "GET":
+            return 405, b"method not allowed", "text/plain"
         if path == k8s_names.EXPORTER_PATH:
             with self._lock:
                 if self.ready and self._pos is not None:
@@ -672,7 +692,13 @@ class SimulatedEngine:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                status, body, ctype = engine._answer(pod, self.path, part)
+                self._reply(*engine._answer(pod, self.path, part, "GET", dict(self.headers)))
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._reply(*engine._answer(pod, self.path, part, "POST", dict(self.headers), raw))
+
+            def _reply(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -701,20 +727,28 @@ class SimulatedEngine:
             host = self.hosts[k] if self.hosts is not None else "127.0.0.1"
             port = self.port if self.hosts is not None or k == 0 else 0
             server = self._server_for(k, host, port, "exporter" if self.api_port else None)
-            self._serve(server, host)
+            self._serve(server, host, k)
             self.ports.append(server.server_address[1])
             if self.api_port:
-                self._serve(self._server_for(k, host, self.api_port, "api"), host)
+                self._serve(self._server_for(k, host, self.api_port, "api"), host, k)
         self.port = self.ports[0]
         self.started_at = self.clock.now()
         self.started_wall = time.time()
         self._task = asyncio.create_task(self._loop(), name=f"sim-engine:{self.port}")
         return self.port
 
-    def _serve(self, server: ThreadingHTTPServer, host: str) -> None:
+    def stop_pod(self, pod: int) -> None:
+        """Pod ``pod`` of the group went (fault tolerance: the others serve on): its servers stop."""
+        for server in self._pod_servers.pop(pod, []):
+            threading.Thread(target=server.shutdown, daemon=True).start()
+            if server in self._servers:
+                self._servers.remove(server)
+
+    def _serve(self, server: ThreadingHTTPServer, host: str, pod: int = 0) -> None:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
                          name=f"sim-pod:{host}:{server.server_address[1]}").start()
         self._servers.append(server)
+        self._pod_servers.setdefault(pod, []).append(server)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -13,7 +13,8 @@ prometheus-adapter, KEDA, the Prometheus Operator and the Helm CLI, built from t
 - ``promoperator``: the Prometheus Operator and the Prometheus configuration it generates, run by a
   Prometheus built from its Go module;
 - ``helmcli``: the Helm CLI (``helm install|upgrade|test|uninstall``);
-- ``nodeagent``: the simulated nodes' kubelet (``NodeAgent``, ``RealNodes``);
+- ``nodeagent``: the simulated nodes' kubelet (``NodeAgent``, ``RealNodes``), with ``ft_groups`` (a
+  fault-tolerant LeaderWorkerSet group serving on its survivors; fault injection);
 - ``probes``: the kubelet's liveness probes of the pods the node agent runs;
 - ``realapi``: the harness's API client on the plane (``real_cluster``, ``RealCluster``).
 

@@ -58,6 +58,7 @@ from moe_eplb_harness.floor.pods import (
     PollingKubelet,
     engine_settings,
 )
+from moe_eplb_harness.real import ft_groups
 from moe_eplb_harness.real.probes import LivenessProber
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,9 @@ class NodeAgent(PollingKubelet):
         self.groups: dict[tuple[str, str, int], AgentGroup] = {}
         self.crash_pod_if: Callable[[EngineSettings, int], bool] = lambda s, worker: False
         self.pods_started = 0
+        #: fault-tolerant groups (``--enable-fault-tolerance``): the simulated timing
+        #: (:class:`moe_eplb_harness.engines.fault_tolerance.FtConfig` fields: detect_s, recover_s, ...)
+        self.ft_timing: dict[str, float] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -419,6 +423,8 @@ class NodeAgent(PollingKubelet):
                 by_key.setdefault(p.group, {})[p.worker] = p
         for key, g in list(self.groups.items()):
             members = {w: p.uid for w, p in by_key.get(key, {}).items()}
+            if g.engine is not None and g.engine.ft is not None and await ft_groups.keep_serving(self, key, g, members):
+                continue  # fault tolerance: the survivors serve on (moe_eplb_harness.real.ft_groups)
             if members != g.members:  # a pod left or was replaced: the group restarts together
                 if g.engine is not None:
                     await g.engine.stop()
@@ -456,6 +462,7 @@ class NodeAgent(PollingKubelet):
                                          true_cost=self.true_cost, port=leader.port or 0, pods=size,
                                          hosts=tuple(p.ip for p in pods), api_port=self._api_port(leader.spec))
                 await engine.start()
+                await ft_groups.attach(self, engine, pods)
             except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group
                 log.warning("node agent: group %s/%s-%d crashes: %s", *key, exc)
                 engine, crashing = None, {p.worker for p in pods}

@@ -4,11 +4,15 @@
   handling of an object against its structural schema) and ``cel_rules`` (its CEL rules, evaluated
   as the apiserver does); ``cel_catalog`` (the CEL rules generated from the catalog);
 - ``spec`` (the typed model of a resource, parsed once: spec, effective EPLB settings),
-  ``autotune_status`` (``status.autotune`` as typed records), ``knobs`` (the one ``Knobs``/``Bounds``
+  ``autotune_status`` (``status.autotune`` as typed records), ``recovery_status``
+  (``status.faultTolerance`` as typed records), ``knobs`` (the one ``Knobs``/``Bounds``
   type), ``convert`` (camelCase objects <-> typed values), ``podtemplate`` (``spec.engine.podTemplate``:
   the typed overlay, the CEL rules for what the operator owns, the checks only ``validate`` makes);
 - ``catalog`` (MoE models and vLLM's EPLB support), ``versions`` (vLLM versions and thresholds),
   ``wide_ep`` (all2all backends, the EPLB communicator, fault tolerance and the redundancy each needs),
+  ``ft_protocol`` (vLLM's fault-tolerance routes, bodies, states and timeouts per release),
+  ``layout`` (which pod of a replica group runs which data-parallel ranks and API servers),
+  ``vllm_cli`` (each release's CLI choices, generated from the releases' code),
   ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
   catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of

@@ -30,6 +30,7 @@ from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.podtemplate import PodTemplateOverlay
 from moe_eplb.api.quantity import quantity_bytes
+from moe_eplb.api.recovery_status import RecoveryStatus, parse_recovery_status
 from moe_eplb.api.schema import fill_schema_defaults
 from moe_eplb.api.versions import Version, parse_version
 from moe_eplb.contracts import k8s_names, vllm_facts
@@ -219,6 +220,8 @@ class FaultTolerance:
 
     enabled: bool = False
     rank_failures_to_survive: int = 0
+    #: ``engine_recovery_timeout_sec`` (``--fault-tolerance-config``); None: vLLM's default (120 s)
+    recovery_timeout_s: int | None = field(default=None, metadata={"key": "recoveryTimeoutSeconds"})
 
 
 @dataclass(frozen=True)
@@ -440,6 +443,8 @@ class MoEInference:
     effective: EplbSettings
     override_problem: str | None = None  # why a recorded override does not run (None: it runs, or none)
     conditions: tuple[dict[str, Any], ...] = ()  # status.conditions as stored (Kubernetes conditions)
+    #: status.faultTolerance: the fault-recovery loop's record (controller/recovery_loop.py)
+    fault_recovery: RecoveryStatus = field(default_factory=RecoveryStatus)
 
     # shortcuts into the spec
     @property
@@ -707,7 +712,8 @@ def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInferen
                            generation=generation, resource_version=meta.get("resourceVersion"),
                            labels=dict(labels), spec=spec, status=autotune,
                            effective=_spec_settings(spec.eplb, 0),
-                           conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)))
+                           conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)),
+                           fault_recovery=parse_recovery_status(status.get("faultTolerance")))
     effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)
     if why is None and autotune.override is None and any(n.startswith("status.autotune.override") for n in autotune.notes):
         why = next(n for n in autotune.notes if n.startswith("status.autotune.override"))

@@ -80,6 +80,8 @@ _GENERATED_FLAGS = {
     "--headless": "spec.parallelism.nodes",
     "--shutdown-timeout": "spec.engine.drainSeconds (the operator sets --shutdown-timeout with the drain)",
     "--enable-fault-tolerance": "spec.faultTolerance.enabled",
+    "--fault-tolerance-config": "spec.faultTolerance.recoveryTimeoutSeconds (the operator's recovery rounds must "
+                                "finish within it)",
     "--data-parallel-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-multi-port-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-rank": "spec.faultTolerance.enabled (the operator wires the load balancing)",

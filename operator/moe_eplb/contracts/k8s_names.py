@@ -125,6 +125,10 @@ CONTROL_VOLUME = "eplb-control"
 CONTROL_MOUNT_DIR = "/var/run/moe-eplb/control"
 CONTROL_TOKEN_FILE = f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"
 CONTROL_TOKEN_FILE_ENV = "MOE_EPLB_CONTROL_TOKEN_FILE"  # env of the engine container: the token file's path
+#: env of the engine container holding the token itself (from the Secret), only where vLLM's own
+#: ``--api-key`` guard is on: the operator adds ``$(MOE_EPLB_CONTROL_TOKEN)`` to vLLM's keys so that
+#: its calls to vLLM's guarded routes (0.34's /v1/fault_tolerance/*) pass (moe_eplb.render.control_key)
+CONTROL_TOKEN_ENV = "MOE_EPLB_CONTROL_TOKEN"
 CONTROL_AUTH_HEADER = "Authorization"
 CONTROL_AUTH_SCHEME = "Bearer"
 

@@ -68,6 +68,18 @@ REPLICAS = "moe_eplb_replicas"  # gauge {namespace, name, state}
 AUTOSCALER_MIN_REPLICAS = "moe_eplb_autoscaler_min_replicas"  # gauge {namespace, name}
 AUTOSCALER_MAX_REPLICAS = "moe_eplb_autoscaler_max_replicas"  # gauge {namespace, name}
 AUTOSCALER_TARGET = "moe_eplb_autoscaler_target"  # gauge {namespace, name, metric}
+#: fault recovery (spec.faultTolerance, controller/recovery_loop.py): the phase of a MoEInference
+#: (1 for the one it is in, 0 for the others: Healthy, Recovering, Degraded, Restoring, Failed), the
+#: data-parallel ranks its groups run without, the rounds sent by instruction and result, their
+#: durations (from the fault to the round's end), and the deadline of a round in flight (the engines'
+#: recovery timeout; absent without one) that the stuck-recovery alert compares with time()
+RECOVERY_PHASE = "moe_eplb_recovery_phase"  # gauge {namespace, name, phase}
+RECOVERY_LOST_RANKS = "moe_eplb_recovery_lost_ranks"  # gauge {namespace, name}
+RECOVERY_ROUNDS = "moe_eplb_recovery_rounds_total"  # counter {namespace, name, instruction, result}
+RECOVERY_ROUND_SECONDS = "moe_eplb_recovery_round_duration_seconds"  # histogram {instruction, result}
+RECOVERY_DEADLINE = "moe_eplb_recovery_deadline_timestamp_seconds"  # gauge {namespace, name, group}
+#: Bucket bounds (seconds) of RECOVERY_ROUND_SECONDS: vLLM's recovery timeout is 120 s by default
+RECOVERY_SECONDS_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"

@@ -72,6 +72,7 @@ from moe_eplb.controller.observe import LoadObserver, LoadUnavailable
 from moe_eplb.controller.rebalance import CONDITION as REBALANCE_CONDITION
 from moe_eplb.controller.rebalance import RebalanceWatch
 from moe_eplb.controller.rebalance import event_of as rebalance_event
+from moe_eplb.controller.recovery_loop import tuning_pause
 from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
@@ -374,7 +375,10 @@ class AutotuneLoop:
             return "conflict"
         if inf.fault_tolerance.enabled:  # vLLM >= 0.34 stops EPLB after a scale_down: pause
             _, pods = await self._view(client, inf)
-            paused = await self.scale_down_watch.paused(client, inf, pods, self.settings.clock.to_wall(now))
+            # the operator's own record first (status.faultTolerance), then vLLM's log line (a scale_down
+            # another orchestrator sent)
+            paused = tuning_pause(inf) or await self.scale_down_watch.paused(client, inf, pods,
+                                                                             self.settings.clock.to_wall(now))
             if paused is not None:
                 ev = Evaluation(time=now, current=inf.effective.knobs, decision=dec.KEEP, reason=paused)
                 if await self._write(client, inf, inf.status.replace(last_evaluation=ev),

@@ -38,6 +38,7 @@ from moe_eplb.controller.autotune import AutotuneLoop
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
 from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
+from moe_eplb.controller.recovery_loop import RecoveryLoop
 from moe_eplb.controller.settings import OperatorSettings
 
 log = logging.getLogger("moe_eplb.controller")
@@ -69,6 +70,7 @@ class Controller:
         self._refresh_delay_s = refresh_delay_s
         self.reconciler: Reconciler | None = None
         self.autotune = AutotuneLoop(self, autotune)
+        self.recovery = RecoveryLoop(self, self.autotune.settings)
 
     async def use(self, info: Any) -> None:
         """(Re)build the client for a ``kopf.ConnectionInfo`` (kopf logs in again on a 401)."""
@@ -84,6 +86,7 @@ class Controller:
 
     async def close(self) -> None:
         await self.autotune.close()
+        await self.recovery.close()
         if self.reconciler is not None:
             await self.reconciler.stop()
         if self.client is not None:
@@ -180,3 +183,4 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
                       registry=registry)(child_event)
 
     controller.autotune.register(registry)  # the tuning loop's timer (controller/autotune.py)
+    controller.recovery.register(registry)  # the fault-recovery loop's timer (controller/recovery_loop.py)

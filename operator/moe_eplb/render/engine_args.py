@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import json
 
-from moe_eplb.api import catalog
+from moe_eplb.api import catalog, ft_protocol
 from moe_eplb.api.layout import DP_RPC_PORT, dp_flags
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.api.versions import SHUTDOWN_TIMEOUT_FLAG, Version, uses_eplb_config_json
 from moe_eplb.contracts.k8s_names import API_PORT, CHAT_TEMPLATE_DIR
+from moe_eplb.render import control_key
 
 # vLLM version assumed when none is known (EPLB off): the newest the project targets
 LATEST_KNOWN = (0, 34, 0)
@@ -120,6 +121,8 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
         args += ["--all2all-backend", p.all2all_backend]
     if inf.fault_tolerance.enabled:
         args.append("--enable-fault-tolerance")
+        if inf.fault_tolerance.recovery_timeout_s is not None:
+            args += ft_protocol.recovery_timeout_arg(inf.fault_tolerance.recovery_timeout_s)
     args += eplb_args(eplb, version)
     backend = eplb_moe_backend(inf, eplb, version)
     if backend:
@@ -137,7 +140,7 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     if e.chat_template:
         args += ["--chat-template", f"{CHAT_TEMPLATE_DIR}/{e.chat_template.key}"]
     args += shutdown_args(inf, version)
-    return args + list(e.extra_args)
+    return args + control_key.extra_args(inf)  # extraArgs (the control token among vLLM's API keys, if any)
 
 
 def shutdown_seconds(inf: MoEInference) -> int:

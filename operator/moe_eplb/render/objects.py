@@ -41,7 +41,7 @@ from moe_eplb.contracts.k8s_names import (
     OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
-from moe_eplb.render import experiment
+from moe_eplb.render import control_key, experiment
 from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
@@ -164,6 +164,9 @@ def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | Non
                k8s_names.CONTROL_TOKEN_FILE_ENV}
     if pod is not None and len(pod.api_servers) > 1:  # several API servers: health and drain follow all
         env.append({"name": k8s_names.API_PORTS_ENV, "value": ",".join(map(str, pod.api_ports))})
+    token = control_key.env(inf)  # the control token among vLLM's API keys, where the user has a key
+    env += token
+    merged |= {e["name"] for e in token}
     return env + [e for e in user if e.get("name") not in merged]
 
 
