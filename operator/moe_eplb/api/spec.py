@@ -23,10 +23,10 @@ from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
 from moe_eplb.api import elastic as elastic_api
-from moe_eplb.api.elastic import ElasticStatus, parse_status
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
+from moe_eplb.api.elastic import ElasticStatus, parse_status
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.layout import Layout, layout
