@@ -521,6 +521,18 @@ class MoEInference:
         return self.parallelism.elastic.enabled
 
     @property
+    def uses_lws(self) -> bool:
+        """The workload is a LeaderWorkerSet: multi-node replica groups, and every elastic group (its
+        founding pods, also one: LWS gives rank 0 the address the joining pods handshake with)."""
+        return self.parallelism.nodes > 1 or self.elastic_enabled
+
+    @property
+    def replica_groups(self) -> int:
+        """Replica groups (independent engines): ``spec.replicas``, but one for an elastic group (whose
+        ``spec.replicas`` counts its pods)."""
+        return 1 if self.elastic_enabled else self.spec.replicas
+
+    @property
     def elastic_desired(self) -> int:
         """The data-parallel size an elastic group should run: ``spec.replicas`` pods (what ``/scale``
         and the autoscaler set) of ``dataLocal`` ranks, within ``[minData, maxData]``."""

@@ -68,6 +68,17 @@ REPLICAS = "moe_eplb_replicas"  # gauge {namespace, name, state}
 AUTOSCALER_MIN_REPLICAS = "moe_eplb_autoscaler_min_replicas"  # gauge {namespace, name}
 AUTOSCALER_MAX_REPLICAS = "moe_eplb_autoscaler_max_replicas"  # gauge {namespace, name}
 AUTOSCALER_TARGET = "moe_eplb_autoscaler_target"  # gauge {namespace, name, metric}
+#: an elastic group (spec.parallelism.elastic): its data-parallel ranks now and the size it is driven
+#: to, the phase of status.elastic (1 for the current one), how long the operation in progress has run
+#: and the deadline after which the operator restarts the group, and the operations by direction
+#: (grow, shrink) and result (completed, rolled_back, group_restarted) with their durations
+ELASTIC_DATA_PARALLEL = "moe_eplb_elastic_data_parallel"  # gauge {namespace, name}
+ELASTIC_TARGET_DATA_PARALLEL = "moe_eplb_elastic_target_data_parallel"  # gauge {namespace, name}
+ELASTIC_PHASE = "moe_eplb_elastic_phase"  # gauge = 1 {namespace, name, phase}
+ELASTIC_RESIZE_SECONDS = "moe_eplb_elastic_resize_seconds"  # gauge {namespace, name}: 0 without an operation
+ELASTIC_RESIZE_DEADLINE = "moe_eplb_elastic_resize_deadline_seconds"  # gauge {namespace, name}
+ELASTIC_RESIZES = "moe_eplb_elastic_resizes_total"  # counter {namespace, name, direction, result}
+ELASTIC_RESIZE_DURATION = "moe_eplb_elastic_resize_duration_seconds"  # histogram {direction, result}
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"
