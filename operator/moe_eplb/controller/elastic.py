@@ -238,8 +238,8 @@ class ElasticLoop:
                     return "conflict"
                 raise
             wrote = True
-        fresh = await client.get(API, KIND, inf.namespace, inf.name) if wrote else None
-        if fresh is not None and _joiners_changed(inf, st, step.status):
+        fresh = await client.get(API, KIND, inf.namespace, inf.name) if wrote and step.status != st else None
+        if fresh is not None:  # the joiners' StatefulSet, and the status's size, follow the record
             await self.host.reconcile(fresh)
         await self._act(client, inf, pods, step, since)
         for etype, reason, message in step.events:
@@ -324,12 +324,6 @@ def _same_condition(inf: MoEInference, step: plan.Step) -> bool:
     status, reason, message = step.condition
     return (cond.get("status") == ("True" if status else "False") and cond.get("reason") == reason
             and cond.get("message") == message)
-
-
-def _joiners_changed(inf: MoEInference, old: ElasticStatus, new: ElasticStatus) -> bool:
-    par = inf.parallelism
-    return (el.joiner_pods(old, par.data, par.data_local) != el.joiner_pods(new, par.data, par.data_local)
-            or el.joiner_launch_size(old) != el.joiner_launch_size(new))
 
 
 def _relay_url(pod: Mapping[str, Any], path: str) -> str | None:

@@ -291,9 +291,12 @@ def _following(st: ElasticStatus, view: ElasticView) -> Step:
     store = _store(view, old, target)
     epoch = store.epoch if store is not None else st.epoch
     refused = [(p.name, r) for p, r in zip(old, reports) if r.op_state == DONE and (r.op_code or 0) != 200]
-    if refused:
+    if refused:  # vLLM's router answers most failures "500 Scale failed"; its store keeps the reason
         name, r = refused[0]
-        return _failed(st, view, f"{name} answered {r.op_code}: {r.op_detail}", epoch)
+        why = f"{name} answered {r.op_code}: {r.op_detail}"
+        if store is not None and store.error and store.error not in why:
+            why += f" (vLLM: {store.error})"
+        return _failed(st, view, why, epoch)
     if reports and all(r.op_state == DONE for r in reports):
         return _completed(st, view, epoch)
     if _past(view, deadline(view)):
