@@ -300,10 +300,9 @@ class SimWorld:
                              peering_name: str = "moe-eplb") -> dict:
         """Start the real operator in this loop; returns a handle for :meth:`stop_operator`."""
 
+        from moe_eplb.controller.elastic import ElasticSettings
         from moe_eplb.controller.handlers import Controller
         from moe_eplb.controller.main import build_settings, run_operator
-
-        from moe_eplb.controller.elastic import ElasticSettings
 
         elastic = ElasticSettings(tick_seconds=self.elastic_tick) if self.elastic_tick else None
         controller = Controller(connection=self.connection(), resync_seconds=3600.0, refresh_delay_s=0.02,
