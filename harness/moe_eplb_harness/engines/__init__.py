@@ -1,3 +1,4 @@
 """The simulated engines: ``engine`` (a vLLM engine pod's stand-in: EPLB replayed over a workload,
 the exporter's and vLLM's metrics served), ``physics`` (the deployment's true costs the engines
-follow), ``recording`` (a trace one simulated engine served). Imports only the product."""
+follow), ``recording`` (a trace one simulated engine served), ``elastic`` (vLLM's external elastic EP protocol
+of a group: phases, epochs, the commit pause, a failed phase on demand). Imports only the product."""

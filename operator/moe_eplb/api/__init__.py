@@ -9,6 +9,9 @@
   the typed overlay, the CEL rules for what the operator owns, the checks only ``validate`` makes);
 - ``catalog`` (MoE models and vLLM's EPLB support), ``versions`` (vLLM versions and thresholds),
   ``wide_ep`` (all2all backends, the EPLB communicator, fault tolerance and the redundancy each needs),
+  ``layout`` (how a replica group is launched: ranks, API servers, load balancing), ``vllm_cli`` (each
+  release's CLI choices, generated),
+  ``elastic`` (elastic groups: vLLM's resize facts, the redundancy after a resize, ``status.elastic``),
   ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
   catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of

@@ -16,7 +16,9 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first).
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first);
+- ``elastic``: the resize loop of elastic groups (:class:`~.elastic.ElasticLoop`, owned by the
+  ``Controller`` too), with ``elastic_plan`` (its pure state machine) and ``elastic_metrics`` (its metrics).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

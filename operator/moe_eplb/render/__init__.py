@@ -5,5 +5,6 @@ LeaderWorkerSet --, Service, PodDisruptionBudget, PodMonitor), ``engine_args`` (
 per engine version), ``autoscaler`` (the KEDA ScaledObject or HPA of ``spec.autoscaling``), ``labels``
 (labels and selectors on every child), ``overlay`` (``spec.engine.podTemplate`` merged into every engine
 pod the way a strategic merge does), ``experiment`` (an experiment's two arms: a trial Deployment
-behind the same Service, or a LeaderWorkerSet's partition). Imports ``api`` and the contracts.
+behind the same Service, or a LeaderWorkerSet's partition), ``elastic`` (an elastic group's joining pods'
+StatefulSet and its NetworkPolicy). Imports ``api`` and the contracts.
 """
