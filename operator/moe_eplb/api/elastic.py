@@ -203,6 +203,8 @@ def joiner_pods(st: ElasticStatus, launch: int, data_local: int) -> int:
 
 
 def joiner_launch_size(st: ElasticStatus) -> int:
-    """``--data-parallel-size`` of a pod created now: the size it joins (the target of a grow), else the
-    committed size (vLLM's handshake gives a joining rank the size of the operation anyway)."""
-    return st.target_data_parallel if st.growing else st.data_parallel
+    """``--data-parallel-size`` of a pod created now: the size it joins while a grow starts, prepares or
+    commits, else the committed size (so a deferred or failed target does not touch the template;
+    vLLM's handshake gives a joining rank the size of the operation anyway)."""
+    grow = st.growing and st.phase in (STARTING, PREPARING, COMMITTING)
+    return st.target_data_parallel if grow else st.data_parallel
