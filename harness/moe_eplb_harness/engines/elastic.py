@@ -242,8 +242,9 @@ class ElasticGroup:
 
     def _prepare(self, op: _Op, now: float) -> None:
         f = self.faults
-        if op.fail_at == el.VLLM_PREPARING and now - op.started > 0.2:
-            self._end(el.VLLM_FAILED, f.error, "runtime")
+        if op.fail_at == el.VLLM_PREPARING:  # fails a moment into prepare, whatever else is ready
+            if now - op.started > 0.2:
+                self._end(el.VLLM_FAILED, f.error, "runtime")
             return
         old = set(range(op.old))
         new = set(range(op.old, op.requested))
