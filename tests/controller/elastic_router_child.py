@@ -26,9 +26,8 @@ def main(port_file: str) -> None:
     if importlib.util.find_spec("orjson") is None:  # the test-only bridge (see the module doc)
         sys.modules["orjson"] = types.ModuleType("orjson")
     import uvicorn
-    from fastapi import FastAPI, Request
-
     import vllm
+    from fastapi import FastAPI, Request
     from vllm.distributed.elastic_ep.external_elastic_ep import (
         ExternalElasticEPScaleCoordinator,
         ExternalElasticEPScalePhase,
