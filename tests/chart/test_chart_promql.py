@@ -88,9 +88,10 @@ def test_catalog_matches_the_operators_metrics():
     counter) has the catalog's type and label names, and the catalog has no operator metric more."""
     from prometheus_client import REGISTRY
 
-    from moe_eplb.controller import main, opmetrics
+    from moe_eplb.controller import elastic_metrics, main, opmetrics
 
     opmetrics.metrics()
+    elastic_metrics.metrics()
     main.reconcile_counter()
     got = {}
     for collector in list(REGISTRY._collector_to_names):  # private: labels of child-less metrics
@@ -106,7 +107,7 @@ def test_every_alert_of_the_issue_is_shipped(alert_groups):
     alerts = {r["alert"] for g in alert_groups for r in g["rules"]}
     assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBRearrangementsStalled", "MoEEPLBRebalanceFailed",
             "MoEEPLBTuningFailing", "MoEEPLBTuningStale", "MoEEPLBRollback", "MoEEPLBOperatorDown",
-            "MoEEPLBAutoscalerAtMax"} == alerts
+            "MoEEPLBAutoscalerAtMax", "MoEEPLBResizeStuck", "MoEEPLBResizeFailed"} == alerts
 
 
 @needs_parser
@@ -210,7 +211,7 @@ def test_promtool_accepts_the_rules(chart, tmp_path):
         path.write_text(yaml.safe_dump({"groups": rule_groups(render_chart(chart, values))}))
         res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "SUCCESS: 9 rules found" in res.stdout, res.stdout
+        assert "SUCCESS: 11 rules found" in res.stdout, res.stdout
 
 
 # --- against a real Prometheus ------------------------------------------------------------------
@@ -291,7 +292,7 @@ def test_alert_rules_evaluate_without_errors(prometheus):
             break
         assert time.time() < deadline, f"rules not evaluated yet: {rules}"
         time.sleep(0.5)
-    assert len(rules) == 9
+    assert len(rules) == 11
     for r in rules:
         assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
 
@@ -309,6 +310,7 @@ def test_alerts_fire_on_the_sample_data(prometheus):
         ("MoEEPLBRebalanceFailed", samples.STALLED): "firing",  # its async worker failures grow
         ("MoEEPLBBalancednessLow", samples.STALLED): "firing",
         ("MoEEPLBAutoscalerAtMax", samples.DEMO): "pending",  # for: 15m
+        ("MoEEPLBResizeFailed", samples.DEMO): "firing",  # a rolled-back grow; its resize in progress is in time
     }
     deadline = time.time() + 20
     while True:

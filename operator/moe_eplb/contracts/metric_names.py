@@ -78,7 +78,7 @@ ELASTIC_PHASE = "moe_eplb_elastic_phase"  # gauge = 1 {namespace, name, phase}
 ELASTIC_RESIZE_SECONDS = "moe_eplb_elastic_resize_seconds"  # gauge {namespace, name}: 0 without an operation
 ELASTIC_RESIZE_DEADLINE = "moe_eplb_elastic_resize_deadline_seconds"  # gauge {namespace, name}
 ELASTIC_RESIZES = "moe_eplb_elastic_resizes_total"  # counter {namespace, name, direction, result}
-ELASTIC_RESIZE_DURATION = "moe_eplb_elastic_resize_duration_seconds"  # histogram {direction, result}
+ELASTIC_RESIZE_DURATION = "moe_eplb_elastic_resize_duration_seconds"  # histogram {namespace, name, direction, result}
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"

@@ -9,7 +9,7 @@
   restarts the group (the ``MoEEPLBResizeStuck`` alert compares the two);
 - ``moe_eplb_elastic_resizes_total{namespace,name,direction,result}`` -- finished operations
   (``direction`` grow or shrink; ``result`` completed, rolled_back, group_restarted), and
-  ``moe_eplb_elastic_resize_duration_seconds{direction,result}`` their durations.
+  ``moe_eplb_elastic_resize_duration_seconds{namespace,name,direction,result}`` their durations.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def metrics() -> _Metrics:
         resizes=Counter(metric_names.ELASTIC_RESIZES.removesuffix("_total"),
                         "Finished resizes of elastic groups by direction and result", [*ns, "direction", "result"]),
         duration=Histogram(metric_names.ELASTIC_RESIZE_DURATION, "Seconds a finished resize took",
-                           ["direction", "result"], buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)),
+                           [*ns, "direction", "result"], buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)),
     )
 
 
@@ -80,7 +80,8 @@ def record(namespace: str, name: str, old: el.ElasticStatus, step: plan.Step, vi
         direction = "grow" if old.target_data_parallel > old.data_parallel else "shrink"
         m.resizes.labels(namespace=namespace, name=name, direction=direction, result=result).inc()
         if view.since is not None:
-            m.duration.labels(direction=direction, result=result).observe(max(0.0, now - view.since))
+            m.duration.labels(namespace=namespace, name=name, direction=direction,
+                              result=result).observe(max(0.0, now - view.since))
 
 
 def forget(namespace: str, name: str) -> None:
