@@ -157,3 +157,10 @@ def test_nothing_changes_for_resources_without_elastic() -> None:
     assert {c["kind"] for c in children} == {"Service", "LeaderWorkerSet", "PodDisruptionBudget"}
     inf = parse(copy.deepcopy(doc))
     assert not inf.elastic_enabled and inf.replica_groups == inf.replicas and inf.data_parallel_now == 32
+
+
+def test_the_autoscaler_scales_the_groups_pods_through_scale() -> None:
+    children = kinds(render_children(parse(example())))
+    so = children["ScaledObject"]["spec"]
+    assert so["scaleTargetRef"]["kind"] == "MoEInference" and so["scaleTargetRef"]["name"] == "deepseek-v3-elastic"
+    assert (so["minReplicaCount"], so["maxReplicaCount"]) == (2, 4)  # minData / 8, maxData / 8 pods
