@@ -24,6 +24,7 @@ import pytest
 
 from moe_eplb.api.spec import parse
 from moe_eplb.contracts import k8s_names
+from moe_eplb.controller.elastic import request_size
 from moe_eplb.render.objects import render_children
 from moe_eplb_harness.cluster.world import SimWorld
 from moe_eplb_harness.engines.elastic import ElasticFaults
@@ -261,7 +262,8 @@ async def test_elastic_grow_and_shrink_under_load(elastic_world) -> None:
     try:
         await asyncio.sleep(1.0)
         t0 = time.time()
-        await _scale(world, 4)
+        # the path fault recovery (39F) asks for a size on: /scale, as the autoscaler does
+        await request_size(world.operators[0]["controller"].client, world.namespace, NAME, 8, 2)
         await _stable_at(world, 8)
         await asyncio.sleep(0.3)  # the recorder's next sample
         t1 = time.time()

@@ -34,7 +34,8 @@ import kopf
 from moe_eplb.api import elastic as el
 from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.elastic import ElasticStatus
-from moe_eplb.api.spec import MoEInference, SpecError, parse
+from moe_eplb.api.spec import MoEInference
+from moe_eplb.api.validation import check
 from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import control, elastic_metrics
@@ -210,11 +211,9 @@ class ElasticLoop:
     async def on_timer(self, body: Mapping[str, Any]) -> str | None:
         if self.host.client is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        try:
-            inf = parse(body)
-        except SpecError:
-            return None  # the reconciler reports it
-        if not inf.elastic_enabled or not inf.eplb_enabled:
+        checked = check(body)  # an invalid spec changes nothing (the reconciler reports it: SpecValid=False)
+        inf = checked.inference
+        if checked.problems or inf is None or not inf.elastic_enabled:
             return None
         return await self.tick(inf)
 

@@ -45,7 +45,7 @@ from moe_eplb.contracts.k8s_names import (
     NAME_LABEL,
     control_secret_name,
 )
-from moe_eplb.controller import control, elastic, opmetrics
+from moe_eplb.controller import control, elastic, elastic_metrics, opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.controller.workload import restarts_of
@@ -242,6 +242,7 @@ class Reconciler:
             deleted.append(f"Secret/{control_secret_name(meta['name'])}")
         self._locks.pop((meta["namespace"], meta["name"]), None)
         opmetrics.forget(meta["namespace"], meta["name"])
+        elastic_metrics.forget(meta["namespace"], meta["name"])
         if deleted:
             await self._event(resource, "Normal", "Deleted", "deleted " + ", ".join(deleted))
         return deleted
