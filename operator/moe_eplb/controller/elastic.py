@@ -173,7 +173,9 @@ async def request_size(client: KubeClient, namespace: str, name: str, data_paral
     """Ask for an elastic group of ``data_parallel`` ranks the way the autoscaler does: ``/scale``'s
     replicas (pods of ``data_local`` ranks). For fault recovery (issue 39, item 4): growing back is
     this call; the loop then drives ``status.elastic.targetDataParallel`` there. With an autoscaler on,
-    its next sync sets the count it wants."""
+    its next sync sets the count it wants. (RBAC: ``patch`` on ``moeinferences/scale``, which
+    :data:`moe_eplb.controller.rbac.RBAC_RULES` grants once the operator calls this: the RBAC test
+    keeps every grant in use.)"""
     pods = el.pods_for(data_parallel, data_local)
     await client.patch(API, KIND, namespace, name, {"spec": {"replicas": pods}}, subresource="scale")
 
