@@ -16,7 +16,7 @@ relay keeps each rank's answer, keyed by the operator's operation id, for the op
   it serves (``GET /v1/models``: vLLM answers 503 while a resize pauses it or after it retired the rank),
   the requests in flight (its ``/metrics``), and the forwarded operations' answers. Read-only.
 
-Only ``contracts`` is imported (the exporter runs inside vLLM pods).
+Only ``contracts`` and the exporter's own ``health`` are imported (the exporter runs inside vLLM pods).
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from moe_eplb.exporter.health import http_get
+from moe_eplb.exporter.health import requests_in_flight as in_flight
+
 #: vLLM's own bounds of one operation (prepare 300 s, commit 600 s) and a margin: how long a forwarded
 #: ``/scale_elastic_ep`` may take on top of its drain timeout
 FORWARD_MARGIN_SECONDS = 960.0
 #: operations remembered (the newest)
 KEEP_OPERATIONS = 8
 STATUS_TIMEOUT_SECONDS = 2.0
-IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 Post = Callable[[str, dict[str, Any] | None, float], tuple[int, str]]
 Get = Callable[[str, float], tuple[int, str]]
@@ -55,16 +57,6 @@ def http_post(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[in
         return 0, str(exc)
 
 
-def http_get(url: str, timeout: float) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (OSError, ValueError):
-        return 0, ""
-
-
 def detail(text: str) -> str:
     """vLLM's reason from an error body (FastAPI's ``{"detail": ...}``, vLLM's ``{"error": ...}`` or
     ``{"message": ...}``), else the text, in one line."""
@@ -79,18 +71,6 @@ def detail(text: str) -> str:
             if isinstance(body.get(key), dict) and "message" in body[key]:
                 return str(body[key]["message"])
     return " ".join(text.split())[:300]
-
-
-def in_flight(metrics_text: str) -> float:
-    total = 0.0
-    for line in metrics_text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in IN_FLIGHT_METRICS:
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
 
 
 class ElasticRelay:
