@@ -613,6 +613,42 @@ def fault_recovery_row(ids: _Ids, sel: str) -> gdash.Row:
     return row
 
 
+def elastic_row(ids: _Ids, sel: str) -> gdash.Row:
+    """"Elastic groups": each elastic MoEInference's size, its resizes and their phases (the operator's
+    moe_eplb_elastic_* series; empty where no resource has spec.parallelism.elastic)."""
+    row = gdash.Row("Elastic groups (resizes)").id(ids()).collapsed(True)
+    by = "namespace, name"
+    for p in (
+        timeseries(ids, "Data-parallel ranks: now and target",
+                   "status.elastic.dataParallel (the committed topology) and targetDataParallel (what the "
+                   "operator drives it to: spec.replicas pods, set by the autoscaler or by hand), per group.",
+                   [query(f"max by ({by}) ({mn.ELASTIC_DATA_PARALLEL}{{{sel}}})", "{{namespace}}/{{name}} now"),
+                    query(f"max by ({by}) ({mn.ELASTIC_TARGET_DATA_PARALLEL}{{{sel}}})",
+                          "{{namespace}}/{{name}} target")], w=8, unit="none", decimals=0),
+        timeseries(ids, "Resize phase", "The phase of each group's status.elastic (1 while in it): Starting or "
+                   "Draining, Preparing and Committing (vLLM's), Retiring, RollingBack, RestartingGroup, Failed, "
+                   "Stable.",
+                   [query(f"max by ({by}, phase) ({mn.ELASTIC_PHASE}{{{sel}}}) > 0", "{{namespace}}/{{name}} {{phase}}")],
+                   w=8, unit="none", decimals=0),
+        timeseries(ids, "Resize in progress vs its deadline",
+                   "How long each group's resize in progress has run, and the deadline after which the operator "
+                   "restarts the group to a known state (MoEEPLBResizeStuck fires past it).",
+                   [query(f"max by ({by}) ({mn.ELASTIC_RESIZE_SECONDS}{{{sel}}})", "{{namespace}}/{{name}} running"),
+                    query(f"max by ({by}) ({mn.ELASTIC_RESIZE_DEADLINE}{{{sel}}})", "{{namespace}}/{{name}} deadline")],
+                   w=8, unit="s"),
+        timeseries(ids, "Resizes by result", "Finished resizes by group, direction and result (completed, "
+                   "rolled_back, group_restarted); anything but completed is MoEEPLBResizeFailed.",
+                   [query(f"sum by ({by}, direction, result) (increase({mn.ELASTIC_RESIZES}{{{sel}}}{RATE}))",
+                          "{{namespace}}/{{name}} {{direction}} {{result}}")], w=12, unit="none"),
+        timeseries(ids, "Resize duration", "How long finished resizes took, by direction and result (p90).",
+                   [query(f"histogram_quantile(0.9, sum by (le, direction, result) "
+                          f"(rate({mn.ELASTIC_RESIZE_DURATION}_bucket{{{sel}}}{RATE})))", "p90 {{direction}} {{result}}")],
+                   w=12, unit="s"),
+    ):
+        row = row.with_panel(p)
+    return row
+
+
 def operator_overview() -> gdash.Dashboard:
     """"MoE EPLB operator": the operator's reconciles and the tuner across MoEInferences."""
     ids = _Ids()
@@ -664,6 +700,7 @@ def operator_overview() -> gdash.Dashboard:
     ):
         d = d.with_panel(p)
     d = d.with_row(fault_recovery_row(ids, sel))
+    d = d.with_row(elastic_row(ids, sel))
     d = (d.with_variable(datasource_variable())
          .with_variable(query_variable("job", "Operator job", f"label_values({mn.RECONCILES}, job)", multi=True,
                                        include_all=True))

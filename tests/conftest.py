@@ -145,12 +145,13 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
                            standalone: bool = True, peering_name: str = "moe-eplb",
                            counter: Callable[[str], None] | None = None,
                            namespaces: tuple[str, ...] = (), operator_settings: Any = None,
-                           autotune: Any = None) -> AsyncIterator[Any]:
+                           autotune: Any = None, elastic: Any = None) -> AsyncIterator[Any]:
     """Run the real operator against ``cluster`` until the block exits (cancelled: milliseconds).
     ``counter(result)`` is called after every reconcile (``ok``/``invalid``/``rejected``/``error``);
     ``namespaces`` serves only those (namespaced mode) instead of the whole cluster;
     ``operator_settings``: the process's OperatorSettings (``moe-eplb run`` options), e.g. defaults;
-    ``autotune``: the tuning loop's AutotuneSettings (default: from the environment)."""
+    ``autotune``: the tuning loop's AutotuneSettings (default: from the environment); ``elastic``: the
+    elastic resize loop's ElasticSettings (default: from the environment)."""
     import kopf
 
     from moe_eplb.controller.handlers import Controller
@@ -158,7 +159,7 @@ async def running_operator(cluster: Any, *, resync_seconds: float = 3600.0,
 
     controller = Controller(connection=kopf.ConnectionInfo(server=cluster.url, token="emulated"),
                             resync_seconds=resync_seconds, refresh_delay_s=refresh_delay_s, retry_delay_s=0.2,
-                            counter=counter, settings=operator_settings, autotune=autotune)
+                            counter=counter, settings=operator_settings, autotune=autotune, elastic=elastic)
     settings = build_settings(standalone=standalone, peering_name=peering_name,
                               clusterwide=clusterwide and not namespaces)
     ready = asyncio.Event()

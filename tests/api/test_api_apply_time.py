@@ -31,6 +31,14 @@ def test_minimal_resource_passes(variant) -> None:
     assert apiserver_problems(minimal) == []
 
 
+def elastic(changes: dict[str, Any]) -> dict[str, Any]:
+    """The seed as an elastic group on vLLM 0.34 (4 ranks over 2 pods, up to 8), with ``changes``."""
+    base: dict[str, Any] = {"spec.engine.image": "vllm/vllm-openai:v0.34.0", "spec.replicas": 2,
+                            "spec.parallelism": {"tensor": 1, "data": 4, "nodes": 2,
+                                                 "elastic": {"enabled": True, "maxData": 8}}}
+    return {**base, **changes}
+
+
 # (changes to the seed, field the apiserver names, words the message must contain)
 BAD = {
     "eplb-with-ep-1": ({"spec.parallelism.tensor": 1}, "spec.eplb.enabled", "expert-parallel size > 1"),
@@ -137,6 +145,29 @@ BAD = {
     "symm-mem-across-nodes": ({"spec.engine.image": "vllm/vllm-openai:v0.34.0", "spec.eplb.communicator": "symm_mem",
                                "spec.parallelism": {"tensor": 4, "data": 2, "nodes": 2}},
                               "spec.eplb.communicator", "one NVLink domain"),
+    # elastic groups (spec.parallelism.elastic; vLLM >= 0.33 external elastic EP)
+    "elastic-without-eplb": (elastic({"spec.eplb.enabled": False, "spec.eplb.numRedundantExperts": 0}),
+                             "spec.parallelism.elastic.enabled", "needs EPLB"),
+    "elastic-before-033": (elastic({"spec.engine.image": "vllm/vllm-openai:v0.32.0"}),
+                           "spec.parallelism.elastic.enabled", "needs vLLM >= 0.33.0"),
+    "elastic-without-max": (elastic({"spec.parallelism.elastic": {"enabled": True}}),
+                            "spec.parallelism.elastic.maxData", "is required"),
+    "elastic-min-below-launch": (elastic({"spec.parallelism.elastic.minData": 2}),
+                                 "spec.parallelism.elastic.minData", "at least spec.parallelism.data"),
+    "elastic-max-below-min": (elastic({"spec.parallelism.elastic.minData": 6, "spec.parallelism.elastic.maxData": 4}),
+                              "spec.parallelism.elastic.maxData", "at least minData"),
+    "elastic-max-not-whole-pods": (elastic({"spec.parallelism.elastic.maxData": 7}),
+                                   "spec.parallelism.elastic.maxData", "a pod at a time"),
+    "elastic-replicas-outside-sizes": (elastic({"spec.replicas": 5}), "spec.replicas",
+                                       "set it between 2 and 4"),
+    "elastic-autoscaler-max-disagrees": (elastic({"spec.autoscaling": {"minReplicas": 2, "maxReplicas": 8},
+                                                  "spec.monitoring.prometheusUrl": "http://prometheus:9090"}),
+                                         "spec.autoscaling.maxReplicas", "set maxReplicas to maxData / dataLocal = 4"),
+    "elastic-async-without-nixl": (elastic({"spec.eplb.async": True}), "spec.eplb.async", "needs NIXL"),
+    "elastic-with-data-1": (elastic({"spec.parallelism": {"tensor": 4, "data": 1,
+                                                          "elastic": {"enabled": True, "maxData": 2}},
+                                     "spec.replicas": 1}),
+                            "spec.parallelism.elastic.enabled", "data parallel > 1"),
 }
 
 

@@ -77,6 +77,13 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.RECOVERY_ROUNDS: ("counter", ("namespace", "name", "instruction", "result")),
     metric_names.RECOVERY_ROUND_SECONDS: ("histogram", ("instruction", "result")),
     metric_names.RECOVERY_DEADLINE: ("gauge", ("namespace", "name", "group")),
+    metric_names.ELASTIC_DATA_PARALLEL: ("gauge", ("namespace", "name")),
+    metric_names.ELASTIC_TARGET_DATA_PARALLEL: ("gauge", ("namespace", "name")),
+    metric_names.ELASTIC_PHASE: ("gauge", ("namespace", "name", "phase")),
+    metric_names.ELASTIC_RESIZE_SECONDS: ("gauge", ("namespace", "name")),
+    metric_names.ELASTIC_RESIZE_DEADLINE: ("gauge", ("namespace", "name")),
+    metric_names.ELASTIC_RESIZES: ("counter", ("namespace", "name", "direction", "result")),
+    metric_names.ELASTIC_RESIZE_DURATION: ("histogram", ("namespace", "name", "direction", "result")),
 }
 #: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
 #: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
@@ -268,7 +275,7 @@ class SampleCollector:
         hi.add_metric([NS, DEMO], 4)
         target = self._family(metric_names.AUTOSCALER_TARGET, "target")
         target.add_metric([NS, DEMO, "RequestsWaiting"], 8)
-        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, *self._recovery(dt, now)]
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, *self._recovery(dt, now)] + self._elastic(dt)
 
     def _recovery(self, dt: float, now: float) -> list[Any]:
         """demo's group 0 runs degraded (8 ranks lost: MoEEPLBRecoveryDegraded, for 1h: pending) and a
@@ -285,6 +292,27 @@ class SampleCollector:
         deadline = self._family(metric_names.RECOVERY_DEADLINE, "deadline")
         deadline.add_metric([NS, DEMO, "1"], now - 100.0)
         return [phase, lost, rounds, took, deadline]
+
+    def _elastic(self, dt: float) -> list:
+        """demo, an elastic group growing 16 -> 32 ranks for 90 s of a 1022 s deadline, one grow done and
+        one rolled back before."""
+        dp = self._family(metric_names.ELASTIC_DATA_PARALLEL, "dp")
+        dp.add_metric([NS, DEMO], 16)
+        target = self._family(metric_names.ELASTIC_TARGET_DATA_PARALLEL, "target dp")
+        target.add_metric([NS, DEMO], 32)
+        phase = GaugeMetricFamily(metric_names.ELASTIC_PHASE, "phase", labels=["namespace", "name", "phase"])
+        phase.add_metric([NS, DEMO, "Preparing"], 1)
+        running = self._family(metric_names.ELASTIC_RESIZE_SECONDS, "running")
+        running.add_metric([NS, DEMO], 90)
+        deadline = self._family(metric_names.ELASTIC_RESIZE_DEADLINE, "deadline")
+        deadline.add_metric([NS, DEMO], 1022)
+        done = _counter(metric_names.ELASTIC_RESIZES, "resizes", ["namespace", "name", "direction", "result"])
+        done.add_metric([NS, DEMO, "grow", "completed"], dt / 10)
+        done.add_metric([NS, DEMO, "grow", "rolled_back"], dt / 20)
+        took = HistogramMetricFamily(metric_names.ELASTIC_RESIZE_DURATION, "resize duration",
+                                     labels=["namespace", "name", "direction", "result"])
+        _hist(took, [NS, DEMO, "grow", "completed"], dt / 10, 60.0)
+        return [dp, target, phase, running, deadline, done, took]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

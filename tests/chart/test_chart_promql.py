@@ -88,10 +88,11 @@ def test_catalog_matches_the_operators_metrics():
     counter) has the catalog's type and label names, and the catalog has no operator metric more."""
     from prometheus_client import REGISTRY
 
-    from moe_eplb.controller import main, opmetrics, recovery_metrics
+    from moe_eplb.controller import elastic_metrics, main, opmetrics, recovery_metrics
 
     opmetrics.metrics()
     recovery_metrics.metrics()
+    elastic_metrics.metrics()
     main.reconcile_counter()
     got = {}
     for collector in list(REGISTRY._collector_to_names):  # private: labels of child-less metrics
@@ -107,7 +108,8 @@ def test_every_alert_of_the_issue_is_shipped(alert_groups):
     alerts = {r["alert"] for g in alert_groups for r in g["rules"]}
     assert {"MoEEPLBBalancednessLow", "MoEEPLBExporterMissing", "MoEEPLBRearrangementsStalled", "MoEEPLBRebalanceFailed",
             "MoEEPLBTuningFailing", "MoEEPLBTuningStale", "MoEEPLBRollback", "MoEEPLBOperatorDown",
-            "MoEEPLBAutoscalerAtMax", "MoEEPLBRecoveryStuck", "MoEEPLBRecoveryDegraded"} == alerts
+            "MoEEPLBAutoscalerAtMax", "MoEEPLBRecoveryStuck", "MoEEPLBRecoveryDegraded",
+            "MoEEPLBResizeStuck", "MoEEPLBResizeFailed"} == alerts
 
 
 @needs_parser
@@ -312,6 +314,7 @@ def test_alerts_fire_on_the_sample_data(prometheus):
         ("MoEEPLBAutoscalerAtMax", samples.DEMO): "pending",  # for: 15m
         ("MoEEPLBRecoveryStuck", samples.DEMO): "firing",  # a round 100 s past its deadline
         ("MoEEPLBRecoveryDegraded", samples.DEMO): "pending",  # for: 1h
+        ("MoEEPLBResizeFailed", samples.DEMO): "firing",  # a rolled-back grow; its resize in progress is in time
     }
     deadline = time.time() + 20
     while True:

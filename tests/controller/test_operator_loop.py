@@ -33,10 +33,13 @@ CHILD_PATHS = (
     "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors",
     "/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects",
     "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers",
+    "/apis/apps/v1/namespaces/default/statefulsets",
+    "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies",
 )
 PLURALS = {"Deployment": "deployments", "LeaderWorkerSet": "leaderworkersets", "Service": "services",
            "ConfigMap": "configmaps", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors",
-           "ScaledObject": "scaledobjects", "HorizontalPodAutoscaler": "horizontalpodautoscalers"}
+           "ScaledObject": "scaledobjects", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+           "StatefulSet": "statefulsets", "NetworkPolicy": "networkpolicies"}
 
 
 def example(name: str | None = None) -> dict:

@@ -132,11 +132,66 @@ async def lifecycle(emulated_cluster, eventually, res):
     await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)))
 
 
+def _pod(name: str, labels: dict, *, ready: bool) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.34.0"}]}}
+
+
+async def elastic_lifecycle(emulated_cluster, eventually) -> None:
+    """An elastic group: its joiners' StatefulSet and NetworkPolicy made, put back and deleted as
+    children; the resize loop takes a shrink's retiring pods out of the Service (a pod label) and
+    restarts a group vLLM left paused (deletes its founding pods). No kubelet here: the pods are made by
+    hand and the record is written as the loop would find it."""
+    from moe_eplb.contracts import k8s_names
+
+    res = yaml.safe_load((ROOT / "examples" / "deepseek-v3-elastic.yaml").read_text())
+    res["spec"].pop("autoscaling")
+    res["spec"]["monitoring"] = {}
+    name = res["metadata"]["name"]
+    path = emulated_cluster.moeinference_path(NS, name)
+    await emulated_cluster.create(emulated_cluster.moeinference_path(NS), res)
+    await eventually(lambda: observed(emulated_cluster, name, 1))
+    kinds = {c["kind"] for c in (await children(emulated_cluster, name)).values()}
+    assert {"StatefulSet", "NetworkPolicy", "LeaderWorkerSet"} <= kinds, kinds
+    role, base = k8s_names.ELASTIC_ROLE_LABEL, {k8s_names.NAME_LABEL: name}
+    for pod, labels in ((f"{name}-0", {role: "founder"}), (f"{name}-0-1", {role: "founder"}),
+                        (f"{name}-join-0", {role: "joiner", k8s_names.SERVING_LABEL: "true"}),
+                        (f"{name}-join-1", {role: "joiner", k8s_names.SERVING_LABEL: "true"})):
+        await emulated_cluster.create(f"/api/v1/namespaces/{NS}/pods", _pod(pod, {**base, **labels}, ready=True))
+        await emulated_cluster.patch(f"/api/v1/namespaces/{NS}/pods/{pod}/status", {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "vllm", "state": {"running": {}}}]}})
+    # 32 ranks serve and the spec asks for 16 (2 pods): the loop drains the two highest pods
+    await emulated_cluster.patch(path + "/status", {"status": {"elastic": {
+        "dataParallel": 32, "targetDataParallel": 32, "phase": "Stable"}}})
+
+    async def drained():
+        pod = await emulated_cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}-join-1")
+        return pod["metadata"]["labels"].get(k8s_names.SERVING_LABEL) == "false"
+
+    await eventually(drained, timeout=15)
+    # a group vLLM left paused: the loop restarts it, deleting the founding pods older than the operation
+    await emulated_cluster.patch(path + "/status", {"status": {
+        "elastic": {"dataParallel": 16, "targetDataParallel": 32, "phase": "RestartingGroup", "lastError": "x"},
+        "conditions": [{"type": "Resizing", "status": "True", "reason": "RestartingGroup", "message": "x",
+                        "lastTransitionTime": "2999-01-01T00:00:00Z"}]}})
+    await eventually(lambda: _gone(emulated_cluster, f"/api/v1/namespaces/{NS}/pods/{name}-0"), timeout=15)
+    for child in (await children(emulated_cluster, name)).values():  # hand edits, put back
+        await emulated_cluster.patch(child_path(child), {"metadata": {"ownerReferences": []}})
+    await eventually(lambda: _all_owned(emulated_cluster, name))
+    await emulated_cluster.delete(path)
+    await eventually(lambda: _gone(emulated_cluster, path))
+
+
 async def test_rbac_rules_cover_every_call_and_every_rule_is_used(emulated_cluster, operator_runner, eventually, fast_autotune):
+    from moe_eplb.controller.elastic import ElasticSettings
+
     await emulated_cluster.create("/apis/kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "moe-eplb"}})
-    async with operator_runner(standalone=False, peering_name="moe-eplb", autotune=fast_autotune):
+    async with operator_runner(standalone=False, peering_name="moe-eplb", autotune=fast_autotune,
+                               elastic=ElasticSettings(tick_seconds=0.2)):
         for res in examples():
             await lifecycle(emulated_cluster, eventually, res)
+        await elastic_lifecycle(emulated_cluster, eventually)
 
     used = operator_requests(emulated_cluster)
     not_allowed = sorted(u for u in used if not allows(*u))

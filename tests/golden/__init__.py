@@ -22,6 +22,8 @@ experiments: the PodMonitor copies the pods' ``eplb.ai/arm`` label to ``arm``, a
 renders its rolling-update ``partition`` (0 outside an experiment).
 Every ``render-*.yaml`` was regenerated once more when the engine pods started mounting the operator's
 control token (the ``eplb-control`` Secret volume and ``MOE_EPLB_CONTROL_TOKEN_FILE``).
+``render-deepseek-v3-elastic`` was made with its example (issue 39: an elastic group, founders in a
+LeaderWorkerSet, the joining pods' StatefulSet, the NetworkPolicy); the others did not change.
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

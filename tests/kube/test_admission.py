@@ -19,11 +19,14 @@ import pytest
 
 from moe_eplb.api.validation import apiserver_problems, validate
 from tests.api.test_api_apply_time import BAD as CORE_BAD
+from tests.api.test_api_apply_time import elastic
 from tests.api.test_api_podtemplate import OVERLAY_BAD, OVERLAY_OPERATOR_ONLY
 from tests.example_manifests import DELETE, EXAMPLES, load_moeinferences, set_path
 from tests.kube.conftest import REPO
 
 EXAMPLE_DOCS = [(p.name, i, d) for p in sorted(EXAMPLES.glob("*.yaml")) for i, d in enumerate(load_moeinferences(p))]
+
+elastic_seed = elastic({})
 
 #: What only ``validate`` (the CLI and the operator) refuses: the apiserver ADMITS these (no CEL
 #: function parses a quantity or knows vLLM's flags), the operator then sets ``SpecValid=False`` and
@@ -54,6 +57,13 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
                                 "spec.faultTolerance.rankFailuresToSurvive"),
     "moonep-quantized": ({"spec.eplb.enabled": False, "spec.parallelism.all2allBackend": "moonep",
                           "spec.engine.dtype": "bfloat16"}, "spec.parallelism.all2allBackend"),
+    # elastic groups: what needs extraArgs or the catalog's hidden size at the largest size
+    "elastic-pipeline-parallel": ({**elastic_seed, "spec.engine.extraArgs": ["-pp", "2"]}, "spec.engine.extraArgs[0]"),
+    "elastic-hybrid-lb": ({**elastic_seed, "spec.engine.extraArgs": ["--data-parallel-hybrid-lb"]},
+                          "spec.engine.extraArgs[0]"),
+    "elastic-deepep-buffer-at-max": ({**elastic_seed, "spec.parallelism.all2allBackend": "deepep_low_latency",
+                                      "spec.engine.extraArgs": ["--max-num-batched-tokens", "10000"]},
+                                     "spec.parallelism.elastic.maxData"),
     "omitted-redundancy-outside-bounds": ({"spec.engine.image": "vllm/vllm-openai:v0.34.0",
                                            "spec.eplb.numRedundantExperts": DELETE,
                                            "spec.parallelism": {"tensor": 1, "data": 6},

@@ -68,7 +68,8 @@ def intent_of(pods: list[Pod]) -> Layout:
     """The operator's layout for the group's shape as rendered."""
     data = int(_arg(pods[0].argv, "--data-parallel-size") or 1)
     nodes = len(pods)
-    return layout(data, data // nodes, nodes, external="--enable-fault-tolerance" in pods[0].argv)
+    external = "--enable-fault-tolerance" in pods[0].argv or "--enable-elastic-ep" in pods[0].argv
+    return layout(data, data // nodes, nodes, external=external)
 
 
 def launch_group(children: list[dict[str, Any]], launcher) -> GroupOutcome:

@@ -90,3 +90,18 @@ def run_shell(pods: list[Pod]) -> list[Pod]:
 def request(pod: Pod) -> dict[str, Any]:
     """The launcher request of a pod (its argv and env)."""
     return {"argv": pod.argv, "env": {k: v for k, v in pod.env.items() if isinstance(v, str)}}
+
+
+def joiners_of(children: list[dict[str, Any]]) -> list[Pod]:
+    """The pods of an elastic group's joiners' StatefulSet (``<name>-join-0`` ...), each with its own name
+    in the env the downward API gives it (its first rank comes from it)."""
+    sts = next((c for c in children if c["kind"] == "StatefulSet"), None)
+    if sts is None:
+        return []
+    tmpl = sts["spec"]["template"]
+    out = []
+    for j in range(int(sts["spec"]["replicas"])):
+        c = _engine(tmpl)
+        env = {**container_env(c), k8s_names.POD_NAME_ENV: f"{sts['metadata']['name']}-{j}"}
+        out.append(Pod("joiner", j, c, dict(tmpl["metadata"].get("labels") or {}), env))
+    return out

@@ -24,6 +24,7 @@ from moe_eplb.api.validation import check_for_operator
 from moe_eplb.render.objects import render_children
 from tests.example_manifests import EXAMPLES, load_moeinferences, set_path
 from tests.launch_logic.expect import launch_group, problems
+from tests.launch_logic.pods import joiners_of, request, run_shell
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -68,6 +69,31 @@ def test_launch_logic_the_multinode_leader_dispatches_to_every_rank_of_its_group
     assert (front["lb"], front["port"], front["ranks"], front["engines"]) == ("internal", 8000, list(range(16)),
                                                                             list(range(8)))
     assert worker["path"] == "headless" and worker["front_ends"][0]["engines"] == list(range(8, 16))
+
+
+def test_launch_logic_elastic_founders_and_joiners_launch_as_meant(vllm_release):
+    """examples/deepseek-v3-elastic.yaml mid-grow (16 -> 32 ranks): the 2 founding pods launch 16 ranks
+    with external load balancing (one API server per rank, ranks 0-15), the 2 joining pods -- their
+    ranks from their own names through the shell -- launch ranks 16-31 at the size they join (32) with
+    the scale-up flag in their env; every pod runs elastic EP with --elastic-ep-max-dp-size 32."""
+    if vllm_release.version < "0.33":
+        pytest.skip("external elastic EP needs vLLM >= 0.33 (0.32's ParallelConfig refuses it: "
+                    "tests/api/test_api_elastic_sources.py)")
+    (resource,) = load_moeinferences(EXAMPLES / "deepseek-v3-elastic.yaml")
+    resource["status"] = {"elastic": {"dataParallel": 16, "targetDataParallel": 32, "phase": "Starting"}}
+    children = render(resource)
+    founders = _assert_launches(children, vllm_release)
+    joiners = run_shell(joiners_of(children))
+    answers = [vllm_release.ask(request(p)) for p in joiners]
+    assert [a.get("error") for a in answers] == [None, None], answers
+    for out, first, size in [(a, 16 + 8 * j, 32) for j, a in enumerate(answers)] + [
+            (a, 8 * i, 16) for i, a in enumerate(founders.answers)]:
+        assert out["path"] == "dp_supervisor" and len(out["front_ends"]) == 8
+        assert [f["ranks"] for f in out["front_ends"]] == [[r] for r in range(first, first + 8)]
+        assert {(f["lb"], f["size"], f["elastic"], f["elastic_max"]) for f in out["front_ends"]} == {
+            ("external", size, True, 32)}
+    assert all(p.env.get("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH") == "1" for p in joiners)
+    assert all("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH" not in p.env for p in founders.pods)
 
 
 BASE: dict[str, Any] = {

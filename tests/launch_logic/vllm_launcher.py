@@ -195,6 +195,8 @@ class Release:
         if not headless:
             out.update(port=args.port, ranks=list(range(rank, rank + managed)), processes=processes)
         out["fault_tolerance"] = bool(kw.get("enable_fault_tolerance"))
+        out["elastic"] = bool(kw.get("enable_elastic_ep"))
+        out["elastic_max"] = kw.get("elastic_ep_max_dp_size")
         return out
 
     def launch(self, argv: list[str], env: dict[str, str]) -> dict:

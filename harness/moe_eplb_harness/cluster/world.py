@@ -186,6 +186,7 @@ class SimWorld:
     api_ports: bool = False  # api="real": engines serve vLLM's series on the pod's API port, the exporter's on its own
     shared_plane: Any = None
     namespace: str = "default"
+    elastic_tick: float | None = None  # the operators' elastic resize loop's tick (None: its default)
     # handles, set by run()
     backend: ClusterBackend | None = None
     plane: Any = None
@@ -299,11 +300,13 @@ class SimWorld:
                              peering_name: str = "moe-eplb") -> dict:
         """Start the real operator in this loop; returns a handle for :meth:`stop_operator`."""
 
+        from moe_eplb.controller.elastic import ElasticSettings
         from moe_eplb.controller.handlers import Controller
         from moe_eplb.controller.main import build_settings, run_operator
 
+        elastic = ElasticSettings(tick_seconds=self.elastic_tick) if self.elastic_tick else None
         controller = Controller(connection=self.connection(), resync_seconds=3600.0, refresh_delay_s=0.02,
-                                retry_delay_s=0.2, autotune=self.autotune)
+                                retry_delay_s=0.2, autotune=self.autotune, elastic=elastic)
         # peered as the chart runs its replicas: required peering (announced before any watch, so a
         # lower-priority replica never acts in its first moments), a peer alive for 20 s without a
         # heartbeat (kopf's default is 60 s; shorter ones lapse when a loaded machine starves the loop)

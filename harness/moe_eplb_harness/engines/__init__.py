@@ -1,4 +1,5 @@
 """The simulated engines: ``engine`` (a vLLM engine pod's stand-in: EPLB replayed over a workload,
 the exporter's and vLLM's metrics served), ``physics`` (the deployment's true costs the engines
 follow), ``recording`` (a trace one simulated engine served), ``fault_tolerance`` (vLLM's fault-tolerance
-protocol of one data-parallel group, as its orchestrator sees it). Imports only the product."""
+protocol of one data-parallel group, as its orchestrator sees it), ``elastic`` (vLLM's external elastic EP
+protocol of a group: phases, epochs, the commit pause, a failed phase on demand). Imports only the product."""

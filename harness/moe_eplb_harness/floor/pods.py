@@ -118,6 +118,17 @@ def _flag(tokens: list[str], *flags: str) -> str | None:
     return None
 
 
+def vllm_flag(container: dict, *flags: str) -> str | None:
+    """The value of one of ``flags`` in the ``vllm serve`` command a container runs (after Kubernetes'
+    expansion and its ``sh -c`` script's ``"$@"``), or None."""
+    return _flag(_tokens(container), *flags)
+
+
+def runs_flag(container: dict, flag: str) -> bool:
+    """Whether the container's ``vllm serve`` command has the bare ``flag``."""
+    return flag in _tokens(container)
+
+
 def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) -> EngineSettings:
     """EPLB settings of the vLLM container in ``pod_spec`` (a Pod template's ``spec``).
 

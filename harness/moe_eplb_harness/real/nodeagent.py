@@ -36,12 +36,16 @@ their group's engine in :class:`~moe_eplb_harness.emulated.kubelet.FakeKubelet` 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
 import ipaddress
 import logging
+import os
 import random
+import re
 import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +54,7 @@ import aiohttp
 
 from moe_eplb.contracts import k8s_names, metric_names
 from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb_harness.engines.elastic import ElasticGroups, ElasticPod
 from moe_eplb_harness.engines.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb_harness.floor.pods import (
     CRASH_BACKOFF_SECONDS,
@@ -57,6 +62,8 @@ from moe_eplb_harness.floor.pods import (
     PodSpecError,
     PollingKubelet,
     engine_settings,
+    runs_flag,
+    vllm_flag,
 )
 from moe_eplb_harness.real import ft_groups
 from moe_eplb_harness.real.probes import LivenessProber
@@ -139,9 +146,12 @@ class AgentPod:
     spec: dict = field(default_factory=dict)
     prober: LivenessProber | None = None  # the engine container's liveness probe, run as a kubelet would
     last_termination: dict | None = None  # lastState.terminated after a liveness restart
+    elastic: ElasticPod | None = None  # a pod of an elastic group (engines.elastic), instead of an engine
 
     @property
     def ready(self) -> bool:
+        if self.elastic is not None:
+            return not self.crash and self.elastic.ready
         return (not self.crash) and self.engine is not None and self.engine.ready
 
 
@@ -191,6 +201,7 @@ class NodeAgent(PollingKubelet):
         #: fault-tolerant groups (``--enable-fault-tolerance``): the simulated timing
         #: (:class:`moe_eplb_harness.engines.fault_tolerance.FtConfig` fields: detect_s, recover_s, ...)
         self.ft_timing: dict[str, float] = {}
+        self.elastic = ElasticGroups()  # the elastic groups' simulated protocol (engines.elastic)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -215,6 +226,10 @@ class NodeAgent(PollingKubelet):
         await self._stop_polling()
         for engine in self.engines():
             await engine.stop()
+        for p in self.pods.values():
+            if p.elastic is not None:
+                p.elastic.stop()
+        self.elastic.close()
         self.pods.clear()
         self.groups.clear()
         if self.remove_nodes:  # the machines leave the cluster (their pods are the caller's to delete)
@@ -261,6 +276,7 @@ class NodeAgent(PollingKubelet):
             p = self.pods.pop(uid)
             if p.engine is not None and p.group is None:
                 await p.engine.stop()
+            self._stop_elastic(p)
         await self._reconcile_groups(replicas)
         for p in live:
             if p.uid in self.pods:
@@ -303,6 +319,11 @@ class NodeAgent(PollingKubelet):
         if vllm is not None and vllm.get("livenessProbe"):
             p.prober = LivenessProber(vllm, self.clock.now)
         self.pods[p.uid] = p
+        vllm = next((c for c in spec.get("containers") or [] if c.get("name") == "vllm"), None)
+        if vllm is not None and runs_flag(vllm, "--enable-elastic-ep"):
+            await self._start_elastic(p, pod, vllm)
+            self.pods_started += 1
+            return p
         member = group_of(meta)
         if member is not None:  # its group's engine starts once the group is whole (_reconcile_groups)
             p.group, p.worker, p.size = member
@@ -331,6 +352,58 @@ class NodeAgent(PollingKubelet):
         self.pods_started += 1
         p.next_restart = self.clock.now() + CRASH_BACKOFF_SECONDS
         return p
+
+    async def _start_elastic(self, p: AgentPod, pod: dict, vllm: dict) -> None:
+        """A pod of an elastic group: its ranks join the group's simulated protocol (engines.elastic), each
+        rank's API on the pod's IP, the exporter's port with the relay (the control token read from the
+        resource's Secret, as the kubelet mounts it)."""
+        meta = pod["metadata"]
+        local = int(vllm_flag(vllm, "--data-parallel-size-local") or 1)
+        labels = meta.get("labels") or {}
+        founder = labels.get(k8s_names.ELASTIC_ROLE_LABEL) == k8s_names.ELASTIC_FOUNDER
+        if founder:
+            launch = int(vllm_flag(vllm, "--data-parallel-size") or 1)
+            first = int(labels.get(k8s_names.LWS_WORKER_INDEX_LABEL) or 0) * local
+        else:  # "$((${MOE_EPLB_POD_NAME##*-} * L + DATA))": the launch size is DATA
+            expr = vllm_flag(vllm, "--data-parallel-start-rank", "--data-parallel-rank") or ""
+            found = re.search(r"\*\s*(\d+)\s*\+\s*(\d+)", expr)
+            launch = int(found.group(2)) if found else 0
+            first = launch + int(meta["name"].rsplit("-", 1)[-1]) * local
+        trace = self.trace_for(p.instance)
+        redundant = 0
+        try:
+            redundant = engine_settings(pod["spec"]).knobs.num_redundant_experts
+        except (PodSpecError, ValueError):
+            pass
+        group = self.elastic.group((p.namespace, p.instance), launch=launch, data_local=local,
+                                   max_data=int(vllm_flag(vllm, "--elastic-ep-max-dp-size") or launch),
+                                   experts=trace.num_experts, redundant=redundant)
+        token_file = await self._token_file(p)
+        p.elastic = ElasticPod(group, p.name, p.ip, tuple(range(first, first + local)), exporter_port=p.port or 9400,
+                               token_file=token_file)
+        p.elastic.start()
+        group.attach(p.name, p.elastic.ranks, founder=founder)
+
+    async def _token_file(self, p: AgentPod) -> str | None:
+        """The pod's control token as the kubelet mounts it: the resource's Secret, in a file."""
+        try:
+            secret = await self.cluster.request(
+                "GET", f"/api/v1/namespaces/{p.namespace}/secrets/{k8s_names.control_secret_name(p.instance)}")
+        except aiohttp.ClientResponseError:
+            return None
+        data = (secret.get("data") or {}).get(k8s_names.CONTROL_TOKEN_KEY)
+        if not data:
+            return None
+        path = os.path.join(tempfile.gettempdir(), f"moe-eplb-sim-token-{p.uid}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(base64.b64decode(data).decode())
+        return path
+
+    def _stop_elastic(self, p: AgentPod) -> None:
+        if p.elastic is not None:
+            p.elastic.stop()
+            p.elastic.group.detach(p.name)
+            p.elastic = None
 
     def _advance(self, p: AgentPod) -> None:
         self.advance_crash(p, self.clock.now())
@@ -405,6 +478,7 @@ class NodeAgent(PollingKubelet):
         if p is not None:
             if p.engine is not None and p.group is None:  # a group's engine stops with the group
                 await p.engine.stop()
+            self._stop_elastic(p)
             self.pods.pop(p.uid, None)
         try:
             await self.cluster.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",

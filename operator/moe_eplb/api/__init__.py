@@ -13,6 +13,7 @@
   ``ft_protocol`` (vLLM's fault-tolerance routes, bodies, states and timeouts per release),
   ``layout`` (which pod of a replica group runs which data-parallel ranks and API servers),
   ``vllm_cli`` (each release's CLI choices, generated from the releases' code),
+  ``elastic`` (elastic groups: vLLM's resize facts, the redundancy after a resize, ``status.elastic``),
   ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
   catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of

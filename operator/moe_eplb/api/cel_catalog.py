@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from moe_eplb.api import catalog, wide_ep
+from moe_eplb.api import catalog, elastic, wide_ep
 from moe_eplb.api.versions import EPLB_FIRST, Version, format_version
 
 BEGIN = "# BEGIN generated catalog rules"
@@ -290,6 +290,14 @@ def wide_ep_rules() -> list[dict[str, Any]]:
         "message": f"spec.faultTolerance.rankFailuresToSurvive: re-hosting a lost rank's experts (scale_down) needs "
                    f"vLLM >= {format_version(wide_ep.FT_SCALE_DOWN_SINCE)} (older versions only retry): use a newer "
                    "image or set it to 0",
+    })
+    out.append({
+        "rule": f"!has(self.parallelism.elastic) || !self.parallelism.elastic.enabled || "
+                f"!{engine_version_below(elastic.ELASTIC_EXTERNAL_SINCE)}",
+        "fieldPath": ".parallelism.elastic.enabled",
+        "message": f"spec.parallelism.elastic.enabled: resizing a running group from outside (external elastic EP, "
+                   f"one API server per rank) needs vLLM >= {format_version(elastic.ELASTIC_EXTERNAL_SINCE)}: use a "
+                   "newer image or set spec.parallelism.elastic.enabled: false",
     })
     return out
 

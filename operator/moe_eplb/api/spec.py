@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
+from moe_eplb.api import elastic as elastic_api
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
+from moe_eplb.api.elastic import ElasticStatus, parse_status
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.layout import Layout, layout
@@ -172,6 +174,17 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """``spec.parallelism.elastic``: the group's data-parallel size changes while it serves (vLLM's
+    external elastic EP), a pod of ``dataLocal`` ranks at a time, between ``minData`` (default
+    ``spec.parallelism.data``, the launch size) and ``maxData`` (``--elastic-ep-max-dp-size``)."""
+
+    enabled: bool = False
+    min_data_field: int | None = field(default=None, metadata={"key": "minData"})
+    max_data_field: int | None = field(default=None, metadata={"key": "maxData"})
+
+
+@dataclass(frozen=True)
 class Parallelism:
     tensor: int = 1
     data: int = 1
@@ -179,6 +192,18 @@ class Parallelism:
     data_local_field: int | None = field(default=None, metadata={"key": "dataLocal"})
     expert: bool = True
     all2all_backend: str | None = field(default=None, metadata={"key": "all2allBackend"})  # vLLM --all2all-backend
+    elastic: Elastic = field(default_factory=Elastic)
+
+    @property
+    def min_data(self) -> int:
+        """The fewest data-parallel ranks an elastic group runs (``elastic.minData``, default ``data``)."""
+        return self.elastic.min_data_field or self.data
+
+    @property
+    def max_data(self) -> int:
+        """The most data-parallel ranks an elastic group grows to (``elastic.maxData``; ``data``
+        without elastic)."""
+        return (self.elastic.max_data_field or self.data) if self.elastic.enabled else self.data
 
     @property
     def data_local(self) -> int:
@@ -445,6 +470,7 @@ class MoEInference:
     conditions: tuple[dict[str, Any], ...] = ()  # status.conditions as stored (Kubernetes conditions)
     #: status.faultTolerance: the fault-recovery loop's record (controller/recovery_loop.py)
     fault_recovery: RecoveryStatus = field(default_factory=RecoveryStatus)
+    elastic_record: ElasticStatus | None = None  # status.elastic as stored (None: none yet, or unreadable)
 
     # shortcuts into the spec
     @property
@@ -488,9 +514,60 @@ class MoEInference:
     @property
     def layout(self) -> Layout:
         """How a replica group is launched: the pods' ranks, API servers and load balancing
-        (:func:`moe_eplb.api.layout.layout`; fault tolerance: every rank serves its own API)."""
+        (:func:`moe_eplb.api.layout.layout`; fault tolerance and elastic groups: every rank serves its
+        own API)."""
         p = self.parallelism
-        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled)
+        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled or self.elastic_enabled)
+
+    # --- elastic groups (spec.parallelism.elastic, status.elastic) ----------------------------------
+
+    @property
+    def elastic_enabled(self) -> bool:
+        return self.parallelism.elastic.enabled
+
+    @property
+    def uses_lws(self) -> bool:
+        """The workload is a LeaderWorkerSet: multi-node replica groups, and every elastic group (its
+        founding pods, also one: LWS gives rank 0 the address the joining pods handshake with)."""
+        return self.parallelism.nodes > 1 or self.elastic_enabled
+
+    @property
+    def replica_groups(self) -> int:
+        """Replica groups (independent engines): ``spec.replicas``, but one for an elastic group (whose
+        ``spec.replicas`` counts its pods)."""
+        return 1 if self.elastic_enabled else self.spec.replicas
+
+    @property
+    def elastic_desired(self) -> int:
+        """The data-parallel size an elastic group should run: ``spec.replicas`` pods (what ``/scale``
+        and the autoscaler set) of ``dataLocal`` ranks, within ``[minData, maxData]``."""
+        p = self.parallelism
+        return min(p.max_data, max(p.min_data, self.spec.replicas * p.data_local))
+
+    @property
+    def elastic_status(self) -> ElasticStatus:
+        """``status.elastic``, or what a group that has just launched runs (``spec.parallelism.data``
+        ranks, driven to :attr:`elastic_desired`)."""
+        if self.elastic_record is not None:
+            return self.elastic_record
+        return ElasticStatus(self.parallelism.data, self.elastic_desired, elastic_api.LAUNCHING)
+
+    @property
+    def data_parallel_now(self) -> int:
+        """Data-parallel ranks of the group's committed topology: ``status.elastic.dataParallel`` for
+        an elastic group, else ``spec.parallelism.data``."""
+        return self.elastic_status.data_parallel if self.elastic_enabled else self.parallelism.data
+
+    def redundancy_at(self, data: int, redundant: int | None = None) -> int:
+        """The redundant experts vLLM runs at ``data`` ranks when ``redundant`` (default: the settings
+        that run, :attr:`effective`) are rendered for the launch size (``spec.parallelism.data``): an
+        elastic group re-expresses them at every resize (:func:`moe_eplb.api.elastic.redundancy_at`),
+        never restarting for it. Without the expert count, or at the launch size: ``redundant``."""
+        r = self.effective.num_redundant_experts if redundant is None else redundant
+        experts = self.moe_shape.num_experts
+        if not experts or data == self.parallelism.data or not self.eplb_enabled:
+            return r
+        return elastic_api.redundancy_at(experts, r, self.parallelism.data, data)
 
     @property
     def plugin_image(self) -> bool:
@@ -713,7 +790,8 @@ def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInferen
                            labels=dict(labels), spec=spec, status=autotune,
                            effective=_spec_settings(spec.eplb, 0),
                            conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)),
-                           fault_recovery=parse_recovery_status(status.get("faultTolerance")))
+                           fault_recovery=parse_recovery_status(status.get("faultTolerance")),
+                           elastic_record=parse_status(status.get("elastic")))
     effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)
     if why is None and autotune.override is None and any(n.startswith("status.autotune.override") for n in autotune.notes):
         why = next(n for n in autotune.notes if n.startswith("status.autotune.override"))

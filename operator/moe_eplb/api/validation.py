@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb.api import catalog, wide_ep
+from moe_eplb.api import catalog, elastic, wide_ep
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
@@ -85,6 +85,8 @@ _GENERATED_FLAGS = {
     "--data-parallel-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-multi-port-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-rank": "spec.faultTolerance.enabled (the operator wires the load balancing)",
+    "--enable-elastic-ep": "spec.parallelism.elastic.enabled",
+    "--elastic-ep-max-dp-size": "spec.parallelism.elastic.maxData",
 }
 
 
@@ -627,6 +629,63 @@ def wide_ep_problems(inf: MoEInference, version: Version | None) -> list[Problem
     problems = _all2all_problems(inf, version) + _communicator_problems(inf, version)
     if inf.fault_tolerance.enabled:
         problems += _fault_tolerance_problems(inf)
+    if inf.elastic_enabled:
+        problems += _elastic_problems(inf)
+    return problems
+
+
+def _elastic_problems(inf: MoEInference) -> list[Problem]:
+    """What vLLM's elastic EP refuses that the CRD cannot see (extraArgs: pipeline parallelism, hybrid
+    load balancing, several API servers, a MoE draft model), and every size of the group in pod steps
+    (:func:`moe_eplb.api.elastic.sizes`): the redundancy vLLM runs there (``R' = (E + R) x DP' / DP -
+    E``) must be one it accepts, and DeepEP low latency's buffer must hold its physical experts."""
+    problems: list[Problem] = []
+    args = inf.engine.extra_args
+    pp = _arg_value(args, "--pipeline-parallel-size") or _arg_value(args, "-pp")
+    if pp is not None and pp[1] != "1":
+        problems.append(Problem(f"spec.engine.extraArgs[{pp[0]}]", "vLLM's elastic EP does not run with pipeline "
+                                "parallelism; remove the argument or set spec.parallelism.elastic.enabled: false"))
+    for i, arg in enumerate(args):
+        if arg.split("=", 1)[0] == "--data-parallel-hybrid-lb":
+            problems.append(Problem(f"spec.engine.extraArgs[{i}]", "vLLM's elastic EP refuses hybrid load balancing; "
+                                    "the operator runs one API server per rank (external load balancing): remove "
+                                    "the argument"))
+    count = _arg_value(args, "--api-server-count")
+    if count is not None and count[1] != "1" and not inf.fault_tolerance.enabled:  # fault tolerance says it already
+        problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "an elastic group runs one API server per "
+                                "rank (vLLM caps elastic EP at one); remove the argument"))
+    draft = _speculative_moe_draft(inf)
+    if draft is not None and not inf.fault_tolerance.enabled:
+        problems.append(Problem(f"spec.engine.extraArgs[{draft}]", "vLLM's elastic EP does not support a MoE draft "
+                                "model (MTP of a MoE model, or a MoE drafter); remove --speculative-config or set "
+                                "spec.parallelism.elastic.enabled: false"))
+    par, experts = inf.parallelism, inf.moe_shape.num_experts
+    if not experts or not inf.eplb.enabled or par.max_data < par.min_data:
+        return problems  # the CRD refuses the bounds already; nothing is known of the experts
+    r = inf.eplb.num_redundant_experts
+    for size in elastic.sizes(par.min_data, par.max_data, par.data_local):
+        why = elastic.size_problem(experts, r, par.tensor, par.data, size)
+        if why is None:
+            at = elastic.redundancy_at(experts, r, par.data, size)
+            why = vllm_facts.redundant_problem(experts, par.tensor * size, at)
+            why = f"at {size} data-parallel ranks vLLM runs {at} redundant experts: {why}" if why else None
+        if why is not None:
+            fld = "spec.parallelism.elastic.maxData" if size > par.data else "spec.parallelism.elastic.minData"
+            problems.append(Problem(fld, f"{why} (R' = (E + R) x DP' / DP - E with E {experts}, R {r}, DP "
+                                         f"{par.data}); keep the group's sizes within what vLLM can run"))
+            break
+    backend = all2all_backend(inf)
+    entry = inf.catalog_model
+    if backend is not None and backend[0] == wide_ep.DEEPEP_LOW_LATENCY and entry is not None:
+        at = elastic.redundancy_at(experts, r, par.data, par.max_data)
+        tokens = tokens_per_rank(inf)
+        need = wide_ep.deepep_ll_buffer_bytes(tokens, entry.hidden_size, experts + at)
+        if need > wide_ep.DEEPEP_LL_BUFFER_LIMIT:
+            problems.append(Problem("spec.parallelism.elastic.maxData",
+                                    f"at {par.max_data} ranks vLLM runs {at} redundant experts, and DeepEP low "
+                                    f"latency's buffer for {experts + at} physical experts is {need / 2**30:.1f} GiB "
+                                    "per GPU, more than the 32 GiB it can register: lower maxData, "
+                                    "numRedundantExperts or --max-num-batched-tokens"))
     return problems
 
 

@@ -50,6 +50,30 @@ LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 #: against the real controller in tests/kube/test_lws_real.py).
 LWS_RECREATE_GROUP_REASON = "RecreateGroupOnPodRestart"
 
+# --- elastic groups (spec.parallelism.elastic) ------------------------------------------------------
+#: the StatefulSet of the pods that join a running elastic group (``<name>-join``): pod ``<name>-join-j``
+#: runs the ranks ``data + j x dataLocal ...`` (the founding pods are the LeaderWorkerSet's group 0)
+ELASTIC_SUFFIX = "-join"
+#: on an elastic group's pods: ``founder`` (the LeaderWorkerSet's) or ``joiner`` (the StatefulSet's, its selector)
+ELASTIC_ROLE_LABEL = "eplb.ai/elastic-role"
+ELASTIC_FOUNDER, ELASTIC_JOINER = "founder", "joiner"
+#: on an elastic group's pods: ``true`` while the Service may route to them; the operator sets
+#: ``false`` on the pods a shrink retires, so they finish what they serve before vLLM retires them
+SERVING_LABEL = "eplb.ai/serving"
+#: env of a joining pod: its own name (the downward API), whose ordinal gives its first rank
+POD_NAME_ENV = "MOE_EPLB_POD_NAME"
+#: the exporter's relay of an elastic resize (moe_eplb.exporter.elastic_relay): POST (control token)
+#: forwards ``/scale_elastic_ep`` to every API server of the pod on loopback; GET reports each one's
+#: ``/is_scaling_elastic_ep``, whether it serves, and the forwarded request's outcome
+ELASTIC_SCALE_PATH = "/control/elastic/scale"
+ELASTIC_STATUS_PATH = "/control/elastic/status"
+
+
+def elastic_name(resource_name: str) -> str:
+    """The StatefulSet of the pods that join the elastic group of MoEInference ``resource_name``."""
+    return f"{resource_name}{ELASTIC_SUFFIX}"
+
+
 # --- monitoring objects (Prometheus Operator) -----------------------------------------------------
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
 

@@ -80,6 +80,17 @@ RECOVERY_ROUND_SECONDS = "moe_eplb_recovery_round_duration_seconds"  # histogram
 RECOVERY_DEADLINE = "moe_eplb_recovery_deadline_timestamp_seconds"  # gauge {namespace, name, group}
 #: Bucket bounds (seconds) of RECOVERY_ROUND_SECONDS: vLLM's recovery timeout is 120 s by default
 RECOVERY_SECONDS_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
+#: an elastic group (spec.parallelism.elastic): its data-parallel ranks now and the size it is driven
+#: to, the phase of status.elastic (1 for the current one), how long the operation in progress has run
+#: and the deadline after which the operator restarts the group, and the operations by direction
+#: (grow, shrink) and result (completed, rolled_back, group_restarted) with their durations
+ELASTIC_DATA_PARALLEL = "moe_eplb_elastic_data_parallel"  # gauge {namespace, name}
+ELASTIC_TARGET_DATA_PARALLEL = "moe_eplb_elastic_target_data_parallel"  # gauge {namespace, name}
+ELASTIC_PHASE = "moe_eplb_elastic_phase"  # gauge = 1 {namespace, name, phase}
+ELASTIC_RESIZE_SECONDS = "moe_eplb_elastic_resize_seconds"  # gauge {namespace, name}: 0 without an operation
+ELASTIC_RESIZE_DEADLINE = "moe_eplb_elastic_resize_deadline_seconds"  # gauge {namespace, name}
+ELASTIC_RESIZES = "moe_eplb_elastic_resizes_total"  # counter {namespace, name, direction, result}
+ELASTIC_RESIZE_DURATION = "moe_eplb_elastic_resize_duration_seconds"  # histogram {namespace, name, direction, result}
 
 #: Label that the PodMonitor copies from the pod label ``eplb.ai/name`` onto every series.
 MOEINFERENCE_LABEL = "moeinference"

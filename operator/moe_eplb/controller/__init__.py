@@ -21,6 +21,8 @@
   scale_down, one round per fault, the planned restart), ``recovery_loop`` (its kopf timer, owned by
   the ``Controller``: pods and ranks read, status written, rounds sent), ``recovery_client`` (the HTTP
   calls to the engines' fault-tolerance routes), ``recovery_metrics`` (its metrics).
+- ``elastic``: the resize loop of elastic groups (:class:`~.elastic.ElasticLoop`, owned by the
+  ``Controller`` too), with ``elastic_plan`` (its pure state machine) and ``elastic_metrics`` (its metrics).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

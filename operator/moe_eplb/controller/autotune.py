@@ -263,7 +263,7 @@ class AutotuneLoop:
         if window is not None and not view.crashlooping:
             measured = await self.load_observer.measure(inf, pods, *window)
             measured = await self._objective_after(inf, cur, pods, window, measured)
-        timeout = ro.rollout_timeout_s(cfg, stop_seconds=termination_grace_seconds(inf), replicas=inf.replicas,
+        timeout = ro.rollout_timeout_s(cfg, stop_seconds=termination_grace_seconds(inf), replicas=inf.replica_groups,
                                        max_surge=inf.rollout.max_surge, max_unavailable=inf.rollout.max_unavailable)
         step = ro.advance(cfg, state, view, now=now, measured=measured, timeout_s=timeout)
         log.debug("autotune %s/%s: rollout %s, %s, measured %s", inf.namespace, inf.name, cur.phase, view, measured)
@@ -325,7 +325,7 @@ class AutotuneLoop:
             superseded = "spec.eplb.enabled was set to false"
         elif exp.spec_eplb is not None and exp.spec_eplb != inf.spec_knobs:
             superseded = f"spec.eplb changed ({dec.describe(exp.spec_eplb)} -> {dec.describe(inf.spec_knobs)})"
-        aview = exm.ArmsView(replicas=int(inf.replicas), trial_ready=len(arms.trial_ready),
+        aview = exm.ArmsView(replicas=int(inf.replica_groups), trial_ready=len(arms.trial_ready),
                              control_ready=len(arms.control_ready), trial_crashlooping=arms.trial_crashlooping,
                              settled=_arms_settled(inf, view, arms), superseded=superseded)
         key = (inf.namespace or "default", inf.name)
@@ -452,7 +452,7 @@ class AutotuneLoop:
                            answer=answer, tune_error=got.tune_error, workload_blocker=got.blocker,
                            baseline=got.baseline, from_hash=got.view.template_hash,
                            calibration=dec.calibration_record(got.calibration) if got.calibration is not None else None,
-                           scaling=scaling, replicas=int(inf.replicas),
+                           scaling=scaling, replicas=int(inf.replica_groups),
                            objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None)
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:

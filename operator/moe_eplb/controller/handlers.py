@@ -36,6 +36,7 @@ from moe_eplb.contracts.k8s_names import (
 )
 from moe_eplb.controller.autotune import AutotuneLoop
 from moe_eplb.controller.autotune_settings import AutotuneSettings
+from moe_eplb.controller.elastic import ElasticLoop, ElasticSettings
 from moe_eplb.controller.k8s import CHILD_KINDS, KINDS, ApiError, Connection, KubeClient
 from moe_eplb.controller.reconcile import ReconcileOutcome, Reconciler
 from moe_eplb.controller.recovery_loop import RecoveryLoop
@@ -54,13 +55,15 @@ class Controller:
     ``settings.prometheus_url``, the default Prometheus; defaults when not given); ``autotune``: the
     tuning loop's settings (:class:`~moe_eplb.controller.autotune_settings.AutotuneSettings`: clock,
     tick, search; default from the environment). The controller owns the loop (:attr:`autotune`,
-    an :class:`~moe_eplb.controller.autotune.AutotuneLoop`) and is its seam to the reconciler.
+    an :class:`~moe_eplb.controller.autotune.AutotuneLoop`) and is its seam to the reconciler, and the
+    elastic groups' resize loop (:attr:`elastic`, an :class:`~moe_eplb.controller.elastic.ElasticLoop`;
+    ``elastic``: its settings, default from the environment).
     """
 
     def __init__(self, *, connection: kopf.ConnectionInfo | None = None, resync_seconds: float = 60.0,
                  refresh_delay_s: float = 0.1, retry_delay_s: float = 5.0,
                  counter: Callable[[str], None] | None = None, settings: OperatorSettings | None = None,
-                 autotune: AutotuneSettings | None = None) -> None:
+                 autotune: AutotuneSettings | None = None, elastic: ElasticSettings | None = None) -> None:
         self.settings = settings or OperatorSettings()
         self.connection = connection
         self.resync_seconds = resync_seconds
@@ -71,6 +74,7 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self.autotune = AutotuneLoop(self, autotune)
         self.recovery = RecoveryLoop(self, self.autotune.settings)
+        self.elastic = ElasticLoop(self, elastic)
 
     async def use(self, info: Any) -> None:
         """(Re)build the client for a ``kopf.ConnectionInfo`` (kopf logs in again on a 401)."""
@@ -87,6 +91,7 @@ class Controller:
     async def close(self) -> None:
         await self.autotune.close()
         await self.recovery.close()
+        await self.elastic.close()
         if self.reconciler is not None:
             await self.reconciler.stop()
         if self.client is not None:
@@ -184,3 +189,4 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     controller.autotune.register(registry)  # the tuning loop's timer (controller/autotune.py)
     controller.recovery.register(registry)  # the fault-recovery loop's timer (controller/recovery_loop.py)
+    controller.elastic.register(registry)  # elastic groups' resizes (controller/elastic.py)

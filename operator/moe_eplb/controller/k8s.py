@@ -70,6 +70,9 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
     ("keda.sh/v1alpha1", "ScaledObject"): Kind("keda.sh", "v1alpha1", "scaledobjects"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Kind("autoscaling", "v2", "horizontalpodautoscalers"),
+    # an elastic group's joining pods and the NetworkPolicy of its ports (render.elastic)
+    ("apps/v1", "StatefulSet"): Kind("apps", "v1", "statefulsets"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Kind("networking.k8s.io", "v1", "networkpolicies"),
     ("v1", "Event"): Kind("", "v1", "events"),
     # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
     ("v1", "Pod"): Kind("", "v1", "pods"),
@@ -89,6 +92,8 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("apps/v1", "StatefulSet"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 

@@ -40,9 +40,16 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     # The control token's Secret (controller.control): created once per resource, read by the code
     # that sends control requests to engine pods, deleted with the resource.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},
-    # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape);
-    # the fault-recovery loop deletes a degraded group's leader to restart the group at a planned moment.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+    # An elastic group's joining pods (a StatefulSet) and the NetworkPolicy of its ports: children too.
+    {"apiGroups": ["apps"], "resources": ["statefulsets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # Engine pods: the autotune loop lists them (readiness, crash loops, exporter ports to scrape); the
+    # elastic loop takes a shrink's retiring pods out of the Service (their eplb.ai/serving label) and
+    # deletes the founding pods of a group vLLM left paused after a failed resize (a restart); the
+    # fault-recovery loop deletes a degraded group's leader to restart the group at a planned moment.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch", "delete"]},
     # Engine pods' logs: with spec.faultTolerance on vLLM >= 0.34 the autotune loop reads them for
     # vLLM's "scale_down complete" line (vLLM reports a scale-down nowhere else; EPLB then stops).
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},

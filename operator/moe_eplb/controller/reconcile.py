@@ -45,7 +45,7 @@ from moe_eplb.contracts.k8s_names import (
     NAME_LABEL,
     control_secret_name,
 )
-from moe_eplb.controller import control, opmetrics
+from moe_eplb.controller import control, elastic, elastic_metrics, opmetrics
 from moe_eplb.controller import status as status_mod
 from moe_eplb.controller.k8s import CHILD_KINDS, ApiError, KubeClient
 from moe_eplb.controller.workload import restarts_of
@@ -242,6 +242,7 @@ class Reconciler:
             deleted.append(f"Secret/{control_secret_name(meta['name'])}")
         self._locks.pop((meta["namespace"], meta["name"]), None)
         opmetrics.forget(meta["namespace"], meta["name"])
+        elastic_metrics.forget(meta["namespace"], meta["name"])
         if deleted:
             await self._event(resource, "Normal", "Deleted", "deleted " + ", ".join(deleted))
         return deleted
@@ -304,10 +305,16 @@ class Reconciler:
         ep_size = inf.parallelism.ep_size
         scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped, live_children)
         restarts = await self._restarts(inf, live_children)
+        group = elastic.status_fields(inf, live_children) if inf.elastic_enabled else None
+        if group is not None:  # an elastic group: its size and redundancy now; the joiners' StatefulSet
+            # (OnDelete: its pods keep the revision they joined with) is not a rollout to wait for
+            ep_size, eplb_status = group.pop("epSize"), {**eplb_status, "numRedundantExperts": group.pop("numRedundantExperts")}
+            live_children = [c for c in live_children if c.get("kind") != "StatefulSet"]
         new_status = status_mod.ready_status(
             resource, live_children, eplb=eplb_status, ep_size=ep_size, selector=selector_string(inf.name),
             endpoint=endpoint(inf), tuner=status_mod.tuner_degraded(inf.status.degraded), autoscaling=scaling,
             restarts=restarts)
+        new_status.update(group or {})
         opmetrics.record_replicas(ns, inf.name, desired=inf.replicas, ready=int(new_status.get("readyReplicas") or 0),
                                   autoscaling=inf.autoscaling)
         outcome.phase = new_status["phase"]
@@ -317,7 +324,7 @@ class Reconciler:
                                                               selector=new_status["selector"],
                                                               endpoint=new_status.get("endpoint"),
                                                               tuner=status_mod.tuner_degraded_of(fresh.get("status")),
-                                                              autoscaling=scaling, restarts=restarts))
+                                                              autoscaling=scaling, restarts=restarts) | (group or {}))
         return outcome
 
     async def _restarts(self, inf: Any, live_children: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_eplb.api.autotune_status import parse_iso
+from moe_eplb.api.elastic import pods_for
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference
 from moe_eplb.contracts import k8s_names
@@ -52,7 +53,7 @@ async def workload_view(client: Any, inf: MoEInference, *, crashloop_restarts: i
     selector = f"{k8s_names.NAME_LABEL}={inf.name}"
     extra = dict(spec_eplb=inf.spec_knobs, eplb_enabled=inf.eplb.enabled,
                  target_invalid=inf.knobs_problem(target) if target is not None else None)
-    multinode = int(inf.parallelism.nodes or 1) > 1
+    multinode = inf.uses_lws
     if multinode:
         workloads = await client.list(k8s_names.LWS_API_VERSION, k8s_names.LWS_KIND, ns, label_selector=selector)
     else:
@@ -109,15 +110,30 @@ async def read_scaling(client: Any, inf: MoEInference, view: ro.WorkloadView,
     ScaledObject); None without ``spec.autoscaling``. A missing HPA (KEDA not reconciled yet) leaves
     its fields unknown."""
     auto = inf.autoscaling
+    group = elastic_scaling(inf)
     if auto is None:
-        return None
+        return group
     try:
         hpa = await client.get(k8s_names.HPA_API_VERSION, k8s_names.HPA_KIND, inf.namespace or "default",
                                hpa_name(inf))
     except ApiError as exc:
         log.info("autotune %s/%s: cannot read the autoscaler's HPA: %s", inf.namespace, inf.name, exc)
         hpa = None
-    return scaling_state(inf.replicas, view.replicas, auto.max_replicas, auto.metric.type, hpa, to_clock)
+    running = group.running if group is not None else view.replicas
+    return scaling_state(inf.replicas, running, auto.max_replicas, auto.metric.type, hpa, to_clock)
+
+
+def elastic_scaling(inf: MoEInference) -> dec.ScalingState | None:
+    """An elastic group's size in pods as the tuner's :class:`~.decisions.ScalingState`: ``running`` the
+    committed pods (``status.elastic.dataParallel``), ``desired`` the pods being driven to, so that no
+    tuner rollout starts while a resize runs (:func:`~.decisions.scaling_blocker`). None for other resources."""
+    if not inf.elastic_enabled:
+        return None
+    st, par = inf.elastic_status, inf.parallelism
+    want = st.target_data_parallel if st.in_progress else inf.elastic_desired
+    return dec.ScalingState(desired=pods_for(want, par.data_local),
+                            running=pods_for(st.data_parallel, par.data_local),
+                            max_replicas=pods_for(par.max_data, par.data_local))
 
 
 def scaling_state(desired: int, running: int | None, max_replicas: int, metric_type: str, hpa: dict | None,

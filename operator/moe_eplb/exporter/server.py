@@ -1,7 +1,9 @@
 """The pod's dedicated ``/metrics`` server (port ``eplb-metrics``, 9400), which also answers the
 pod's probes and its ``preStop`` drain (``/livez``, ``/readyz``, ``/drain``: :mod:`moe_eplb.exporter.health`).
 The drain is a ``POST`` from loopback only (the pod's own ``preStop``, :mod:`moe_eplb.exporter.drain`);
-any ``GET`` -- a scrape of any path -- changes nothing.
+any ``GET`` -- a scrape of any path -- changes nothing. The operator's resize of an elastic group is a
+``POST`` with its control token, relayed to the pod's own API servers on loopback
+(:mod:`moe_eplb.exporter.elastic_relay`).
 
 It runs in its own small process (``python -m moe_eplb.exporter.server``), started by the plugin in
 the pod's first vLLM process and ending when that process ends: rendering ~30 000 series takes a
@@ -21,6 +23,7 @@ its parent exits: last trace bucket written, owned directory removed.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -69,6 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     health = None  # a moe_eplb.exporter.health.PodHealth: /livez, /readyz, /drain
     group_totals = None  # a worker pod of a replica group: group.WorkerTotals (group.GROUP_PATH)
+    relay = None  # an elastic_relay.ElasticRelay: the operator's resize of an elastic group
 
     def _health(self, path: str) -> tuple[bytes, int, str]:
         ok, why = self.health.live() if path == k8s_names.EXPORTER_LIVE_PATH else self.health.ready()
@@ -90,8 +94,9 @@ class _Handler(BaseHTTPRequestHandler):
         """``POST /drain`` from loopback (the pod's preStop): drain and answer when done."""
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
-        if 0 < length <= 65536:
-            self.rfile.read(length)
+        body = self.rfile.read(length) if 0 < length <= 65536 else b""
+        if path == k8s_names.ELASTIC_SCALE_PATH and self.relay is not None:
+            return self._relay_scale(body)
         if path != k8s_names.EXPORTER_DRAIN_PATH or self.health is None:
             return self._send(b"not found\n", 404, "text/plain")
         if not from_loopback(self.client_address[0]):
@@ -105,8 +110,24 @@ class _Handler(BaseHTTPRequestHandler):
             body, status = f"drain failed: {exc}\n".encode(), 500
         self._send(body, status, "text/plain")
 
+    def _relay_scale(self, body: bytes) -> None:
+        """The operator's resize (:mod:`moe_eplb.exporter.elastic_relay`): only with its control token."""
+        from moe_eplb.exporter import control_auth
+
+        refusal = control_auth.check(dict(self.headers.items()))
+        if refusal is not None:
+            log.warning("moe-eplb exporter: refused a resize from %s: %s", self.client_address[0], refusal.reason)
+            return self._send((refusal.reason + "\n").encode(), refusal.status, "text/plain")
+        try:
+            status, answer = self.relay.scale(json.loads(body or b"null"))
+        except ValueError:
+            status, answer = 400, {"error": "the body is not JSON"}
+        self._send(json.dumps(answer).encode(), status, "application/json")
+
     def do_GET(self):  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
+        if path == k8s_names.ELASTIC_STATUS_PATH and self.relay is not None:
+            return self._send(json.dumps(self.relay.status()).encode(), 200, "application/json")
         health_paths = (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH)
         if path == k8s_names.EXPORTER_DRAIN_PATH and self.health is not None:
             return self._send(DRAIN_BY_GET, 405, "text/plain", (("Allow", "POST"),))
@@ -139,15 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0,
-          health=None, group_totals=None) -> ThreadingHTTPServer:
+          health=None, group_totals=None, relay=None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
     Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
     be on its way out). ``health``: a :class:`~moe_eplb.exporter.health.PodHealth` answering the
     health paths (404 without). ``group_totals``: a worker pod's
     :class:`~moe_eplb.exporter.group.WorkerTotals`, answering its group's leader on
-    :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`)."""
+    :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`). ``relay``: an
+    :class:`~moe_eplb.exporter.elastic_relay.ElasticRelay` answering the operator's resize paths."""
     handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health,
-                                                          "group_totals": group_totals})
+                                                          "group_totals": group_totals, "relay": relay})
     deadline = time.monotonic() + bind_retry_seconds
     while True:
         try:
@@ -166,6 +188,7 @@ def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_secon
 def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     """Entry point of the server process: serve until the vLLM process that started us is gone."""
     from moe_eplb.exporter import settings as st
+    from moe_eplb.exporter.elastic_relay import ElasticRelay
     from moe_eplb.exporter.group import WorkerTotals
     from moe_eplb.exporter.health import HealthSettings, PodHealth
 
@@ -184,11 +207,13 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     else:
         collector, poller = group_collector(settings)
         registry = make_registry(collector)
-    health = PodHealth(HealthSettings.from_env(), settings.directory)
+    health_settings = HealthSettings.from_env()
+    health = PodHealth(health_settings, settings.directory)
     worker = collector is not None and collector.role.role == "worker"
+    relay = ElasticRelay(health_settings.api_urls) if health_settings.role == k8s_names.ROLE_API else None
     try:
         httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health,
-                      group_totals=WorkerTotals(collector.own) if worker else None)
+                      group_totals=WorkerTotals(collector.own) if worker else None, relay=relay)
     except OSError as exc:
         log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
                   settings.address, settings.port, exc, st.ENV_PORT)

@@ -6,5 +6,6 @@ per engine version), ``autoscaler`` (the KEDA ScaledObject or HPA of ``spec.auto
 (labels and selectors on every child), ``overlay`` (``spec.engine.podTemplate`` merged into every engine
 pod the way a strategic merge does), ``experiment`` (an experiment's two arms: a trial Deployment
 behind the same Service, or a LeaderWorkerSet's partition), ``control_key`` (the operator's control
-token among vLLM's API keys, where the user runs with one). Imports ``api`` and the contracts.
+token among vLLM's API keys, where the user runs with one), ``elastic`` (an elastic group's joining pods'
+StatefulSet and its NetworkPolicy). Imports ``api`` and the contracts.
 """

@@ -29,6 +29,7 @@ unhealthy, so ranks are lost a pod at a time (validation asks ``rankFailuresToSu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from moe_eplb.api import catalog, ft_protocol
@@ -82,6 +83,17 @@ def eplb_args(eplb: EplbSettings, version: Version) -> list[str]:
     return args
 
 
+def elastic_eplb(eplb: EplbSettings) -> EplbSettings:
+    """The EPLB settings an elastic group runs: vLLM refuses elastic EP with async EPLB unless NIXL is
+    installed (``config/parallel.py``), which the operator cannot see in an image; so where
+    ``spec.eplb.async`` is left out and the communicator is not ``nixl`` (the user's word that the image
+    has NIXL), sync EPLB (``use_async: false``). An explicit ``async: true`` without ``nixl`` is refused by
+    validation."""
+    if eplb.use_async is None and eplb.communicator != "nixl":
+        return dataclasses.replace(eplb, use_async=False)
+    return eplb
+
+
 def eplb_moe_backend(inf: MoEInference, eplb: EplbSettings, version: Version) -> str | None:
     """``--moe-backend`` value EPLB needs for this checkpoint and engine, when the operator must add it.
 
@@ -111,7 +123,7 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
     args += ["--port", str(API_PORT), "--tensor-parallel-size", str(p.tensor)]
     if p.data > 1:
         args += ["--data-parallel-size", str(p.data)]
-        if p.nodes == 1:
+        if p.nodes == 1 and not inf.elastic_enabled:  # an elastic group's pods are wired as a LeaderWorkerSet's
             lay = inf.layout
             flags = dp_flags(lay, lay.pods[0])
             args += (["--data-parallel-size-local", str(p.data)] if flags else []) + flags
@@ -123,6 +135,9 @@ def engine_args(inf: MoEInference, eplb: EplbSettings) -> list[str]:
         args.append("--enable-fault-tolerance")
         if inf.fault_tolerance.recovery_timeout_s is not None:
             args += ft_protocol.recovery_timeout_arg(inf.fault_tolerance.recovery_timeout_s)
+    if inf.elastic_enabled:
+        args += ["--enable-elastic-ep", "--elastic-ep-max-dp-size", str(p.max_data)]
+        eplb = elastic_eplb(eplb)
     args += eplb_args(eplb, version)
     backend = eplb_moe_backend(inf, eplb, version)
     if backend:

@@ -18,6 +18,7 @@ settings rolls the pods while a change of ``replicas`` does not.
 from __future__ import annotations
 
 import base64
+import copy
 import math
 from typing import Any
 
@@ -41,7 +42,7 @@ from moe_eplb.contracts.k8s_names import (
     OPERATOR_IMAGE_REPOSITORY,
     PODMONITOR_API_VERSION,
 )
-from moe_eplb.render import control_key, experiment
+from moe_eplb.render import control_key, elastic, experiment
 from moe_eplb.render.autoscaler import autoscaler
 from moe_eplb.render.engine_args import (
     CHAT_TEMPLATE_DIR,
@@ -76,6 +77,8 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     scaler = autoscaler(inf)
     if scaler is not None:
         children.append(scaler)
+    if inf.elastic_enabled:
+        children.append(elastic.network_policy(inf))
     for child in children:
         if inf.namespace:
             child["metadata"]["namespace"] = inf.namespace
@@ -104,6 +107,8 @@ def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
     """The engine workload: a Deployment or a LeaderWorkerSet; while an experiment runs
     (``status.autotune.experiment``), its two arms (:mod:`moe_eplb.render.experiment`)."""
     exp = inf.status.experiment if inf.eplb.enabled else None
+    if inf.elastic_enabled:  # one group: founders (LWS) and the pods that join them (render.elastic)
+        return [leader_worker_set(inf, eplb), elastic.joiner_stateful_set(inf, eplb, pod_template)]
     if inf.parallelism.nodes == 1:
         return [deployment(inf, eplb)] if exp is None else experiment.deployment_arms(inf, exp, deployment)
     return [leader_worker_set(inf, eplb)] if exp is None else experiment.lws_arms(inf, exp, leader_worker_set)
@@ -375,14 +380,19 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf), pod=lay.pods[0])
     # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
     # script; no user text is ever part of a `sh -c` string (issue 24)
-    worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
-                          args=common + multinode_worker_args(inf), pod=lay.pods[1])
+    if len(lay.pods) > 1:
+        worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
+                              args=common + multinode_worker_args(inf), pod=lay.pods[1])
+    else:  # an elastic group launched in one pod: a group of size 1 (LWS still asks for a worker template)
+        worker = copy.deepcopy(leader)
+    if inf.elastic_enabled:  # one group; spec.replicas counts the elastic group's pods (render.elastic)
+        leader, worker = elastic.mark_founders(leader), elastic.mark_founders(worker)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
         "metadata": _meta(inf),
         "spec": {
-            "replicas": inf.replicas,
+            "replicas": 1 if inf.elastic_enabled else inf.replicas,
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",
@@ -416,6 +426,8 @@ def service(inf: MoEInference) -> dict[str, Any]:
     selector = selector_labels(inf.name)
     if inf.parallelism.nodes > 1 and not lay.workers_serve_api:
         selector[LWS_WORKER_INDEX_LABEL] = "0"
+    if inf.elastic_enabled:  # a shrink takes the retiring pods out first (controller.elastic)
+        selector[k8s_names.SERVING_LABEL] = "true"
     ports = [{"name": a.name, "port": a.port, "targetPort": a.name, "protocol": "TCP"} for a in lay.api_ports]
     if inf.exporter_in_pod:
         ports.append({"name": k8s_names.EXPORTER_PORT_NAME, "port": k8s_names.EXPORTER_PORT,
