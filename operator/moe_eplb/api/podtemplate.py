@@ -193,6 +193,55 @@ def metadata_rules() -> dict[str, list[dict[str, Any]]]:
     }
 
 
+#: the engine's pod-level fields outside ``podTemplate`` (``spec.engine.<field>``): where each one's
+#: Kubernetes schema is in the PodSpec, its description, and a bound on its size
+ENGINE_POD_FIELDS: dict[str, tuple[tuple[str, ...], str, dict[str, Any]]] = {
+    "env": (("containers", "[]", "env"), "Extra environment variables of the vLLM container (Kubernetes EnvVar, "
+            "value or valueFrom), appended to the operator's.", {"maxItems": 128}),
+    "imagePullSecrets": (("imagePullSecrets",), "Secrets for pulling the image from a private registry (pod "
+                         "imagePullSecrets).", {"maxItems": 16}),
+    "nodeSelector": (("nodeSelector",), "Node labels the engine pods must run on (e.g. the GPU product label "
+                     "nvidia.com/gpu.product, which also tells the operator the GPU memory).", {"maxProperties": 64}),
+    "resources": (("containers", "[]", "resources"), "Container resources (Kubernetes ResourceRequirements). The GPU "
+                  "count (resource gpuResourceName, default nvidia.com/gpu) is set to tensor x dataLocal when left "
+                  "out; when given it must equal that.", {}),
+    "tolerations": (("tolerations",), "Tolerations of the engine pods (Kubernetes Toleration), e.g. for tainted GPU "
+                    "nodes.", {"maxItems": 64}),
+}
+
+
+def _at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    for part in path:
+        schema = schema["items"] if part == "[]" else schema["properties"][part]
+    return schema
+
+
+def engine_pod_fields(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The CRD schemas of ``spec.engine.env``, ``imagePullSecrets``, ``nodeSelector``, ``resources`` and
+    ``tolerations``: the generated PodSpec's own (so the API server and ``moe-eplb validate`` check their
+    types, enums and unknown fields, with the overlay's "did you mean"), with descriptions and size
+    bounds. An image pull secret needs its name; resource maps are bounded for the CEL rules that read them."""
+    out: dict[str, Any] = {}
+    for name, (path, description, bounds) in ENGINE_POD_FIELDS.items():
+        node = {k: v for k, v in _at(pod_spec, path).items() if k != "description"}
+        node = {"description": description, **node, **bounds}
+        if name == "imagePullSecrets":
+            item = dict(node["items"])
+            item["required"] = ["name"]
+            item["properties"] = {**item["properties"], "name": {"type": "string", "minLength": 1, "maxLength": 253}}
+            node["items"] = item
+        if name == "resources":
+            props = dict(node["properties"])
+            for key in ("limits", "requests"):
+                props[key] = {**props[key], "maxProperties": 32,
+                              "additionalProperties": {**props[key]["additionalProperties"], "maxLength": 64}}
+            node["properties"] = props
+        if name == "nodeSelector":
+            node["additionalProperties"] = {**node["additionalProperties"], "maxLength": 63}
+        out[name] = node
+    return out
+
+
 def crd_node(pod_spec: dict[str, Any]) -> dict[str, Any]:
     """The CRD schema of ``spec.engine.podTemplate`` around the generated PodSpec schema."""
     spec = dict(pod_spec)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
-from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
+from moe_eplb.api.layout import Layout, layout
 from moe_eplb.api.podtemplate import PodTemplateOverlay
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import fill_schema_defaults
@@ -148,6 +148,7 @@ class Engine:
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
     image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})
     exporter: ExporterSpec = field(default_factory=ExporterSpec)
+    gpu_memory: Any = None  # one GPU's memory (a Kubernetes quantity); else from the node selector
     pod_template: PodTemplateOverlay | None = None
 
     @property
@@ -160,6 +161,10 @@ class Engine:
             if arg == "--moe-backend" and i + 1 < len(args):
                 return args[i + 1]
         return None
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return quantity_bytes(self.gpu_memory) if self.gpu_memory is not None else None
 
     @property
     def version(self) -> Version | None:
@@ -318,6 +323,15 @@ class AutotuneSpec:
 
 
 @dataclass(frozen=True)
+class WorkloadSpec:
+    """``spec.workload``: labels and annotations of the workload object itself (the Deployment or the
+    LeaderWorkerSet), e.g. Kueue's queue label for a group's gang admission."""
+
+    labels: dict[str, str] = field(default_factory=dict, metadata={"key": "metadata.labels"})
+    annotations: dict[str, str] = field(default_factory=dict, metadata={"key": "metadata.annotations"})
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     max_surge: int = 1
     max_unavailable: int = 0
@@ -409,6 +423,7 @@ class Spec:
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     monitoring: Monitoring = field(default_factory=Monitoring)
     autoscaling_field: AutoscalingSpec | None = field(default=None, metadata={"key": "autoscaling"})
 

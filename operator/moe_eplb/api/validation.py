@@ -23,9 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb.api import catalog, wide_ep
+from moe_eplb.api import catalog, fit, wide_ep
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
+from moe_eplb.api.fit import all2all_backend, tokens_per_rank
+from moe_eplb.api.fit import arg_value as _arg_value
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.podtemplate import overlay_problems
 from moe_eplb.api.problem import Problem
@@ -226,6 +228,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
         problems += _eplb_problems(inf, arch, version)
     problems += _multimodal_problems(inf, arch)
     problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+    problems += label_problems(inf.spec.workload.labels, "spec.workload.metadata.labels")
     problems += autoscaling_problems(inf, version)
     problems += _extra_args_problems(inf)
     problems += _pod_template_problems(inf)
@@ -589,40 +592,13 @@ def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _arg_value(args: tuple[str, ...], flag: str) -> tuple[int, str] | None:
-    """(index, value) of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), or None."""
-    for i, arg in enumerate(args):
-        if arg.startswith(flag + "="):
-            return i, arg.split("=", 1)[1]
-        if arg == flag and i + 1 < len(args):
-            return i, args[i + 1]
-    return None
-
-
-def all2all_backend(inf: MoEInference) -> tuple[str, str] | None:
-    """(backend, the field that sets it): ``spec.parallelism.all2allBackend``, else an
-    ``--all2all-backend`` in extraArgs; None when vLLM's default runs."""
-    if inf.parallelism.all2all_backend:
-        return inf.parallelism.all2all_backend, "spec.parallelism.all2allBackend"
-    found = _arg_value(inf.engine.extra_args, "--all2all-backend")
-    return (found[1], f"spec.engine.extraArgs[{found[0]}]") if found else None
-
-
-def tokens_per_rank(inf: MoEInference) -> int:
-    """The tokens per data-parallel rank DeepEP low latency is sized for: ``--max-num-batched-tokens``
-    from extraArgs, else vLLM's default with DeepEP low latency and data parallel (256)."""
-    found = _arg_value(inf.engine.extra_args, "--max-num-batched-tokens")
-    if found and found[1].isdigit():
-        return int(found[1])
-    return wide_ep.BATCHED_DP_DEFAULT_TOKENS
-
-
 def wide_ep_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
     """The all2all backend and the EPLB communicator for the version and with EPLB, the DeepEP
     low-latency buffer of the redundancy, and fault tolerance's own constraints and redundancy floor
     (the CRD checks what it can: versions, data parallel, backends; these need the catalog, the
     version's defaults or extraArgs)."""
-    problems = _all2all_problems(inf, version) + _communicator_problems(inf, version)
+    problems = _all2all_problems(inf, version) + _communicator_problems(inf, version) + vendor_problems(inf)
+    problems += fit.memory_problems(inf)
     if inf.fault_tolerance.enabled:
         problems += _fault_tolerance_problems(inf)
     return problems
@@ -644,6 +620,13 @@ def _all2all_problems(inf: MoEInference, version: Version | None) -> list[Proble
                                         f"({', '.join(wide_ep.ALL2ALL_BACKENDS)}); set {where} instead")]
     if backend not in wide_ep.ALL2ALL_SINCE:
         return problems
+    need, have = wide_ep.backend_vendor(backend), wide_ep.gpu_vendor(inf.engine.gpu_resource_name)
+    if need is not None and have is not None and need != have:
+        theirs = ", ".join(wide_ep.AMD_ONLY if have == "amd" else ("deepep_low_latency", "nixl_ep"))
+        problems.append(Problem(fld, f"{backend} runs on {need.upper() if need == 'amd' else 'NVIDIA'} GPUs only, and "
+                                f"spec.engine.gpuResourceName asks for {inf.engine.gpu_resource_name}: use "
+                                f"allgather_reducescatter (any vendor) or one of that vendor's backends ({theirs}), "
+                                "or change spec.engine.gpuResourceName"))
     if inf.eplb.enabled and backend == wide_ep.MOONEP and fld != where:
         problems.append(Problem(fld, "moonep does not support EPLB (vLLM refuses it); use another backend or set "
                                      "spec.eplb.enabled: false"))
@@ -673,6 +656,30 @@ def _deepep_buffer_problems(inf: MoEInference, fld: str) -> list[Problem]:
                     f"tokens per rank x hidden {entry.hidden_size} x {shape.num_experts + r} physical experts), more "
                     f"than the 32 GiB it can register ({fld} deepep_low_latency); {fix}, or lower "
                     "--max-num-batched-tokens in spec.engine.extraArgs")]
+
+
+#: vLLM's official images per vendor: the CUDA one, and the ROCm one (``rocm`` in its name, as in
+#: ``vllm/vllm-openai-rocm`` and AMD's ``rocm/vllm``)
+CUDA_IMAGES = ("vllm/vllm-openai",)
+
+
+def vendor_problems(inf: MoEInference) -> list[Problem]:
+    """The image against the GPU vendor where the image says which it is built for: a ROCm image
+    (``rocm`` in its repository) on NVIDIA GPUs, vLLM's CUDA image on AMD ones."""
+    ref = parse_image(inf.engine.image)
+    vendor = wide_ep.gpu_vendor(inf.engine.gpu_resource_name)
+    if ref is None or vendor is None:
+        return []
+    repo = ref.repository.lower()
+    if vendor == "nvidia" and "rocm" in repo:
+        return [Problem("spec.engine.gpuResourceName", f"{inf.engine.image!r} is a ROCm (AMD) image and the pods ask "
+                        f"for {inf.engine.gpu_resource_name}: set spec.engine.gpuResourceName: amd.com/gpu, or use a "
+                        "CUDA image (vllm/vllm-openai)")]
+    if vendor == "amd" and repo in CUDA_IMAGES and ref.registry in (None, "docker.io"):
+        return [Problem("spec.engine.image", f"{inf.engine.image!r} is vLLM's CUDA image and the pods ask for "
+                        f"{inf.engine.gpu_resource_name}: use vLLM's ROCm image (vllm/vllm-openai-rocm, same tag) or "
+                        "set spec.engine.gpuResourceName: nvidia.com/gpu")]
+    return []
 
 
 def _communicator_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
@@ -713,13 +720,19 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
                                 "spec.faultTolerance.enabled: false"))
     k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
     if k and par.data_local > 1 and k % par.data_local:
+        layouts = fit.fault_tolerant_layouts(inf) if inf.eplb.enabled else []
+        best = fit.best_layout(layouts)
         whole = -(-k // par.data_local) * par.data_local
-        fix = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set it to 0, "
-               "or spread the ranks over pods (spec.parallelism.nodes)")
+        if layouts:
+            advice = fit.layouts_text(inf, layouts)
+            fix = fit.layout_fix(inf, best) if best is not None else None
+        else:
+            advice = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set "
+                      "it to 0, or spread the ranks over pods (spec.parallelism.nodes)")
+            fix = ((("spec", "faultTolerance", "rankFailuresToSurvive"), whole if whole < par.data else 0),)
         problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
-                                f"{k} is not a multiple of the data-parallel ranks per pod ({par.data_local}): with "
-                                "fault tolerance each pod runs vLLM's multi-port supervisor, which stops every rank "
-                                f"of the pod when one fails, so ranks are lost a pod at a time; {fix}"))
+                                f"{k} is not a multiple of the ranks per pod ({par.data_local}): vLLM's multi-port "
+                                f"supervisor loses a pod's ranks together; {advice}", fix=fix))
     if not k or not experts or k >= par.data or not inf.eplb.enabled:
         return problems  # nothing to survive, or the CRD refuses it already
     floor = wide_ep.fault_tolerance_floor(experts, par.tensor, par.data, k)

@@ -114,6 +114,17 @@ def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:
     return {"name": name or inf.name, "labels": labels(inf.name)}
 
 
+def _workload_meta(inf: MoEInference) -> dict[str, Any]:
+    """The workload object's metadata: ``spec.workload.metadata`` (Kueue's queue label, LeaderWorkerSet's
+    exclusive-topology annotation, ...) with the operator's labels, which cannot be overridden."""
+    meta = _meta(inf)
+    w = inf.spec.workload
+    meta["labels"] = {**w.labels, **meta["labels"]}
+    if w.annotations:
+        meta["annotations"] = dict(w.annotations)
+    return meta
+
+
 # --- pods -----------------------------------------------------------------------------------------
 
 
@@ -314,7 +325,7 @@ def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(inf),
+        "metadata": _workload_meta(inf),
         "spec": {
             "replicas": inf.replicas,
             "selector": {"matchLabels": selector_labels(inf.name)},
@@ -349,7 +360,7 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(inf),
+        "metadata": _workload_meta(inf),
         "spec": {
             "replicas": inf.replicas,
             "startupPolicy": "LeaderCreated",
