@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_eplb.api import catalog, fit, wide_ep
+from moe_eplb.api.cel_fixes import with_fixes
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.fit import all2all_backend, tokens_per_rank
@@ -131,7 +132,7 @@ def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], dict[str,
     rules = cel_problems(defaulted, schema)
     if structural:  # a rule over a mistyped value only adds noise
         rules = [p for p in rules if "(rule error:" not in p.message]
-    return problems + structural + rules, None if structural else defaulted
+    return problems + structural + with_fixes(rules, defaulted), None if structural else defaulted
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,7 @@ def _multimodal_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | Non
     if arch is None or arch.multimodal:
         return []
     return [Problem(f"spec.engine.{fld}", f"{arch.name} is not multimodal (vLLM rejects multimodal "
-                    "options for it); remove the field")
+                    "options for it); remove the field", fix=_set("spec", "engine", fld, REMOVE))
             for fld, value in (("limitMmPerPrompt", engine.limit_mm_per_prompt),
                                ("mmEncoderTpMode", engine.mm_encoder_tp_mode))
             if value is not None]
@@ -762,9 +763,7 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
     if draft is not None:
         problems.append(Problem(f"spec.engine.extraArgs[{draft}]", "vLLM fault tolerance does not support a MoE draft "
                                 "model (MTP of a MoE model, or a MoE drafter) yet; remove --speculative-config or set "
-                                "spec.faultTolerance.enabled: false", fix=_drop_args(inf, draft - 1, 2)
-                                if draft > 0 and inf.engine.extra_args[draft - 1] == "--speculative-config"
-                                else _drop_args(inf, draft)))
+                                "spec.faultTolerance.enabled: false", fix=_drop_args(inf, draft, _flag_width(inf, draft))))
     k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
     if k and par.data_local > 1 and k % par.data_local:
         layouts = fit.fault_tolerant_layouts(inf) if inf.eplb.enabled else []
