@@ -130,12 +130,12 @@ def _workload_meta(inf: MoEInference) -> dict[str, Any]:
 
 def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | None = None) -> list[dict[str, Any]]:
     user = [dict(e) for e in inf.engine.env]
-    plugins = [EXPORTER_PLUGIN]
+    plugins = [EXPORTER_PLUGIN] if inf.exporter_in_pod else []  # a stock engine: vLLM's own plugin choice
     for e in user:
         if e.get("name") == "VLLM_PLUGINS" and e.get("value"):
             plugins = [p for p in e["value"].split(",") if p and p != EXPORTER_PLUGIN] + plugins
-    env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}]
-    merged = {"VLLM_PLUGINS"}
+    env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}] if plugins else []
+    merged = {"VLLM_PLUGINS"} if plugins else set()
     if inf.engine.exporter.inject:
         # the injected plugin first on Python's path, the user's PYTHONPATH (if any) after it
         paths = [EXPORTER_INJECT_DIR] + [e["value"] for e in user if e.get("name") == "PYTHONPATH" and e.get("value")]
