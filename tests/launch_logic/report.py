@@ -50,7 +50,8 @@ def reachable(children, pods, answers) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--release", default=None, help="a vLLM release of the tier (default: the installed wheel)")
+    ap.add_argument("--release", default=None, help="a vLLM release of the tier (default: per example, the newest "
+                    "release here at or below the version it asks for)")
     ap.add_argument("--operator", type=Path, default=REPO / "operator", help="the operator/ to render with")
     ap.add_argument("--json", action="store_true")
     opts = ap.parse_args()
@@ -60,15 +61,22 @@ def main() -> int:
     from moe_eplb.api.spec import OperatorDefaults
     from moe_eplb.api.validation import check_for_operator
     from moe_eplb.render.objects import render_children
-
     from tests.example_manifests import EXAMPLES, load_moeinferences
     from tests.launch_logic.conftest import RELEASES, Launcher, wheel_version
     from tests.launch_logic.pods import pods_of, request, run_shell
     from tests.vllm_sources import vllm_source_root
 
-    release = opts.release or wheel_version() or RELEASES[0]
-    root = None if release == wheel_version() else vllm_source_root(release)[0]
-    launcher = Launcher(release, root)
+    launchers: dict[str, Launcher] = {}
+
+    def launcher_for(version) -> Launcher:
+        here = [r for r in RELEASES if r == wheel_version() or vllm_source_root(r)[0] is not None]
+        fit = [r for r in here if version is None or tuple(int(x) for x in r.split(".")[:2]) <= tuple(version[:2])]
+        release = opts.release or (fit or here)[-1]
+        if release not in launchers:
+            root = None if release == wheel_version() else vllm_source_root(release)[0]
+            launchers[release] = Launcher(release, root)
+        return launchers[release]
+
     rows = []
     try:
         for path in sorted(EXAMPLES.glob("*.yaml")):
@@ -77,26 +85,28 @@ def main() -> int:
                 if checked.problems:
                     rows.append({"example": path.stem, "errors": [str(p) for p in checked.problems]})
                     continue
+                launcher = launcher_for(checked.inference.engine.version)
                 children = render_children(checked.inference)
                 pods = run_shell(pods_of(children))
                 answers = [launcher.ask(request(p)) for p in pods]
                 data = checked.inference.parallelism.data
-                row = {"example": path.stem, "pods": len(pods), **summarize(pods, answers, data),
-                       "service_reaches": reachable(children, pods, answers)}
+                row = {"example": path.stem, "release": launcher.version, "pods": len(pods),
+                       **summarize(pods, answers, data), "service_reaches": reachable(children, pods, answers)}
                 rows.append(row)
     finally:
-        launcher.close()
+        for launcher in launchers.values():
+            launcher.close()
     if opts.json:
-        print(json.dumps({"release": launcher.version, "rows": rows}, indent=1))
+        print(json.dumps({"rows": rows}, indent=1))
         return 0
-    print(f"vLLM {launcher.version}'s launch logic on the rendered examples (operator: {opts.operator})")
-    print("| example | pods | LB mode | ranks served | leader's API dispatches to | ranks the Service reaches |")
-    print("| --- | ---: | --- | ---: | --- | --- |")
+    print(f"vLLM's launch logic on the rendered examples (operator: {opts.operator})")
+    print("| example | vLLM | pods | LB mode | ranks served | leader's API dispatches to | ranks the Service reaches |")
+    print("| --- | --- | ---: | --- | ---: | --- | --- |")
     for r in rows:
         if r.get("errors") and "lb" not in r:
             print(f"| {r['example']} | refused: {r['errors'][0][:80]} |")
             continue
-        print(f"| {r['example']} | {r['pods']} | {r['lb']} | {r['served']} | {r['leader_api_dispatches_to']} "
+        print(f"| {r['example']} | {r['release']} | {r['pods']} | {r['lb']} | {r['served']} | {r['leader_api_dispatches_to']} "
               f"| {r['service_reaches']} |" + (f" errors: {r['errors']}" if r["errors"] else ""))
     return 0
 
