@@ -384,3 +384,20 @@ def test_fault_tolerant_group_serves_every_rank_and_keeps_survivors() -> None:
     assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     assert {p["name"] for p in lwt["workerTemplate"]["spec"]["containers"][0]["ports"]} == {k8s_names.EXPORTER_PORT_NAME}
     assert kids["Service"]["spec"]["selector"][k8s_names.LWS_WORKER_INDEX_LABEL] == "0"
+
+
+def test_workload_metadata_reaches_the_workload_object(deepseek) -> None:
+    """``spec.workload.metadata``: Kueue's queue label and LeaderWorkerSet's exclusive-topology
+    annotation on the LeaderWorkerSet object itself (gang admission of a whole group), the operator's
+    labels kept; the pods do not get them (their own are spec.engine.podTemplate.metadata)."""
+    import copy
+
+    res = copy.deepcopy(deepseek)
+    res["spec"]["workload"] = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+                                            "annotations": {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}}}
+    lws = by_kind(render_children_of(res))["LeaderWorkerSet"]
+    assert lws["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert lws["metadata"]["labels"]["eplb.ai/name"] == "deepseek-v3"
+    assert lws["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
+    assert "kueue.x-k8s.io/queue-name" not in leader["labels"]

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.api.layout import SUPERVISOR_PORT, SUPERVISOR_PORT_NAME
 from moe_eplb.api.problem import Problem
 from moe_eplb.contracts.k8s_names import (
     API_PORT,
@@ -41,6 +42,7 @@ from moe_eplb.contracts.k8s_names import (
     EXPORTER_VOLUME,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
+    MAX_API_SERVERS_PER_POD,
     MODEL_VOLUME,
     NAME_LABEL,
     SHM_MOUNT_PATH,
@@ -64,8 +66,8 @@ GPU_RULES = tuple(
 SELECTOR_LABELS = (COMPONENT_LABEL, NAME_LABEL)
 #: labels and annotations LeaderWorkerSet sets on every pod of a group
 LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
-OWNED_PORTS = (API_PORT, EXPORTER_PORT)
-OWNED_PORT_NAMES = (API_PORT_NAME, EXPORTER_PORT_NAME)
+OWNED_PORTS = (API_PORT, SUPERVISOR_PORT, EXPORTER_PORT)
+OWNED_PORT_NAMES = (API_PORT_NAME, SUPERVISOR_PORT_NAME, EXPORTER_PORT_NAME)
 #: environment of the engine container the overlay may not set: the plugin list (the exporter is
 #: always in it; ``spec.engine.env`` adds plugins) and the variables the rendered command expands
 OWNED_ENV = ("VLLM_PLUGINS", LWS_LEADER_ADDRESS_ENV, LWS_WORKER_INDEX_ENV)
@@ -128,12 +130,15 @@ def container_rules() -> list[dict[str, Any]]:
     out.append({"rule": f"self.name == '{ENGINE_CONTAINER}' || has(self.image)", "fieldPath": ".image",
                 "message": f"{FIELD}.spec.containers: a container other than {ENGINE_CONTAINER} is a sidecar "
                            "and needs an image; set image (or name it vllm to merge into the engine container)"})
+    last_api = API_PORT + MAX_API_SERVERS_PER_POD - 1
     out.append({
         "rule": f"!has(self.ports) || self.ports.all(p, !(p.containerPort in {_list(OWNED_PORTS)}) && "
-                f"(!has(p.name) || !(p.name in {_list(OWNED_PORT_NAMES)})))",
+                f"!(p.containerPort >= {API_PORT} && p.containerPort <= {last_api}) && "
+                f"(!has(p.name) || !(p.name in {_list(OWNED_PORT_NAMES)} || p.name.startsWith('{API_PORT_NAME}-'))))",
         "fieldPath": ".ports",
-        "message": f"{FIELD}.spec.containers[].ports: ports {API_PORT} ({API_PORT_NAME}) and {EXPORTER_PORT} "
-                   f"({EXPORTER_PORT_NAME}) are the operator's; use another port number and name"})
+        "message": f"{FIELD}.spec.containers[].ports: ports {API_PORT}-{last_api} ({API_PORT_NAME}, "
+                   f"{API_PORT_NAME}-*: one per API server of a pod), {SUPERVISOR_PORT} ({SUPERVISOR_PORT_NAME}) "
+                   f"and {EXPORTER_PORT} ({EXPORTER_PORT_NAME}) are the operator's; use another port number and name"})
     out.append({
         "rule": _engine(f"!has(self.env) || self.env.all(e, !(e.name in {_list(OWNED_ENV)}))"),
         "fieldPath": ".env",

@@ -86,6 +86,8 @@ _GENERATED_FLAGS = {
     "--data-parallel-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-multi-port-external-lb": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--data-parallel-rank": "spec.faultTolerance.enabled (the operator wires the load balancing)",
+    "--data-parallel-supervisor-port": "spec.faultTolerance.enabled (the operator wires the API servers' ports)",
+    "--data-parallel-hybrid-lb": "spec.parallelism (the operator wires the load balancing: every rank served)",
 }
 
 
