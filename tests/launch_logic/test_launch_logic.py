@@ -102,6 +102,8 @@ GRID = [
     ("nodes4-dp32", {"spec.parallelism": {"tensor": 1, "data": 32, "nodes": 4}}),
     ("nodes2-tp2-dp8", {"spec.parallelism": {"tensor": 2, "data": 8, "nodes": 2}}),
     ("nodes2-tp8-dp2", {"spec.parallelism": {"tensor": 8, "data": 2, "nodes": 2}}),
+    ("nodes2-dp16-4-api-servers", {"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2},
+                                   "spec.engine.extraArgs": ["--api-server-count", "4"]}),
     ("ft-single-dp8", {**FT, "spec.parallelism": {"tensor": 1, "data": 8, "all2allBackend": "deepep_low_latency"}}),
     ("ft-nodes2-dp16", {**FT, "spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2,
                                                    "all2allBackend": "deepep_low_latency"}}),

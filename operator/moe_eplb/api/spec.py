@@ -499,8 +499,11 @@ class MoEInference:
     def layout(self) -> Layout:
         """How a replica group is launched: the pods' ranks, API servers and load balancing
         (:func:`moe_eplb.api.layout.layout`; fault tolerance: every rank serves its own API)."""
-        p = self.parallelism
-        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled)
+        p, args = self.parallelism, self.engine.extra_args
+        count = next((a.split("=", 1)[1] for a in args if a.startswith("--api-server-count=")), None) or next(
+            (args[i + 1] for i, a in enumerate(args[:-1]) if a == "--api-server-count"), None)
+        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled,
+                      api_server_count=int(count) if count and count.isdigit() and int(count) > 0 else None)
 
     @property
     def plugin_image(self) -> bool:
