@@ -122,5 +122,6 @@ def estimate(model: catalog.ModelInfo, *, quantization: str | None, tensor: int,
     heads = model.kv_heads
     share = 1.0 if heads == 0 else -(-heads // tensor) / heads
     kv = int((max_model_len or model.context_length) * model.kv_bytes_per_token * share)
-    usable = int(gpu_bytes * (utilization or DEFAULT_GPU_MEMORY_UTILIZATION))
+    util = utilization if utilization is not None and 0 < utilization <= 1 else DEFAULT_GPU_MEMORY_UTILIZATION
+    usable = int(gpu_bytes * util)  # (a utilization out of range, NaN included, is refused by the schema)
     return Estimate(dense=dense, experts=experts, all2all=all2all, kv=kv, usable=usable)
