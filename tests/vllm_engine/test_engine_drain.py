@@ -199,8 +199,13 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     _wait_running(engine, long)
     hook_started = time.monotonic()
     hook = Timed(_run_hook, engine, hook_spec)  # the kubelet's preStop: exec, and wait for it
-    time.sleep(0.3)
-    ready_during, live_during = _get(ready_url, 10), _get(live_url, 10)
+    # the hook is a process of its own (python3 -m moe_eplb.exporter.drain): unready once it got through
+    deadline = time.monotonic() + 60
+    ready_during = _get(ready_url, 10)
+    while ready_during[0] == 200 and long.ended is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        ready_during = _get(ready_url, 10)
+    live_during = _get(live_url, 10)
     long.join(300)
     hook.join(120)
     hook_seconds = hook.ended - hook_started
