@@ -77,6 +77,10 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     "vendor-backend-in-extra-args": ({"spec.engine.extraArgs": ["--all2all-backend", "mori"]}, "spec.engine.extraArgs[0]"),
     "workload-bad-label-key": ({"spec.workload": {"metadata": {"labels": {"team name": "x"}}}},
                                "spec.workload.metadata.labels['team name']"),
+    # found by the launch-logic tier: vLLM refuses --api-server-count on a --headless worker
+    "api-server-count-on-headless-workers": ({"spec.parallelism": {"tensor": 2, "data": 4, "nodes": 2},
+                                             "spec.engine.extraArgs": ["--api-server-count", "4"]},
+                                            "spec.engine.extraArgs[0]"),
     **OVERLAY_OPERATOR_ONLY,
 }
 #: the apply-time table of tests/api, and the pod-template overlay's (tests/api/test_api_podtemplate.py)

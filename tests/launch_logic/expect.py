@@ -68,7 +68,9 @@ def intent_of(pods: list[Pod]) -> Layout:
     """The operator's layout for the group's shape as rendered."""
     data = int(_arg(pods[0].argv, "--data-parallel-size") or 1)
     nodes = len(pods)
-    return layout(data, data // nodes, nodes, external="--enable-fault-tolerance" in pods[0].argv)
+    count = _arg(pods[0].argv, "--api-server-count")
+    return layout(data, data // nodes, nodes, external="--enable-fault-tolerance" in pods[0].argv,
+                  api_server_count=int(count) if count else None)
 
 
 def launch_group(children: list[dict[str, Any]], launcher) -> GroupOutcome:

@@ -407,6 +407,12 @@ def _extra_args_problems(inf: MoEInference) -> list[Problem]:
                         "set that field instead and remove the argument",
                         fix=_drop_args(inf, i, _flag_width(inf, i)))
             )
+    count = _arg_value(inf.engine.extra_args, "--api-server-count")
+    if count is not None and any(pod.headless for pod in inf.layout.pods):
+        problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "--api-server-count reaches the group's "
+                                "--headless workers too (every pod gets the same arguments), and vLLM refuses it "
+                                "there; remove it (the leader then runs vLLM's default, one API server per "
+                                "data-parallel rank of the group)", fix=_drop_args(inf, count[0], _flag_width(inf, count[0]))))
     return problems
 
 
