@@ -42,7 +42,7 @@ for _src in ("harness", "operator"):  # the product, and the harness's control p
     if str(REPO / _src) not in sys.path:
         sys.path.insert(0, str(REPO / _src))
 
-from moe_eplb.api.podtemplate import crd_node  # noqa: E402
+from moe_eplb.api.podtemplate import crd_node, engine_pod_fields  # noqa: E402
 from moe_eplb.api.quantity import QUANTITY_PATTERN  # noqa: E402
 
 CRD_YAML = REPO / "operator" / "moe_eplb" / "api" / "crd.yaml"
@@ -182,10 +182,14 @@ POD_SPEC_DESCRIPTION = ("A core/v1 PodSpec fragment merged into every engine pod
 
 
 def block_yaml(doc: dict[str, Any]) -> str:
-    """The lines of crd.yaml between the markers: ``podTemplate:`` and its schema (the generated
-    PodSpec inside the overlay's node and CEL rules, :func:`moe_eplb.api.podtemplate.crd_node`), indented."""
-    body = yaml.dump({"podTemplate": crd_node(pod_spec_schema(doc))}, Dumper=_NoAliases, sort_keys=False, width=100000,
-                     allow_unicode=True)
+    """The lines of crd.yaml between the markers: the engine's pod-level fields outside the overlay
+    (``env``, ``imagePullSecrets``, ``nodeSelector``, ``resources``, ``tolerations``: the PodSpec's own
+    schemas, :func:`moe_eplb.api.podtemplate.engine_pod_fields`), then ``podTemplate:`` and its schema
+    (the generated PodSpec inside the overlay's node and CEL rules, :func:`moe_eplb.api.podtemplate.crd_node`),
+    indented."""
+    spec = pod_spec_schema(doc)
+    body = yaml.dump({**engine_pod_fields(spec), "podTemplate": crd_node(spec)}, Dumper=_NoAliases, sort_keys=False,
+                     width=100000, allow_unicode=True)
     return "".join(INDENT + line + "\n" for line in body.splitlines())
 
 

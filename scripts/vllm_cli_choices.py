@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,12 @@ TARGET = REPO / "operator" / "moe_eplb" / "api" / "vllm_cli.py"
 LAUNCHER = REPO / "tests" / "launch_logic" / "vllm_launcher.py"
 BEGIN, END = "# BEGIN generated (scripts/vllm_cli_choices.py)", "# END generated"
 KINDS = ("all2all_backends", "eplb_config_keys", "communicators")
+
+
+def source_versions() -> list[str]:
+    """Every ``vllm==X`` of requirements/vllm-src.txt (the releases held by their sources)."""
+    text = (REPO / "requirements" / "vllm-src.txt").read_text()
+    return re.findall(r"^\s*vllm==([0-9][0-9A-Za-z.+-]*)\s*$", text, re.M)
 
 
 def ask(root: Path | None) -> dict:
@@ -62,14 +69,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--print", action="store_true", help="write the block to stdout")
     opts = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from tests.vllm_sources import source_versions, vllm_source_root
-
     answers = [ask(None)]
     for version in source_versions():
-        root, why = vllm_source_root(version)
-        if root is None:
-            raise SystemExit(why)
+        root = Path(sys.prefix) / "vllm-src" / version
+        if not (root / "vllm").is_dir():
+            raise SystemExit(f"vLLM {version}'s sources are not at {root}: run `make setup-vllm`")
         answers.append(ask(root))
     text = block(answers)
     if opts.print:

@@ -168,6 +168,30 @@ BAD = {
                                                           "elastic": {"enabled": True, "maxData": 2}},
                                      "spec.replicas": 1}),
                             "spec.parallelism.elastic.enabled", "data parallel > 1"),
+    # issue 37: what vLLM's CLI does not offer, the engine's pod-level fields typed as Kubernetes types
+    # them, the workload object's metadata, vendor x backend, the GPU's memory
+    "all2all-backend-passthrough": ({"spec.parallelism.all2allBackend": "passthrough"}, "spec.parallelism.all2allBackend",
+                                    "is not one of"),
+    "engine-toleration-typo": ({"spec.engine.tolerations": [{"key": "gpu", "operater": "Exists", "effect": "NoSchedule"}]},
+                               "spec.engine.tolerations[0].operater", "did you mean 'operator'"),
+    "engine-env-valuefrom-typo": ({"spec.engine.env": [{"name": "T", "valueFrom": {"secretKeyRf": {"name": "s", "key": "k"}}}]},
+                                  "spec.engine.env[0].valueFrom.secretKeyRf", "did you mean 'secretKeyRef'"),
+    "engine-toleration-operator-enum": ({"spec.engine.tolerations": [{"key": "gpu", "operator": "exists"}]},
+                                        "spec.engine.tolerations[0].operator", "is not one of"),
+    "workload-operator-label": ({"spec.workload": {"metadata": {"labels": {"eplb.ai/name": "other"}}}},
+                                "spec.workload.metadata.labels", "the operator's labels"),
+    "workload-lws-annotation": ({"spec.parallelism": {"tensor": 2, "data": 2, "nodes": 2},
+                                 "spec.workload": {"metadata": {"annotations": {"leaderworkerset.sigs.k8s.io/size": "2"}}}},
+                                "spec.workload.metadata.annotations", "only leaderworkerset.sigs.k8s.io/exclusive-topology"),
+    "workload-lws-annotation-on-deployment": (
+        {"spec.workload": {"metadata": {"annotations": {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}}}},
+        "spec.workload.metadata.annotations", "the workload is a Deployment"),
+    "deepep-on-amd": ({"spec.parallelism.all2allBackend": "deepep_low_latency", "spec.engine.gpuResourceName": "amd.com/gpu",
+                       "spec.engine.image": "vllm/vllm-openai-rocm:v0.32.0"}, "spec.parallelism.all2allBackend",
+                      "on NVIDIA GPUs only"),
+    "mori-on-nvidia": ({"spec.parallelism.all2allBackend": "mori", "spec.engine.image": "vllm/vllm-openai:v0.34.0"},
+                       "spec.parallelism.all2allBackend", "on AMD GPUs only"),
+    "gpu-memory-not-a-quantity": ({"spec.engine.gpuMemory": "80 GB"}, "spec.engine.gpuMemory", "does not match"),
 }
 
 
@@ -196,6 +220,13 @@ def test_good_variants_pass(variant) -> None:
         # the GPU count is checked on the resource name the pods request, not on nvidia.com/gpu
         {"spec.engine.gpuResourceName": "amd.com/gpu", "spec.engine.resources": {"limits": {"amd.com/gpu": 4}}},
         {"spec.engine.drainSeconds": 0},
+        # Kueue's gang admission of a group (the queue label on the LeaderWorkerSet), LWS's exclusive topology
+        {"spec.parallelism": {"tensor": 2, "data": 2, "nodes": 2},
+         "spec.workload": {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+                                        "annotations": {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}}}},
+        {"spec.engine.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+         "spec.engine.env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+         "spec.engine.gpuMemory": "80Gi"},
     ]
     for changes in good:
         assert apiserver_problems(variant(changes)) == [], changes

@@ -194,10 +194,14 @@ def test_every_spec_string_is_bounded() -> None:
     and maps make rules over them too costly to admit. Every spec string has a maxLength, except in
     the PodSpec of ``engine.podTemplate.spec``: it is Kubernetes' own schema, generated as served
     (scripts/gen_podspec_schema.py), the rules over it fit the budget on a real kube-apiserver
-    (tests/kube), and the apiserver bounds its strings when the pods' workload is created."""
+    (tests/kube), and the apiserver bounds its strings when the pods' workload is created; the same goes
+    for the engine's pod-level fields generated from it (``env``, ``tolerations``, ...)."""
+    from moe_eplb.api.podtemplate import ENGINE_POD_FIELDS
+
+    generated = (".engine.podTemplate.spec.",) + tuple(f".engine.{f}" for f in ENGINE_POD_FIELDS)
     missing = [p for p, n in _walk(openapi_schema()["properties"]["spec"])
                if "|" not in p and (n.get("type") == "string" or n.get("x-kubernetes-int-or-string"))
-               and "maxLength" not in n and not p.startswith(".engine.podTemplate.spec.")]
+               and "maxLength" not in n and not p.startswith(generated)]
     assert missing == []
 
 

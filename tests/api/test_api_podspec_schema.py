@@ -19,13 +19,25 @@ def doc() -> dict:
                            "x-kubernetes-patch-merge-key": "name", "x-kubernetes-patch-strategy": "merge"},
             "overhead": {"type": "object", "additionalProperties": {"$ref": REF + gen.QUANTITY}},
             "hostNetwork": {"type": "boolean", "default": False, "description": "Host networking."},
+            "nodeSelector": {"type": "object", "additionalProperties": {"type": "string", "default": ""}},
+            "tolerations": {"type": "array", "items": {"allOf": [{"$ref": REF + "T"}]}},
+            "imagePullSecrets": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string", "default": ""}}}},
         }},
+        "T": {"type": "object", "properties": {"key": {"type": "string"},
+                                               "operator": {"type": "string", "enum": ["Equal", "Exists"]}}},
         "C": {"type": "object", "required": ["name"], "description": "A container.", "properties": {
             "name": {"type": "string", "default": ""},
             "ports": {"type": "array", "x-kubernetes-list-type": "map",
                       "x-kubernetes-list-map-keys": ["containerPort", "protocol"],
                       "items": {"allOf": [{"$ref": REF + "P"}]}},
             "pullPolicy": {"type": "string", "enum": ["Always", "Never"]},
+            "env": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "valueFrom": {"type": "object", "properties": {
+                    "secretKeyRef": {"type": "object", "properties": {"key": {"type": "string"}}}}}}}},
+            "resources": {"type": "object", "properties": {
+                "limits": {"type": "object", "additionalProperties": {"$ref": REF + gen.QUANTITY}},
+                "requests": {"type": "object", "additionalProperties": {"$ref": REF + gen.QUANTITY}}}},
         }},
         "P": {"type": "object", "required": ["containerPort"], "properties": {
             "containerPort": {"type": "integer", "format": "int32"},
@@ -56,7 +68,7 @@ def test_refs_inlined_into_a_structural_schema() -> None:
 
 def test_block_has_the_rules_and_no_yaml_aliases() -> None:
     block = gen.block_yaml(doc())
-    assert block.startswith(gen.INDENT + "podTemplate:\n")
+    assert block.startswith(gen.INDENT + "env:\n") and "\n" + gen.INDENT + "podTemplate:\n" in block
     assert "&id" not in block and "*id" not in block
     assert "x-kubernetes-validations" in block and "carries the EPLB arguments" in block
 
@@ -72,3 +84,21 @@ def test_missing_source_is_one_line(tmp_path, capsys) -> None:
     assert gen.main(["--openapi", str(tmp_path / "absent.json")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "absent.json: not found" in err
+
+
+def test_the_engines_pod_fields_are_the_podspecs_own() -> None:
+    """``spec.engine.env``, ``tolerations``, ``nodeSelector``, ``imagePullSecrets`` and ``resources``
+    get Kubernetes' schemas from the same PodSpec (enums and unknown fields checked), bounded, with
+    our descriptions; an image pull secret must name its Secret."""
+    from moe_eplb.api.podtemplate import engine_pod_fields
+
+    fields = engine_pod_fields(gen.pod_spec_schema(doc()))
+    assert sorted(fields) == ["env", "imagePullSecrets", "nodeSelector", "resources", "tolerations"]
+    assert fields["tolerations"]["items"]["properties"]["operator"]["enum"] == ["Equal", "Exists"]
+    assert fields["tolerations"]["maxItems"] == 64 and fields["env"]["maxItems"] == 128
+    env_from = fields["env"]["items"]["properties"]["valueFrom"]["properties"]
+    assert env_from["secretKeyRef"]["properties"] == {"key": {"type": "string"}}
+    assert fields["imagePullSecrets"]["items"]["required"] == ["name"]
+    assert fields["resources"]["properties"]["limits"]["maxProperties"] == 32
+    assert fields["resources"]["properties"]["limits"]["additionalProperties"]["pattern"] == gen.QUANTITY_PATTERN
+    assert all(f["description"] for f in fields.values())

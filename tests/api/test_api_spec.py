@@ -201,3 +201,26 @@ def test_parse_storage(variant) -> None:
 def _effective(resource):
     """The EPLB settings that run for ``resource`` (parsed once)."""
     return parse(resource).effective
+
+
+def test_the_layout_follows_parallelism_fault_tolerance_and_the_api_server_count(seed) -> None:
+    """``MoEInference.layout`` (moe_eplb.api.layout): who runs which ranks and serves which API."""
+    import copy
+
+    from moe_eplb.api.spec import parse
+
+    res = copy.deepcopy(seed)
+    res["spec"]["parallelism"] = {"tensor": 1, "data": 16, "nodes": 2}
+    res["spec"]["eplb"]["numRedundantExperts"] = 0
+    res["spec"]["engine"]["extraArgs"] = ["--api-server-count", "4"]
+    lay = parse(res).layout
+    leader, worker = lay.pods
+    assert lay.lb == "internal" and not leader.headless and worker.headless
+    assert [(a.port, a.ranks, a.processes) for a in leader.api_servers] == [(8000, tuple(range(16)), 4)]
+    assert worker.ranks == tuple(range(8, 16)) and lay.served_ranks == tuple(range(16))
+    res["spec"]["engine"]["extraArgs"] = []
+    res["spec"]["faultTolerance"] = {"enabled": True}
+    lay = parse(res).layout
+    assert lay.lb == "external" and lay.supervised and lay.workers_serve_api
+    assert [(a.name, a.port, a.ranks) for a in lay.pods[1].api_servers][:2] == [("http", 8000, (8,)), ("http-1", 8001, (9,))]
+    assert lay.api_servers_per_pod == 8 and lay.hosted_ranks == tuple(range(16))

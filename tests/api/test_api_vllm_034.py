@@ -241,11 +241,15 @@ def test_fault_tolerance_refusals_only_validate_makes() -> None:
     assert "one API server" in messages(validate(servers), "spec.engine.extraArgs[0]")
     per_pod = deepseek(32, **{"spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2,
                                                    "all2allBackend": "deepep_low_latency"}})
-    assert "use 8" in messages(validate(per_pod), "spec.faultTolerance.rankFailuresToSurvive")
+    # the layouts that survive one lost rank, with the floor each needs: one rank a pod needs only 32
+    said = messages(validate(per_pod), "spec.faultTolerance.rankFailuresToSurvive")
+    assert "8: R 256" in said and "1: R 32" in said and "use dataLocal 1 (nodes 16)" in said, said
     one_pod = qwen3("0.34.0", **{"spec.parallelism": {"tensor": 1, "data": 4, "all2allBackend": "nixl_ep"},
                                  "spec.eplb.numRedundantExperts": 44,
                                  "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 1}})
-    assert "only retry is possible" in messages(validate(one_pod), "spec.faultTolerance.rankFailuresToSurvive")
+    # every rank in one pod: spread them over pods, one a pod (retry is all the one pod could do)
+    said = messages(validate(one_pod), "spec.faultTolerance.rankFailuresToSurvive")
+    assert "1: R 44" in said and "use dataLocal 1 (nodes 4)" in said, said
     for res in (draft, servers, per_pod, one_pod):
         assert apiserver_problems(res) == []
 
@@ -269,8 +273,13 @@ def test_fault_tolerance_with_ranks_per_pod_runs_the_multi_port_supervisor() -> 
 # --- all2all backend, communicator, DeepEP low latency ---------------------------------------------
 
 @pytest.mark.parametrize(("changes", "field", "words"), [
-    ({"spec.parallelism.all2allBackend": "mori", "spec.engine.image": "vllm/vllm-openai:v0.33.0",
-      "spec.eplb.numRedundantExperts": 4}, "spec.parallelism.all2allBackend", "mori needs vLLM >= 0.34.0"),
+    ({"spec.parallelism.all2allBackend": "mori", "spec.engine.image": "vllm/vllm-openai-rocm:v0.33.0",
+      "spec.engine.gpuResourceName": "amd.com/gpu", "spec.eplb.numRedundantExperts": 4},
+     "spec.parallelism.all2allBackend", "mori needs vLLM >= 0.34.0"),
+    ({"spec.parallelism.all2allBackend": "mori"}, "spec.parallelism.all2allBackend", "on AMD GPUs only"),
+    ({"spec.parallelism.all2allBackend": "deepep_low_latency", "spec.engine.gpuResourceName": "amd.com/gpu",
+      "spec.engine.image": "vllm/vllm-openai-rocm:v0.34.0"}, "spec.parallelism.all2allBackend",
+     "on NVIDIA GPUs only"),
     ({"spec.parallelism.all2allBackend": "moonep"}, "spec.parallelism.all2allBackend", "moonep does not support EPLB"),
     ({"spec.parallelism.all2allBackend": "pplx"}, "spec.parallelism.all2allBackend", "were removed"),
     ({"spec.eplb.communicator": "symm_mem", "spec.parallelism": {"tensor": 1, "data": 6, "nodes": 2}},
@@ -285,12 +294,17 @@ def test_backend_and_communicator_refusals_by_both(changes, field, words) -> Non
 
 
 def test_backend_and_communicator_render_as_the_version_expects() -> None:
-    res = qwen3("0.34.0", **{"spec.parallelism.all2allBackend": "mori", "spec.eplb.communicator": "symm_mem"})
+    amd = {"spec.engine.gpuResourceName": "amd.com/gpu"}
+    res = qwen3("0.34.0", **{"spec.parallelism.all2allBackend": "mori", **amd,
+                             "spec.engine.image": "vllm/vllm-openai-rocm:v0.34.0"})
     assert validate(res) == []
     args = engine_args(parse(res), parse(res).effective)
     assert args[args.index("--all2all-backend") + 1] == "mori"
-    assert eplb_config(args)["communicator"] == "symm_mem"
-    old = qwen3("0.33.0", **{"spec.parallelism.all2allBackend": "mori_low_latency", "spec.eplb.numRedundantExperts": 4})
+    res = qwen3("0.34.0", **{"spec.eplb.communicator": "symm_mem"})
+    assert validate(res) == []
+    assert eplb_config(engine_args(parse(res), parse(res).effective))["communicator"] == "symm_mem"
+    old = qwen3("0.33.0", **{"spec.parallelism.all2allBackend": "mori_low_latency", "spec.eplb.numRedundantExperts": 4,
+                             **amd, "spec.engine.image": "vllm/vllm-openai-rocm:v0.33.0"})
     assert validate(old) == []  # the per-mode names are still accepted (deprecated from 0.34)
 
 

@@ -25,6 +25,13 @@ control token (the ``eplb-control`` Secret volume and ``MOE_EPLB_CONTROL_TOKEN_F
 ``render-deepseek-v3-elastic`` was made with its example (issue 39: an elastic group, founders in a
 LeaderWorkerSet, the joining pods' StatefulSet, the NetworkPolicy); the others did not change.
 
+Every ``render-*.yaml`` was regenerated once more for issue 37 (launch as vLLM runs it): the leader
+of a multi-node group without ``--data-parallel-start-rank`` (vLLM's internal load balancing over every
+rank), several API servers a pod rendered from the layout (container and Service ports ``http-1``...,
+the supervisor's ``dp-supervisor`` health port, a PodMonitor endpoint each, ``MOE_EPLB_API_PORTS``),
+and the drain as an ``exec`` preStop (the exporter takes it from loopback only);
+``render-qwen3-235b-mi300x-rocm`` was made with its example.
+
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
 """

@@ -27,6 +27,12 @@ from tests.kube.conftest import REPO
 EXAMPLE_DOCS = [(p.name, i, d) for p in sorted(EXAMPLES.glob("*.yaml")) for i, d in enumerate(load_moeinferences(p))]
 
 elastic_seed = elastic({})
+#: DeepSeek-R1 at EP 16 over 2 pods with DeepEP low latency, on vLLM 0.34 (changes to the seed)
+DEEPSEEK_R1: dict[str, Any] = {
+    "spec.model": {"name": "deepseek-ai/DeepSeek-R1"}, "spec.engine.limitMmPerPrompt": DELETE,
+    "spec.engine.mmEncoderTpMode": DELETE, "spec.engine.dtype": DELETE, "spec.engine.image": "vllm/vllm-openai:v0.34.0",
+    "spec.eplb.numRedundantExperts": DELETE, "spec.parallelism": {"tensor": 1, "data": 16, "nodes": 2,
+                                                                 "all2allBackend": "deepep_low_latency"}}
 
 #: What only ``validate`` (the CLI and the operator) refuses: the apiserver ADMITS these (no CEL
 #: function parses a quantity or knows vLLM's flags), the operator then sets ``SpecValid=False`` and
@@ -70,6 +76,20 @@ OPERATOR_ONLY: dict[str, tuple[dict[str, Any], str]] = {
                                            "spec.autotune.bounds": {"numRedundantExperts": {"min": 8, "max": 16}}},
                                           "spec.autotune.bounds.numRedundantExperts"),
     "nccl-communicator-with-async": ({"spec.eplb.communicator": "torch_nccl"}, "spec.eplb.communicator"),
+    # issue 37: the GPU's memory against the layout, the image against the GPU vendor, a vendor's backend
+    # in extraArgs, a workload label key
+    "gpu-memory-does-not-fit": ({"spec.engine.gpuMemory": "6Gi"}, "spec.engine.maxModelLen"),
+    "ft-floor-does-not-fit": ({**DEEPSEEK_R1, "spec.faultTolerance": {"enabled": True, "rankFailuresToSurvive": 8},
+                               "spec.engine.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                              "spec.eplb.numRedundantExperts"),
+    "image-vendor-mismatch": ({"spec.engine.gpuResourceName": "amd.com/gpu"}, "spec.engine.image"),
+    "vendor-backend-in-extra-args": ({"spec.engine.extraArgs": ["--all2all-backend", "mori"]}, "spec.engine.extraArgs[0]"),
+    "workload-bad-label-key": ({"spec.workload": {"metadata": {"labels": {"team name": "x"}}}},
+                               "spec.workload.metadata.labels['team name']"),
+    # found by the launch-logic tier: vLLM refuses --api-server-count on a --headless worker
+    "api-server-count-on-headless-workers": ({"spec.parallelism": {"tensor": 2, "data": 4, "nodes": 2},
+                                             "spec.engine.extraArgs": ["--api-server-count", "4"]},
+                                            "spec.engine.extraArgs[0]"),
     **OVERLAY_OPERATOR_ONLY,
 }
 #: the apply-time table of tests/api, and the pod-template overlay's (tests/api/test_api_podtemplate.py)

@@ -68,8 +68,9 @@ def intent_of(pods: list[Pod]) -> Layout:
     """The operator's layout for the group's shape as rendered."""
     data = int(_arg(pods[0].argv, "--data-parallel-size") or 1)
     nodes = len(pods)
+    count = _arg(pods[0].argv, "--api-server-count")
     external = "--enable-fault-tolerance" in pods[0].argv or "--enable-elastic-ep" in pods[0].argv
-    return layout(data, data // nodes, nodes, external=external)
+    return layout(data, data // nodes, nodes, external=external, api_server_count=int(count) if count else None)
 
 
 def launch_group(children: list[dict[str, Any]], launcher) -> GroupOutcome:

@@ -65,12 +65,15 @@ def test_user_pythonpath_and_plugins_are_kept_after_ours(variant) -> None:
 
 
 def test_not_injected_when_turned_off(variant) -> None:
-    res = variant({"spec.engine.exporter": {"inject": False}})
+    res = variant({"spec.engine.exporter": {"inject": False}, "spec.engine.image": "ghcr.io/moe-eplb/vllm:v0.32.0"})
     (spec,) = _pod_specs(res)
     assert "initContainers" not in spec
     assert all(v["name"] != k8s_names.EXPORTER_VOLUME for v in spec["volumes"])
     assert "PYTHONPATH" not in _env(spec["containers"][0])
     assert _env(spec["containers"][0])["VLLM_PLUGINS"] == k8s_names.EXPORTER_PLUGIN  # the image's own plugin
+    # a stock image without the plugin: no exporter to name, vLLM's own plugin choice
+    (spec,) = _pod_specs(variant({"spec.engine.exporter": {"inject": False}}))
+    assert "VLLM_PLUGINS" not in _env(spec["containers"][0])
 
 
 def test_injection_writes_a_plugin_vllm_finds_without_the_package_installed(tmp_path) -> None:

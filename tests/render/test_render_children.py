@@ -416,3 +416,20 @@ def test_every_engine_pod_mounts_the_control_token_and_the_secret_is_not_a_child
     assert secret["data"] == {"token": "dG9rLTEyMw=="}  # base64 of the token, as the API server stores it
     assert secret["metadata"]["labels"] == labels(inf.name)
     kubernetes_validate.validate(secret, K8S, strict=True)
+
+
+def test_workload_metadata_reaches_the_workload_object(deepseek) -> None:
+    """``spec.workload.metadata``: Kueue's queue label and LeaderWorkerSet's exclusive-topology
+    annotation on the LeaderWorkerSet object itself (gang admission of a whole group), the operator's
+    labels kept; the pods do not get them (their own are spec.engine.podTemplate.metadata)."""
+    import copy
+
+    res = copy.deepcopy(deepseek)
+    res["spec"]["workload"] = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+                                            "annotations": {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}}}
+    lws = by_kind(render_children_of(res))["LeaderWorkerSet"]
+    assert lws["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert lws["metadata"]["labels"]["eplb.ai/name"] == "deepseek-v3"
+    assert lws["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
+    assert "kueue.x-k8s.io/queue-name" not in leader["labels"]

@@ -3,8 +3,10 @@ as the kubelet sends it, with the rendered ``--shutdown-timeout`` (vLLM on CPU w
 
 The engine runs the args and env ``moe-eplb render`` gives the "full" MoEInference of
 :func:`moe_eplb_harness.vllm_engine.harness.manifest` (its adaptations listed there); the pod's hooks are
-played as the kubelet plays them: the ``preStop`` is the rendered ``httpGet`` on the exporter's port,
-sent while a long generation runs; SIGTERM goes to the engine's main process once the hook returned;
+played as the kubelet plays them: the ``preStop`` is the rendered ``exec`` (``python3 -m
+moe_eplb.exporter.drain``, run with the container's env, as the kubelet runs it inside the container:
+it posts the drain to the exporter on loopback), started while a long generation runs; SIGTERM goes
+to the engine's main process once the hook returned;
 the process gets ``terminationGracePeriodSeconds`` (minus what the hook took) to exit. Also checked:
 the pod turns unready while it drains (``readinessProbe``), stays live (``livenessProbe``), and a
 request that still arrives after the drain (a straggler) is finished by vLLM's own graceful shutdown.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -40,6 +43,13 @@ def _get(url: str, timeout: float = 600.0) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def _run_hook(engine: harness.Engine, hook: dict) -> tuple[int, str]:
+    """The rendered ``exec`` preStop, run with the engine container's env (what the kubelet does):
+    (exit status, its output)."""
+    out = subprocess.run(hook["exec"]["command"], env=engine.env(), capture_output=True, text=True, timeout=600)
+    return out.returncode, out.stdout + out.stderr
 
 
 def _probe_url(engine: harness.Engine, probe: dict) -> str:
@@ -178,15 +188,24 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     grace = int(rendered.yaml_text.split("terminationGracePeriodSeconds: ")[1].split()[0])
     assert grace == 600 + 30 + 30
     ready_url, live_url = _probe_url(engine, c["readinessProbe"]), _probe_url(engine, c["livenessProbe"])
-    drain_url = _probe_url(engine, c["lifecycle"]["preStop"])
+    hook_spec = c["lifecycle"]["preStop"]
+    assert hook_spec == {"exec": {"command": list(k8s_names.DRAIN_COMMAND)}}
     assert _get(ready_url)[0] == 200 and _get(live_url)[0] == 200
+    # a GET of the drain path (what a scraper or a curious curl sends) changes nothing
+    assert _get(f"http://127.0.0.1:{engine.exporter_port}{k8s_names.EXPORTER_DRAIN_PATH}", 10)[0] == 405
+    assert _get(ready_url)[0] == 200
 
     long = Timed(engine.complete, "a long story about a mixture of experts", LONG)
     _wait_running(engine, long)
     hook_started = time.monotonic()
-    hook = Timed(_get, drain_url)  # the kubelet's preStop: GET, and wait for it
-    time.sleep(0.3)
-    ready_during, live_during = _get(ready_url, 10), _get(live_url, 10)
+    hook = Timed(_run_hook, engine, hook_spec)  # the kubelet's preStop: exec, and wait for it
+    # the hook is a process of its own (python3 -m moe_eplb.exporter.drain): unready once it got through
+    deadline = time.monotonic() + 60
+    ready_during = _get(ready_url, 10)
+    while ready_during[0] == 200 and long.ended is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        ready_during = _get(ready_url, 10)
+    live_during = _get(live_url, 10)
     long.join(300)
     hook.join(120)
     hook_seconds = hook.ended - hook_started
@@ -194,7 +213,7 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     # the request completed with all its tokens, and the hook returned only after it had
     assert long.error is None, long.error
     assert long.result["usage"]["completion_tokens"] == LONG
-    assert hook.result[0] == 200 and hook.result[1].startswith("drained: no request in flight"), hook.result
+    assert hook.result[0] == 0 and "moe-eplb preStop: drained: no request in flight" in hook.result[1], hook.result
     # The hook returns once vLLM counts no request running; the client's thread marks its end only
     # after the response has crossed the socket and been parsed, which can come a little later (50 ms
     # in one CI run). An early hook would return seconds before: 440 tokens were still to come.

@@ -2,7 +2,8 @@
 
 - ``crd.yaml`` (the CRD's single source) and ``crd`` (it, loaded); ``schema`` (the apiserver's
   handling of an object against its structural schema) and ``cel_rules`` (its CEL rules, evaluated
-  as the apiserver does); ``cel_catalog`` (the CEL rules generated from the catalog);
+  as the apiserver does); ``cel_catalog`` (the CEL rules generated from the catalog); ``cel_fixes``
+  (the one-edit fixes of the CEL refusals);
 - ``spec`` (the typed model of a resource, parsed once: spec, effective EPLB settings),
   ``autotune_status`` (``status.autotune`` as typed records), ``recovery_status``
   (``status.faultTolerance`` as typed records), ``knobs`` (the one ``Knobs``/``Bounds``
@@ -11,10 +12,12 @@
 - ``catalog`` (MoE models and vLLM's EPLB support), ``versions`` (vLLM versions and thresholds),
   ``wide_ep`` (all2all backends, the EPLB communicator, fault tolerance and the redundancy each needs),
   ``ft_protocol`` (vLLM's fault-tolerance routes, bodies, states and timeouts per release),
-  ``layout`` (which pod of a replica group runs which data-parallel ranks and API servers),
-  ``vllm_cli`` (each release's CLI choices, generated from the releases' code),
-  ``elastic`` (elastic groups: vLLM's resize facts, the redundancy after a resize, ``status.elastic``),
-  ``imageref`` (image references), ``quantity`` (Kubernetes quantities);
+  ``vllm_cli`` (each release's all2all backends, EPLB config keys and communicators, generated from the
+  releases' code), ``layout`` (how a replica group launches: each pod's ranks and API servers, the LB
+  mode), ``memory`` (the per-GPU memory estimate, the GPU's memory), ``fit`` (the layout against the
+  GPU, and the fault-tolerant layouts that fit), ``elastic`` (elastic groups: vLLM's resize facts, the
+  redundancy after a resize, ``status.elastic``), ``imageref`` (image references), ``quantity``
+  (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
   catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of
   the manifests handed to the CLI).

@@ -150,6 +150,15 @@ class ModelInfo:
     moe_intermediate_size: int
     default_quantization: str = "none"
     hf_ids: tuple[str, ...] = ()
+    #: for the per-GPU memory estimate (:mod:`moe_eplb.api.memory`), from the model card and
+    #: ``config.json``: all parameters (billions; the dense part is what the routed experts leave), the
+    #: KV cache of one token in bf16 over every attention layer, the KV heads (0: MLA, one latent
+    #: replicated on every tensor-parallel rank) and ``max_position_embeddings`` (vLLM's default
+    #: ``--max-model-len``)
+    total_params_b: float = 0.0
+    kv_bytes_per_token: int = 0
+    kv_heads: int = 0
+    context_length: int = 0
     # RE2-compatible regexes (no look-around) searched in the lower-cased last path component;
     # the same regexes appear in the CRD's generated CEL rules (moe_eplb.api.cel_catalog)
     name_patterns: tuple[str, ...] = field(default=(), repr=False)
@@ -177,6 +186,16 @@ class ModelInfo:
         return int(round(self.weights_per_expert * q.bytes_per_weight))
 
     @property
+    def routed_params(self) -> int:
+        """Parameters of every routed expert of every MoE layer."""
+        return self.num_experts * self.num_moe_layers * self.weights_per_expert
+
+    @property
+    def dense_params(self) -> int:
+        """Parameters outside the routed experts (attention, shared experts, dense layers, embeddings)."""
+        return max(0, int(self.total_params_b * 1e9) - self.routed_params)
+
+    @property
     def architecture_info(self) -> ArchitectureInfo:
         return ARCHITECTURES[self.architecture]
 
@@ -188,6 +207,7 @@ MODELS: tuple[ModelInfo, ...] = (
         hidden_size=7168, moe_intermediate_size=2048, default_quantization="fp8",
         hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3.1",
                 "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528"),
+        total_params_b=671, kv_bytes_per_token=61 * 576 * 2, kv_heads=0, context_length=163840,
         name_patterns=(r"deepseek-v3", r"deepseek-r1"),
         exclude_patterns=(r"distill",),
     ),
@@ -196,6 +216,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=64, num_moe_layers=26, top_k=6, num_expert_groups=1,
         hidden_size=2048, moe_intermediate_size=1408,
         hf_ids=("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
+        total_params_b=15.7, kv_bytes_per_token=27 * 576 * 2, kv_heads=0, context_length=163840,
         name_patterns=(r"deepseek-v2-lite",),
     ),
     ModelInfo(
@@ -203,6 +224,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=160, num_moe_layers=59, top_k=6, num_expert_groups=8,
         hidden_size=5120, moe_intermediate_size=1536,
         hf_ids=("deepseek-ai/DeepSeek-V2", "deepseek-ai/DeepSeek-V2-Chat", "deepseek-ai/DeepSeek-V2.5"),
+        total_params_b=236, kv_bytes_per_token=60 * 576 * 2, kv_heads=0, context_length=163840,
         name_patterns=(r"deepseek-v2",),
     ),
     ModelInfo(
@@ -210,6 +232,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=48, top_k=8, num_expert_groups=1,
         hidden_size=2048, moe_intermediate_size=768,
         hf_ids=("Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-30B-A3B-Thinking"),
+        total_params_b=31.1, kv_bytes_per_token=48 * 4 * 128 * 4, kv_heads=4, context_length=262144,
         name_patterns=(r"qwen3-vl-30b-a3b",),
     ),
     ModelInfo(
@@ -217,6 +240,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=94, top_k=8, num_expert_groups=1,
         hidden_size=4096, moe_intermediate_size=1536,
         hf_ids=("Qwen/Qwen3-VL-235B-A22B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Thinking"),
+        total_params_b=236, kv_bytes_per_token=94 * 4 * 128 * 4, kv_heads=4, context_length=262144,
         name_patterns=(r"qwen3-vl-235b-a22b",),
     ),
     ModelInfo(
@@ -224,6 +248,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=48, top_k=8, num_expert_groups=1,
         hidden_size=2048, moe_intermediate_size=768,
         hf_ids=("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B-Thinking-2507"),
+        total_params_b=30.5, kv_bytes_per_token=48 * 4 * 128 * 4, kv_heads=4, context_length=40960,
         name_patterns=(r"qwen3-30b-a3b",),
     ),
     ModelInfo(
@@ -231,6 +256,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=94, top_k=8, num_expert_groups=1,
         hidden_size=4096, moe_intermediate_size=1536,
         hf_ids=("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507"),
+        total_params_b=235, kv_bytes_per_token=94 * 4 * 128 * 4, kv_heads=4, context_length=40960,
         name_patterns=(r"qwen3-235b-a22b",),
     ),
     ModelInfo(
@@ -238,6 +264,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=16, num_moe_layers=48, top_k=1, num_expert_groups=1,
         hidden_size=5120, moe_intermediate_size=8192,
         hf_ids=("meta-llama/Llama-4-Scout-17B-16E", "meta-llama/Llama-4-Scout-17B-16E-Instruct"),
+        total_params_b=109, kv_bytes_per_token=48 * 8 * 128 * 4, kv_heads=8, context_length=10485760,
         name_patterns=(r"llama-4-scout",),
     ),
     ModelInfo(
@@ -246,6 +273,7 @@ MODELS: tuple[ModelInfo, ...] = (
         hidden_size=5120, moe_intermediate_size=8192,
         hf_ids=("meta-llama/Llama-4-Maverick-17B-128E", "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
                 "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"),
+        total_params_b=400, kv_bytes_per_token=48 * 8 * 128 * 4, kv_heads=8, context_length=1048576,
         name_patterns=(r"llama-4-maverick",),
     ),
     ModelInfo(
@@ -253,6 +281,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=128, num_moe_layers=45, top_k=8, num_expert_groups=1,
         hidden_size=4096, moe_intermediate_size=1408,
         hf_ids=("zai-org/GLM-4.5-Air", "zai-org/GLM-4.5-Air-FP8"),
+        total_params_b=106, kv_bytes_per_token=46 * 8 * 128 * 4, kv_heads=8, context_length=131072,
         name_patterns=(r"glm-4[.]5-air",),
     ),
     ModelInfo(
@@ -260,6 +289,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=160, num_moe_layers=89, top_k=8, num_expert_groups=1,
         hidden_size=5120, moe_intermediate_size=1536,
         hf_ids=("zai-org/GLM-4.5", "zai-org/GLM-4.5-FP8"),
+        total_params_b=355, kv_bytes_per_token=92 * 8 * 128 * 4, kv_heads=8, context_length=131072,
         name_patterns=(r"glm-4[.]5",),
         exclude_patterns=(r"glm-4[.]5v",),
     ),
@@ -268,6 +298,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_experts=8, num_moe_layers=32, top_k=2, num_expert_groups=1,
         hidden_size=4096, moe_intermediate_size=14336,
         hf_ids=("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+        total_params_b=46.7, kv_bytes_per_token=32 * 8 * 128 * 4, kv_heads=8, context_length=32768,
         name_patterns=(r"mixtral-8x7b",),
     ),
 )

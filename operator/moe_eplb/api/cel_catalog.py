@@ -268,6 +268,19 @@ def wide_ep_rules() -> list[dict[str, Any]]:
                        "(the oldest release whose --all2all-backend choices the operator checked): use a newer "
                        "image or leave the field out",
         })
+    for vendor, names, domain, other in (("NVIDIA", wide_ep.NVIDIA_ONLY, "amd.com", "AMD (amd.com/gpu)"),
+                                         ("AMD", wide_ep.AMD_ONLY, "nvidia.com", "NVIDIA (nvidia.com/gpu)")):
+        listed = "[" + ", ".join(f"'{n}'" for n in names) + "]"
+        theirs = "deepep_low_latency, nixl_ep" if vendor == "AMD" else "mori"
+        out.append({
+            "rule": f"!has({BACKEND}) || !({BACKEND} in {listed}) || "
+                    f"!self.engine.gpuResourceName.startsWith('{domain}/')",
+            "fieldPath": ".parallelism.all2allBackend",
+            "message": f"spec.parallelism.all2allBackend: {', '.join(names)} run on {vendor} GPUs only, and "
+                       f"spec.engine.gpuResourceName asks for {other} ones: use allgather_reducescatter (any "
+                       f"vendor) or one of that vendor's backends ({theirs}), or "
+                       f"change spec.engine.gpuResourceName",
+        })
     comm_since = wide_ep.COMMUNICATOR_SINCE[wide_ep.SYMM_MEM]
     out.append({
         "rule": f"!has(self.eplb.communicator) || self.eplb.communicator != '{wide_ep.SYMM_MEM}' || "

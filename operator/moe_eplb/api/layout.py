@@ -128,10 +128,12 @@ def _api_servers(start: int, count: int, ranks_each: tuple[int, ...] | None, pro
                            processes) for i in range(count))
 
 
-def layout(data: int, data_local: int, nodes: int, *, external: bool) -> Layout:
+def layout(data: int, data_local: int, nodes: int, *, external: bool, api_server_count: int | None = None) -> Layout:
     """The launch of a replica group of ``data`` data-parallel ranks over ``nodes`` pods,
     ``data_local`` ranks a pod (``data == data_local x nodes``); ``external``: every rank serves its
-    own API (fault tolerance needs it; see the module doc), else vLLM's internal load balancing."""
+    own API (fault tolerance needs it; see the module doc), else vLLM's internal load balancing, with
+    ``api_server_count`` API processes on the front end (``--api-server-count``; None: vLLM's default,
+    one per rank)."""
     if data < 1 or data_local < 1 or nodes < 1 or data_local * nodes != data:
         raise ValueError(f"data {data} is not dataLocal {data_local} x nodes {nodes}")
     pods = []
@@ -143,7 +145,7 @@ def layout(data: int, data_local: int, nodes: int, *, external: bool) -> Layout:
             apis = _api_servers(ranks[0], data_local, None, 1)
             pods.append(PodLaunch(role, i, ranks, False, apis, supervised))
         elif i == 0:  # the group's one front end: vLLM's default of one API process per rank
-            apis = _api_servers(0, 1, tuple(range(data)), data)
+            apis = _api_servers(0, 1, tuple(range(data)), api_server_count or data)
             pods.append(PodLaunch(role, i, ranks, False, apis))
         else:
             pods.append(PodLaunch(role, i, ranks, True, ()))

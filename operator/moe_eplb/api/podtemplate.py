@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.api.layout import SUPERVISOR_PORT, SUPERVISOR_PORT_NAME
 from moe_eplb.api.problem import Problem
 from moe_eplb.contracts.k8s_names import (
     API_PORT,
@@ -44,6 +45,7 @@ from moe_eplb.contracts.k8s_names import (
     EXPORTER_VOLUME,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
+    MAX_API_SERVERS_PER_POD,
     MODEL_VOLUME,
     NAME_LABEL,
     SHM_MOUNT_PATH,
@@ -67,8 +69,8 @@ GPU_RULES = tuple(
 SELECTOR_LABELS = (COMPONENT_LABEL, NAME_LABEL)
 #: labels and annotations LeaderWorkerSet sets on every pod of a group
 LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
-OWNED_PORTS = (API_PORT, EXPORTER_PORT)
-OWNED_PORT_NAMES = (API_PORT_NAME, EXPORTER_PORT_NAME)
+OWNED_PORTS = (API_PORT, SUPERVISOR_PORT, EXPORTER_PORT)
+OWNED_PORT_NAMES = (API_PORT_NAME, SUPERVISOR_PORT_NAME, EXPORTER_PORT_NAME)
 #: environment of the engine container the overlay may not set: the plugin list (the exporter is
 #: always in it; ``spec.engine.env`` adds plugins) and the variables the rendered command expands
 OWNED_ENV = ("VLLM_PLUGINS", LWS_LEADER_ADDRESS_ENV, LWS_WORKER_INDEX_ENV, CONTROL_TOKEN_FILE_ENV)
@@ -131,12 +133,15 @@ def container_rules() -> list[dict[str, Any]]:
     out.append({"rule": f"self.name == '{ENGINE_CONTAINER}' || has(self.image)", "fieldPath": ".image",
                 "message": f"{FIELD}.spec.containers: a container other than {ENGINE_CONTAINER} is a sidecar "
                            "and needs an image; set image (or name it vllm to merge into the engine container)"})
+    last_api = API_PORT + MAX_API_SERVERS_PER_POD - 1
     out.append({
         "rule": f"!has(self.ports) || self.ports.all(p, !(p.containerPort in {_list(OWNED_PORTS)}) && "
-                f"(!has(p.name) || !(p.name in {_list(OWNED_PORT_NAMES)})))",
+                f"!(p.containerPort >= {API_PORT} && p.containerPort <= {last_api}) && "
+                f"(!has(p.name) || !(p.name in {_list(OWNED_PORT_NAMES)} || p.name.startsWith('{API_PORT_NAME}-'))))",
         "fieldPath": ".ports",
-        "message": f"{FIELD}.spec.containers[].ports: ports {API_PORT} ({API_PORT_NAME}) and {EXPORTER_PORT} "
-                   f"({EXPORTER_PORT_NAME}) are the operator's; use another port number and name"})
+        "message": f"{FIELD}.spec.containers[].ports: ports {API_PORT}-{last_api} ({API_PORT_NAME}, "
+                   f"{API_PORT_NAME}-*: one per API server of a pod), {SUPERVISOR_PORT} ({SUPERVISOR_PORT_NAME}) "
+                   f"and {EXPORTER_PORT} ({EXPORTER_PORT_NAME}) are the operator's; use another port number and name"})
     out.append({
         "rule": _engine(f"!has(self.env) || self.env.all(e, !(e.name in {_list(OWNED_ENV)}))"),
         "fieldPath": ".env",
@@ -195,6 +200,55 @@ def metadata_rules() -> dict[str, list[dict[str, Any]]]:
                                      "LeaderWorkerSet's; remove them"},
         ],
     }
+
+
+#: the engine's pod-level fields outside ``podTemplate`` (``spec.engine.<field>``): where each one's
+#: Kubernetes schema is in the PodSpec, its description, and a bound on its size
+ENGINE_POD_FIELDS: dict[str, tuple[tuple[str, ...], str, dict[str, Any]]] = {
+    "env": (("containers", "[]", "env"), "Extra environment variables of the vLLM container (Kubernetes EnvVar, "
+            "value or valueFrom), appended to the operator's.", {"maxItems": 128}),
+    "imagePullSecrets": (("imagePullSecrets",), "Secrets for pulling the image from a private registry (pod "
+                         "imagePullSecrets).", {"maxItems": 16}),
+    "nodeSelector": (("nodeSelector",), "Node labels the engine pods must run on (e.g. the GPU product label "
+                     "nvidia.com/gpu.product, which also tells the operator the GPU memory).", {"maxProperties": 64}),
+    "resources": (("containers", "[]", "resources"), "Container resources (Kubernetes ResourceRequirements). The GPU "
+                  "count (resource gpuResourceName, default nvidia.com/gpu) is set to tensor x dataLocal when left "
+                  "out; when given it must equal that.", {}),
+    "tolerations": (("tolerations",), "Tolerations of the engine pods (Kubernetes Toleration), e.g. for tainted GPU "
+                    "nodes.", {"maxItems": 64}),
+}
+
+
+def _at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    for part in path:
+        schema = schema["items"] if part == "[]" else schema["properties"][part]
+    return schema
+
+
+def engine_pod_fields(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The CRD schemas of ``spec.engine.env``, ``imagePullSecrets``, ``nodeSelector``, ``resources`` and
+    ``tolerations``: the generated PodSpec's own (so the API server and ``moe-eplb validate`` check their
+    types, enums and unknown fields, with the overlay's "did you mean"), with descriptions and size
+    bounds. An image pull secret needs its name; resource maps are bounded for the CEL rules that read them."""
+    out: dict[str, Any] = {}
+    for name, (path, description, bounds) in ENGINE_POD_FIELDS.items():
+        node = {k: v for k, v in _at(pod_spec, path).items() if k != "description"}
+        node = {"description": description, **node, **bounds}
+        if name == "imagePullSecrets":
+            item = dict(node["items"])
+            item["required"] = ["name"]
+            item["properties"] = {**item["properties"], "name": {"type": "string", "minLength": 1, "maxLength": 253}}
+            node["items"] = item
+        if name == "resources":
+            props = dict(node["properties"])
+            for key in ("limits", "requests"):
+                props[key] = {**props[key], "maxProperties": 32,
+                              "additionalProperties": {**props[key]["additionalProperties"], "maxLength": 64}}
+            node["properties"] = props
+        if name == "nodeSelector":
+            node["additionalProperties"] = {**node["additionalProperties"], "maxLength": 63}
+        out[name] = node
+    return out
 
 
 def crd_node(pod_spec: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from openapi_schema_validator import OAS30Validator
 
-from moe_eplb.api.problem import Problem
+from moe_eplb.api.problem import REMOVE, Problem, Rename
 from moe_eplb.api.quantity import QUANTITY_PATTERN
 
 Schema = dict[str, Any]
@@ -87,17 +87,24 @@ def unknown_field_problems(obj: Any, schema: Schema, path: tuple = ()) -> list[P
             elif isinstance(addl, dict):
                 problems += unknown_field_problems(value, addl, path + (key,))
             elif props is not None and not _preserves_unknown(schema) and addl is not True:
-                problems.append(Problem(format_path(path + (key,)), _unknown_message(key, props)))
+                guess = _guess(key, props)
+                fix = (((path + (key,)), Rename(guess) if guess and guess not in obj else REMOVE),)
+                problems.append(Problem(format_path(path + (key,)), _unknown_message(key, props), fix=fix))
     elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(obj):
             problems += unknown_field_problems(item, schema["items"], path + (i,))
     return problems
 
 
-def _unknown_message(key: str, props: dict[str, Any]) -> str:
+def _guess(key: str, props: dict[str, Any]) -> str | None:
     names = sorted(props)
     lowered = {n.lower(): n for n in names}
-    guess = lowered.get(key.lower()) or next(iter(difflib.get_close_matches(key, names, n=1, cutoff=0.6)), None)
+    return lowered.get(key.lower()) or next(iter(difflib.get_close_matches(key, names, n=1, cutoff=0.6)), None)
+
+
+def _unknown_message(key: str, props: dict[str, Any]) -> str:
+    names = sorted(props)
+    guess = _guess(key, props)
     hint = f"did you mean {guess!r}?" if guess else f"known fields here: {', '.join(names)}"
     return f"unknown field {key!r}; {hint}"
 

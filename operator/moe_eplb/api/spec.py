@@ -151,6 +151,7 @@ class Engine:
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata={"raw": True})
     image_pull_secrets: tuple[str, ...] = field(default=(), metadata={"read": _pull_secret_names})
     exporter: ExporterSpec = field(default_factory=ExporterSpec)
+    gpu_memory: Any = None  # one GPU's memory (a Kubernetes quantity); else from the node selector
     pod_template: PodTemplateOverlay | None = None
 
     @property
@@ -163,6 +164,10 @@ class Engine:
             if arg == "--moe-backend" and i + 1 < len(args):
                 return args[i + 1]
         return None
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return quantity_bytes(self.gpu_memory) if self.gpu_memory is not None else None
 
     @property
     def version(self) -> Version | None:
@@ -346,6 +351,15 @@ class AutotuneSpec:
 
 
 @dataclass(frozen=True)
+class WorkloadSpec:
+    """``spec.workload``: labels and annotations of the workload object itself (the Deployment or the
+    LeaderWorkerSet), e.g. Kueue's queue label for a group's gang admission."""
+
+    labels: dict[str, str] = field(default_factory=dict, metadata={"key": "metadata.labels"})
+    annotations: dict[str, str] = field(default_factory=dict, metadata={"key": "metadata.annotations"})
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     max_surge: int = 1
     max_unavailable: int = 0
@@ -437,6 +451,7 @@ class Spec:
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     monitoring: Monitoring = field(default_factory=Monitoring)
     autoscaling_field: AutoscalingSpec | None = field(default=None, metadata={"key": "autoscaling"})
 
@@ -516,8 +531,11 @@ class MoEInference:
         """How a replica group is launched: the pods' ranks, API servers and load balancing
         (:func:`moe_eplb.api.layout.layout`; fault tolerance and elastic groups: every rank serves its
         own API)."""
-        p = self.parallelism
-        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled or self.elastic_enabled)
+        p, args = self.parallelism, self.engine.extra_args
+        count = next((a.split("=", 1)[1] for a in args if a.startswith("--api-server-count=")), None) or next(
+            (args[i + 1] for i, a in enumerate(args[:-1]) if a == "--api-server-count"), None)
+        return layout(p.data, p.data_local, p.nodes, external=self.fault_tolerance.enabled or self.elastic_enabled,
+                      api_server_count=int(count) if count and count.isdigit() and int(count) > 0 else None)
 
     # --- elastic groups (spec.parallelism.elastic, status.elastic) ----------------------------------
 

@@ -23,12 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_eplb.api import catalog, elastic, wide_ep
+from moe_eplb.api import catalog, elastic, fit, wide_ep
+from moe_eplb.api.cel_fixes import with_fixes
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
+from moe_eplb.api.fit import all2all_backend, tokens_per_rank
+from moe_eplb.api.fit import arg_value as _arg_value
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.podtemplate import overlay_problems
-from moe_eplb.api.problem import Problem
+from moe_eplb.api.problem import REMOVE, Problem
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import (
     fill_schema_defaults,
@@ -87,7 +90,32 @@ _GENERATED_FLAGS = {
     "--data-parallel-rank": "spec.faultTolerance.enabled (the operator wires the load balancing)",
     "--enable-elastic-ep": "spec.parallelism.elastic.enabled",
     "--elastic-ep-max-dp-size": "spec.parallelism.elastic.maxData",
+    "--data-parallel-supervisor-port": "spec.faultTolerance.enabled (the operator wires the API servers' ports)",
+    "--data-parallel-hybrid-lb": "spec.parallelism (the operator wires the load balancing: every rank served)",
 }
+
+
+def _set(*path_and_value: Any) -> tuple[tuple[tuple[Any, ...], Any], ...]:
+    """A one-edit fix: ``_set("spec", "eplb", "numRedundantExperts", 8)``."""
+    return ((tuple(path_and_value[:-1]), path_and_value[-1]),)
+
+
+def _drop_args(inf: MoEInference, first: int, count: int = 1) -> tuple[tuple[tuple[Any, ...], Any], ...]:
+    """A fix that removes ``count`` entries of ``spec.engine.extraArgs`` from ``first`` on (a flag and
+    its value); the whole list when nothing is left."""
+    rest = list(inf.engine.extra_args[:first]) + list(inf.engine.extra_args[first + count:])
+    return _set("spec", "engine", "extraArgs", rest if rest else REMOVE)
+
+
+def _drop_moe_backend(inf: MoEInference) -> tuple[tuple[tuple[Any, ...], Any], ...] | None:
+    found = _arg_value(inf.engine.extra_args, "--moe-backend")
+    return _drop_args(inf, found[0], _flag_width(inf, found[0])) if found else None
+
+
+def _flag_width(inf: MoEInference, i: int) -> int:
+    """1 for ``--flag=value`` or a switch, 2 for ``--flag value``."""
+    args = inf.engine.extra_args
+    return 1 if "=" in args[i] or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
 
 
 def apiserver_problems(resource: dict[str, Any]) -> list[Problem]:
@@ -110,7 +138,7 @@ def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], dict[str,
     rules = cel_problems(defaulted, schema)
     if structural:  # a rule over a mistyped value only adds noise
         rules = [p for p in rules if "(rule error:" not in p.message]
-    return problems + structural + rules, None if structural else defaulted
+    return problems + structural + with_fixes(rules, defaulted), None if structural else defaulted
 
 
 @dataclass(frozen=True)
@@ -230,6 +258,7 @@ def semantic_problems(inf: MoEInference) -> list[Problem]:
         problems += _eplb_problems(inf, arch, version)
     problems += _multimodal_problems(inf, arch)
     problems += label_problems(inf.monitoring.pod_monitor_labels, "spec.monitoring.podMonitor.labels")
+    problems += label_problems(inf.spec.workload.labels, "spec.workload.metadata.labels")
     problems += autoscaling_problems(inf, version)
     problems += _extra_args_problems(inf)
     problems += _pod_template_problems(inf)
@@ -297,7 +326,8 @@ def _eplb_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | None, ver
     refused_since = catalog.MOE_BACKEND_EPLB_REFUSALS.get((arch_name or "", backend or ""))
     if refused_since is not None and (version is None or version >= refused_since):
         problems.append(Problem("spec.engine.extraArgs", f"--moe-backend {backend}: vLLM refuses EPLB with this "
-                                f"kernel for {arch_name} (MegaMoE); remove the argument or set spec.eplb.enabled: false"))
+                                f"kernel for {arch_name} (MegaMoE); remove the argument or set spec.eplb.enabled: false",
+                                fix=_drop_moe_backend(inf)))
     if version is not None and eplb.use_async is not None and version < EPLB_CONFIG_JSON:
         problems.append(
             Problem("spec.eplb.async", f"needs --eplb-config (vLLM >= {format_version(EPLB_CONFIG_JSON)}); "
@@ -325,7 +355,8 @@ def _redundancy_problems(inf: MoEInference) -> list[Problem]:
                 f"omitted, and vLLM {format_version(version)} then runs 0 redundant experts (only vLLM >= "
                 f"{format_version(wide_ep.REDUNDANCY_AUTO_MIN_SINCE)} picks the minimum valid value), but experts "
                 f"({shape.num_experts}) is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x data "
-                f"{par.data}): set numRedundantExperts {smallest} (or {smallest + par.ep_size}, ...)"))
+                f"{par.data}): set numRedundantExperts {smallest} (or {smallest + par.ep_size}, ...)",
+                fix=_set("spec", "eplb", "numRedundantExperts", smallest)))
     elif total % par.ep_size:
         near = nearest_redundant_values(shape.num_experts, eplb.num_redundant_experts, par.ep_size)
         choices = " or ".join(map(str, near))
@@ -333,14 +364,19 @@ def _redundancy_problems(inf: MoEInference) -> list[Problem]:
             Problem("spec.eplb.numRedundantExperts",
                     f"experts ({shape.num_experts}) + numRedundantExperts ({eplb.num_redundant_experts}) "
                     f"= {total} is not divisible by the EP size {par.ep_size} (tensor {par.tensor} x "
-                    f"data {par.data}); use numRedundantExperts {choices}")
+                    f"data {par.data}); use numRedundantExperts {choices}",
+                    fix=_set("spec", "eplb", "numRedundantExperts", near[-1] if near[-1] >= eplb.num_redundant_experts
+                             or len(near) == 1 else near[0]))
         )
     lo, hi = inf.autotune.bounds.redundant
     if inf.redundancy_omitted and lo is not None and hi is not None and not lo <= eplb.num_redundant_experts <= hi:
         problems.append(Problem("spec.autotune.bounds.numRedundantExperts",
                                 f"[{lo}, {hi}] must contain the redundancy in force, {eplb.num_redundant_experts} "
                                 "(spec.eplb.numRedundantExperts omitted: the minimum valid value); widen the bounds "
-                                "or set spec.eplb.numRedundantExperts"))
+                                "or set spec.eplb.numRedundantExperts",
+                                fix=_set("spec", "autotune", "bounds", "numRedundantExperts",
+                                         {"min": min(lo, eplb.num_redundant_experts),
+                                          "max": max(hi, eplb.num_redundant_experts)})))
     if lo is not None and hi is not None and not any(
             (shape.num_experts + r) % par.ep_size == 0 for r in range(lo, hi + 1)):
         problems.append(
@@ -357,7 +393,7 @@ def _multimodal_problems(inf: MoEInference, arch: catalog.ArchitectureInfo | Non
     if arch is None or arch.multimodal:
         return []
     return [Problem(f"spec.engine.{fld}", f"{arch.name} is not multimodal (vLLM rejects multimodal "
-                    "options for it); remove the field")
+                    "options for it); remove the field", fix=_set("spec", "engine", fld, REMOVE))
             for fld, value in (("limitMmPerPrompt", engine.limit_mm_per_prompt),
                                ("mmEncoderTpMode", engine.mm_encoder_tp_mode))
             if value is not None]
@@ -372,8 +408,15 @@ def _extra_args_problems(inf: MoEInference) -> list[Problem]:
             source = _GENERATED_FLAGS.get(flag, "spec.eplb")
             problems.append(
                 Problem(f"spec.engine.extraArgs[{i}]", f"{flag} is generated by the operator from {source}; "
-                        "set that field instead and remove the argument")
+                        "set that field instead and remove the argument",
+                        fix=_drop_args(inf, i, _flag_width(inf, i)))
             )
+    count = _arg_value(inf.engine.extra_args, "--api-server-count")
+    if count is not None and any(pod.headless for pod in inf.layout.pods):
+        problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "--api-server-count reaches the group's "
+                                "--headless workers too (every pod gets the same arguments), and vLLM refuses it "
+                                "there; remove it (the leader then runs vLLM's default, one API server per "
+                                "data-parallel rank of the group)", fix=_drop_args(inf, count[0], _flag_width(inf, count[0]))))
     return problems
 
 
@@ -494,17 +537,21 @@ def _exporter_problems(inf: MoEInference, version: Version | None) -> list[Probl
         return [Problem("spec.engine.exporter.inject",
                         f"the exporter plugin supports vLLM {vllm_facts.exporter_range()}, the image has "
                         f"{format_version(version)}: use an image in that range, or set "
-                        "spec.engine.exporter.inject: false to run without per-expert metrics (and tuning)")]
+                        "spec.engine.exporter.inject: false to run the stock engine without per-expert metrics (and "
+                        "tuning: spec.autotune.mode Off); its probes and drain are then vLLM's own",
+                        fix=_set("spec", "engine", "exporter", "inject", False) + (
+                            _set("spec", "autotune", "mode", "Off") if inf.autotune.mode != "Off" else ()))]
     if not exporter.inject and supported and not plugin_image:
         return [Problem("spec.engine.exporter.inject",
                         f"false, but {inf.engine.image!r} is not the plugin image "
                         f"({k8s_names.PLUGIN_IMAGE_REPOSITORY}): the pods would export no per-expert load; "
-                        f"set spec.engine.exporter.inject: true (the default) or use {k8s_names.PLUGIN_IMAGE_REPOSITORY}")]
+                        f"set spec.engine.exporter.inject: true (the default) or use {k8s_names.PLUGIN_IMAGE_REPOSITORY}",
+                        fix=_set("spec", "engine", "exporter", "inject", True))]
     if not exporter.inject and not supported and inf.autotune.mode != "Off":
         return [Problem("spec.autotune.mode",
                         f"{inf.autotune.mode} needs the per-expert load exporter, which supports vLLM "
                         f"{vllm_facts.exporter_range()} (the image has {format_version(version)}): use an image "
-                        "in that range or set spec.autotune.mode: Off")]
+                        "in that range or set spec.autotune.mode: Off", fix=_set("spec", "autotune", "mode", "Off"))]
     return []
 
 
@@ -551,7 +598,8 @@ def _quantization_problems(inf: MoEInference, version: Version | None) -> list[P
             return [
                 Problem("spec.engine.extraArgs", f"--moe-backend {chosen}: vLLM supports EPLB with {quant} MoE weights "
                         f"only on the {info.eplb_moe_backend} backend; remove the argument (the operator sets "
-                        f"--moe-backend {info.eplb_moe_backend}) or set spec.eplb.enabled: false")
+                        f"--moe-backend {info.eplb_moe_backend}) or set spec.eplb.enabled: false",
+                        fix=_drop_moe_backend(inf))
             ]
     if info.eplb_since is None:
         hint = ""
@@ -583,7 +631,8 @@ def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
             Problem("spec.eplb.numRedundantExperts",
                     f"{r} redundant experts cost {cost / 2**30:.2f} GiB per GPU ({shape.num_moe_layers} MoE layers x "
                     f"{shape.bytes_per_expert / 2**20:.1f} MiB per expert x R / EP {ep}), more than "
-                    f"spec.autotune.memoryBudgetPerGpu ({budget / 2**30:.2f} GiB); lower R or raise the budget")
+                    f"spec.autotune.memoryBudgetPerGpu ({budget / 2**30:.2f} GiB); lower R or raise the budget",
+                    fix=_set("spec", "autotune", "memoryBudgetPerGpu", f"{math.ceil(cost / 2**30)}Gi"))
         ]
     return []
 
@@ -593,40 +642,13 @@ def _memory_problems(inf: MoEInference, shape: Any) -> list[Problem]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _arg_value(args: tuple[str, ...], flag: str) -> tuple[int, str] | None:
-    """(index, value) of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), or None."""
-    for i, arg in enumerate(args):
-        if arg.startswith(flag + "="):
-            return i, arg.split("=", 1)[1]
-        if arg == flag and i + 1 < len(args):
-            return i, args[i + 1]
-    return None
-
-
-def all2all_backend(inf: MoEInference) -> tuple[str, str] | None:
-    """(backend, the field that sets it): ``spec.parallelism.all2allBackend``, else an
-    ``--all2all-backend`` in extraArgs; None when vLLM's default runs."""
-    if inf.parallelism.all2all_backend:
-        return inf.parallelism.all2all_backend, "spec.parallelism.all2allBackend"
-    found = _arg_value(inf.engine.extra_args, "--all2all-backend")
-    return (found[1], f"spec.engine.extraArgs[{found[0]}]") if found else None
-
-
-def tokens_per_rank(inf: MoEInference) -> int:
-    """The tokens per data-parallel rank DeepEP low latency is sized for: ``--max-num-batched-tokens``
-    from extraArgs, else vLLM's default with DeepEP low latency and data parallel (256)."""
-    found = _arg_value(inf.engine.extra_args, "--max-num-batched-tokens")
-    if found and found[1].isdigit():
-        return int(found[1])
-    return wide_ep.BATCHED_DP_DEFAULT_TOKENS
-
-
 def wide_ep_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
     """The all2all backend and the EPLB communicator for the version and with EPLB, the DeepEP
     low-latency buffer of the redundancy, and fault tolerance's own constraints and redundancy floor
     (the CRD checks what it can: versions, data parallel, backends; these need the catalog, the
     version's defaults or extraArgs)."""
-    problems = _all2all_problems(inf, version) + _communicator_problems(inf, version)
+    problems = _all2all_problems(inf, version) + _communicator_problems(inf, version) + vendor_problems(inf)
+    problems += fit.memory_problems(inf)
     if inf.fault_tolerance.enabled:
         problems += _fault_tolerance_problems(inf)
     if inf.elastic_enabled:
@@ -705,12 +727,22 @@ def _all2all_problems(inf: MoEInference, version: Version | None) -> list[Proble
                                         f"({', '.join(wide_ep.ALL2ALL_BACKENDS)}); set {where} instead")]
     if backend not in wide_ep.ALL2ALL_SINCE:
         return problems
+    need, have = wide_ep.backend_vendor(backend), wide_ep.gpu_vendor(inf.engine.gpu_resource_name)
+    if need is not None and have is not None and need != have:
+        theirs = ", ".join(wide_ep.AMD_ONLY if have == "amd" else ("deepep_low_latency", "nixl_ep"))
+        problems.append(Problem(fld, f"{backend} runs on {need.upper() if need == 'amd' else 'NVIDIA'} GPUs only, and "
+                                f"spec.engine.gpuResourceName asks for {inf.engine.gpu_resource_name}: use "
+                                f"allgather_reducescatter (any vendor) or one of that vendor's backends ({theirs}), "
+                                "or change spec.engine.gpuResourceName",
+                                fix=_set("spec", "parallelism", "all2allBackend", REMOVE) if fld == where
+                                else _drop_args(inf, int(fld.split("[")[1].rstrip("]")), 2)))
     if inf.eplb.enabled and backend == wide_ep.MOONEP and fld != where:
         problems.append(Problem(fld, "moonep does not support EPLB (vLLM refuses it); use another backend or set "
-                                     "spec.eplb.enabled: false"))
+                                     "spec.eplb.enabled: false", fix=_drop_args(inf, int(fld.split("[")[1].rstrip("]")), 2)))
     if backend == wide_ep.MOONEP and (inf.quantization or "none") != "none":
         problems.append(Problem(fld, f"moonep runs unquantized bfloat16 models only, and the checkpoint is "
-                                     f"{inf.quantization} (vLLM refuses it): use another backend"))
+                                     f"{inf.quantization} (vLLM refuses it): use another backend",
+                                fix=_set("spec", "parallelism", "all2allBackend", REMOVE) if fld == where else None))
     if backend == wide_ep.DEEPEP_LOW_LATENCY and inf.eplb.enabled:
         problems += _deepep_buffer_problems(inf, fld)
     return problems
@@ -733,7 +765,34 @@ def _deepep_buffer_problems(inf: MoEInference, fld: str) -> list[Problem]:
                     f"{r} redundant experts make DeepEP low latency's buffer {need / 2**30:.1f} GiB per GPU ({tokens} "
                     f"tokens per rank x hidden {entry.hidden_size} x {shape.num_experts + r} physical experts), more "
                     f"than the 32 GiB it can register ({fld} deepep_low_latency); {fix}, or lower "
-                    "--max-num-batched-tokens in spec.engine.extraArgs")]
+                    "--max-num-batched-tokens in spec.engine.extraArgs",
+                    fix=_set("spec", "eplb", "numRedundantExperts", best) if best is not None else None)]
+
+
+#: vLLM's official images per vendor: the CUDA one, and the ROCm one (``rocm`` in its name, as in
+#: ``vllm/vllm-openai-rocm`` and AMD's ``rocm/vllm``)
+CUDA_IMAGES = ("vllm/vllm-openai",)
+
+
+def vendor_problems(inf: MoEInference) -> list[Problem]:
+    """The image against the GPU vendor where the image says which it is built for: a ROCm image
+    (``rocm`` in its repository) on NVIDIA GPUs, vLLM's CUDA image on AMD ones."""
+    ref = parse_image(inf.engine.image)
+    vendor = wide_ep.gpu_vendor(inf.engine.gpu_resource_name)
+    if ref is None or vendor is None:
+        return []
+    repo = ref.repository.lower()
+    if vendor == "nvidia" and "rocm" in repo:
+        return [Problem("spec.engine.gpuResourceName", f"{inf.engine.image!r} is a ROCm (AMD) image and the pods ask "
+                        f"for {inf.engine.gpu_resource_name}: set spec.engine.gpuResourceName: amd.com/gpu, or use a "
+                        "CUDA image (vllm/vllm-openai)", fix=_set("spec", "engine", "gpuResourceName", "amd.com/gpu"))]
+    if vendor == "amd" and repo in CUDA_IMAGES and ref.registry in (None, "docker.io"):
+        return [Problem("spec.engine.image", f"{inf.engine.image!r} is vLLM's CUDA image and the pods ask for "
+                        f"{inf.engine.gpu_resource_name}: use vLLM's ROCm image (vllm/vllm-openai-rocm, same tag) or "
+                        "set spec.engine.gpuResourceName: nvidia.com/gpu",
+                        fix=_set("spec", "engine", "image",
+                                 inf.engine.image.replace("vllm/vllm-openai", "vllm/vllm-openai-rocm", 1)))]
+    return []
 
 
 def _communicator_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
@@ -743,7 +802,8 @@ def _communicator_problems(inf: MoEInference, version: Version | None) -> list[P
     async_on = inf.eplb.use_async if inf.eplb.use_async is not None else version >= wide_ep.ASYNC_DEFAULT_SINCE
     if comm in wide_ep.ASYNC_REFUSED_COMMUNICATORS and async_on:
         return [Problem("spec.eplb.communicator", f"{comm} cannot run with async EPLB (vLLM refuses it: NCCL "
-                        "multi-stream conflicts), and async is on: use torch_gloo or nixl, or set spec.eplb.async: false")]
+                        "multi-stream conflicts), and async is on: use torch_gloo or nixl, or set spec.eplb.async: false",
+                        fix=_set("spec", "eplb", "communicator", "torch_gloo"))]
     return []
 
 
@@ -766,21 +826,28 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
     count = _arg_value(inf.engine.extra_args, "--api-server-count")
     if count is not None and count[1] != "1":
         problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "fault tolerance needs one API server per "
-                                "engine (vLLM refuses --api-server-count > 1 with it); remove the argument"))
+                                "engine (vLLM refuses --api-server-count > 1 with it); remove the argument",
+                                fix=_drop_args(inf, count[0], _flag_width(inf, count[0]))))
     draft = _speculative_moe_draft(inf)
     if draft is not None:
         problems.append(Problem(f"spec.engine.extraArgs[{draft}]", "vLLM fault tolerance does not support a MoE draft "
                                 "model (MTP of a MoE model, or a MoE drafter) yet; remove --speculative-config or set "
-                                "spec.faultTolerance.enabled: false"))
+                                "spec.faultTolerance.enabled: false", fix=_drop_args(inf, draft, _flag_width(inf, draft))))
     k, experts, par = inf.ranks_to_survive, inf.moe_shape.num_experts, inf.parallelism
     if k and par.data_local > 1 and k % par.data_local:
+        layouts = fit.fault_tolerant_layouts(inf) if inf.eplb.enabled else []
+        best = fit.best_layout(layouts)
         whole = -(-k // par.data_local) * par.data_local
-        fix = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set it to 0, "
-               "or spread the ranks over pods (spec.parallelism.nodes)")
+        if layouts:
+            advice = fit.layouts_text(inf, layouts)
+            fix = fit.layout_fix(inf, best) if best is not None else None
+        else:
+            advice = (f"use {whole}" if whole < par.data else "with every rank in one pod only retry is possible: set "
+                      "it to 0, or spread the ranks over pods (spec.parallelism.nodes)")
+            fix = ((("spec", "faultTolerance", "rankFailuresToSurvive"), whole if whole < par.data else 0),)
         problems.append(Problem("spec.faultTolerance.rankFailuresToSurvive",
-                                f"{k} is not a multiple of the data-parallel ranks per pod ({par.data_local}): with "
-                                "fault tolerance each pod runs vLLM's multi-port supervisor, which stops every rank "
-                                f"of the pod when one fails, so ranks are lost a pod at a time; {fix}"))
+                                f"{k} is not a multiple of the ranks per pod ({par.data_local}): vLLM's multi-port "
+                                f"supervisor loses a pod's ranks together; {advice}", fix=fix))
     if not k or not experts or k >= par.data or not inf.eplb.enabled:
         return problems  # nothing to survive, or the CRD refuses it already
     floor = wide_ep.fault_tolerance_floor(experts, par.tensor, par.data, k)
@@ -795,10 +862,12 @@ def _fault_tolerance_problems(inf: MoEInference) -> list[Problem]:
                                 f"rank(s): each rank holds tensor x (experts + R) / EP = {(experts + r) // par.data} "
                                 f"slots per layer, and re-hosting them needs R >= k x (experts + R) / data (experts "
                                 f"{experts}, data {par.data}); set numRedundantExperts to at least {floor}, or lower "
-                                "spec.faultTolerance.rankFailuresToSurvive"))
+                                "spec.faultTolerance.rankFailuresToSurvive",
+                                fix=_set("spec", "eplb", "numRedundantExperts", floor)))
     lo, hi = inf.autotune.bounds.redundant
     if floor is not None and hi is not None and hi < floor:
         problems.append(Problem("spec.autotune.bounds.numRedundantExperts",
                                 f"max {hi} is below the fault-tolerance floor {floor}, which the tuner never goes "
-                                f"below; raise it to at least {floor}"))
+                                f"below; raise it to at least {floor}",
+                                fix=_set("spec", "autotune", "bounds", "numRedundantExperts", {"min": lo or 0, "max": floor})))
     return problems

@@ -40,6 +40,30 @@ ALL2ALL_SINCE: dict[str, Version] = vllm_cli.since("all2all_backends")
 ALL2ALL_BACKENDS: tuple[str, ...] = vllm_cli.all_offered("all2all_backends")
 #: choices a later release no longer offers: choice -> the first release without it (none so far)
 ALL2ALL_DROPPED: dict[str, Version] = vllm_cli.dropped("all2all_backends")
+#: all2all backends that run on one GPU vendor's hardware only, read from vLLM 0.34's code
+#: (``distributed/device_communicators/all2all.py``, ``cuda_communicator.py``, ``utils/import_utils.py``):
+#: DeepEP (``deep_ep``, NVSHMEM) and its v2 (needs NCCL >= 2.30.4), FlashInfer's all2all kernels, MoonEP
+#: (NVSwitch multicast) and NIXL EP (``nixl_ep``'s GPU-initiated kernels) are NVIDIA's; MoRI asserts a
+#: gfx942/gfx950 GPU (MI300/MI325, MI350/MI355), so AMD's. vLLM itself gates only MoRI's architecture;
+#: for the others it fails at startup when the package is missing, which it is on the other vendor.
+NVIDIA_ONLY: tuple[str, ...] = ("deepep_high_throughput", "deepep_low_latency", "deepep_v2", "flashinfer_all2allv",
+                                "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "moonep", "nixl_ep")
+AMD_ONLY: tuple[str, ...] = ("mori", "mori_high_throughput", "mori_low_latency")
+#: the domain of ``spec.engine.gpuResourceName`` (the device plugin's) -> the vendor
+VENDOR_DOMAINS = {"nvidia.com": "nvidia", "amd.com": "amd"}
+
+
+def gpu_vendor(resource_name: str) -> str | None:
+    """``nvidia`` / ``amd`` from the GPU resource name's domain (``nvidia.com/gpu``, ``amd.com/gpu``,
+    ``nvidia.com/mig-1g.10gb``); None for another device plugin."""
+    return VENDOR_DOMAINS.get(resource_name.split("/", 1)[0])
+
+
+def backend_vendor(backend: str) -> str | None:
+    """The only vendor ``backend`` runs on, or None (any: ``allgather_reducescatter``)."""
+    return "nvidia" if backend in NVIDIA_ONLY else "amd" if backend in AMD_ONLY else None
+
+
 #: Parsed but replaced by allgather_reducescatter (with a warning) in every release the operator supports.
 ALL2ALL_REMOVED = ("naive", "pplx")
 #: Deprecated from 0.34 (in favour of ``mori``); still accepted there.

@@ -271,8 +271,9 @@ class PodHealth:
         if self.settings.role != k8s_names.ROLE_API:
             return None
         urls = self.settings.api_urls
+        each = max(0.5, API_HEALTH_TIMEOUT_SECONDS / max(1, len(urls)))  # all within the probe's timeout
         for url in urls:
-            status, _ = self.get(f"{url}/health", API_HEALTH_TIMEOUT_SECONDS)
+            status, _ = self.get(f"{url}/health", each)
             if status != 200:
                 where = "" if len(urls) == 1 else f" on port {url.rsplit(':', 1)[-1]}"
                 return f"vLLM's /health{where} answers {status or 'nothing'}"

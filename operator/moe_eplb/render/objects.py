@@ -137,17 +137,28 @@ def _meta(inf: MoEInference, name: str | None = None) -> dict[str, Any]:
     return {"name": name or inf.name, "labels": labels(inf.name)}
 
 
+def _workload_meta(inf: MoEInference) -> dict[str, Any]:
+    """The workload object's metadata: ``spec.workload.metadata`` (Kueue's queue label, LeaderWorkerSet's
+    exclusive-topology annotation, ...) with the operator's labels, which cannot be overridden."""
+    meta = _meta(inf)
+    w = inf.spec.workload
+    meta["labels"] = {**w.labels, **meta["labels"]}
+    if w.annotations:
+        meta["annotations"] = dict(w.annotations)
+    return meta
+
+
 # --- pods -----------------------------------------------------------------------------------------
 
 
 def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | None = None) -> list[dict[str, Any]]:
     user = [dict(e) for e in inf.engine.env]
-    plugins = [EXPORTER_PLUGIN]
+    plugins = [EXPORTER_PLUGIN] if inf.exporter_in_pod else []  # a stock engine: vLLM's own plugin choice
     for e in user:
         if e.get("name") == "VLLM_PLUGINS" and e.get("value"):
             plugins = [p for p in e["value"].split(",") if p and p != EXPORTER_PLUGIN] + plugins
-    env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}]
-    merged = {"VLLM_PLUGINS"}
+    env: list[dict[str, Any]] = [{"name": "VLLM_PLUGINS", "value": ",".join(plugins)}] if plugins else []
+    merged = {"VLLM_PLUGINS"} if plugins else set()
     if inf.engine.exporter.inject:
         # the injected plugin first on Python's path, the user's PYTHONPATH (if any) after it
         paths = [EXPORTER_INJECT_DIR] + [e["value"] for e in user if e.get("name") == "PYTHONPATH" and e.get("value")]
@@ -350,7 +361,7 @@ def deployment(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(inf),
+        "metadata": _workload_meta(inf),
         "spec": {
             "replicas": inf.replicas,
             "selector": {"matchLabels": selector_labels(inf.name)},
@@ -390,7 +401,7 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(inf),
+        "metadata": _workload_meta(inf),
         "spec": {
             "replicas": 1 if inf.elastic_enabled else inf.replicas,
             "startupPolicy": "LeaderCreated",
