@@ -65,8 +65,10 @@ test: setup setup-vllm kube-main
 test-slow: setup setup-vllm kube
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m slow
 
+# ruff (its rules: pyproject.toml) and the import contracts of both packages (.importlinter)
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
