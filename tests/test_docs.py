@@ -55,12 +55,23 @@ def test_readme_is_short_and_keeps_the_two_commands():
 def test_the_two_commands_set_up_a_fresh_clone_first():
     """``make demo`` and ``make test`` make the virtualenv (and what the tests need) themselves."""
     makefile = (ROOT / "Makefile").read_text()
-    deps = dict(re.findall(r"^(demo|test|test-slow|kube):(.*)$", makefile, flags=re.M))
+    deps = {k: v.split("##")[0] for k, v in re.findall(r"^(demo|test|test-slow|kube):(.*)$", makefile, flags=re.M)}
     assert set(deps["demo"].split()) >= {"setup"}
     assert set(deps["test"].split()) >= {"setup", "setup-vllm", "kube-main"}
     # the slow tier needs the tools only it uses (KEDA, Helm, the Prometheus Operator) besides the main ones
     assert set(deps["test-slow"].split()) >= {"setup", "setup-vllm", "kube"}
     assert set(deps["kube"].split()) == {"kube-main", "kube-slow"}
+
+
+def test_make_help_lists_every_target_with_one_line():
+    """``make help`` (the default goal) prints every target of the Makefile with its ``## `` line."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):(?!=)", makefile, flags=re.M))
+    described = dict(re.findall(r"^([a-z][a-z0-9-]*):[^=#\n]*## (.+)$", makefile, flags=re.M))
+    assert targets == phony, f"not .PHONY: {sorted(targets - phony)}; no such target: {sorted(phony - targets)}"
+    assert set(described) == targets, f"targets without a '## what it does' line: {sorted(targets - set(described))}"
+    assert re.search(r"^\.DEFAULT_GOAL := help$", makefile, flags=re.M) and "help" in described
 
 
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
