@@ -81,6 +81,18 @@ def test_no_working_notes(path):
     assert not found, "\n".join(found)
 
 
+#: the product's and the harness's code and build files: what they do, not which issue asked for it
+CODE = [*sorted(PACKAGE.rglob("*.py")), *sorted(HARNESS.rglob("*.py")), ROOT / "pyproject.toml",
+        ROOT / "harness" / "pyproject.toml", ROOT / "Makefile", ROOT / "Dockerfile"]
+
+
+def test_no_issue_numbers_in_the_code():
+    issue = NOTES[2][0]
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}" for path in CODE
+             for n, line in enumerate(path.read_text().splitlines(), 1) if issue.search(line)]
+    assert not found, "\n".join(found)
+
+
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
 def test_links_into_the_repository_resolve(path):
     broken = []

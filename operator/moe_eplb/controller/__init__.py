@@ -14,8 +14,9 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first).
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first), and
+  ``outcome`` (what a step of those state machines returns: the new status, Events, conditions).
 
-Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
-the tests import it.
+Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the harness and the
+tests import it.
 """
