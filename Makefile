@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+.DEFAULT_GOAL := help
 
-.PHONY: setup setup-vllm kube kube-main kube-slow demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
+.PHONY: help setup setup-vllm kube kube-main kube-slow demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
 
 # the product (operator/, with its operator and test extras) and, beside it, the harness (harness/:
 # the simulated cluster, the demo, the real-engine rig), both editable
@@ -28,7 +29,7 @@ $(VENV)/.vllm-src-done: requirements/vllm-src.txt scripts/vllm_src.py $(VENV)/.s
 	$(PY) scripts/vllm_src.py --dest $(VENV)/vllm-src -r requirements/vllm-src.txt
 	touch $@
 
-setup: $(VENV)/.setup-done
+setup: $(VENV)/.setup-done  ## make .venv: the product (operator/) and the harness (harness/), editable, with the test tools
 
 # the real control plane of the kube test tier (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl) built from Kubernetes' Go modules, the published CRDs it installs, the
@@ -36,10 +37,10 @@ setup: $(VENV)/.setup-done
 # (custom.metrics.k8s.io for the HPA test, tools/adapter), KEDA v2.18.0 (tools/keda), and the Helm CLI v4.3.2 and the Prometheus
 # Operator v0.94.0 from one tools module (tools/go.mod, tools/build.sh: they share k8s.io v0.37.2);
 # cold ~15 min on two cores for the control plane, seconds when Go's caches are warm (tools/README.md)
-kube: kube-main kube-slow
+kube: kube-main kube-slow  ## build every Go tool the test tiers use (kube-main and kube-slow)
 
 # what the main suite (`make test`) needs: the control plane, the CRDs, the LWS controller, the adapter
-kube-main:
+kube-main:  ## build the real control plane, its CRDs, the LWS controller and prometheus-adapter (make test)
 	bash tools/kube/build.sh
 	bash tools/kube/crds.sh
 	bash tools/build-go-tool.sh tools/lws
@@ -48,44 +49,49 @@ kube-main:
 # what only the slow tier (`make test-slow`) needs: KEDA, the Helm CLI + Prometheus Operator module and
 # the Prometheus 3 it configures (~30 min cold on two cores: .ci/run builds them niced in the background
 # while the main suite runs)
-kube-slow:
+kube-slow:  ## build KEDA, the Helm CLI, the Prometheus Operator and Prometheus 3 (make test-slow)
 	bash tools/build-go-tool.sh tools/keda
 	bash tools/build.sh
 
-setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done
+setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done  ## add vLLM's CPU wheel (the contract and real-engine tests) and the sources of 0.33.0 and 0.34.0
 
-demo: setup
+demo: setup  ## run the closed tuning loop on a simulated cluster (moe-eplb demo; docs/demo.md)
 	$(VENV)/bin/moe-eplb demo
 
 # the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
 # `make test-slow` runs; CI runs both, one after the other (.ci/run)
-test: setup setup-vllm kube-main
+test: setup setup-vllm kube-main  ## run every test but the long scenarios (marker slow), then the 30 slowest
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not slow"
 
-test-slow: setup setup-vllm kube
+test-slow: setup setup-vllm kube  ## run the long end-to-end scenarios (marker slow)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m slow
 
-lint: setup
+# ruff (its rules: pyproject.toml) and the import contracts of both packages (.importlinter)
+lint: setup  ## ruff and the import contracts (lint-imports, .importlinter)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
-test-fast: setup
+test-fast: setup  ## run the tests that start no process or server (marker not integration)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
 
 # only the real-engine tier (vLLM's CPU wheel + the test bridge; ~2 min on two cores)
-test-engine: setup setup-vllm
+test-engine: setup setup-vllm  ## run only the real-engine tier (vLLM on CPU with the test bridge)
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_engine tests/vllm_engine
 
 # the whole path once on the real engine; last line of output is one JSON object
-e2e-vllm: setup setup-vllm
+e2e-vllm: setup setup-vllm  ## the whole path once on the real engine; prints one JSON line
 	PYTHON=$(PY) bash scripts/e2e_vllm_cpu.sh
 
 # the closed autotune loop with one REAL vLLM engine (CPU, test bridge) as the pod; 4-5 min on two
 # cores; last line of output is one JSON object (docs/demo.md)
-demo-vllm-cpu: setup setup-vllm
+demo-vllm-cpu: setup setup-vllm  ## the closed tuning loop with one real vLLM engine (CPU) as the pod; prints one JSON line
 	PYTHON=$(PY) bash scripts/demo_vllm_cpu.sh
 
-bench: setup setup-vllm
+bench: setup setup-vllm  ## run every benchmark in bench/ (each prints a table)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-clean:
+clean:  ## remove .venv and build outputs
 	rm -rf $(VENV) build *.egg-info
+
+help:  ## this list: every target and what it does
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:[^=]*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

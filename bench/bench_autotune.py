@@ -277,7 +277,9 @@ def main() -> None:
     args = ap.parse_args()
     cases = CASES[:1] if args.quick else [CASES[i] for i in args.case] if args.case else CASES
     rows = [one_case(*c, repeats=1 if args.quick else args.repeats, scrape_seconds=args.scrape_seconds) for c in cases]
-    print(f"autotune evaluation cost (CPU, one core; search {OPERATOR_SEARCH}; "
+    s = OPERATOR_SEARCH
+    print(f"autotune evaluation cost (CPU, one core; search: windows {s.windows}, intervals {s.intervals}, "
+          f"{s.max_redundancy_levels} redundancy levels, {s.segments} segments, {s.finalists} finalists; "
           f"{RT.lookback_seconds / 60:.0f} min of load in 60 s buckets, raw samples every {args.scrape_seconds:g} s)")
     print("read = regular pods summed at the bucket edges (the usual path); raw = every raw sample (the fallback "
           "when no pod is regular); both include decoding the JSON answers (of which: decode); MB = the largest "

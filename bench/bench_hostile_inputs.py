@@ -1,4 +1,4 @@
-"""Every class of hostile input of issue 24, through the real CLI: outcome, time and memory.
+"""Every class of hostile input, through the real CLI: outcome, time and memory.
 
     python bench/bench_hostile_inputs.py [--only PREFIX] [--timeout 60]
 

@@ -63,7 +63,7 @@ from moe_eplb.eplb.tuning.calibrate import calibrate  # noqa: E402
 from moe_eplb.eplb.tuning.exploration import ArmObservation  # noqa: E402
 from moe_eplb.eplb.tuning.learn import learn  # noqa: E402
 from moe_eplb.eplb.tuning.robust import scenario_segments, terms_of  # noqa: E402
-from moe_eplb.eplb.tuning.tuner import tune  # noqa: E402
+from moe_eplb.eplb.tuning.tuner import TuneOptions, tune  # noqa: E402
 from moe_eplb.eplb.workload import synth  # noqa: E402
 from moe_eplb_harness.engines.physics import FULL_USAGE, TrueCost, tokens_per_step  # noqa: E402
 from moe_eplb_harness.engines.recording import record  # noqa: E402
@@ -214,8 +214,8 @@ def experiment(res, cal, history, running: Knobs, future, true: TrueCost, seed: 
     learned = learn(cal, cal.apply(CostModel()), trial, control, source=f"trial {trial.knobs.label} vs {running.label}",
                     bytes_per_redundant_expert=L * bpe / TOPOLOGY["ep_size"])
     cal2 = calibrate(history, num_nodes=TOPOLOGY["num_nodes"], num_groups=TOPOLOGY["num_groups"], learned=learned)
-    res2 = tune(history, current=running, cost=cal2.apply(CostModel()), robust=cal2.robustness(),
-                replicas=REPLICAS, trial_seconds=part.num_buckets * part.bucket_seconds, **TOPOLOGY)
+    options = TuneOptions(**TOPOLOGY, replicas=REPLICAS, trial_seconds=part.num_buckets * part.bucket_seconds)
+    res2 = tune(history, options, current=running, cost=cal2.apply(CostModel()), robust=cal2.robustness())
     return res2, learned
 
 
@@ -235,14 +235,14 @@ def run_case(name: str, trace, seed: int) -> dict:
     trial_s = int(future.num_buckets * TRIAL_SHARE) * future.bucket_seconds
     t0 = time.perf_counter()
     cal = calibrate(history, num_nodes=TOPOLOGY["num_nodes"], num_groups=TOPOLOGY["num_groups"])
-    res = tune(history, current=running, cost=cal.apply(CostModel()), robust=cal.robustness(), replicas=REPLICAS,
-               trial_seconds=trial_s, **TOPOLOGY)
+    res = tune(history, TuneOptions(**TOPOLOGY, replicas=REPLICAS, trial_seconds=trial_s), current=running,
+               cost=cal.apply(CostModel()), robust=cal.robustness())
     first, learned, explored = res, [], res.explore
     if res.explore is not None:
         res, learned = experiment(res, cal, history, running, future, case.true, seed)
     secs = time.perf_counter() - t0
     # the previous tuner: the calibrated point estimate, KV cost by the elasticity rule, no ranges
-    before = tune(history, current=running, cost=replace(cal.apply(CostModel()), kv_demand=None), **TOPOLOGY)
+    before = tune(history, TuneOptions(**TOPOLOGY), current=running, cost=replace(cal.apply(CostModel()), kv_demand=None))
     score = true_scorer(future, case.true)
     grid = list(dict.fromkeys([c.knobs for c in res.candidates] + [running, VLLM_DEFAULTS, before.recommendation,
                                                                    first.recommendation]))

@@ -14,7 +14,7 @@ and polls the API every 20 ms. Columns:
 - ``running s``: until every resource reports ``phase: Running`` (children ready -> status);
 - ``RSS MB``: operator resident memory after the run, and its peak during the run.
 
-Targets (issue 2): 100 resources reconciled (status written) in < 10 s; operator RSS < 150 MB.
+Targets: 100 resources reconciled (status written) in < 10 s; operator RSS < 150 MB.
 Exit status 1 if a target is missed.
 """
 

@@ -55,7 +55,7 @@ import numpy as np  # noqa: E402
 from moe_eplb.eplb.replay import kernels  # noqa: E402
 from moe_eplb.eplb.replay.policy import rebalance  # noqa: E402
 from moe_eplb.eplb.replay.simulator import Replay, Topology  # noqa: E402
-from moe_eplb.eplb.tuning.tuner import Bounds, tune  # noqa: E402
+from moe_eplb.eplb.tuning.tuner import Bounds, TuneOptions, tune  # noqa: E402
 from moe_eplb.eplb.workload import synth  # noqa: E402
 
 TOPO = dict(ep_size=32, num_nodes=4, num_groups=8)
@@ -89,10 +89,11 @@ BASELINE_REV = "8f1a9e4"
 PROFILE = "deepseek-v3-chat-code-math"
 
 # What the child runs (with the baseline's package first on sys.path): time tune like main() does.
+# The baseline's modules and tune() as they were then (before eplb/ had rooms and TuneOptions).
 _CHILD = r"""
 import hashlib, json, os, statistics, sys, time
-from moe_eplb.eplb.workload import synth
-from moe_eplb.eplb.tuning.tuner import Bounds, tune
+from moe_eplb.eplb import synth
+from moe_eplb.eplb.tuner import Bounds, tune
 profile, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 trace = synth.generate(profile, hours=1.0, seed=seed)
 cpu, wall = [], []
@@ -111,7 +112,7 @@ def _timed_tune(trace, bounds, repeats: int):
     cpu, wall = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        res = tune(trace, bounds=bounds, **TOPO)
+        res = tune(trace, TuneOptions(bounds=bounds, **TOPO))
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
     return res, statistics.median(cpu), statistics.median(wall)
@@ -168,7 +169,7 @@ def main() -> int:
     exhaustive = None
     if args.exhaustive:
         t0 = time.process_time()
-        ex = tune(trace, bounds=bounds, screen_layers=None, **TOPO)
+        ex = tune(trace, TuneOptions(bounds=bounds, screen_layers=None, **TOPO))
         exhaustive = (time.process_time() - t0, ex)
 
     # Naive: one policy call per rearrangement per candidate.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.replay.simulator import Replay, SimError, SimResult, Topology
-from moe_eplb.eplb.tuning.tuner import SEED_CONFIG, VLLM_DEFAULTS, TuneResult, tune
+from moe_eplb.eplb.tuning.tuner import SEED_CONFIG, VLLM_DEFAULTS, TuneOptions, TuneResult, tune
 from moe_eplb.eplb.workload.trace import LoadTrace
 
 ROWS = ("no_eplb", "vllm_defaults", "seed", "tuner", "hindsight", "clairvoyant")
@@ -76,8 +76,8 @@ def evaluate_holdout(
     if not 0 < cut < trace.num_buckets:
         raise ValueError(f"split: {split} leaves no history or no future in {trace.num_buckets} buckets")
     history, future = trace.slice(0, cut), trace.slice(cut, trace.num_buckets)
-    tuned = tune(history, ep_size=ep_size, num_nodes=num_nodes, num_groups=num_groups, cost=cost,
-                 **tune_kwargs)
+    tuned = tune(history, TuneOptions(ep_size=ep_size, num_nodes=num_nodes, num_groups=num_groups, **tune_kwargs),
+                 cost=cost)
     replay = Replay(future, Topology(ep_size, num_nodes, num_groups), tuned.cost)
 
     def run(knobs: Knobs) -> SimResult | None:
@@ -134,10 +134,10 @@ def evaluate_calibrated_holdout(history: LoadTrace, future: LoadTrace, true_cost
 
     tel = history.telemetry
     current = tel.config.knobs if tel is not None and tel.config is not None else None
-    topo = dict(ep_size=ep_size, num_nodes=num_nodes, num_groups=num_groups)
-    constant = tune(history, current=current, **topo, **tune_kwargs)
+    options = TuneOptions(ep_size=ep_size, num_nodes=num_nodes, num_groups=num_groups, **tune_kwargs)
+    constant = tune(history, options, current=current)
     cal = calibrate(history, num_nodes=num_nodes, num_groups=num_groups)
-    calibrated = tune(history, current=current, cost=cal.apply(CostModel()), **topo, **tune_kwargs)
+    calibrated = tune(history, options, current=current, cost=cal.apply(CostModel()))
     replay = Replay(future, Topology(ep_size, num_nodes, num_groups), true_cost)
 
     def run(knobs: Knobs) -> SimResult | None:

@@ -13,7 +13,7 @@ buckets and layers) -- to hold against TensorRT-LLM's published DeepSeek-R1 figu
 without EPLB: (max - mean) / mean = 1.564, i.e. max/mean 2.56 per rank -- and the balancedness of
 vLLM's policy planned on one bucket and scored on the next (anchor: 0.817 on a real DeepSeek trace
 at 100-step windows; our buckets hold ~300 steps).
-Target (issue 3): a one-hour DeepSeek-V3 trace in < 2 s.
+Target: a one-hour DeepSeek-V3 trace in < 2 s.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_readme_is_short_and_keeps_the_two_commands():
 def test_the_two_commands_set_up_a_fresh_clone_first():
     """``make demo`` and ``make test`` make the virtualenv (and what the tests need) themselves."""
     makefile = (ROOT / "Makefile").read_text()
-    deps = dict(re.findall(r"^(demo|test|test-slow|kube):(.*)$", makefile, flags=re.M))
+    deps = {k: v.split("##")[0] for k, v in re.findall(r"^(demo|test|test-slow|kube):(.*)$", makefile, flags=re.M)}
     assert set(deps["demo"].split()) >= {"setup"}
     assert set(deps["test"].split()) >= {"setup", "setup-vllm", "kube-main"}
     # the slow tier needs the tools only it uses (KEDA, Helm, the Prometheus Operator) besides the main ones
@@ -63,10 +63,33 @@ def test_the_two_commands_set_up_a_fresh_clone_first():
     assert set(deps["kube"].split()) == {"kube-main", "kube-slow"}
 
 
+def test_make_help_lists_every_target_with_one_line():
+    """``make help`` (the default goal) prints every target of the Makefile with its ``## `` line."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):(?!=)", makefile, flags=re.M))
+    described = dict(re.findall(r"^([a-z][a-z0-9-]*):[^=#\n]*## (.+)$", makefile, flags=re.M))
+    assert targets == phony, f"not .PHONY: {sorted(targets - phony)}; no such target: {sorted(phony - targets)}"
+    assert set(described) == targets, f"targets without a '## what it does' line: {sorted(targets - set(described))}"
+    assert re.search(r"^\.DEFAULT_GOAL := help$", makefile, flags=re.M) and "help" in described
+
+
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
 def test_no_working_notes(path):
     found = [f"{path.name}:{n}: {what}: {line.strip()[:100]}" for n, line in enumerate(path.read_text().splitlines(), 1)
              for pattern, what in NOTES if pattern.search(line)]
+    assert not found, "\n".join(found)
+
+
+#: the product's and the harness's code and build files: what they do, not which issue asked for it
+CODE = [*sorted(PACKAGE.rglob("*.py")), *sorted(HARNESS.rglob("*.py")), ROOT / "pyproject.toml",
+        ROOT / "harness" / "pyproject.toml", ROOT / "Makefile", ROOT / "Dockerfile"]
+
+
+def test_no_issue_numbers_in_the_code():
+    issue = NOTES[2][0]
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}" for path in CODE
+             for n, line in enumerate(path.read_text().splitlines(), 1) if issue.search(line)]
     assert not found, "\n".join(found)
 
 

@@ -1,22 +1,28 @@
-"""Import layering of the ``moe_eplb`` package (issue 10): every import, including imports inside
-functions, points the way the data flows. A wrong-way import fails here with the file and line.
+"""Import rules of the product (``moe_eplb``) and the harness (``moe_eplb_harness``).
 
-* ``contracts`` (the package ``moe_eplb/contracts/``: names, facts and formats several packages
-  share; its modules are read from the folder, the one list) imports nothing of the project but
-  itself and is open to all; no module outside it claims to be a contract;
-* ``api`` imports nothing; ``render`` api; ``eplb`` api; ``metrics`` api, eplb; ``controller`` api,
-  render, eplb, metrics; ``exporter`` nothing (it runs inside vLLM pods); ``cli`` anything of the
-  product (the harness, ``harness/moe_eplb_harness``, is a distribution of its own that the product
-  never imports).
+The layers -- every import, function-local ones included, points the way the data flows -- are
+import-linter contracts in ``.importlinter`` (the product's layers, the EPLB core's three rooms, the
+exporter alone, the product without the harness, the harness's layers and its two independent
+backends), run by ``make lint`` (``lint-imports``). Here: that those contracts are the ones the
+architecture describes and can fail, and what import-linter cannot say --
 
-And no import circles: no two modules of the package import each other, directly or around a
-circle, also not through a function-local import.
+* no import circles: no two modules import each other, directly or around a circle, also not through
+  a function-local import and also not between a package and its own modules (import-linter's
+  contracts see packages, not a package's ``__init__`` importing a module that imports it back);
+* nothing outside ``tests/`` imports from ``tests/`` (also in shell scripts and the Makefile);
+* the package root imports nothing, and every contract module lives in ``moe_eplb/contracts/`` (the
+  folder the exporter's injector copies) and is named there by docs and code.
 """
 
 from __future__ import annotations
 
 import ast
+import configparser
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,17 +32,7 @@ CONTRACTS_DIR = PACKAGE / "contracts"
 #: the contract modules: every module of ``moe_eplb/contracts/`` (the folder is the one list that the
 #: injector copies and the docs name)
 CONTRACTS = {p.stem for p in CONTRACTS_DIR.glob("*.py") if p.stem != "__init__"}
-ALLOWED = {
-    "contracts": set(),
-    "api": set(),
-    "render": {"api"},
-    "eplb": {"api"},
-    "metrics": {"api", "eplb"},
-    "controller": {"api", "render", "eplb", "metrics"},
-    "exporter": set(),
-    "cli": None,
-}
-TOP_LEVEL = {"__init__": set(), "__main__": None}  # __main__ is the CLI's entry
+HARNESS = PACKAGE.parent.parent / "harness" / "moe_eplb_harness"
 
 
 def _layer(module: str) -> str | None:
@@ -47,79 +43,55 @@ def _layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) of every import in ``path``, relative ones resolved."""
+def _here(path: Path, src: Path) -> tuple[Path, list[str]]:
+    rel = path.relative_to(src).with_suffix("")
+    return rel, list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+
+
+def _imports(path: Path, src: Path = PACKAGE.parent) -> list[tuple[int, str]]:
+    """(line, imported module) of every import in ``path`` (a module under the source root ``src``),
+    relative ones resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[: len(here) - node.level + (1 if rel.name == "__init__" else 0)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_base(node, path, src)
             out.append((node.lineno, mod))
             # ``from moe_eplb import api`` imports the package api
-            if mod == "moe_eplb":
-                out += [(node.lineno, f"moe_eplb.{a.name}") for a in node.names
-                        if (PACKAGE / a.name).is_dir() or (PACKAGE / f"{a.name}.py").exists()]
+            if mod and "." not in mod:
+                top = src / mod
+                out += [(node.lineno, f"{mod}.{a.name}") for a in node.names
+                        if (top / a.name).is_dir() or (top / f"{a.name}.py").exists()]
     return out
 
 
-def _source_layer(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
-    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
-
-
-def _violations() -> list[str]:
-    bad = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        src = _source_layer(path)
-        if src in TOP_LEVEL:
-            allowed = TOP_LEVEL[src]
-        else:
-            assert src in ALLOWED, f"{path}: package {src!r} has no layering rule; add it to ALLOWED and docs"
-            allowed = ALLOWED[src]
-        for line, mod in _imports(path):
-            dst = _layer(mod)
-            if dst is None or dst == src or dst == "contracts" or allowed is None:
-                continue
-            if dst == "__init__" and mod == "moe_eplb":
-                continue  # the package root itself (only __version__)
-            if dst not in allowed:
-                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {mod} ({dst})")
-    return bad
-
-
-def _module_of(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def _module_of(path: Path, src: Path = PACKAGE.parent) -> str:
+    rel = path.relative_to(src).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
     return ".".join(parts)
 
 
 def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """module -> the package's modules it imports, function-local imports included (``from
-    moe_eplb.sim import engine`` imports the module ``moe_eplb.sim.engine``)."""
-    modules = {_module_of(p): p for p in package.rglob("*.py")}
+    moe_eplb.eplb.workload import synth`` imports the module ``moe_eplb.eplb.workload.synth``)."""
+    src = package.parent
+    modules = {_module_of(p, src): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
-        targets = [target for _line, target in _imports(path)]
+        targets = [target for _line, target in _imports(path, src)]
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom):
-                base = _from_base(node, path)
+                base = _from_base(node, path, src)
                 targets += [f"{base}.{alias.name}" for alias in node.names]
         graph[mod] = {t for t in targets if t in modules and t != mod}
     return graph
 
 
-def _from_base(node: ast.ImportFrom, path: Path) -> str:
+def _from_base(node: ast.ImportFrom, path: Path, src: Path = PACKAGE.parent) -> str:
     """The module a ``from ... import`` reads from, relative imports resolved."""
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+    rel, here = _here(path, src)
     if not node.level:
         return node.module or ""
     base = here[: len(here) - node.level + (1 if rel.name == "__init__" else 0)]
@@ -161,10 +133,21 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-def test_no_import_circles_in_the_package():
-    """No two modules of moe_eplb import each other, directly or around a circle -- also not through
-    an import inside a function (which only hides the circle from Python at import time)."""
-    assert import_cycles(_import_graph()) == []
+@pytest.mark.parametrize("package", [PACKAGE, HARNESS], ids=lambda p: p.name)
+def test_no_import_circles_in_the_package(package):
+    """No two modules of the package import each other, directly or around a circle -- also not
+    through an import inside a function (which only hides the circle from Python at import time),
+    and not between a package's ``__init__`` and its own modules."""
+    assert import_cycles(_import_graph(package)) == []
+
+
+def test_the_graph_sees_a_package_and_its_own_module(tmp_path):
+    pkg = tmp_path / "moe_eplb" / "eplb" / "trace"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from moe_eplb.eplb.trace.core import LoadTrace\n")
+    (pkg / "core.py").write_text("def f():\n    from moe_eplb.eplb.trace import LoadTrace\n")
+    graph = _import_graph(tmp_path / "moe_eplb")
+    assert import_cycles(graph) == [["moe_eplb.eplb.trace", "moe_eplb.eplb.trace.core"]]
 
 
 def test_the_circle_check_finds_a_circle():
@@ -214,10 +197,6 @@ def test_nothing_outside_tests_imports_from_tests():
 ])
 def test_the_text_rule(line, found):
     assert bool(_TESTS_IMPORT_TEXT.search(line)) is found
-
-
-def test_every_import_follows_the_layers():
-    assert _violations() == []
 
 
 def test_contracts_import_only_each_other_and_the_root_imports_nothing():
@@ -294,85 +273,79 @@ def test_the_naming_check_finds_stale_names(tmp_path):
     assert stale_contract_names(tmp_path) == ["docs/a.md:1: moe_eplb/k8s_names", "docs/a.md:1: contracts.gone"]
 
 
-@pytest.mark.parametrize("source,target,ok", [
-    ("exporter", "moe_eplb.eplb.trace", False),
-    ("render", "moe_eplb.api.spec", True),
-    ("api", "moe_eplb.render.objects", False),
-    ("metrics", "moe_eplb.controller.k8s", False),
-])
-def test_the_rule_itself(source, target, ok):
-    dst = _layer(target)
-    assert (dst in (ALLOWED[source] or set())) is ok
 
 
-# ---- the harness: two backends behind one seam --------------------------------------------------
-HARNESS = ROOT / "harness" / "moe_eplb_harness"
-#: the backend packages of the harness: neither imports the other (what both need is in ``floor/``)
-BACKENDS = {"emulated": "real", "real": "emulated"}
+# ---- the import-linter contracts (.importlinter) --------------------------------------------------
+CONTRACT_FILE = ROOT / ".importlinter"
 
 
-def backend_crossings(package: Path = HARNESS) -> list[str]:
-    """``<side>/file.py:line: imports module`` for every import, function-local ones included,
-    relative or absolute, ``from moe_eplb_harness import <other>`` too, from one backend package of
-    the harness into the other."""
-    bad = []
-    for side, other in BACKENDS.items():
-        banned = f"moe_eplb_harness.{other}"
-        for path in sorted((package / side).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    base = ".".join((["moe_eplb_harness", side][: 3 - node.level] if node.level else [])
-                                    + ([node.module] if node.module else []))
-                    names = [base] if base == banned or base.startswith(banned + ".") else [
-                        f"{base}.{a.name}" for a in node.names]
-                else:
-                    continue
-                bad += [f"{side}/{path.name}:{node.lineno}: imports {n}" for n in dict.fromkeys(names)
-                        if n == banned or n.startswith(banned + ".")]
-    return bad
+def _contracts() -> dict[str, dict[str, list[str]]]:
+    """contract id -> option -> its lines, from ``.importlinter``."""
+    ini = configparser.ConfigParser()
+    ini.read_string(CONTRACT_FILE.read_text())
+    return {s.split(":", 2)[2]: {k: [v.strip() for v in ini[s][k].strip().splitlines()] for k in ini[s]}
+            for s in ini.sections() if s.startswith("importlinter:contract:")}
 
 
-def test_the_backends_do_not_import_each_other():
-    assert (HARNESS / "emulated" / "__init__.py").is_file() and (HARNESS / "real" / "__init__.py").is_file()
-    assert backend_crossings() == []
+def test_the_contracts_are_the_architecture():
+    """The layers of docs/architecture.md, as import-linter contracts: the product's stack with the
+    exporter beside the controller (only the CLI above it may import it), the EPLB core's rooms, the
+    harness's stack with its two independent backends, and the two forbidden ones."""
+    c = _contracts()
+    assert c["product-layers"]["type"] == ["layers"]
+    assert c["product-layers"]["layers"] == ["moe_eplb.cli", "moe_eplb.controller | moe_eplb.exporter",
+                                             "moe_eplb.metrics | moe_eplb.render", "moe_eplb.eplb", "moe_eplb.api",
+                                             "moe_eplb.contracts"]
+    assert c["eplb-rooms"]["layers"] == ["moe_eplb.eplb.tuning", "moe_eplb.eplb.replay", "moe_eplb.eplb.workload"]
+    assert c["harness-layers"]["layers"][-1] == "moe_eplb_harness.engines"
+    assert (c["backends"]["type"], set(c["backends"]["modules"])) == (
+        ["independence"], {"moe_eplb_harness.emulated", "moe_eplb_harness.real"})
+    assert (c["product-without-harness"]["source_modules"], c["product-without-harness"]["forbidden_modules"]) == (
+        ["moe_eplb"], ["moe_eplb_harness"])
+    assert set(c["exporter-alone"]["forbidden_modules"]) >= {"moe_eplb.api", "moe_eplb.controller", "moe_eplb.cli"}
+    # every top-level folder of both packages is in a layer
+    layered = {m.strip() for spec in ("product-layers", "harness-layers") for line in c[spec]["layers"]
+               for m in line.split("|")}
+    folders = {f"{top.name}.{p.parent.name}" for top in (PACKAGE, HARNESS) for p in top.glob("*/__init__.py")}
+    assert folders == layered
 
 
-def test_the_backend_check_finds_crossings(tmp_path):
-    harness = tmp_path / "moe_eplb_harness"
-    for side in BACKENDS:
-        (harness / side).mkdir(parents=True)
-    (harness / "emulated" / "a.py").write_text("import json\n\n\ndef f():\n    from moe_eplb_harness.real.nodeagent import NodeAgent\n")
-    (harness / "emulated" / "b.py").write_text("from moe_eplb_harness import floor, real\n")
-    (harness / "real" / "c.py").write_text("from ..emulated import kubeapi\nfrom . import probes\nimport moe_eplb_harness.floor.pods\n")
-    assert backend_crossings(harness) == [
-        "emulated/a.py:5: imports moe_eplb_harness.real.nodeagent",
-        "emulated/b.py:1: imports moe_eplb_harness.real",
-        "real/c.py:1: imports moe_eplb_harness.emulated",
-    ]
+def test_make_lint_runs_import_linter():
+    recipe = re.search(r"^lint:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    assert "ruff check" in recipe and "lint-imports" in recipe
 
 
-def harness_imports(package: Path = PACKAGE) -> list[str]:
-    """``file:line: module`` of every import of the harness (``moe_eplb_harness``) in the product,
-    function-local ones included: the product distribution does not depend on it."""
-    bad = []
-    for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            bad += [f"{path.relative_to(package.parent)}:{node.lineno}: {n}" for n in names
-                    if n == "moe_eplb_harness" or n.startswith("moe_eplb_harness.")]
-    return bad
+def _copy_sources(dest: Path) -> dict[str, str]:
+    """Both packages copied under ``dest`` (``operator/``, ``harness/``) with the contract file; the
+    environment that imports them from there."""
+    for top in (PACKAGE, HARNESS):
+        shutil.copytree(top, dest / top.parent.name / top.name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(CONTRACT_FILE, dest / ".importlinter")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(dest / "operator"), str(dest / "harness")]))
 
 
-def test_the_product_never_imports_the_harness():
-    """The operator image holds the product only (Dockerfile): nothing in it may import the harness,
-    also not inside a function; ``moe-eplb demo`` reaches it through an entry point."""
-    assert harness_imports() == []
+#: ``lint-imports`` (its console script's entry) run by this Python
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+#: a wrong-way import (function-local where that hides it from Python) -> the contract it breaks
+WRONG_WAY = [
+    ("operator/moe_eplb/exporter/plugin.py", "from moe_eplb.api import knobs", "exporter-alone"),
+    ("operator/moe_eplb/eplb/replay/capacity.py", "from moe_eplb.eplb.tuning import robust", "eplb-rooms"),
+    ("operator/moe_eplb/api/knobs.py", "from moe_eplb.render import labels", "product-layers"),
+    ("operator/moe_eplb/render/labels.py", "from moe_eplb.eplb.workload import trace", "render-reads-the-api"),
+    ("operator/moe_eplb/cli/api_cmds.py", "from moe_eplb_harness.demo import command", "product-without-harness"),
+    ("harness/moe_eplb_harness/emulated/lws.py", "from moe_eplb_harness.real import probes", "backends"),
+    ("harness/moe_eplb_harness/floor/pods.py", "from moe_eplb_harness.cluster import world", "harness-layers"),
+]
 
 
-def test_the_harness_check_finds_an_import(tmp_path):
-    (tmp_path / "moe_eplb" / "cli").mkdir(parents=True)
-    (tmp_path / "moe_eplb" / "cli" / "x.py").write_text("def f():\n    from moe_eplb_harness.demo import tuning\n")
-    assert harness_imports(tmp_path / "moe_eplb") == ["moe_eplb/cli/x.py:2: moe_eplb_harness.demo"]
+@pytest.mark.integration
+@pytest.mark.parametrize("path,line,broken", WRONG_WAY, ids=[w[2] for w in WRONG_WAY])
+def test_lint_imports_finds_a_wrong_way_import(tmp_path, path, line, broken):
+    env = _copy_sources(tmp_path)
+    target = tmp_path / path
+    target.write_text(target.read_text() + f"\n\ndef _wrong_way():\n    {line}\n")
+    name = _contracts()[broken]["name"][0]
+    out = subprocess.run([sys.executable, "-c", LINT_IMPORTS, "--no-cache"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert f"{name} BROKEN" in out.stdout, out.stdout[-3000:]

@@ -185,6 +185,7 @@ def test_omitted_redundancy_with_fault_tolerance_renders_the_floor() -> None:
 
 def test_the_tuner_never_proposes_below_the_floor() -> None:
     from moe_eplb.controller.autotune import run_tuner
+    from moe_eplb.eplb.tuning.options import TuneOptions
 
     res = deepseek(32, **{"spec.autotune": {"mode": "Recommend",
                                             "bounds": {"numRedundantExperts": {"min": 0, "max": 64}}}})
@@ -198,7 +199,7 @@ def test_the_tuner_never_proposes_below_the_floor() -> None:
     from moe_eplb.eplb.workload.trace import LoadTrace
 
     result = run_tuner(LoadTrace(load=trace, bucket_steps=np.full(24, 500)), inf, inf.effective.knobs,
-                       {"windows": (1000,), "intervals": (3000,), "max_redundancy_levels": 3})
+                       TuneOptions(windows=(1000,), intervals=(3000,), max_redundancy_levels=3))
     assert result.candidates and all(c.knobs.num_redundant_experts >= 32 for c in result.candidates)
     assert result.recommendation.num_redundant_experts >= 32
 

@@ -19,7 +19,7 @@ from moe_eplb.eplb.tuning.calibrate import (
     fit_sync_stall,
     kv_pressure,
 )
-from moe_eplb.eplb.tuning.tuner import tune
+from moe_eplb.eplb.tuning.tuner import TuneOptions, tune
 from moe_eplb.eplb.workload import synth
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb_harness.engines.physics import TrueCost
@@ -168,9 +168,10 @@ def test_calibrated_pick_is_within_97_percent_of_hindsight_where_constants_misju
     model cannot tell a MoE-bound deployment from a KV-bound one; calibration can."""
     hist = record(small_workload.slice(0, 240), VLLM_DEFAULTS, 16, true, bytes_per_expert=BPE, seed=0)
     future = small_workload.slice(240, 480)
-    kw = dict(ep_size=16, current=VLLM_DEFAULTS, bytes_per_expert=BPE)
-    constant = tune(hist, **kw)
-    calibrated = tune(hist, cost=calibrate(hist, cost=CostModel(bytes_per_expert=BPE)).apply(CostModel()), **kw)
+    options = TuneOptions(ep_size=16, bytes_per_expert=BPE)
+    constant = tune(hist, options, current=VLLM_DEFAULTS)
+    calibrated = tune(hist, options, current=VLLM_DEFAULTS,
+                      cost=calibrate(hist, cost=CostModel(bytes_per_expert=BPE)).apply(CostModel()))
     replay = Replay(future, Topology(16), true.cost_model(future, BPE))
     score = {k: replay.run(k).throughput.relative for k in {c.knobs for c in calibrated.candidates}}
     best = max(score.values())

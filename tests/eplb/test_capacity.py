@@ -7,7 +7,7 @@ import pytest
 
 from moe_eplb.controller import decisions as d
 from moe_eplb.eplb.replay.capacity import KvCapacity, kv_bytes_per_gpu, replicas_needed
-from moe_eplb.eplb.tuning.tuner import tune
+from moe_eplb.eplb.tuning.tuner import TuneOptions, tune
 from tests.metrics.test_per_engine_trace import L, _rounds, read
 
 GIB, MIB = 2**30, 2**20
@@ -31,8 +31,8 @@ def test_the_autoscalers_target_sets_the_count():
 
 def test_replica_costs_of_the_tuners_candidates():
     trace = read(_rounds(1))
-    result = tune(trace, ep_size=4, windows=(250, 1000), intervals=(500, 2000), max_redundancy_levels=3,
-                  min_steps=1000, workers=1)
+    result = tune(trace, TuneOptions(ep_size=4, windows=(250, 1000), intervals=(500, 2000), max_redundancy_levels=3,
+                                     min_steps=1000, workers=1))
     cap = KvCapacity(replicas=3, usage=0.7, kv_bytes_per_gpu=4 * GIB, redundant=0, target=0.8)
     costs = d.replica_costs(result, cap, num_moe_layers=L, bytes_per_expert=512 * MIB, ep_size=4)
     assert 1 <= len(costs) <= 6

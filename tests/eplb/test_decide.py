@@ -196,8 +196,8 @@ def test_the_exploration_is_in_the_json_and_the_table():
     load = rng.poisson(pop / pop.sum(-1, keepdims=True) * 3000, size=(16, 3, 16)).astype(float)
     trace = LoadTrace(load=load, bucket_steps=np.full(16, 250), bucket_seconds=10.0)
     robust = Robustness({"moe_time_share": Range("moe_time_share", 0.35, 0.03, 0.6, "prior")})
-    res = tuner.tune(trace, ep_size=4, bounds=tuner.Bounds(redundant=(0, 4)), current=VLLM_DEFAULTS, robust=robust,
-                     replicas=3)
+    res = tuner.tune(trace, tuner.TuneOptions(ep_size=4, bounds=tuner.Bounds(redundant=(0, 4)), replicas=3),
+                     current=VLLM_DEFAULTS, robust=robust)
     assert res.to_dict()["robust"]["current_max_regret"] is not None
     res.explore = Exploration(Knobs(1000, 1000, 4), "moe_time_share", 0.031, 0.006, "why")
     rec = res.to_dict()["recommendation"]

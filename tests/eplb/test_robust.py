@@ -14,7 +14,7 @@ from moe_eplb.eplb.replay.simulator import Replay, Topology
 from moe_eplb.eplb.tuning.calibrate import calibrate
 from moe_eplb.eplb.tuning.calibrate.memory import KV_BOUND_DEMAND
 from moe_eplb.eplb.tuning.robust import Range, max_regret, scenario_segments, scenarios, terms_of
-from moe_eplb.eplb.tuning.tuner import segment_edges, tune
+from moe_eplb.eplb.tuning.tuner import TuneOptions, segment_edges, tune
 from moe_eplb.eplb.workload import synth
 from moe_eplb_harness.engines.physics import TrueCost
 from moe_eplb_harness.engines.recording import record
@@ -131,7 +131,7 @@ def deepseek():
 
 
 SEED_32 = Knobs(3000, 1000, 32)  # the seed's window / interval with 32 redundant experts (valid at EP 32)
-DS_TOPO = dict(ep_size=32, num_nodes=4, num_groups=8)
+DS_TOPO = TuneOptions(ep_size=32, num_nodes=4, num_groups=8)
 
 
 @pytest.mark.parametrize("true", [TrueCost(moe_time_share=0.03, kv_demand=0.7, prefix_reuse=0.7, prefix_working_set=0.3),
@@ -146,7 +146,7 @@ def test_robust_tuner_drops_redundancy_that_evicts_the_cache(deepseek, true):
     hist = record(deepseek.slice(0, cut), SEED_32, 32, true, num_nodes=4, num_groups=8, seed=0)
     future = deepseek.slice(cut, deepseek.num_buckets)
     cal = calibrate(hist, num_nodes=4, num_groups=8)
-    res = tune(hist, current=SEED_32, cost=cal.apply(CostModel()), robust=cal.robustness(), **DS_TOPO)
+    res = tune(hist, DS_TOPO, current=SEED_32, cost=cal.apply(CostModel()), robust=cal.robustness())
     truth = replace(true.cost_model(future), kv_throughput_elasticity=0.0)
     replay = Replay(future, Topology(32, 4, 8), truth)
 
@@ -170,7 +170,7 @@ def test_robust_tuner_drops_redundancy_that_evicts_the_cache(deepseek, true):
     assert rob["limiting_parameter"] is None or rob["tighten"]
     assert d["recommendation"]["memory"]["capacity"] == 1.0  # no redundancy: the whole cache
     # the point estimate alone (no ranges) is the old path: same JSON keys, no robust report
-    plain = tune(hist, current=SEED_32, cost=cal.apply(CostModel()), **DS_TOPO).to_dict()
+    plain = tune(hist, DS_TOPO, current=SEED_32, cost=cal.apply(CostModel())).to_dict()
     assert "robust" not in plain and set(plain["recommendation"]) == set(d["recommendation"]) - {
         "max_regret", "worst_case_gain_vs_current", "limiting_parameter"}
     assert set(d) == set(plain) | {"robust"} and d["cost_model"]["kv_demand"] == list(cal.apply(CostModel()).kv_demand)
@@ -181,7 +181,7 @@ def test_robust_tuner_keeps_current_when_the_gain_is_within_the_ranges(workload)
     true = TrueCost(moe_time_share=0.05, kv_demand=0.3)
     hist = record(workload.slice(0, 240), VLLM_DEFAULTS, 16, true, bytes_per_expert=BPE, seed=0)
     cal = calibrate(hist, cost=CostModel(bytes_per_expert=BPE))
-    res = tune(hist, ep_size=16, current=VLLM_DEFAULTS, bytes_per_expert=BPE, cost=cal.apply(CostModel()),
+    res = tune(hist, TuneOptions(ep_size=16, bytes_per_expert=BPE), current=VLLM_DEFAULTS, cost=cal.apply(CostModel()),
                robust=cal.robustness())
     assert res.decision == "keep" and res.recommendation == VLLM_DEFAULTS
     rob = res.to_dict()["robust"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from moe_eplb.eplb.tuning.tuner import (
     Bounds,
     Candidate,
     TuneError,
+    TuneOptions,
     _gain_lower_bound,
     tune,
 )
@@ -44,7 +46,7 @@ SMALL = dict(windows=(200, 800, 2000), intervals=(400, 1000, 3000), segments=4)
 
 def test_every_candidate_is_valid_ranked_and_reported():
     trace = _drifting_trace()
-    res = tune(trace, ep_size=4, bounds=Bounds(redundant=(0, 8)), **SMALL)
+    res = tune(trace, TuneOptions(ep_size=4, bounds=Bounds(redundant=(0, 8)), **SMALL))
     d = res.to_dict()
     json.dumps(d)
     rs = {c["num_redundant_experts"] for c in d["candidates"]}
@@ -72,13 +74,13 @@ def test_every_candidate_is_valid_ranked_and_reported():
 
 def test_prior_keeps_a_known_configuration_unless_clearly_beaten():
     trace = _drifting_trace(seed=3)
-    res = tune(trace, ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.5, **SMALL)
+    res = tune(trace, TuneOptions(ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.5, **SMALL))
     # With a 50 % margin no searched configuration can beat the best known one.
     known = {VLLM_DEFAULTS, SEED_CONFIG}
     assert res.recommendation in known
     best_known = max((c for c in res.candidates if c.knobs in known), key=lambda c: c.score)
     assert res.recommendation == best_known.knobs
-    res0 = tune(trace, ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.0, **SMALL)
+    res0 = tune(trace, TuneOptions(ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.0, **SMALL))
     anchor = max((c for c in res0.candidates if c.knobs in known), key=lambda c: c.score)
     if res0.recommendation != anchor.knobs:  # a searched config won: it beat the anchor consistently
         pick = next(c for c in res0.candidates if c.knobs == res0.recommendation)
@@ -100,26 +102,26 @@ def test_keep_or_change_accounts_for_the_restart():
     trace = _drifting_trace(seed=1)
     bad = Knobs(200, 400, 8)  # rearranges often and pays KV memory for 8 redundant experts
     cost = CostModel(bytes_per_expert=2e8)
-    common = dict(ep_size=4, bounds=Bounds(redundant=(0, 8)), current=bad, prior_margin=0.0, **SMALL)
-    cheap = tune(trace, cost=cost.with_(restart_s=0.0), min_gain=0.0, **common)
+    common = TuneOptions(ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.0, **SMALL)
+    cheap = tune(trace, replace(common, min_gain=0.0), current=bad, cost=cost.with_(restart_s=0.0))
     assert cheap.decision == "change" and cheap.recommendation != bad
     gain = cheap.best.score / cheap.current.score - 1
     assert gain > 0
-    dear = tune(trace, cost=cost.with_(restart_s=cost.horizon_s * (gain + 0.01)), min_gain=0.0, **common)
+    dear = tune(trace, replace(common, min_gain=0.0), current=bad, cost=cost.with_(restart_s=cost.horizon_s * (gain + 0.01)))
     assert dear.decision == "keep" and dear.recommendation == bad
     assert "restart" in dear.reason
     assert dear.to_dict()["baselines"]["current"]["window_size"] == 200
     assert dear.to_dict()["recommendation"]["predicted_gain"] == 0.0  # keep: current vs current
     assert cheap.to_dict()["recommendation"]["predicted_gain"] == pytest.approx(gain)
-    best = tune(trace, cost=cost, **{**common, "current": cheap.best.knobs})
+    best = tune(trace, common, current=cheap.best.knobs, cost=cost)
     assert best.decision == "keep"
 
 
 def test_memory_budget_limits_redundancy():
     trace = _drifting_trace()
     per_r = 4 * 1e6 / 4  # bytes per GPU per redundant expert: L x bytes_per_expert / ep
-    res = tune(trace, ep_size=4, memory_budget_bytes=4.5 * per_r, bytes_per_expert=1e6,
-               bounds=Bounds(redundant=(0, 16)), **SMALL)
+    res = tune(trace, TuneOptions(ep_size=4, memory_budget_bytes=4.5 * per_r, bytes_per_expert=1e6,
+                                  bounds=Bounds(redundant=(0, 16)), **SMALL))
     assert {c.knobs.num_redundant_experts for c in res.candidates} == {0, 4}
 
 
@@ -140,12 +142,12 @@ def test_impossible_constraints_say_which(kwargs, needle):
     trace = _drifting_trace(T=12, L=2)  # 2400 engine steps: enough data to tune on
     args = {**dict(ep_size=4, bounds=Bounds(redundant=(0, 8)), **SMALL), **kwargs}
     if needle is None:
-        res = tune(trace, **args)
+        res = tune(trace, TuneOptions(**args))
         assert {c.knobs.window_size for c in res.candidates if c.knobs not in
                 (VLLM_DEFAULTS, SEED_CONFIG)} == {3000}
         return
     with pytest.raises(TuneError, match=needle):
-        tune(trace, **args)
+        tune(trace, TuneOptions(**args))
 
 
 @pytest.mark.parametrize("T", [1, 8])
@@ -155,8 +157,8 @@ def test_too_little_data_is_refused_not_called_consistent(T):
     trace = _drifting_trace(T=T, L=2)
     with pytest.raises(TuneError, match=rf"trace: {T} bucket\(s\) and {200 * T} engine steps are too little "
                                         r"to tune on: at least 2 buckets and 2000 engine steps"):
-        tune(trace, ep_size=4, **SMALL)
-    assert tune(trace, ep_size=4, min_steps=1, **SMALL) if T > 1 else True
+        tune(trace, TuneOptions(ep_size=4, **SMALL))
+    assert tune(trace, TuneOptions(ep_size=4, min_steps=1, **SMALL)) if T > 1 else True
 
 
 def test_parsers():
@@ -183,8 +185,8 @@ def test_parsers():
 def test_screening_finds_the_all_layers_pick():
     trace = _drifting_trace(T=30, L=12, E=16, seed=5)
     kw = dict(ep_size=4, bounds=Bounds(redundant=(0, 8)), prior_margin=0.0, **SMALL)
-    screened = tune(trace, screen_layers=4, finalists=6, **kw)
-    full = tune(trace, screen_layers=None, **kw)
+    screened = tune(trace, TuneOptions(screen_layers=4, finalists=6, **kw))
+    full = tune(trace, TuneOptions(screen_layers=None, **kw))
     assert screened.stats["screen_layer_stride"] == 3
     assert full.stats["screen_layer_stride"] == 1
     assert screened.best.knobs == full.best.knobs
@@ -194,8 +196,8 @@ def test_screening_finds_the_all_layers_pick():
 
 def test_progress_reaches_the_total():
     seen = []
-    tune(_drifting_trace(T=10, L=2), ep_size=4, bounds=Bounds(redundant=(0, 4)),
-         progress=lambda done, total: seen.append((done, total)), **SMALL)
+    tune(_drifting_trace(T=10, L=2), TuneOptions(ep_size=4, bounds=Bounds(redundant=(0, 4)), **SMALL),
+         progress=lambda done, total: seen.append((done, total)))
     assert seen and seen[-1][0] == seen[-1][1]
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
 

@@ -5,6 +5,8 @@ way: scrape rounds through :func:`moe_eplb.metrics.reader.trace_from_scraped_rou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH
@@ -77,8 +79,7 @@ def test_a_replica_joining_mid_window_counts_half_in_its_first_bucket():
 
 
 def _candidates(trace) -> dict:
-    search = {**OPERATOR_SEARCH, "min_steps": 1000, "workers": 1}
-    result = tune(trace, ep_size=4, **search)
+    result = tune(trace, replace(OPERATOR_SEARCH, ep_size=4, min_steps=1000, workers=1))
     return {c.knobs: (round(c.score, 6), c.result.rearrangements) for c in result.candidates}
 
 

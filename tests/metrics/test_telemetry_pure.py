@@ -13,7 +13,7 @@ from moe_eplb.metrics.reader import trace_from_scraped_rounds, with_telemetry
 from moe_eplb.metrics.scrape import Round, parse_exposition
 from moe_eplb.metrics.series import Series
 from moe_eplb.metrics.telemetry_keys import TelemetrySeries, gauge_mean, telemetry_from_series
-from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineRun, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb_harness.engines.physics import TrueCost
 
 GRID = np.array([0.0, 15.0, 30.0, 45.0])  # 3 buckets
@@ -115,7 +115,7 @@ def test_direct_scraping_of_a_simulated_engine_fills_every_key():
     wl = synth.generate("qwen3-vl-30b-a3b-steady", model_shape=(2, 8, 1, 2), hours=0.1, seed=0)
     true = TrueCost(moe_time_share=0.5, use_async=False, bytes_per_expert=1e6, prefix_reuse=0.6)
     eng = SimulatedEngine(wl, EngineSettings(model="m", ep_size=2, knobs=Knobs(100, 300, 0)), SimClock(),
-                          true_cost=true)
+                          EngineRun(true_cost=true))
     eng.ready = True
     eng.advance_to(0.0)
     rounds = []

@@ -18,6 +18,7 @@ from moe_eplb.eplb.workload import synth
 from moe_eplb.render.objects import render_children
 from moe_eplb_harness.engines.engine import (
     EngineFaults,
+    EngineRun,
     EngineSettings,
     SimClock,
     SimulatedEngine,
@@ -71,7 +72,7 @@ async def test_engine_serves_exporter_metrics_after_startup(small_trace):
 
     clock = SimClock.started_now(scale=200.0)
     eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4, share=0.5), clock,
-                          startup_seconds=40.0, tick=0.02)
+                          EngineRun(startup_seconds=40.0, tick=0.02))
     port = await eng.start()
     try:
         async with aiohttp.ClientSession() as s:
@@ -105,7 +106,7 @@ async def test_pods_answer_while_the_event_loop_is_blocked(small_trace):
     on it), so a backlog of the loop's work no longer turns into Prometheus scrape gaps."""
     clock = SimClock.started_now(scale=200.0)
     eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4, share=0.5), clock,
-                          startup_seconds=0.0, tick=0.02, pods=2)
+                          EngineRun(startup_seconds=0.0, tick=0.02, pods=2))
     await eng.start()
     try:
         await asyncio.sleep(0.2)
@@ -182,8 +183,8 @@ async def test_with_an_api_port_vllm_series_leave_the_exporter_port(small_trace)
 
     clock = SimClock.started_now(scale=200.0)
     port, api_port = free_port(), free_port()
-    eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4), clock, startup_seconds=0.0,
-                          tick=0.02, port=port, hosts=("127.0.0.1",), api_port=api_port)
+    eng = SimulatedEngine(small_trace, EngineSettings("example/tiny-moe", ep_size=4), clock,
+                          EngineRun(startup_seconds=0.0, tick=0.02, port=port, hosts=("127.0.0.1",), api_port=api_port))
     await eng.start()
     try:
         await asyncio.sleep(0.2)

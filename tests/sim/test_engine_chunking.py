@@ -11,7 +11,7 @@ import pytest
 
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.eplb.workload import synth
-from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineRun, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb_harness.engines.physics import TrueCost
 
 
@@ -28,8 +28,8 @@ def _engine(trace, use_async: bool, pods: int) -> SimulatedEngine:
     settings = EngineSettings("example/tiny-moe", ep_size=4, knobs=Knobs(window_size=100, step_interval=40,
                                                                           num_redundant_experts=4), num_nodes=pods)
     true = TrueCost(use_async=use_async, kv_demand=1.2, step_noise=0.05, outlier_share=0.3, prefix_reuse=0.5)
-    eng = SimulatedEngine(trace, settings, SimClock(scale=50.0, epoch=0.0, workload_start=0.0), seed=3,
-                          true_cost=true, pods=pods)
+    eng = SimulatedEngine(trace, settings, SimClock(scale=50.0, epoch=0.0, workload_start=0.0),
+                          EngineRun(seed=3, true_cost=true, pods=pods))
     eng.ready, eng.started_wall = True, 1.0
     eng.advance_to(0.0)
     return eng

@@ -12,7 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from moe_eplb.eplb.workload import synth
 from moe_eplb.exporter.collector import families
-from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineRun, EngineSettings, SimClock, SimulatedEngine
 from tests.exporter.exporter_helpers import tiny_exporter_pods
 
 
@@ -45,7 +45,7 @@ async def _simulated_exporter_text() -> str:
     trace = synth.generate("qwen3-vl-30b-a3b-chat-to-math", model_shape=(4, 16, 1, 2), hours=0.2,
                            bucket_seconds=15, seed=2)
     eng = SimulatedEngine(trace, EngineSettings("m", ep_size=4), SimClock.started_now(scale=500.0),
-                          startup_seconds=1.0, tick=0.02)
+                          EngineRun(startup_seconds=1.0, tick=0.02))
     await eng.start()
     try:
         for _ in range(100):  # until it has stepped and rearranged (simulated minutes)

@@ -23,6 +23,7 @@ from moe_eplb.render.objects import render_children
 from moe_eplb_harness.emulated.kubeapi import emulated_cluster
 from moe_eplb_harness.emulated.kubelet import FakeKubelet
 from moe_eplb_harness.engines.engine import SimClock
+from moe_eplb_harness.floor.pods import KubeletSettings
 from tests.autotune.conftest import RESOURCE
 from tests.polling import eventually
 from tests.sim.test_lws import _problems
@@ -57,7 +58,7 @@ def workload():
 async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
     clock = SimClock.started_now(scale=200.0)
     async with emulated_cluster() as kube:
-        kubelet = FakeKubelet(kube.url, workload, clock, startup_seconds=30.0, poll=0.05, engine_tick=0.05)
+        kubelet = FakeKubelet(kube.url, KubeletSettings(workload, clock, startup_seconds=30.0, poll=0.05, engine_tick=0.05))
         async with kubelet:
             await kube.create(LWS_PATH, _lws(3))
 
@@ -143,8 +144,9 @@ async def test_groups_roll_one_at_a_time_and_scale_without_restarts(workload):
 async def test_a_crashing_worker_recreates_its_group_and_records_it(workload):
     clock = SimClock.started_now(scale=200.0)
     async with emulated_cluster() as kube:
-        kubelet = FakeKubelet(kube.url, workload, clock, startup_seconds=30.0, poll=0.05, engine_tick=0.05,
-                              crash_pod_if=lambda s, worker: worker == 1 and s.knobs.window_size == 2000)
+        kubelet = FakeKubelet(kube.url, KubeletSettings(
+            workload, clock, startup_seconds=30.0, poll=0.05, engine_tick=0.05,
+            crash_pod_if=lambda s, worker: worker == 1 and s.knobs.window_size == 2000))
         async with kubelet:
             await kube.create(LWS_PATH, _lws(2))
             await eventually(lambda: _status(kube, "readyReplicas", 2), timeout=20.0)

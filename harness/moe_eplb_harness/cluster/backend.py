@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Protocol
 
 from moe_eplb_harness.floor.client import ClusterClient
+from moe_eplb_harness.floor.pods import KubeletSettings
 
 #: a :class:`moe_eplb_harness.cluster.world.SimWorld` (its options and handles; not imported: it imports this)
 SimWorld = Any
@@ -97,8 +98,7 @@ class EmulatedBackend(ClusterBackend):
     def nodes(self, world: SimWorld, on_change: Callable[[list[dict]], Any] | None) -> Nodes:
         from moe_eplb_harness.emulated.kubelet import FakeKubelet
 
-        return FakeKubelet(world.cluster.url, world.workload, world.clock, **_kubelet_options(world, on_change),
-                           crash_pod_if=world.crash_pod_if, engine_factory=world.engine_factory)
+        return FakeKubelet(world.cluster.url, kubelet_settings(world, on_change), engine_factory=world.engine_factory)
 
 
 class RealBackend(ClusterBackend):
@@ -160,30 +160,27 @@ class RealBackend(ClusterBackend):
                         log.warning("could not clean namespace %s of the shared control plane: %s", world.namespace, exc)
 
     def nodes(self, world: SimWorld, on_change: Callable[[list[dict]], Any] | None) -> Nodes:
-        from moe_eplb_harness.real.nodeagent import NodeAgent, RealNodes
+        from moe_eplb_harness.real.nodeagent import NodeAgent, NodePool, RealNodes
 
-        prefix = self.node_prefix
-        agent = NodeAgent(world.cluster, world.workload, world.clock, nodes=8, gpus_per_node=16, node_prefix=prefix,
-                          remove_nodes=self.on_shared, gpu_resource=world.gpu_resource, api_ports=world.api_ports,
-                          **_kubelet_options(world, on_change))
-        if world.crash_pod_if is not None:
-            agent.crash_pod_if = world.crash_pod_if
+        prefix, kubelet = self.node_prefix, kubelet_settings(world, on_change)
+        agent = NodeAgent(world.cluster, kubelet, NodePool(nodes=8, gpus_per_node=16, prefix=prefix,
+                                                           gpu_resource=world.gpu_resource, remove_on_stop=self.on_shared,
+                                                           api_ports=world.api_ports))
         lws = None
         if self.lws == "emulated":  # the emulated LWS controller over the real API (the real one not built)
             from moe_eplb_harness.emulated.kubelet import FakeKubelet
 
-            lws = FakeKubelet(world.cluster.connection, world.workload, world.clock,
-                              **_kubelet_options(world, on_change), crash_pod_if=world.crash_pod_if,
-                              engine_factory=world.engine_factory, deployments=False, node_name=f"{prefix}-7",
-                              namespace=world.namespace if self.on_shared else None)
+            lws = FakeKubelet(world.cluster.connection, kubelet, engine_factory=world.engine_factory, deployments=False,
+                              node_name=f"{prefix}-7", namespace=world.namespace if self.on_shared else None)
         return RealNodes(agent, lws)
 
 
-def _kubelet_options(world: SimWorld, on_change: Callable[[list[dict]], Any] | None) -> dict[str, Any]:
+def kubelet_settings(world: SimWorld, on_change: Callable[[list[dict]], Any] | None) -> KubeletSettings:
     """What every simulated kubelet of a world is given."""
-    return {"startup_seconds": world.startup_seconds, "crash_if": world.crash_if, "faults_for": world.faults_for,
-            "num_groups": world.num_groups, "engine_tick": world.engine_tick, "poll": world.kubelet_poll,
-            "on_change": on_change, "true_cost": world.true_cost}
+    return KubeletSettings(world.workload, world.clock, startup_seconds=world.startup_seconds,
+                           engine_tick=world.engine_tick, poll=world.kubelet_poll, num_groups=world.num_groups,
+                           true_cost=world.true_cost, crash_if=world.crash_if, crash_pod_if=world.crash_pod_if,
+                           faults_for=world.faults_for, on_change=on_change)
 
 
 def resolve_api(api: str) -> str:

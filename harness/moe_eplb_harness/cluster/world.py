@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_eplb.contracts import metric_names
+from moe_eplb.eplb.tuning.options import TuneOptions
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb_harness.cluster.backend import APIS, ClusterBackend, backend_for, resolve_api, resolve_lws  # noqa: F401  (resolve_*: the demo's)
 from moe_eplb_harness.engines.engine import EngineFaults, EngineSettings, SimClock
@@ -120,6 +122,8 @@ class SimWorld:
         tick_seconds: wall seconds between autotune ticks.
         lookback_seconds, bucket_seconds, min_steps: the autotune loop's data window and bucket
             (simulated seconds) and the least engine steps it tunes on.
+        search: the tuner's search (:class:`~moe_eplb.eplb.tuning.options.TuneOptions`; None: the
+            operator's, ``OPERATOR_SEARCH``), its ``min_steps`` set from ``min_steps``.
         crash_if, crash_pod_if, faults_for: fault injection for the fake kubelet (tests).
         num_groups: expert groups of the model (or a mapping MoEInference name -> groups).
         observer: autotune observer (see ``AutotuneSettings.observer``).
@@ -168,7 +172,7 @@ class SimWorld:
     lookback_seconds: float = 3600.0
     bucket_seconds: float = 60.0
     min_steps: int = 2000
-    search: dict | None = None
+    search: TuneOptions | None = None
     crash_if: Callable[[EngineSettings], bool] | None = None
     crash_pod_if: Callable[[EngineSettings, int], bool] | None = None
     faults_for: Callable[[EngineSettings], EngineFaults] | None = None
@@ -217,16 +221,15 @@ class SimWorld:
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[SimWorld]:
-        from moe_eplb.controller.autotune_settings import AutotuneSettings
+        from moe_eplb.controller.autotune_settings import OPERATOR_SEARCH, AutotuneSettings
 
         self.clock = SimClock.started_now(self.scale)
+        search = dataclasses.replace(self.search or OPERATOR_SEARCH, min_steps=self.min_steps)
         rt = AutotuneSettings(clock=self.clock, tick_seconds=self.tick_seconds,
-                              lookback_seconds=self.lookback_seconds, min_steps=self.min_steps,
+                              lookback_seconds=self.lookback_seconds, search=search,
                               observer=self.observer, http_timeout=self.http_timeout,
                               bucket_seconds=self.bucket_seconds,
                               min_wall_bucket_seconds=2 * self.scrape_interval)
-        if self.search is not None:
-            rt.search = dict(self.search)
         self.autotune = rt  # what every operator started here runs its loop with
         backend = self.backend = backend_for(self.api, lws=self.lws, shared_plane=self.shared_plane)
         self.api, self.lws = backend.name, backend.lws

@@ -49,21 +49,21 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from moe_eplb.contracts import k8s_names, metric_names
-from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb_harness.emulated import lws as lws_mod
-from moe_eplb_harness.engines.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineSettings, SimulatedEngine
 from moe_eplb_harness.floor.client import ClusterClient, Connection, open_session
 from moe_eplb_harness.floor.pods import (
     CRASH_BACKOFF_SECONDS,
     MANAGED_SELECTOR,
     EngineRequest,
+    KubeletSettings,
     PodSpecError,
     PollingKubelet,
     engine_settings,
@@ -153,39 +153,25 @@ class FakeKubelet(PollingKubelet):
     Args:
         api: the API server's base URL (no auth, as the emulation serves it), or a
             :class:`moe_eplb.controller.k8s.Connection` with a real one's credentials.
-        workload: the trace every engine replays (global, following ``clock``); or a mapping
-            MoEInference name -> trace (each resource its own workload; ``"*"``: the default).
-        clock: shared simulated time.
-        startup_seconds: simulated model-loading time of a pod.
+        kubelet: what every simulated kubelet of the world is given
+            (:class:`~moe_eplb_harness.floor.pods.KubeletSettings`: the workload, the clock, start-up,
+            ticks, expert groups, true costs, fault injection, the ready-pods notice).
         namespace: only this namespace (None: all).
-        crash_if: settings -> True when every pod with them crash-loops.
-        crash_pod_if: (settings, worker index) -> True when that pod of an LWS group crash-loops.
-        faults_for: settings -> engine faults to inject.
-        num_groups: expert groups of the model (hierarchical policy), default 1; or a mapping
-            MoEInference name -> groups.
-        poll: wall seconds between reconciliations.
-        on_change: called with :meth:`targets` whenever the set of ready pods changes.
         engine_factory: ``factory(EngineRequest) -> engine`` (not started) instead of a
             :class:`~moe_eplb_harness.engines.engine.SimulatedEngine`; the kubelet awaits ``engine.start()``
             (which must return quickly: readiness is read from ``engine.ready`` later), reads
             ``engine.ports`` and awaits ``engine.stop()`` when the pod goes. A ``ValueError`` from
             the factory is a crash at start-up.
-        true_cost: the deployment's true cost parameters the engines' telemetry comes from
-            (:class:`moe_eplb_harness.engines.physics.TrueCost`; hidden from the operator).
+        deployments: False leaves Deployments to the real controllers (the LeaderWorkerSet
+            controller and its pods' kubelet only); ``node_name`` binds those pods.
     """
 
     role = "fake kubelet"
 
-    def __init__(self, api: str | Connection, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
-                 startup_seconds: float = 120.0, namespace: str | None = None,
-                 crash_if: Callable[[EngineSettings], bool] | None = None,
-                 crash_pod_if: Callable[[EngineSettings, int], bool] | None = None,
-                 faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
-                 num_groups: int | Mapping[str, int] = 1, poll: float = 0.1, engine_tick: float = 0.1,
-                 on_change: Callable[[list[dict]], Any] | None = None, true_cost: Any = None,
+    def __init__(self, api: str | Connection, kubelet: KubeletSettings, *, namespace: str | None = None,
                  engine_factory: Callable[[EngineRequest], Any] | None = None,
                  deployments: bool = True, node_name: str | None = None) -> None:
-        self.true_cost = true_cost
+        self._take(kubelet)
         # ``api``: the API server's URL (no auth, as the emulation serves it) or a Connection with its
         # credentials (a real API server); ``deployments=False`` leaves Deployments to the real
         # Deployment and ReplicaSet controllers (and their pods to the real backend's node agent), so
@@ -195,15 +181,7 @@ class FakeKubelet(PollingKubelet):
         self.node_name = node_name
         self.engine_factory = engine_factory
         self.url = self.connection.server.rstrip("/")
-        self.workload, self.clock = workload, clock
-        self.startup_seconds = startup_seconds
         self.namespace = namespace
-        self.crash_if = crash_if or (lambda s: False)
-        self.crash_pod_if = crash_pod_if or (lambda s, worker: False)
-        self.faults_for = faults_for or (lambda s: EngineFaults())
-        self.num_groups = num_groups
-        self.poll, self.engine_tick = poll, engine_tick
-        self.on_change = on_change
         self.deployments: dict[tuple[str, str], _Deploy] = {}
         self.leaderworkersets: dict[tuple[str, str], _Lws] = {}
         self.pods_created = 0
@@ -436,9 +414,7 @@ class FakeKubelet(PollingKubelet):
                                                        seed=self.pods_created))
         else:
             engine = SimulatedEngine(self.trace_for(instance), settings, self.clock,
-                                     startup_seconds=self.startup_seconds, tick=self.engine_tick,
-                                     faults=self.faults_for(settings), seed=self.pods_created,
-                                     true_cost=self.true_cost, pods=pods)
+                                     self.engine_run(settings, self.pods_created, pods=pods))
         await engine.start()
         return engine
 

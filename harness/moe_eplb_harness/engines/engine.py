@@ -155,6 +155,43 @@ class EngineFaults:
     rearrangement_stalled: bool = False
 
 
+@dataclass(frozen=True)
+class EngineRun:
+    """How one :class:`SimulatedEngine` runs and where it serves (what a kubelet decides for the pod;
+    the engine's own settings, parsed from the pod's vLLM arguments, are :class:`EngineSettings`)."""
+
+    startup_seconds: float = 120.0
+    """Simulated seconds of model loading before the engine is ready (``/health`` 200, metrics)."""
+
+    tick: float = 0.1
+    """Wall seconds between two passes of the replay up to the clock's present."""
+
+    faults: EngineFaults = EngineFaults()
+    """Faults to inject (none by default)."""
+
+    seed: int = 0
+    """Seed of the engine's own randomness (its pods' shares of the load, its telemetry's noise)."""
+
+    true_cost: TrueCost | None = None
+    """The deployment's true costs the telemetry comes from (:class:`~moe_eplb_harness.engines.physics.TrueCost`;
+    hidden from the operator); None: ``TrueCost()``."""
+
+    pods: int = 1
+    """Pods of the replica group the engine spans (1 for a single-node replica), a divisor of its
+    EP size: one HTTP server each."""
+
+    hosts: tuple[str, ...] | None = None
+    """One loopback address per pod (a node agent's pod IPs, so that every pod serves the pod spec's
+    port); None: every pod on 127.0.0.1, pod 0 on ``port``, the others on free ports."""
+
+    port: int = 0
+    """The exporter's port of pod 0 (0: a free one)."""
+
+    api_port: int = 0
+    """With ``hosts``: vLLM's own series on this port, as a real pod serves them on its API port, and
+    only the exporter's on ``port`` (0: every series on ``port``)."""
+
+
 class SimulatedEplb:
     """vLLM's EPLB bookkeeping for one engine, advanced step by step over trace buckets. Pure.
 
@@ -436,16 +473,16 @@ class SimulatedEngine:
     group, 1 for a single-node replica), each serving ``/metrics`` and ``/health``.
 
     ``start()`` binds the ports at once (so the fake kubelet can publish them) and becomes ready
-    (``/health`` 200, metrics present) ``startup_seconds`` simulated seconds later; from then on a
-    background task replays the workload up to the clock's present every ``tick`` wall seconds.
+    (``/health`` 200, metrics present) ``run.startup_seconds`` simulated seconds later; from then on
+    a background task replays the workload up to the clock's present every ``run.tick`` wall
+    seconds (:class:`EngineRun`: how it runs and where it serves).
     ``expert_tokens`` / ``rank_tokens`` are the engine's totals; ``pod_expert_tokens[k]`` /
     ``pod_rank_tokens[k]`` what pod k exports.
     """
 
-    def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, *,
-                 startup_seconds: float = 120.0, tick: float = 0.1, faults: EngineFaults = EngineFaults(),
-                 port: int = 0, seed: int = 0, true_cost: TrueCost | None = None, pods: int = 1,
-                 hosts: tuple[str, ...] | None = None, api_port: int = 0) -> None:
+    def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, run: EngineRun = EngineRun()) -> None:
+        startup_seconds, tick, faults, port, seed = run.startup_seconds, run.tick, run.faults, run.port, run.seed
+        pods, hosts, true_cost, api_port = run.pods, run.hosts, run.true_cost, run.api_port
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         if pods < 1 or settings.ep_size % pods:
@@ -453,11 +490,7 @@ class SimulatedEngine:
         self.trace, self.settings, self.clock = trace, settings, clock
         self.startup_seconds, self.tick, self.port = float(startup_seconds), float(tick), port
         self.pods = int(pods)
-        # one loopback address per pod (a node agent gives each pod its own "pod IP", so every pod
-        # serves the pod spec's port); default: all on 127.0.0.1, pod 0 on ``port``, the others on free ports
         self.hosts = tuple(hosts) if hosts else None
-        # with pod IPs: vLLM's own series on its API port, as a real pod serves them, and only the
-        # exporter's on ``port`` (default: every series on ``port``)
         self.api_port = int(api_port) if self.hosts is not None else 0
         if self.hosts is not None and len(self.hosts) != self.pods:
             raise ValueError(f"hosts: {len(self.hosts)} given for {pods} pods")

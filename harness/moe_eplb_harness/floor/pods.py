@@ -6,12 +6,13 @@ Kubernetes.
   :func:`container_env`, :func:`container_argv`) and the EPLB settings of its ``vllm serve``
   container (:func:`engine_settings`, :class:`PodSpecError`);
 - what an engine factory is asked for (:class:`EngineRequest`);
+- what every simulated kubelet of a world is given (:class:`KubeletSettings`);
 - the poll loop, the trace and expert groups per MoEInference, the ready-pods notice and a crashing
   container's back-off (:class:`PollingKubelet`), and changing the deployment's truth while engines
   run (:meth:`PollingKubelet.set_true_cost`);
 - the label selector of the pods moe-eplb manages (:data:`MANAGED_SELECTOR`).
 
-Imports neither backend package (``sim.emulated``, ``sim.real``): both import this.
+Imports neither backend package (``emulated``, ``real``): both import this.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs, KnobsError
 from moe_eplb.eplb.workload.trace import LoadTrace
-from moe_eplb_harness.engines.engine import EngineSettings, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineFaults, EngineRun, EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.physics import TrueCost
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,49 @@ class EngineRequest:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class KubeletSettings:
+    """What every simulated kubelet of a world is given -- the emulated one
+    (:class:`~moe_eplb_harness.emulated.kubelet.FakeKubelet`) and the real control plane's node agent
+    (:class:`~moe_eplb_harness.real.nodeagent.NodeAgent`): the load the engines replay, the clock, how
+    they start and run, and the faults to inject."""
+
+    workload: LoadTrace | Mapping[str, LoadTrace]
+    """The trace every engine replays (following ``clock``), or MoEInference name -> trace (``"*"``:
+    the default); ``bucket_seconds`` set."""
+
+    clock: SimClock
+    """The world's simulated time."""
+
+    startup_seconds: float = 120.0
+    """Simulated seconds of model loading before a pod is ready."""
+
+    engine_tick: float = 0.1
+    """Wall seconds between two passes of an engine's replay."""
+
+    poll: float = 0.1
+    """Wall seconds between two reconciliations of the kubelet."""
+
+    num_groups: int | Mapping[str, int] = 1
+    """Expert groups of the model (the hierarchical policy), or MoEInference name -> groups."""
+
+    true_cost: TrueCost | None = None
+    """The deployment's true costs the engines' telemetry comes from (hidden from the operator);
+    None: ``TrueCost()``. Changed while engines run by :meth:`PollingKubelet.set_true_cost`."""
+
+    crash_if: Callable[[EngineSettings], bool] | None = None
+    """Engine settings -> True when every pod with them crash-loops (tests)."""
+
+    crash_pod_if: Callable[[EngineSettings, int], bool] | None = None
+    """(engine settings, worker index) -> True when that pod of a LeaderWorkerSet group crash-loops."""
+
+    faults_for: Callable[[EngineSettings], EngineFaults] | None = None
+    """Engine settings -> the faults its engines run with (none by default)."""
+
+    on_change: Callable[[list[dict]], Any] | None = None
+    """Called (awaited if a coroutine) with the ready pods' scrape targets whenever they change."""
+
+
 class PollingKubelet:
     """What the two simulated kubelets share -- :class:`moe_eplb_harness.emulated.kubelet.FakeKubelet` (the
     emulation) and :class:`moe_eplb_harness.real.nodeagent.NodeAgent` (the real control plane): the trace and the expert
@@ -204,6 +249,27 @@ class PollingKubelet:
     true_cost: Any = None
     _task: asyncio.Task | None = None
     _last_targets: list[dict] | None = None
+
+    startup_seconds: float
+    engine_tick: float
+    crash_if: Callable[[EngineSettings], bool]
+    crash_pod_if: Callable[[EngineSettings, int], bool]
+    faults_for: Callable[[EngineSettings], EngineFaults]
+
+    def _take(self, ks: KubeletSettings) -> None:
+        """This kubelet's share of the world's :class:`KubeletSettings` (``true_cost`` may change later)."""
+        self.workload, self.clock = ks.workload, ks.clock
+        self.startup_seconds, self.engine_tick, self.poll = ks.startup_seconds, ks.engine_tick, ks.poll
+        self.num_groups, self.true_cost, self.on_change = ks.num_groups, ks.true_cost, ks.on_change
+        self.crash_if = ks.crash_if or (lambda s: False)
+        self.crash_pod_if = ks.crash_pod_if or (lambda s, worker: False)
+        self.faults_for = ks.faults_for or (lambda s: EngineFaults())
+
+    def engine_run(self, settings: EngineSettings, seed: int, **where: Any) -> EngineRun:
+        """How an engine with ``settings`` started now runs (``where``: its ``pods``, ``hosts``,
+        ``port``, ``api_port``)."""
+        return EngineRun(startup_seconds=self.startup_seconds, tick=self.engine_tick, faults=self.faults_for(settings),
+                         seed=seed, true_cost=self.true_cost, **where)
 
     def trace_for(self, instance: str) -> LoadTrace:
         if isinstance(self.workload, LoadTrace):

@@ -46,19 +46,19 @@ import random
 import re
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from moe_eplb.contracts import k8s_names, metric_names
-from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb_harness.engines.elastic import ElasticGroups, ElasticPod
-from moe_eplb_harness.engines.engine import EngineFaults, EngineSettings, SimClock, SimulatedEngine
+from moe_eplb_harness.engines.engine import EngineSettings, SimulatedEngine
 from moe_eplb_harness.floor.pods import (
     CRASH_BACKOFF_SECONDS,
     MANAGED_SELECTOR,
+    KubeletSettings,
     PodSpecError,
     PollingKubelet,
     engine_settings,
@@ -163,40 +163,56 @@ class AgentGroup:
     engine: SimulatedEngine | None
 
 
+@dataclass(frozen=True)
+class NodePool:
+    """The simulated GPU nodes a :class:`NodeAgent` registers and runs its pods on."""
+
+    nodes: int = 4
+    """How many Nodes: ``<prefix>-0`` ... ``<prefix>-<nodes - 1>``."""
+
+    gpus_per_node: int = 8
+    """GPUs each Node reports (capacity and allocatable of ``gpu_resource``)."""
+
+    prefix: str = "gpu-node"
+    """The Nodes' name prefix (unique per world on a shared control plane)."""
+
+    gpu_resource: str = GPU_RESOURCE
+    """The GPUs' extended resource name (``amd.com/gpu`` for a ROCm node)."""
+
+    subnet: str | None = None
+    """The loopback network the pod IPs come from (None: one of the 256 /18s of 127.64.0.0/10, at random)."""
+
+    remove_on_stop: bool = False
+    """Delete the Nodes when the agent stops (a world on a shared control plane: the next one's pods
+    must not be scheduled onto machines nobody runs)."""
+
+    api_ports: bool = False
+    """Engines serve vLLM's own series on the pod's API port (a PodMonitor's ``http`` endpoint), the
+    exporter's on ``eplb-metrics``, as real pods do."""
+
+
 class NodeAgent(PollingKubelet):
-    """The simulated nodes' kubelet (see module doc). ``request(method, path, body=None,
-    content_type=...)`` is the API client's call (:class:`moe_eplb_harness.real.realapi.RealCluster`).
-    ``node_prefix``: the Nodes are ``<node_prefix>-0`` ... ``-<nodes - 1>``; ``remove_nodes``: delete
-    them when it stops (a world on a shared control plane: the next one's pods must not be scheduled
-    onto machines nobody runs); ``gpu_resource``: the GPUs' resource name (``amd.com/gpu`` for a ROCm
-    node)."""
+    """The simulated nodes' kubelet (see module doc). ``cluster.request(method, path, body=None,
+    content_type=...)`` is the API client's call (:class:`moe_eplb_harness.real.realapi.RealCluster`);
+    ``kubelet``: what every simulated kubelet of the world is given
+    (:class:`~moe_eplb_harness.floor.pods.KubeletSettings`); ``pool``: its Nodes (:class:`NodePool`)."""
 
     role = "node agent"
 
-    def __init__(self, cluster: Any, workload: LoadTrace | Mapping[str, LoadTrace], clock: SimClock, *,
-                 nodes: int = 4, gpus_per_node: int = 8, startup_seconds: float = 120.0, engine_tick: float = 0.1,
-                 poll: float = 0.2, crash_if: Callable[[EngineSettings], bool] | None = None,
-                 faults_for: Callable[[EngineSettings], EngineFaults] | None = None,
-                 num_groups: int | Mapping[str, int] = 1, true_cost: Any = None,
-                 on_change: Callable[[list[dict]], Any] | None = None, subnet: str | None = None,
-                 node_prefix: str = "gpu-node", remove_nodes: bool = False, gpu_resource: str = GPU_RESOURCE,
-                 api_ports: bool = False) -> None:
-        self.cluster, self.workload, self.clock = cluster, workload, clock
-        self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
-        self.remove_nodes = remove_nodes
-        self.api_ports = api_ports  # engines serve vLLM's series on the pod's API port (a PodMonitor's `http`)
-        self.gpus_per_node = gpus_per_node
-        self.gpu_resource = gpu_resource  # the device plugin's resource name (spec.engine.gpuResourceName)
-        self.startup_seconds, self.engine_tick, self.poll = startup_seconds, engine_tick, poll
-        self.crash_if = crash_if or (lambda s: False)
-        self.faults_for = faults_for or (lambda s: EngineFaults())
-        self.num_groups, self.true_cost, self.on_change = num_groups, true_cost, on_change
+    def __init__(self, cluster: Any, kubelet: KubeletSettings, pool: NodePool = NodePool()) -> None:
+        self._take(kubelet)
+        self.cluster = cluster
+        self.node_names = [f"{pool.prefix}-{i}" for i in range(pool.nodes)]
+        self.remove_nodes = pool.remove_on_stop
+        self.api_ports = pool.api_ports  # engines serve vLLM's series on the pod's API port (a PodMonitor's `http`)
+        self.gpus_per_node = pool.gpus_per_node
+        self.gpu_resource = pool.gpu_resource  # the device plugin's resource name (spec.engine.gpuResourceName)
+        subnet = pool.subnet
         if subnet is None:  # one of the 256 /18s of 127.64.0.0/10
             subnet = str(ipaddress.ip_network("127.64.0.0/18").network_address + (random.randrange(256) << 14)) + "/18"
         self._ips = (str(ip) for ip in ipaddress.ip_network(subnet).hosts())
         self.pods: dict[str, AgentPod] = {}
         self.groups: dict[tuple[str, str, int], AgentGroup] = {}
-        self.crash_pod_if: Callable[[EngineSettings, int], bool] = lambda s, worker: False
         self.pods_started = 0
         #: fault-tolerant groups (``--enable-fault-tolerance``): the simulated timing
         #: (:class:`moe_eplb_harness.engines.fault_tolerance.FtConfig` fields: detect_s, recover_s, ...)
@@ -341,10 +357,8 @@ class NodeAgent(PollingKubelet):
         if not p.crash:
             try:
                 p.engine = SimulatedEngine(self.trace_for(instance), p.settings, self.clock,
-                                           startup_seconds=self.startup_seconds, tick=self.engine_tick,
-                                           faults=self.faults_for(p.settings), seed=self.pods_started,
-                                           true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,),
-                                           api_port=self._api_port(spec))
+                                           self.engine_run(p.settings, self.pods_started, port=p.port or 0,
+                                                           hosts=(p.ip,), api_port=self._api_port(spec)))
                 await p.engine.start()
             except (ValueError, OSError) as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("node agent: pod %s/%s crashes: %s", p.namespace, p.name, exc)
@@ -426,9 +440,7 @@ class NodeAgent(PollingKubelet):
         if p.group is None:  # a Deployment pod: its engine starts again (a group waits for LWS)
             await p.engine.stop()
             p.engine = SimulatedEngine(self.trace_for(p.instance), p.settings, self.clock,
-                                       startup_seconds=self.startup_seconds, tick=self.engine_tick,
-                                       faults=self.faults_for(p.settings), seed=self.pods_started,
-                                       true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,))
+                                       self.engine_run(p.settings, self.pods_started, port=p.port or 0, hosts=(p.ip,)))
             await p.engine.start()
             p.ready_since = ""
 
@@ -531,10 +543,9 @@ class NodeAgent(PollingKubelet):
         if not crashing:
             try:
                 engine = SimulatedEngine(self.trace_for(leader.instance), settings, self.clock,
-                                         startup_seconds=self.startup_seconds, tick=self.engine_tick,
-                                         faults=self.faults_for(settings), seed=self.pods_started,
-                                         true_cost=self.true_cost, port=leader.port or 0, pods=size,
-                                         hosts=tuple(p.ip for p in pods), api_port=self._api_port(leader.spec))
+                                         self.engine_run(settings, self.pods_started, port=leader.port or 0, pods=size,
+                                                         hosts=tuple(p.ip for p in pods),
+                                                         api_port=self._api_port(leader.spec)))
                 await engine.start()
                 await ft_groups.attach(self, engine, pods)
             except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group

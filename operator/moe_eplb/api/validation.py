@@ -49,7 +49,7 @@ __all__ = ["Problem", "Checked", "check", "validate", "apiserver_problems", "nea
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
-#: Plausibility bounds of sizes the schema leaves open (issue 24: 8Ei and 2**62 were accepted):
+#: Plausibility bounds of sizes the schema leaves open (the schema alone accepts 8Ei and 2**62):
 #: /dev/shm is node memory, a memory budget is one GPU's, a context is far below 2**31 tokens.
 MAX_SHM_BYTES = 2**50
 MAX_GPU_BYTES = 2**40
@@ -230,7 +230,7 @@ def nearest_redundant_values(num_experts: int, redundant: int, ep_size: int) -> 
 
 
 def _size_problems(inf: MoEInference) -> list[Problem]:
-    """Quantities that are not quantities, and sizes no hardware has (issue 24)."""
+    """Quantities that are not quantities, and sizes no hardware has."""
     problems: list[Problem] = []
     engine = inf.engine
     for fld, value, most, what in (("spec.engine.shmSize", engine.shm_size, MAX_SHM_BYTES, "any node's memory (1Pi)"),

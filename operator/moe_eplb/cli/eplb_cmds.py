@@ -512,19 +512,19 @@ def _add_tune(main: click.Group) -> None:
         the point estimate decides), and its recorded config is the current configuration unless
         --current is given.
         """
-        from moe_eplb.cli.tune_args import parse_bounds, parse_bytes, parse_knobs
+        from moe_eplb.cli.tune_args import parse_knobs, tune_options
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
         from moe_eplb.eplb.replay.costmodel import CostModel
         from moe_eplb.eplb.replay.simulator import SimError
-        from moe_eplb.eplb.tuning.tuner import MIN_TUNE_STEPS, Bounds, TuneError, tune
+        from moe_eplb.eplb.tuning.tuner import MIN_TUNE_STEPS, TuneError, tune
 
         _report_dir(report_dir)
         trace = _load_trace_arg(trace_path, max_trace_bytes)
         calibration, notes = None, []
-        min_steps = MIN_TUNE_STEPS if min_steps is None else min_steps
         try:
-            budget = parse_bytes(memory_budget) if memory_budget is not None else None
-            bounds = parse_bounds(bounds_text) if bounds_text else Bounds()
+            options = tune_options(ep_size=ep_size, nodes=nodes, groups=groups, memory_budget=memory_budget,
+                                   bounds=bounds_text, bytes_per_expert=bytes_per_expert, min_gain=min_gain,
+                                   workers=workers, min_steps=min_steps, replicas=replicas)
             current = parse_knobs(current_text) if current_text else None
             cost = CostModel(use_async=not sync_mode)
             tel = trace.telemetry
@@ -538,14 +538,10 @@ def _add_tune(main: click.Group) -> None:
             if tel is not None and not no_calibrate:
                 calibration, cost = _calibrated(trace, cost, nodes, groups, bytes_per_expert, sync_mode)
             with progress_bar(not as_json and sys.stderr.isatty(), "tuning") as progress:
-                result = tune(trace, ep_size=ep_size, num_nodes=nodes, num_groups=groups,
-                              memory_budget_bytes=budget, bytes_per_expert=bytes_per_expert,
-                              bounds=bounds, current=current, cost=cost, min_gain=min_gain,
-                              progress=progress, workers=workers, min_steps=min_steps,
-                              robust=calibration.robustness() if calibration is not None and not no_robust else None,
-                              replicas=replicas or 1)
-            if min_steps < MIN_TUNE_STEPS:
-                notes.append(f"--min-steps {min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
+                result = tune(trace, options, current=current, cost=cost, progress=progress,
+                              robust=calibration.robustness() if calibration is not None and not no_robust else None)
+            if options.min_steps < MIN_TUNE_STEPS:
+                notes.append(f"--min-steps {options.min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")
         except (TuneError, SimError, ValueError) as exc:
             raise bad_parameter(exc) from None

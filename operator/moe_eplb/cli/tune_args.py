@@ -1,16 +1,31 @@
-"""The tuner's command-line values: ``--bounds``, ``--memory-budget`` and ``--current`` text -> the
-tuner's arguments (:func:`moe_eplb.eplb.tuning.tuner.tune`). Bad text raises
-:class:`~moe_eplb.eplb.tuning.tuner.TuneError` naming the flag's field, which ``moe-eplb tune`` reports
-with exit status 2."""
+"""The tuner's command-line values: ``moe-eplb tune``'s flags -> the tuner's one settings object
+(:func:`tune_options`: a :class:`~moe_eplb.eplb.tuning.options.TuneOptions`, with ``--bounds`` and
+``--memory-budget`` parsed) and ``--current`` text -> :class:`~moe_eplb.api.knobs.Knobs`. Bad text
+raises :class:`~moe_eplb.eplb.tuning.tuner.TuneError` naming the flag's field, which ``moe-eplb tune``
+reports with exit status 2."""
 
 from __future__ import annotations
 
 from moe_eplb.api.knobs import Bounds, Knobs, KnobsError
 from moe_eplb.api.quantity import QuantityError
 from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
+from moe_eplb.eplb.tuning.options import MIN_TUNE_STEPS, TuneOptions
 from moe_eplb.eplb.tuning.tuner import TuneError
 
-__all__ = ["parse_bounds", "parse_bytes", "parse_knobs"]
+__all__ = ["parse_bounds", "parse_bytes", "parse_knobs", "tune_options"]
+
+
+def tune_options(*, ep_size: int, nodes: int, groups: int, memory_budget: str | None, bounds: str | None,
+                 bytes_per_expert: float | None, min_gain: float, workers: int | None, min_steps: int | None,
+                 replicas: int | None) -> TuneOptions:
+    """``moe-eplb tune``'s flags as the tuner's options (``--memory-budget`` and ``--bounds`` text
+    parsed; ``--min-steps`` and ``--replicas`` not given: the tuner's default and one replica)."""
+    return TuneOptions(
+        ep_size=ep_size, num_nodes=nodes, num_groups=groups,
+        memory_budget_bytes=parse_bytes(memory_budget) if memory_budget is not None else None,
+        bytes_per_expert=bytes_per_expert, bounds=parse_bounds(bounds) if bounds else Bounds(),
+        min_gain=min_gain, workers=workers, min_steps=MIN_TUNE_STEPS if min_steps is None else min_steps,
+        replicas=replicas or 1)
 
 
 def parse_bounds(text: str) -> Bounds:

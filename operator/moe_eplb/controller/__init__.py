@@ -16,7 +16,8 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first);
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first), and
+  ``outcome`` (what a step of those state machines returns: the new status, Events, conditions);
 - fault recovery (``spec.faultTolerance``): ``recovery`` (the pure decision and state machine: retry or
   scale_down, one round per fault, the planned restart), ``recovery_loop`` (its kopf timer, owned by
   the ``Controller``: pods and ranks read, status written, rounds sent), ``recovery_client`` (the HTTP
@@ -24,6 +25,6 @@
 - ``elastic``: the resize loop of elastic groups (:class:`~.elastic.ElasticLoop`, owned by the
   ``Controller`` too), with ``elastic_plan`` (its pure state machine) and ``elastic_metrics`` (its metrics).
 
-Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
-the tests import it.
+Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the harness and the
+tests import it.
 """

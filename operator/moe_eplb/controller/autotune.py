@@ -41,7 +41,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import kopf
@@ -82,6 +82,7 @@ from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
 from moe_eplb.eplb.tuning.exploration import LearnedRange
+from moe_eplb.eplb.tuning.options import TuneOptions
 from moe_eplb.eplb.tuning.tuner import TuneResult, tune
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import arms as arms_mod
@@ -436,8 +437,7 @@ class AutotuneLoop:
     async def tune(self, trace: LoadTrace, inf: MoEInference, current: Knobs) -> tuple[TuneResult, Calibration | None]:
         """The tuner on the trace, with the cost model calibrated from its telemetry (in a thread:
         CPU-bound)."""
-        return await asyncio.to_thread(run_calibrated_tuner, trace, inf, current,
-                                       {**self.settings.search, "min_steps": self.settings.min_steps})
+        return await asyncio.to_thread(run_calibrated_tuner, trace, inf, current, self.settings.search)
 
     async def _decide(self, client: KubeClient, inf: MoEInference, got: _Gathered,
                       now: float) -> tuple[dec.Evaluated, Evaluation]:
@@ -638,7 +638,7 @@ def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
 
 
 def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
-                         search: dict) -> tuple[TuneResult, Calibration | None]:
+                         search: TuneOptions) -> tuple[TuneResult, Calibration | None]:
     """Calibrate on the trace's telemetry (when it has some), then tune with that cost model, the
     decision held over the ranges of what the telemetry cannot pin down (CPU-bound; called in a
     thread)."""
@@ -648,24 +648,22 @@ def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
     return run_tuner(trace, inf, current, search, cost=cost, robust=robust), calibration
 
 
-def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict, *,
+def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: TuneOptions, *,
               cost: CostModel = CostModel(), robust=None) -> TuneResult:
-    """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread)."""
+    """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread): ``search`` (the
+    operator's ladders and rules) with the resource's deployment filled in."""
     shape, cfg = inf.moe_shape, inf.autotune
-    return tune(
-        trace,
+    options = replace(
+        search,
         ep_size=inf.parallelism.ep_size,
         num_nodes=max(1, int(inf.parallelism.nodes or 1)),
         num_groups=int(shape.num_expert_groups or 1),
         memory_budget_bytes=cfg.memory_budget_bytes,
         bytes_per_expert=shape.bytes_per_expert,
         bounds=inf.tuner_bounds,  # the fault-tolerance floor is a hard lower end
-        current=current,
-        cost=cost,
         min_gain=cfg.min_gain,
         workers=1,
-        robust=robust,
         replicas=max(1, int(inf.replicas or 1)),  # a trial runs on one of them (TuneResult.explore)
-        **search,
     )
+    return tune(trace, options, current=current, cost=cost, robust=robust)
 

@@ -15,19 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from moe_eplb.api.spec import MoEInference
-from moe_eplb.eplb.tuning.tuner import MIN_TUNE_STEPS
+from moe_eplb.eplb.tuning.options import TuneOptions
 
 #: The operator's search (a reduced ladder of the tuner's, 27 candidates, the 6 best of the screening
 #: re-scored on every layer) on the last 30 minutes of load, sized so one core evaluates >= 200
 #: resources every 5 minutes (bench/bench_autotune.py). Override with MOE_EPLB_AUTOTUNE_SEARCH=full
-#: and MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS.
-OPERATOR_SEARCH: dict[str, Any] = {
-    "windows": (250, 1000, 4000),
-    "intervals": (500, 2000, 8000),
-    "max_redundancy_levels": 3,
-    "segments": 4,
-    "finalists": 6,
-}
+#: and MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS. The deployment's fields (``ep_size``, ``bounds``, ...) are
+#: each resource's, filled in per evaluation (``controller.autotune.run_tuner``).
+OPERATOR_SEARCH = TuneOptions(windows=(250, 1000, 4000), intervals=(500, 2000, 8000), max_redundancy_levels=3,
+                              segments=4, finalists=6)
 
 
 class Clock(Protocol):
@@ -64,8 +60,9 @@ class AutotuneSettings:
         clock: ``now()`` and ``to_wall(t)``; spec durations are in its seconds.
         tick_seconds: wall seconds between two ticks of one resource's timer.
         lookback_seconds: how much load history (clock seconds) the tuner sees.
-        min_steps: fewer engine steps than this in the history -> ``NoData`` (too little data).
-        search: keyword arguments for the tuner's search ladder.
+        search: the tuner's search (:class:`~moe_eplb.eplb.tuning.options.TuneOptions`: its ladders,
+            screening and decision rules; the deployment's fields are each resource's). Its
+            ``min_steps`` is also the loop's: fewer engine steps in the history -> ``NoData``.
         bucket_seconds: bucket length (clock seconds) of the load read for the tuner; also how
             often pods are scraped when there is no Prometheus.
         min_wall_bucket_seconds: floor of the bucket in wall seconds (>= 2 scrape intervals when
@@ -83,8 +80,7 @@ class AutotuneSettings:
     clock: Clock = field(default_factory=WallClock)
     tick_seconds: float = 15.0
     lookback_seconds: float = 1800.0
-    min_steps: int = MIN_TUNE_STEPS
-    search: dict = field(default_factory=lambda: dict(OPERATOR_SEARCH))
+    search: TuneOptions = OPERATOR_SEARCH
     crashloop_restarts: int = 3
     observer: Callable[[str, MoEInference, Any], None] | None = None
     http_timeout: float = 10.0
@@ -102,8 +98,13 @@ class AutotuneSettings:
         if os.environ.get("MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS"):
             settings.lookback_seconds = float(os.environ["MOE_EPLB_AUTOTUNE_LOOKBACK_SECONDS"])
         if os.environ.get("MOE_EPLB_AUTOTUNE_SEARCH") == "full":
-            settings.search = {}
+            settings.search = TuneOptions()
         return settings
+
+    @property
+    def min_steps(self) -> int:
+        """Fewest engine steps in the history the loop tunes on (``search.min_steps``)."""
+        return self.search.min_steps
 
     @property
     def scale(self) -> float:

@@ -46,6 +46,7 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller import experiment as exp_mod
+from moe_eplb.controller.outcome import Conditions, Event, describe
 from moe_eplb.eplb.replay.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuning.calibrate import Calibration
 from moe_eplb.eplb.tuning.tuner import TuneResult
@@ -53,16 +54,6 @@ from moe_eplb.eplb.tuning.tuner import TuneResult
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
 EXPERIMENT = "Experiment"
 DECISIONS = (KEEP, RECOMMEND, APPLY, EXPERIMENT, DEFER, NODATA, ERROR)
-
-#: a condition update: type -> (status, reason, message)
-Conditions = dict[str, tuple[str, str, str]]
-#: an Event: (Normal|Warning, reason, message)
-Event = tuple[str, str, str]
-
-
-def describe(k: Knobs | None) -> str:
-    return k.describe() if k is not None else "-"
-
 
 # --- gates -------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ point resumes from the record: a request it had not sent yet is sent again, one 
 not repeated (they key it by the operation's id).
 
 What the spec wants is one number, ``spec.replicas`` (pods of ``dataLocal`` ranks): the autoscaler
-moves it through ``/scale``, a user with ``kubectl scale``, and fault recovery (issue 39, item 4) with
+moves it through ``/scale``, a user with ``kubectl scale``, and fault recovery with
 :func:`request_size`, the same path. No resize starts while the tuner rolls out or runs an experiment
 (:func:`tuner_blocker`); the tuner, for its part, waits while a resize runs
 (:func:`moe_eplb.controller.workload.elastic_scaling`).
@@ -171,7 +171,7 @@ def status_fields(inf: MoEInference, live_children: list[dict[str, Any]]) -> dic
 
 async def request_size(client: KubeClient, namespace: str, name: str, data_parallel: int, data_local: int) -> None:
     """Ask for an elastic group of ``data_parallel`` ranks the way the autoscaler does: ``/scale``'s
-    replicas (pods of ``data_local`` ranks). For fault recovery (issue 39, item 4): growing back is
+    replicas (pods of ``data_local`` ranks). For fault recovery: growing back is
     this call; the loop then drives ``status.elastic.targetDataParallel`` there. With an autoscaler on,
     its next sync sets the count it wants. (RBAC: ``patch`` on ``moeinferences/scale``, which
     :data:`moe_eplb.controller.rbac.RBAC_RULES` grants once the operator calls this: the RBAC test

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from moe_eplb.api.autotune_status import (
     PROMOTING,
@@ -43,20 +43,12 @@ from moe_eplb.api.autotune_status import (
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.contracts.k8s_names import ARM_CONTROL, ARM_TRIAL
+from moe_eplb.controller.outcome import StatusStep, describe
 from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration
 from moe_eplb.eplb.tuning.exploration import ArmObservation, LearnedRange
 from moe_eplb.eplb.tuning.learn import learn
-
-#: a condition update: type -> (status, reason, message); an Event: (type, reason, message)
-Conditions = dict[str, tuple[str, str, str]]
-Event = tuple[str, str, str]
-
-
-def describe(k: Knobs | None) -> str:
-    return k.describe() if k is not None else "-"
-
 
 __all__ = ["ArmsView", "ExperimentStep", "possible", "start", "advance", "learned_ranges", "estimate_of"]
 
@@ -83,13 +75,9 @@ class ArmsView:
 
 
 @dataclass
-class ExperimentStep:
+class ExperimentStep(StatusStep):
     """The result of :func:`advance`: the complete new ``status.autotune`` plus side effects."""
 
-    status: AutotuneStatus
-    changed: bool = False
-    events: list[Event] = field(default_factory=list)
-    conditions: Conditions = field(default_factory=dict)
     verdict: str | None = None  # set at the tick the verdict is reached
 
 

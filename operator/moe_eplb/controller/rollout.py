@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from moe_eplb.api.autotune_status import (
     OBSERVING,
@@ -41,7 +41,7 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import AutotuneSpec
-from moe_eplb.controller.decisions import Conditions, Event, describe
+from moe_eplb.controller.outcome import StatusStep, describe
 
 __all__ = ["ROLLING", "OBSERVING", "ROLLING_BACK", "WorkloadView", "Step", "advance", "measurement_window",
            "rollout_timeout_s", "superseded_reason"]
@@ -111,13 +111,9 @@ def superseded_reason(ro: Rollout, view: WorkloadView) -> str | None:
 
 
 @dataclass
-class Step:
+class Step(StatusStep):
     """The result of one :func:`advance`: the complete new ``status.autotune`` plus side effects."""
 
-    status: AutotuneStatus
-    changed: bool = False
-    events: list[Event] = field(default_factory=list)
-    conditions: Conditions = field(default_factory=dict)
     rollback_reason: str | None = None  # label for moe_eplb_rollbacks_total when a rollback starts
     needs_measurement: tuple[float, float] | None = None  # (start, end) POSIX s when a measurement is wanted
 

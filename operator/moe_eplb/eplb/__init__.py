@@ -9,10 +9,10 @@
   ``capacity`` (what redundancy costs in KV cache and replicas);
 - ``tuning/``: choosing EPLB's settings -- ``calibrate`` (fits the cost model to a deployment's
   telemetry), ``robust`` (decisions that hold over what cannot be measured), ``tuner`` (the search
-  of window x interval x redundancy), ``exploration`` (the types an experiment's case, arms and
-  learned ranges share), ``experiment`` (the statistics of an experiment's arms), ``learn``
-  (ranges narrowed from an experiment's arms), ``report`` (plots and the markdown summary of
-  ``--report DIR``).
+  of window x interval x redundancy), ``options`` (``TuneOptions``, the tuner's one settings type),
+  ``exploration`` (the types an experiment's case, arms and learned ranges share), ``experiment``
+  (the statistics of an experiment's arms), ``learn`` (ranges narrowed from an experiment's arms),
+  ``report`` (plots and the markdown summary of ``--report DIR``).
 
 Files only in ``workload.tracefile`` and ``tuning.report``. Imports ``api`` and the contracts.
 """

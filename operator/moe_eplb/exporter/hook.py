@@ -70,6 +70,17 @@ def _fail_soft(where: str, exc: BaseException, owner: Any | None = None) -> None
             pass
 
 
+def _soft(where: str, owner: Any, call: Callable, *args: Any) -> bool:
+    """``call(*args)`` where a failure is the exporter's, never the engine's: logged and the
+    exporter switched off for ``owner`` (:func:`_fail_soft`). True when it ran."""
+    try:
+        call(*args)
+        return True
+    except Exception as exc:  # noqa: BLE001
+        _fail_soft(where, exc, owner)
+        return False
+
+
 def recorder_of(eplb_state: Any, factory: RecorderFactory) -> Any | None:
     rec = eplb_state.__dict__.get(_RECORDER)
     if rec is _DISABLED:
@@ -141,22 +152,22 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
             result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
         except Exception as exc:
             if rec is not None:  # vLLM 0.34: the async worker's failure, raised on every rank
-                try:
-                    rec.step_failed(exc)
-                except Exception as inner:  # noqa: BLE001
-                    _fail_soft("counting a failed EPLB step", inner, self)
+                _soft("counting a failed EPLB step", self, rec.step_failed, exc)
             raise
         _beat("step_ended")
         if rec is not None:
-            t2 = _now()
-            try:
-                rec.after_step()
-                rec.exporter_seconds += (t1 - t0) + (_now() - t2)  # the exporter's share of the step
-            except Exception as exc:  # noqa: BLE001
-                _fail_soft("after the EPLB step", exc, self)
+            _soft("after the EPLB step", self, _after_step, rec, t1 - t0)
         return result
 
     return step
+
+
+def _after_step(rec: Any, before_s: float) -> None:
+    """The recorder's work after a step; its time and ``before_s`` (its work before the step) are
+    counted as the exporter's share of the step."""
+    t = _now()
+    rec.after_step()
+    rec.exporter_seconds += before_s + (_now() - t)
 
 
 def _wrapped_rearrange(orig_rearrange: Callable) -> Callable:
@@ -169,18 +180,11 @@ def _wrapped_rearrange(orig_rearrange: Callable) -> Callable:
         if not is_profile:
             rec = self.__dict__.get(_RECORDER)
             rec = None if rec is _DISABLED else rec
-            if rec is not None:
-                try:
-                    rec.rearrange_started()
-                except Exception as exc:  # noqa: BLE001
-                    _fail_soft("timing a rearrangement", exc, self)
-                    rec = None
+            if rec is not None and not _soft("timing a rearrangement", self, rec.rearrange_started):
+                rec = None
         result = orig_rearrange(self, *args, **kwargs)
         if rec is not None:
-            try:
-                rec.rearrange_finished()
-            except Exception as exc:  # noqa: BLE001
-                _fail_soft("timing a rearrangement", exc, self)
+            _soft("timing a rearrangement", self, rec.rearrange_finished)
         return result
 
     return rearrange

@@ -390,7 +390,7 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     common = engine_args(inf, eplb)
     leader = pod_template(inf, eplb, command=API_COMMAND, args=common + multinode_leader_args(inf), pod=lay.pods[0])
     # the worker's argv goes in `args` (expanded by Kubernetes exactly like the leader's) to a fixed
-    # script; no user text is ever part of a `sh -c` string (issue 24)
+    # script; no user text is ever part of a `sh -c` string
     if len(lay.pods) > 1:
         worker = pod_template(inf, eplb, command=["/bin/sh", "-c", multinode_worker_script(inf), "vllm"],
                               args=common + multinode_worker_args(inf), pod=lay.pods[1])

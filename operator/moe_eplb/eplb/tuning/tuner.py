@@ -1,7 +1,10 @@
 """Choose EPLB's window size, step interval and redundant experts for a recorded workload.
 
 The tuner replays the trace (:mod:`moe_eplb.eplb.replay.simulator`) for every candidate of a grid
-``window x interval x redundancy`` and ranks candidates by a **drift-robust score**:
+``window x interval x redundancy`` and ranks candidates by a **drift-robust score**. What it searches
+and decides by (``segments``, ``tie_tolerance``, ``max_redundancy_levels``, ``prior_margin``,
+``min_gain``, ``screen_layers``, ``finalists``, ``workers``, below) are the fields of one
+:class:`~moe_eplb.eplb.tuning.options.TuneOptions`:
 
 - the history is cut into ``segments`` contiguous pieces (default up to 6, equal in buckets);
 - each candidate's predicted throughput is computed on each piece;
@@ -57,6 +60,14 @@ from moe_eplb.contracts import vllm_facts
 from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.replay.simulator import Replay, SimError, SimResult, Topology
 from moe_eplb.eplb.tuning.exploration import Exploration
+from moe_eplb.eplb.tuning.options import (
+    DEFAULT_INTERVALS,
+    DEFAULT_TRIAL_SECONDS,
+    DEFAULT_WINDOWS,
+    MIN_TUNE_BUCKETS,
+    MIN_TUNE_STEPS,
+    TuneOptions,
+)
 from moe_eplb.eplb.tuning.robust import EXPERIMENT, TIGHTEN_BY_TRIAL, Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.workload.trace import LoadTrace
 
@@ -66,22 +77,17 @@ __all__ = [
     "TuneError",
     "Candidate",
     "TuneResult",
+    "TuneOptions",
     "tune",
     "VLLM_DEFAULTS",
     "SEED_CONFIG",
     "DEFAULT_WINDOWS",
     "DEFAULT_INTERVALS",
+    "DEFAULT_TRIAL_SECONDS",
+    "MIN_TUNE_STEPS",
 ]
 
-#: Least data to tune on: engine steps in the trace (the autotune loop's ``InsufficientData``
-#: threshold too) and buckets (a single bucket has no time structure to judge "consistently" by).
-MIN_TUNE_STEPS = 2000
-MIN_TUNE_BUCKETS = 2
-DEFAULT_WINDOWS = (500, 1000, 2000, 3000, 5000)
-DEFAULT_INTERVALS = (1000, 2000, 3000, 5000, 10000)
 MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
-#: How long a trial runs when the caller does not say (the exposure term of :func:`trial_cost`).
-DEFAULT_TRIAL_SECONDS = 1800.0
 
 
 class TuneError(ValueError):
@@ -702,30 +708,12 @@ def _limiting(search: _Search, chosen: Candidate, contender: Candidate | None) -
 
 def tune(
     trace: LoadTrace,
+    options: TuneOptions,
     *,
-    ep_size: int,
-    num_nodes: int = 1,
-    num_groups: int = 1,
-    memory_budget_bytes: float | None = None,
-    bytes_per_expert: float | None = None,
-    bounds: Bounds = Bounds(),
     current: Knobs | None = None,
     cost: CostModel = CostModel(),
-    min_gain: float = 0.005,
-    progress=None,
-    windows: tuple[int, ...] = DEFAULT_WINDOWS,
-    intervals: tuple[int, ...] = DEFAULT_INTERVALS,
-    max_redundancy_levels: int = 5,
-    segments: int = 6,
-    tie_tolerance: float = 1e-3,
-    workers: int | None = None,
-    screen_layers: int | None = 16,
-    finalists: int = 12,
-    prior_margin: float = 0.002,
-    min_steps: int = MIN_TUNE_STEPS,
     robust: Robustness | None = None,
-    replicas: int = 1,
-    trial_seconds: float = DEFAULT_TRIAL_SECONDS,
+    progress=None,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -736,32 +724,11 @@ def tune(
 
     Args:
         trace: the recorded load (history).
-        ep_size, num_nodes, num_groups: the deployment's topology.
-        memory_budget_bytes: bytes per GPU redundant experts may take (None: no limit).
-        bytes_per_expert: bytes of one expert in one MoE layer (None: the cost model's value or the
-            known shape's; needed with a budget).
-        bounds: ranges for window, interval and redundancy.
+        options: the deployment, the search and the decision rules
+            (:class:`~moe_eplb.eplb.tuning.options.TuneOptions`, each field documented there).
         current: the running configuration; the tuner only recommends leaving it when the gain
-            beats ``min_gain + cost.restart_s / cost.horizon_s``.
+            beats ``options.min_gain + cost.restart_s / cost.horizon_s``.
         cost: the throughput model.
-        min_gain: extra relative gain required to change (model error margin).
-        progress: ``progress(done, total)`` callback, called as policy batches and replays finish.
-        windows, intervals: ladders of values to try (cut to the bounds).
-        max_redundancy_levels: most redundancy values searched (evenly thinned).
-        segments: time pieces for the robust score.
-        tie_tolerance: scores closer than this are ties, broken by the full-history mean.
-        workers: processes for policy calls (None: 1, no extra processes).
-        screen_layers: screen all candidates on about this many MoE layers (every k-th), then
-            replay the ``finalists`` best (plus defaults, seed and current) on all layers; None
-            or a model with few layers: every candidate on all layers.
-        finalists: candidates re-scored on all layers after screening.
-        prior_margin: without ranges, a searched configuration must beat the best known one (vLLM
-            defaults, the seed's 3000/1000/8, current; when valid and in bounds) by this much: the
-            lower bound (mean - 1 s.e.) of its paired per-segment relative gain must exceed it. With
-            ranges, ``max(prior_margin, min_gain)`` is the tie band of largest regrets inside which
-            the running or a known configuration is preferred.
-        min_steps: fewer engine steps than this in the trace (or fewer than two buckets) is too
-            little data: TuneError.
         robust: parameter ranges (:class:`~moe_eplb.eplb.tuning.robust.Robustness`, e.g.
             ``Calibration.robustness()``): the pick is the finalist with the smallest largest regret
             over every corner of the ranges (a change charged the restart), and a change from
@@ -769,31 +736,32 @@ def tune(
             (:func:`_robust_decide`); when current is kept, ``TuneResult.explore`` says whether a
             trial pays (:func:`_explore`). None: the point estimate ``cost`` decides (:func:`_pick`,
             :func:`_decide`).
-        replicas: replicas (or replica groups) sharing the traffic; a trial runs on one of them
-            (:func:`trial_cost`).
-        trial_seconds: how long a trial runs (its exposure to the candidate's worst case).
+        progress: ``progress(done, total)`` callback, called as policy batches and replays finish.
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
             every candidate, or a bad argument.
     """
     t0 = time.perf_counter()
-    topology, cost = _prepare(trace, ep_size, num_nodes, num_groups, memory_budget_bytes, bytes_per_expert, cost,
-                              min_steps)
-    search = _new_search(trace, topology, cost, bounds, current, memory_budget_bytes, max_redundancy_levels,
-                         segments, progress, workers, robust)
-    _build_grid(search, windows, intervals)
+    o = options
+    if not isinstance(o, TuneOptions):
+        raise TuneError(f"options: expected TuneOptions, got {type(o).__name__}")
+    topology, cost = _prepare(trace, o.ep_size, o.num_nodes, o.num_groups, o.memory_budget_bytes, o.bytes_per_expert,
+                              cost, o.min_steps)
+    search = _new_search(trace, topology, cost, o.bounds, current, o.memory_budget_bytes, o.max_redundancy_levels,
+                         o.segments, progress, o.workers, robust)
+    _build_grid(search, o.windows, o.intervals)
     full = _replay(search, 1)
-    _evaluate(search, full, screen_layers, finalists, tie_tolerance)
+    _evaluate(search, full, o.screen_layers, o.finalists, o.tie_tolerance)
     t_policy = time.perf_counter() - t0
-    threshold = cost.change_threshold(min_gain)
+    threshold = cost.change_threshold(o.min_gain)
     robust_report, explore = None, None
     if search.robust is not None:
         decision, chosen, reason, cur, robust_report, explore = _robust_decide(
-            search, prior_margin, min_gain, threshold, tie_tolerance, replicas, trial_seconds)
+            search, o.prior_margin, o.min_gain, threshold, o.tie_tolerance, o.replicas, o.trial_seconds)
     else:
-        pick, pick_note = _pick(search, prior_margin)
-        decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, min_gain)
+        pick, pick_note = _pick(search, o.prior_margin)
+        decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, o.min_gain)
     result = _result(search, full, decision, chosen, reason, cur, threshold, robust_report, t0, t_policy)
     result.explore = explore
     return result
