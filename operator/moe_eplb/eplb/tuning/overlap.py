@@ -158,18 +158,19 @@ def _score(result, cost: CostModel, bucket_steps, edges, shape) -> float:
     return cvar(scenario_segments(terms_of(result, bucket_steps, edges), cost, *shape))
 
 
-def _break_even(on, off, cost: CostModel, bucket_steps, edges, shape) -> float | None:
-    """The ``overlap_hidden`` at which the EPLB-on candidate ``on`` scores as EPLB ``off`` does (None
-    when one wins over the whole 0-1 range)."""
+def _break_even(on, off, cost: CostModel, bucket_steps, edges, shape) -> float | str:
+    """The ``overlap_hidden`` at which the EPLB-on candidate ``on`` scores as EPLB ``off`` does, or
+    ``"off"`` / ``"on"`` when that side wins over the whole 0-1 range."""
     off_score = _score(off.result, cost, bucket_steps, edges, shape)
 
     def margin(h: float) -> float:
         return _score(on.result, cost.with_(overlap_hidden=h), bucket_steps, edges, shape) - off_score
 
     lo, hi = 0.0, 1.0
-    m_lo, m_hi = margin(lo), margin(hi)
-    if m_lo <= 0 or m_hi >= 0:  # off wins even without loss, or on wins even at full loss
-        return None
+    if margin(lo) <= 0:
+        return "off"  # off wins even where the overlap hid nothing
+    if margin(hi) >= 0:
+        return "on"  # on wins even where the overlap hid all of the shared experts' time
     for _ in range(BREAK_EVEN_STEPS):
         mid = 0.5 * (lo + hi)
         if margin(mid) > 0:
@@ -216,13 +217,19 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
                          f"against the pick")
     if off is not None and cost.overlap_dropped and cost.shared_expert_ratio > 0:
         h = _break_even(chosen_on, off, cost, bucket_steps, edges, shape)
-        out["break_even_hidden"] = h
-        if h is not None:
+        out["break_even_hidden"] = h if isinstance(h, float) else None
+        if isinstance(h, float):
             side = ("EPLB on would win if the overlap hid less than" if mode == "off"
                     else "EPLB off would win if the overlap hid more than")
             words.append(f"{side} {h:.0%} of the shared experts' time (priced at {cost.overlap_hidden:.0%}"
                          + (f", range {hidden_range_[0]:.0%}-{hidden_range_[1]:.0%}" if hidden_range_ else "")
                          + "): EPLB-on against EPLB-off step times (two periods, or arms) measure it")
+        else:
+            words.append(f"EPLB off wins against EPLB on at {chosen_on.knobs.label} whatever share of the shared "
+                         "experts' time the overlap hid (0-100 %): balancing gains less than its rearrangements cost"
+                         if h == "off" else
+                         f"EPLB on at {chosen_on.knobs.label} wins against EPLB off whatever share of the shared "
+                         "experts' time the overlap hid (0-100 %)")
     if off is not None and not words:
         words.append(f"EPLB off scores {off_on:+.2%} against the best EPLB-on setting {chosen_on.knobs.label}: "
                      "a larger MoE share of the step, or more skewed traffic, favours EPLB on")
