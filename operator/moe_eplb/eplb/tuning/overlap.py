@@ -190,15 +190,18 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
            shape: tuple[int, int, int], context: OverlapContext | None, redundancy_floor: int,
            hidden_range_: tuple[float, float] | None = None) -> dict:
     """The advice of one tuning (module docstring): ``mode`` of the pick, ``off_vs_on`` (EPLB off's
-    score over the best EPLB-on setting's, minus 1), ``overlap_loss`` (point, and its ``low``/``high``
+    score over the best EPLB-on setting's, ``best_on``, minus 1), ``overlap_loss`` (point, and its ``low``/``high``
     over ``hidden_range_``), ``overlap_kept`` (the best EPLB-on candidate of ``exact`` scored with the
     overlap kept, against the pick) and ``break_even_hidden`` (the share hidden at which EPLB on and
     off score the same), with ``what_would_change`` in words. ``shape`` is ``(ep, layers, experts)``."""
-    off_on = None if off is None else off.score / max(chosen_on.score, 1e-12) - 1.0
+    ons = [c for c in exact if c.knobs is not EPLB_OFF] or [chosen_on]
+    best_on = max(ons, key=lambda c: (c.score, c.mean))  # the best EPLB-on setting by the point estimate
+    off_on = None if off is None else off.score / max(best_on.score, 1e-12) - 1.0
     mode = ("off" if pick.knobs is EPLB_OFF else
             "rearrange_only" if chosen_on.knobs.num_redundant_experts <= redundancy_floor else "balance")
     loss = cost.overlap_loss
-    out: dict = {"mode": mode, "off_vs_on": off_on, "overlap_loss": loss, "overlap_dropped": cost.overlap_dropped,
+    out: dict = {"mode": mode, "off_vs_on": off_on, "best_on": best_on.knobs.label, "overlap_loss": loss,
+                 "overlap_dropped": cost.overlap_dropped,
                  "shared_expert_ratio": cost.shared_expert_ratio, "backend": context.backend if context else None,
                  "what_would_change": []}
     if hidden_range_ is not None and cost.overlap_dropped:
@@ -216,7 +219,7 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
                          f"the shared-expert overlap is kept and EPLB on at {best.knobs.label} is predicted {gain:+.2%} "
                          f"against the pick")
     if off is not None and cost.overlap_dropped and cost.shared_expert_ratio > 0:
-        h = _break_even(chosen_on, off, cost, bucket_steps, edges, shape)
+        h = _break_even(best_on, off, cost, bucket_steps, edges, shape)
         out["break_even_hidden"] = h if isinstance(h, float) else None
         if isinstance(h, float):
             side = ("EPLB on would win if the overlap hid less than" if mode == "off"
@@ -225,12 +228,12 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
                          + (f", range {hidden_range_[0]:.0%}-{hidden_range_[1]:.0%}" if hidden_range_ else "")
                          + "): EPLB-on against EPLB-off step times (two periods, or arms) measure it")
         else:
-            words.append(f"EPLB off wins against EPLB on at {chosen_on.knobs.label} whatever share of the shared "
+            words.append(f"EPLB off wins against EPLB on at {best_on.knobs.label} whatever share of the shared "
                          "experts' time the overlap hid (0-100 %): balancing gains less than its rearrangements cost"
                          if h == "off" else
-                         f"EPLB on at {chosen_on.knobs.label} wins against EPLB off whatever share of the shared "
+                         f"EPLB on at {best_on.knobs.label} wins against EPLB off whatever share of the shared "
                          "experts' time the overlap hid (0-100 %)")
     if off is not None and not words:
-        words.append(f"EPLB off scores {off_on:+.2%} against the best EPLB-on setting {chosen_on.knobs.label}: "
+        words.append(f"EPLB off scores {off_on:+.2%} against the best EPLB-on setting {best_on.knobs.label}: "
                      "a larger MoE share of the step, or more skewed traffic, favours EPLB on")
     return out
