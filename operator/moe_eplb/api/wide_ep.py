@@ -116,6 +116,11 @@ def _rule(table: dict[Version, tuple[str, ...]], version: Version | None) -> tup
     return table[max(v for v in table if v <= rel)]
 
 
+def eplb_overlap_safe(version: Version | None) -> tuple[str, ...]:
+    """The backends on which release ``version`` keeps the shared-expert overlap with EPLB on."""
+    return _rule(EPLB_OVERLAP_SAFE, version)
+
+
 def eplb_drops_shared_overlap(backend: str | None, version: Version | None, *, data_parallel: int = 2) -> bool:
     """Whether turning EPLB on makes vLLM ``version`` run a model's shared experts without overlap on
     ``backend`` (None: vLLM's default, ``allgather_reducescatter``): the backend is not EPLB-overlap-safe,
@@ -142,8 +147,7 @@ def overlap_safe_backends(version: Version | None, vendor: str | None, *, nodes:
         need = OVERLAP_SAFE_VENDOR.get(b)
         if b not in offered or (vendor is not None and need is not None and need != vendor):
             continue
-        cond = ("needs every EP rank in one NVLink domain (multi-node NVLink across the nodes)"
-                if b in NVLINK_DOMAIN_BACKENDS and nodes > 1 else "")
+        cond = "needs one NVLink domain across the nodes" if b in NVLINK_DOMAIN_BACKENDS and nodes > 1 else ""
         out.append((b, cond))
     return out
 
