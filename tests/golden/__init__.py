@@ -23,6 +23,11 @@ renders its rolling-update ``partition`` (0 outside an experiment).
 Every ``render-*.yaml`` was regenerated once more when the engine pods started mounting the operator's
 control token (the ``eplb-control`` Secret volume and ``MOE_EPLB_CONTROL_TOKEN_FILE``).
 
+The ``tune-*.json`` goldens were regenerated once, on purpose, when the tuner started asking whether
+EPLB is worth it (issue 41): keys were added (``recommendation.enabled``/``mode``/``advice``,
+``baselines.eplb_off``, each candidate's ``enabled``, the breakdown's ``overlap_factor``/``overlap_seconds``,
+the cost model's overlap fields); every value that was there before was checked unchanged.
+
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
 """

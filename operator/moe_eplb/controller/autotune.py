@@ -60,6 +60,7 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference, SpecError, parse
+from moe_eplb.api.validation import all2all_backend
 from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import decisions as dec
@@ -81,6 +82,7 @@ from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
 from moe_eplb.eplb.tuning.exploration import LearnedRange
+from moe_eplb.eplb.tuning.overlap import OverlapContext, context_for
 from moe_eplb.eplb.tuning.tuner import TuneResult, tune
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import arms as arms_mod
@@ -88,6 +90,12 @@ from moe_eplb.render.engine_args import termination_grace_seconds
 from moe_eplb.render.experiment import control_settings, trial_settings
 
 log = logging.getLogger("moe_eplb.autotune")
+
+
+#: Why the loop does not tune while the tuner's EPLB off runs (docs/autotune.md, "EPLB off").
+EPLB_OFF_BY_TUNER = ("EPLB runs off by the tuner's choice (spec.autotune.allowDisable): without EPLB vLLM keeps no "
+                     "expert-load state, so the exporter counts nothing and the loop cannot tune; it stays off until "
+                     "spec.autotune.allowDisable is set false or spec.eplb is edited (EPLB then runs again)")
 
 
 class Reconciles(Protocol):
@@ -366,10 +374,12 @@ class AutotuneLoop:
     async def evaluate(self, client: KubeClient, inf: MoEInference, now: float) -> str | None:
         """Read the load, tune, and let :func:`.decisions.evaluate` decide; write the evaluation."""
         if not inf.effective.enabled:
-            reason = "spec.eplb.enabled is false: nothing to tune (enable EPLB to tune it)"
+            off_by_tuner = inf.effective.source == "autotune"
+            reason = (EPLB_OFF_BY_TUNER if off_by_tuner else
+                      "spec.eplb.enabled is false: nothing to tune (enable EPLB to tune it)")
             ev = Evaluation(time=now, current=inf.effective.knobs, decision=dec.KEEP, reason=reason)
-            if await self._write(client, inf, inf.status.replace(last_evaluation=ev),
-                                 {"Tuned": ("False", "EplbDisabled", reason)}, now):
+            condition = ("True", "EplbOff", reason) if off_by_tuner else ("False", "EplbDisabled", reason)
+            if await self._write(client, inf, inf.status.replace(last_evaluation=ev), {"Tuned": condition}, now):
                 return f"evaluation:{dec.KEEP}"
             return "conflict"
         if inf.fault_tolerance.enabled:  # vLLM >= 0.34 stops EPLB after a scale_down: pause
@@ -623,7 +633,7 @@ def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
     if trace.telemetry is None:
         return None
     try:
-        return calibrate(trace, cost=CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert),
+        return calibrate(trace, cost=overlap_context(inf).apply(CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert)),
                          num_nodes=max(1, int(inf.parallelism.nodes or 1)),
                          num_groups=int(inf.moe_shape.num_expert_groups or 1),
                          learned=learned_ranges(inf.status))
@@ -644,9 +654,20 @@ def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
     return run_tuner(trace, inf, current, search, cost=cost, robust=robust), calibration
 
 
+def overlap_context(inf: MoEInference) -> OverlapContext:
+    """The resource's shared-expert overlap (:func:`moe_eplb.eplb.tuning.overlap.context_for`): its catalog
+    model, all2all backend (``spec.parallelism.all2allBackend`` or extraArgs), vLLM version and GPUs."""
+    found = all2all_backend(inf)
+    par = inf.parallelism
+    return context_for(inf.model.name, found[0] if found else None, inf.engine.version,
+                       gpu_resource_name=inf.engine.gpu_resource_name, nodes=max(1, int(par.nodes or 1)),
+                       data_parallel=int(par.data or 1))
+
+
 def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict, *,
               cost: CostModel = CostModel(), robust=None) -> TuneResult:
-    """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread)."""
+    """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread). EPLB off is always a
+    candidate: :func:`.decisions.evaluate` applies it only with ``spec.autotune.allowDisable``."""
     shape, cfg = inf.moe_shape, inf.autotune
     return tune(
         trace,
@@ -662,6 +683,7 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: dict,
         workers=1,
         robust=robust,
         replicas=max(1, int(inf.replicas or 1)),  # a trial runs on one of them (TuneResult.explore)
+        overlap=overlap_context(inf),
         **search,
     )
 

@@ -1,4 +1,6 @@
 """Choosing EPLB's settings: ``tuner`` (the search), ``robust`` (decisions robust to what cannot be
 measured), ``calibrate`` (the cost model fitted to telemetry), ``exploration``, ``experiment`` and
-``learn`` (experiments on part of the replicas and what they teach), ``report`` (plots, markdown).
+``learn`` (experiments on part of the replicas and what they teach), ``overlap`` (is EPLB worth it:
+the shared-expert overlap it costs, EPLB off and rearrange-only, what would change the answer),
+``report`` (plots, markdown).
 Imports ``workload`` and ``replay``."""
