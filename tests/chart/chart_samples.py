@@ -72,6 +72,7 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.AUTOSCALER_MIN_REPLICAS: ("gauge", ("namespace", "name")),
     metric_names.AUTOSCALER_MAX_REPLICAS: ("gauge", ("namespace", "name")),
     metric_names.AUTOSCALER_TARGET: ("gauge", ("namespace", "name", "metric")),
+    metric_names.REPLICA_LOAD_DIVERGENCE: ("gauge", ("namespace", "name")),
 }
 #: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
 #: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
@@ -261,7 +262,9 @@ class SampleCollector:
         hi.add_metric([NS, DEMO], 4)
         target = self._family(metric_names.AUTOSCALER_TARGET, "target")
         target.add_metric([NS, DEMO, "RequestsWaiting"], 8)
-        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target]
+        div = self._family(metric_names.REPLICA_LOAD_DIVERGENCE, "divergence")
+        div.add_metric([NS, DEMO], 0.04)  # the demo's replicas see different loads (above the 0.01 bits threshold)
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, div]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -83,6 +83,7 @@ from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
 from moe_eplb.eplb.tuning.exploration import LearnedRange
 from moe_eplb.eplb.tuning.overlap import OverlapContext, context_for
+from moe_eplb.eplb.tuning.replicas import PerReplica, replay_score, tune_per_replica
 from moe_eplb.eplb.tuning.tuner import TuneResult, tune
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import arms as arms_mod
@@ -128,6 +129,7 @@ class _Gathered:
     answer: dec.TunerAnswer | None = None
     tuner_seconds: float | None = None
     baseline: Measurement | None = None
+    replicas: PerReplica | None = None  # the replicas' loads: their divergence, per-replica picks
 
 
 class AutotuneLoop:
@@ -434,10 +436,42 @@ class AutotuneLoop:
             except Exception as exc:  # TuneError or a bug in the search: no change, say why
                 got.tune_error = f"{type(exc).__name__}: {exc}"
             got.tuner_seconds = time.process_time() - t0
+        if got.result is not None and int(inf.replicas or 1) >= 2:
+            got.replicas = await self.per_replica(inf, start, now, pods, got.result)
         if got.answer is not None and cfg.mode == "Apply" and got.blocker is None:
             since = max(start, now - cfg.evaluation_interval_s)
             got.baseline = await self.load_observer.measure(inf, pods, since, now)
         return got
+
+    async def per_replica(self, inf: MoEInference, start: float, now: float, pods: list[dict],
+                          shared: TuneResult) -> PerReplica | None:
+        """The replicas' own loads over the evaluation's window: their Jensen-Shannon divergence (the
+        ``moe_eplb_replica_load_divergence_bits`` gauge) and, above :data:`DIVERGENCE_THRESHOLD`, each
+        replica tuned on its own load with the shared evaluation's cost model, scored against the shared
+        pick (:func:`moe_eplb.eplb.tuning.replicas.tune_per_replica`). None with fewer than two replicas
+        read, or when per-replica tuning fails (logged; the shared decision stands)."""
+        ns = inf.namespace or "default"
+        traces = await self.load_observer.read_replica_traces(inf, start, now, pods)
+        shapes = {t.load.shape[1:] for t in traces.values()}
+        if len(traces) < 2 or len(shapes) != 1:
+            opmetrics.record_divergence(ns, inf.name, None)
+            return None
+        search = {**self.settings.search, "min_steps": 1}
+        par, shape = inf.parallelism, inf.moe_shape
+        topo = dict(ep_size=par.ep_size, num_nodes=max(1, int(par.nodes or 1)), num_groups=int(shape.num_expert_groups or 1))
+
+        def run() -> PerReplica:
+            return tune_per_replica(
+                traces, shared.recommendation,
+                tune=lambda tr: run_tuner(tr, inf, inf.effective.knobs, search, cost=shared.cost),
+                score=lambda tr, k: replay_score(tr, k, cost=shared.cost, segments=search.get("segments", 6), **topo))
+        try:
+            per = await asyncio.to_thread(run)
+        except Exception as exc:  # noqa: BLE001 - per-replica advice must never stop an evaluation
+            log.warning("autotune %s/%s: per-replica tuning failed: %s: %s", ns, inf.name, type(exc).__name__, exc)
+            return None
+        opmetrics.record_divergence(ns, inf.name, per.divergence)
+        return per
 
     async def tune(self, trace: LoadTrace, inf: MoEInference, current: Knobs) -> tuple[TuneResult, Calibration | None]:
         """The tuner on the trace, with the cost model calibrated from its telemetry (in a thread:
@@ -468,7 +502,11 @@ class AutotuneLoop:
                                               ep_size=inf.parallelism.ep_size)
         ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=self.actor,
                                  tuner_cpu_seconds=round(got.tuner_seconds, 3) if got.tuner_seconds is not None else None,
-                                 replica_costs=replica_costs)
+                                 replica_costs=replica_costs,
+                                 replicas=dec.replicas_record(got.replicas) if got.replicas is not None else None)
+        event = dec.replicas_event(got.replicas, inf.status.last_evaluation, cfg.min_gain)
+        if event is not None:
+            out.events.append(event)
         return out, ev
 
     # --- writing ---------------------------------------------------------------------------------

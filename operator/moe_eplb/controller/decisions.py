@@ -49,6 +49,7 @@ from moe_eplb.api.spec import AutotuneSpec
 from moe_eplb.controller import experiment as exp_mod
 from moe_eplb.eplb.replay.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuning.calibrate import Calibration
+from moe_eplb.eplb.tuning.replicas import PerReplica
 from moe_eplb.eplb.tuning.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
@@ -253,6 +254,40 @@ def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers:
                              c.replicas)
                  for c in candidate_costs(result, cap, num_moe_layers=num_moe_layers,
                                           bytes_per_expert=bytes_per_expert, ep_size=ep_size, limit=limit))
+
+
+def replicas_record(per: PerReplica) -> dict:
+    """``lastEvaluation.replicas`` (camelCase): the replicas' load divergence and, above the threshold,
+    each replica's own pick with its predicted gain over the shared setting on its own load."""
+    def sig(v: float) -> float:
+        return float(f"{v:.6g}")
+
+    out = {"divergenceBits": sig(per.divergence), "thresholdBits": per.threshold, "tuned": per.tuned}
+    if per.tuned:
+        out["gainVsShared"] = sig(per.gain)
+        out["groups"] = {k: list(v) for k, v in per.groups.items()}
+        out["perReplica"] = [{"replica": p.replica, "windowSize": p.knobs.window_size,
+                              "stepInterval": p.knobs.step_interval,
+                              "numRedundantExperts": p.knobs.num_redundant_experts, "enabled": p.enabled,
+                              "gainVsShared": sig(p.gain_vs_shared)} for p in per.picks]
+    return out
+
+
+def replicas_event(per: PerReplica | None, previous: Evaluation | None, min_gain: float) -> Event | None:
+    """A ``PerReplicaSettings`` Event when per-replica settings are predicted to beat the shared one by
+    ``minGain`` and the groups differ from the last evaluation's (said once, not every evaluation).
+    A recommendation: the operator renders one pod template for every replica (docs/autotune.md)."""
+    if per is None or not per.tuned or per.gain < min_gain:
+        return None
+    before = (previous.replicas or {}).get("groups") if previous is not None else None
+    groups = {k: list(v) for k, v in per.groups.items()}
+    if before == groups:
+        return None
+    text = "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items())
+    return ("Normal", "PerReplicaSettings",
+            f"the replicas' expert loads diverge ({per.divergence:.3f} bits > {per.threshold} bits): their own settings "
+            f"are predicted {per.gain:+.2%} over the shared {per.shared.label} ({text}); a recommendation, the "
+            "operator runs one pod template for every replica")
 
 
 def calibration_record(cal: Calibration) -> CalibrationRecord:
@@ -549,4 +584,4 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "EXPERIMENT", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
            "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
-           "calibration_record", "advice_record"]
+           "calibration_record", "advice_record", "replicas_record", "replicas_event"]

@@ -2,5 +2,6 @@
 measured), ``calibrate`` (the cost model fitted to telemetry), ``exploration``, ``experiment`` and
 ``learn`` (experiments on part of the replicas and what they teach), ``overlap`` (is EPLB worth it:
 the shared-expert overlap it costs, EPLB off and rearrange-only, what would change the answer),
+``replicas`` (replicas whose loads diverge: their divergence, each tuned on its own load),
 ``report`` (plots, markdown).
 Imports ``workload`` and ``replay``."""
