@@ -884,7 +884,9 @@ def tune(
     if on is not None:
         result.enabled, result.on_decision, result.on_reason = False, on[0], on[2]
     exact = list(search.exact.values())
-    result.advice = advise(pick=result.pick, chosen_on=result.chosen, off=search.off, exact=exact, cost=cost,
+    hidden = search.robust.ranges.get("overlap_hidden") if search.robust is not None else None
+    result.advice = advise(pick=result.pick, chosen_on=result.chosen, off=search.off, exact=exact,
+                           cost=cost.with_(overlap_hidden=hidden.value) if hidden is not None else cost,
                            bucket_steps=trace.bucket_steps, edges=search.edges,
                            shape=(topology.ep_size, trace.num_layers, trace.num_experts), context=overlap,
                            redundancy_floor=result.redundancy_floor,
