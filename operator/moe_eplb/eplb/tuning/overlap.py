@@ -188,12 +188,14 @@ def _alternatives_text(ctx: OverlapContext | None) -> str:
 
 def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: np.ndarray, edges: np.ndarray,
            shape: tuple[int, int, int], context: OverlapContext | None, redundancy_floor: int,
-           hidden_range_: tuple[float, float] | None = None) -> dict:
+           hidden_range_: tuple[float, float] | None = None, scenario_costs: list | None = None) -> dict:
     """The advice of one tuning (module docstring): ``mode`` of the pick, ``off_vs_on`` (EPLB off's
     score over the best EPLB-on setting's, ``best_on``, minus 1), ``overlap_loss`` (point, and its ``low``/``high``
     over ``hidden_range_``), ``overlap_kept`` (the best EPLB-on candidate of ``exact`` scored with the
     overlap kept, against the pick) and ``break_even_hidden`` (the share hidden at which EPLB on and
-    off score the same), with ``what_would_change`` in words. ``shape`` is ``(ep, layers, experts)``."""
+    off score the same), with ``what_would_change`` in words. ``shape`` is ``(ep, layers, experts)``;
+    ``scenario_costs`` (the robust decision's scenarios) add ``off_vs_on_low`` / ``_high``, EPLB off
+    against the best EPLB-on setting over the parameter ranges."""
     ons = [c for c in exact if c.knobs is not EPLB_OFF] or [chosen_on]
     best_on = max(ons, key=lambda c: (c.score, c.mean))  # the best EPLB-on setting by the point estimate
     off_on = None if off is None else off.score / max(best_on.score, 1e-12) - 1.0
@@ -204,6 +206,10 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
                  "overlap_dropped": cost.overlap_dropped,
                  "shared_expert_ratio": cost.shared_expert_ratio, "backend": context.backend if context else None,
                  "what_would_change": []}
+    if off is not None and scenario_costs:
+        ratios = [_score(off.result, c, bucket_steps, edges, shape) /
+                  max(_score(best_on.result, c, bucket_steps, edges, shape), 1e-12) - 1.0 for c in scenario_costs]
+        out["off_vs_on_low"], out["off_vs_on_high"] = min(ratios), max(ratios)
     if hidden_range_ is not None and cost.overlap_dropped:
         base = cost.moe_time_share * cost.shared_expert_ratio
         out["overlap_loss_low"], out["overlap_loss_high"] = base * hidden_range_[0], base * hidden_range_[1]
@@ -234,6 +240,17 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
                          f"EPLB on at {best_on.knobs.label} wins against EPLB off whatever share of the shared "
                          "experts' time the overlap hid (0-100 %)")
     if off is not None and not words:
-        words.append(f"EPLB off scores {off_on:+.2%} against the best EPLB-on setting {best_on.knobs.label}: "
-                     "a larger MoE share of the step, or more skewed traffic, favours EPLB on")
+        spread = (f" ({out['off_vs_on_low']:+.2%} to {out['off_vs_on_high']:+.2%} over the parameter ranges)"
+                  if "off_vs_on_low" in out else "")
+        if off_on < 0:
+            words.append(f"EPLB on at {best_on.knobs.label} is predicted {-off_on:.2%} ahead of EPLB off{spread}: "
+                         "only a smaller MoE share of the step or traffic spread more evenly over the experts "
+                         "would make EPLB off worth it")
+        elif mode == "off":
+            words.append(f"EPLB off is predicted {off_on:+.2%} against EPLB on at {best_on.knobs.label}{spread}: "
+                         "balancing gains less than its rearrangements and redundant experts cost; more skewed "
+                         "traffic or a larger MoE share of the step would make EPLB on worth it")
+        else:
+            words.append(f"EPLB off is predicted {off_on:+.2%} against EPLB on at {best_on.knobs.label}{spread}, "
+                         "not enough to pay a restart or not in every stretch of the history")
     return out

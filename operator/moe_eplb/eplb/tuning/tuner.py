@@ -890,7 +890,9 @@ def tune(
                            bucket_steps=trace.bucket_steps, edges=search.edges,
                            shape=(topology.ep_size, trace.num_layers, trace.num_experts), context=overlap,
                            redundancy_floor=result.redundancy_floor,
-                           hidden_range_=_range_of(search.robust, "overlap_hidden"))
+                           hidden_range_=_range_of(search.robust, "overlap_hidden"),
+                           scenario_costs=[sc.cost for sc in search.robust.scenarios(cost)]
+                           if search.robust is not None else None)
     return result
 
 
