@@ -198,7 +198,8 @@ def advise(*, pick, chosen_on, off, exact: list, cost: CostModel, bucket_steps: 
     against the best EPLB-on setting over the parameter ranges."""
     ons = [c for c in exact if c.knobs is not EPLB_OFF] or [chosen_on]
     best_on = max(ons, key=lambda c: (c.score, c.mean))  # the best EPLB-on setting by the point estimate
-    off_on = None if off is None else off.score / max(best_on.score, 1e-12) - 1.0
+    off_on = None if off is None else (_score(off.result, cost, bucket_steps, edges, shape)
+                                       / max(_score(best_on.result, cost, bucket_steps, edges, shape), 1e-12) - 1.0)
     mode = ("off" if pick.knobs is EPLB_OFF else
             "rearrange_only" if chosen_on.knobs.num_redundant_experts <= redundancy_floor else "balance")
     loss = cost.overlap_loss

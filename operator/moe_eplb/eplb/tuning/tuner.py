@@ -884,15 +884,14 @@ def tune(
     if on is not None:
         result.enabled, result.on_decision, result.on_reason = False, on[0], on[2]
     exact = list(search.exact.values())
-    hidden = search.robust.ranges.get("overlap_hidden") if search.robust is not None else None
+    scen = search.robust.scenarios(cost) if search.robust is not None else None  # [0]: the ranges' point
     result.advice = advise(pick=result.pick, chosen_on=result.chosen, off=search.off, exact=exact,
-                           cost=cost.with_(overlap_hidden=hidden.value) if hidden is not None else cost,
+                           cost=scen[0].cost if scen else cost,
                            bucket_steps=trace.bucket_steps, edges=search.edges,
                            shape=(topology.ep_size, trace.num_layers, trace.num_experts), context=overlap,
                            redundancy_floor=result.redundancy_floor,
                            hidden_range_=_range_of(search.robust, "overlap_hidden"),
-                           scenario_costs=[sc.cost for sc in search.robust.scenarios(cost)]
-                           if search.robust is not None else None)
+                           scenario_costs=[sc.cost for sc in scen] if scen else None)
     return result
 
 
