@@ -34,12 +34,20 @@ noise); :func:`moe_eplb.eplb.tuning.learn.learn` narrows the ranges, the calibra
 marked "no step times" drop the recorded step times, so only an experiment can tell the MoE share;
 "demo's hot experts" is the demo's DeepSeek-V3 shift, running 100/1000/0.
 
+Is EPLB worth it (issue 41): EPLB off is scored too (the static replay under the truth), and the cases
+``nvlink-ep8-off``, ``deepep-ll-overlap``, ``deepep-ll-measured``, ``deepep-v2-control`` (DeepSeek-V3 with
+nearly even traffic, DeepEP low latency costing the shared-expert overlap: ``TrueCost.overlap_loss``) and
+``cache-affine`` (two replicas with different loads: each tuned on its own load against one shared
+setting, :func:`run_replica_case`) ask it; their line in the "is EPLB worth it" block gives the mode
+and what would change the answer.
+
 Printed per case: the truth, the running configuration, the pick, the best of the grid under the
 truth, the pick as a share of the best, of the running configuration and of vLLM's defaults, the
 running configuration's share of the best, and for comparison the previous tuner's pick (the
 calibrated point estimate with the KV elasticity rule, no ranges) and its share of the best.
 Then which cases explored, what the trial was, what was learned and the decision before and after.
-Exit 1 if any pick is below 97 % of the best, or below the running configuration or the defaults.
+Exit 1 if any pick is below 97 % of the best, or below the running configuration or the defaults, or
+where per-replica settings do not beat every single shared setting (``cache-affine``).
 """
 
 from __future__ import annotations
@@ -189,7 +197,7 @@ CASES = {
 #: spreads nearly evenly; EP 32, share 0.3, async, KV cache 75 % used with prefix reuse 0.5 (redundancy
 #: costs prefix hits). One shared setting tuned on the pooled load against each replica tuned on its own.
 REPLICA_CASES = {
-    "cache-affine": Case("2 replicas, cache-affine: hot chat tenant | even traffic; share 0.3, KV 75 %, reuse 0.5",
+    "cache-affine": Case("2 replicas, cache-affine: hot chat tenant vs even traffic; share 0.3, KV 75 %, reuse 0.5",
                          "defaults", _t(moe_time_share=0.3, kv_demand=0.75, prefix_reuse=0.5, prefix_working_set=0.4)),
 }
 
