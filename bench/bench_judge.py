@@ -34,7 +34,7 @@ noise); :func:`moe_eplb.eplb.tuning.learn.learn` narrows the ranges, the calibra
 marked "no step times" drop the recorded step times, so only an experiment can tell the MoE share;
 "demo's hot experts" is the demo's DeepSeek-V3 shift, running 100/1000/0.
 
-Is EPLB worth it (issue 41): EPLB off is scored too (the static replay under the truth), and the cases
+Is EPLB worth it: EPLB off is scored too (the static replay under the truth), and the cases
 ``nvlink-ep8-off``, ``deepep-ll-overlap``, ``deepep-ll-measured``, ``deepep-v2-control`` (DeepSeek-V3 with
 nearly even traffic, DeepEP low latency costing the shared-expert overlap: ``TrueCost.overlap_loss``) and
 ``cache-affine`` (two replicas with different loads: each tuned on its own load against one shared
@@ -173,7 +173,7 @@ CASES = {
     "nosteps-hot-h800": Case("hot experts, share 0.04, sync, KV 85 %, no step times", "defaults",
                              _t(moe_time_share=0.04, use_async=False, kv_demand=0.85, prefix_reuse=0.5,
                                 prefix_working_set=0.4), hot=True, no_steps=True),
-    # is EPLB worth it (issue 41). On DeepSeek-V3's real expert statistics balancing gains far more than
+    # is EPLB worth it. On DeepSeek-V3's real expert statistics balancing gains far more than
     # the overlap can cost (at most f/8 of a step), so EPLB off can only win where the traffic spreads
     # nearly evenly over the experts: the generator's flat control (Mixtral's popularity on the shape)
     "nvlink-ep8-off": Case("EP 8 one NVLink node, DeepEP LL, even traffic, share 0.3, overlap 80 % hidden, async",
@@ -192,7 +192,7 @@ CASES = {
 }
 
 
-#: Two replicas behind a cache-affine router (issue 41): replica ``a`` serves a chat tenant whose prompts
+#: Two replicas behind a cache-affine router: replica ``a`` serves a chat tenant whose prompts
 #: draw 6x on 4 experts of every layer (DeepSeek-V3's real statistics), replica ``b`` broad traffic that
 #: spreads nearly evenly; EP 32, share 0.3, async, KV cache 75 % used with prefix reuse 0.5 (redundancy
 #: costs prefix hits). One shared setting tuned on the pooled load against each replica tuned on its own.
