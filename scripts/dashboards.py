@@ -38,6 +38,7 @@ from grafana_foundation_sdk.models import prometheus as gpm
 
 from moe_eplb.contracts import metric_names as mn
 from moe_eplb.controller import decisions
+from moe_eplb.eplb.tuning import replicas as replica_tuning
 from scripts import vllm_metric_names as vllm
 
 DS = gdm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -520,6 +521,12 @@ def expert_load() -> gdash.Dashboard:
                    [query(f"max({mn.TUNER_PREDICTED_GAIN}{{{SEL_TUNER}}})", "predicted gain"),
                     query(f"sum by (reason) (increase({mn.ROLLBACKS}{{{SEL_TUNER}}}{RATE}))", "rollback: {{reason}}")],
                    w=8, unit="none"),
+        timeseries(ids, "Replica load divergence", "Jensen-Shannon divergence (bits) between the replicas' "
+                   "expert loads at each evaluation (two or more replicas): 0 when every replica sees the same "
+                   f"load; above {replica_tuning.DIVERGENCE_THRESHOLD} bits the loop tunes each replica "
+                   "on its own load and records the per-replica picks in status.autotune.lastEvaluation.replicas.",
+                   [query(f"max({mn.REPLICA_LOAD_DIVERGENCE}{{{SEL_TUNER}}})", "divergence (bits)")],
+                   w=24, h=6, unit="short"),
         table(ids, "Calibration of the cost model", "The cost-model parameters the last evaluation tuned "
               "with: measured from this deployment's telemetry, or the default kept (source), and one "
               "standard error of a measured one (empty for a default).",
@@ -697,6 +704,11 @@ def operator_overview() -> gdash.Dashboard:
                    "(too little or too noisy data).",
                    [query(f"count by (namespace, name, source) ({mn.CALIBRATION_VALUE}{{{sel}}})",
                           "{{namespace}}/{{name}} {{source}}")], w=24, unit="none", decimals=0),
+        timeseries(ids, "Replica load divergence", "Jensen-Shannon divergence (bits) between each MoEInference's "
+                   f"replicas' expert loads; above {replica_tuning.DIVERGENCE_THRESHOLD} bits the loop tunes each replica "
+                   "on its own load (a cache-affine router sends each replica different traffic).",
+                   [query(f"max by (namespace, name) ({mn.REPLICA_LOAD_DIVERGENCE}{{{sel}}})",
+                          "{{namespace}}/{{name}}")], w=24, unit="short"),
     ):
         d = d.with_panel(p)
     d = d.with_row(fault_recovery_row(ids, sel))

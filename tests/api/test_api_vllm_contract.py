@@ -266,6 +266,55 @@ def test_wna16_auto_backend_prefers_marlin_so_triton_must_be_forced() -> None:
     assert order.index("MARLIN") < order.index("TRITON")
 
 
+def _vllm_disables_shared_overlap(backend: str, enable_eplb: bool, dp: int) -> bool:
+    """What vLLM's own ``SharedExperts._disable_shared_experts_overlap`` (this release's code) says for
+    a MoE layer with shared experts on ``backend``, EPLB on or off, ``dp`` data-parallel ranks (EP =
+    dp): the property run on the release's real ``FusedMoEParallelConfig``, the layer object around
+    it a stand-in with only what the property reads (no GPU needed to build it)."""
+    import dataclasses
+    import types
+
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+    from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExperts
+
+    values = {}
+    for f in dataclasses.fields(FusedMoEParallelConfig):
+        if f.name in ("dp_size", "ep_size"):
+            values[f.name] = dp
+        elif f.name.endswith("_size"):
+            values[f.name] = 1
+        elif f.name.endswith("_rank"):
+            values[f.name] = 0
+    values.update(use_ep=True, all2all_backend=backend, enable_eplb=enable_eplb)
+    config = FusedMoEParallelConfig(**values)
+    layer = types.SimpleNamespace(_lora_fully_sharded=False, _layer=types.SimpleNamespace(),
+                                  _moe_config=types.SimpleNamespace(moe_parallel_config=config))
+    return bool(SharedExperts._disable_shared_experts_overlap.fget(layer))
+
+
+@pytest.mark.parametrize("dp", [1, 8])
+def test_eplb_shared_overlap_rule_matches_the_release(dp: int) -> None:
+    """For every all2all backend this release offers: the operator's rule (``wide_ep.
+    eplb_drops_shared_overlap``, what the cost model prices and ``moe-eplb validate`` warns about) is
+    exactly "vLLM keeps the overlap without EPLB and drops it with EPLB"; and the overlap-safe list it
+    advises is the release's own."""
+    import typing
+
+    from vllm.config.parallel import ParallelConfig
+
+    from moe_eplb.api import wide_ep
+
+    offered = typing.get_args(typing.get_type_hints(ParallelConfig)["all2all_backend"])
+    assert "deepep_low_latency" in offered and "allgather_reducescatter" in offered
+    for backend in offered:
+        vllm_drops = (_vllm_disables_shared_overlap(backend, True, dp)
+                      and not _vllm_disables_shared_overlap(backend, False, dp))
+        assert wide_ep.eplb_drops_shared_overlap(backend, WHEEL, data_parallel=dp) is vllm_drops, (backend, dp)
+    safe = [b for b in offered if not _vllm_disables_shared_overlap(b, True, dp)]
+    assert sorted(safe) == sorted(b for b, _ in wide_ep.overlap_safe_backends(WHEEL, None)), (safe, dp)
+    assert wide_ep.eplb_drops_shared_overlap("deepep_low_latency", WHEEL)  # the project's wide-EP example
+
+
 def _engine_argvs(doc: dict) -> list[tuple[str, list[str]]]:
     """(role, the argv after ``vllm serve``) of every engine container an example renders: the
     Deployment's, or the LeaderWorkerSet's leader and worker, after Kubernetes' ``$(VAR)`` expansion

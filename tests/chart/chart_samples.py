@@ -84,6 +84,7 @@ OPERATOR_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     metric_names.ELASTIC_RESIZE_DEADLINE: ("gauge", ("namespace", "name")),
     metric_names.ELASTIC_RESIZES: ("counter", ("namespace", "name", "direction", "result")),
     metric_names.ELASTIC_RESIZE_DURATION: ("histogram", ("namespace", "name", "direction", "result")),
+    metric_names.REPLICA_LOAD_DIVERGENCE: ("gauge", ("namespace", "name")),
 }
 #: Labels Prometheus adds at scrape time: the PodMonitor's (exporter and vLLM series; moeinference
 #: from the pod label eplb.ai/name) and the ServiceMonitor's (operator series, honorLabels keeps the
@@ -275,7 +276,9 @@ class SampleCollector:
         hi.add_metric([NS, DEMO], 4)
         target = self._family(metric_names.AUTOSCALER_TARGET, "target")
         target.add_metric([NS, DEMO, "RequestsWaiting"], 8)
-        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, *self._recovery(dt, now)] + self._elastic(dt)
+        div = self._family(metric_names.REPLICA_LOAD_DIVERGENCE, "divergence")
+        div.add_metric([NS, DEMO], 0.04)  # the demo's replicas see different loads (above the 0.01 bits threshold)
+        return [ev, dec, gain, last, rb, rec, dur, cal, unc, reps, lo, hi, target, div, *self._recovery(dt, now)] + self._elastic(dt)
 
     def _recovery(self, dt: float, now: float) -> list[Any]:
         """demo's group 0 runs degraded (8 ranks lost: MoEEPLBRecoveryDegraded, for 1h: pending) and a

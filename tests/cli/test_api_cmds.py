@@ -187,3 +187,62 @@ def test_documents_are_named_by_their_place_in_the_file(runner, tmp_path) -> Non
 def render_children_of(resource):
     """``render_children`` of a resource dict (parsed once)."""
     return render_children(parse(resource))
+
+
+def _deepseek(tmp_path, *, backend="deepep_low_latency", image="vllm/vllm-openai:v0.34.0", model="deepseek-ai/DeepSeek-V3",
+              gpu=None, extra_args=None, eplb=True) -> str:
+    """One node of 8 GPUs, DP 8 + EP, EPLB on: the shape of DeepSeek-V3 on a single H200 node."""
+    spec = {"model": {"name": model}, "engine": {"image": image},
+            "parallelism": {"tensor": 1, "data": 8, **({"all2allBackend": backend} if backend else {})},
+            "eplb": {"enabled": eplb, **({"numRedundantExperts": 0} if eplb else {})}}
+    if gpu:
+        spec["engine"]["gpuResourceName"] = gpu
+    if extra_args:
+        spec["engine"]["extraArgs"] = extra_args
+    doc = {"apiVersion": "eplb.ai/v1alpha1", "kind": "MoEInference", "metadata": {"name": "m"}, "spec": spec}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_validate_warns_where_eplb_drops_the_shared_expert_overlap(runner, tmp_path) -> None:
+    """DeepSeek-V3 + EPLB + deepep_low_latency on vLLM 0.34: valid (exit 0), one warning naming
+    spec.parallelism.all2allBackend and the backends that keep the overlap on these GPUs."""
+    path = _deepseek(tmp_path)
+    result = runner.invoke(main, ["validate", "-f", path])
+    assert result.exit_code == 0 and result.stdout == "valid\n", result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"{path}: warning: spec.parallelism.all2allBackend: EPLB on deepep_low_latency turns off "
+                           "the shared-expert overlap")
+    assert "12.5% of the routed compute" in line
+    assert "(vLLM 0.34.0, NVIDIA): allgather_reducescatter; deepep_v2; flashinfer_nvlink_one_sided." in line
+    # render warns the same and still renders
+    rendered = runner.invoke(main, ["render", "-f", path])
+    assert rendered.exit_code == 0 and "kind: Deployment" in rendered.stdout and "warning:" in rendered.stderr
+    # AMD GPUs: only allgather_reducescatter keeps it (DeepEP and FlashInfer are NVIDIA's)
+    amd = runner.invoke(main, ["validate", "-f", _deepseek(tmp_path, backend="mori", gpu="amd.com/gpu", image="vllm/vllm-openai-rocm:v0.34.0")])
+    assert amd.exit_code == 0 and "EPLB on mori" in amd.stderr
+    assert "(vLLM 0.34.0, AMD): allgather_reducescatter." in amd.stderr and "deepep_v2" not in amd.stderr
+    # set through extraArgs: the argument is named, and the field to use instead
+    extra = runner.invoke(main, ["validate", "-f", _deepseek(tmp_path, backend=None,
+                                                               extra_args=["--all2all-backend", "deepep_high_throughput"])])
+    assert extra.exit_code == 0 and "warning: spec.engine.extraArgs[0]: EPLB on deepep_high_throughput" in extra.stderr
+    assert "(set spec.parallelism.all2allBackend, not the argument)" in extra.stderr
+
+
+@pytest.mark.parametrize("variant", [
+    {"model": "Qwen/Qwen3-30B-A3B"},                     # no shared experts
+    {"backend": "deepep_v2"},                             # keeps the overlap with EPLB
+    {"backend": None},                                    # vLLM's default, allgather_reducescatter
+    {"backend": "flashinfer_nvlink_two_sided"},           # drops it with data parallel whatever EPLB does
+    {"eplb": False},                                      # nothing to warn about
+])
+def test_validate_is_silent_where_eplb_costs_no_overlap(runner, tmp_path, variant) -> None:
+    result = runner.invoke(main, ["validate", "-f", _deepseek(tmp_path, **variant)])
+    assert result.exit_code == 0 and result.stdout == "valid\n" and result.stderr == "", result.stderr
+
+
+def test_validate_warning_with_fault_tolerance_says_no_backend_keeps_it(runner) -> None:
+    result = runner.invoke(main, ["validate", "-f", str(EXAMPLES / "deepseek-v3-fault-tolerant.yaml")])
+    assert result.exit_code == 0 and result.stdout == "valid\n"
+    assert "fault tolerance needs deepep_low_latency or nixl_ep, which both drop it" in result.stderr

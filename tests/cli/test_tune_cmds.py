@@ -90,9 +90,58 @@ def test_tune_table(trace_file):
     assert "CHANGE" in r.output or "KEEP" in r.output
 
 
+@pytest.fixture(scope="module")
+def flat_file(tmp_path_factory):
+    """Half an hour of nearly even expert popularity on a DeepSeek-like shape (balancing gains little)."""
+    from moe_eplb.eplb.workload import synth
+
+    trace = synth.generate("deepseek-v3-flat", model_shape=(8, 64, 4, 6), hours=0.5, seed=0)
+    path = tmp_path_factory.mktemp("traces") / "flat.npz"
+    save_trace(trace, path)
+    return path
+
+
+def test_tune_prints_eplb_off_with_its_gain_and_what_would_change_it(flat_file):
+    """DeepEP low latency turns off the shared-expert overlap with EPLB on; where balancing gains less
+    than that costs, the recommendation is EPLB off, with its predicted gain."""
+    args = ("tune", "--trace", flat_file, "--ep-size", 8, "--groups", 4, "--current", "1000,3000,0",
+            "--all2all-backend", "deepep_low_latency", "--shared-expert-ratio", 0.333, "--vllm-version", "0.34.0",
+            "--gpu-vendor", "nvidia")
+    r = _run(*args)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "EPLB OFF (change): set spec.eplb.enabled: false -- predicted gain +" in text
+    assert "Cost of being on: deepep_low_latency runs the shared experts without overlap" in text
+    assert "What would change the answer: switch the all2all backend (spec.parallelism.all2allBackend) to" in text
+    assert "deepep_v2" in text
+    d = json.loads(_run(*args, "--json").output)
+    rec = d["recommendation"]
+    assert rec["enabled"] is False and rec["mode"] == "off" and rec["decision"] == "change"
+    assert rec["predicted_gain"] > 0.02 and rec["predicted_gain_vs"] == "current"
+    assert d["baselines"]["eplb_off"]["enabled"] is False
+    # the same trace where the overlap is kept: EPLB stays on, rearranging only, and says so
+    r = _run("tune", "--trace", flat_file, "--ep-size", 8, "--groups", 4, "--all2all-backend", "deepep_v2",
+             "--shared-expert-ratio", 0.333)
+    assert r.exit_code == 0, r.output
+    assert "REARRANGE ONLY: EPLB on with 0 redundant experts" in " ".join(r.output.split())
+    # --no-off: never off
+    d = json.loads(_run(*args, "--no-off", "--json").output)
+    assert d["recommendation"]["enabled"] is True and d["baselines"]["eplb_off"] is None
+
+
+def test_tune_current_off(flat_file):
+    d = json.loads(_run("tune", "--trace", flat_file, "--ep-size", 8, "--groups", 4, "--current", "off",
+                        "--all2all-backend", "deepep_low_latency", "--shared-expert-ratio", 0.333, "--json").output)
+    assert d["recommendation"]["enabled"] is False and d["recommendation"]["decision"] == "keep"
+    assert d["baselines"]["current"]["enabled"] is False
+
+
 @pytest.mark.parametrize(
     ("args", "flag", "needle"),
     [
+        (["tune", "--all2all-backend", "pigeon"], "--all2all-backend", "not one of vLLM's backends"),
+        (["tune", "--vllm-version", "latest"], "--vllm-version", "not a version"),
+        (["tune", "--shared-expert-ratio", -1], "--shared-expert-ratio", "within 0..4"),
         (["simulate", "--window", 500, "--interval", 1000, "--redundant", 3], "--redundant", "divide"),
         (["simulate", "--window", 0, "--interval", 1000, "--redundant", 0], "--window", "window_size"),
         (["tune", "--bounds", "redundant=1:3"], "--bounds", "no R in 1:3"),

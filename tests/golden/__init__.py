@@ -32,6 +32,11 @@ the supervisor's ``dp-supervisor`` health port, a PodMonitor endpoint each, ``MO
 and the drain as an ``exec`` preStop (the exporter takes it from loopback only);
 ``render-qwen3-235b-mi300x-rocm`` was made with its example.
 
+The ``tune-*.json`` goldens were regenerated once, on purpose, when the tuner started asking whether
+EPLB is worth it (issue 41): keys were added (``recommendation.enabled``/``mode``/``advice``,
+``baselines.eplb_off``, each candidate's ``enabled``, the breakdown's ``overlap_factor``/``overlap_seconds``,
+the cost model's overlap fields); every value that was there before was checked unchanged.
+
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.
 """

@@ -10,7 +10,8 @@ the parameters again from those measurements alone.
 The forward model (one engine, per bucket of ``n`` steps with ``tok`` tokens per step):
 
 - balanced step time ``s0(tok) = step_base_s + step_per_token_s * tok``; a step with served
-  imbalance ``x`` (``sum_l max_rank / sum_l mean_rank``) takes ``s0 * ((1 - f) + f * x)``
+  imbalance ``x`` (``sum_l max_rank / sum_l mean_rank``) takes ``s0 * ((1 - f) + f * x + overlap_loss)``
+  (``overlap_loss``: the shared experts' time an EPLB-on engine no longer overlaps on its all2all backend)
   (``f = moe_time_share``); the bucket's mean step time gets log-normal noise (``step_noise``) and,
   in a share ``outlier_share`` of buckets, a 20-60 % outlier (a GC pause, a burst of long prefills);
 - a rearrangement costs ``sync_stall_s`` (sync; log-normal ``stall_noise``; the stall is part of
@@ -82,6 +83,9 @@ class TrueCost:
     prefill_cost_ratio: float = 1.0
     kv_bytes_per_token: float = 70_272.0  # DeepSeek-V3 MLA: (512 + 64) x 61 layers x 2 bytes
     kv_block_size: int = 16
+    #: share of the balanced step time an EPLB-on engine loses because vLLM runs the shared experts
+    #: without overlap on its all2all backend (0: none, or a backend that keeps the overlap)
+    overlap_loss: float = 0.0
 
     def kv_capacity(self, redundant_bytes: float) -> float:
         """The cache left by ``redundant_bytes`` per GPU, as a share of the cache without them."""
@@ -150,7 +154,7 @@ class TrueCost:
         tokens, imbalance = np.asarray(tokens, np.float64), np.asarray(imbalance, np.float64)
         n = np.asarray(steps, np.float64)
         x = np.where(np.isfinite(imbalance), imbalance, 1.0)
-        step = self.balanced_step_s(tokens) * (1.0 + self.moe_time_share * (x - 1.0))
+        step = self.balanced_step_s(tokens) * (1.0 + self.moe_time_share * (x - 1.0) + self.overlap_loss)
         step = step * np.exp(rng.normal(0.0, self.step_noise, step.shape))
         out = rng.random(step.shape) < self.outlier_share
         step = np.where(out, step * rng.uniform(1.2, 1.6, step.shape), step)
@@ -185,8 +189,12 @@ class TrueCost:
         tok = tokens_per_step(trace)
         n = trace.bucket_steps.astype(np.float64)
         s0 = float(self.balanced_step_s(np.average(tok, weights=n) if n.sum() > 0 else 0.0))
+        loss = {}
+        if self.overlap_loss > 0:  # the cost model's f x ratio x hidden, with all of it hidden
+            loss = dict(overlap_dropped=True, overlap_hidden=1.0,
+                        shared_expert_ratio=self.overlap_loss / max(self.moe_time_share, 1e-9))
         return CostModel(moe_time_share=self.moe_time_share, seconds_per_step=s0, use_async=self.use_async,
                          sync_stall_s=self.sync_stall_s, async_s_per_moved_byte=self.async_s_per_moved_byte,
                          bytes_per_expert=self.bytes_per_expert if bytes_per_expert is None else bytes_per_expert,
                          kv_cache_bytes_per_gpu=self.kv_cache_bytes_per_gpu,
-                         kv_throughput_elasticity=self.kv_throughput_elasticity)
+                         kv_throughput_elasticity=self.kv_throughput_elasticity, **loss)

@@ -19,8 +19,9 @@
   redundancy after a resize, ``status.elastic``), ``imageref`` (image references), ``quantity``
   (Kubernetes quantities);
 - ``validation`` (the one ``validate`` for the CLI, the operator and the tests: schema + CEL +
-  catalog), ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of
-  the manifests handed to the CLI).
+  catalog), ``advice`` (warnings a valid resource earns: the shared-expert overlap EPLB turns off),
+  ``problem`` (one problem, naming the field and the fix), ``manifest`` (bounded reading of the
+  manifests handed to the CLI).
 
 Pure: no network, no cluster. Imports only the contracts.
 """

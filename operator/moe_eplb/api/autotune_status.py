@@ -104,10 +104,18 @@ class Override:
     num_redundant_experts: int | None = None
     spec_generation: int | None = None
     spec_eplb: Knobs | None = None
+    #: False: the tuner turned EPLB off (``spec.autotune.allowDisable``); it runs off while that field
+    #: stays true and ``spec.eplb`` equals ``specEplb`` (None: EPLB as the spec says, i.e. on)
+    enabled: bool | None = None
 
     @classmethod
     def of(cls, knobs: Knobs, *, spec_generation: int | None, spec_eplb: Knobs | None) -> Override:
         return cls(knobs.window_size, knobs.step_interval, knobs.num_redundant_experts, spec_generation, spec_eplb)
+
+    @classmethod
+    def disabled(cls, *, spec_generation: int | None, spec_eplb: Knobs | None) -> Override:
+        """The tuner's "EPLB off" (the knobs stay the spec's: they do not run)."""
+        return cls(spec_generation=spec_generation, spec_eplb=spec_eplb, enabled=False)
 
     def resolve(self, base: Knobs) -> Knobs:
         """The knobs that run: this override's values, the spec's where it has none."""
@@ -143,6 +151,8 @@ class Rollout:
     replicas: int | None = None
     #: the objective's buckets before the change (:func:`moe_eplb.eplb.tuning.experiment.buckets_record`)
     objective_before: dict | None = field(default=None, metadata={"raw": True})
+    #: False: the change turns EPLB off (``to`` then holds the spec's knobs, which do not run)
+    to_enabled: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,7 @@ class HistoryEntry:
     baseline: Measurement | None = None
     measured: Measurement | None = None
     started_at: float | None = _time(default=None)
+    to_enabled: bool | None = None  # False: the change turned EPLB off
 
 
 @dataclass(frozen=True)
@@ -213,6 +224,11 @@ class Evaluation:
     #: per candidate (best first), the replicas its redundancy needs at today's traffic and the
     #: autoscaler's target (spec.autoscaling on and the KV cache measured; see eplb/replay/capacity.py)
     replica_costs: tuple[ReplicaCost, ...] = field(default=(), metadata={"omit_empty": True})
+    #: is EPLB worth it (the tuner's advice: mode, EPLB off against on, the overlap EPLB costs, what
+    #: would change the answer; camelCase keys), see docs/autotune.md
+    eplb_advice: dict | None = field(default=None, metadata={"raw": True})
+    #: per-replica loads: their divergence and, above the threshold, each replica's own pick
+    replicas: dict | None = field(default=None, metadata={"raw": True})
 
 
 @dataclass(frozen=True)
@@ -224,6 +240,7 @@ class Recommendation:
     num_redundant_experts: int
     predicted_gain: float | None = None
     time: float | None = _time(default=None)
+    enabled: bool | None = None  # False: the tuner recommends EPLB off (the knobs: the best EPLB-on setting)
 
     @property
     def knobs(self) -> Knobs:

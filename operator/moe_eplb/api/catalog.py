@@ -7,9 +7,13 @@ Three tables:
 * :data:`QUANTIZATIONS` — per MoE quantization method: bytes per weight (incl. scales) and from
   which vLLM version its ``FusedMoE`` method has ``supports_eplb`` (None = never).
 * :data:`MODELS` — per model family: shape of the MoE part (experts, MoE layers, top-k, expert
-  groups, hidden and expert intermediate sizes) and the Hugging Face ids it covers.
+  groups, hidden and expert intermediate sizes, shared experts) and the Hugging Face ids it covers.
 
-Shapes come from the models' Hugging Face ``config.json``; version thresholds from vLLM's source and
+Shapes come from the models' Hugging Face ``config.json`` (shared experts: ``n_shared_experts`` for
+DeepSeek-V2/V3 and GLM-4.5, whose shared MLP is ``n_shared_experts x moe_intermediate_size`` wide as
+vLLM's ``deepseek_v2.py`` / ``glm4_moe.py`` build it; Llama 4's one ``shared_expert`` of
+``intermediate_size``, vLLM's ``llama4.py``; Qwen3-MoE's ``shared_expert_intermediate_size`` is absent,
+i.e. 0); version thresholds from vLLM's source and
 release history (``/work/shared/notes/vllm-eplb.md``). Where the exact first release is not known,
 the threshold is the first release we are sure of (conservative: a later version, never an
 earlier one). docs/resource.md renders these tables for users.
@@ -159,6 +163,13 @@ class ModelInfo:
     kv_bytes_per_token: int = 0
     kv_heads: int = 0
     context_length: int = 0
+    #: shared experts per MoE layer (``n_shared_experts`` in config.json; Llama 4's one ``shared_expert``)
+    #: and the intermediate size of each (None: ``moe_intermediate_size``, as in DeepSeek and GLM, whose
+    #: shared MLP is ``moe_intermediate_size x n_shared_experts`` wide; Llama 4's is ``intermediate_size``,
+    #: the routed experts' size). 0 for Qwen3-MoE / Qwen3-VL-MoE (no ``shared_expert_intermediate_size``)
+    #: and Mixtral.
+    shared_experts: int = 0
+    shared_expert_intermediate_size: int | None = None
     # RE2-compatible regexes (no look-around) searched in the lower-cased last path component;
     # the same regexes appear in the CRD's generated CEL rules (moe_eplb.api.cel_catalog)
     name_patterns: tuple[str, ...] = field(default=(), repr=False)
@@ -170,6 +181,17 @@ class ModelInfo:
         return any(re.search(p, base) for p in self.name_patterns) and not any(
             re.search(p, base) for p in self.exclude_patterns
         )
+
+    @property
+    def shared_expert_ratio(self) -> float:
+        """The shared experts' compute per token over the routed experts' (``top_k`` routed experts of
+        ``moe_intermediate_size``): DeepSeek-V3 1 / 8, DeepSeek-V2 2 / 6, Llama 4 1 / 1, 0 without
+        shared experts. What EPLB costs where vLLM stops overlapping them (:mod:`moe_eplb.api.wide_ep`)
+        scales with it."""
+        if not self.shared_experts:
+            return 0.0
+        width = self.shared_expert_intermediate_size or self.moe_intermediate_size
+        return self.shared_experts * width / (self.top_k * self.moe_intermediate_size)
 
     @property
     def weights_per_expert(self) -> int:
@@ -204,7 +226,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "deepseek-v3", "DeepSeek-V3 / R1 (671B)", "DeepseekV3ForCausalLM",
         num_experts=256, num_moe_layers=58, top_k=8, num_expert_groups=8,
-        hidden_size=7168, moe_intermediate_size=2048, default_quantization="fp8",
+        hidden_size=7168, moe_intermediate_size=2048, default_quantization="fp8", shared_experts=1,
         hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3.1",
                 "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528"),
         total_params_b=671, kv_bytes_per_token=61 * 576 * 2, kv_heads=0, context_length=163840,
@@ -214,7 +236,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "deepseek-v2-lite", "DeepSeek-V2-Lite (16B)", "DeepseekV2ForCausalLM",
         num_experts=64, num_moe_layers=26, top_k=6, num_expert_groups=1,
-        hidden_size=2048, moe_intermediate_size=1408,
+        hidden_size=2048, moe_intermediate_size=1408, shared_experts=2,
         hf_ids=("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
         total_params_b=15.7, kv_bytes_per_token=27 * 576 * 2, kv_heads=0, context_length=163840,
         name_patterns=(r"deepseek-v2-lite",),
@@ -222,7 +244,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "deepseek-v2", "DeepSeek-V2 / V2.5 (236B)", "DeepseekV2ForCausalLM",
         num_experts=160, num_moe_layers=59, top_k=6, num_expert_groups=8,
-        hidden_size=5120, moe_intermediate_size=1536,
+        hidden_size=5120, moe_intermediate_size=1536, shared_experts=2,
         hf_ids=("deepseek-ai/DeepSeek-V2", "deepseek-ai/DeepSeek-V2-Chat", "deepseek-ai/DeepSeek-V2.5"),
         total_params_b=236, kv_bytes_per_token=60 * 576 * 2, kv_heads=0, context_length=163840,
         name_patterns=(r"deepseek-v2",),
@@ -262,7 +284,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "llama4-scout", "Llama 4 Scout 17B-16E", "Llama4ForConditionalGeneration",
         num_experts=16, num_moe_layers=48, top_k=1, num_expert_groups=1,
-        hidden_size=5120, moe_intermediate_size=8192,
+        hidden_size=5120, moe_intermediate_size=8192, shared_experts=1,
         hf_ids=("meta-llama/Llama-4-Scout-17B-16E", "meta-llama/Llama-4-Scout-17B-16E-Instruct"),
         total_params_b=109, kv_bytes_per_token=48 * 8 * 128 * 4, kv_heads=8, context_length=10485760,
         name_patterns=(r"llama-4-scout",),
@@ -270,7 +292,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "llama4-maverick", "Llama 4 Maverick 17B-128E", "Llama4ForConditionalGeneration",
         num_experts=128, num_moe_layers=24, top_k=1, num_expert_groups=1,
-        hidden_size=5120, moe_intermediate_size=8192,
+        hidden_size=5120, moe_intermediate_size=8192, shared_experts=1,
         hf_ids=("meta-llama/Llama-4-Maverick-17B-128E", "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
                 "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"),
         total_params_b=400, kv_bytes_per_token=48 * 8 * 128 * 4, kv_heads=8, context_length=1048576,
@@ -279,7 +301,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "glm-4.5-air", "GLM-4.5-Air (106B)", "Glm4MoeForCausalLM",
         num_experts=128, num_moe_layers=45, top_k=8, num_expert_groups=1,
-        hidden_size=4096, moe_intermediate_size=1408,
+        hidden_size=4096, moe_intermediate_size=1408, shared_experts=1,
         hf_ids=("zai-org/GLM-4.5-Air", "zai-org/GLM-4.5-Air-FP8"),
         total_params_b=106, kv_bytes_per_token=46 * 8 * 128 * 4, kv_heads=8, context_length=131072,
         name_patterns=(r"glm-4[.]5-air",),
@@ -287,7 +309,7 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         "glm-4.5", "GLM-4.5 (355B)", "Glm4MoeForCausalLM",
         num_experts=160, num_moe_layers=89, top_k=8, num_expert_groups=1,
-        hidden_size=5120, moe_intermediate_size=1536,
+        hidden_size=5120, moe_intermediate_size=1536, shared_experts=1,
         hf_ids=("zai-org/GLM-4.5", "zai-org/GLM-4.5-FP8"),
         total_params_b=355, kv_bytes_per_token=92 * 8 * 128 * 4, kv_heads=8, context_length=131072,
         name_patterns=(r"glm-4[.]5",),
@@ -359,13 +381,14 @@ def _v(version: Version | None) -> str:
 def markdown_tables() -> str:
     """The catalog as Markdown tables (docs/resource.md embeds this text; a test keeps them equal)."""
     lines = ["| model family | Hugging Face ids | architecture | experts | MoE layers | top-k | groups "
-             "| MiB/expert (bf16) | checkpoint |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| shared experts (of routed compute) | MiB/expert (bf16) | checkpoint |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
     for m in MODELS:
         ids = "<br>".join(f"`{i}`" for i in m.hf_ids)
         mib = m.bytes_per_expert("none") / 2**20
+        shared = f"{m.shared_experts} ({m.shared_expert_ratio:.1%})" if m.shared_experts else "none"
         lines.append(f"| {m.display_name} | {ids} | `{m.architecture}` | {m.num_experts} | {m.num_moe_layers} "
-                     f"| {m.top_k} | {m.num_expert_groups} | {mib:.1f} | {m.default_quantization} |")
+                     f"| {m.top_k} | {m.num_expert_groups} | {shared} | {mib:.1f} | {m.default_quantization} |")
     lines += ["", "| architecture | EPLB in vLLM | multimodal | note |", "| --- | --- | --- | --- |"]
     for a in ARCHITECTURES.values():
         lines.append(f"| `{a.name}` | {_v(a.eplb_since)} | {'yes' if a.multimodal else 'no'} | {a.note} |")

@@ -339,6 +339,8 @@ class AutotuneSpec:
     rollback_tolerance: float = 0.02
     observe_s: float = field(default=600.0, metadata={"key": "observeSeconds"})
     experiments: ExperimentsSpec = field(default_factory=ExperimentsSpec)
+    #: Apply mode may turn EPLB off where the tuner predicts it does not pay (else a recommendation)
+    allow_disable: bool = field(default=False, metadata={"key": "allowDisable"})
 
     @property
     def memory_budget_bytes(self) -> int | None:
@@ -746,7 +748,7 @@ def _spec_settings(eplb: SpecEplb | None, redundant: int) -> EplbSettings:
 
 
 def resolve_effective(spec_eplb: EplbSettings, override: Override | None, generation: int,
-                      problem_of: Any) -> tuple[EplbSettings, str | None]:
+                      problem_of: Any, *, allow_disable: bool = False) -> tuple[EplbSettings, str | None]:
     """The EPLB settings that run, and why a recorded override does not (pinned precedence).
 
     ``status.autotune.override`` wins while it applies: EPLB is enabled, ``spec.eplb`` still equals
@@ -755,7 +757,8 @@ def resolve_effective(spec_eplb: EplbSettings, override: Override | None, genera
     current spec (``problem_of(knobs)`` is None). An override without ``specEplb`` (written by an
     older operator) runs while ``specGeneration == metadata.generation``. Fields missing from the
     override keep the spec's value; ``enabled``, ``async`` and ``logBalancedness`` always come from
-    the spec.
+    the spec. An override that turned EPLB off (``enabled: false``) runs only while
+    ``spec.autotune.allowDisable`` (``allow_disable``) stays true: setting it false turns EPLB back on.
     """
     if override is None or not spec_eplb.enabled:
         return spec_eplb, None
@@ -764,6 +767,12 @@ def resolve_effective(spec_eplb: EplbSettings, override: Override | None, genera
             return spec_eplb, "spec.eplb changed since the tuner applied it"
     elif override.spec_generation is None or override.spec_generation != generation:
         return spec_eplb, "the spec changed since the tuner applied it (generation)"
+    if override.enabled is False:
+        if not allow_disable:
+            return spec_eplb, "spec.autotune.allowDisable is false: the tuner's EPLB off no longer applies"
+        return EplbSettings(enabled=False, knobs=spec_eplb.knobs, use_async=spec_eplb.use_async,
+                            log_balancedness=spec_eplb.log_balancedness, source="autotune",
+                            communicator=spec_eplb.communicator), None
     try:
         knobs = override.resolve(spec_eplb.knobs)
     except KnobsError as exc:
@@ -810,7 +819,8 @@ def parse(resource: Mapping[str, Any], *, defaulted: bool = False) -> MoEInferen
                            conditions=tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, Mapping)),
                            fault_recovery=parse_recovery_status(status.get("faultTolerance")),
                            elastic_record=parse_status(status.get("elastic")))
-    effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem)
+    effective, why = resolve_effective(partial.eplb, autotune.override, generation, partial.knobs_problem,
+                                       allow_disable=spec.autotune.allow_disable)
     if why is None and autotune.override is None and any(n.startswith("status.autotune.override") for n in autotune.notes):
         why = next(n for n in autotune.notes if n.startswith("status.autotune.override"))
     return MoEInference(**{**partial.__dict__, "effective": effective, "override_problem": why})

@@ -53,10 +53,10 @@ AMD_ONLY: tuple[str, ...] = ("mori", "mori_high_throughput", "mori_low_latency")
 VENDOR_DOMAINS = {"nvidia.com": "nvidia", "amd.com": "amd"}
 
 
-def gpu_vendor(resource_name: str) -> str | None:
+def gpu_vendor(resource_name: str | None) -> str | None:
     """``nvidia`` / ``amd`` from the GPU resource name's domain (``nvidia.com/gpu``, ``amd.com/gpu``,
-    ``nvidia.com/mig-1g.10gb``); None for another device plugin."""
-    return VENDOR_DOMAINS.get(resource_name.split("/", 1)[0])
+    ``nvidia.com/mig-1g.10gb``); None for another device plugin or none."""
+    return VENDOR_DOMAINS.get((resource_name or "").strip().lower().split("/", 1)[0])
 
 
 def backend_vendor(backend: str) -> str | None:
@@ -100,6 +100,75 @@ REDUNDANCY_AUTO_MIN_SINCE: Version = (0, 34, 0)
 BATCHED_DP_DEFAULT_TOKENS = 256
 #: The largest DeepEP low-latency buffer that works (above it the buffer registration fails).
 DEEPEP_LL_BUFFER_LIMIT = 32 * 2**30
+
+#: Shared-expert overlap under EPLB (``model_executor/layers/fused_moe/runner/shared_experts.py``,
+#: ``SharedExperts._disable_shared_experts_overlap``, the same rule in 0.32, 0.33 and 0.34): vLLM runs a
+#: model's shared experts overlapped with the routed experts' dispatch/combine (or on a side stream), but
+#: turns that overlap off when EPLB is enabled and the all2all backend is not one of these ("because of
+#: correctness issues"). Checked against each release's own code by
+#: tests/api/test_api_vllm_contract.py (the wheel, and through tests/test_vllm_sources.py 0.33's and
+#: 0.34's sources), release by release.
+EPLB_OVERLAP_SAFE: dict[Version, tuple[str, ...]] = {
+    (0, 32, 0): ("allgather_reducescatter", "deepep_v2", "flashinfer_nvlink_one_sided"),
+    (0, 33, 0): ("allgather_reducescatter", "deepep_v2", "flashinfer_nvlink_one_sided"),
+    (0, 34, 0): ("allgather_reducescatter", "deepep_v2", "flashinfer_nvlink_one_sided"),
+}
+#: Backends whose all2all kernels drop the overlap whatever EPLB does (the same property's
+#: ``use_fi_nvl_two_sided_kernels``: with data parallel > 1): turning EPLB on costs them no overlap.
+OVERLAP_DROPPED_WITHOUT_EPLB: dict[Version, tuple[str, ...]] = {
+    (0, 32, 0): ("flashinfer_all2allv", "flashinfer_nvlink_two_sided"),
+    (0, 33, 0): ("flashinfer_all2allv", "flashinfer_nvlink_two_sided"),
+    (0, 34, 0): ("flashinfer_all2allv", "flashinfer_nvlink_two_sided"),
+}
+#: Which GPUs an overlap-safe backend runs on (None: any): DeepEP (``deepep_v2``) is built on NVSHMEM for
+#: NVIDIA GPUs, FlashInfer's NVLink all2all needs NVIDIA NVLink (every EP rank in one NVLink domain: one
+#: node, or a multi-node NVLink system such as GB200 NVL72); ``allgather_reducescatter`` is plain
+#: collectives (NCCL or RCCL). On AMD GPUs that leaves ``allgather_reducescatter``.
+OVERLAP_SAFE_VENDOR: dict[str, str | None] = {
+    "allgather_reducescatter": None,
+    "deepep_v2": "nvidia",
+    "flashinfer_nvlink_one_sided": "nvidia",
+}
+#: The backends that need every EP rank in one NVLink domain.
+NVLINK_DOMAIN_BACKENDS = ("flashinfer_nvlink_one_sided",)
+#: GPU vendor by the extended resource the GPUs are requested as (``spec.engine.gpuResourceName``).
+
+
+def _rule(table: dict[Version, tuple[str, ...]], version: Version | None) -> tuple[str, ...]:
+    rel = vllm_cli.release_for(version) or min(table)
+    return table[max(v for v in table if v <= rel)]
+
+
+def eplb_overlap_safe(version: Version | None) -> tuple[str, ...]:
+    """The backends on which release ``version`` keeps the shared-expert overlap with EPLB on."""
+    return _rule(EPLB_OVERLAP_SAFE, version)
+
+
+def eplb_drops_shared_overlap(backend: str | None, version: Version | None, *, data_parallel: int = 2) -> bool:
+    """Whether turning EPLB on makes vLLM ``version`` run a model's shared experts without overlap on
+    ``backend`` (None: vLLM's default, ``allgather_reducescatter``): the backend is not EPLB-overlap-safe,
+    and it keeps the overlap without EPLB (the FlashInfer two-sided kernels drop it anyway once data
+    parallel > 1 uses all2all kernels). A version older than every release read is taken as the oldest."""
+    b = backend or ALL2ALL_DEFAULT
+    if b in _rule(EPLB_OVERLAP_SAFE, version):
+        return False
+    return not (data_parallel > 1 and b in _rule(OVERLAP_DROPPED_WITHOUT_EPLB, version))
+
+
+def overlap_safe_backends(version: Version | None, vendor: str | None, *, nodes: int = 1) -> list[tuple[str, str]]:
+    """The backends that keep the shared-expert overlap with EPLB on, that release ``version`` offers
+    and GPUs of ``vendor`` (None: any) run: ``(backend, condition)`` pairs, the condition empty or
+    what the backend needs beyond that (one NVLink domain across ``nodes`` > 1)."""
+    offered = vllm_cli.offered("all2all_backends", version) or ALL2ALL_BACKENDS
+    out = []
+    for b in _rule(EPLB_OVERLAP_SAFE, version):
+        need = OVERLAP_SAFE_VENDOR.get(b)
+        if b not in offered or (vendor is not None and need is not None and need != vendor):
+            continue
+        cond = "needs one NVLink domain across the nodes" if b in NVLINK_DOMAIN_BACKENDS and nodes > 1 else ""
+        out.append((b, cond))
+    return out
+
 
 #: How vLLM 0.34 reports a committed ``scale_down``: only a log line of each surviving engine core,
 #: ``[FT] Engine N scale_down complete: removed [..], cumulative dead_dp_ranks=[..]``. No metric or

@@ -89,6 +89,7 @@ def _check_all(path: str, defaults: Any) -> tuple[list[dict[str, Any]], bool]:
 
     Documents of other API groups are skipped (with a note on stderr).
     """
+    from moe_eplb.api.advice import advice
     from moe_eplb.api.problem import Problem
     from moe_eplb.api.validation import check_for_operator, override_problems
     from moe_eplb.render.objects import render_children
@@ -124,6 +125,8 @@ def _check_all(path: str, defaults: Any) -> tuple[list[dict[str, Any]], bool]:
             continue
         for note in override_problems(checked.inference):
             click.echo(f"{prefix}: note: {note.field}: {note.message}", err=True)
+        for warning in advice(checked.inference):  # what a valid resource may cost: never a refusal
+            click.echo(f"{prefix}: warning: {warning.field}: {warning.message}", err=True)
         children += rendered
     return children, ok
 
@@ -136,6 +139,8 @@ def register(main: click.Group) -> None:
         """Check MoEInference resources like the CRD and the operator do.
 
         Exit status 0 and 'valid' when every document is valid; 1 and the problems on stderr otherwise.
+        Warnings (e.g. EPLB on an all2all backend that drops the shared-expert overlap) go to stderr as
+        'warning:' lines and never change the exit status.
         A valid resource is one the operator renders: give the operator's --prometheus-url where a
         resource relies on it (KEDA autoscaling without spec.monitoring.prometheusUrl).
         """

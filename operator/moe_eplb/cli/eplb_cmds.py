@@ -6,6 +6,7 @@ of that area; ``register`` calls them all. Heavy imports stay inside the command
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -420,6 +421,25 @@ def _cost_options(fn):
     return fn
 
 
+def _worth_options(fn):
+    """``tune``'s options on whether EPLB is worth it: the shared-expert overlap it costs, EPLB off."""
+    fn = click.option("--no-off", "no_off", is_flag=True,
+                      help="Never recommend EPLB off (spec.eplb.enabled: false); rearrange-only stays a candidate.")(fn)
+    fn = click.option("--shared-expert-ratio", type=float, default=None,
+                      help="The shared experts' compute over the routed experts' per token (default: the model "
+                           "catalog's; DeepSeek-V3 0.125, 0 for models without shared experts).")(fn)
+    fn = click.option("--gpu-vendor", type=click.Choice(["nvidia", "amd"]), default=None,
+                      help="The GPUs (which overlap-safe backends the advice names; default: any).")(fn)
+    fn = click.option("--vllm-version", default=None, metavar="X.Y.Z",
+                      help="The engine's vLLM (its rule for the overlap; default: the newest release read).")(fn)
+    fn = click.option("--all2all-backend", default=None, metavar="NAME",
+                      help="The engine's --all2all-backend (default vLLM's, allgather_reducescatter): with EPLB on, "
+                           "most backends run the shared experts without overlap, which the tuner prices.")(fn)
+    fn = click.option("--model", default=None, metavar="NAME",
+                      help="Catalog model (Hugging Face id) for its shared experts; default: the trace's model.")(fn)
+    return fn
+
+
 def _add_simulate(main: click.Group) -> None:
     @main.command("simulate")
     @_topology_options
@@ -477,9 +497,11 @@ def _add_tune(main: click.Group) -> None:
     @click.option("--bounds", "bounds_text", default=None,
                   metavar="window=LO:HI,interval=LO:HI,redundant=LO:HI",
                   help="Search ranges, e.g. window=500:5000,interval=500:10000,redundant=0:32.")
-    @click.option("--current", "current_text", default=None, metavar="W,I,R",
-                  help="The running window,interval,redundant; changed only if the gain pays a restart.")
+    @click.option("--current", "current_text", default=None, metavar="W,I,R|off",
+                  help="The running window,interval,redundant (or off: EPLB runs off now); changed only if the "
+                       "gain pays a restart.")
     @_cost_options
+    @_worth_options
     @click.option("--min-gain", type=float, default=0.005, show_default=True,
                   help="Extra relative gain required before recommending a change.")
     @click.option("--workers", type=int, default=1, show_default=True,
@@ -502,7 +524,7 @@ def _add_tune(main: click.Group) -> None:
                   help="Write plots and summary.md to DIR.")
     def tune_cmd(trace_path, max_trace_bytes, ep_size, nodes, groups, memory_budget, bounds_text, current_text,
                  bytes_per_expert, sync_mode, min_gain, workers, no_calibrate, no_robust, min_steps, replicas, kv_target,
-                 as_json, report_dir) -> None:
+                 as_json, report_dir, **worth) -> None:
         """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
         Prints the recommendation (keep or change), every evaluated candidate ranked, and the
@@ -510,9 +532,11 @@ def _add_tune(main: click.Group) -> None:
         the cost model first (see `moe-eplb calibrate`; --no-calibrate keeps the constants), the
         decision then holds over the ranges of what the telemetry cannot pin down (--no-robust:
         the point estimate decides), and its recorded config is the current configuration unless
-        --current is given.
+        --current is given. EPLB off is a candidate like any setting (--no-off: never): with
+        --all2all-backend, the shared-expert overlap EPLB turns off there is priced, and the advice
+        says EPLB OFF or REARRANGE ONLY with its predicted gain and what would change the answer.
         """
-        from moe_eplb.cli.tune_args import parse_knobs, tune_options
+        from moe_eplb.cli.tune_args import overlap_context, parse_knobs, tune_options
         from moe_eplb.cli.tune_output import bad_parameter, print_calibration, print_tune, progress_bar
         from moe_eplb.eplb.replay.costmodel import CostModel
         from moe_eplb.eplb.replay.simulator import SimError
@@ -525,7 +549,12 @@ def _add_tune(main: click.Group) -> None:
             options = tune_options(ep_size=ep_size, nodes=nodes, groups=groups, memory_budget=memory_budget,
                                    bounds=bounds_text, bytes_per_expert=bytes_per_expert, min_gain=min_gain,
                                    workers=workers, min_steps=min_steps, replicas=replicas)
-            current = parse_knobs(current_text) if current_text else None
+            current_on = (current_text or "").strip().lower() != "off"
+            current = parse_knobs(current_text) if current_text and current_on else None
+            overlap = overlap_context(trace.model, model=worth["model"], backend=worth["all2all_backend"],
+                                      version_text=worth["vllm_version"], vendor=worth["gpu_vendor"],
+                                      shared_expert_ratio=worth["shared_expert_ratio"], nodes=nodes, ep_size=ep_size)
+            options = dataclasses.replace(options, overlap=overlap, allow_off=not worth["no_off"])
             cost = CostModel(use_async=not sync_mode)
             tel = trace.telemetry
             if current is None and tel is not None and tel.config is not None:
@@ -539,7 +568,8 @@ def _add_tune(main: click.Group) -> None:
                 calibration, cost = _calibrated(trace, cost, nodes, groups, bytes_per_expert, sync_mode)
             with progress_bar(not as_json and sys.stderr.isatty(), "tuning") as progress:
                 result = tune(trace, options, current=current, cost=cost, progress=progress,
-                              robust=calibration.robustness() if calibration is not None and not no_robust else None)
+                              robust=calibration.robustness() if calibration is not None and not no_robust else None,
+                              current_enabled=current_on)
             if options.min_steps < MIN_TUNE_STEPS:
                 notes.append(f"--min-steps {options.min_steps}: tuned on {trace.total_steps} engine steps, fewer than the "
                              f"{MIN_TUNE_STEPS} the operator requires; treat the recommendation as an experiment")

@@ -12,7 +12,7 @@ from moe_eplb.api.quantity import parse_bytes as _parse_quantity_bytes
 from moe_eplb.eplb.tuning.options import MIN_TUNE_STEPS, TuneOptions
 from moe_eplb.eplb.tuning.tuner import TuneError
 
-__all__ = ["parse_bounds", "parse_bytes", "parse_knobs", "tune_options"]
+__all__ = ["parse_bounds", "parse_bytes", "parse_knobs", "tune_options", "overlap_context"]
 
 
 def tune_options(*, ep_size: int, nodes: int, groups: int, memory_budget: str | None, bounds: str | None,
@@ -73,3 +73,26 @@ def parse_knobs(text: str) -> Knobs:
         return Knobs(w, i, r)
     except (ValueError, KnobsError) as exc:
         raise TuneError(f"current: {text!r}: {exc}") from None
+
+
+def overlap_context(trace_model: str | None, *, model: str | None, backend: str | None, version_text: str | None,
+                    vendor: str | None, shared_expert_ratio: float | None, nodes: int, ep_size: int):
+    """``tune``'s shared-expert overlap (:func:`moe_eplb.eplb.tuning.overlap.context_for`): the model
+    (``--model``, else the trace's), vLLM's rule for ``--all2all-backend`` in ``--vllm-version`` (default
+    the newest release read) and the overlap-safe backends GPUs of ``--gpu-vendor`` run. Bad text raises
+    :class:`TuneError` naming the flag."""
+    from moe_eplb.api import vllm_cli, wide_ep
+    from moe_eplb.api.versions import parse_version
+    from moe_eplb.eplb.tuning.overlap import context_for
+
+    version = parse_version(version_text) if version_text else vllm_cli.known()[-1]
+    if version is None:
+        raise TuneError(f"vllm_version: {version_text!r} is not a version like 0.34.0")
+    if backend is not None and backend not in wide_ep.ALL2ALL_SINCE:
+        raise TuneError(f"all2all_backend: {backend!r} is not one of vLLM's backends "
+                        f"({', '.join(wide_ep.ALL2ALL_BACKENDS)})")
+    if shared_expert_ratio is not None and not 0 <= shared_expert_ratio <= 4:
+        raise TuneError(f"shared_expert_ratio: must be within 0..4, got {shared_expert_ratio}")
+    resource = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(vendor or "")
+    return context_for(model or trace_model, backend, version, gpu_resource_name=resource, nodes=nodes,
+                       data_parallel=ep_size, shared_expert_ratio=shared_expert_ratio)

@@ -21,6 +21,9 @@ FLAG_OF = {
     "memory_budget": "--memory-budget",
     "bytes_per_expert": "--bytes-per-expert",
     "current": "--current",
+    "vllm_version": "--vllm-version",
+    "all2all_backend": "--all2all-backend",
+    "shared_expert_ratio": "--shared-expert-ratio",
     "topology": "--ep-size/--nodes/--groups",
     "step_seconds": "--trace",
     "rank_load": "--trace",
@@ -101,18 +104,21 @@ def print_tune(console, result, top: int = 10) -> None:
     base.add_row("no EPLB", "-", f"{d['baselines']['no_eplb']['score']:.4f}",
                  f"{no.throughput.relative:.4f}", f"{no.balancedness:.4f}")
     for label, c in (("vLLM defaults", result.defaults), ("current", result.current),
-                     ("recommended", result.chosen)):
+                     ("recommended", result.pick)):
         if c is not None:
             base.add_row(label, c.knobs.label, f"{c.score:.4f}", f"{c.mean:.4f}",
                          f"{c.result.balancedness:.4f}")
     console.print(base)
+    setting = ("EPLB off (spec.eplb.enabled: false)" if not result.enabled else
+               f"window_size={rec['window_size']} step_interval={rec['step_interval']} "
+               f"num_redundant_experts={rec['num_redundant_experts']}")
     console.print(
-        f"[bold]{rec['decision'].upper()}[/bold]: window_size={rec['window_size']} "
-        f"step_interval={rec['step_interval']} num_redundant_experts={rec['num_redundant_experts']}"
+        f"[bold]{rec['decision'].upper()}[/bold]: {setting}"
         f"  (gain vs no EPLB {_pct(rec['gain_vs_no_eplb'])}, vs vLLM defaults "
         f"{_pct(rec['gain_vs_vllm_defaults'])}, vs current {_pct(rec['gain_vs_current'])})"
     )
     console.print(f"Reason: {rec['reason']}")
+    print_advice(console, result, rec)
     mem = rec.get("memory")
     if mem is not None:
         lost = f"{mem['kv_tokens_lost']:.0f} KV tokens per GPU, " if mem.get("kv_tokens_lost") is not None else ""
@@ -126,6 +132,31 @@ def print_tune(console, result, top: int = 10) -> None:
         console.print(f"[bold]EXPLORE[/bold]: try {exp['candidate']} on one replica against the running setting: "
                       f"{exp['parameter']} decides (regret at stake {exp['regret_at_stake']:.2%}, trial cost "
                       f"{exp['trial_cost']:.2%}). {exp['reason']}")
+
+
+def print_advice(console, result, rec: dict) -> None:
+    """Is EPLB worth it: EPLB OFF or REARRANGE ONLY with the predicted gain, the overlap EPLB costs,
+    and what would change the answer."""
+    adv = rec.get("advice") or {}
+    if not result.enabled:
+        on = rec.get("eplb_on") or {}
+        vs_on = adv.get("off_vs_on")
+        console.print(f"[bold]EPLB OFF[/bold] ({rec['decision']}): set spec.eplb.enabled: false -- predicted gain "
+                      f"{_pct(rec.get('predicted_gain'))} over {rec.get('predicted_gain_vs') or '-'}, "
+                      f"{_pct(vs_on)} against the best EPLB-on setting {adv.get('best_on')} (where EPLB must "
+                      f"stay on: {on.get('decision', '-')} -- {on.get('reason', '')})")
+    elif result.mode == "rearrange_only":
+        console.print(f"[bold]REARRANGE ONLY[/bold]: EPLB on with {result.recommendation.num_redundant_experts} "
+                      f"redundant experts (the fewest vLLM accepts here) every {result.recommendation.step_interval} "
+                      f"steps -- predicted gain {_pct(rec.get('predicted_gain'))} over "
+                      f"{rec.get('predicted_gain_vs') or '-'}, {_pct(rec.get('gain_vs_no_eplb'))} over EPLB off")
+    if adv.get("overlap_dropped"):
+        rng = (f" (range {adv['overlap_loss_low']:.2%}-{adv['overlap_loss_high']:.2%})"
+               if adv.get("overlap_loss_high") is not None else "")
+        console.print(f"Cost of being on: {adv.get('backend') or 'this backend'} runs the shared experts without "
+                      f"overlap once EPLB is on: {adv['overlap_loss']:.2%} of every step{rng}")
+    for line in adv.get("what_would_change") or ():
+        console.print(f"What would change the answer: {line}")
 
 
 def print_robust(console, robust: dict) -> None:

@@ -60,6 +60,10 @@ ROLLBACKS = "moe_eplb_rollbacks_total"  # counter {namespace, name, reason}
 RECONCILES = "moe_eplb_reconciles_total"  # counter {result}
 CALIBRATION_VALUE = "moe_eplb_calibration_value"  # gauge {namespace, name, parameter, source}
 CALIBRATION_UNCERTAINTY = "moe_eplb_calibration_uncertainty"  # gauge {namespace, name, parameter}
+#: Jensen-Shannon divergence (bits) between the replicas' expert loads over the last evaluation's
+#: window (two or more replicas; moe_eplb.eplb.tuning.replicas.js_divergence); above the threshold
+#: the loop tunes each replica on its own load
+REPLICA_LOAD_DIVERGENCE = "moe_eplb_replica_load_divergence_bits"  # gauge {namespace, name}
 #: replica groups of a MoEInference: ``state`` desired (spec.replicas, the autoscaler's choice when
 #: spec.autoscaling is on) or ready (status.readyReplicas); set by the reconciler
 REPLICAS = "moe_eplb_replicas"  # gauge {namespace, name, state}

@@ -60,6 +60,7 @@ from moe_eplb.api.autotune_status import (
 )
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.api.spec import MoEInference, SpecError, parse
+from moe_eplb.api.validation import all2all_backend
 from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import decisions as dec
@@ -83,6 +84,8 @@ from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
 from moe_eplb.eplb.tuning.exploration import LearnedRange
 from moe_eplb.eplb.tuning.options import TuneOptions
+from moe_eplb.eplb.tuning.overlap import OverlapContext, context_for
+from moe_eplb.eplb.tuning.replicas import PerReplica, replay_score, tune_per_replica
 from moe_eplb.eplb.tuning.tuner import TuneResult, tune
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics import arms as arms_mod
@@ -90,6 +93,12 @@ from moe_eplb.render.engine_args import termination_grace_seconds
 from moe_eplb.render.experiment import control_settings, trial_settings
 
 log = logging.getLogger("moe_eplb.autotune")
+
+
+#: Why the loop does not tune while the tuner's EPLB off runs (docs/autotune.md, "EPLB off").
+EPLB_OFF_BY_TUNER = ("EPLB runs off by the tuner's choice (spec.autotune.allowDisable): without EPLB vLLM keeps no "
+                     "expert-load state, so the exporter counts nothing and the loop cannot tune; it stays off until "
+                     "spec.autotune.allowDisable is set false or spec.eplb is edited (EPLB then runs again)")
 
 
 class Reconciles(Protocol):
@@ -122,6 +131,7 @@ class _Gathered:
     answer: dec.TunerAnswer | None = None
     tuner_seconds: float | None = None
     baseline: Measurement | None = None
+    replicas: PerReplica | None = None  # the replicas' loads: their divergence, per-replica picks
 
 
 class AutotuneLoop:
@@ -368,10 +378,12 @@ class AutotuneLoop:
     async def evaluate(self, client: KubeClient, inf: MoEInference, now: float) -> str | None:
         """Read the load, tune, and let :func:`.decisions.evaluate` decide; write the evaluation."""
         if not inf.effective.enabled:
-            reason = "spec.eplb.enabled is false: nothing to tune (enable EPLB to tune it)"
+            off_by_tuner = inf.effective.source == "autotune"
+            reason = (EPLB_OFF_BY_TUNER if off_by_tuner else
+                      "spec.eplb.enabled is false: nothing to tune (enable EPLB to tune it)")
             ev = Evaluation(time=now, current=inf.effective.knobs, decision=dec.KEEP, reason=reason)
-            if await self._write(client, inf, inf.status.replace(last_evaluation=ev),
-                                 {"Tuned": ("False", "EplbDisabled", reason)}, now):
+            condition = ("True", "EplbOff", reason) if off_by_tuner else ("False", "EplbDisabled", reason)
+            if await self._write(client, inf, inf.status.replace(last_evaluation=ev), {"Tuned": condition}, now):
                 return f"evaluation:{dec.KEEP}"
             return "conflict"
         if inf.fault_tolerance.enabled:  # vLLM >= 0.34 stops EPLB after a scale_down: pause
@@ -429,10 +441,42 @@ class AutotuneLoop:
             except Exception as exc:  # TuneError or a bug in the search: no change, say why
                 got.tune_error = f"{type(exc).__name__}: {exc}"
             got.tuner_seconds = time.process_time() - t0
+        if got.result is not None and int(inf.replicas or 1) >= 2:
+            got.replicas = await self.per_replica(inf, start, now, pods, got.result)
         if got.answer is not None and cfg.mode == "Apply" and got.blocker is None:
             since = max(start, now - cfg.evaluation_interval_s)
             got.baseline = await self.load_observer.measure(inf, pods, since, now)
         return got
+
+    async def per_replica(self, inf: MoEInference, start: float, now: float, pods: list[dict],
+                          shared: TuneResult) -> PerReplica | None:
+        """The replicas' own loads over the evaluation's window: their Jensen-Shannon divergence (the
+        ``moe_eplb_replica_load_divergence_bits`` gauge) and, above :data:`DIVERGENCE_THRESHOLD`, each
+        replica tuned on its own load with the shared evaluation's cost model, scored against the shared
+        pick (:func:`moe_eplb.eplb.tuning.replicas.tune_per_replica`). None with fewer than two replicas
+        read, or when per-replica tuning fails (logged; the shared decision stands)."""
+        ns = inf.namespace or "default"
+        traces = await self.load_observer.read_replica_traces(inf, start, now, pods)
+        shapes = {t.load.shape[1:] for t in traces.values()}
+        if len(traces) < 2 or len(shapes) != 1:
+            opmetrics.record_divergence(ns, inf.name, None)
+            return None
+        search = replace(self.settings.search, min_steps=1)
+        par, shape = inf.parallelism, inf.moe_shape
+        topo = dict(ep_size=par.ep_size, num_nodes=max(1, int(par.nodes or 1)), num_groups=int(shape.num_expert_groups or 1))
+
+        def run() -> PerReplica:
+            return tune_per_replica(
+                traces, shared.recommendation,
+                tune=lambda tr: run_tuner(tr, inf, inf.effective.knobs, search, cost=shared.cost),
+                score=lambda tr, k: replay_score(tr, k, cost=shared.cost, segments=search.segments, **topo))
+        try:
+            per = await asyncio.to_thread(run)
+        except Exception as exc:  # noqa: BLE001 - per-replica advice must never stop an evaluation
+            log.warning("autotune %s/%s: per-replica tuning failed: %s: %s", ns, inf.name, type(exc).__name__, exc)
+            return None
+        opmetrics.record_divergence(ns, inf.name, per.divergence)
+        return per
 
     async def tune(self, trace: LoadTrace, inf: MoEInference, current: Knobs) -> tuple[TuneResult, Calibration | None]:
         """The tuner on the trace, with the cost model calibrated from its telemetry (in a thread:
@@ -462,7 +506,11 @@ class AutotuneLoop:
                                               ep_size=inf.parallelism.ep_size)
         ev = dataclasses.replace(out.status.last_evaluation, evaluated_by=self.actor,
                                  tuner_cpu_seconds=round(got.tuner_seconds, 3) if got.tuner_seconds is not None else None,
-                                 replica_costs=replica_costs)
+                                 replica_costs=replica_costs,
+                                 replicas=dec.replicas_record(got.replicas) if got.replicas is not None else None)
+        event = dec.replicas_event(got.replicas, inf.status.last_evaluation, cfg.min_gain)
+        if event is not None:
+            out.events.append(event)
         return out, ev
 
     # --- writing ---------------------------------------------------------------------------------
@@ -627,7 +675,7 @@ def calibrate_for(trace: LoadTrace, inf: MoEInference) -> Calibration | None:
     if trace.telemetry is None:
         return None
     try:
-        return calibrate(trace, cost=CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert),
+        return calibrate(trace, cost=overlap_context(inf).apply(CostModel(bytes_per_expert=inf.moe_shape.bytes_per_expert)),
                          num_nodes=max(1, int(inf.parallelism.nodes or 1)),
                          num_groups=int(inf.moe_shape.num_expert_groups or 1),
                          learned=learned_ranges(inf.status))
@@ -648,10 +696,21 @@ def run_calibrated_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs,
     return run_tuner(trace, inf, current, search, cost=cost, robust=robust), calibration
 
 
+def overlap_context(inf: MoEInference) -> OverlapContext:
+    """The resource's shared-expert overlap (:func:`moe_eplb.eplb.tuning.overlap.context_for`): its catalog
+    model, all2all backend (``spec.parallelism.all2allBackend`` or extraArgs), vLLM version and GPUs."""
+    found = all2all_backend(inf)
+    par = inf.parallelism
+    return context_for(inf.model.name, found[0] if found else None, inf.engine.version,
+                       gpu_resource_name=inf.engine.gpu_resource_name, nodes=max(1, int(par.nodes or 1)),
+                       data_parallel=int(par.data or 1))
+
+
 def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: TuneOptions, *,
               cost: CostModel = CostModel(), robust=None) -> TuneResult:
     """Run the tuner for a parsed MoEInference (CPU-bound; called in a thread): ``search`` (the
-    operator's ladders and rules) with the resource's deployment filled in."""
+    operator's ladders and rules) with the resource's deployment filled in. EPLB off is always a
+    candidate: :func:`.decisions.evaluate` applies it only with ``spec.autotune.allowDisable``."""
     shape, cfg = inf.moe_shape, inf.autotune
     options = replace(
         search,
@@ -663,7 +722,8 @@ def run_tuner(trace: LoadTrace, inf: MoEInference, current: Knobs, search: TuneO
         bounds=inf.tuner_bounds,  # the fault-tolerance floor is a hard lower end
         min_gain=cfg.min_gain,
         workers=1,
-        replicas=max(1, int(inf.replicas or 1)),  # a trial runs on one of them (TuneResult.explore)
+        replicas=inf.replica_groups,  # a trial runs on one of them (TuneResult.explore)
+        overlap=overlap_context(inf),
     )
     return tune(trace, options, current=current, cost=cost, robust=robust)
 

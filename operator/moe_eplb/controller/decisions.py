@@ -13,7 +13,8 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 ==========  =======================================================================
 ``Keep``    the tuner's best config is the current one, or its gain is below minGain
 ``Recommend``  Recommend mode: a better config exists; written to status, nothing changed
-``Apply``   Apply mode: a rollout to the recommended config started
+``Apply``   Apply mode: a rollout to the recommended config started (with
+            ``spec.autotune.allowDisable``, one that turns EPLB off where that is the pick)
 ``Experiment``  Apply mode with two or more replicas (``spec.autotune.experiments``): the change
             (or the tuner's exploration, ``TuneResult.explore``) runs on one replica first
             (:mod:`.experiment`)
@@ -49,6 +50,7 @@ from moe_eplb.controller import experiment as exp_mod
 from moe_eplb.controller.outcome import Conditions, Event, describe
 from moe_eplb.eplb.replay.capacity import KvCapacity, candidate_costs
 from moe_eplb.eplb.tuning.calibrate import Calibration
+from moe_eplb.eplb.tuning.replicas import PerReplica
 from moe_eplb.eplb.tuning.tuner import TuneResult
 
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
@@ -181,6 +183,13 @@ class TunerAnswer:
     restart_charge: float = 0.0  # a restart's share of the throughput over the tuner's horizon
     explore: Knobs | None = None  # the tuner's case for a trial although it would not switch
     explore_reason: str | None = None
+    #: the tuner's pick is EPLB off (``TuneResult.enabled`` False): why, and its predicted gain over the
+    #: running settings; the fields above are then the best EPLB-on setting's (its own verdict)
+    disable: bool = False
+    disable_reason: str | None = None
+    disable_gain: float | None = None
+    #: ``lastEvaluation.eplbAdvice`` (camelCase): is EPLB worth it, and what would change the answer
+    advice: dict | None = None
 
     @classmethod
     def of(cls, result: TuneResult) -> TunerAnswer:
@@ -190,9 +199,37 @@ class TunerAnswer:
         cost = result.cost
         charge = float(cost.restart_s / cost.horizon_s) if cost.horizon_s else 0.0
         ex = result.explore
+        # (a TuneResult built without its defaults, as a test double may be, has no advice: EPLB on)
+        advice = advice_record(result) if getattr(result, "advice", None) is not None else None
+        if not getattr(result, "enabled", True):  # EPLB off is the pick; the rest is the best EPLB-on setting's verdict
+            cur = result.current
+            on_gain = result.chosen.score / cur.score - 1.0 if cur is not None and cur.score > 0 else None
+            return cls(result.recommendation, result.on_decision == "change", result.on_reason or "", on_gain,
+                       breakdown, restart_charge=charge, disable=True, disable_reason=result.reason,
+                       disable_gain=gain, advice=advice)
         return cls(result.recommendation, result.decision == "change", result.reason, gain, breakdown,
                    restart_charge=charge, explore=ex.candidate if ex is not None else None,
-                   explore_reason=ex.reason if ex is not None else None)
+                   explore_reason=ex.reason if ex is not None else None, advice=advice)
+
+
+def advice_record(result: TuneResult) -> dict:
+    """``lastEvaluation.eplbAdvice``: the tuner's advice (:func:`moe_eplb.eplb.tuning.overlap.advise`)
+    with camelCase keys, numbers rounded to 6 significant digits."""
+    def sig(v):
+        return float(f"{v:.6g}") if isinstance(v, float) else v
+
+    a = result.advice or {}
+    out = {"enabled": result.enabled, "mode": result.mode}
+    for key, camel_key in (("off_vs_on", "offVsOn"), ("best_on", "bestOn"), ("overlap_loss", "overlapLoss"),
+                           ("overlap_loss_low", "overlapLossLow"), ("overlap_loss_high", "overlapLossHigh"),
+                           ("overlap_dropped", "overlapDropped"), ("shared_expert_ratio", "sharedExpertRatio"),
+                           ("backend", "backend"), ("break_even_hidden", "breakEvenHidden")):
+        if a.get(key) is not None:
+            out[camel_key] = sig(a[key])
+    if a.get("overlap_kept"):
+        out["overlapKept"] = {"setting": a["overlap_kept"]["setting"], "gainVsPick": sig(a["overlap_kept"]["gain_vs_pick"])}
+    out["whatWouldChange"] = list(a.get("what_would_change") or ())
+    return out
 
 
 def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers: int | None,
@@ -208,6 +245,40 @@ def replica_costs(result: TuneResult, cap: KvCapacity | None, *, num_moe_layers:
                              c.replicas)
                  for c in candidate_costs(result, cap, num_moe_layers=num_moe_layers,
                                           bytes_per_expert=bytes_per_expert, ep_size=ep_size, limit=limit))
+
+
+def replicas_record(per: PerReplica) -> dict:
+    """``lastEvaluation.replicas`` (camelCase): the replicas' load divergence and, above the threshold,
+    each replica's own pick with its predicted gain over the shared setting on its own load."""
+    def sig(v: float) -> float:
+        return float(f"{v:.6g}")
+
+    out = {"divergenceBits": sig(per.divergence), "thresholdBits": per.threshold, "tuned": per.tuned}
+    if per.tuned:
+        out["gainVsShared"] = sig(per.gain)
+        out["groups"] = {k: list(v) for k, v in per.groups.items()}
+        out["perReplica"] = [{"replica": p.replica, "windowSize": p.knobs.window_size,
+                              "stepInterval": p.knobs.step_interval,
+                              "numRedundantExperts": p.knobs.num_redundant_experts, "enabled": p.enabled,
+                              "gainVsShared": sig(p.gain_vs_shared)} for p in per.picks]
+    return out
+
+
+def replicas_event(per: PerReplica | None, previous: Evaluation | None, min_gain: float) -> Event | None:
+    """A ``PerReplicaSettings`` Event when per-replica settings are predicted to beat the shared one by
+    ``minGain`` and the groups differ from the last evaluation's (said once, not every evaluation).
+    A recommendation: the operator renders one pod template for every replica (docs/autotune.md)."""
+    if per is None or not per.tuned or per.gain < min_gain:
+        return None
+    before = (previous.replicas or {}).get("groups") if previous is not None else None
+    groups = {k: list(v) for k, v in per.groups.items()}
+    if before == groups:
+        return None
+    text = "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items())
+    return ("Normal", "PerReplicaSettings",
+            f"the replicas' expert loads diverge ({per.divergence:.3f} bits > {per.threshold} bits): their own settings "
+            f"are predicted {per.gain:+.2%} over the shared {per.shared.label} ({text}); a recommendation, the "
+            "operator runs one pod template for every replica")
 
 
 def calibration_record(cal: Calibration) -> CalibrationRecord:
@@ -332,9 +403,89 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
     out.predicted_gain = gain
     ev = Evaluation(**{**ev.__dict__, "recommended": target, "predicted_gain": gain,
                        "gain_breakdown": answer.breakdown, "tuner_decision": "change" if answer.wants_change else "keep",
-                       "tuner_reason": answer.reason})
+                       "tuner_reason": answer.reason, "eplb_advice": answer.advice})
     out.status = state.replace(recommendation=Recommendation(target.window_size, target.step_interval,
                                                             target.num_redundant_experts, gain, now))
+    if answer.disable:
+        if cfg.mode == "Apply" and cfg.allow_disable:
+            _judge_off(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
+                       answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
+                       scaling=scaling, objective_before=objective_before)
+            return Evaluation(**{**ev.__dict__, "tuner_decision": "disable", "tuner_reason": answer.disable_reason,
+                                 "predicted_gain": answer.disable_gain})
+        _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
+                  answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
+                  scaling=scaling, replicas=replicas, objective_before=objective_before)
+        _recommend_off(cfg, state, out, answer, now)
+        return ev
+    _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb, answer=answer,
+              workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash, scaling=scaling,
+              replicas=replicas, objective_before=objective_before)
+    return ev
+
+
+def _recommend_off(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, answer: TunerAnswer, now: float) -> None:
+    """The tuner's pick is EPLB off, but Apply may not turn it off (Recommend mode, or
+    ``spec.autotune.allowDisable`` false): a recommendation in status (``recommendation.enabled:
+    false``) and a ``RecommendEplbOff`` Event when it is new; the best EPLB-on setting was judged as
+    usual (:func:`_judge_on`)."""
+    why = ("mode Recommend" if cfg.mode != "Apply" else
+           "spec.autotune.allowDisable is false: set it true to let Apply turn EPLB off, or set spec.eplb.enabled: false")
+    note = f"EPLB off predicted {_pct(answer.disable_gain)} better ({answer.disable_reason}); not applied: {why}"
+    rec = out.status.recommendation
+    out.status = out.status.replace(recommendation=Recommendation(
+        rec.window_size, rec.step_interval, rec.num_redundant_experts, answer.disable_gain, now, enabled=False))
+    if state.recommendation is None or state.recommendation.enabled is not False:
+        out.events.append(("Normal", "RecommendEplbOff", note))
+    if out.decision == KEEP and cfg.mode == "Recommend":
+        out.decision, out.reason = RECOMMEND, note
+        out.conditions["Tuned"] = ("True", "Recommended", note)
+    else:
+        out.reason = f"{out.reason}; {note}"
+        status, reason, message = out.conditions.get("Tuned", ("True", "Kept", ""))
+        out.conditions["Tuned"] = (status, reason, f"{message}; {note}")
+
+
+def _judge_off(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
+               current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
+               baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None,
+               objective_before: dict | None) -> None:
+    """Apply mode with ``spec.autotune.allowDisable``: turn EPLB off through the safe rollout (the same
+    blockers, restart budget and judge; never as an experiment: a trial arm runs EPLB settings)."""
+    gain = answer.disable_gain
+    out.predicted_gain = gain
+    rec = out.status.recommendation
+    out.status = out.status.replace(recommendation=Recommendation(
+        rec.window_size, rec.step_interval, rec.num_redundant_experts, gain, now, enabled=False))
+    blocker = scaling_blocker(scaling, now, cfg.observe_s) or change_blocker(cfg, state, now,
+                                                                             workload_blocker=workload_blocker)
+    if blocker is not None:
+        out.decision = DEFER
+        out.reason = f"EPLB off predicted {_pct(gain)} better, deferred: {blocker}"
+        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        return
+    out.decision = APPLY
+    out.reason = (f"turning EPLB off (was {describe(current)}): predicted {_pct(gain)} better "
+                  f"({answer.disable_reason})")
+    out.conditions["Tuned"] = ("True", "Applying", out.reason)
+    out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
+    out.started_rollout = True
+    rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=spec_eplb,
+                      previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
+                      from_hash=from_hash, baseline=baseline, predicted_gain=gain,
+                      replicas=scaling.desired if scaling is not None else None,
+                      objective_before=objective_before, to_enabled=False)
+    out.status = out.status.replace(
+        override=Override.disabled(spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
+        last_change_time=now, restarts=state.recent_restarts(now) + (now,))
+
+
+def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
+              current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
+              baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None,
+              replicas: int, objective_before: dict | None) -> None:
+    """Keep, Recommend, Defer, Experiment or Apply the best EPLB-on setting."""
+    target, gain = answer.recommendation, answer.gain
     wants_change = target != current and (gain is None or gain >= cfg.min_gain) and answer.wants_change
     explore = not wants_change and answer.explore is not None and answer.explore != current \
         and cfg.mode == "Apply" and exp_mod.possible(cfg, replicas)
@@ -377,7 +528,6 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.status = out.status.replace(
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))
-    return ev
 
 
 def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
@@ -425,4 +575,4 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "EXPERIMENT", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
            "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
-           "calibration_record"]
+           "calibration_record", "advice_record", "replicas_record", "replicas_event"]

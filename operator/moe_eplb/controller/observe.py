@@ -78,8 +78,27 @@ class LoadObserver:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def read_replica_traces(self, inf: MoEInference, start: float, end: float,
+                                  pods: list[dict]) -> dict[str, LoadTrace]:
+        """Each replica's own load (a pod, or a LeaderWorkerSet group: :func:`moe_eplb.metrics.measure.
+        engine_of_pod`) over the same window as :meth:`read_load`: one read per replica, restricted to its
+        pods (from the pods directly: the rounds :meth:`read_load` just scraped). A replica whose read
+        fails (a pod just joined) is left out."""
+        groups: dict[str, set[str]] = {}
+        for p in pods:
+            meta = p.get("metadata") or {}
+            if not meta.get("deletionTimestamp") and meta.get("name"):
+                groups.setdefault(measure_mod.engine_of_pod(p), set()).add(meta["name"])
+        out = {}
+        for replica, names in sorted(groups.items()):
+            try:
+                out[replica], _ = await self.read_load(inf, start, end, pods, only_pods=frozenset(names))
+            except LoadUnavailable as exc:
+                log.info("autotune %s/%s: the load of replica %s: %s", inf.namespace, inf.name, replica, exc)
+        return out
+
     async def read_load(self, inf: MoEInference, start: float, end: float,
-                        pods: list[dict]) -> tuple[LoadTrace, DataWindow]:
+                        pods: list[dict], *, only_pods: frozenset[str] | None = None) -> tuple[LoadTrace, DataWindow]:
         """The load of the last ``end - start`` clock seconds (:func:`moe_eplb.metrics.reader.read_load_trace`):
         from Prometheus when a URL is known, in buckets of ``settings.bucket_seconds`` clock seconds; else from
         the rounds :meth:`collect` scraped on earlier ticks plus one now. The trace's
@@ -90,7 +109,7 @@ class LoadObserver:
                       bucket_seconds=max(rt.bucket_seconds / scale, rt.min_wall_bucket_seconds),
                       num_layers=shape.num_moe_layers, num_experts=shape.num_experts,
                       pods_per_engine=max(1, int(inf.parallelism.nodes or 1)), timeout=rt.http_timeout,
-                      budget=rt.prometheus_budget_seconds)
+                      budget=rt.prometheus_budget_seconds, only_pods=only_pods)
         try:
             if url:
                 trace = await asyncio.to_thread(reader.read_load_trace, prometheus_url=url, now=rt.clock.to_wall(end),

@@ -52,6 +52,7 @@ class _Metrics:
     autoscaler_min: Any
     autoscaler_max: Any
     autoscaler_target: Any
+    divergence: Any
 
 
 def no_created_series() -> None:
@@ -94,6 +95,9 @@ def metrics() -> _Metrics:
         autoscaler_target=Gauge(metric_names.AUTOSCALER_TARGET,
                                 "Target of the autoscaler's metric (waiting requests per replica group, KV-cache "
                                 "usage 0..1 or TTFT seconds)", ["namespace", "name", "metric"]),
+        divergence=Gauge(metric_names.REPLICA_LOAD_DIVERGENCE,
+                         "Jensen-Shannon divergence (bits) between the replicas' expert loads of the last evaluation",
+                         ["namespace", "name"]),
     )
 
 
@@ -114,6 +118,14 @@ def record_evaluation(namespace: str, name: str, *, decision: str, predicted_gai
 
 def record_rollback(namespace: str, name: str, reason: str) -> None:
     metrics().rollbacks.labels(namespace=namespace, name=name, reason=reason).inc()
+
+
+def record_divergence(namespace: str, name: str, bits: float | None) -> None:
+    """Set (None: remove, fewer than two replicas read) the replicas' load divergence gauge."""
+    if bits is None:
+        _remove(metrics().divergence, namespace, name)
+    else:
+        metrics().divergence.labels(namespace=namespace, name=name).set(bits)
 
 
 def record_calibration(namespace: str, name: str, record: Any) -> None:

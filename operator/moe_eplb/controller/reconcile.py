@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_eplb.api.advice import advice
 from moe_eplb.api.spec import OperatorDefaults, status_eplb
 from moe_eplb.api.validation import check_for_operator
 from moe_eplb.contracts.k8s_names import (
@@ -300,6 +301,9 @@ class Reconciler:
                               f"{verb} " + ", ".join(outcome.patched))
         if outcome.deleted:
             await self._event(resource, "Normal", "Pruned", "deleted " + ", ".join(outcome.deleted))
+        if not drift:  # a generation's first reconcile: what it may cost, once (moe-eplb validate's warnings)
+            for warning in advice(inf):
+                await self._event(resource, "Warning", "Advice", f"{warning.field}: {warning.message}")
 
         eplb_status = status_eplb(inf.effective)
         ep_size = inf.parallelism.ep_size

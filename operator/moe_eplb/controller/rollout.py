@@ -79,6 +79,11 @@ class WorkloadView:
     replicas: int | None = None
 
 
+def _target(ro: Rollout) -> str:
+    """What the rollout changes to, in words (a change that turns EPLB off says so)."""
+    return "EPLB off" if ro.to_enabled is False else describe(ro.to_knobs)
+
+
 def rollout_timeout_s(cfg: AutotuneSpec, *, stop_seconds: float = 0.0, replicas: int = 1, max_surge: int = 1,
                       max_unavailable: int = 0) -> float:
     """How long the new pods may take to become ready before the change is rolled back: the
@@ -103,7 +108,7 @@ def superseded_reason(ro: Rollout, view: WorkloadView) -> str | None:
         if ro.spec_eplb != view.spec_eplb:
             return f"spec.eplb changed ({describe(ro.spec_eplb)} -> {describe(view.spec_eplb)})"
         if view.target_invalid and ro.kind == "apply":
-            return f"{describe(ro.to_knobs)} is no longer valid for the spec ({view.target_invalid})"
+            return f"{_target(ro)} is no longer valid for the spec ({view.target_invalid})"
         return None
     if ro.spec_generation is not None and int(view.generation) != int(ro.spec_generation):
         return f"spec changed (generation {ro.spec_generation} -> {view.generation})"
@@ -142,7 +147,7 @@ def _finish(step: Step, ro: Rollout, now: float, action: str, reason: str, **sta
     """End the rollout: a history entry, no rollout record (plus ``status_changes``)."""
     entry = HistoryEntry(time=now, action=action, from_knobs=ro.from_knobs, to_knobs=ro.to_knobs, reason=reason,
                          predicted_gain=ro.predicted_gain, baseline=ro.baseline, measured=ro.measured,
-                         started_at=ro.started_at)
+                         started_at=ro.started_at, to_enabled=ro.to_enabled)
     step.status = step.status.with_history(entry).replace(rollout=None, **status_changes)
     step.changed = True
 
@@ -169,7 +174,7 @@ def _start_rollback(step: Step, ro: Rollout, view: WorkloadView, now: float, lab
 def _crash_loop_rollback(step: Step, ro: Rollout, view: WorkloadView, now: float) -> None:
     """The one crash-loop rule of Rolling and Observing: roll back and mark Degraded."""
     _start_rollback(step, ro, view, now, "crashloop",
-                    f"pods crash-looping after applying {describe(ro.to_knobs)}: "
+                    f"pods crash-looping after applying {_target(ro)}: "
                     f"{', '.join(sorted(view.crashlooping)[:5])}; restoring {describe(ro.from_knobs)}",
                     degraded=True)
 
@@ -183,13 +188,13 @@ def _rolling(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, now
                                                                       to_hash=view.template_hash))
         step.changed = True
         step.events.append(("Normal", "TunedPodsReady",
-                            f"pods with {describe(ro.to_knobs)} are ready; observing for {cfg.observe_s:.0f}s"))
-        step.conditions["Tuned"] = ("True", "Observing", f"pods with {describe(ro.to_knobs)} are ready; "
+                            f"pods with {_target(ro)} are ready; observing for {cfg.observe_s:.0f}s"))
+        step.conditions["Tuned"] = ("True", "Observing", f"pods with {_target(ro)} are ready; "
                                     f"observing for {cfg.observe_s:.0f}s")
     elif now - (ro.started_at if ro.started_at is not None else now) > timeout_s:
         started = ro.started_at if ro.started_at is not None else now
         _start_rollback(step, ro, view, now, "timeout",
-                        f"pods with {describe(ro.to_knobs)} not ready after {now - started:.0f}s; "
+                        f"pods with {_target(ro)} not ready after {now - started:.0f}s; "
                         f"restoring {describe(ro.from_knobs)}", degraded=False)
 
 
@@ -221,12 +226,12 @@ def _observing(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadView, n
     got = float(measured.balancedness)
     if base is not None and got < float(base) * (1.0 - cfg.rollback_tolerance):
         _start_rollback(step, ro, view, now, "regression",
-                        f"measured balancedness {got:.3f} after applying {describe(ro.to_knobs)} is worse than "
+                        f"measured balancedness {got:.3f} after applying {_target(ro)} is worse than "
                         f"{float(base):.3f} before by more than rollbackTolerance {cfg.rollback_tolerance:.0%}; "
                         f"restoring {describe(ro.from_knobs)}", degraded=False)
         return
     vs = f" (was {float(base):.3f})" if base is not None else ""
-    msg = f"kept {describe(ro.to_knobs)}: measured balancedness {got:.3f}{vs}"
+    msg = f"kept {_target(ro)}: measured balancedness {got:.3f}{vs}"
     _finish(step, ro, now, "Kept", msg, degraded=None)
     step.events.append(("Normal", "TunedSettingsKept", msg))
     step.conditions["Tuned"] = ("True", "Kept", msg)
@@ -273,18 +278,18 @@ def _judge_objective(step: Step, cfg: AutotuneSpec, ro: Rollout, view: WorkloadV
         got += f", inconclusive after {observed_s:.0f}s{few}: decided on the estimate"
     if (hi < -tol) if conclusive else (est < -tol):
         _start_rollback(step, ro, view, now, "regression",
-                        f"the objective after applying {describe(ro.to_knobs)} is {got}: worse by more than "
+                        f"the objective after applying {_target(ro)} is {got}: worse by more than "
                         f"rollbackTolerance {tol:.0%}{bal}; restoring {describe(ro.from_knobs)}",
                         degraded=False)
         return
-    msg = f"kept {describe(ro.to_knobs)}: the objective {got}{bal}"
+    msg = f"kept {_target(ro)}: the objective {got}{bal}"
     _finish(step, ro, now, "Kept", msg, degraded=None)
     step.events.append(("Normal", "TunedSettingsKept", msg))
     step.conditions["Tuned"] = ("True", "Kept", msg)
 
 
 def _keep_unmeasured(step: Step, ro: Rollout, now: float, why: str) -> None:
-    msg = f"kept {describe(ro.to_knobs)} without a measurement ({why}); the tuner's prediction stands"
+    msg = f"kept {_target(ro)} without a measurement ({why}); the tuner's prediction stands"
     _finish(step, dataclasses.replace(ro, judged_at=now), now, "Kept", msg)
     step.events.append(("Normal", "TunedSettingsKept", msg))
     step.conditions["Tuned"] = ("True", "KeptUnmeasured", msg)

@@ -331,8 +331,13 @@ def read_load_trace(
     max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
     max_samples_per_answer: int = MAX_SAMPLES_PER_ANSWER,
     at_edges: bool = True,
+    only_pods: frozenset[str] | None = None,
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
+
+    ``only_pods``: the load of these pods alone (one replica, or one LeaderWorkerSet group: the
+    per-replica reads of :meth:`moe_eplb.controller.observe.LoadObserver.read_replica_traces`); from the
+    pods directly, the rounds already scraped are read (no new scrape).
 
     T = ``window_seconds // bucket_seconds`` buckets ending at the last multiple of
     ``bucket_seconds`` before ``now``, from Prometheus with ``prometheus_url`` (or ``client``).
@@ -365,11 +370,15 @@ def read_load_trace(
         now = time.time() if now is None else now
         grid = grid_for(now, window_seconds, bucket_seconds)
         sel = selector(namespace, name, model)
+        any_model = selector(namespace, name)
+        if only_pods is not None:
+            sel, any_model = with_matcher(sel, pod_matcher(only_pods)), with_matcher(any_model, pod_matcher(only_pods))
+
         def read(metric: str, sel: str = sel) -> list[Series]:
             return with_baselines(client, f"{metric}{sel}", grid[0], grid[-1], max_samples=max_samples_per_answer)
 
         def read_any_model(metric: str) -> list[Series]:  # series without a model_name label
-            return read(metric, selector(namespace, name))
+            return read(metric, any_model)
 
         starts = read(metric_names.EXPORTER_START_TIME)
         steps = read(metric_names.ENGINE_STEPS)
@@ -393,10 +402,16 @@ def read_load_trace(
     if scraper is None:
         raise LoadReadError(INSUFFICIENT_DATA, "no spec.monitoring.prometheusUrl and no pod scraper; "
                             "set a Prometheus URL or keep a PodScraper per MoEInference")
-    targets = targets_from_pods(pods or [], name)
-    scraper.scrape(targets)
+    if only_pods is None:
+        scraper.scrape(targets_from_pods(pods or [], name))
+    if not scraper.rounds:
+        raise LoadReadError(INSUFFICIENT_DATA, f"no scrape of the pods yet{what}")
     grid = grid_for(scraper.rounds[-1].time, window_seconds, bucket_seconds)
-    return trace_from_scraped_rounds(scraper.since(grid[0]), grid, pods_per_engine=pods_per_engine,
+    rounds = scraper.since(grid[0])
+    if only_pods is not None:
+        rounds = [Round(r.time, {p: v for p, v in r.pods.items() if p in only_pods},
+                        {p: v for p, v in r.labels.items() if p in only_pods}) for r in rounds]
+    return trace_from_scraped_rounds(rounds, grid, pods_per_engine=pods_per_engine,
                                      num_layers=num_layers, num_experts=num_experts, model=model, what=what,
                                      max_interpolated_fraction=max_interpolated_fraction)
 

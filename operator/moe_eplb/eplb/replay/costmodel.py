@@ -33,6 +33,17 @@ never rearranges and that spends no memory on redundant experts. Three factors m
    h_b(1)) / (1 - s h_b(c))``: 1 without redundancy, below 1 as soon as the redundant experts eat
    into the prefix cache -- long before any preemption.
 
+4. **Shared-expert overlap** (EPLB on only). vLLM runs a model's shared experts overlapped with the
+   routed experts' dispatch and combine, but turns that overlap off with EPLB on most all2all
+   backends (:func:`moe_eplb.api.wide_ep.eplb_drops_shared_overlap`). Where it does
+   (``overlap_dropped``), every EPLB-on step takes ``overlap_loss = f * shared_expert_ratio *
+   overlap_hidden`` of the balanced step time more: the shared experts' compute (``shared_expert_ratio``
+   of the routed experts', from the model catalog: DeepSeek-V3 1/8) that the overlap used to hide
+   (``overlap_hidden``, the share hidden: how much of it ran under the all2all's communication; 0.5 a
+   prior, the range 0-1, measured from EPLB-on against EPLB-off step times where they exist:
+   :mod:`moe_eplb.eplb.tuning.overlap`). A bucket of ``n`` steps then takes ``n * s0 * ((1 - f) + f *
+   x + overlap_loss)``; without EPLB (vLLM's static placement) no such term.
+
 Default parameters and where they come from (numbers from ``shared/notes/vllm-eplb.md``):
 
 - ``moe_time_share = 0.35``: the value that makes this model reproduce SGLang's reported 1.49x
@@ -72,6 +83,10 @@ KNOWN_BYTES_PER_EXPERT = {
 }
 
 GIB = 1024**3
+#: ``overlap_hidden`` where nothing measured it: the overlap may have hidden none to all of the shared
+#: experts' time (how much ran under the all2all's communication depends on the batch, the EP size and
+#: the network); the point estimate is the middle.
+OVERLAP_HIDDEN_PRIOR = (0.0, 1.0)
 #: The memory model's fields (used only when ``kv_demand`` is set).
 MEMORY_FIELDS = ("kv_demand", "kv_full_usage", "kv_batch_elasticity", "prefix_hit_max", "prefix_working_set",
                  "prefix_prefill_share", "kv_bytes_per_token")
@@ -99,6 +114,10 @@ class CostModel:
     prefix_working_set: float = 0.5
     prefix_prefill_share: float = 0.0
     kv_bytes_per_token: float | None = None
+    # the shared-expert overlap EPLB on loses (module docstring, factor 4)
+    shared_expert_ratio: float = 0.0
+    overlap_dropped: bool = False
+    overlap_hidden: float = 0.5
 
     def __post_init__(self) -> None:
         checks = {
@@ -118,6 +137,8 @@ class CostModel:
             "prefix_working_set": self.prefix_working_set > 0,
             "prefix_prefill_share": 0 <= self.prefix_prefill_share < 1,
             "kv_bytes_per_token": self.kv_bytes_per_token is None or self.kv_bytes_per_token > 0,
+            "shared_expert_ratio": 0 <= self.shared_expert_ratio <= 4,
+            "overlap_hidden": 0 <= self.overlap_hidden <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -136,7 +157,16 @@ class CostModel:
             out["kv_demand"] = list(self.kv_demand)
         return out
 
-    # --- the three factors -------------------------------------------------------------------
+    # --- the factors ---------------------------------------------------------------------------
+
+    @property
+    def overlap_loss(self) -> float:
+        """Share of the balanced step time every EPLB-on step adds because vLLM no longer overlaps the
+        shared experts: ``moe_time_share * shared_expert_ratio * overlap_hidden`` where the backend
+        drops the overlap (``overlap_dropped``), else 0."""
+        if not self.overlap_dropped:
+            return 0.0
+        return self.moe_time_share * self.shared_expert_ratio * self.overlap_hidden
 
     def resolve_bytes_per_expert(self, num_layers: int, num_experts: int) -> float | None:
         """Bytes per expert per MoE layer: the given value, else the known shape's, else None."""

@@ -131,6 +131,8 @@ class Throughput:
     overhead_seconds: float
     redundant_bytes_per_gpu: float
     memory_penalty_known: bool
+    overlap_factor: float = 1.0
+    overlap_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -143,6 +145,8 @@ class Throughput:
             "overhead_seconds": self.overhead_seconds,
             "redundant_bytes_per_gpu": self.redundant_bytes_per_gpu,
             "memory_penalty_known": self.memory_penalty_known,
+            "overlap_factor": self.overlap_factor,
+            "overlap_seconds": self.overlap_seconds,
         }
 
 
@@ -538,6 +542,7 @@ class Replay:
         ideal = self.steps * self.s0
         f = cost.moe_time_share
         compute = ideal * ((1.0 - f) + f * ratio)
+        overlap = ideal * cost.overlap_loss if mode == "eplb" else np.zeros(self.T)
         overhead = np.zeros(self.T)
         if len(ks):
             b = np.clip(np.searchsorted(self.S, ks, side="right") - 1, 0, self.T - 1)
@@ -547,10 +552,13 @@ class Replay:
         red_bytes = cost.redundant_bytes_per_gpu(self.L_full, self.E, num_redundant, self.G)
         kv = cost.kv_factor(red_bytes)
         ideal_s, compute_s, overhead_s = float(ideal.sum()), float(compute.sum()), float(overhead.sum())
+        overlap_s = float(overlap.sum())
         imb = ideal_s / compute_s if compute_s > 0 else 1.0
-        ovf = compute_s / (compute_s + overhead_s) if compute_s + overhead_s > 0 else 1.0
+        olf = compute_s / (compute_s + overlap_s) if compute_s + overlap_s > 0 else 1.0
+        busy = compute_s + overlap_s
+        ovf = busy / (busy + overhead_s) if busy + overhead_s > 0 else 1.0
         thr = Throughput(
-            relative=imb * ovf * kv,
+            relative=imb * olf * ovf * kv,
             imbalance_factor=imb,
             overhead_factor=ovf,
             kv_factor=kv,
@@ -560,6 +568,8 @@ class Replay:
             redundant_bytes_per_gpu=red_bytes,
             memory_penalty_known=num_redundant == 0
             or cost.resolve_bytes_per_expert(self.L_full, self.E) is not None,
+            overlap_factor=olf,
+            overlap_seconds=overlap_s,
         )
         return SimResult(
             mode=mode,
@@ -574,7 +584,7 @@ class Replay:
             moved_per_rearrangement=np.asarray(moved, dtype=np.int64),
             throughput=thr,
             bucket_ideal_s=ideal,
-            bucket_time_s=compute + overhead,
+            bucket_time_s=compute + overlap + overhead,
         )
 
     def run(self, knobs: Knobs) -> SimResult:

@@ -42,6 +42,7 @@ class ArmObservation:
     balancedness: float | None = None  # served balancedness (mean over EP ranks / max)
     prefix_hit_rate: float | None = None
     kv_cache_usage: float | None = None
+    eplb: bool = True  # False: the arm (or period) ran with EPLB off (no expert load counted: balancedness None)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,12 @@ where the arms say more -- and :func:`moe_eplb.eplb.tuning.calibrate.calibrate` 
     (K -> infinity), so it is solved for K by bisection, with ``q`` +/- 2 standard errors
     (:data:`HIT_CV` relative per pod-bucket) giving the range.
 
+``overlap_hidden`` -- from an EPLB-on and an EPLB-off arm (or period): the ratio of their step times,
+    with the MoE share over its range and the off side's imbalance from a replay of vLLM's static
+    placement (the exporter counts no load with EPLB off), solved for the share of the shared experts'
+    time the overlap hid (:func:`moe_eplb.eplb.tuning.overlap.hidden_range`). The MoE share is then not
+    learned from the same arms (their step times differ by the overlap as well).
+
 Nothing is made up: a parameter is narrowed only when its range from the arms is at most
 :data:`INFORMATIVE` of the prior's width; arms that cannot tell (equal balancedness or cache
 sizes, incomparable batches, a missing measurement, a denominator that may vanish) give no range.
@@ -152,14 +158,25 @@ def _narrowed(name: str, got: tuple[float, float] | None, calibration: Calibrati
 
 def learn(calibration: Calibration, cost: CostModel, trial: ArmObservation, control: ArmObservation, *,
           source: str, bytes_per_redundant_expert: float | None = None, step_cv: float = STEP_CV,
-          hit_cv: float = HIT_CV) -> list[LearnedRange]:
+          hit_cv: float = HIT_CV, off_balancedness: float | None = None) -> list[LearnedRange]:
     """The parameter ranges an experiment narrows (see the module docstring): the MoE share from the
     arms' step times and served balancedness; the prefix working set from their hit rates at two KV
     cache sizes (``bytes_per_redundant_expert``: bytes per GPU one redundant expert takes,
     ``num_moe_layers x bytes_per_expert / ep_size``; without it, arms of different redundancy have
     caches of unknown size and the working set is not learned). Each is narrowed against the
     calibration's range of it (``calibration.ranges``); ``source`` names the experiment. Returns []
-    when the observations cannot tell (never a made-up range)."""
+    when the observations cannot tell (never a made-up range). An EPLB-off arm (``eplb`` False)
+    against an EPLB-on one teaches ``overlap_hidden`` instead of the MoE share (``off_balancedness``:
+    vLLM's static placement replayed on the same traffic, where the off arm measured none)."""
+    if trial.eplb != control.eplb:
+        from moe_eplb.eplb.tuning.overlap import hidden_range
+
+        on, off = (trial, control) if trial.eplb else (control, trial)
+        share = calibration.ranges.get("moe_time_share")
+        got = None if share is None else hidden_range(on, off, (share.low, share.high), cost.shared_expert_ratio,
+                                                       off_balancedness=off_balancedness, step_cv=step_cv,
+                                                       bucket_seconds=BUCKET_SECONDS, tokens_tolerance=TOKENS_TOLERANCE)
+        return _narrowed("overlap_hidden", got, calibration, source)
     out = _narrowed("moe_time_share", share_range(trial, control, step_cv=step_cv), calibration, source)
     same_r = trial.knobs.num_redundant_experts == control.knobs.num_redundant_experts
     if "prefix_working_set" in calibration.ranges and (bytes_per_redundant_expert is not None or same_r):

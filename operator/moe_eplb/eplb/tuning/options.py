@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_eplb.api.knobs import Bounds
+from moe_eplb.eplb.tuning.overlap import OverlapContext
 
 #: Least data to tune on: engine steps in the trace (the autotune loop's ``InsufficientData``
 #: threshold too) and buckets (a single bucket has no time structure to judge "consistently" by).
@@ -58,6 +59,12 @@ class TuneOptions:
     """Inclusive ranges the search stays in: ``window`` and ``interval`` in engine steps,
     ``redundant`` in experts (each ``(low, high)``, an end None = open)."""
 
+    overlap: OverlapContext | None = None
+    """The deployment's shared-expert overlap (:class:`~moe_eplb.eplb.tuning.overlap.OverlapContext`:
+    the model's shared experts, the all2all backend, the vLLM release): its loss while EPLB runs is
+    priced in the cost model (:meth:`~moe_eplb.eplb.tuning.overlap.OverlapContext.apply`) and its
+    overlap-safe backends are named in ``TuneResult.advice``. None: no overlap is lost."""
+
     replicas: int = 1
     """Replicas (or replica groups) sharing the traffic, >= 1: a trial runs on one of them, so its
     risk is ``1 / replicas`` of the traffic (``tuner.trial_cost``)."""
@@ -76,6 +83,13 @@ class TuneOptions:
     tie_tolerance: float = 1e-3
     """Scores (relative throughput, 1.0 = balanced, free, no redundancy) closer than this are ties,
     broken by the full-history mean."""
+
+    allow_off: bool = True
+    """EPLB off (vLLM's static placement) is a candidate like any setting: where it wins (the
+    predicted gain of every EPLB-on setting does not pay for the shared-expert overlap loss and the
+    rearrangements), ``TuneResult.enabled`` is False, ``decision``/``reason`` are about turning EPLB
+    off and ``recommendation`` is the best EPLB-on setting (what to run where EPLB must stay on; its
+    own verdict in ``on_decision``/``on_reason``). False: only EPLB-on settings are searched."""
 
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     """Seconds a trial on one replica runs: its exposure to the candidate's worst case."""

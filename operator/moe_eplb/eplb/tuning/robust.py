@@ -11,7 +11,10 @@ narrowed by an experiment (:mod:`moe_eplb.eplb.tuning.learn`) has ``source`` :da
 
 Re-scoring needs no new replay: a candidate's predicted throughput per time segment is
 
-    seg = ideal / (ideal (1 - f) + f * ideal_x_imbalance + overhead(cost)) * memory_factor(cost, R)
+    seg = ideal / (ideal (1 - f) + f * ideal_x_imbalance + ideal * overlap_loss(cost) + overhead(cost))
+          * memory_factor(cost, R)
+
+(the overlap loss only for an EPLB-on replay: :attr:`~moe_eplb.eplb.replay.costmodel.CostModel.overlap_loss`)
 
 so each replay is reduced once to per-segment sums (:func:`terms_of`) and every scenario is a few
 array operations (:func:`scenario_segments`). Pure: numbers in, numbers out.
@@ -46,6 +49,8 @@ TIGHTEN = {
                           "or at a second cache size",
     "prefix_hit_max": "vLLM's prefix-cache counters (vllm:prefix_cache_queries / _hits) and cache_config_info",
     "prefix_prefill_share": "step_seconds against prefix_cache_queries (the time a prompt token costs)",
+    "overlap_hidden": "EPLB-on against EPLB-off step times at comparable batches: two periods (before and after "
+                      "spec.eplb.enabled changed) or two arms",
 }
 
 #: ``Range.source`` of a range narrowed by an experiment's arms (:func:`moe_eplb.eplb.tuning.learn.learn`).
@@ -56,6 +61,7 @@ TIGHTEN_BY_TRIAL = {
     "moe_time_share": "the MoE share from the two arms' step times against their served balancedness",
     "prefix_working_set": "the prefix cache's working set from the arms' hit rates at two KV cache sizes",
     "prefix_hit_max": "the prefix cache's reach from the arms' hit rates at two KV cache sizes",
+    "overlap_hidden": "the shared-expert overlap EPLB costs, from an EPLB-off arm's step time against an EPLB-on one",
 }
 
 
@@ -116,6 +122,7 @@ class Terms:
     count: np.ndarray
     moved: np.ndarray
     redundant_bytes: float
+    eplb: bool = True  # an EPLB-on replay (pays the shared-expert overlap loss); False: vLLM without EPLB
 
 
 def terms_of(result, bucket_steps: np.ndarray, edges: np.ndarray) -> Terms:
@@ -135,7 +142,8 @@ def terms_of(result, bucket_steps: np.ndarray, edges: np.ndarray) -> Terms:
         np.add.at(moved, b, np.asarray(result.moved_per_rearrangement, np.float64))
     starts = np.asarray(edges[:-1], np.intp)
     seg = lambda a: np.add.reduceat(a, starts)  # noqa: E731
-    return Terms(seg(ideal), seg(ideal * ratio), seg(count), seg(moved), float(result.throughput.redundant_bytes_per_gpu))
+    return Terms(seg(ideal), seg(ideal * ratio), seg(count), seg(moved), float(result.throughput.redundant_bytes_per_gpu),
+                 eplb=result.mode == "eplb")
 
 
 def scenario_segments(terms: Terms, cost: CostModel, ep_size: int, num_layers: int, num_experts: int,
@@ -145,6 +153,8 @@ def scenario_segments(terms: Terms, cost: CostModel, ep_size: int, num_layers: i
     f = cost.moe_time_share
     over = cost.overhead_seconds(terms.count, terms.moved, ep_size, num_layers, num_experts)
     time = terms.ideal * (1.0 - f) + f * terms.ideal_x + over
+    if terms.eplb and cost.overlap_dropped:
+        time = time + terms.ideal * cost.overlap_loss
     key = (id(cost), terms.redundant_bytes)
     if memo is not None and key in memo:
         kv = memo[key]

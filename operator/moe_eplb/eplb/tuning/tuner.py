@@ -68,6 +68,7 @@ from moe_eplb.eplb.tuning.options import (
     MIN_TUNE_STEPS,
     TuneOptions,
 )
+from moe_eplb.eplb.tuning.overlap import EPLB_OFF, EplbOff, advise
 from moe_eplb.eplb.tuning.robust import EXPERIMENT, TIGHTEN_BY_TRIAL, Robustness, ScenarioScores, max_regret
 from moe_eplb.eplb.workload.trace import LoadTrace
 
@@ -85,6 +86,7 @@ __all__ = [
     "DEFAULT_INTERVALS",
     "DEFAULT_TRIAL_SECONDS",
     "MIN_TUNE_STEPS",
+    "EPLB_OFF",
 ]
 
 MAX_REDUNDANT = vllm_facts.MAX_REDUNDANT_EXPERTS
@@ -94,11 +96,13 @@ class TuneError(ValueError):
     """Constraints or inputs the tuner cannot satisfy; the message names which one and why."""
 
 
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One evaluated configuration: its replay and its scores."""
 
-    knobs: Knobs
+    knobs: Knobs | EplbOff
     result: SimResult
     segment_throughput: np.ndarray
     score: float  # drift-robust (CVaR-50 over segments)
@@ -107,6 +111,7 @@ class Candidate:
     def to_dict(self, rank: int | None = None, *, series: bool = False) -> dict:
         out = {
             **self.knobs.to_dict(),
+            "enabled": self.knobs is not EPLB_OFF,
             "score": self.score,
             "predicted_throughput": self.mean,
             "balancedness": self.result.balancedness,
@@ -145,15 +150,39 @@ class TuneResult:
     stats: dict = field(default_factory=dict)
     robust: dict | None = None  # the robust decision's report (_robust_decide), when ranges were given
     explore: Exploration | None = None  # a case for a trial on part of the replicas (eplb.tuning.exploration)
+    #: False: the pick is EPLB off (``spec.eplb.enabled: false``); ``recommendation`` and ``chosen``
+    #: are then the best EPLB-on setting (what to run where EPLB may not be turned off), ``decision`` /
+    #: ``reason`` the verdict on turning it off, ``on_decision`` / ``on_reason`` the one with EPLB on
+    enabled: bool = True
+    off: Candidate | None = None  # EPLB off, replayed (when the search considered it)
+    on_decision: str | None = None
+    on_reason: str | None = None
+    #: is EPLB worth it: the mode (off, rearrange_only, balance), by how much, what would change it
+    advice: dict = field(default_factory=dict)
+    #: vLLM's fewest redundant experts for the shape and EP size (``(ep - E % ep) % ep``)
+    redundancy_floor: int = 0
+
+    @property
+    def mode(self) -> str:
+        """``off`` (EPLB off), ``rearrange_only`` (EPLB on with the fewest redundant experts vLLM
+        accepts: it only reshuffles experts) or ``balance`` (EPLB on with redundant experts)."""
+        if not self.enabled:
+            return "off"
+        return "rearrange_only" if self.recommendation.num_redundant_experts <= self.redundancy_floor else "balance"
+
+    @property
+    def pick(self) -> Candidate:
+        """The recommended candidate: EPLB off's where it is the pick, else ``chosen``."""
+        return self.off if not self.enabled and self.off is not None else self.chosen
 
     def gain_over(self, other: Candidate | None) -> float | None:
         if other is None or other.score <= 0:
             return None
-        return self.chosen.score / other.score - 1.0
+        return self.pick.score / other.score - 1.0
 
     def gain_over_no_eplb(self) -> float | None:
         no_score = float(_cvar(self.no_eplb_segments))
-        return self.chosen.score / no_score - 1.0 if no_score > 0 else None
+        return self.pick.score / no_score - 1.0 if no_score > 0 else None
 
     def headline_gain(self) -> tuple[float | None, str | None]:
         """The predicted gain over the running configuration, else over vLLM's defaults, else
@@ -168,20 +197,27 @@ class TuneResult:
     def to_dict(self, *, series: bool = False) -> dict:
         ch = self.chosen
         no_score = float(_cvar(self.no_eplb_segments))
+        pk = self.pick
         rec = {
             **self.recommendation.to_dict(),
+            "enabled": self.enabled,
+            "mode": self.mode,
             "decision": self.decision,
             "reason": self.reason,
-            "predicted_throughput": ch.mean,
-            "score": ch.score,
-            "balancedness": ch.result.balancedness,
+            "predicted_throughput": pk.mean,
+            "score": pk.score,
+            "balancedness": pk.result.balancedness,
             "gain_vs_no_eplb": self.gain_over_no_eplb(),
             "gain_vs_vllm_defaults": self.gain_over(self.defaults),
             "gain_vs_current": self.gain_over(self.current),
             "change_threshold": self.threshold,
         }
         rec["predicted_gain"], rec["predicted_gain_vs"] = self.headline_gain()
-        rec["breakdown"] = ch.result.throughput.to_dict()
+        rec["breakdown"] = pk.result.throughput.to_dict()
+        if not self.enabled:
+            rec["eplb_on"] = {"decision": self.on_decision, "reason": self.on_reason, "score": ch.score,
+                              "predicted_throughput": ch.mean}
+        rec["advice"] = self.advice
         if self.robust is not None:
             for key in ("max_regret", "worst_case_gain_vs_current", "limiting_parameter"):
                 rec[key] = self.robust.get(key)
@@ -200,6 +236,7 @@ class TuneResult:
             },
             "vllm_defaults": self.defaults.to_dict() if self.defaults else None,
             "current": self.current.to_dict() if self.current else None,
+            "eplb_off": self.off.to_dict() if self.off else None,
         }
         out = {
             "recommendation": rec,
@@ -331,6 +368,8 @@ class _Search:
     stride: int = 1
     workers: int = 1
     robust: Robustness | None = None
+    allow_off: bool = False  # EPLB off is an option of the decision (``tune(allow_off=...)``)
+    off: Candidate | None = None  # EPLB off replayed (when an option, or what runs now)
 
     def scenario_scores(self) -> ScenarioScores:
         """A fresh scorer of candidates under the robust search's scenarios."""
@@ -342,17 +381,22 @@ class _Search:
         """vLLM's defaults, the seed's settings and the running ones (the prior)."""
         return [k for k in (VLLM_DEFAULTS, SEED_CONFIG, self.current) if k is not None]
 
-    def allowed(self, k: Knobs) -> bool:
-        return k.num_redundant_experts in self.r_valid and self.bounds.allows(k)
+    def allowed(self, k: Knobs | EplbOff) -> bool:
+        """Whether ``k`` is a searched EPLB-on setting (valid redundancy, within the bounds)."""
+        return k is not EPLB_OFF and k.num_redundant_experts in self.r_valid and self.bounds.allows(k)
 
-    def runnable(self, k: Knobs) -> bool:
+    def runnable(self, k: Knobs | EplbOff) -> bool:
+        if k is EPLB_OFF:
+            return True
         try:
             self.topology.check(self.trace.num_experts, k.num_redundant_experts)
             return True
         except SimError:
             return False
 
-    def candidate(self, k: Knobs) -> Candidate | None:
+    def candidate(self, k: Knobs | EplbOff) -> Candidate | None:
+        if k is EPLB_OFF:
+            return self.off
         return self.exact.get(k) or self.extra.get(k)
 
 
@@ -430,7 +474,11 @@ def _evaluate(search: _Search, full: Replay, screen_layers: int | None, finalist
     rank_key = _rank_key(tie_tolerance)
     L = search.trace.num_layers
     extra_runs = [k for k in (VLLM_DEFAULTS, search.current)
-                  if k is not None and k not in search.grid and search.runnable(k)]
+                  if k is not None and k is not EPLB_OFF and k not in search.grid and search.runnable(k)]
+    if search.allow_off or search.current is EPLB_OFF:  # vLLM without EPLB: one dense replay
+        res = full.run_static()
+        seg = res.segment_throughput(search.edges)
+        search.off = Candidate(EPLB_OFF, res, seg, _cvar(seg), res.throughput.relative)
     stride = max(1, math.ceil(L / screen_layers)) if screen_layers else 1
     screen = stride > 1 and len(search.grid) > finalists
     search.stride = stride if screen else 1
@@ -489,6 +537,22 @@ def _pick(search: _Search, prior_margin: float) -> tuple[Candidate, str]:
     return anchor, note
 
 
+def _pick_off(search: _Search, pick: Candidate, note: str, prior_margin: float) -> tuple[Candidate, str]:
+    """Phase 3 for EPLB off (point estimate): off replaces the pick when it is an option and beats the
+    pick as a searched configuration must beat a known one -- consistently, by more than
+    ``prior_margin`` per time segment (:func:`_gain_lower_bound`)."""
+    off = search.off
+    if not search.allow_off or off is None or pick.knobs is EPLB_OFF or off.score <= pick.score:
+        return pick, note
+    lower = _gain_lower_bound(off, pick)
+    if lower <= prior_margin:
+        return pick, note + (f"; EPLB off scores {off.score:.4f} but does not beat {pick.knobs.label} "
+                             f"consistently ({lower:+.2%} per segment, mean - 1 s.e.)")
+    return off, (f"EPLB off: its drift-robust score ({off.score:.4f}) beats {pick.knobs.label} ({pick.score:.4f}), "
+                 f"the best EPLB-on setting, consistently: paired per-segment gain {lower:+.2%} (mean - 1 s.e.) "
+                 f"> {prior_margin:.2%}")
+
+
 def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
             min_gain: float) -> tuple[str, Candidate, str, Candidate | None]:
     """Phase 4: keep the running configuration unless the pick beats it by more than the
@@ -529,6 +593,8 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
     current = search.current
     cur = search.candidate(current) if current is not None and search.runnable(current) else None
     options = [c for k, c in search.exact.items() if search.allowed(k) or (cur is not None and k == current)]
+    if search.off is not None and (search.allow_off or current is EPLB_OFF):
+        options.append(search.off)
     keys = [c.knobs for c in options]
     for c in options:
         ss.score(c.knobs, c.result)
@@ -557,7 +623,9 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
     if name is not None and search.robust.ranges[name].source == EXPERIMENT:
         reason += f"; the range of {name} was learned from an experiment ({search.robust.ranges[name].note})"
     explore = None
-    if decision == "keep" and cur is not None:
+    if EPLB_OFF in (current, chosen.knobs):
+        pass  # a trial runs EPLB settings on one replica against the others: not EPLB off
+    elif decision == "keep" and cur is not None:
         explore = _explore(search, options, keys, M, keys.index(current), replicas, trial_seconds)
     elif cur is not None and name is not None and search.robust.ranges[name].source == "prior":
         explore = _explore_change(search, keys, M, reg, keys.index(chosen.knobs), keys.index(current), name,
@@ -643,7 +711,7 @@ def _explore(search: _Search, options: list[Candidate], keys: list[Knobs], M: np
     stake = (ratio * (1.0 - restart)).max(axis=1) - 1.0
     worst_loss = -(ratio.min(axis=1) - 1.0)
     tc = np.array([trial_cost(restart, float(w), replicas, trial_seconds, cost.horizon_s) for w in worst_loss])
-    order = [i for i in np.argsort(-(stake - tc)) if i != i_cur and stake[i] > tc[i]]
+    order = [i for i in np.argsort(-(stake - tc)) if i != i_cur and stake[i] > tc[i] and keys[i] is not EPLB_OFF]
     cur = options[i_cur]
     for i in order[:3]:
         lim = _limiting(search, cur, options[i])
@@ -714,6 +782,7 @@ def tune(
     cost: CostModel = CostModel(),
     robust: Robustness | None = None,
     progress=None,
+    current_enabled: bool = True,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -737,6 +806,8 @@ def tune(
             trial pays (:func:`_explore`). None: the point estimate ``cost`` decides (:func:`_pick`,
             :func:`_decide`).
         progress: ``progress(done, total)`` callback, called as policy batches and replays finish.
+        current_enabled: False when EPLB runs off now (``current``'s knobs then do not run; the trace
+            came from an observe-only period); turning it on is then the change a restart must pay.
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -746,25 +817,65 @@ def tune(
     o = options
     if not isinstance(o, TuneOptions):
         raise TuneError(f"options: expected TuneOptions, got {type(o).__name__}")
+    if o.overlap is not None:
+        cost = o.overlap.apply(cost)
     topology, cost = _prepare(trace, o.ep_size, o.num_nodes, o.num_groups, o.memory_budget_bytes, o.bytes_per_expert,
                               cost, o.min_steps)
     search = _new_search(trace, topology, cost, o.bounds, current, o.memory_budget_bytes, o.max_redundancy_levels,
                          o.segments, progress, o.workers, robust)
+    search.allow_off = o.allow_off
+    if not current_enabled:
+        search.current = EPLB_OFF
     _build_grid(search, o.windows, o.intervals)
     full = _replay(search, 1)
     _evaluate(search, full, o.screen_layers, o.finalists, o.tie_tolerance)
     t_policy = time.perf_counter() - t0
     threshold = cost.change_threshold(o.min_gain)
-    robust_report, explore = None, None
-    if search.robust is not None:
-        decision, chosen, reason, cur, robust_report, explore = _robust_decide(
-            search, o.prior_margin, o.min_gain, threshold, o.tie_tolerance, o.replicas, o.trial_seconds)
-    else:
-        pick, pick_note = _pick(search, o.prior_margin)
-        decision, chosen, reason, cur = _decide(search, pick, pick_note, threshold, o.min_gain)
-    result = _result(search, full, decision, chosen, reason, cur, threshold, robust_report, t0, t_policy)
+    args = (o.prior_margin, o.min_gain, threshold, o.tie_tolerance, o.replicas, o.trial_seconds)
+    decision, chosen, reason, cur, robust_report, explore = _decide_any(search, *args)
+    on = None
+    if chosen.knobs is EPLB_OFF:  # and where EPLB must stay on: the same decision without the off option
+        on = _decide_any(search, *args, on_only=True)
+    result = _result(search, full, decision, chosen if on is None else on[1], reason, cur, threshold,
+                     robust_report, t0, t_policy)
     result.explore = explore
+    if on is not None:
+        result.enabled, result.on_decision, result.on_reason = False, on[0], on[2]
+    exact = list(search.exact.values())
+    scen = search.robust.scenarios(cost) if search.robust is not None else None  # [0]: the ranges' point
+    result.advice = advise(pick=result.pick, chosen_on=result.chosen, off=search.off, exact=exact,
+                           cost=scen[0].cost if scen else cost,
+                           bucket_steps=trace.bucket_steps, edges=search.edges,
+                           shape=(topology.ep_size, trace.num_layers, trace.num_experts), context=o.overlap,
+                           redundancy_floor=result.redundancy_floor,
+                           hidden_range_=_range_of(search.robust, "overlap_hidden"),
+                           scenario_costs=[sc.cost for sc in scen] if scen else None)
     return result
+
+
+def _range_of(robust: Robustness | None, name: str) -> tuple[float, float] | None:
+    r = robust.ranges.get(name) if robust is not None else None
+    return (r.low, r.high) if r is not None else None
+
+
+def _decide_any(search: _Search, prior_margin: float, min_gain: float, threshold: float, tie_tolerance: float,
+                replicas: int, trial_seconds: float, *, on_only: bool = False):
+    """Phases 3-4 by the robust rule or the point estimate: ``(decision, chosen, reason, current's
+    candidate, robust report or None, exploration or None)``. ``on_only``: without the EPLB-off option
+    (where EPLB runs off now: as if nothing ran, so the best EPLB-on setting is a change)."""
+    saved = search.allow_off, search.current
+    if on_only:
+        search.allow_off = False
+        if search.current is EPLB_OFF:
+            search.current = None
+    try:
+        if search.robust is not None:
+            return _robust_decide(search, prior_margin, min_gain, threshold, tie_tolerance, replicas, trial_seconds)
+        pick, pick_note = _pick(search, prior_margin)
+        pick, pick_note = _pick_off(search, pick, pick_note, prior_margin)
+        return (*_decide(search, pick, pick_note, threshold, min_gain), None, None)
+    finally:
+        search.allow_off, search.current = saved
 
 
 def _new_search(trace: LoadTrace, topology: Topology, cost: CostModel, bounds: Bounds, current: Knobs | None,
@@ -787,7 +898,7 @@ def _result(search: _Search, full: Replay, decision: str, chosen: Candidate, rea
             threshold: float, robust_report, t0: float, t_policy: float) -> TuneResult:
     """Phase 4: the result, with vLLM without EPLB replayed as the floor."""
     topology, cost = search.topology, search.cost
-    no_eplb = full.run_static()
+    no_eplb = search.off.result if search.off is not None else full.run_static()
     return TuneResult(
         recommendation=chosen.knobs,
         decision=decision,
@@ -809,4 +920,6 @@ def _result(search: _Search, full: Replay, decision: str, chosen: Candidate, rea
                "redundancy_levels": search.r_levels, "screen_layer_stride": search.stride,
                "finalists": len(search.exact) - len(search.extra) if search.stride > 1 else len(search.candidates)},
         robust=robust_report,
+        off=search.off,
+        redundancy_floor=vllm_facts.smallest_valid_redundant(search.trace.num_experts, topology.ep_size),
     )

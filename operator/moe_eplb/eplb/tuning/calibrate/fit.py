@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from moe_eplb.eplb.replay.costmodel import CostModel
+from moe_eplb.eplb.replay.costmodel import OVERLAP_HIDDEN_PRIOR, CostModel
 from moe_eplb.eplb.tuning.calibrate.memory import (
     KV_BATCH_ELASTICITY_PRIOR,
     KV_FULL_USAGE_PRIOR,
@@ -325,6 +325,10 @@ def _ranges(params: dict[str, Parameter], mode_async: bool, memory: MemoryFit | 
         measured_or("async_s_per_moved_byte", 0.25 * v, 4.0 * v)
     else:
         measured_or("sync_stall_s", 0.3, 2.0)
+    if cost.overlap_dropped and cost.shared_expert_ratio > 0:  # nothing in an EPLB-on trace pins it
+        add("overlap_hidden", cost.overlap_hidden, *OVERLAP_HIDDEN_PRIOR, "prior",
+            "share of the shared experts' time the overlap hid: an EPLB-on trace cannot tell it from the "
+            "balanced step time; EPLB-on against EPLB-off step times measure it")
     if memory is None:
         measured_or("kv_throughput_elasticity", 0.0, 1.0, 0.0, 1.0)
         return out

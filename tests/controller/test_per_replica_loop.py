@@ -1,0 +1,66 @@
+"""The autotune loop's per-replica step on real parts: the load observer reads each replica's own load
+from its scrape rounds (the reader's direct path, the operator's own scraper), the loop measures their
+divergence (the operator's gauge) and, above the threshold, tunes each replica on its own load against
+the shared pick (AutotuneLoop.per_replica; no cluster: the rounds stand for two engine pods' /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+
+import numpy as np
+import yaml
+from prometheus_client import REGISTRY
+
+from moe_eplb.api.spec import parse
+from moe_eplb.controller.autotune import AutotuneLoop, run_tuner
+from moe_eplb.controller.autotune_settings import AutotuneSettings
+from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb.metrics.scrape import PodSample, Round
+from tests.example_manifests import EXAMPLES
+
+T, STEPS, B = 40, 250, 15.0
+
+
+def _rounds(loads: dict[str, np.ndarray], t0: float) -> list[Round]:
+    rounds = []
+    for t in range(T + 1):
+        pods = {}
+        for name, load in loads.items():
+            done = load[:t].sum(axis=0)
+            tokens = {(layer, e): float(done[layer, e]) for layer in range(load.shape[1]) for e in range(load.shape[2])}
+            pods[name] = PodSample(start_time={"m": 0.0}, steps={"m": float(STEPS * t)}, tokens={"m": tokens})
+        rounds.append(Round(time=t0 + B * t, pods=pods))
+    return rounds
+
+
+def test_per_replica_reads_each_replicas_load_and_tunes_it_on_its_own():
+    doc = copy.deepcopy(yaml.safe_load((EXAMPLES / "qwen3-30b-a3b-autotune.yaml").read_text()))
+    doc["spec"]["replicas"] = 2
+    doc["metadata"]["namespace"] = "per-replica"
+    doc["spec"]["monitoring"] = {}  # no Prometheus: the operator's own scrapes of the pods
+    inf = parse(doc)
+    L, E = inf.moe_shape.num_moe_layers, inf.moe_shape.num_experts
+    rng = np.random.default_rng(1)
+    hot = rng.dirichlet(np.full(E, 0.08), size=L)  # a tenant on few experts
+    even = np.full((L, E), 1.0 / E)  # broad traffic
+    tokens = STEPS * 64 * 8
+    loads = {"p0": rng.poisson(hot[None] * tokens, (T, L, E)).astype(float),
+             "p1": rng.poisson(even[None] * tokens, (T, L, E)).astype(float)}
+    loop = AutotuneLoop(host=None, settings=AutotuneSettings())
+    t0 = 1_800_000_000.0
+    loop.load_observer.direct(inf).scraper.rounds = _rounds(loads, t0)
+    pods = [{"metadata": {"name": n}} for n in loads]
+    end = t0 + B * T
+    pooled = LoadTrace(load=(loads["p0"] + loads["p1"]) / 2, bucket_steps=np.full(T, STEPS), bucket_seconds=B, top_k=8)
+    shared = run_tuner(pooled, inf, inf.effective.knobs, dataclasses.replace(loop.settings.search, min_steps=1))
+    per = asyncio.run(loop.per_replica(inf, end - B * T, end, pods, shared))
+    assert per is not None and per.divergence > per.threshold and per.tuned
+    assert {p.replica for p in per.picks} == {"p0", "p1"} and per.gain >= 0.0
+    labels = {"namespace": "per-replica", "name": inf.name}
+    assert REGISTRY.get_sample_value("moe_eplb_replica_load_divergence_bits", labels) == per.divergence
+    # one replica only: no divergence, and the gauge is removed
+    loop.load_observer.direct(inf).scraper.rounds = _rounds({"p0": loads["p0"]}, t0)
+    assert asyncio.run(loop.per_replica(inf, end - B * T, end, pods[:1], shared)) is None
+    assert REGISTRY.get_sample_value("moe_eplb_replica_load_divergence_bits", labels) is None
