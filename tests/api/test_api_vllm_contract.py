@@ -362,7 +362,7 @@ def test_every_example_engine_command_parses_in_vllm(serve_parser, name, index, 
     after ``$(VAR)`` expansion), with the EPLB settings and parallelism the resource asks for."""
     inf = parse(doc)
     if inf.engine.version is not None and inf.engine.version[:2] > WHEEL[:2]:
-        pytest.skip(f"{name} asks for vLLM {inf.engine.version}, newer than {vllm.__version__} (tests/launch_logic runs it there)")
+        pytest.skip(f"{name} asks for vLLM {'.'.join(map(str, inf.engine.version))}, newer than {vllm.__version__} (tests/launch_logic runs it there)")
     argvs = _engine_argvs(doc)
     assert argvs and len(argvs) == (1 if inf.parallelism.nodes == 1 else 2)
     for role, args in argvs:
