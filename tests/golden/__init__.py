@@ -22,6 +22,10 @@ experiments: the PodMonitor copies the pods' ``eplb.ai/arm`` label to ``arm``, a
 renders its rolling-update ``partition`` (0 outside an experiment).
 Every ``render-*.yaml`` was regenerated once more when the engine pods started mounting the operator's
 control token (the ``eplb-control`` Secret volume and ``MOE_EPLB_CONTROL_TOKEN_FILE``).
+Every ``render-*.yaml`` was regenerated once more for live apply (issue 40): the live-settings ConfigMap
+``<name>-eplb-live`` as the first child, its ``eplb-live`` volume, ``MOE_EPLB_LIVE_FILE`` and
+``MOE_EPLB_CONFIG_HASH`` in the engine container (the goldens also caught up with the ``exec`` preStop
+drain, which had changed without them).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

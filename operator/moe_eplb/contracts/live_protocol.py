@@ -188,6 +188,7 @@ class RankStatus:
     why: str = ""  # why live apply is not possible on this rank (``supported`` False)
     command: dict = field(default_factory=dict)  # {id, state, reason, at_step, applied_step}
     rearranged_at: tuple[int, ...] = ()  # the last rearrangements' step numbers
+    rate: float = 0.0  # engine steps per second lately (the operator's lead and grace in steps)
     time: float = 0.0
     protocol: int = PROTOCOL
 

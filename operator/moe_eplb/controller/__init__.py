@@ -16,7 +16,11 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first).
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first),
+  ``shift`` (a workload shift noticed between evaluations: evaluate on the load since, at once);
+- ``live``: window and interval applied live to running engines (one engine step on every EP rank,
+  no restart: ``live_capable``, ``apply_live``), with ``live_client`` (its HTTP calls to the pods'
+  exporters, the control token on each).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

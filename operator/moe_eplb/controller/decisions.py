@@ -13,7 +13,9 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 ==========  =======================================================================
 ``Keep``    the tuner's best config is the current one, or its gain is below minGain
 ``Recommend``  Recommend mode: a better config exists; written to status, nothing changed
-``Apply``   Apply mode: a rollout to the recommended config started
+``Apply``   Apply mode: the recommended config is applied -- live (window and interval on the
+            running engines, :mod:`.live`: ``Evaluated.live``; the loop carries it out) or by a
+            rollout (a restart); ``lastEvaluation.applyMode`` says which
 ``Experiment``  Apply mode with two or more replicas (``spec.autotune.experiments``): the change
             (or the tuner's exploration, ``TuneResult.explore``) runs on one replica first
             (:mod:`.experiment`)
@@ -35,6 +37,8 @@ from moe_eplb.api.autotune_status import (
     CalibrationRecord,
     DataWindow,
     Evaluation,
+    LiveChange,
+    LiveSettings,
     Measurement,
     Override,
     Recommendation,
@@ -53,6 +57,8 @@ from moe_eplb.eplb.tuning.tuner import TuneResult
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
 EXPERIMENT = "Experiment"
 DECISIONS = (KEEP, RECOMMEND, APPLY, EXPERIMENT, DEFER, NODATA, ERROR)
+#: how an Apply changes the engines (``lastEvaluation.applyMode``)
+LIVE, RESTART = "live", "restart"
 
 #: a condition update: type -> (status, reason, message)
 Conditions = dict[str, tuple[str, str, str]]
@@ -244,6 +250,9 @@ class Evaluated:
     events: list[Event] = field(default_factory=list)
     predicted_gain: float | None = None
     started_rollout: bool = False
+    #: a change of window and interval to apply live (the loop sends it: :func:`.live.apply_live`,
+    #: then records it with :func:`record_live`); None: nothing to apply live
+    live: Knobs | None = None
 
 
 def _pct(x: float | None) -> str:
@@ -278,6 +287,8 @@ def evaluate(
     scaling: ScalingState | None = None,
     replicas: int = 1,
     objective_before: dict | None = None,
+    live_problem: str | None = "not checked",
+    live_wait: str | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -302,6 +313,10 @@ def evaluate(
             change applied to all is judged on the objective across time).
         replicas: the replicas (replica groups) running now: with two or more and
             ``spec.autotune.experiments.enabled`` a change starts as an experiment (``Experiment``).
+        live_problem: None when the engines take a change of window and interval live
+            (:func:`.live.live_capable`), else why not: such a change is then a restart as before.
+        live_wait: why a live change must wait now (a live change whose first rearrangement has not
+            come yet: live settings need no cooldown beyond that), or None.
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -326,8 +341,10 @@ def evaluate(
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                    scaling=scaling, replicas=replicas, objective_before=objective_before)
-    ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
+                    scaling=scaling, replicas=replicas, objective_before=objective_before,
+                    live_problem=live_problem, live_wait=live_wait)
+    mode = LIVE if out.live is not None else (RESTART if out.decision in (APPLY, EXPERIMENT) else None)
+    ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason, "apply_mode": mode})
     out.status = out.status.replace(last_evaluation=ev)
     return out
 
@@ -335,7 +352,8 @@ def evaluate(
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
            baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
-           replicas: int = 1, objective_before: dict | None = None) -> Evaluation:
+           replicas: int = 1, objective_before: dict | None = None, live_problem: str | None = "not checked",
+           live_wait: str | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -359,6 +377,9 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
         out.conditions["Tuned"] = ("True", "Recommended", out.reason)
         out.events.append(("Normal", "Recommended", out.reason))
+    elif target.num_redundant_experts == current.num_redundant_experts and live_problem is None:
+        _apply_live(cfg, state, out, now=now, current=current, target=target, gain=gain, scaling=scaling,
+                    workload_blocker=workload_blocker, live_wait=live_wait)
     elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
           or change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
         out.decision = DEFER
@@ -374,7 +395,9 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
                           explore=answer.explore_reason if explore else None)
     else:
         out.decision = APPLY
-        out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better"
+        how = "" if target.num_redundant_experts != current.num_redundant_experts or live_problem == "not checked" \
+            else f" (restart: {live_problem})"
+        out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better{how}"
         out.conditions["Tuned"] = ("True", "Applying", out.reason)
         out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
         out.started_rollout = True
@@ -387,6 +410,40 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))
     return ev
+
+
+def _apply_live(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, current: Knobs,
+                target: Knobs, gain: float | None, scaling: ScalingState | None, workload_blocker: str | None,
+                live_wait: str | None) -> None:
+    """A change of window and interval only, on engines that take it live: no restart, so neither
+    the cooldown nor the restart budget applies -- only a rollout or experiment in progress, an
+    unsettled workload or autoscaler, and the previous live change's first rearrangement hold it."""
+    blocker = (scaling_blocker(scaling, now, cfg.observe_s)
+               or (f"a {state.rollout.kind or 'change'} rollout is in progress" if state.rollout is not None else None)
+               or (f"an experiment of {describe(state.experiment.trial.knobs)} is running"
+                   if state.experiment is not None else None)
+               or workload_blocker or live_wait)
+    if blocker is not None:
+        out.decision = DEFER
+        out.reason = f"{describe(target)} predicted {_pct(gain)} better (live), deferred: {blocker}"
+        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        return
+    out.decision = APPLY
+    out.reason = (f"applying live {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better; window "
+                  "and interval change on the running engines at one engine step, no restart")
+    out.conditions["Tuned"] = ("True", "ApplyingLive", out.reason)
+    out.live = target
+
+
+def record_live(state: AutotuneStatus, *, now: float, current: Knobs, target: Knobs, config_hash: str,
+                step: int | None, steps: dict | None, reason: str) -> AutotuneStatus:
+    """``state`` with a live change every EP rank confirmed: ``live`` (what runs over the template
+    ``config_hash``) and one ``liveChanges`` entry. Not a restart: ``restarts`` and
+    ``lastChangeTime`` (the restarts' cooldown) are left alone."""
+    live = LiveSettings(target.window_size, target.step_interval, config_hash, step, dict(steps or {}) or None, now)
+    return state.replace(live=live).with_live_change(
+        LiveChange(at=now, from_knobs=current, to_knobs=target, step=step, steps=dict(steps or {}) or None,
+                   reason=reason))
 
 
 def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
@@ -434,4 +491,4 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "EXPERIMENT", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
            "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
-           "calibration_record"]
+           "calibration_record", "record_live"]

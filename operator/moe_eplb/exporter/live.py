@@ -41,8 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from moe_eplb.contracts import k8s_names, vllm_facts
 from moe_eplb.contracts import live_protocol as lp
-from moe_eplb.contracts import vllm_facts
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -50,8 +50,8 @@ LIVE_ATTR = "_moe_eplb_live"
 POLL_SECONDS = 0.05
 STATUS_EVERY_SECONDS = 0.25
 REARRANGEMENTS_KEPT = 16
-ENV_LIVE_FILE = "MOE_EPLB_LIVE_FILE"
-ENV_CONFIG_HASH = "MOE_EPLB_CONFIG_HASH"
+ENV_LIVE_FILE = k8s_names.LIVE_FILE_ENV
+ENV_CONFIG_HASH = k8s_names.CONFIG_HASH_ENV
 #: the ``EplbState`` attributes live apply reads and writes (vLLM 0.32 - 0.34)
 STATE_ATTRS = ("expert_rearrangement_step", "expert_rearrangement_step_interval", "expert_load_window_size",
                "expert_load_window_step", "model_states")
@@ -109,6 +109,8 @@ class LiveWorker:
         self._seen: tuple | None = None  # (mtime_ns, size, inode) of the command file last read
         self._dirty = True
         self._written = 0.0
+        self._rate_mark = (time.monotonic(), 0)
+        self.rate = 0.0
         self._stop = threading.Event()
         if self.why is None and startup:
             self._apply_startup(startup)
@@ -159,6 +161,11 @@ class LiveWorker:
     def _apply(self, p: dict) -> None:
         cmd: lp.Command = p["cmd"]
         st = self.state
+        if (int(st.expert_load_window_size), int(st.expert_rearrangement_step_interval)) == (cmd.window_size,
+                                                                                            cmd.step_interval):
+            # already in force here (a rank that kept them while others changed back): nothing to do
+            return self._finish(p, lp.APPLIED, f"window {cmd.window_size}, interval {cmd.step_interval} were already "
+                                                f"in force (since step {self.since_step})")
         try:
             before = int(st.expert_load_window_size)
             kept = []
@@ -273,7 +280,8 @@ class LiveWorker:
         if self.steps > cmd.at_step:
             return self._finish(p, lp.REFUSED, f"step {cmd.at_step} is already past: this rank is at engine step "
                                                f"{self.steps}")
-        if running != (cmd.expect_window_size, cmd.expect_step_interval):
+        if running != (cmd.expect_window_size, cmd.expect_step_interval) and running != (cmd.window_size,
+                                                                                       cmd.step_interval):
             return self._finish(p, lp.REFUSED, f"this rank runs window {running[0]}, interval {running[1]}, not "
                                                f"the {cmd.expect_window_size}, {cmd.expect_step_interval} the "
                                                "command expects")
@@ -300,12 +308,16 @@ class LiveWorker:
                              counter=num("expert_rearrangement_step"), window_size=num("expert_load_window_size"),
                              step_interval=num("expert_rearrangement_step_interval"), since_step=self.since_step,
                              source=self.source, supported=self.why is None, why=self.why or "",
-                             command=dict(self.last), rearranged_at=tuple(self.rearranged_at), time=time.time())
+                             command=dict(self.last), rearranged_at=tuple(self.rearranged_at),
+                             rate=round(self.rate, 3), time=time.time())
 
     def write_status(self) -> None:
         """This worker's status file, replaced atomically."""
         self._dirty = False
-        self._written = time.monotonic()
+        self._written = now = time.monotonic()
+        t0, steps0 = self._rate_mark
+        if now - t0 >= 1.0:
+            self.rate, self._rate_mark = (self.steps - steps0) / (now - t0), (now, self.steps)
         if not self.directory:
             return
         path = os.path.join(self.directory, f"{lp.STATUS_PREFIX}{os.getpid()}.json")

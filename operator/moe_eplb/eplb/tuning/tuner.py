@@ -325,6 +325,16 @@ class _Search:
     stride: int = 1
     workers: int = 1
     robust: Robustness | None = None
+    #: changes of window and interval alone are applied live (no restart): charged nothing beyond
+    #: their rearrangements, which the score already holds (see :meth:`charge`)
+    live: bool = False
+
+    def charge(self, k: Knobs) -> float:
+        """The share of throughput a change to ``k`` costs: a restart's (``restart_s / horizon_s``),
+        or nothing when it can be applied live (``live``: only window and interval differ)."""
+        if self.live and self.current is not None and k.num_redundant_experts == self.current.num_redundant_experts:
+            return 0.0
+        return self.cost.restart_s / self.cost.horizon_s
 
     def scenario_scores(self) -> ScenarioScores:
         """A fresh scorer of candidates under the robust search's scenarios."""
@@ -497,6 +507,8 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
     gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
     if pick.knobs == cur.knobs:
         return "keep", cur, f"current configuration is the pick: {pick_note}", cur
+    if search.live and search.charge(pick.knobs) == 0.0:
+        threshold = min_gain  # applied live: no restart to pay for
     if gain > threshold:
         return "change", pick, (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
                                 f"{threshold:.2%} (min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s "
@@ -528,7 +540,7 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
         ss.score(c.knobs, c.result)
     M = ss.matrix(keys)
     restart = search.cost.restart_s / search.cost.horizon_s
-    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
+    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - search.charge(k)
                             for k in keys])[:, None]
     reg = max_regret(charged)
     band = max(prior_margin, min_gain)
@@ -605,6 +617,9 @@ def _robust_verdict(search: _Search, options: list[Candidate], keys: list[Knobs]
     at = _values_text(ss.scen[int(ratio.argmin())].values)
     gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
              f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
+    if search.live and search.charge(pick.knobs) == 0.0:
+        # applied live: no restart to pay for
+        threshold, gains = threshold - search.cost.restart_s / search.cost.horizon_s, gains + " (applied live)"
     if ratio[0] - 1.0 > threshold:
         return "change", pick, f"{note}; {gains}", worst
     return "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point estimate not more than "
@@ -726,6 +741,7 @@ def tune(
     robust: Robustness | None = None,
     replicas: int = 1,
     trial_seconds: float = DEFAULT_TRIAL_SECONDS,
+    live: bool = False,
 ) -> TuneResult:
     """Search window x interval x redundancy for the best drift-robust predicted throughput.
 
@@ -772,6 +788,8 @@ def tune(
         replicas: replicas (or replica groups) sharing the traffic; a trial runs on one of them
             (:func:`trial_cost`).
         trial_seconds: how long a trial runs (its exposure to the candidate's worst case).
+        live: the engines take changes of window and interval live (:mod:`moe_eplb.controller.live`):
+            such a change is charged no restart (a change of redundancy still is).
 
     Raises:
         TuneError: naming the constraint (bounds, budget, divisibility, topology) that excludes
@@ -782,6 +800,7 @@ def tune(
                               min_steps)
     search = _new_search(trace, topology, cost, bounds, current, memory_budget_bytes, max_redundancy_levels,
                          segments, progress, workers, robust)
+    search.live = bool(live)
     _build_grid(search, windows, intervals)
     full = _replay(search, 1)
     _evaluate(search, full, screen_layers, finalists, tie_tolerance)
