@@ -67,6 +67,7 @@ from moe_eplb_harness.floor.pods import (
     PodSpecError,
     PollingKubelet,
     engine_settings,
+    mount_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -439,6 +440,7 @@ class FakeKubelet(PollingKubelet):
                                      startup_seconds=self.startup_seconds, tick=self.engine_tick,
                                      faults=self.faults_for(settings), seed=self.pods_created,
                                      true_cost=self.true_cost, pods=pods)
+        await mount_engine(self.client, engine, namespace, instance, pod_spec)
         await engine.start()
         return engine
 

@@ -57,6 +57,7 @@ from moe_eplb_harness.floor.pods import (
     PodSpecError,
     PollingKubelet,
     engine_settings,
+    mount_engine,
 )
 from moe_eplb_harness.real.probes import LivenessProber
 
@@ -299,6 +300,7 @@ class NodeAgent(PollingKubelet):
         if vllm is not None and vllm.get("livenessProbe"):
             p.prober = LivenessProber(vllm, self.clock.now)
         self.pods[p.uid] = p
+        p.spec = spec
         member = group_of(meta)
         if member is not None:  # its group's engine starts once the group is whole (_reconcile_groups)
             p.group, p.worker, p.size = member
@@ -320,6 +322,7 @@ class NodeAgent(PollingKubelet):
                                            faults=self.faults_for(p.settings), seed=self.pods_started,
                                            true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,),
                                            api_port=self._api_port(spec))
+                await mount_engine(self.cluster, p.engine, p.namespace, instance, spec)
                 await p.engine.start()
             except (ValueError, OSError) as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("node agent: pod %s/%s crashes: %s", p.namespace, p.name, exc)
@@ -352,6 +355,7 @@ class NodeAgent(PollingKubelet):
                                        startup_seconds=self.startup_seconds, tick=self.engine_tick,
                                        faults=self.faults_for(p.settings), seed=self.pods_started,
                                        true_cost=self.true_cost, port=p.port or 0, hosts=(p.ip,))
+            await mount_engine(self.cluster, p.engine, p.namespace, p.instance, p.spec)
             await p.engine.start()
             p.ready_since = ""
 
@@ -455,6 +459,7 @@ class NodeAgent(PollingKubelet):
                                          faults=self.faults_for(settings), seed=self.pods_started,
                                          true_cost=self.true_cost, port=leader.port or 0, pods=size,
                                          hosts=tuple(p.ip for p in pods), api_port=self._api_port(leader.spec))
+                await mount_engine(self.cluster, engine, leader.namespace, leader.instance, leader.spec)
                 await engine.start()
             except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group
                 log.warning("node agent: group %s/%s-%d crashes: %s", *key, exc)
