@@ -103,7 +103,7 @@ def live_pod(cpu_wheel, tiny_model, bridge_dir, engine_root):
     # the rendered MOE_EPLB_CONTROL_TOKEN_FILE names the Secret's mount; here a local file
     engine = harness.Engine(rendered, tiny_model, bridge_dir, work, extra_env={"MOE_EPLB_CONTROL_TOKEN_FILE": token_file})
     try:
-        engine.start()
+        engine.start(timeout=3 * harness.START_TIMEOUT)  # ~30 s on two free cores; a shared machine is slower
         record_time("live-apply engine: start until /health (s)", engine.ready_seconds)
         engine.complete("warm up", 4)
         yield engine
