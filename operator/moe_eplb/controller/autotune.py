@@ -413,9 +413,21 @@ class AutotuneLoop:
             now = self.now()
         if shift is not None:
             ev = dataclasses.replace(ev, reason=f"{shift.describe()}; evaluated on the load since: {ev.reason}")
-        self._shift_watch(inf).reset(now)
+        if shift is not None or out.decision in (dec.APPLY, dec.EXPERIMENT):
+            # a change moves balancedness by itself, and a shift evaluated on is the new normal:
+            # watch from here (an evaluation that changes nothing keeps the history)
+            self._shift_watch(inf).reset(now)
+        applied = out.live is not None and out.decision == dec.APPLY
         if not await self._write(client, inf, out.status.replace(last_evaluation=ev), out.conditions, now):
-            return "conflict"
+            if not applied:
+                return "conflict"
+            # the engines run the new values: record them on the resource as it is now, whatever changed
+            if not await self._record_live_again(client, inf, out.status, ev, out.conditions, now):
+                log.error("autotune %s/%s: the live change %s runs on the engines but could not be recorded",
+                          inf.namespace, inf.name, dec.describe(out.live))
+                return "conflict"
+        if applied and self.settings.observer:
+            self.settings.observer("live", inf, out.status.live_changes[-1])
         for etype, reason, message in out.events:
             if etype == "Warning":
                 log.warning("autotune %s/%s: %s: %s", inf.namespace, inf.name, reason, message)
@@ -430,6 +442,22 @@ class AutotuneLoop:
             self.settings.observer("evaluation", inf, ev)
         return "evaluation:ApplyLive" if out.live is not None and out.decision == dec.APPLY else \
             f"evaluation:{out.decision}"
+
+    async def _record_live_again(self, client: KubeClient, inf: MoEInference, status: AutotuneStatus,
+                                 ev: Evaluation, conditions: dec.Conditions, now: float, tries: int = 3) -> bool:
+        """The status write of a confirmed live change failed with a conflict: write its records
+        (``live``, the new ``liveChanges`` entry, the evaluation) over the resource as stored now."""
+        for _ in range(tries):
+            fresh = await client.get(API, KIND, inf.namespace, inf.name)
+            if fresh is None:
+                return False
+            cur = parse(fresh)
+            merged = cur.status.replace(live=status.live, last_evaluation=ev,
+                                        live_changes=status.live_changes[-1:] and cur.status.with_live_change(
+                                            status.live_changes[-1]).live_changes)
+            if await self._write(client, cur, merged, conditions, now):
+                return True
+        return False
 
     def _shift_watch(self, inf: MoEInference) -> ShiftWatch:
         key = (inf.namespace or "default", inf.name)
