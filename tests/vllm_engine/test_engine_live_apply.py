@@ -105,7 +105,7 @@ def live_pod(cpu_wheel, tiny_model, bridge_dir, engine_root):
     try:
         engine.start(timeout=3 * harness.START_TIMEOUT)  # ~30 s on two free cores; a shared machine is slower
         record_time("live-apply engine: start until /health (s)", engine.ready_seconds)
-        engine.complete("warm up", 4)
+        engine.complete("warm up", 4, timeout=600)
         yield engine
     finally:
         engine.stop()
