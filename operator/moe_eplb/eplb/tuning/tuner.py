@@ -507,7 +507,7 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
     gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
     if pick.knobs == cur.knobs:
         return "keep", cur, f"current configuration is the pick: {pick_note}", cur
-    if search.live and search.charge(pick.knobs) == 0.0:
+    if getattr(search, "live", False) and search.charge(pick.knobs) == 0.0:
         threshold = min_gain  # applied live: no restart to pay for
     if gain > threshold:
         return "change", pick, (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
@@ -617,7 +617,7 @@ def _robust_verdict(search: _Search, options: list[Candidate], keys: list[Knobs]
     at = _values_text(ss.scen[int(ratio.argmin())].values)
     gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
              f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
-    if search.live and search.charge(pick.knobs) == 0.0:
+    if getattr(search, "live", False) and search.charge(pick.knobs) == 0.0:
         # applied live: no restart to pay for
         threshold, gains = threshold - search.cost.restart_s / search.cost.horizon_s, gains + " (applied live)"
     if ratio[0] - 1.0 > threshold:
