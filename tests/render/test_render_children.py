@@ -63,7 +63,8 @@ def test_seed_children_in_apply_order(seed) -> None:
     assert kinds == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PodMonitor"]
     no_monitor = copy.deepcopy(seed)
     no_monitor["spec"]["monitoring"]["podMonitor"]["enabled"] = False
-    assert [c["kind"] for c in render_children_of(no_monitor)] == ["Service", "Deployment", "PodDisruptionBudget"]
+    assert [c["kind"] for c in render_children_of(no_monitor)] == ["ConfigMap", "Service", "Deployment",
+                                                                    "PodDisruptionBudget"]
 
 
 def test_seed_deployment(seed) -> None:
