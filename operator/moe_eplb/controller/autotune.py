@@ -452,9 +452,7 @@ class AutotuneLoop:
             if fresh is None:
                 return False
             cur = parse(fresh)
-            merged = cur.status.replace(live=status.live, last_evaluation=ev,
-                                        live_changes=status.live_changes[-1:] and cur.status.with_live_change(
-                                            status.live_changes[-1]).live_changes)
+            merged = cur.status.with_live_change(status.live_changes[-1]).replace(live=status.live, last_evaluation=ev)
             if await self._write(client, cur, merged, conditions, now):
                 return True
         return False
