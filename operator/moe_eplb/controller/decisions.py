@@ -377,7 +377,8 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
         out.conditions["Tuned"] = ("True", "Recommended", out.reason)
         out.events.append(("Normal", "Recommended", out.reason))
-    elif target.num_redundant_experts == current.num_redundant_experts and live_problem is None:
+    elif target.num_redundant_experts == current.num_redundant_experts and live_problem is None and not explore:
+        # (an exploration is a trial on one replica, never applied to every one: the experiment below)
         _apply_live(cfg, state, out, now=now, current=current, target=target, gain=gain, scaling=scaling,
                     workload_blocker=workload_blocker, live_wait=live_wait)
     elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
