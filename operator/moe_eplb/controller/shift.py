@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_eplb.api.autotune_status import iso
+
 
 @dataclass(frozen=True)
 class ShiftSettings:
@@ -44,7 +46,7 @@ class Shift:
 
     def describe(self) -> str:
         return (f"workload shift: balancedness {self.before:.3f} -> {self.after:.3f} (recent spread {self.spread:.3f}) "
-                f"from {self.at:.0f}")
+                f"since {iso(self.at)}")
 
 
 @dataclass
