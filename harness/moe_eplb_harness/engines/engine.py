@@ -187,6 +187,7 @@ class SimulatedEplb:
         #: live changes due (:meth:`schedule_live`): (agreed step, knobs, grace steps), and what became of them
         self.live_due: list[tuple[int, Knobs, int]] = []
         self.live_done: dict[int, tuple[str, str]] = {}  # agreed step -> (state, reason)
+        self.live_agreed: dict[int, int] = {}  # step a late commit applies at -> the agreed step
         self.since_step = 0
         self.rearrangement_seconds: list[float] = []
         self.moved: list[int] = []  # replicas the GPUs received, per rearrangement (all GPUs together)
@@ -285,14 +286,18 @@ class SimulatedEplb:
         """vLLM's rearrangement counter before the next step (``interval - steps to the next``)."""
         return max(0, self.s.knobs.step_interval - (self.next_rearrange - self.steps))
 
-    def schedule_live(self, at_step: int, knobs: Knobs, grace_steps: int = 0) -> None:
+    def schedule_live(self, at_step: int, knobs: Knobs, grace_steps: int = 0, *, agreed: int | None = None) -> None:
         """Window and interval ``knobs`` from engine step ``at_step`` on (0-based: before that step
         runs), as the plugin applies them in every worker: vLLM's counter kept, so the next
-        rearrangement comes when it reaches the new interval (at once when it is past it)."""
+        rearrangement comes when it reaches the new interval (at once when it is past it). ``agreed``:
+        the exchange's agreed step when this is a commit that came within the grace (the guard is
+        judged at it, and the change reported from it)."""
         if at_step < self.steps:
             raise ValueError(f"at_step: step {at_step} is already past (the engine is at step {self.steps})")
         self.live_due = sorted([d for d in self.live_due if d[0] != at_step] + [(int(at_step), knobs, grace_steps)],
                                key=lambda d: d[0])
+        if agreed is not None and agreed != at_step:
+            self.live_agreed[int(at_step)] = int(agreed)
 
     def cancel_live(self, at_step: int) -> bool:
         """Call off the change due at ``at_step``; False when it is no longer pending."""
@@ -306,9 +311,13 @@ class SimulatedEplb:
 
         while self.live_due and self.live_due[0][0] <= self.steps:
             at, knobs, grace = self.live_due.pop(0)
+            at = self.live_agreed.pop(at, at)  # a commit within the grace: judged and reported at the agreed step
             old = self.s.knobs
-            problem = lp.guard_problem(self.counter(), grace, old.step_interval, knobs.step_interval) \
+            late = self.steps - at
+            problem = lp.guard_problem(self.counter() - late, grace, old.step_interval, knobs.step_interval) \
                 if self.s.eplb_enabled else None
+            if late > 0 and any(s >= at for s in self.rearranged_steps):
+                problem = f"vLLM rearranged since the agreed step {at}; a late change would no longer agree"
             if problem is not None:
                 self.live_done[at] = (lp.REFUSED, problem)
                 continue

@@ -37,16 +37,15 @@ class LiveRoute:
 
     # --- what the pods answer ---------------------------------------------------------------------
     def _refresh(self) -> None:
-        """The command's state from the replay (applied or refused at its step); the step rate."""
-        replay = self.engine.replay
-        cmd = self.command
+        """The command's state from the replay (applied or refused at its step); the step rate: the
+        workload's steps per second now, in WALL seconds (the simulated clock runs ``scale`` faster)."""
+        e = self.engine
+        replay, cmd = e.replay, self.command
         if cmd is not None and self.state == lp.COMMITTED and cmd.at_step in replay.live_done:
             self.state, self.reason = replay.live_done[cmd.at_step]
-        now = time.time()
-        if self._rate_mark is None or now - self._rate_mark[0] >= 1.0:
-            if self._rate_mark is not None:
-                self.rate = (replay.steps - self._rate_mark[1]) / (now - self._rate_mark[0])
-            self._rate_mark = (now, replay.steps)
+        trace = e.trace
+        bucket = int(max(0.0, e._pos or 0.0) // float(trace.bucket_seconds)) % trace.num_buckets
+        self.rate = float(trace.bucket_steps[bucket]) / float(trace.bucket_seconds) * float(e.clock.scale)
 
     def ranks(self, pod: int) -> list[lp.RankStatus]:
         e = self.engine
@@ -119,9 +118,14 @@ class LiveRoute:
                 self.state = lp.ARMED
         elif mine and cmd.op == lp.COMMIT and self.state == lp.ARMED:
             self.state = lp.COMMITTED
-            # what SimulatedEngine.apply_live does, with the command's grace for the guard (the caller holds the lock)
-            replay.schedule_live(cmd.at_step, Knobs(cmd.window_size, cmd.step_interval,
-                                                    replay.s.knobs.num_redundant_experts), cmd.grace_steps)
+            knobs = Knobs(cmd.window_size, cmd.step_interval, replay.s.knobs.num_redundant_experts)
+            if replay.steps > cmd.at_step + cmd.grace_steps:  # the commit came too late: as a worker does
+                self.state, self.reason = lp.EXPIRED, (f"no commit arrived by step {cmd.at_step + cmd.grace_steps}; "
+                                                       "nothing changed")
+                return
+            # what SimulatedEngine.apply_live does, with the command's grace for the guard (the caller
+            # holds the lock); a commit within the grace applies at the next step, as if on time
+            replay.schedule_live(max(cmd.at_step, replay.steps), knobs, cmd.grace_steps, agreed=cmd.at_step)
         elif mine and cmd.op == lp.ABORT and self.state in (lp.ARMED, lp.COMMITTED):
             if self.state == lp.ARMED or replay.cancel_live(cmd.at_step):
                 self.state, self.reason = lp.ABORTED, "the operator aborted it"
