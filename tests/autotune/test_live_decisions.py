@@ -163,3 +163,20 @@ def test_shift_watch_fires_on_a_sustained_move_beyond_the_recent_spread():
     assert w.pending is shift and w.add(780.0, 840.0, 0.60) is None  # pending until the loop evaluates
     w.reset(900.0)
     assert w.pending is None and not w.samples and w.due(950.0) is None and w.due(960.0) == 900.0
+
+
+def test_an_exploration_of_window_and_interval_is_not_a_restart_trial_where_they_change_live():
+    """A trial replica restarted with window and interval only would run the template of the pods it
+    is compared with (the live values aside): on engines that change them live, no such trial."""
+    explore = d.TunerAnswer(recommendation=CUR, wants_change=False, reason="keep", gain=0.0, breakdown={},
+                            explore=Knobs(100, 250, 0), explore_reason="a prior range decides")
+    cfg = AutotuneSpec(mode="Apply")
+    args = dict(now=T0, generation=3, current=CUR, spec_eplb=CUR, data_window=None, answer=explore, replicas=2)
+    assert d.evaluate(cfg, AutotuneStatus(), live_problem=None, **args).decision == d.KEEP
+    restart = d.evaluate(cfg, AutotuneStatus(), live_problem="vLLM 0.12.0: ...", **args)
+    assert restart.decision == d.EXPERIMENT and restart.status.experiment.trial.knobs == Knobs(100, 250, 0)
+    # an exploration of the redundancy is still a trial on one replica
+    redundancy = d.TunerAnswer(recommendation=CUR, wants_change=False, reason="keep", gain=0.0, breakdown={},
+                               explore=Knobs(1000, 3000, 16), explore_reason="a prior range decides")
+    assert d.evaluate(cfg, AutotuneStatus(), live_problem=None, **{**args, "answer": redundancy}).decision == \
+        d.EXPERIMENT

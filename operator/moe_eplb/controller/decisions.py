@@ -365,6 +365,11 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
     wants_change = target != current and (gain is None or gain >= cfg.min_gain) and answer.wants_change
     explore = not wants_change and answer.explore is not None and answer.explore != current \
         and cfg.mode == "Apply" and exp_mod.possible(cfg, replicas)
+    if explore and live_problem is None and answer.explore.num_redundant_experts == current.num_redundant_experts:
+        # window and interval alone on engines that change them live: not a trial that restarts a
+        # replica (its template could even be the running pods' own, the live values aside); settings
+        # changed live are compared on the same pods (experiments with live arms)
+        explore = False
     if explore:
         target = answer.explore
     if not wants_change and not explore:
