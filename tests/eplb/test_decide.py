@@ -65,6 +65,30 @@ def test_the_point_estimate_threshold_still_decides_the_change():
     assert decision == "change" and chosen.knobs == SEARCHED and "+1.00% over current" in reason
 
 
+def test_a_change_applied_live_is_charged_no_restart():
+    """Where the engines take window and interval live (``tune(live=True)``), a change of those
+    alone needs only ``min_gain``; a change of redundancy still pays the restart."""
+    cost = CostModel()
+    restart = cost.restart_s / cost.horizon_s
+    live_w = Knobs(500, 2000, 0)
+    search = tuner._Search(trace=None, topology=None, cost=cost, bounds=None, current=RUNNING, edges=np.zeros(1),
+                           r_levels=[0], r_valid=[0], live=True)
+    assert search.charge(live_w) == 0.0 and search.charge(SEARCHED) == pytest.approx(restart)
+    assert tuner._Search(trace=None, topology=None, cost=cost, bounds=None, current=RUNNING, edges=np.zeros(1),
+                         r_levels=[0], r_valid=[0]).charge(live_w) == pytest.approx(restart)
+    keys = [RUNNING, live_w]
+    options = [SimpleNamespace(knobs=k) for k in keys]
+    ss = SimpleNamespace(scen=[SimpleNamespace(values={}), SimpleNamespace(values={"moe_time_share": 0.6})])
+    M = np.array([[1.00, 1.00], [1.01, 1.01]])  # +1 %: below the restart threshold, above min_gain
+    threshold = cost.change_threshold(0.005)
+    decision, chosen, reason, _ = tuner._robust_verdict(search, options, keys, M, max_regret(M), ss, 1, options[0],
+                                                        "note", threshold)
+    assert decision == "change" and chosen.knobs == live_w and "(applied live)" in reason
+    search.live = False
+    assert tuner._robust_verdict(search, options, keys, M, max_regret(M), ss, 1, options[0], "note",
+                                 threshold)[0] == "keep"
+
+
 # --- explore ---------------------------------------------------------------------------------------
 
 

@@ -36,6 +36,10 @@ The ``tune-*.json`` goldens were regenerated once, on purpose, when the tuner st
 EPLB is worth it (issue 41): keys were added (``recommendation.enabled``/``mode``/``advice``,
 ``baselines.eplb_off``, each candidate's ``enabled``, the breakdown's ``overlap_factor``/``overlap_seconds``,
 the cost model's overlap fields); every value that was there before was checked unchanged.
+Every ``render-*.yaml`` was regenerated once more for live apply (issue 40): the live-settings ConfigMap
+``<name>-eplb-live`` as the first child, its ``eplb-live`` volume, ``MOE_EPLB_LIVE_FILE`` and
+``MOE_EPLB_CONFIG_HASH`` in the engine container (the goldens also caught up with the ``exec`` preStop
+drain, which had changed without them).
 
 ``make_trace()`` builds the fixed trace the tune golden was made on (NumPy only, seeded), so the
 golden does not depend on the workload generator.

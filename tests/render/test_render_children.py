@@ -60,10 +60,11 @@ def test_seed_args_exactly(seed) -> None:
 
 def test_seed_children_in_apply_order(seed) -> None:
     kinds = [c["kind"] for c in render_children_of(seed)]
-    assert kinds == ["Service", "Deployment", "PodDisruptionBudget", "PodMonitor"]
+    assert kinds == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PodMonitor"]
     no_monitor = copy.deepcopy(seed)
     no_monitor["spec"]["monitoring"]["podMonitor"]["enabled"] = False
-    assert [c["kind"] for c in render_children_of(no_monitor)] == ["Service", "Deployment", "PodDisruptionBudget"]
+    assert [c["kind"] for c in render_children_of(no_monitor)] == ["ConfigMap", "Service", "Deployment",
+                                                                    "PodDisruptionBudget"]
 
 
 def test_seed_deployment(seed) -> None:

@@ -52,11 +52,16 @@ def test_the_demo_without_prometheus_tunes_both_resources(tmp_path):
                 assert "largest regret" in d["reason"] or "would gain" in d["reason"], d["reason"]
         judged = [h for h in rec["history"] if h.get("action") in ("Kept", "RolledBack")]
         applied = by_name[name]["applied_changes"]
-        if "Apply" in made:
+        live = [d for d in rec["decisions"] if d["decision"] == "Apply" and "applying live" in str(d["reason"])]
+        if len(live) < made.count("Apply"):  # a restart: a rollout, judged
             assert applied and judged and all(h.get("reason") for h in judged), \
                 f"{name}: history {rec['history']}\n{log}"
         elif not any(e["verdict"] == "promoted" for e in by_name[name]["experiments"]):
             assert not applied, applied
+        # both resources run vLLM 0.32: a change of window and interval alone is applied live, recorded
+        # with the engine step it took effect (no rollout, no history entry)
+        assert len(by_name[name]["live_changes"]) == len(live), f"{name}: {by_name[name]['live_changes']}\n{log}"
+        assert all(isinstance(c["step"], int) and c["to"] != c["from"] for c in by_name[name]["live_changes"])
         for e in by_name[name]["experiments"]:  # each decided on its estimate and interval (or ended early)
             assert e["verdict"] in ("promoted", "discarded"), e
             if e["estimate"] is None:

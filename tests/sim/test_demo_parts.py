@@ -46,19 +46,34 @@ def test_summary_has_exactly_the_documented_keys():
               "experiments": [{"arms": [{"arm": "trial", "replicas": 1, "windowSize": 100, "stepInterval": 1000,
                                          "numRedundantExperts": 32}], "objective": "step_time", "started_s": 1.0,
                                "ended_s": 2.0, "estimate": 0.03, "ci_low": 0.01, "ci_high": 0.05,
-                               "verdict": "promoted", "learned": [], "extra": "dropped"}]}
+                               "verdict": "promoted", "learned": [], "extra": "dropped"}],
+              "live_changes": [{"at_s": 3.0, "from": {"window_size": 1000, "step_interval": 3000},
+                                "to": {"window_size": 100, "step_interval": 250}, "step": 4200, "extra": "dropped"}]}
     s = D.summary_record(5400.0, {"x": result}, api="emulated", load_source="direct")
     assert set(s) == {"shift_at_s", "api", "load_source", "resources"} and s["shift_at_s"] == 5400.0
     assert (s["api"], s["load_source"]) == ("emulated", "direct")
     with pytest.raises(ValueError, match="load_source"):
         D.summary_record(5400.0, {"x": result}, api="emulated", load_source="pods")
     (r,) = s["resources"]
-    assert set(r) == {"name", "kind", "mode", "applied_changes", "experiments", "balancedness"}
+    assert set(r) == {"name", "kind", "mode", "applied_changes", "live_changes", "experiments", "balancedness"}
+    assert r["live_changes"] == [{"at_s": 3.0, "from": {"window_size": 1000, "step_interval": 3000},
+                                  "to": {"window_size": 100, "step_interval": 250}, "step": 4200}]
     assert set(r["experiments"][0]) == {"arms", "objective", "started_s", "ended_s", "estimate", "ci_low", "ci_high",
                                         "verdict", "learned"}
     assert set(r["applied_changes"][0]) == {"at_s", "window_size", "step_interval", "num_redundant_experts",
                                             "measured_gain", "kept"}
     assert set(r["balancedness"]) == {"tuned", "untuned", "after_shift_tuned", "after_shift_untuned"}
+
+
+def test_live_changes_of_the_status():
+    at = {"liveChanges": [{"at": "2026-12-06T05:00:00.000000Z", "from": {"windowSize": 1000, "stepInterval": 3000,
+                                                                      "numRedundantExperts": 0},
+                           "to": {"windowSize": 500, "stepInterval": 1000, "numRedundantExperts": 0}, "step": 77,
+                           "reason": "r"}]}
+    start = D.parse_iso("2026-12-06T04:00:00Z")
+    assert D.live_changes_of(at, start) == [{"at_s": 3600.0, "from": {"window_size": 1000, "step_interval": 3000},
+                                             "to": {"window_size": 500, "step_interval": 1000}, "step": 77}]
+    assert D.live_changes_of({}, start) == []
 
 
 def test_experiments_of_the_status():

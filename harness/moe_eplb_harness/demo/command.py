@@ -32,7 +32,8 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload generator seed.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the run's summary here (JSON; tuning: shift_at_s, api, load_source; per resource "
-                   "its kind, mode, applied changes and balancedness tuned/untuned; autoscale: the autoscaler, "
+                   "its kind, mode, applied changes, live changes (window and interval on the running engines) and "
+                   "balancedness tuned/untuned; autoscale: the autoscaler, "
                    "scale events, the tuner's deferrals, its decision after settling, rollouts started while "
                    "scaling).")
 def demo(scenario: str, hours: float | None, speed: float | None, out_dir: str, prometheus: bool | None, api: str,

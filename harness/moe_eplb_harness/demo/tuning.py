@@ -77,7 +77,7 @@ QWEN: dict[str, Any] = {
     "metadata": {"name": "qwen3-vl-demo", "namespace": NS},
     "spec": {
         "model": {"name": "Qwen/Qwen3-VL-30B-A3B-Instruct"},
-        "engine": {"image": "vllm/vllm-openai:v0.12.0", "dtype": "bfloat16", "maxModelLen": 32768},
+        "engine": {"image": "vllm/vllm-openai:v0.32.0", "dtype": "bfloat16", "maxModelLen": 32768},
         "parallelism": {"tensor": 2, "data": 8},
         "replicas": 2,
         "eplb": {"enabled": True, **INITIAL},
@@ -95,7 +95,7 @@ DEEPSEEK: dict[str, Any] = {
     "metadata": {"name": "deepseek-v3-demo", "namespace": NS},
     "spec": {
         "model": {"name": "deepseek-ai/DeepSeek-V3-0324", "servedName": "deepseek-v3"},
-        "engine": {"image": "vllm/vllm-openai:v0.12.0", "maxModelLen": 32768},
+        "engine": {"image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 32768},
         "parallelism": {"tensor": 1, "data": 32, "dataLocal": 8, "nodes": 4},
         "replicas": 2,  # two replica groups: an experiment holds one back with the LWS partition
         "eplb": {"enabled": True, **INITIAL},
@@ -212,6 +212,7 @@ class DemoRecord:
     samples: list[dict] = field(default_factory=list)  # {t_h, t0, t1, balancedness, num, den, settings}
     decisions: list[dict] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
+    live: list[dict] = field(default_factory=list)  # live changes as the loop recorded them (camelCase)
     last: dict = field(default_factory=dict)  # engine -> rank counters at the previous sample
 
 
@@ -343,6 +344,10 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
             echo(f"{tag} {payload.get('action'):9s} {short(payload.get('reason'), 130)}")
         elif kind == "experiment":
             echo(f"{tag} experiment {experiment_line(payload)}")
+        elif kind == "live":
+            rec.live.append({"t_h": t / 3600.0, **payload})
+            echo(f"{tag} live      {_kn(payload.get('from'))} -> {_kn(payload.get('to'))} from engine step "
+                 f"{payload.get('step')} (no restart)")
 
     # Prometheus scrapes each pod every 2 s (wall) and keeps what the operator reads (the replica-map
     # gauge, 15k series per DeepSeek-V3 pod, is dropped at ingestion); a bucket holds >= 2 scrapes
@@ -391,7 +396,10 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
              f"after the shift tuned {b['after_shift_tuned']:.4f} vs untuned {b['after_shift_untuned']:.4f}; "
              f"{len(r['applied_changes'])} change(s) applied: " + (", ".join(
                  f"{_fmt_t(c['at_s'])} {c['window_size']}/{c['step_interval']}/{c['num_redundant_experts']} "
-                 f"{'kept' if c['kept'] else 'rolled back'}" for c in r["applied_changes"]) or "none"))
+                 f"{'kept' if c['kept'] else 'rolled back'}" for c in r["applied_changes"]) or "none")
+             + f"; {len(r['live_changes'])} live: " + (", ".join(
+                 f"{_fmt_t(c['at_s'])} {_wi(c['from'])} -> {_wi(c['to'])} at step {c['step']}"
+                 for c in r["live_changes"]) or "none"))
         for e in r["experiments"]:
             arms = " vs ".join(f"{a['arm']} {_kn(a)} x{a['replicas']}" for a in e["arms"])
             est = (f"{100 * e['estimate']:+.2f}% [{100 * e['ci_low']:+.2f}%, {100 * e['ci_high']:+.2f}%] on "
@@ -401,6 +409,30 @@ async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "o
     echo(f"{sum(len(rec.decisions) for rec in records.values())} evaluations in {wall:.0f} s wall; "
          f"report: {os.path.join(out_dir, 'report.md')}" + (f"; summary: {summary_path}" if summary_path else ""))
     return summary
+
+
+def _wi(x: dict | None) -> str:
+    """``W/I`` of a live change's ``from``/``to`` (snake_case, as the summary has it)."""
+    return f"{x['window_size']}/{x['step_interval']}" if x else "-"
+
+
+#: the keys of one live change in the summary
+LIVE_CHANGE_KEYS = ("at_s", "from", "to", "step")
+
+
+def live_changes_of(autotune: dict, workload_start: float) -> list[dict]:
+    """The live changes of a resource (``status.autotune.liveChanges``) as the summary lists them:
+    exactly :data:`LIVE_CHANGE_KEYS`; ``from``/``to``: ``{window_size, step_interval}``."""
+    out = []
+    for c in autotune.get("liveChanges") or []:
+        at = parse_iso(c.get("at"))
+
+        def wi(k: dict | None) -> dict | None:
+            return {"window_size": k.get("windowSize"), "step_interval": k.get("stepInterval")} if k else None
+
+        out.append({"at_s": round(at - workload_start, 1) if at is not None else None, "from": wi(c.get("from")),
+                    "to": wi(c.get("to")), "step": c.get("step")})
+    return out
 
 
 def experiment_line(e: dict) -> str:
@@ -480,6 +512,7 @@ def _summarize(rec: DemoRecord, demo: DemoResource, hours: float, final: dict, w
                          "after_shift_tuned": ratio(hours * 1800, "num", "den"),
                          "after_shift_untuned": ratio(hours * 1800, "untuned_num", "untuned_den")},
         "applied_changes": changes,
+        "live_changes": live_changes_of(at, workload_start),
         "experiments": experiments_of(at, workload_start),
         "evaluations": len(rec.decisions),
     }
@@ -488,8 +521,10 @@ def _summarize(rec: DemoRecord, demo: DemoResource, hours: float, final: dict, w
 def summary_record(shift_at_s: float, results: dict[str, dict], *, api: str, load_source: str) -> dict:
     """The ``--summary`` object: exactly ``{shift_at_s, api, load_source, resources: [{name, kind,
     mode, applied_changes: [{at_s, window_size, step_interval, num_redundant_experts, measured_gain,
-    kept}], experiments: [{arms, objective, started_s, ended_s, estimate, ci_low, ci_high, verdict,
-    learned}], balancedness: {tuned, untuned, after_shift_tuned, after_shift_untuned}}]}``; ``api``:
+    kept}], live_changes: [{at_s, from, to, step}], experiments: [{arms, objective, started_s,
+    ended_s, estimate, ci_low, ci_high, verdict, learned}], balancedness: {tuned, untuned,
+    after_shift_tuned, after_shift_untuned}}]}`` (a live change: window and interval applied on the
+    running engines, no restart; ``from``/``to``: ``{window_size, step_interval}``); ``api``:
     :func:`api_of`, ``load_source``: :data:`LOAD_SOURCES`."""
     if load_source not in LOAD_SOURCES:
         raise ValueError(f"load_source: {load_source!r} is not one of {', '.join(LOAD_SOURCES)}")
@@ -501,6 +536,7 @@ def summary_record(shift_at_s: float, results: dict[str, dict], *, api: str, loa
         "resources": [{
             "name": r["name"], "kind": r["kind"], "mode": r["mode"],
             "applied_changes": [{k: c[k] for k in change_keys} for c in r["applied_changes"]],
+            "live_changes": [{k: c[k] for k in LIVE_CHANGE_KEYS} for c in r.get("live_changes") or []],
             "experiments": [{k: e[k] for k in EXPERIMENT_KEYS} for e in r.get("experiments") or []],
             "balancedness": {k: round(float(r["balancedness"][k]), 6)
                              for k in ("tuned", "untuned", "after_shift_tuned", "after_shift_untuned")},
@@ -561,6 +597,18 @@ def _experiment_table(results: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _live_table(results: dict[str, dict]) -> list[str]:
+    """The report's live changes: window and interval changed on the running engines (no restart),
+    with the engine step each took effect."""
+    lines = ["", "Live changes (window and interval on the running engines, every EP rank at one step, no restart):",
+             "", "| resource | sim time | from (window/interval) | to | engine step |", "| --- | --- | --- | --- | --- |"]
+    for r in results.values():
+        for c in r.get("live_changes") or []:
+            lines.append(f"| {r['name']} | {_fmt_t(c['at_s'] or 0)} | {_wi(c['from'])} | {_wi(c['to'])} | "
+                         f"{c['step']} |")
+    return lines
+
+
 def _write_report(out_dir: str, records: dict[str, DemoRecord], results: dict[str, dict], summary: dict,
                   hours: float, wall: float, prometheus: bool) -> None:
     import matplotlib
@@ -604,15 +652,17 @@ def _write_report(out_dir: str, records: dict[str, DemoRecord], results: dict[st
         f"{hours:g} simulated hours, workload shift at {hours / 2:g} h; "
         f"{'real Prometheus' if prometheus else 'direct pod scraping'}; {wall:.0f} s wall.",
         "",
-        "| resource | kind | balancedness tuned / untuned | after the shift tuned / untuned | changes | final |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| resource | kind | balancedness tuned / untuned | after the shift tuned / untuned | changes | live changes "
+        "| final |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results.values():
         b = r["balancedness"]
         lines.append(f"| {r['name']} ({r['label']}) | {r['kind']} | {b['tuned']:.4f} / {b['untuned']:.4f} | "
                      f"{b['after_shift_tuned']:.4f} / {b['after_shift_untuned']:.4f} | {len(r['applied_changes'])} | "
-                     f"{_kn(r['final'])} |")
+                     f"{len(r.get('live_changes') or [])} | {_kn(r['final'])} |")
     lines += _experiment_table(results)
+    lines += _live_table(results)
     lines += ["", "![balancedness](balancedness.png)", "", "![knobs](knobs.png)", ""]
     for name, rec in records.items():
         lines += [f"## {name}", "", "| sim time | decision | current | best found | predicted gain | reason |",

@@ -67,6 +67,7 @@ from moe_eplb_harness.floor.pods import (
     PodSpecError,
     PollingKubelet,
     engine_settings,
+    mount_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -326,6 +327,16 @@ class FakeKubelet(PollingKubelet):
         for p in list(d.pods.values()):
             await self._delete_pod(d, p, delete_object=delete_objects)
 
+    async def evict(self, namespace: str, name: str) -> bool:
+        """Take one Deployment pod away (an eviction, a node lost): its engine stops, its object goes,
+        and the Deployment's next pass starts a replacement from the template (tests). False when no
+        such pod runs."""
+        for d in self.deployments.values():
+            if d.namespace == namespace and name in d.pods:
+                await self._delete_pod(d, d.pods[name])
+                return True
+        return False
+
     async def _delete_pod(self, d: _Deploy, p: SimPod, delete_object: bool = True) -> None:
         if p.engine:
             await p.engine.stop()
@@ -415,6 +426,7 @@ class FakeKubelet(PollingKubelet):
         else:
             engine = SimulatedEngine(self.trace_for(instance), settings, self.clock,
                                      self.engine_run(settings, self.pods_created, pods=pods))
+        await mount_engine(self.client, engine, namespace, instance, pod_spec)
         await engine.start()
         return engine
 

@@ -59,6 +59,7 @@ and vLLM's ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -69,8 +70,10 @@ import numpy as np
 
 from moe_eplb.api.knobs import VLLM_DEFAULTS, Knobs
 from moe_eplb.contracts import k8s_names, metric_names, vllm_facts
+from moe_eplb.contracts import live_protocol as lp
 from moe_eplb.eplb.replay.policy import rebalance
 from moe_eplb.eplb.workload.trace import LoadTrace, served_imbalance
+from moe_eplb_harness.engines.live_route import LiveRoute
 from moe_eplb_harness.engines.physics import TrueCost, tokens_per_step
 
 __all__ = ["SimClock", "EngineSettings", "EngineFaults", "SimulatedEplb", "SimulatedEngine"]
@@ -217,6 +220,12 @@ class SimulatedEplb:
         self.window: deque[tuple[int, np.ndarray]] = deque()  # (steps, load [L, E]) newest last
         self.window_steps = 0
         self.rearrangements = 0
+        self.rearranged_steps: deque[int] = deque(maxlen=16)  # the engine step of each recent rearrangement
+        #: live changes due (:meth:`schedule_live`): (agreed step, knobs, grace steps), and what became of them
+        self.live_due: list[tuple[int, Knobs, int]] = []
+        self.live_done: dict[int, tuple[str, str]] = {}  # agreed step -> (state, reason)
+        self.live_agreed: dict[int, int] = {}  # step a late commit applies at -> the agreed step
+        self.since_step = 0
         self.rearrangement_seconds: list[float] = []
         self.moved: list[int] = []  # replicas the GPUs received, per rearrangement (all GPUs together)
         self._rng = np.random.default_rng(seed)
@@ -259,6 +268,7 @@ class SimulatedEplb:
         self.moved.append(received_replicas(self.phy2log, phy2log, self.P))
         self.phy2log, self.logcnt = phy2log, logcnt
         self.rearrangements += 1
+        self.rearranged_steps.append(self.steps - 1)  # the step (0-based) that rearranged
 
     def run(self, load: np.ndarray, steps: int, parts: np.ndarray | None = None,
             segments: list | None = None) -> np.ndarray:
@@ -282,9 +292,12 @@ class SimulatedEplb:
         per_step = load / steps
         left = steps
         while left > 0:
+            self._live_now()
             seg = left
             if self.s.eplb_enabled:
                 seg = min(left, self.next_rearrange - self.steps)
+            if self.live_due:  # stop at the next agreed step
+                seg = max(1, min(seg, min(at for at, _, _ in self.live_due) - self.steps))
             seg_load = per_step * seg
             out += dispatch(seg_load)
             if segments is not None:
@@ -302,6 +315,55 @@ class SimulatedEplb:
                         segments[-1][2] = True
                 self.next_rearrange = self.steps + self.s.knobs.step_interval
         return out
+
+
+    # --- live apply (moe_eplb.contracts.live_protocol) ---------------------------------------------
+
+    def counter(self) -> int:
+        """vLLM's rearrangement counter before the next step (``interval - steps to the next``)."""
+        return max(0, self.s.knobs.step_interval - (self.next_rearrange - self.steps))
+
+    def schedule_live(self, at_step: int, knobs: Knobs, grace_steps: int = 0, *, agreed: int | None = None) -> None:
+        """Window and interval ``knobs`` from engine step ``at_step`` on (0-based: before that step
+        runs), as the plugin applies them in every worker: vLLM's counter kept, so the next
+        rearrangement comes when it reaches the new interval (at once when it is past it). ``agreed``:
+        the exchange's agreed step when this is a commit that came within the grace (the guard is
+        judged at it, and the change reported from it)."""
+        if at_step < self.steps:
+            raise ValueError(f"at_step: step {at_step} is already past (the engine is at step {self.steps})")
+        self.live_due = sorted([d for d in self.live_due if d[0] != at_step] + [(int(at_step), knobs, grace_steps)],
+                               key=lambda d: d[0])
+        if agreed is not None and agreed != at_step:
+            self.live_agreed[int(at_step)] = int(agreed)
+
+    def cancel_live(self, at_step: int) -> bool:
+        """Call off the change due at ``at_step``; False when it is no longer pending."""
+        before = len(self.live_due)
+        self.live_due = [d for d in self.live_due if d[0] != at_step]
+        return len(self.live_due) < before
+
+    def _live_now(self) -> None:
+        """Apply (or refuse, by the exchange's guard) the change due at the current step."""
+        from moe_eplb.contracts import live_protocol as lp
+
+        while self.live_due and self.live_due[0][0] <= self.steps:
+            at, knobs, grace = self.live_due.pop(0)
+            at = self.live_agreed.pop(at, at)  # a commit within the grace: judged and reported at the agreed step
+            old = self.s.knobs
+            late = self.steps - at
+            problem = lp.guard_problem(self.counter() - late, grace, old.step_interval, knobs.step_interval) \
+                if self.s.eplb_enabled else None
+            if late > 0 and any(s >= at for s in self.rearranged_steps):
+                problem = f"vLLM rearranged since the agreed step {at}; a late change would no longer agree"
+            if problem is not None:
+                self.live_done[at] = (lp.REFUSED, problem)
+                continue
+            new = Knobs(knobs.window_size, knobs.step_interval, old.num_redundant_experts)
+            self.next_rearrange = max(self.steps + 1, self.next_rearrange - old.step_interval + new.step_interval)
+            self.s = dataclasses.replace(self.s, knobs=new)
+            self.since_step = at
+            self.live_done[at] = (lp.APPLIED, f"window {old.window_size} -> {new.window_size}, interval "
+                                              f"{old.step_interval} -> {new.step_interval} from step {at}")
 
 
 def received_replicas(old: np.ndarray, new: np.ndarray, ranks: int) -> int:
@@ -487,7 +549,7 @@ class SimulatedEngine:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         if pods < 1 or settings.ep_size % pods:
             raise ValueError(f"pods: an engine of {settings.ep_size} EP ranks cannot span {pods} pods evenly")
-        self.trace, self.settings, self.clock = trace, settings, clock
+        self.trace, self._start_settings, self.clock = trace, settings, clock
         self.startup_seconds, self.tick, self.port = float(startup_seconds), float(tick), port
         self.pods = int(pods)
         self.hosts = tuple(hosts) if hosts else None
@@ -536,6 +598,24 @@ class SimulatedEngine:
         #: k x (DP / pods). None: no fault tolerance
         self.ft = None
         self._pod_servers: dict[int, list[ThreadingHTTPServer]] = {}
+        #: the operator's control token as the pod mounts it (set by the simulated kubelet from the
+        #: resource's Secret); None: control requests are refused, as by a pod without the token
+        self.control_token: str | None = None
+        self.live = LiveRoute(self)  # the exporter's /eplb/settings route (moe_eplb_harness.engines.live_route)
+
+    @property
+    def settings(self) -> EngineSettings:
+        """What the engine runs now: its start settings with any live change of window and interval."""
+        replay = self.__dict__.get("replay")
+        return replay.s if replay is not None else self._start_settings
+
+    def apply_live(self, knobs: Knobs, at_step: int) -> None:
+        """Window and interval of ``knobs`` in force from engine step ``at_step`` on (its redundancy
+        is the engine's: a change of it needs a restart), as the exporter plugin applies them on every
+        rank (:mod:`moe_eplb.exporter.live`); ``ValueError`` when the step is already past."""
+        with self._lock:
+            self.replay.schedule_live(int(at_step), Knobs(knobs.window_size, knobs.step_interval,
+                                                          self.replay.s.knobs.num_redundant_experts))
 
     def exposition(self, pod: int = 0) -> bytes:
         """What pod ``pod`` of the engine answers on ``/metrics`` now (classic text format)."""
@@ -702,6 +782,8 @@ class SimulatedEngine:
                 body = split_exposition(body, vllm=part == "api")
             # Classic text format only: OpenMetrics would rewrite colon names (testing notes).
             return 200, body, "text/plain; version=0.0.4; charset=utf-8"
+        if path == lp.PATH and part != "api":  # the exporter's port (vLLM's API has no such route)
+            return self.live.get(pod)
         if path == "/health":
             return (200, b"ok", "text/plain") if self.ready else (503, b"loading", "text/plain")
         if path in (k8s_names.EXPORTER_LIVE_PATH, k8s_names.EXPORTER_READY_PATH, k8s_names.EXPORTER_DRAIN_PATH):
@@ -728,8 +810,12 @@ class SimulatedEngine:
                 self._reply(*engine._answer(pod, self.path, part, "GET", dict(self.headers)))
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self._reply(*engine._answer(pod, self.path, part, "POST", dict(self.headers), raw))
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if 0 < length <= 65536 else b""
+                if self.path.split("?", 1)[0] == lp.PATH and part != "api":
+                    self._reply(*engine.live.post(pod, dict(self.headers.items()), raw))
+                else:
+                    self._reply(*engine._answer(pod, self.path, part, "POST", dict(self.headers), raw))
 
             def _reply(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)

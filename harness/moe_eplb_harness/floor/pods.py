@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shlex
@@ -165,6 +166,41 @@ def engine_settings(pod_spec: dict, *, share: float = 1.0, num_groups: int = 1) 
         return EngineSettings(model=model, ep_size=tp * dp, knobs=knobs, eplb_enabled=enabled,
                               num_groups=num_groups, share=share)
     raise PodSpecError("no container runs `vllm serve`")
+
+
+async def mount_engine(api: Any, engine: Any, namespace: str, instance: str, pod_spec: dict | None) -> None:
+    """What a started pod mounts that a simulated engine reads, as the kubelet mounts it: the
+    operator's control token (Secret ``<instance>-control``: the engine's live-apply route checks it)
+    and the live settings (ConfigMap ``<instance>-eplb-live``): applied before the engine's first step
+    when written for this pod's template (their ``configHash`` is the container's
+    ``MOE_EPLB_CONFIG_HASH``), as each worker of a real pod applies them at start
+    (:mod:`moe_eplb.exporter.live`). Objects that are missing are skipped (the pod volumes are optional)."""
+    import base64
+
+    from moe_eplb.contracts import k8s_names
+    from moe_eplb.contracts import live_protocol as lp
+    from moe_eplb.contracts.vllm_facts import first_rearrangement_step
+
+    if not isinstance(engine, SimulatedEngine) or api is None:
+        return
+    base = f"/api/v1/namespaces/{namespace}"
+    secret = await api.request("GET", f"{base}/secrets/{k8s_names.control_secret_name(instance)}", missing_ok=True)
+    data = ((secret or {}).get("data") or {}).get(k8s_names.CONTROL_TOKEN_KEY)
+    engine.control_token = base64.b64decode(data).decode() if data else None
+    cm = await api.request("GET", f"{base}/configmaps/{k8s_names.live_configmap_name(instance)}", missing_ok=True)
+    try:
+        values = json.loads(((cm or {}).get("data") or {}).get(k8s_names.LIVE_FILE_KEY) or "{}")
+    except ValueError:
+        return
+    own = next((container_env(c).get(k8s_names.CONFIG_HASH_ENV) for c in (pod_spec or {}).get("containers") or []
+                if container_env(c).get(k8s_names.CONFIG_HASH_ENV)), None)
+    if not values or own is None or values.get(lp.FILE_HASH) != own:
+        return
+    replay = engine.replay
+    if replay.steps == 0:
+        knobs = Knobs(int(values[lp.FILE_WINDOW]), int(values[lp.FILE_INTERVAL]), replay.s.knobs.num_redundant_experts)
+        replay.s = dataclasses.replace(replay.s, knobs=knobs)
+        replay.next_rearrange = first_rearrangement_step(knobs.step_interval)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from moe_eplb_harness.floor.pods import (
     PodSpecError,
     PollingKubelet,
     engine_settings,
+    mount_engine,
     runs_flag,
     vllm_flag,
 )
@@ -337,9 +338,11 @@ class NodeAgent(PollingKubelet):
         self.pods[p.uid] = p
         vllm = next((c for c in spec.get("containers") or [] if c.get("name") == "vllm"), None)
         if vllm is not None and runs_flag(vllm, "--enable-elastic-ep"):
+            p.spec = spec
             await self._start_elastic(p, pod, vllm)
             self.pods_started += 1
             return p
+        p.spec = spec
         member = group_of(meta)
         if member is not None:  # its group's engine starts once the group is whole (_reconcile_groups)
             p.group, p.worker, p.size = member
@@ -359,6 +362,7 @@ class NodeAgent(PollingKubelet):
                 p.engine = SimulatedEngine(self.trace_for(instance), p.settings, self.clock,
                                            self.engine_run(p.settings, self.pods_started, port=p.port or 0,
                                                            hosts=(p.ip,), api_port=self._api_port(spec)))
+                await mount_engine(self.cluster, p.engine, p.namespace, instance, spec)
                 await p.engine.start()
             except (ValueError, OSError) as exc:  # e.g. experts + redundant not divisible: vLLM fails at start-up
                 log.warning("node agent: pod %s/%s crashes: %s", p.namespace, p.name, exc)
@@ -441,6 +445,7 @@ class NodeAgent(PollingKubelet):
             await p.engine.stop()
             p.engine = SimulatedEngine(self.trace_for(p.instance), p.settings, self.clock,
                                        self.engine_run(p.settings, self.pods_started, port=p.port or 0, hosts=(p.ip,)))
+            await mount_engine(self.cluster, p.engine, p.namespace, p.instance, p.spec)
             await p.engine.start()
             p.ready_since = ""
 
@@ -546,6 +551,7 @@ class NodeAgent(PollingKubelet):
                                          self.engine_run(settings, self.pods_started, port=leader.port or 0, pods=size,
                                                          hosts=tuple(p.ip for p in pods),
                                                          api_port=self._api_port(leader.spec)))
+                await mount_engine(self.cluster, engine, leader.namespace, leader.instance, leader.spec)
                 await engine.start()
                 await ft_groups.attach(self, engine, pods)
             except (ValueError, OSError) as exc:  # vLLM fails at start-up: every pod of the group

@@ -229,6 +229,9 @@ class Evaluation:
     eplb_advice: dict | None = field(default=None, metadata={"raw": True})
     #: per-replica loads: their divergence and, above the threshold, each replica's own pick
     replicas: dict | None = field(default=None, metadata={"raw": True})
+    #: how an Apply (or Experiment) changes the engines: ``live`` (window and interval on the running
+    #: engines, no restart) or ``restart`` (a rollout, or the trial's pods); None for other decisions
+    apply_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,42 @@ class Experiment:
     learned: tuple[dict, ...] = field(default=(), metadata={"raw": True})
 
 
+#: live changes kept in ``status.autotune.liveChanges`` (the newest)
+LIVE_CHANGES_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """``status.autotune.live``: the window and interval applied live on top of the pod template's
+    settings (:mod:`moe_eplb.controller.live`), in force while the template is the one they were
+    applied on (``configHash``, the template's ``eplb.ai/eplb-config-hash``). The operator writes
+    them into the pods' live-settings ConfigMap, so a restarted pod comes back with them."""
+
+    window_size: int
+    step_interval: int
+    config_hash: str
+    step: int | None = None  # the engine step they took effect (the first engine's; see steps)
+    steps: dict | None = field(default=None, metadata={"raw": True})  # engine -> agreed step
+    applied_at: float | None = _time(default=None)
+
+    def over(self, knobs: Knobs) -> Knobs:
+        """``knobs`` (the template's) with this window and interval."""
+        return Knobs(self.window_size, self.step_interval, knobs.num_redundant_experts)
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """One ``status.autotune.liveChanges[]`` entry: a change of window and interval applied live,
+    from which engine step, and why."""
+
+    at: float = _time()
+    from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
+    to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
+    step: int | None = None
+    steps: dict | None = field(default=None, metadata={"raw": True})
+    reason: str | None = None
+
+
 @dataclass(frozen=True)
 class AutotuneStatus:
     """The whole ``status.autotune``. ``notes``: records that could not be read (dropped)."""
@@ -349,6 +388,10 @@ class AutotuneStatus:
     experiment: Experiment | None = None
     #: the last finished experiments (verdict, estimate, interval), oldest first
     experiments: tuple[Experiment, ...] = field(default=(), metadata={"omit_empty": True})
+    #: window and interval applied live over the template's (None: the template's run)
+    live: LiveSettings | None = None
+    #: the last live changes, oldest first
+    live_changes: tuple[LiveChange, ...] = field(default=(), metadata={"omit_empty": True})
     notes: tuple[str, ...] = field(default=(), metadata={"skip": True}, compare=False)
     #: the mapping as stored (what a status patch is computed against)
     stored: Mapping[str, Any] = field(default_factory=dict, metadata={"skip": True}, compare=False, repr=False)
@@ -370,13 +413,17 @@ class AutotuneStatus:
         """This status without a running experiment and ``done`` appended to ``experiments``."""
         return self.replace(experiment=None, experiments=(self.experiments + (done,))[-EXPERIMENTS_LIMIT:])
 
+    def with_live_change(self, change: LiveChange) -> AutotuneStatus:
+        """This status with ``change`` appended to ``liveChanges`` (oldest dropped past the limit)."""
+        return self.replace(live_changes=(self.live_changes + (change,))[-LIVE_CHANGES_LIMIT:])
+
     def recent_restarts(self, now: float, day: float = 86400.0) -> tuple[float, ...]:
         """Restart times within the last 24 h."""
         return tuple(t for t in self.restarts if now - t < day)
 
 
 _RECORDS = ("override", "rollout", "last_evaluation", "recommendation", "history", "restarts",
-            "last_change_time", "degraded", "learned", "experiment", "experiments")
+            "last_change_time", "degraded", "learned", "experiment", "experiments", "live", "live_changes")
 
 
 def parse_autotune_status(raw: Any) -> AutotuneStatus:

@@ -34,6 +34,7 @@ from moe_eplb.contracts.k8s_names import (
     CHAT_TEMPLATE_VOLUME,
     COMPONENT_LABEL,
     CONFIG_HASH_ANNOTATION,
+    CONFIG_HASH_ENV,
     CONTROL_MOUNT_DIR,
     CONTROL_TOKEN_FILE_ENV,
     CONTROL_VOLUME,
@@ -43,6 +44,9 @@ from moe_eplb.contracts.k8s_names import (
     EXPORTER_PORT,
     EXPORTER_PORT_NAME,
     EXPORTER_VOLUME,
+    LIVE_FILE_ENV,
+    LIVE_MOUNT_DIR,
+    LIVE_VOLUME,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
     MAX_API_SERVERS_PER_POD,
@@ -73,11 +77,12 @@ OWNED_PORTS = (API_PORT, SUPERVISOR_PORT, EXPORTER_PORT)
 OWNED_PORT_NAMES = (API_PORT_NAME, SUPERVISOR_PORT_NAME, EXPORTER_PORT_NAME)
 #: environment of the engine container the overlay may not set: the plugin list (the exporter is
 #: always in it; ``spec.engine.env`` adds plugins) and the variables the rendered command expands
-OWNED_ENV = ("VLLM_PLUGINS", LWS_LEADER_ADDRESS_ENV, LWS_WORKER_INDEX_ENV, CONTROL_TOKEN_FILE_ENV)
+OWNED_ENV = ("VLLM_PLUGINS", LWS_LEADER_ADDRESS_ENV, LWS_WORKER_INDEX_ENV, CONTROL_TOKEN_FILE_ENV, LIVE_FILE_ENV,
+             CONFIG_HASH_ENV)
 #: set by the operator while the exporter is injected (``spec.engine.env`` appends to it)
 EXPORTER_ENV = "PYTHONPATH"
-OWNED_VOLUMES = (SHM_VOLUME, MODEL_VOLUME, EXPORTER_VOLUME, CHAT_TEMPLATE_VOLUME, CONTROL_VOLUME)
-OWNED_MOUNT_PATHS = (SHM_MOUNT_PATH, EXPORTER_INJECT_DIR, CHAT_TEMPLATE_DIR, CONTROL_MOUNT_DIR)
+OWNED_VOLUMES = (SHM_VOLUME, MODEL_VOLUME, EXPORTER_VOLUME, CHAT_TEMPLATE_VOLUME, CONTROL_VOLUME, LIVE_VOLUME)
+OWNED_MOUNT_PATHS = (SHM_MOUNT_PATH, EXPORTER_INJECT_DIR, CHAT_TEMPLATE_DIR, CONTROL_MOUNT_DIR, LIVE_MOUNT_DIR)
 MAX_LABELS = 64
 MAX_ANNOTATIONS = 64
 
@@ -146,14 +151,16 @@ def container_rules() -> list[dict[str, Any]]:
         "rule": _engine(f"!has(self.env) || self.env.all(e, !(e.name in {_list(OWNED_ENV)}))"),
         "fieldPath": ".env",
         "message": f"{where}.env: {', '.join(OWNED_ENV)} are set by the operator (the plugin list, the "
-                   "variables its command expands, the control token's path); add plugins with spec.engine.env "
+                   "variables its command expands, the control token's and live settings' paths, the template's "
+                   "config hash); add plugins with spec.engine.env "
                    "VLLM_PLUGINS, remove the rest"})
     out.append({
         "rule": _engine(f"!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in "
                         f"{_list(OWNED_MOUNT_PATHS)}))"),
         "fieldPath": ".volumeMounts",
         "message": f"{where}.volumeMounts: {', '.join(OWNED_MOUNT_PATHS)} are mounted by the operator "
-                   "(spec.engine.shmSize, the exporter, spec.engine.chatTemplate, the control token); mount elsewhere"})
+                   "(spec.engine.shmSize, the exporter, spec.engine.chatTemplate, the control token, the live "
+                   "settings); mount elsewhere"})
     return out
 
 
@@ -163,7 +170,8 @@ def pod_spec_rules() -> list[dict[str, Any]]:
         {"rule": f"!has(self.volumes) || self.volumes.all(v, !(v.name in {_list(OWNED_VOLUMES)}))",
          "fieldPath": ".volumes",
          "message": f"{FIELD}.spec.volumes: {', '.join(OWNED_VOLUMES)} are the operator's volumes "
-                    "(spec.engine.shmSize, spec.model.storage.pvc, the exporter, spec.engine.chatTemplate, the control token); "
+                    "(spec.engine.shmSize, spec.model.storage.pvc, the exporter, spec.engine.chatTemplate, the control token, "
+                    "the live settings); "
                     "use those fields or another volume name"},
         {"rule": f"!has(self.initContainers) || self.initContainers.all(c, c.name != '{EXPORTER_INIT_CONTAINER}')",
          "fieldPath": ".initContainers",

@@ -23,7 +23,7 @@ from typing import Any
 
 from moe_eplb.api import catalog, wide_ep
 from moe_eplb.api import elastic as elastic_api
-from moe_eplb.api.autotune_status import AutotuneStatus, Override, parse_autotune_status
+from moe_eplb.api.autotune_status import AutotuneStatus, LiveSettings, Override, parse_autotune_status
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.elastic import ElasticStatus, parse_status
@@ -695,6 +695,22 @@ class MoEInference:
             num_expert_groups=pick(moe.num_expert_groups, entry.num_expert_groups if entry else 1) or 1,
             bytes_per_expert=pick(moe.bytes_per_expert, entry.bytes_per_expert(self.quantization) if entry else None),
         )
+
+    @property
+    def live(self) -> LiveSettings | None:
+        """``status.autotune.live`` while it applies: EPLB on and the pod template is the one the
+        values were applied on (its config hash); else None (a new template runs its own values)."""
+        rec = self.status.live
+        if rec is None or not self.effective.enabled or rec.config_hash != self.effective.config_hash():
+            return None
+        return rec
+
+    @property
+    def running_knobs(self) -> Knobs:
+        """What the engines run: the template's settings (:attr:`effective`) with the window and
+        interval applied live over them (:attr:`live`)."""
+        live = self.live
+        return live.over(self.effective.knobs) if live is not None else self.effective.knobs
 
     @property
     def spec_knobs(self) -> Knobs:

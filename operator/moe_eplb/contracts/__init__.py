@@ -10,6 +10,7 @@ rest of ``moe_eplb`` -- so that
 
 Modules: ``k8s_names`` (the Kubernetes API surface: group, kind, labels, annotations, ports),
 ``metric_names`` (every Prometheus series and label), ``vllm_facts`` (vLLM's EPLB limits, defaults,
-rearrangement schedule, balancedness), ``trace_format`` (the load-trace file format) and
-``bounded_read`` (bounded readers of untrusted files).
+rearrangement schedule, balancedness), ``trace_format`` (the load-trace file format),
+``bounded_read`` (bounded readers of untrusted files) and ``live_protocol`` (the exchange that
+changes window and interval live: commands, per-rank status, the agreed step and its guard).
 """

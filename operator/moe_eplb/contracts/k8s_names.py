@@ -162,5 +162,26 @@ def control_secret_name(resource_name: str) -> str:
     return f"{resource_name}{CONTROL_SECRET_SUFFIX}"
 
 
+# --- window and interval applied live, kept for pods that restart ---------------------------------
+#: A ConfigMap per resource (``<name>-eplb-live``, key ``settings.json``) holding the window and
+#: interval the operator applied live over the pod template's (``status.autotune.live``, JSON keys of
+#: moe_eplb.contracts.live_protocol: windowSize, stepInterval, configHash, step), mounted read-only
+#: into every engine container. Each worker reads it once at start and applies the values when they
+#: were applied on its own template (configHash == MOE_EPLB_CONFIG_HASH): a pod that restarts comes
+#: back with the values in force. The kubelet refreshes the mount; the pod template never changes.
+LIVE_CONFIGMAP_SUFFIX = "-eplb-live"
+LIVE_FILE_KEY = "settings.json"
+LIVE_VOLUME = "eplb-live"
+LIVE_MOUNT_DIR = "/var/run/moe-eplb/live"
+LIVE_FILE = f"{LIVE_MOUNT_DIR}/{LIVE_FILE_KEY}"
+LIVE_FILE_ENV = "MOE_EPLB_LIVE_FILE"  # env of the engine container: the file's path
+CONFIG_HASH_ENV = "MOE_EPLB_CONFIG_HASH"  # env of the engine container: its template's eplb-config-hash
+
+
+def live_configmap_name(resource_name: str) -> str:
+    """The live-settings ConfigMap of the MoEInference ``resource_name``."""
+    return f"{resource_name}{LIVE_CONFIGMAP_SUFFIX}"
+
+
 # --- the operator's own endpoints -----------------------------------------------------------------
 OPERATOR_METRICS_PORT = 8080

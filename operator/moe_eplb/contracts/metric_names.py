@@ -28,6 +28,10 @@ BALANCEDNESS = "moe_eplb_balancedness"  # gauge {model_name, layer}
 CONFIG_INFO = "moe_eplb_config_info"  # gauge = 1 {model_name, window_size, step_interval, num_redundant_experts, ep_size}
 EXPORTER_START_TIME = "moe_eplb_exporter_start_time_seconds"  # gauge {model_name}: unix time the counters started at 0
 EXPORTER_RANKS = "moe_eplb_exporter_ranks"  # gauge {model_name}: EP ranks whose counters this pod serves
+#: the EPLB settings in force on each EP rank (live apply: moe_eplb.contracts.live_protocol)
+SETTINGS_WINDOW_SIZE = "moe_eplb_settings_window_size"  # gauge {model_name, rank}: window in force, steps
+SETTINGS_STEP_INTERVAL = "moe_eplb_settings_step_interval"  # gauge {model_name, rank}: interval in force, steps
+SETTINGS_SINCE_STEP = "moe_eplb_settings_since_step"  # gauge {model_name, rank}: engine step they took effect
 #: pods of a multi-node replica group whose expert counts this pod's EXPERT_TOKENS holds: the group's
 #: leader exports the group's one L x E copy (itself + each worker it hears from); a worker exports 0
 #: and neither EXPERT_TOKENS nor EXPERT_REPLICAS. Absent on a pod outside a group (it exports its own).

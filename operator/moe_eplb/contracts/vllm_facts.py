@@ -9,6 +9,8 @@ the product reads.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 #: ``EPLBConfig.num_redundant_experts`` upper limit (``le=1023``).
@@ -132,6 +134,33 @@ def redundant_problem(num_experts: int | None, ep_size: int | None, num_redundan
 def first_rearrangement_step(step_interval: int) -> int:
     """Engine steps before vLLM's first rearrangement: its counter starts at ``I - I // 4``."""
     return max(step_interval // 4, 1)
+
+
+def first_counter(step_interval: int) -> int:
+    """vLLM's rearrangement counter at start (``EplbState.add_model``): ``max(0, I - I // 4)``."""
+    return max(0, step_interval - step_interval // 4)
+
+
+#: vLLM releases (major, minor) whose ``EplbState`` live apply was checked against: 0.32 (the CPU
+#: wheel, also on a real engine), 0.33 and 0.34 (their released sources). The attributes it changes
+#: (``expert_rearrangement_step_interval``, ``expert_load_window_size``, ``expert_load_window_step``,
+#: each ``EplbModelState.expert_load_window``) are read only by ``step()`` and ``rearrange()`` there.
+LIVE_APPLY_VLLM = ((0, 32), (0, 33), (0, 34))
+
+
+def live_apply_supports(version: str | tuple[int, ...] | None) -> bool:
+    """Whether live apply of window and interval is supported on vLLM ``version`` (a version string
+    such as ``0.32.0+cpu``, or a ``(major, minor, ...)`` tuple)."""
+    if isinstance(version, str):
+        m = re.search(r"(\d+)\.(\d+)", version)
+        version = (int(m.group(1)), int(m.group(2))) if m else None
+    return version is not None and tuple(version[:2]) in LIVE_APPLY_VLLM
+
+
+def live_apply_range() -> str:
+    """The releases of :data:`LIVE_APPLY_VLLM` as a person reads them: ``0.32.x - 0.34.x``."""
+    lo, hi = LIVE_APPLY_VLLM[0], LIVE_APPLY_VLLM[-1]
+    return f"{lo[0]}.{lo[1]}.x - {hi[0]}.{hi[1]}.x"
 
 
 def rearrangement_steps(step_interval: int, num_steps: int) -> np.ndarray:

@@ -16,8 +16,12 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first), and
-  ``outcome`` (what a step of those state machines returns: the new status, Events, conditions);
+  ``experiment`` (the pure state machine of an experiment: a change on one replica first),
+  ``outcome`` (what a step of those state machines returns: the new status, Events, conditions), and
+  ``shift`` (a workload shift noticed between evaluations: evaluate on the load since, at once);
+- ``live``: window and interval applied live to running engines (one engine step on every EP rank,
+  no restart: ``live_capable``, ``apply_live``), with ``live_client`` (its HTTP calls to the pods'
+  exporters, the control token on each).
 - fault recovery (``spec.faultTolerance``): ``recovery`` (the pure decision and state machine: retry or
   scale_down, one round per fault, the planned restart), ``recovery_loop`` (its kopf timer, owned by
   the ``Controller``: pods and ranks read, status written, rounds sent), ``recovery_client`` (the HTTP

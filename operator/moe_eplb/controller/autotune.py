@@ -63,9 +63,9 @@ from moe_eplb.api.spec import MoEInference, SpecError, parse
 from moe_eplb.api.validation import all2all_backend
 from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
+from moe_eplb.controller import control, live, opmetrics
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import experiment as exm
-from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import ApiError, KubeClient
@@ -77,6 +77,7 @@ from moe_eplb.controller.recovery_loop import tuning_pause
 from moe_eplb.controller.scale_down import REASON as SCALE_DOWN_PAUSED
 from moe_eplb.controller.scale_down import ScaleDownWatch
 from moe_eplb.controller.settings import OperatorSettings
+from moe_eplb.controller.shift import Shift, ShiftSettings, ShiftWatch
 from moe_eplb.controller.workload import read_scaling, workload_view
 from moe_eplb.eplb.replay.capacity import KvCapacity, capacity_from_trace
 from moe_eplb.eplb.replay.costmodel import CostModel
@@ -132,6 +133,8 @@ class _Gathered:
     tuner_seconds: float | None = None
     baseline: Measurement | None = None
     replicas: PerReplica | None = None  # the replicas' loads: their divergence, per-replica picks
+    pods: list[dict] = dataclasses.field(default_factory=list)
+    shift: Shift | None = None  # the evaluation runs on the load since this shift
 
 
 class AutotuneLoop:
@@ -153,6 +156,9 @@ class AutotuneLoop:
         #: per resource, the calibration and cost model of its last tuning (an experiment it started
         #: learns against them; lost with the process, then nothing is learned from that experiment)
         self.last_calibration: dict[tuple[str, str], tuple[Calibration, CostModel]] = {}
+        #: per resource, the workload-shift watch between evaluations (:mod:`.shift`; in memory: a
+        #: restarted operator starts watching again, the regular evaluations go on meanwhile)
+        self.shift_watches: dict[tuple[str, str], ShiftWatch] = {}
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
     def now(self) -> float:
@@ -199,6 +205,13 @@ class AutotuneLoop:
             return None
         state = inf.status
         now = self.now()
+        if state.rollout is None and state.experiment is None and state.live is not None and inf.live is None:
+            # the pods' template changed since the live values were applied (a change that restarted
+            # them, or the user's edit): the template's values run; drop the record (and the ConfigMap's)
+            if await self._write(client, inf, state.replace(live=None), {}, now):
+                await self._rerender(client, inf)
+                return "live:dropped"
+            return "conflict"
         if state.rollout is None and inf.override_problem is not None:
             # The user edited spec.eplb (or the override no longer fits the spec): spec.eplb runs.
             # Drop the stale override so that editing spec.eplb back cannot revive it.
@@ -212,15 +225,20 @@ class AutotuneLoop:
             return await self._write_rebalance(client, inf, health, now)
         if inf.prometheus_url is None and inf.autotune.mode != "Off":
             await self.load_observer.collect(client, inf, now)
-        if state.experiment is not None:
-            result = await self.advance_experiment(client, inf, now)
-        elif state.rollout is not None:
-            result = await self.advance_rollout(client, inf, now)
-        elif inf.autotune.mode == "Off" or not dec.due(inf.autotune, state, now):
+        if state.experiment is not None or state.rollout is not None:
+            self._shift_watch(inf).reset(now)  # pods restart: balancedness before and after do not compare
+            result = await (self.advance_experiment(client, inf, now) if state.experiment is not None
+                            else self.advance_rollout(client, inf, now))
+        elif inf.autotune.mode == "Off":
             return None
         else:
-            result = await self.evaluate(client, inf, now)
-        if result in ("evaluation:Apply", "evaluation:Experiment", "rollout:RollingBack", "rollout:Superseded") or (
+            due = dec.due(inf.autotune, state, now)
+            shift = None if due else await self._watch_shift(inf, now)
+            if not due and shift is None:
+                return None
+            result = await self.evaluate(client, inf, now, shift=shift)
+        if result in ("evaluation:Apply", "evaluation:Experiment", "rollout:RollingBack", "rollout:Superseded",
+                      "evaluation:ApplyLive") or (
                 result is not None and result.startswith("experiment:")) or (
                 inf.autoscaling is not None and result is not None and result.startswith("rollout:")):
             # with an autoscaler, every rollout phase change re-renders it (its minReplicas holds the
@@ -375,8 +393,12 @@ class AutotuneLoop:
 
     # --- an evaluation ---------------------------------------------------------------------------
 
-    async def evaluate(self, client: KubeClient, inf: MoEInference, now: float) -> str | None:
-        """Read the load, tune, and let :func:`.decisions.evaluate` decide; write the evaluation."""
+    async def evaluate(self, client: KubeClient, inf: MoEInference, now: float, *,
+                       shift: Shift | None = None) -> str | None:
+        """Read the load, tune, and let :func:`.decisions.evaluate` decide; write the evaluation. A
+        change of window and interval the decision applies live is carried out here (:mod:`.live`)
+        and recorded only once every EP rank confirmed it. ``shift``: a workload shift the watch saw
+        (:mod:`.shift`): the load is read from the shift on."""
         if not inf.effective.enabled:
             off_by_tuner = inf.effective.source == "autotune"
             reason = (EPLB_OFF_BY_TUNER if off_by_tuner else
@@ -398,32 +420,133 @@ class AutotuneLoop:
                                      {"Tuned": ("False", SCALE_DOWN_PAUSED, paused)}, now):
                     return f"evaluation:{dec.KEEP}"
                 return "conflict"
-        got = await self._gather(client, inf, now)
+        got = await self._gather(client, inf, now, since=shift.at if shift is not None else None)
+        got.shift = shift
         # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
         now = self.now()
         out, ev = await self._decide(client, inf, got, now)
+        if out.live is not None:
+            out, ev = await self._apply_live(client, inf, got, out, ev)
+            now = self.now()
+        if shift is not None:
+            ev = dataclasses.replace(ev, reason=f"{shift.describe()}; evaluated on the load since: {ev.reason}")
+        if shift is not None or out.decision in (dec.APPLY, dec.EXPERIMENT):
+            # a change moves balancedness by itself, and a shift evaluated on is the new normal:
+            # watch from here (an evaluation that changes nothing keeps the history)
+            self._shift_watch(inf).reset(now)
+        applied = out.live is not None and out.decision == dec.APPLY
         if not await self._write(client, inf, out.status.replace(last_evaluation=ev), out.conditions, now):
-            return "conflict"
+            if not applied:
+                return "conflict"
+            # the engines run the new values: record them on the resource as it is now, whatever changed
+            if not await self._record_live_again(client, inf, out.status, ev, out.conditions, now):
+                log.error("autotune %s/%s: the live change %s runs on the engines but could not be recorded",
+                          inf.namespace, inf.name, dec.describe(out.live))
+                return "conflict"
+        if applied and self.settings.observer:
+            self.settings.observer("live", inf, out.status.live_changes[-1])
         for etype, reason, message in out.events:
             if etype == "Warning":
                 log.warning("autotune %s/%s: %s: %s", inf.namespace, inf.name, reason, message)
             await self._event(client, inf, etype, reason, message)
+        if out.live is not None and out.decision == dec.APPLY:
+            await self._event(client, inf, "Normal", "AppliedLive", out.reason)
         opmetrics.record_evaluation(inf.namespace or "default", inf.name, decision=out.decision,
                                     predicted_gain=out.predicted_gain, tuner_seconds=got.tuner_seconds, now=now)
         if ev.calibration is not None:
             opmetrics.record_calibration(inf.namespace or "default", inf.name, ev.calibration)
         if self.settings.observer:
             self.settings.observer("evaluation", inf, ev)
-        return f"evaluation:{out.decision}"
+        return "evaluation:ApplyLive" if out.live is not None and out.decision == dec.APPLY else \
+            f"evaluation:{out.decision}"
 
-    async def _gather(self, client: KubeClient, inf: MoEInference, now: float) -> _Gathered:
+    async def _record_live_again(self, client: KubeClient, inf: MoEInference, status: AutotuneStatus,
+                                 ev: Evaluation, conditions: dec.Conditions, now: float, tries: int = 3) -> bool:
+        """The status write of a confirmed live change failed with a conflict: write its records
+        (``live``, the new ``liveChanges`` entry, the evaluation) over the resource as stored now."""
+        for _ in range(tries):
+            fresh = await client.get(API, KIND, inf.namespace, inf.name)
+            if fresh is None:
+                return False
+            cur = parse(fresh)
+            merged = cur.status.with_live_change(status.live_changes[-1]).replace(live=status.live, last_evaluation=ev)
+            if await self._write(client, cur, merged, conditions, now):
+                return True
+        return False
+
+    def _shift_watch(self, inf: MoEInference) -> ShiftWatch:
+        key = (inf.namespace or "default", inf.name)
+        watch = self.shift_watches.get(key)
+        if watch is None:
+            sample = max(self.settings.tick_seconds, inf.autotune.evaluation_interval_s / 10.0)
+            watch = self.shift_watches[key] = ShiftWatch(ShiftSettings(sample_seconds=sample))
+        return watch
+
+    async def _watch_shift(self, inf: MoEInference, now: float) -> Shift | None:
+        """Between evaluations: one more balancedness window when due (:mod:`.shift`); the shift to
+        evaluate on once one showed and the load since it holds enough engine steps for the tuner
+        (``min_steps`` at the rate measured before it), else None."""
+        watch = self._shift_watch(inf)
+        start = watch.due(now)
+        if start is not None and watch.pending is None:
+            _, pods = await self._view(self.host.client, inf)
+            measured = await self.load_observer.measure(inf, pods, start, now)
+            shift = watch.add(start, now, measured.balancedness if measured is not None else None)
+            if shift is not None:
+                log.info("autotune %s/%s: %s", inf.namespace, inf.name, shift.describe())
+        shift = watch.pending
+        if shift is None:
+            return None
+        last = inf.status.last_evaluation
+        steps = last.data_window.steps if last is not None and last.data_window is not None else None
+        span = (last.data_window.end - last.data_window.start) if steps and last.data_window.end and \
+            last.data_window.start else None
+        rate = steps / span if steps and span else None
+        wait = self.settings.min_steps / rate if rate else inf.autotune.evaluation_interval_s / 3.0
+        return shift if now - shift.at >= wait else None
+
+    async def _apply_live(self, client: KubeClient, inf: MoEInference, got: _Gathered, out: dec.Evaluated,
+                          ev: Evaluation) -> tuple[dec.Evaluated, Evaluation]:
+        """Carry out a live change the decision made (:func:`.live.apply_live`) and record it when
+        every EP rank confirmed; else the evaluation says why: a deferral (tried again at the next
+        evaluation), or -- where the pods cannot take it live at all -- the same change as a restart."""
+        target, current = out.live, inf.running_knobs
+        assert target is not None
+        token = await control.read_token(client, inf.namespace or "default", inf.name)
+        outcome = await live.apply_live(live.live_pods(inf, got.pods), token or "", target, current) if token \
+            else live.LiveOutcome(False, None, "the control Secret is missing (the next reconcile makes it)")
+        now = self.now()
+        if outcome.ok:
+            status = dec.record_live(out.status, now=now, current=current, target=target,
+                                     config_hash=inf.effective.config_hash(), step=outcome.step, steps=outcome.steps,
+                                     reason=out.reason)
+            out.status, out.reason = status, f"{out.reason}: {outcome.reason}"
+            out.conditions["Tuned"] = ("True", "AppliedLive", out.reason)
+        elif outcome.unsupported:
+            log.info("autotune %s/%s: live apply not possible (%s); the change restarts the pods instead",
+                     inf.namespace, inf.name, outcome.reason)
+            out, ev = await self._decide(client, inf, got, now, live_problem=outcome.reason)
+            return out, ev
+        else:
+            out.decision = dec.DEFER
+            out.reason = f"{out.reason}; the live change failed, retried at the next evaluation: {outcome.reason}"
+            out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+            out.events.append(("Warning", "LiveApplyFailed", outcome.reason))
+            out.live = None
+        ev = dataclasses.replace(ev, decision=out.decision, reason=out.reason,
+                                 apply_mode=dec.LIVE if outcome.ok else None)
+        out.status = out.status.replace(last_evaluation=ev)
+        return out, ev
+
+    async def _gather(self, client: KubeClient, inf: MoEInference, now: float, *,
+                      since: float | None = None) -> _Gathered:
         """The evaluation's inputs: the workload (a group recreated over and over since the last
         evaluation crash-loops, not merely "not ready"), the load, the tuner's answer on it and, when
         the answer may be applied, the balancedness measured now (the baseline)."""
         rt, cfg = self.settings, inf.autotune
         view, pods = await self._view(client, inf, since=now - cfg.evaluation_interval_s)
-        got = _Gathered(view=view, blocker=_blocker(view))
-        start = now - rt.lookback_seconds
+        got = _Gathered(view=view, blocker=_blocker(view), pods=pods)
+        start = now - rt.lookback_seconds if since is None else max(since, now - rt.lookback_seconds)
         try:
             got.trace, got.data_window = await self.load_observer.read_load(inf, start, now, pods)
             if got.trace.total_steps < rt.min_steps:
@@ -434,7 +557,7 @@ class AutotuneLoop:
         if got.load_error is None and got.trace is not None:
             t0 = time.process_time()
             try:
-                got.result, got.calibration = await self.tune(got.trace, inf, inf.effective.knobs)
+                got.result, got.calibration = await self.tune(got.trace, inf, inf.running_knobs)
                 if got.calibration is not None:
                     self.last_calibration[(inf.namespace or "default", inf.name)] = (got.calibration, got.result.cost)
                 got.answer = dec.TunerAnswer.of(got.result)
@@ -481,14 +604,15 @@ class AutotuneLoop:
     async def tune(self, trace: LoadTrace, inf: MoEInference, current: Knobs) -> tuple[TuneResult, Calibration | None]:
         """The tuner on the trace, with the cost model calibrated from its telemetry (in a thread:
         CPU-bound)."""
-        return await asyncio.to_thread(run_calibrated_tuner, trace, inf, current, self.settings.search)
+        return await asyncio.to_thread(run_calibrated_tuner, trace, inf, current,
+                                       replace(self.settings.search, live=live.live_capable(inf) is None))
 
     async def _decide(self, client: KubeClient, inf: MoEInference, got: _Gathered,
-                      now: float) -> tuple[dec.Evaluated, Evaluation]:
+                      now: float, *, live_problem: str | None = None) -> tuple[dec.Evaluated, Evaluation]:
         """:func:`.decisions.evaluate` on what was gathered (and the autoscaler's state when the answer
         may be applied); the evaluation record with who evaluated, the tuner's CPU time and, with an
         autoscaler, the replica costs."""
-        cfg, current, answer = inf.autotune, inf.effective.knobs, got.answer
+        cfg, current, answer = inf.autotune, inf.running_knobs, got.answer
         scaling = await read_scaling(client, inf, got.view, self.settings.to_clock) \
             if answer is not None and cfg.mode == "Apply" else None
         out = dec.evaluate(cfg, inf.status, now=now, generation=inf.generation, current=current,
@@ -497,7 +621,9 @@ class AutotuneLoop:
                            baseline=got.baseline, from_hash=got.view.template_hash,
                            calibration=dec.calibration_record(got.calibration) if got.calibration is not None else None,
                            scaling=scaling, replicas=int(inf.replica_groups),
-                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None)
+                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None,
+                           live_problem=live_problem or live.live_capable(inf),
+                           live_wait=live.live_wait(inf.status, now, got.trace))
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:
             replica_costs = dec.replica_costs(got.result, kv_capacity(inf, got.trace, current),

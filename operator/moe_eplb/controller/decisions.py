@@ -13,8 +13,10 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 ==========  =======================================================================
 ``Keep``    the tuner's best config is the current one, or its gain is below minGain
 ``Recommend``  Recommend mode: a better config exists; written to status, nothing changed
-``Apply``   Apply mode: a rollout to the recommended config started (with
-            ``spec.autotune.allowDisable``, one that turns EPLB off where that is the pick)
+``Apply``   Apply mode: the recommended config is applied -- live (window and interval on the
+            running engines, :mod:`.live`: ``Evaluated.live``; the loop carries it out) or by a
+            rollout (a restart); ``lastEvaluation.applyMode`` says which (with
+            ``spec.autotune.allowDisable``, a rollout that turns EPLB off where that is the pick)
 ``Experiment``  Apply mode with two or more replicas (``spec.autotune.experiments``): the change
             (or the tuner's exploration, ``TuneResult.explore``) runs on one replica first
             (:mod:`.experiment`)
@@ -36,6 +38,8 @@ from moe_eplb.api.autotune_status import (
     CalibrationRecord,
     DataWindow,
     Evaluation,
+    LiveChange,
+    LiveSettings,
     Measurement,
     Override,
     Recommendation,
@@ -56,6 +60,8 @@ from moe_eplb.eplb.tuning.tuner import TuneResult
 KEEP, RECOMMEND, APPLY, DEFER, NODATA, ERROR = "Keep", "Recommend", "Apply", "Defer", "NoData", "Error"
 EXPERIMENT = "Experiment"
 DECISIONS = (KEEP, RECOMMEND, APPLY, EXPERIMENT, DEFER, NODATA, ERROR)
+#: how an Apply changes the engines (``lastEvaluation.applyMode``)
+LIVE, RESTART = "live", "restart"
 
 # --- gates -------------------------------------------------------------------------------------
 
@@ -306,6 +312,9 @@ class Evaluated:
     events: list[Event] = field(default_factory=list)
     predicted_gain: float | None = None
     started_rollout: bool = False
+    #: a change of window and interval to apply live (the loop sends it: :func:`.live.apply_live`,
+    #: then records it with :func:`record_live`); None: nothing to apply live
+    live: Knobs | None = None
 
 
 def _pct(x: float | None) -> str:
@@ -340,6 +349,8 @@ def evaluate(
     scaling: ScalingState | None = None,
     replicas: int = 1,
     objective_before: dict | None = None,
+    live_problem: str | None = "not checked",
+    live_wait: str | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -364,6 +375,10 @@ def evaluate(
             change applied to all is judged on the objective across time).
         replicas: the replicas (replica groups) running now: with two or more and
             ``spec.autotune.experiments.enabled`` a change starts as an experiment (``Experiment``).
+        live_problem: None when the engines take a change of window and interval live
+            (:func:`.live.live_capable`), else why not: such a change is then a restart as before.
+        live_wait: why a live change must wait now (a live change whose first rearrangement has not
+            come yet: live settings need no cooldown beyond that), or None.
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -388,8 +403,10 @@ def evaluate(
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                    scaling=scaling, replicas=replicas, objective_before=objective_before)
-    ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
+                    scaling=scaling, replicas=replicas, objective_before=objective_before,
+                    live_problem=live_problem, live_wait=live_wait)
+    mode = LIVE if out.live is not None else (RESTART if out.decision in (APPLY, EXPERIMENT) else None)
+    ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason, "apply_mode": mode})
     out.status = out.status.replace(last_evaluation=ev)
     return out
 
@@ -397,7 +414,8 @@ def evaluate(
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
            baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
-           replicas: int = 1, objective_before: dict | None = None) -> Evaluation:
+           replicas: int = 1, objective_before: dict | None = None, live_problem: str | None = "not checked",
+           live_wait: str | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -415,12 +433,13 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
                                  "predicted_gain": answer.disable_gain})
         _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                   answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                  scaling=scaling, replicas=replicas, objective_before=objective_before)
+                  scaling=scaling, replicas=replicas, objective_before=objective_before, live_problem=live_problem,
+                  live_wait=live_wait)
         _recommend_off(cfg, state, out, answer, now)
         return ev
     _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb, answer=answer,
               workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash, scaling=scaling,
-              replicas=replicas, objective_before=objective_before)
+              replicas=replicas, objective_before=objective_before, live_problem=live_problem, live_wait=live_wait)
     return ev
 
 
@@ -483,12 +502,19 @@ def _judge_off(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now:
 def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
               current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
               baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None,
-              replicas: int, objective_before: dict | None) -> None:
-    """Keep, Recommend, Defer, Experiment or Apply the best EPLB-on setting."""
+              replicas: int, objective_before: dict | None, live_problem: str | None = "not checked",
+              live_wait: str | None = None) -> None:
+    """Keep, Recommend, Defer, Experiment or Apply the best EPLB-on setting (``live_problem`` None: a
+    change of window and interval alone is applied live, unless ``live_wait`` says why not yet)."""
     target, gain = answer.recommendation, answer.gain
     wants_change = target != current and (gain is None or gain >= cfg.min_gain) and answer.wants_change
     explore = not wants_change and answer.explore is not None and answer.explore != current \
         and cfg.mode == "Apply" and exp_mod.possible(cfg, replicas)
+    if explore and live_problem is None and answer.explore.num_redundant_experts == current.num_redundant_experts:
+        # window and interval alone on engines that change them live: not a trial that restarts a
+        # replica (its template could even be the running pods' own, the live values aside); settings
+        # changed live are compared on the same pods (experiments with live arms)
+        explore = False
     if explore:
         target = answer.explore
     if not wants_change and not explore:
@@ -501,6 +527,10 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
         out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
         out.conditions["Tuned"] = ("True", "Recommended", out.reason)
         out.events.append(("Normal", "Recommended", out.reason))
+    elif target.num_redundant_experts == current.num_redundant_experts and live_problem is None and not explore:
+        # (an exploration is a trial on one replica, never applied to every one: the experiment below)
+        _apply_live(cfg, state, out, now=now, current=current, target=target, gain=gain, scaling=scaling,
+                    workload_blocker=workload_blocker, live_wait=live_wait)
     elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
           or change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
         out.decision = DEFER
@@ -516,7 +546,9 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
                           explore=answer.explore_reason if explore else None)
     else:
         out.decision = APPLY
-        out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better"
+        how = "" if target.num_redundant_experts != current.num_redundant_experts or live_problem == "not checked" \
+            else f" (restart: {live_problem})"
+        out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better{how}"
         out.conditions["Tuned"] = ("True", "Applying", out.reason)
         out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
         out.started_rollout = True
@@ -528,6 +560,40 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
         out.status = out.status.replace(
             override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
             last_change_time=now, restarts=state.recent_restarts(now) + (now,))
+
+
+def _apply_live(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, current: Knobs,
+                target: Knobs, gain: float | None, scaling: ScalingState | None, workload_blocker: str | None,
+                live_wait: str | None) -> None:
+    """A change of window and interval only, on engines that take it live: no restart, so neither
+    the cooldown nor the restart budget applies -- only a rollout or experiment in progress, an
+    unsettled workload or autoscaler, and the previous live change's first rearrangement hold it."""
+    blocker = (scaling_blocker(scaling, now, cfg.observe_s)
+               or (f"a {state.rollout.kind or 'change'} rollout is in progress" if state.rollout is not None else None)
+               or (f"an experiment of {describe(state.experiment.trial.knobs)} is running"
+                   if state.experiment is not None else None)
+               or workload_blocker or live_wait)
+    if blocker is not None:
+        out.decision = DEFER
+        out.reason = f"{describe(target)} predicted {_pct(gain)} better (live), deferred: {blocker}"
+        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        return
+    out.decision = APPLY
+    out.reason = (f"applying live {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better; window "
+                  "and interval change on the running engines at one engine step, no restart")
+    out.conditions["Tuned"] = ("True", "ApplyingLive", out.reason)
+    out.live = target
+
+
+def record_live(state: AutotuneStatus, *, now: float, current: Knobs, target: Knobs, config_hash: str,
+                step: int | None, steps: dict | None, reason: str) -> AutotuneStatus:
+    """``state`` with a live change every EP rank confirmed: ``live`` (what runs over the template
+    ``config_hash``) and one ``liveChanges`` entry. Not a restart: ``restarts`` and
+    ``lastChangeTime`` (the restarts' cooldown) are left alone."""
+    live = LiveSettings(target.window_size, target.step_interval, config_hash, step, dict(steps or {}) or None, now)
+    return state.replace(live=live).with_live_change(
+        LiveChange(at=now, from_knobs=current, to_knobs=target, step=step, steps=dict(steps or {}) or None,
+                   reason=reason))
 
 
 def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
@@ -575,4 +641,4 @@ def set_conditions(conditions: list[dict] | None, updates: Conditions, *, now: f
 __all__ = ["KEEP", "RECOMMEND", "APPLY", "EXPERIMENT", "DEFER", "NODATA", "ERROR", "DECISIONS", "TunerAnswer", "Evaluated",
            "evaluate", "change_blocker", "SCALING_WAITS",
            "scaling_blocker", "ScalingState", "clamp_future", "due", "set_conditions", "describe", "iso", "parse_iso",
-           "calibration_record", "advice_record", "replicas_record", "replicas_event"]
+           "calibration_record", "advice_record", "replicas_record", "replicas_event", "record_live"]

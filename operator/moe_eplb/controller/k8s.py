@@ -78,6 +78,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Pod"): Kind("", "v1", "pods"),
     # the control token's Secret (controller.control): created once, read by the pod clients
     ("v1", "Secret"): Kind("", "v1", "secrets"),
+    # the live-settings ConfigMap (render.objects.live_configmap): a child like the others
+    ("v1", "ConfigMap"): Kind("", "v1", "configmaps"),
     # kopf's peering objects (controller.peering announces a replica before it acts)
     ("kopf.dev/v1", "ClusterKopfPeering"): Kind("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False),
     ("kopf.dev/v1", "KopfPeering"): Kind("kopf.dev", "v1", "kopfpeerings"),
@@ -85,6 +87,7 @@ KINDS: dict[tuple[str, str], Kind] = {
 
 #: The child kinds the renderer may produce (listed when pruning children no longer rendered).
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ConfigMap"),
     ("apps/v1", "Deployment"),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
     ("v1", "Service"),

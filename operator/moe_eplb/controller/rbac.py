@@ -37,6 +37,9 @@ RBAC_RULES: list[dict[str, list[str]]] = [
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # The live-settings ConfigMap (window and interval applied live, for pods that restart): a child.
+    {"apiGroups": [""], "resources": ["configmaps"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     # The control token's Secret (controller.control): created once per resource, read by the code
     # that sends control requests to engine pods, deleted with the resource.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},

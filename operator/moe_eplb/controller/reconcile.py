@@ -26,6 +26,7 @@ The flow (one resource at a time, serialised per resource by :class:`Reconciler`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -305,7 +306,8 @@ class Reconciler:
             for warning in advice(inf):
                 await self._event(resource, "Warning", "Advice", f"{warning.field}: {warning.message}")
 
-        eplb_status = status_eplb(inf.effective)
+        # what runs: the template's settings with the window and interval applied live over them
+        eplb_status = status_eplb(dataclasses.replace(inf.effective, knobs=inf.running_knobs))
         ep_size = inf.parallelism.ep_size
         scaling = _autoscaling_condition(describe_autoscaler(inf), outcome.skipped, live_children)
         restarts = await self._restarts(inf, live_children)

@@ -9,8 +9,10 @@ Prometheus families), ``server`` (the pod's ``/metrics`` process), ``capture`` (
 rearrangement durations and worker failures), ``group`` (one copy of the expert counters per
 multi-node replica group: the leader sums its workers' totals), ``control_auth`` (the check of
 the operator's control token on a request that changes the engine), ``elastic_relay`` (the operator's
-resize of an elastic group, relayed to the pod's own API servers); ``inject`` (the init container's copy of the plugin
-into a stock vLLM image). Metric names come from :mod:`moe_eplb.contracts.metric_names`; the
+resize of an elastic group, relayed to the pod's own API servers), ``live`` (inside each worker:
+window and interval changed at an agreed engine step) and ``live_control`` (the pod's
+``/eplb/settings`` route that hands the operator's live commands to the workers); ``inject`` (the
+init container's copy of the plugin into a stock vLLM image). Metric names come from :mod:`moe_eplb.contracts.metric_names`; the
 package imports only the contracts. Importing it pulls in nothing; torch and vLLM are imported only
 inside workers.
 """

@@ -161,14 +161,38 @@ class BalancednessWindow:
         return balancedness(delta)
 
 
-def families(models: dict[str, PodModel], mode: str = "full") -> list:
-    """Prometheus metric families for the pod (names from :mod:`moe_eplb.contracts.metric_names`)."""
+def families(models: dict[str, PodModel], mode: str = "full", live: Iterable = ()) -> list:
+    """Prometheus metric families for the pod (names from :mod:`moe_eplb.contracts.metric_names`);
+    ``live``: the ranks' live-apply statuses (:class:`moe_eplb.contracts.live_protocol.RankStatus`)."""
     f = _Families(mode)
     for pm in models.values():
         _add_model(f, pm, mode)
+    settings = settings_families(models, live)
     # the group gauge only on a replica group's pods (a pod on its own exports what it always did)
     return [f.expert, f.rank, f.replicas, f.rearr, f.hist, f.steps, f.bal, f.info, f.start, f.ranks, f.step_s,
-            f.step_t, f.kv, f.fails, f.async_h, *([f.group] if f.group.samples else [])]
+            f.step_t, f.kv, f.fails, f.async_h, *([f.group] if f.group.samples else []), *settings]
+
+
+def settings_families(models: dict[str, PodModel], live: Iterable) -> list:
+    """The EPLB settings in force on each EP rank of the pod, with the engine step they took effect
+    (``since_step``: 0 = since the engine started), from the ranks' live-apply statuses; none where
+    no rank reports one. Per model of the pod (the settings are the engine's, the same for each)."""
+    M, RK = metric_names.LABEL_MODEL, metric_names.LABEL_RANK
+    window = GaugeMetricFamily(metric_names.SETTINGS_WINDOW_SIZE, "EPLB load window (engine steps) in force on the "
+                               "EP rank (changed live or from the operator's live settings at start).", labels=[M, RK])
+    interval = GaugeMetricFamily(metric_names.SETTINGS_STEP_INTERVAL, "EPLB rearrangement interval (engine steps) "
+                                 "in force on the EP rank.", labels=[M, RK])
+    since = GaugeMetricFamily(metric_names.SETTINGS_SINCE_STEP, "Engine step from which the rank's window and "
+                              "interval are in force (0: since the engine started).", labels=[M, RK])
+    for status in live:
+        if status.ep_rank is None or status.window_size is None or status.step_interval is None:
+            continue
+        for name in models:
+            r = str(status.ep_rank)
+            window.add_metric([name, r], float(status.window_size))
+            interval.add_metric([name, r], float(status.step_interval))
+            since.add_metric([name, r], float(status.since_step))
+    return [window, interval, since] if window.samples else []
 
 
 class _Families:
@@ -305,4 +329,6 @@ class PodCollector:
         return models
 
     def collect(self):
-        yield from families(self.models(), self.mode)
+        from moe_eplb.exporter.live_control import rank_statuses
+
+        yield from families(self.models(), self.mode, rank_statuses(self.directory))

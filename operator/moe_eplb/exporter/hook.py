@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from moe_eplb.exporter.layout import NAMES_ATTR, SUPPORTED_VLLM, UnsupportedLayout, check_step_signature, detect
+from moe_eplb.exporter.live import LIVE_ATTR, live_of
 
 log = logging.getLogger("moe_eplb.exporter")
 
@@ -55,6 +56,9 @@ _DISABLED = object()
 RecorderFactory = Callable[[Any, Any], Any]  # (eplb_state, layout) -> StateRecorder
 #: the process's heartbeat (:class:`moe_eplb.exporter.health.Heartbeat`), set by :func:`install`
 _heartbeat: list[Any] = []
+#: the process's live-apply factory (eplb_state -> :class:`moe_eplb.exporter.live.LiveWorker`), set
+#: by :func:`install` (or :func:`patch_eplb_state`); empty: no live apply in this process
+_live_factory: list[Any] = []
 # The exporter's own cost per step: CPU time of the step thread spent in exporter code (not wall time,
 # which on a busy host also counts the thread being preempted; ~0.25 us per reading).
 _now = time.thread_time
@@ -104,10 +108,11 @@ def recorder_of(eplb_state: Any, factory: RecorderFactory) -> Any | None:
     return rec
 
 
-def patch_eplb_state(cls: type, factory: RecorderFactory) -> bool:
+def patch_eplb_state(cls: type, factory: RecorderFactory, live: Callable[[Any], Any] | None = None) -> bool:
     """Wrap ``cls.step`` and ``cls.rearrange`` (and ``add_model`` and ``prepare_forward`` where vLLM
     has them). Idempotent; returns False (and logs once) when the class does not have a supported
-    layout."""
+    layout. ``live``: the live-apply factory (:mod:`moe_eplb.exporter.live`), if any."""
+    _live_factory[:] = [live] if live is not None else []
     if getattr(cls, _PATCHED, False):
         return True
     try:
@@ -147,6 +152,7 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
             except Exception as exc:  # noqa: BLE001
                 _fail_soft("reading the expert load", exc, self)
                 rec = None
+        live = _live_before(self) if not is_profile else None
         t1 = _now()
         try:
             result = orig_step(self, is_dummy, is_profile, *args, **kwargs)
@@ -154,6 +160,8 @@ def _wrapped_step(orig_step: Callable, factory: RecorderFactory) -> Callable:
             if rec is not None:  # vLLM 0.34: the async worker's failure, raised on every rank
                 _soft("counting a failed EPLB step", self, rec.step_failed, exc)
             raise
+        if live is not None:
+            live.after_step()
         _beat("step_ended")
         if rec is not None:
             _soft("after the EPLB step", self, _after_step, rec, t1 - t0)
@@ -170,6 +178,22 @@ def _after_step(rec: Any, before_s: float) -> None:
     rec.exporter_seconds += before_s + (_now() - t)
 
 
+def _live_before(state: Any) -> Any | None:
+    """The state's live worker after its ``before_step`` (None without live apply, or once it
+    failed: logged, and this process takes no more live commands; vLLM is not affected)."""
+    if not _live_factory:
+        return None
+    try:
+        live = live_of(state, _live_factory[0])
+        if live is not None:
+            live.before_step()
+        return live
+    except Exception as exc:  # noqa: BLE001
+        log.error("moe-eplb live: failed (%s: %s); this worker takes no more live commands", type(exc).__name__, exc)
+        state.__dict__[LIVE_ATTR] = None
+        return None
+
+
 def _wrapped_rearrange(orig_rearrange: Callable) -> Callable:
     """``EplbState.rearrange``, timed (not during profiling)."""
 
@@ -178,6 +202,9 @@ def _wrapped_rearrange(orig_rearrange: Callable) -> Callable:
         is_profile = bool(kwargs.get("is_profile", args[0] if args else False))
         rec = None
         if not is_profile:
+            live = self.__dict__.get(LIVE_ATTR)
+            if live is not None:
+                live.rearranged()
             rec = self.__dict__.get(_RECORDER)
             rec = None if rec is _DISABLED else rec
             if rec is not None and not _soft("timing a rearrangement", self, rec.rearrange_started):
@@ -334,9 +361,10 @@ def _beat(what: str) -> None:
         _heartbeat.clear()
 
 
-def install(factory: RecorderFactory, heartbeat: Any = None) -> None:
+def install(factory: RecorderFactory, heartbeat: Any = None, live: Callable[[Any], Any] | None = None) -> None:
     """Patch ``EplbState`` now if vLLM's EPLB module is loaded, else as soon as it is. ``heartbeat``:
-    told when a forward begins and when an EPLB step ends (the liveness probe's stuck check)."""
+    told when a forward begins and when an EPLB step ends (the liveness probe's stuck check);
+    ``live``: the live-apply factory (:mod:`moe_eplb.exporter.live`)."""
     _heartbeat[:] = [heartbeat] if heartbeat is not None else []
 
     def apply(module: Any) -> None:
@@ -344,7 +372,7 @@ def install(factory: RecorderFactory, heartbeat: Any = None) -> None:
         if cls is None:
             _fail_soft("hook installation", UnsupportedLayout(f"{EPLB_MODULE} has no EplbState"))
             return
-        patch_eplb_state(cls, factory)
+        patch_eplb_state(cls, factory, live)
 
     module = sys.modules.get(EPLB_MODULE)
     if module is not None:

@@ -63,6 +63,20 @@ def _recorder_factory(settings: st.Settings):
     return factory
 
 
+def _live_factory(settings: st.Settings):
+    """Makes each worker's :class:`~moe_eplb.exporter.live.LiveWorker` (None with live apply off)."""
+    if not settings.live_apply or not settings.directory:
+        return None
+    from moe_eplb.exporter.live import LiveWorker, read_startup_file
+    from moe_eplb.exporter.recorder import default_ep_info
+
+    def factory(eplb_state):
+        return LiveWorker(eplb_state, settings.directory, vllm_version=_vllm_version(), ep_info=default_ep_info,
+                          startup=read_startup_file())
+
+    return factory
+
+
 def start_server_process() -> subprocess.Popen:
     """Start the pod's exporter process (it inherits the environment set by :func:`register`)."""
     proc = subprocess.Popen([sys.executable, "-m", "moe_eplb.exporter.server"], stdin=subprocess.DEVNULL,
@@ -135,6 +149,6 @@ def register() -> None:
         from moe_eplb.exporter import health, hook
 
         beat = health.Heartbeat(settings.directory) if settings.directory else None
-        hook.install(_recorder_factory(settings), heartbeat=beat)
+        hook.install(_recorder_factory(settings), heartbeat=beat, live=_live_factory(settings))
     except Exception as exc:  # noqa: BLE001 - never break vLLM's start-up
         log.error("moe-eplb exporter disabled: %s: %s", type(exc).__name__, exc)

@@ -517,10 +517,20 @@ class StateRecorder:
 
     def snapshot(self) -> snap.WorkerSnapshot:
         """The host counters now (tokens: as of the last read-back that landed)."""
+        models = [m.to_snapshot() for m in self.models]
+        # the window and interval in force (changed live, :mod:`moe_eplb.exporter.live`), not only
+        # the ones the engine was started with: moe_eplb_config_info shows what runs
+        window = getattr(self.eplb_state, "expert_load_window_size", None)
+        interval = getattr(self.eplb_state, "expert_rearrangement_step_interval", None)
+        for ms in models:
+            if isinstance(window, int) and window > 0:
+                ms.window_size = window
+            if isinstance(interval, int) and interval > 0:
+                ms.step_interval = interval
         return snap.WorkerSnapshot(
             pid=os.getpid(),
             time=time.time(),
-            models=[m.to_snapshot() for m in self.models],
+            models=models,
             vllm=self.vllm_version,
             layout=self.layout.name,
             exporter_seconds=self.exporter_seconds,

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from moe_eplb.contracts import k8s_names
+from moe_eplb.contracts import live_protocol as lp
 from moe_eplb.exporter.group import GROUP_PATH
 
 log = logging.getLogger("moe_eplb.exporter")
@@ -73,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
     health = None  # a moe_eplb.exporter.health.PodHealth: /livez, /readyz, /drain
     group_totals = None  # a worker pod of a replica group: group.WorkerTotals (group.GROUP_PATH)
     relay = None  # an elastic_relay.ElasticRelay: the operator's resize of an elastic group
+    live_directory = None  # the pod's exporter directory when live apply is on (live_control, lp.PATH)
 
     def _health(self, path: str) -> tuple[bytes, int, str]:
         ok, why = self.health.live() if path == k8s_names.EXPORTER_LIVE_PATH else self.health.ready()
@@ -90,9 +92,30 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the scraper gave up (timeout); nothing to do
 
+    def _live_post(self) -> None:
+        """``POST /eplb/settings``: the operator's token first (before the body is read), then the
+        command (:mod:`moe_eplb.exporter.live_control`)."""
+        from moe_eplb.exporter import control_auth, live_control
+
+        refused = control_auth.check(dict(self.headers.items()))
+        if refused is not None:
+            log.warning("moe-eplb exporter: refused a live command from %s: %s", self.client_address[0],
+                        refused.reason)
+            self.close_connection = True
+            return self._send(json.dumps({"protocol": lp.PROTOCOL, "error": refused.reason}).encode(),
+                              refused.status, "application/json")
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 <= length <= 65536:
+            return self._send(b'{"error": "body too large"}', 413, "application/json")
+        status, body = live_control.answer_post(self.live_directory, self.rfile.read(length) if length else b"")
+        self._send(json.dumps(body).encode(), status, "application/json")
+
     def do_POST(self):  # noqa: N802 - http.server API
-        """``POST /drain`` from loopback (the pod's preStop): drain and answer when done."""
+        """``POST /drain`` from loopback (the pod's preStop): drain and answer when done;
+        ``POST /eplb/settings`` with the operator's token: a live command."""
         path = self.path.split("?", 1)[0]
+        if path == lp.PATH and self.live_directory is not None:
+            return self._live_post()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if 0 < length <= 65536 else b""
         if path == k8s_names.ELASTIC_SCALE_PATH and self.relay is not None:
@@ -149,6 +172,11 @@ class _Handler(BaseHTTPRequestHandler):
                 body, status, ctype = self.group_totals.answer(leader), 200, "application/octet-stream"
             except Exception as exc:  # noqa: BLE001
                 body, status, ctype = f"group totals failed: {exc}\n".encode(), 500, "text/plain"
+        elif path == lp.PATH and self.live_directory is not None:
+            from moe_eplb.exporter import live_control
+
+            status, answer = live_control.answer_get(self.live_directory)
+            body, ctype = json.dumps(answer).encode(), "application/json"
         elif path in ("/", "/healthz"):
             body, status, ctype = b"moe-eplb exporter: see /metrics\n", 200, "text/plain"
         else:
@@ -160,16 +188,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(registry: CollectorRegistry, address: str, port: int, bind_retry_seconds: float = 0.0,
-          health=None, group_totals=None, relay=None) -> ThreadingHTTPServer:
+          health=None, group_totals=None, relay=None, live_directory: str | None = None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; returns the server (``server_address[1]`` is the port).
     Retries binding for ``bind_retry_seconds`` (a previous server of a restarted engine may still
     be on its way out). ``health``: a :class:`~moe_eplb.exporter.health.PodHealth` answering the
     health paths (404 without). ``group_totals``: a worker pod's
     :class:`~moe_eplb.exporter.group.WorkerTotals`, answering its group's leader on
     :data:`~moe_eplb.exporter.group.GROUP_PATH` (:mod:`moe_eplb.exporter.group`). ``relay``: an
-    :class:`~moe_eplb.exporter.elastic_relay.ElasticRelay` answering the operator's resize paths."""
+    :class:`~moe_eplb.exporter.elastic_relay.ElasticRelay` answering the operator's resize paths.
+    ``live_directory``: the pod's exporter directory, where live commands go (``/eplb/settings``;
+    None: no such route, 404 as from a plugin without live apply)."""
     handler = type("MoeEplbMetricsHandler", (_Handler,), {"registry": registry, "health": health,
-                                                          "group_totals": group_totals, "relay": relay})
+                                                          "group_totals": group_totals, "relay": relay,
+                                                          "live_directory": live_directory})
     deadline = time.monotonic() + bind_retry_seconds
     while True:
         try:
@@ -213,7 +244,8 @@ def run_forever(parent_pid: int | None, poll_seconds: float = 0.2) -> int:
     relay = ElasticRelay(health_settings.api_urls) if health_settings.role == k8s_names.ROLE_API else None
     try:
         httpd = serve(registry, settings.address, settings.port, bind_retry_seconds=10.0, health=health,
-                      group_totals=WorkerTotals(collector.own) if worker else None, relay=relay)
+                      group_totals=WorkerTotals(collector.own) if worker else None, relay=relay,
+                      live_directory=settings.directory if settings.live_apply and settings.mode != "off" else None)
     except OSError as exc:
         log.error("moe-eplb exporter: cannot serve %s:%d (%s); set %s to a free port",
                   settings.address, settings.port, exc, st.ENV_PORT)

@@ -13,6 +13,8 @@ variable                               default     meaning
 ``MOE_EPLB_TRACE_DIR``                 (unset)     write the load as trace files here (opt-in)
 ``MOE_EPLB_TRACE_BUCKET_SECONDS``      ``10``      length of one trace bucket
 ``MOE_EPLB_TRACE_MAX_BUCKETS``         ``360``     buckets per trace file before a new file starts
+``MOE_EPLB_LIVE_APPLY``                ``on``      ``off``: no live change of window and interval in
+                                                   this pod (no route, no watcher in the workers)
 =====================================  ==========  ===============================================
 
 ``MOE_EPLB_EXPORTER_SERVER_PID`` and ``MOE_EPLB_EXPORTER_START_TIME`` are internal: the first vLLM
@@ -42,6 +44,7 @@ ENV_TRACE_MAX_BUCKETS = "MOE_EPLB_TRACE_MAX_BUCKETS"
 ENV_SERVER_PID = "MOE_EPLB_EXPORTER_SERVER_PID"
 ENV_START_TIME = "MOE_EPLB_EXPORTER_START_TIME"  # internal: when the pod's counters started (unix s)
 ENV_DIR_OWNED = "MOE_EPLB_EXPORTER_DIR_OWNED"  # internal: the directory was created by the plugin
+ENV_LIVE_APPLY = "MOE_EPLB_LIVE_APPLY"
 
 MODES = ("full", "reduced", "off")
 
@@ -63,6 +66,7 @@ class Settings:
     trace_max_buckets: int = 360
     server_pid: int | None = None
     start_time: float | None = None
+    live_apply: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -70,6 +74,9 @@ class Settings:
         mode = env.get(ENV_MODE, "full").strip().lower() or "full"
         if mode not in MODES:
             raise ExporterSettingsError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected one of {', '.join(MODES)}")
+        live = (env.get(ENV_LIVE_APPLY, "on").strip().lower() or "on")
+        if live not in ("on", "off"):
+            raise ExporterSettingsError(f"{ENV_LIVE_APPLY}={env[ENV_LIVE_APPLY]!r}: expected on or off")
         server_pid = env.get(ENV_SERVER_PID)
         try:
             start_time = float(env.get(ENV_START_TIME, ""))
@@ -87,6 +94,7 @@ class Settings:
             trace_max_buckets=_int(env, ENV_TRACE_MAX_BUCKETS, 360, 1, 10**7),
             server_pid=int(server_pid) if server_pid and server_pid.isdigit() else None,
             start_time=start_time,
+            live_apply=live == "on",
         )
 
 

@@ -50,11 +50,20 @@ def trial_settings(inf: MoEInference, exp: Experiment) -> EplbSettings:
     return dataclasses.replace(inf.effective, knobs=exp.trial.knobs, source="experiment")
 
 
+def _template_for(inf: MoEInference, knobs) -> EplbSettings:
+    """The pod-template settings that run ``knobs``: the template as it is when they are what runs
+    now -- its own, or with the window and interval applied live over it (``status.autotune.live``,
+    kept for restarted pods by the live-settings ConfigMap) -- so the control arm is not restarted."""
+    if knobs == inf.running_knobs:
+        return inf.effective
+    return dataclasses.replace(inf.effective, knobs=knobs)
+
+
 def control_settings(inf: MoEInference, exp: Experiment) -> EplbSettings:
     """The control arm's EPLB settings: the running ones (after a promotion: the override's)."""
     if exp.phase == PROMOTING:
         return dataclasses.replace(inf.effective, knobs=exp.trial.knobs)
-    return dataclasses.replace(inf.effective, knobs=exp.control.knobs)
+    return _template_for(inf, exp.control.knobs)
 
 
 def deployment_arms(inf: MoEInference, exp: Experiment, build) -> list[dict[str, Any]]:
@@ -91,7 +100,7 @@ def lws_arms(inf: MoEInference, exp: Experiment, build) -> list[dict[str, Any]]:
     n = int(inf.replicas)
     if exp.phase == RESTORING or (n < 2 and exp.phase in (STARTING, RUNNING)):
         # a scale-in to one group removed the trial's (the highest index): the one left stays as it is
-        return [build(inf, dataclasses.replace(inf.effective, knobs=exp.control.knobs))]
+        return [build(inf, _template_for(inf, exp.control.knobs))]
     lws = build(inf, trial_settings(inf, exp))
     if exp.phase in (STARTING, RUNNING):
         ru = lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]

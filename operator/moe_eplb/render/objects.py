@@ -5,8 +5,9 @@
 during an experiment the two arms, :mod:`moe_eplb.render.experiment`),
 PodDisruptionBudget, a PodMonitor when ``monitoring.podMonitor.enabled``, and the autoscaler (a KEDA
 ScaledObject or a HorizontalPodAutoscaler, :mod:`moe_eplb.render.autoscaler`) when
-``spec.autoscaling`` is on. No ConfigMap is
-created: the chat template is mounted from the user's ConfigMap. The control Secret the engine pods
+``spec.autoscaling`` is on; first, where the engine pods run the exporter, the live-settings
+ConfigMap (:func:`live_configmap`: the window and interval applied live, for pods that restart). The
+chat template is mounted from the user's ConfigMap. The control Secret the engine pods
 mount (:func:`control_secret`) is made once by the reconciler, outside this list: its token is random.
 
 Every child carries the pinned labels, ``metadata.namespace`` (when the resource has one) and an
@@ -25,7 +26,7 @@ from typing import Any
 from moe_eplb import __version__
 from moe_eplb.api.layout import SUPERVISOR_PORT, SUPERVISOR_PORT_NAME, PodLaunch
 from moe_eplb.api.spec import EplbSettings, MoEInference
-from moe_eplb.contracts import k8s_names, metric_names
+from moe_eplb.contracts import k8s_names, live_protocol, metric_names
 from moe_eplb.contracts.k8s_names import (
     API,
     API_PORT,
@@ -69,7 +70,8 @@ def render_children(inf: MoEInference) -> list[dict[str, Any]]:
     settings (the tuner's override when it applies, :attr:`MoEInference.effective`)."""
     eplb = inf.effective
     owner = owner_reference(inf)
-    children: list[dict[str, Any]] = [service(inf)]
+    children: list[dict[str, Any]] = [live_configmap(inf)] if inf.exporter_in_pod else []
+    children.append(service(inf))
     children.extend(workloads(inf, eplb))
     children.append(pod_disruption_budget(inf))
     if inf.monitoring.pod_monitor:
@@ -101,6 +103,22 @@ def control_secret(inf: MoEInference, token: str) -> dict[str, Any]:
     data = base64.b64encode(token.encode()).decode()
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
             "data": {k8s_names.CONTROL_TOKEN_KEY: data}}
+
+
+def live_configmap(inf: MoEInference) -> dict[str, Any]:
+    """The ConfigMap ``<name>-eplb-live``: ``status.autotune.live`` (the window and interval the
+    operator applied live, the template's config hash they were applied on, the step they took
+    effect) as JSON under ``settings.json``, ``{}`` without one. Every engine pod mounts it (optional)
+    and each worker applies it at start when the hash is its own template's (``moe_eplb.exporter.live``),
+    so a restarted pod comes back with the values in force; changing it never changes the pod template."""
+    import json
+
+    rec = inf.status.live
+    data = {} if rec is None else {
+        live_protocol.FILE_WINDOW: rec.window_size, live_protocol.FILE_INTERVAL: rec.step_interval,
+        live_protocol.FILE_HASH: rec.config_hash, live_protocol.FILE_STEP: rec.step}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inf, k8s_names.live_configmap_name(inf.name)),
+            "data": {k8s_names.LIVE_FILE_KEY: json.dumps(data, sort_keys=True)}}
 
 
 def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
@@ -151,7 +169,8 @@ def _workload_meta(inf: MoEInference) -> dict[str, Any]:
 # --- pods -----------------------------------------------------------------------------------------
 
 
-def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | None = None) -> list[dict[str, Any]]:
+def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | None = None,
+         config_hash: str | None = None) -> list[dict[str, Any]]:
     user = [dict(e) for e in inf.engine.env]
     plugins = [EXPORTER_PLUGIN] if inf.exporter_in_pod else []  # a stock engine: vLLM's own plugin choice
     for e in user:
@@ -183,6 +202,11 @@ def _env(inf: MoEInference, role: str = k8s_names.ROLE_API, pod: PodLaunch | Non
     token = control_key.env(inf)  # the control token among vLLM's API keys, where the user has a key
     env += token
     merged |= {e["name"] for e in token}
+    if inf.exporter_in_pod and config_hash is not None:
+        # the live-settings file (live_configmap) and the template it must have been written for
+        env += [{"name": k8s_names.LIVE_FILE_ENV, "value": k8s_names.LIVE_FILE},
+                {"name": k8s_names.CONFIG_HASH_ENV, "value": config_hash}]
+        merged |= {k8s_names.LIVE_FILE_ENV, k8s_names.CONFIG_HASH_ENV}
     return env + [e for e in user if e.get("name") not in merged]
 
 
@@ -289,6 +313,10 @@ def _volumes(inf: MoEInference) -> tuple[list[dict[str, Any]], list[dict[str, An
         "secretName": k8s_names.control_secret_name(inf.name), "optional": True,
         "items": [{"key": k8s_names.CONTROL_TOKEN_KEY, "path": k8s_names.CONTROL_TOKEN_KEY}]}})
     mounts.append({"name": k8s_names.CONTROL_VOLUME, "mountPath": k8s_names.CONTROL_MOUNT_DIR, "readOnly": True})
+    if inf.exporter_in_pod:  # the live settings (live_configmap; optional: a pod starts without it)
+        volumes.append({"name": k8s_names.LIVE_VOLUME, "configMap": {
+            "name": k8s_names.live_configmap_name(inf.name), "optional": True}})
+        mounts.append({"name": k8s_names.LIVE_VOLUME, "mountPath": k8s_names.LIVE_MOUNT_DIR, "readOnly": True})
     tmpl = inf.engine.chat_template
     if tmpl:
         volumes.append(
@@ -325,7 +353,7 @@ def pod_template(
         "command": command,
         **({"args": args} if args is not None else {}),
         "ports": _ports(inf, pod),
-        "env": _env(inf, role, pod),
+        "env": _env(inf, role, pod, eplb.config_hash()),
         "resources": _resources(inf),
         "volumeMounts": mounts,
         **_probes(inf, pod),

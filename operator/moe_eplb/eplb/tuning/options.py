@@ -84,6 +84,11 @@ class TuneOptions:
     """Scores (relative throughput, 1.0 = balanced, free, no redundancy) closer than this are ties,
     broken by the full-history mean."""
 
+    live: bool = False
+    """The engines take changes of window and interval live (the exporter's live apply,
+    :mod:`moe_eplb.controller.live`): such a change is charged no restart (a change of redundancy
+    still is)."""
+
     allow_off: bool = True
     """EPLB off (vLLM's static placement) is a candidate like any setting: where it wins (the
     predicted gain of every EPLB-on setting does not pay for the shared-expert overlap loss and the

@@ -370,6 +370,18 @@ class _Search:
     robust: Robustness | None = None
     allow_off: bool = False  # EPLB off is an option of the decision (``tune(allow_off=...)``)
     off: Candidate | None = None  # EPLB off replayed (when an option, or what runs now)
+    #: changes of window and interval alone are applied live (no restart): charged nothing beyond
+    #: their rearrangements, which the score already holds (see :meth:`charge`)
+    live: bool = False
+
+    def charge(self, k: Knobs) -> float:
+        """The share of throughput a change to ``k`` costs: a restart's (``restart_s / horizon_s``),
+        or nothing when it can be applied live (``live``: only window and interval differ, EPLB on both
+        sides: turning EPLB on or off is a restart)."""
+        if (self.live and self.current is not None and EPLB_OFF not in (k, self.current)
+                and k.num_redundant_experts == self.current.num_redundant_experts):
+            return 0.0
+        return self.cost.restart_s / self.cost.horizon_s
 
     def scenario_scores(self) -> ScenarioScores:
         """A fresh scorer of candidates under the robust search's scenarios."""
@@ -567,6 +579,8 @@ def _decide(search: _Search, pick: Candidate, pick_note: str, threshold: float,
     gain = pick.score / cur.score - 1.0 if cur.score > 0 else math.inf
     if pick.knobs == cur.knobs:
         return "keep", cur, f"current configuration is the pick: {pick_note}", cur
+    if getattr(search, "live", False) and search.charge(pick.knobs) == 0.0:
+        threshold = min_gain  # applied live: no restart to pay for
     if gain > threshold:
         return "change", pick, (f"{pick_note}; predicted gain {gain:+.2%} over current beats the threshold "
                                 f"{threshold:.2%} (min_gain {min_gain:.2%} + restart {cost.restart_s:.0f} s "
@@ -600,7 +614,7 @@ def _robust_decide(search: _Search, prior_margin: float, min_gain: float, thresh
         ss.score(c.knobs, c.result)
     M = ss.matrix(keys)
     restart = search.cost.restart_s / search.cost.horizon_s
-    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - restart
+    charged = M * np.array([1.0 if (cur is not None and k == current) or cur is None else 1.0 - search.charge(k)
                             for k in keys])[:, None]
     reg = max_regret(charged)
     band = max(prior_margin, min_gain)
@@ -679,6 +693,9 @@ def _robust_verdict(search: _Search, options: list[Candidate], keys: list[Knobs]
     at = _values_text(ss.scen[int(ratio.argmin())].values)
     gains = (f"{ratio[0] - 1:+.2%} over current at the point estimate, {worst:+.2%} at worst ({at}); largest "
              f"regret {reg[pick_i]:.2%} against {reg[i_cur]:.2%} for keeping {current.label}")
+    if getattr(search, "live", False) and search.charge(pick.knobs) == 0.0:
+        # applied live: no restart to pay for
+        threshold, gains = threshold - search.cost.restart_s / search.cost.horizon_s, gains + " (applied live)"
     if ratio[0] - 1.0 > threshold:
         return "change", pick, f"{note}; {gains}", worst
     return "keep", cur, (f"{pick.knobs.label} would gain {gains}, but at the point estimate not more than "
@@ -824,6 +841,7 @@ def tune(
     search = _new_search(trace, topology, cost, o.bounds, current, o.memory_budget_bytes, o.max_redundancy_levels,
                          o.segments, progress, o.workers, robust)
     search.allow_off = o.allow_off
+    search.live = o.live
     if not current_enabled:
         search.current = EPLB_OFF
     _build_grid(search, o.windows, o.intervals)

@@ -1,0 +1,101 @@
+"""A workload shift noticed between evaluations (pure; the loop feeds it, :mod:`.autotune`).
+
+Between evaluations the loop measures the engines' balancedness over short windows (one every
+:attr:`ShiftSettings.sample_seconds`). When the newest :attr:`ShiftSettings.recent` windows move
+away from the windows before them by more than their recent spread allows -- ``k`` robust standard
+deviations (median absolute deviation x 1.4826) and at least :attr:`ShiftSettings.min_delta` --
+the workload has shifted: the loop evaluates at once on the load since the shift (not the 30-minute
+lookback, whose older part no longer describes the load), as soon as that holds enough engine steps,
+instead of waiting for ``evaluationIntervalSeconds``.
+
+Balancedness moves with the settings too, so every change the loop makes (live, or a restart)
+starts the watch over: windows measured before a change are never compared with windows after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_eplb.api.autotune_status import iso
+
+
+@dataclass(frozen=True)
+class ShiftSettings:
+    """How the watch samples and decides (defaults: one window a minute, 6 to 30 windows of history,
+    the 2 newest judged, 4 robust standard deviations and at least 0.03 of balancedness)."""
+
+    sample_seconds: float = 60.0
+    min_history: int = 6
+    max_history: int = 30
+    recent: int = 2
+    k: float = 4.0
+    min_delta: float = 0.03
+    min_spread: float = 0.005
+
+
+@dataclass(frozen=True)
+class Shift:
+    """A detected shift: when the moved windows began, and the balancedness before and after."""
+
+    at: float
+    before: float
+    after: float
+    spread: float
+
+    def describe(self) -> str:
+        return (f"workload shift: balancedness {self.before:.3f} -> {self.after:.3f} (recent spread {self.spread:.3f}) "
+                f"since {iso(self.at)}")
+
+
+@dataclass
+class ShiftWatch:
+    """One resource's windows since the last change; :meth:`add` says when a shift shows."""
+
+    settings: ShiftSettings = field(default_factory=ShiftSettings)
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (window start, balancedness)
+    last_end: float | None = None
+    pending: Shift | None = None  # detected, waiting for enough post-shift data
+
+    def due(self, now: float) -> float | None:
+        """The start of the next window to measure when one is due (None: not yet)."""
+        start = self.last_end if self.last_end is not None else now - self.settings.sample_seconds
+        return start if now - start >= self.settings.sample_seconds else None
+
+    def reset(self, now: float) -> None:
+        """A change was made (or an evaluation ran on the shift): start the history over from now."""
+        self.samples.clear()
+        self.last_end = now
+        self.pending = None
+
+    def add(self, start: float, end: float, balancedness: float | None) -> Shift | None:
+        """One measured window; returns the shift when the newest windows moved (also kept in
+        :attr:`pending` until the loop evaluates)."""
+        self.last_end = end
+        if balancedness is None or not np.isfinite(balancedness):
+            return None
+        s = self.settings
+        self.samples.append((start, float(balancedness)))
+        del self.samples[:-(s.max_history + s.recent)]
+        if self.pending is not None or len(self.samples) < s.min_history + s.recent:
+            return None
+        shift = detect(self.samples, s)
+        if shift is not None:
+            self.pending = shift
+        return shift
+
+
+def detect(samples: list[tuple[float, float]], s: ShiftSettings) -> Shift | None:
+    """The shift in ``samples`` (oldest first), or None: the mean of the newest ``s.recent`` values
+    against the median and robust spread of those before (see the module docstring)."""
+    values = np.array([v for _, v in samples])
+    history, recent = values[:-s.recent], values[-s.recent:]
+    median = float(np.median(history))
+    spread = max(float(np.median(np.abs(history - median))) * 1.4826, s.min_spread)
+    moved = recent - median
+    # every recent window beyond the bound, on the same side: one noisy window is not a shift
+    bound = max(s.k * spread, s.min_delta)
+    if np.all(np.abs(moved) > bound) and (np.all(moved > 0) or np.all(moved < 0)):
+        return Shift(at=samples[-s.recent][0], before=median, after=float(recent.mean()), spread=spread)
+    return None
