@@ -47,6 +47,8 @@ from typing import Any, Protocol
 import kopf
 
 from moe_eplb.api.autotune_status import (
+    BASELINE,
+    INTERLEAVED,
     ROLLING,
     ROLLING_BACK,
     RUNNING,
@@ -64,6 +66,7 @@ from moe_eplb.contracts import k8s_names
 from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLURAL
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import experiment as exm
+from moe_eplb.controller import interleaved as il
 from moe_eplb.controller import opmetrics
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
@@ -87,7 +90,15 @@ from moe_eplb.metrics import arms as arms_mod
 from moe_eplb.render.engine_args import termination_grace_seconds
 from moe_eplb.render.experiment import control_settings, trial_settings
 
+try:  # issue 40's live apply of window and interval (controller/live.py, built beside the experiments)
+    from moe_eplb.controller import live as live_mod
+except ImportError:  # an operator without it: every experiment is cross-pod
+    live_mod = None
+
 log = logging.getLogger("moe_eplb.autotune")
+
+#: why nothing runs interleaved where the live apply is not part of the operator
+NO_LIVE_APPLY = "this operator cannot apply settings live (moe_eplb.controller.live is missing)"
 
 
 class Reconciles(Protocol):
@@ -120,6 +131,7 @@ class _Gathered:
     answer: dec.TunerAnswer | None = None
     tuner_seconds: float | None = None
     baseline: Measurement | None = None
+    pods: tuple[dict, ...] = ()
 
 
 class AutotuneLoop:
@@ -319,6 +331,7 @@ class AutotuneLoop:
         assert exp is not None
         view, pods = await self._view(client, inf, since=exp.started_at)
         arms = experiment_arms(inf, pods, view.crashlooping)
+        engine_pods = tuple(sorted(arms.trial_ready + arms.control_ready))
         superseded = None
         if not inf.eplb.enabled:
             superseded = "spec.eplb.enabled was set to false"
@@ -326,21 +339,21 @@ class AutotuneLoop:
             superseded = f"spec.eplb changed ({dec.describe(exp.spec_eplb)} -> {dec.describe(inf.spec_knobs)})"
         aview = exm.ArmsView(replicas=int(inf.replicas), trial_ready=len(arms.trial_ready),
                              control_ready=len(arms.control_ready), trial_crashlooping=arms.trial_crashlooping,
-                             settled=_arms_settled(inf, view, arms), superseded=superseded)
+                             settled=_arms_settled(inf, view, arms), superseded=superseded,
+                             trial_node=_node_of(pods, arms.trial_ready[0]) if arms.trial_ready else None,
+                             engine_pods=engine_pods)
         key = (inf.namespace or "default", inf.name)
         tracker = self.arm_trackers.get(key)
         if tracker is None or tracker.started_at != exp.started_at:
             tracker = self.arm_trackers[key] = arms_mod.ArmTracker(started_at=exp.started_at)
-        bucket = None
-        if exp.phase == RUNNING:
-            engine_pods = [p for p in pods if p["metadata"]["name"] in arms.trial_ready + arms.control_ready]
-            counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, engine_pods, self.settings.http_timeout)
-            bucket = tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
-                                    gpus_per_replica=_gpus_per_engine(inf))
+        bucket, baseline = await self._arm_buckets(inf, exp, pods, engine_pods, arms, tracker, now)
         observations = _observations(exp, tracker, now)
         learned = _learned(inf, exp, tracker, now, self.last_calibration.get(key))
         step = exm.advance(cfg, state, aview, now=now, bucket=bucket, observations=observations,
-                           learned=tuple(dataclasses.asdict(r) for r in learned))
+                           learned=tuple(dataclasses.asdict(r) for r in learned), baseline=baseline)
+        if step.live:  # an interleaved experiment's block, promotion or return: applied before it is recorded
+            results = [(req, *await self._apply_live(client, inf, pods, req)) for req in step.live]
+            step = exm.applied(step, results, now=now)
         if not step.changed:
             return None
         if step.verdict is not None and learned:  # the tick the verdict is reached
@@ -360,6 +373,63 @@ class AutotuneLoop:
         if step.verdict is not None:
             return f"experiment:{step.verdict}"
         return f"experiment:{new.phase}" if new.phase != exp.phase else "experiment:bucket"
+
+    async def _arm_buckets(self, inf: MoEInference, exp, pods: list[dict], engine_pods: tuple[str, ...], arms,
+                           tracker: arms_mod.ArmTracker, now: float):
+        """One round of the arms' pods: ``(the (trial, control) bucket, the pre-period's buckets by
+        node)``. Cross-pod: the trial's pods against the control's while Running; in the pre-period
+        every engine pod against the others, keyed by the node it runs on. Interleaved: the
+        replica groups by the block in force."""
+        if exp.phase not in (RUNNING, BASELINE):
+            return None, None
+        names = set(engine_pods)
+        targets = [p for p in pods if p["metadata"]["name"] in names]
+        counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, targets, self.settings.http_timeout)
+        gpus = _gpus_per_engine(inf)
+        if exp.design == INTERLEAVED:
+            trial, control = il.arms_now(exp)
+            if not trial:
+                tracker.previous, tracker.previous_time = dict(counters), now
+                return None, None
+            return tracker.bucket(now, counters, list(trial), list(control), gpus_per_replica=gpus), None
+        if exp.phase == BASELINE:
+            each = tracker.each_against_rest(now, counters, list(engine_pods), gpus_per_replica=gpus)
+            return None, {_node_of(pods, pod) or pod: pair for pod, pair in each.items()}
+        return tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
+                              gpus_per_replica=gpus), None
+
+    async def _apply_live(self, client: KubeClient, inf: MoEInference, pods: list[dict],
+                          req: exm.LiveRequest) -> tuple[bool, str]:
+        """Apply ``req`` (window and interval on some engine pods) through the live apply
+        (:func:`moe_eplb.controller.live.apply_live`): ``(ok, reason)``."""
+        if live_mod is None:
+            return False, NO_LIVE_APPLY
+        targets = [p for p in pods if p["metadata"]["name"] in set(req.pods)]
+        try:
+            outcome = await live_mod.apply_live(client, inf, targets, req.knobs)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the experiment with the running settings
+            return False, f"{type(exc).__name__}: {exc}"
+        return bool(outcome.ok), str(outcome.reason)
+
+    def _interleave_planner(self, inf: MoEInference, got: _Gathered):
+        """``(target, current) -> schedule or why not`` for :func:`.decisions.evaluate`: the
+        interleaved design where the engines take the change live (:func:`moe_eplb.controller.live.live_capable`)
+        and blocks of the slower arm fit in ``maxSeconds`` (:func:`.interleaved.plan`)."""
+        why = NO_LIVE_APPLY if live_mod is None else live_mod.live_capable(inf)
+        w = got.data_window
+        span = (w.end - w.start) if w is not None and w.start is not None and w.end is not None else 0.0
+        rate = (w.steps or 0) / span if w is not None and span > 0 else 0.0
+        names = tuple(p["metadata"]["name"] for p in got.pods if _pod_ready(p) and (
+            (p["metadata"].get("labels") or {}).get(k8s_names.LWS_WORKER_INDEX_LABEL, "0") == "0"))
+        tick = self.settings.tick_seconds * self.settings.scale
+
+        def plan(target: Knobs, current: Knobs) -> dict | str:
+            if why is not None:
+                return why
+            return il.plan(target, current, pods=names, steps_per_second=rate, tick_s=tick,
+                           max_s=inf.autotune.experiments.max_s)
+
+        return plan
 
     # --- an evaluation ---------------------------------------------------------------------------
 
@@ -405,7 +475,7 @@ class AutotuneLoop:
         the answer may be applied, the balancedness measured now (the baseline)."""
         rt, cfg = self.settings, inf.autotune
         view, pods = await self._view(client, inf, since=now - cfg.evaluation_interval_s)
-        got = _Gathered(view=view, blocker=_blocker(view))
+        got = _Gathered(view=view, blocker=_blocker(view), pods=tuple(pods))
         start = now - rt.lookback_seconds
         try:
             got.trace, got.data_window = await self.load_observer.read_load(inf, start, now, pods)
@@ -449,7 +519,8 @@ class AutotuneLoop:
                            baseline=got.baseline, from_hash=got.view.template_hash,
                            calibration=dec.calibration_record(got.calibration) if got.calibration is not None else None,
                            scaling=scaling, replicas=int(inf.replicas),
-                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None)
+                           objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None,
+                           interleave=self._interleave_planner(inf, got))
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:
             replica_costs = dec.replica_costs(got.result, kv_capacity(inf, got.trace, current),
@@ -525,6 +596,14 @@ def experiment_arms(inf: MoEInference, pods: list[dict], crashlooping: tuple[str
             control.append(meta["name"])
     crash = tuple(n for n in crashlooping if n in trial_all or (trial_hash != control_hash and n not in control))
     return _Arms(tuple(sorted(trial)), tuple(sorted(control)), crash)
+
+
+def _node_of(pods: list[dict], name: str) -> str | None:
+    """The node pod ``name`` runs on (``spec.nodeName``; None: not scheduled or unknown)."""
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            return (p.get("spec") or {}).get("nodeName") or None
+    return None
 
 
 def _gpus_per_engine(inf: MoEInference) -> int:

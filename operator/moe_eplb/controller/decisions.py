@@ -26,6 +26,7 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moe_eplb.api.autotune_status import (
@@ -278,6 +279,7 @@ def evaluate(
     scaling: ScalingState | None = None,
     replicas: int = 1,
     objective_before: dict | None = None,
+    interleave: Callable[[Knobs, Knobs], dict | str] | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -302,6 +304,10 @@ def evaluate(
             change applied to all is judged on the objective across time).
         replicas: the replicas (replica groups) running now: with two or more and
             ``spec.autotune.experiments.enabled`` a change starts as an experiment (``Experiment``).
+        interleave: ``(target, current) -> schedule or why not`` (:func:`.interleaved.plan` with what
+            the loop knows: the engine pods, their step rate, whether they take settings live): an
+            experiment runs interleaved on the same replicas where it returns a schedule, else
+            cross-pod (the reason says why). None: cross-pod.
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -326,7 +332,7 @@ def evaluate(
         out.conditions["MetricsAvailable"] = ("True", "LoadRead", _window_text(data_window))
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
-                    scaling=scaling, replicas=replicas, objective_before=objective_before)
+                    scaling=scaling, replicas=replicas, objective_before=objective_before, interleave=interleave)
     ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason})
     out.status = out.status.replace(last_evaluation=ev)
     return out
@@ -335,7 +341,8 @@ def evaluate(
 def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluation, *, now: float, generation: int,
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
            baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
-           replicas: int = 1, objective_before: dict | None = None) -> Evaluation:
+           replicas: int = 1, objective_before: dict | None = None,
+           interleave: Callable[[Knobs, Knobs], dict | str] | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -371,7 +378,9 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
     elif exp_mod.possible(cfg, replicas):
         _start_experiment(cfg, state, out, now=now, generation=generation, current=current, target=target,
                           spec_eplb=spec_eplb, answer=answer, from_hash=from_hash, replicas=replicas,
-                          explore=answer.explore_reason if explore else None)
+                          explore=answer.explore_reason if explore else None,
+                          schedule=interleave(target, current) if interleave is not None
+                          else "the engines do not take settings live")
     else:
         out.decision = APPLY
         out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better"
@@ -391,19 +400,30 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
 
 def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
                       current: Knobs, target: Knobs, spec_eplb: Knobs, answer: TunerAnswer, from_hash: str | None,
-                      replicas: int, explore: str | None) -> None:
-    """The change runs on one replica first (:func:`.experiment.start`): decision ``Experiment``."""
+                      replicas: int, explore: str | None, schedule: dict | str) -> None:
+    """The change is tried against the running settings first (:func:`.experiment.start`): decision
+    ``Experiment``, interleaved on the same replicas where ``schedule`` is one, else cross-pod on one
+    restarted replica after the pre-period (``schedule``: why not interleaved)."""
     out.decision = EXPERIMENT
     why = f"exploring ({explore})" if explore else f"predicted {_pct(answer.gain)} better"
-    out.reason = (f"experiment: {describe(target)} on 1 of {replicas} replicas against {describe(current)} "
-                  f"on the others, same traffic: {why}; promoted when the {cfg.experiments.confidence:.0%} interval "
-                  f"beats the restart charge {answer.restart_charge:.2%}")
+    xp = cfg.experiments
+    if isinstance(schedule, dict):
+        out.reason = (f"experiment: {describe(target)} against {describe(current)} in turns on the same {replicas} "
+                      f"replicas (interleaved, applied live; blocks of {schedule['blockSeconds']:.0f}s): {why}; "
+                      "promoted when the sequential interval is above 0")
+    else:
+        pre = f"a {xp.baseline_s:.0f}s pre-period on the running settings, then " if xp.baseline_s > 0 else ""
+        out.reason = (f"experiment: {describe(target)} on 1 of {replicas} replicas against {describe(current)} "
+                      f"on the others, same traffic (cross-pod: {schedule}): {why}; {pre}a {xp.warmup_s:.0f}s "
+                      f"warm-up; promoted when the sequential interval beats the restart charge "
+                      f"{answer.restart_charge:.2%}")
     out.conditions["Tuned"] = ("True", "Experimenting", out.reason)
     out.events.append(("Normal", "ExperimentStarted", out.reason))
     out.started_rollout = True
     out.status = exp_mod.start(out.status, now=now, current=current, target=target, replicas=replicas,
                                generation=generation, spec_eplb=spec_eplb, from_hash=from_hash,
-                               restart_charge=answer.restart_charge, predicted_gain=answer.gain, explore=explore)
+                               restart_charge=answer.restart_charge, predicted_gain=answer.gain, explore=explore,
+                               baseline_s=xp.baseline_s, schedule=schedule if isinstance(schedule, dict) else None)
 
 
 # --- status helpers ----------------------------------------------------------------------------

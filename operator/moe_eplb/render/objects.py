@@ -104,6 +104,8 @@ def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
     """The engine workload: a Deployment or a LeaderWorkerSet; while an experiment runs
     (``status.autotune.experiment``), its two arms (:mod:`moe_eplb.render.experiment`)."""
     exp = inf.status.experiment if inf.eplb.enabled else None
+    if exp is not None and not experiment.renders_arms(exp):
+        exp = None  # an interleaved experiment (live, the same pods) or a pre-period: the workload as it is
     if inf.parallelism.nodes == 1:
         return [deployment(inf, eplb)] if exp is None else experiment.deployment_arms(inf, exp, deployment)
     return [leader_worker_set(inf, eplb)] if exp is None else experiment.lws_arms(inf, exp, leader_worker_set)
