@@ -18,7 +18,7 @@ arm tracker reads them, ``moe_eplb.metrics.arms``). Two kinds of run per case an
 Three judges, the defaults of ``spec.autotune.experiments`` (minSeconds 900, maxSeconds 3600,
 confidence 0.9) and the restart charge the issue measured (1.39 %):
 
-* **before** -- the judge before issue 40 (as it was at commit 62f59ae, transcribed in
+* **before** -- the judge as it was at commit 62f59ae (transcribed in
   :func:`before_verdict`): the trial restarted on one replica beside the others, every 15 s bucket
   from the moment it is ready counted, a Student-t interval on the per-bucket differences
   re-checked at every tick after minSeconds, at maxSeconds the point estimate decides;
@@ -34,7 +34,7 @@ Cases (``TrueCost``'s realism; every engine also has 2 % log-normal step noise a
 buckets of +20-60 %, as before):
 
 =================  ============================================================================
-identical          the simulator before issue 40: identical pods, independent noise
+identical          the simulator as it was: identical pods, independent noise
 pod-speed          a fixed speed per pod (its GPUs), log-sd 2 %
 slow-trial-pod     the trial's replica (the interleaved design: group A's) 3 % slower
 cold-start         a restarted pod's cold prefix cache: +10 % step time decaying with tau 100 s
@@ -100,7 +100,7 @@ class Case:
 
 
 CASES = {
-    "identical": Case("identical pods, independent noise (the simulator before issue 40)", {}),
+    "identical": Case("identical pods, independent noise (the simulator as it was)", {}),
     "pod-speed": Case("a fixed speed per pod, log-sd 2 %", dict(pod_speed_sd=0.02)),
     "slow-trial-pod": Case("the trial's replica 3 % slower", {}, slow_trial=0.97),
     "cold-start": Case("a restart's cold prefix cache, +10 % decaying with tau 100 s",
@@ -111,7 +111,7 @@ CASES = {
 
 def before_verdict(diffs: list[float], elapsed: float, *, min_s: float, max_s: float, confidence: float,
                    charge: float) -> str | None:
-    """The judge before issue 40 (``controller/experiment.py`` and ``eplb/tuning/experiment.py``
+    """The judge as it was (``controller/experiment.py`` and ``eplb/tuning/experiment.py``
     at commit 62f59ae): "wins", "loses", "undecided-promoted" / "undecided-discarded" at
     maxSeconds, or None. Every bucket since the trial was ready counts; a plain Student-t interval on
     them, looked at every tick after ``min_s``."""
@@ -147,7 +147,7 @@ def _baseline_buckets(fleet: Fleet, prev: dict, cur: dict) -> dict:
 
 def run_cross_pod(trace, case: Case, seed: int, trial: Knobs, gain: float) -> dict:
     """One cross-pod experiment judged by the new state machine and, on the same engines from the
-    trial's readiness, by the judge before issue 40. Returns both outcomes."""
+    trial's readiness, by the judge as it was before. Returns both outcomes."""
     fleet = _fleet(trace, case, seed, gain)
     fleet.advance(BURN_IN)
     t = BURN_IN
@@ -284,7 +284,7 @@ def table(rows: list[dict], n: int) -> tuple[list[str], list[str]]:
         mine = [r for r in rows if r["case"] == name]
         if not mine:
             continue
-        for judge_key, label in (("before", "before (issue 40)"), ("cross_pod", "after: cross-pod"),
+        for judge_key, label in (("before", "before"), ("cross_pod", "after: cross-pod"),
                                  ("interleaved", "after: interleaved")):
             win = ("wins", "undecided-promoted")
             aa_p = _count(mine, f"aa_{judge_key}", *win)
@@ -316,11 +316,20 @@ def main() -> int:
           flush=True)
     work = [(name, seed, plant) for name in (args.only or CASES) for seed in range(args.seeds)]
     rows: list[dict] = []
+
+    def progress(done: int) -> None:
+        if done % 10 == 0 or done == len(work):
+            print(f"  {done} of {len(work)} runs, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = list(pool.map(one, work, chunksize=1))
+            for row in pool.map(one, work, chunksize=1):
+                rows.append(row)
+                progress(len(rows))
     else:
-        rows = [one(w) for w in work]
+        for w in work:
+            rows.append(one(w))
+            progress(len(rows))
     lines, misses = table(rows, args.seeds)
     print("\n".join(lines))
     print(f"\n{len(work)} seeds x 2 experiments x 2 designs in {time.perf_counter() - t0:.0f}s "
@@ -331,7 +340,7 @@ def main() -> int:
     if misses:
         print(f"MISSED a target: {', '.join(misses)}")
         return 1
-    print("OK: after issue 40, A/A promoted <= 5 %, A/A loses <= 10 %, +3 % promoted >= 80 % and never a loss, every case")
+    print("OK: after, A/A promoted <= 5 %, A/A loses <= 10 %, +3 % promoted >= 80 % and never a loss, every case")
     return 0
 
 

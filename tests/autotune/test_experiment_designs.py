@@ -359,3 +359,46 @@ def test_a_pre_period_or_an_interleaved_experiment_renders_the_workload_as_it_is
                      from_hash="h", restart_charge=0.0, predicted_gain=0.05, schedule=sched)
     got = render_children(dataclasses.replace(inf, status=st))
     assert got == plain
+
+
+# --- the loop's seams ----------------------------------------------------------------------------------
+
+
+def _pod(name, *, group=None, worker="0", node=None, ready=True):
+    labels = {}
+    if group is not None:
+        labels = {"leaderworkerset.sigs.k8s.io/group-key": group, "leaderworkerset.sigs.k8s.io/worker-index": worker}
+    return {"metadata": {"name": name, "labels": labels}, "spec": {"nodeName": node} if node else {},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_groups_settings_go_to_all_of_its_pods_and_nodes_are_read():
+    from moe_eplb.controller.autotune import _group_pods, _node_of
+
+    pods = [_pod("g-0", group="k0", node="n1"), _pod("g-0-1", group="k0", worker="1"), _pod("g-1", group="k1"),
+            _pod("g-1-1", group="k1", worker="1"), _pod("d-a", node="n7")]
+    assert [p["metadata"]["name"] for p in _group_pods(pods, ("g-0", "d-a"))] == ["g-0", "g-0-1", "d-a"]
+    assert _node_of(pods, "g-0") == "n1" and _node_of(pods, "g-1") is None and _node_of(pods, "nope") is None
+
+
+def test_without_live_apply_every_experiment_is_cross_pod(monkeypatch):
+    """In an operator without ``controller/live.py`` the planner says so (and the decision runs the
+    experiment cross-pod); with a live apply whose ``live_capable`` accepts the resource, it plans
+    interleaved blocks on the ready engine pods at the step rate the evaluation read."""
+    from types import SimpleNamespace
+
+    from moe_eplb.controller import autotune as at
+    from moe_eplb.controller.autotune_settings import AutotuneSettings
+
+    inf = SimpleNamespace(autotune=_cfg(max_s=3600))
+    got = SimpleNamespace(data_window=DataWindow(start=T0, end=T0 + 1800, buckets=30, steps=36_000),
+                          pods=(_pod("a"), _pod("b"), _pod("c", ready=False)))
+    loop = SimpleNamespace(settings=AutotuneSettings())
+    monkeypatch.setattr(at, "live_mod", None)
+    plan = at.AutotuneLoop._interleave_planner(loop, inf, got)
+    assert plan(LIVE, CUR) == at.NO_LIVE_APPLY
+    monkeypatch.setattr(at, "live_mod", SimpleNamespace(live_capable=lambda _inf: None))
+    sched = at.AutotuneLoop._interleave_planner(loop, inf, got)(LIVE, CUR)
+    assert sched["groups"] == [["a"], ["b"]] and sched["stepsPerSecond"] == 20.0
+    monkeypatch.setattr(at, "live_mod", SimpleNamespace(live_capable=lambda _inf: "vLLM 0.10 cannot"))
+    assert at.AutotuneLoop._interleave_planner(loop, inf, got)(LIVE, CUR) == "vLLM 0.10 cannot"

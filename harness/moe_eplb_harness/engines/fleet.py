@@ -8,13 +8,14 @@ seconds, deterministically from its seed.
 
 * :meth:`Fleet.counters` -- what the operator's arm tracker reads from each pod's ``/metrics``
   (:func:`moe_eplb.metrics.arms.counters_from_exposition`), the same sums taken from the engine's
-  state without the text round trip (``tests/sim/test_fleet.py`` checks they agree);
+  state without the text round trip (``tests/sim/test_fleet.py`` checks they agree), all but the
+  tokens per EP rank (the served balancedness the learning step reads; the judge does not);
 * :meth:`Fleet.restart` -- a new pod on a slot: it stops serving at once and serves again
   ``startup_s`` later with a fresh EPLB state (vLLM's initial placement until its first
   rearrangement), a cold prefix cache, a new seed; the slot's ``pod_key`` stays (the same GPUs keep
   their speed) unless ``same_gpus=False`` (the pod landed elsewhere);
 * :meth:`Fleet.apply_live` -- window and interval changed in a running engine: the simulated
-  engine's own ``apply_live(knobs, at_step)`` where it has one (issue 40's live apply), else the same
+  engine's own ``apply_live(knobs, at_step)`` where it has one (the live apply), else the same
   rule applied here: the settings change at once, the load window keeps what it holds, and the
   next rearrangement comes when the steps since the last one reach the new interval.
 """

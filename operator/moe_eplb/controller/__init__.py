@@ -16,7 +16,9 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first).
+  ``experiment`` (the pure state machine of an experiment: a change tried against the running
+  settings first, cross-pod or interleaved) and ``interleaved`` (the interleaved design's schedule:
+  blocks on the same replicas, their settings applied live).
 
 Imports ``api``, ``render``, ``eplb``, ``metrics`` and the contracts; the CLI, the simulation and
 the tests import it.

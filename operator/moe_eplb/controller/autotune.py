@@ -90,7 +90,7 @@ from moe_eplb.metrics import arms as arms_mod
 from moe_eplb.render.engine_args import termination_grace_seconds
 from moe_eplb.render.experiment import control_settings, trial_settings
 
-try:  # issue 40's live apply of window and interval (controller/live.py, built beside the experiments)
+try:  # the live apply of window and interval (controller/live.py, built beside the experiments)
     from moe_eplb.controller import live as live_mod
 except ImportError:  # an operator without it: every experiment is cross-pod
     live_mod = None
@@ -404,7 +404,7 @@ class AutotuneLoop:
         (:func:`moe_eplb.controller.live.apply_live`): ``(ok, reason)``."""
         if live_mod is None:
             return False, NO_LIVE_APPLY
-        targets = [p for p in pods if p["metadata"]["name"] in set(req.pods)]
+        targets = _group_pods(pods, req.pods)
         try:
             outcome = await live_mod.apply_live(client, inf, targets, req.knobs)
         except Exception as exc:  # noqa: BLE001 - any failure ends the experiment with the running settings
@@ -596,6 +596,18 @@ def experiment_arms(inf: MoEInference, pods: list[dict], crashlooping: tuple[str
             control.append(meta["name"])
     crash = tuple(n for n in crashlooping if n in trial_all or (trial_hash != control_hash and n not in control))
     return _Arms(tuple(sorted(trial)), tuple(sorted(control)), crash)
+
+
+def _group_pods(pods: list[dict], engines: tuple[str, ...]) -> list[dict]:
+    """The pods of the engines named by their engine pod (a Deployment's pod, or a LeaderWorkerSet
+    group's leader): a group's settings change on all of its pods' ranks."""
+    names = set(engines)
+
+    def group(p: dict) -> str | None:
+        return ((p.get("metadata") or {}).get("labels") or {}).get(k8s_names.LWS_GROUP_KEY_LABEL)
+
+    keys = {group(p) for p in pods if p["metadata"]["name"] in names} - {None}
+    return [p for p in pods if p["metadata"]["name"] in names or (group(p) is not None and group(p) in keys)]
 
 
 def _node_of(pods: list[dict], name: str) -> str | None:

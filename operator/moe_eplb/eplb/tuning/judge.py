@@ -1,6 +1,6 @@
 """The judge of an experiment: an interval and a stopping rule the field's noise cannot fool (pure, numpy).
 
-What fooled the first judge (issue 40, measured on the simulated engines with a real cluster's noise):
+What fooled the first judge (measured on the simulated engines with a real cluster's noise):
 its interval was re-checked at every 15 s tick with no correction (181 looks in an hour), the ticks'
 noise is correlated (lag-1 +0.33: a plain standard error is too small), the restarted arm's first
 minutes (vLLM's initial placement, a cold prefix cache) were counted, and a fixed difference between
