@@ -61,7 +61,7 @@ def test_a_change_with_two_replicas_starts_an_experiment():
     assert out.decision == d.EXPERIMENT and out.started_rollout
     exp = out.status.experiment
     assert exp.phase == BASELINE and exp.design == CROSS_POD and exp.trial.knobs == NEW and exp.control.knobs == CUR
-    assert "cross-pod: the engines do not take settings live" in out.reason and "1800s pre-period" in out.reason
+    assert "cross-pod: the engines do not take settings live" in out.reason and "900s pre-period" in out.reason
     assert _evaluate(_cfg(baseline_s=0)).status.experiment.phase == STARTING
     assert (exp.trial.replicas, exp.control.replicas) == (1, 1) and exp.restart_charge == 0.01
     assert out.status.override is None and out.status.rollout is None  # the control keeps running

@@ -37,7 +37,9 @@ def _world(workload, **kw) -> SimWorld:
 
 def _resource(kind: str, **experiments) -> dict:
     res = resource(kind)
-    res["spec"]["autotune"]["experiments"] = {"enabled": True, "minSeconds": 120, "maxSeconds": 900,
+    # judged time for at least 2 batches of 8 buckets even where a loaded machine stretches the
+    # loop's ticks (20 s of simulated time when it keeps up)
+    res["spec"]["autotune"]["experiments"] = {"enabled": True, "minSeconds": 300, "maxSeconds": 1800,
                                               "confidence": 0.9, "baselineSeconds": 600, "warmupSeconds": 120,
                                               **experiments}
     return res

@@ -182,25 +182,30 @@ def _base_period(entry: dict) -> tuple[list[float], list[float], list[str]]:
     return d, (x + [0.0] * len(d))[:len(d)], (k + [stats.STEP_TIME] * len(d))[:len(d)]
 
 
-def judged(exp: Experiment) -> judge.Robust | None:
+def judged(exp: Experiment, seconds: float | None = None) -> judge.Robust | None:
     """The cross-pod estimate so far: the judged buckets' mean difference (batch means), less the
     pre-period's difference of the trial's node (difference in differences), both after what the
     arms' different batch sizes explain is taken out (:func:`moe_eplb.eplb.tuning.judge.adjust`).
     Where the trial runs on a node the pre-period did not measure, its own bias is unknown: the
     estimate keeps the judged buckets' mean and its error widens by the spread of the measured
-    nodes' biases."""
+    nodes' biases. ``seconds``: the judged time (default the record's), which sets how many buckets
+    make a batch (:func:`moe_eplb.eplb.tuning.judge.batch_size`), as the pre-period's length does
+    for its own."""
     n = len(exp.samples)
+    post_batch = judge.batch_size(n, (exp.elapsed_seconds or 0.0) if seconds is None else seconds)
+    pre_s = (exp.trial_started_at - exp.started_at) if exp.trial_started_at is not None else 0.0
     post = (list(exp.samples), (list(exp.covariates) + [0.0] * n)[:n],
             (list(exp.sample_objectives) + [stats.STEP_TIME] * n)[:n])
     base = exp.baseline or {}
     pre = _base_period(base[exp.trial_node]) if exp.trial_node in base else None
     adjusted = judge.adjust([post, pre] if pre is not None else [post])
-    post_r = judge.batch_means(adjusted[0])
+    post_r = judge.batch_means(adjusted[0], min_batch=post_batch)
     if post_r is None:
         return None
     if not base:  # no pre-period, or one that could compare no pods: their own speeds are unknown
         return post_r if exp.trial_started_at is None else judge.did(post_r, None, unknown_sd=judge.UNMEASURED_POD_SD)
-    pre_r = judge.batch_means(adjusted[1]) if pre is not None else None
+    pre_r = judge.batch_means(adjusted[1], min_batch=judge.batch_size(len(pre[0]), pre_s)) \
+        if pre is not None else None
     if pre_r is not None:
         return judge.did(post_r, pre_r)
     means = [sum(v) / len(v) for v in (_base_period(e)[0] for e in base.values()) if v]
@@ -437,10 +442,10 @@ def _running(step: ExperimentStep, cfg: AutotuneSpec, exp: Experiment, now: floa
         _decide(step, exp, stats.DISCARDED, f"TTFT guard: the trial's mean TTFT is {ttft - 1:+.0%} of the control's "
                 f"(more than {stats.TTFT_GUARD:.0%})", now, observations, learned, outcome="guard")
         return
-    est = judged(exp) if counted else None
+    est = judged(exp, elapsed) if counted else None
     last = elapsed >= xp.max_s
-    look = est is not None and elapsed >= xp.min_s and (last or len(exp.samples) % judge.MIN_BATCH == 0)
-    if look:
+    exp = _record(exp, now)
+    if est is not None and elapsed >= xp.min_s:
         tau = _information(exp, elapsed, xp.max_s)
         if last or not exp.looks or tau - exp.looks[-1] >= judge.MIN_LOOK_STEP:
             looks = exp.looks + (round(tau, 6),)
@@ -452,12 +457,9 @@ def _running(step: ExperimentStep, cfg: AutotuneSpec, exp: Experiment, now: floa
                 _decide(step, exp, verdict, reason, now, observations, learned, outcome=dec.outcome)
                 return
     elif last:  # maxSeconds without two batches of comparable buckets
-        exp = _record(exp, now)
         _decide(step, exp, stats.DISCARDED, f"undecided at maxSeconds: {len(exp.samples)} comparable buckets after "
                 f"{elapsed:.0f}s judged; the running settings stay", now, observations, learned, outcome="undecided")
         return
-    else:
-        exp = _record(exp, now)
     if exp != step.status.experiment:
         step.status = step.status.replace(experiment=exp)
         step.changed = True

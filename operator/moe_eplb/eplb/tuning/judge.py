@@ -47,9 +47,11 @@ from moe_eplb.eplb.tuning.experiment import t_quantile
 __all__ = ["Robust", "clip_outliers", "batch_means", "adjust", "did", "crossover", "spent", "boundaries", "t_boundary",
            "Decision", "decide", "WINS", "LOSES", "UNDECIDED", "MIN_BATCH", "MAX_BATCHES", "MIN_PAIRS"]
 
-#: fewest buckets in a batch of :func:`batch_means` (2 minutes of 15 s ticks: several times the
-#: correlation time of the noise measured on simulated and reported clusters)
+#: fewest buckets in a batch of :func:`batch_means` at the operator's 15 s tick (:data:`BATCH_SECONDS`)
 MIN_BATCH = 8
+#: the least time a batch spans: several times the correlation time of the noise measured on
+#: simulated and reported clusters (:func:`batch_size` turns it into buckets of a given length)
+BATCH_SECONDS = 120.0
 #: most batches: more buckets make longer batches (their correlation shrinks with their length)
 MAX_BATCHES = 12
 #: fewest block pairs the interleaved design needs for an interval (2 degrees of freedom)
@@ -57,7 +59,7 @@ MIN_PAIRS = 3
 #: per-bucket differences farther than this many MADs from their median are clipped to it
 CLIP_MADS = 4.0
 #: a look happens only once the information fraction grew this much since the last one
-MIN_LOOK_STEP = 0.02
+MIN_LOOK_STEP = 0.05
 
 WINS, LOSES, UNDECIDED = "wins", "loses", "undecided"
 
@@ -90,12 +92,21 @@ def clip_outliers(values: Sequence[float], mads: float = CLIP_MADS) -> np.ndarra
     return np.clip(x, med - mads * mad, med + mads * mad)
 
 
+def batch_size(buckets: int, seconds: float) -> int:
+    """Buckets per batch where ``buckets`` buckets span ``seconds``: enough for :data:`BATCH_SECONDS`
+    (8 at 15 s ticks; 1 where a busy loop's ticks are 2 minutes apart)."""
+    if buckets <= 0 or seconds <= 0:
+        return MIN_BATCH
+    return max(1, math.ceil(BATCH_SECONDS / (seconds / buckets) - 1e-9))
+
+
 def batch_means(values: Sequence[float], *, min_batch: int = MIN_BATCH, max_batches: int = MAX_BATCHES) -> Robust | None:
     """The mean of ``values`` (per-bucket differences in time order) with an autocorrelation-robust
     standard error: outliers clipped, the buckets cut into ``k = min(max_batches, n // min_batch)``
     consecutive batches, the standard error of the batches' mean from their spread, ``k - 1``
     degrees of freedom. A batch spans several correlation times of the noise, so the batches are
-    nearly independent where the buckets are not. None with fewer than two batches."""
+    nearly independent where the buckets are not (``min_batch``: :func:`batch_size`). None with
+    fewer than two batches."""
     x = clip_outliers(values)
     k = min(int(max_batches), len(x) // max(1, int(min_batch)))
     if k < 2:
