@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from moe_eplb.api.autotune_status import (
+    BASELINE,
+    CROSS_POD,
     PROMOTING,
     RESTORING,
     RUNNING,
@@ -53,10 +55,14 @@ def _evaluate(cfg, replicas=2, answer=None, state=AutotuneStatus()):
 
 
 def test_a_change_with_two_replicas_starts_an_experiment():
+    """A change of redundancy (or any change where the engines cannot take it live) is a cross-pod
+    experiment, starting with its pre-period on the running settings (no pod restarts yet)."""
     out = _evaluate(_cfg())
     assert out.decision == d.EXPERIMENT and out.started_rollout
     exp = out.status.experiment
-    assert exp.phase == STARTING and exp.trial.knobs == NEW and exp.control.knobs == CUR
+    assert exp.phase == BASELINE and exp.design == CROSS_POD and exp.trial.knobs == NEW and exp.control.knobs == CUR
+    assert "cross-pod: the engines do not take settings live" in out.reason and "900s pre-period" in out.reason
+    assert _evaluate(_cfg(baseline_s=0)).status.experiment.phase == STARTING
     assert (exp.trial.replicas, exp.control.replicas) == (1, 1) and exp.restart_charge == 0.01
     assert out.status.override is None and out.status.rollout is None  # the control keeps running
     assert out.status.restarts == (T0,)
@@ -121,8 +127,8 @@ def _run(cfg, st, gain, *, seconds=30.0, until=2000.0):
 
 
 def test_starting_becomes_running_when_the_trial_is_ready():
-    st = _evaluate(_cfg()).status
-    cfg = _cfg()
+    cfg = _cfg(baseline_s=0)
+    st = _evaluate(cfg).status
     assert not x.advance(cfg, st, x.ArmsView(2, 0, 1, settled=False), now=T0 + 30).changed
     step = x.advance(cfg, st, x.ArmsView(2, 1, 1), now=T0 + 60)
     assert step.status.experiment.phase == RUNNING and step.status.experiment.ready_at == T0 + 60

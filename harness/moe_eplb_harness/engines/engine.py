@@ -194,6 +194,10 @@ class EngineRun:
     """With ``hosts``: vLLM's own series on this port, as a real pod serves them on its API port, and
     only the exporter's on ``port`` (0: every series on ``port``)."""
 
+    pod_key: int | None = None
+    """What the pod's fixed traits (speed, router share: ``TrueCost.pod_traits``) are drawn from: its
+    GPUs, so a pod restarted on them keeps them; None: ``seed``."""
+
 
 class SimulatedEplb:
     """vLLM's EPLB bookkeeping for one engine, advanced step by step over trace buckets. Pure.
@@ -544,7 +548,7 @@ class SimulatedEngine:
 
     def __init__(self, trace: LoadTrace, settings: EngineSettings, clock: SimClock, run: EngineRun = EngineRun()) -> None:
         startup_seconds, tick, faults, port, seed = run.startup_seconds, run.tick, run.faults, run.port, run.seed
-        pods, hosts, true_cost, api_port = run.pods, run.hosts, run.true_cost, run.api_port
+        pods, hosts, true_cost, api_port, pod_key = run.pods, run.hosts, run.true_cost, run.api_port, run.pod_key
         if not trace.bucket_seconds:
             raise ValueError("trace: the simulated engine needs bucket_seconds to replay in time")
         if pods < 1 or settings.ep_size % pods:
@@ -568,6 +572,13 @@ class SimulatedEngine:
         # the deployment's physics (hidden from the operator): telemetry from the true cost
         self.true = true_cost or TrueCost()
         self.seed = int(seed)
+        # what a real cluster adds (TrueCost's opt-in realism): this pod's fixed speed and traffic
+        # factor, drawn from ``pod_key`` (the pod's GPUs: a pod restarted on them keeps them; default
+        # the seed, a new pod), the workload second it started serving (its cold prefix cache) and
+        # the AR(1) processes of its step-time noise and traffic drift (kind -> (bucket, value))
+        self.speed, self.traffic_factor = self.true.pod_traits(self.seed if pod_key is None else int(pod_key))
+        self.serving_since: float | None = None
+        self._ar_state: dict[int, tuple[int, float]] = {}
         self._bytes = self.true.expert_bytes(trace.num_layers, trace.num_experts)
         self._red_bytes = trace.num_layers * self._bytes * settings.num_redundant_experts / settings.ep_size
         tok = tokens_per_step(trace) * settings.share
@@ -645,6 +656,8 @@ class SimulatedEngine:
             return
         if self._pos is None:
             self._pos = workload_seconds
+            if self.serving_since is None:
+                self.serving_since = workload_seconds
             return
         bs = float(self.trace.bucket_seconds)
         T = self.trace.num_buckets
@@ -660,7 +673,8 @@ class SimulatedEngine:
             steps = done_after - done_before
             # the load of whole steps (of time where the bucket has no steps): every step of a bucket
             # carries the same load however the replay is chunked, so EPLB's window sees the same
-            load = self.trace.load[t] * ((steps / steps_total if steps_total else frac) * self.settings.share)
+            load = self.trace.load[t] * ((steps / steps_total if steps_total else frac) * self.settings.share
+                                         * self._traffic(b))
             moved_before = len(self.replay.moved)
             segments: list = []
             if self.parts is None:
@@ -688,6 +702,44 @@ class SimulatedEngine:
         longer chunks)."""
         return np.random.default_rng([self.seed, 7919, *key])
 
+    def _ar(self, kind: int, b: int, rho: float) -> float:
+        """A standard-normal AR(1) process over absolute trace buckets (``kind``: which one), lag-1
+        autocorrelation ``rho``, at bucket ``b``: innovations seeded by the bucket (:meth:`_rng`), so
+        its value is a function of simulated time alone (and of the bucket the engine started at)."""
+        last = self._ar_state.get(kind)
+        if last is not None and last[0] == b:
+            return last[1]
+        if last is None or b < last[0]:
+            at, value = b, float(self._rng(0, b, kind).standard_normal())
+        else:
+            at, value = last
+            scale = float(np.sqrt(max(0.0, 1.0 - rho * rho)))
+            while at < b:
+                at += 1
+                value = rho * value + scale * float(self._rng(0, at, kind).standard_normal())
+        self._ar_state[kind] = (b, value)
+        return value
+
+    def _traffic(self, b: int) -> float:
+        """This pod's share of the traffic in bucket ``b`` over its even share: the router's fixed
+        skew and its slow drift (1.0 for an ideal router)."""
+        true = self.true
+        if true.router_drift_sd <= 0:
+            return self.traffic_factor
+        rho = float(np.exp(-float(self.trace.bucket_seconds) / max(true.router_drift_tau_s, 1e-9)))
+        return self.traffic_factor * float(np.exp(true.router_drift_sd * self._ar(4, b, rho)))
+
+    def _slowness(self, b: int) -> tuple[float, np.ndarray | None]:
+        """``(factor on the step time, the bucket's log noise or None)`` of bucket ``b``: the pod's
+        speed, its cold start, the planted gain of the settings in force, and the AR(1) noise where
+        the noise is correlated (None: independent noise, drawn by the physics)."""
+        true, bs = self.true, float(self.trace.bucket_seconds)
+        age = (b + 0.5) * bs - (self.serving_since or 0.0)
+        factor = true.cold_factor(age) / self.speed / (1.0 + true.gain_of(self.settings.knobs))
+        if true.noise_autocorr <= 0:
+            return factor, None
+        return factor, np.array([true.step_noise * self._ar(3, b, true.noise_autocorr)])
+
     def _observe(self, b: int, done: tuple[int, int, int], segments: list, moved_before: int) -> None:
         """The telemetry (:class:`TrueCost`) of engine steps ``done[0]..done[1]`` of the ``done[2]``
         steps of bucket ``b`` (absolute: the trace loops), served in ``segments`` (steps, rank
@@ -705,7 +757,7 @@ class SimulatedEngine:
             return
         true = self.true
         t = b % self.trace.num_buckets
-        load = self.trace.load[t] * self.settings.share
+        load = self.trace.load[t] * self.settings.share * self._traffic(b)
         tok = float(load.sum(axis=1).mean()) / float(self.trace.top_k or 1) / total  # per step, the bucket's
         base = float(true.balanced_step_s(tok))
         lost = [true.rearrangement(m, self.settings.ep_size, self.trace.num_layers, self._bytes, base,
@@ -714,11 +766,12 @@ class SimulatedEngine:
         self.rearrangement_seconds += [d for _, d in lost]
         stalls = [x for x, _ in lost] if not true.use_async else []
         spread = sum(x for x, _ in lost) if true.use_async else 0.0
+        factor, log_noise = self._slowness(b)
         for n, rank, rearranged in segments:
             imb = served_imbalance(rank[None])
             # the same draws for every segment of the bucket: its noise, at this segment's imbalance
             mean = float(true.step_seconds(np.array([tok]), imb, np.array([spread * n / steps]), np.array([n]),
-                                           self._rng(0, b, 0))[0])
+                                           self._rng(0, b, 0), factor=factor, log_noise=log_noise)[0])
             if rearranged and stalls:  # a sync stall is one long step: the last before the rearrangement
                 self.step_hist.observe(mean + stalls.pop(0))
                 if n > 1:

@@ -13,7 +13,8 @@ Rollout kinds and phases::
 
 Experiment phases (``status.autotune.experiment``)::
 
-    Starting | Running | Promoting | Restoring      verdict: promoted | discarded
+    Baseline | Starting | Running | Promoting | Restoring      verdict: promoted | discarded
+    design: cross-pod | interleaved       outcome: wins | loses | undecided | guard | ended
 """
 
 from __future__ import annotations
@@ -276,12 +277,19 @@ class LearnedParameter:
     source: str | None = None
 
 
-#: experiment phases: the trial's pods start; both arms serve and are compared; the verdict is being
-#: carried out (promoted: the control replicas roll to the trial's settings; discarded: the trial
-#: replica returns to the running settings)
-STARTING, RUNNING, PROMOTING, RESTORING = "Starting", "Running", "Promoting", "Restoring"
-EXPERIMENT_PHASES = (STARTING, RUNNING, PROMOTING, RESTORING)
+#: experiment phases: the pods' own differences are measured on the running settings (the
+#: pre-period, cross-pod only); the trial's pods start; both arms serve and are compared; the verdict
+#: is being carried out (promoted: the control replicas roll to the trial's settings; discarded: the
+#: trial replica returns to the running settings)
+BASELINE, STARTING, RUNNING, PROMOTING, RESTORING = "Baseline", "Starting", "Running", "Promoting", "Restoring"
+EXPERIMENT_PHASES = (BASELINE, STARTING, RUNNING, PROMOTING, RESTORING)
 EXPERIMENTS_LIMIT = 10
+#: experiment designs: the trial on restarted replicas beside the others (redundancy, or where
+#: settings cannot change live); the arms interleaved in time on the same replicas (live settings)
+CROSS_POD, INTERLEAVED = "cross-pod", "interleaved"
+#: how a verdict was reached: the interval cleared the promotion threshold; it fell below 0; neither
+#: by maxSeconds (the running settings stay); the TTFT guard; the experiment was ended early
+OUTCOMES = ("wins", "loses", "undecided", "guard", "ended")
 
 
 @dataclass(frozen=True)
@@ -298,10 +306,20 @@ class Experiment:
     """``status.autotune.experiment``: a change tried on one replica (group) while the others keep
     the running settings, on the same traffic (see :mod:`moe_eplb.controller.experiment`).
 
-    ``samples``: the per-bucket paired differences so far (log ratio of the trial's objective over
-    the control's) and ``sample_objectives`` which objective each used; ``estimate``/``ci_low``/
-    ``ci_high``: the relative gain and its interval at ``confidence``; ``verdict``: promoted or
-    discarded once decided, with ``reason``."""
+    ``design``: ``cross-pod`` (the trial restarts one replica) or ``interleaved`` (the arms take
+    turns on the same replicas, settings applied live). ``samples``: the per-bucket paired
+    differences that count so far (log ratio of the trial's objective over the control's; cross-pod:
+    after the warm-up; interleaved: the current block's, after its discarded start) and
+    ``sample_objectives`` which objective each used, ``covariates`` its log batch ratio;
+    ``baseline``: cross-pod, the pre-period's per-bucket differences of each engine pod from the
+    others on the same settings, by the node it runs on (``{node: {d: [...], x: [...], k: "sst.."}}``:
+    differences, log batch ratios, objective kinds ``s`` step time / ``t`` throughput;
+    ``trialNode``: where the trial's engine runs); ``looks``: the information fractions of
+    the looks taken (the sequential rule's state); ``estimate``/``ci_low``/``ci_high``: the relative
+    gain and the last look's interval (the boundaries the rule compares); ``verdict``: promoted or
+    discarded once decided, with ``outcome`` and ``reason``. Interleaved: ``schedule`` (block and
+    discard seconds, the two replica groups, the planned block pairs), ``block`` (the block in force,
+    -1 before the first), ``blockStartedAt`` and ``blockValues`` (each finished block's value)."""
 
     phase: str
     trial: Arm
@@ -323,6 +341,8 @@ class Experiment:
     reason: str | None = None
     samples: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
     sample_objectives: tuple[str, ...] = field(default=(), metadata={"omit_empty": True})
+    #: per sample, the log ratio of the trial's batch (tokens per step) over the control's
+    covariates: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
     ttft_seconds: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})  # (trial, control) sums
     previous_override: Override | None = None
     spec_eplb: Knobs | None = None
@@ -332,6 +352,17 @@ class Experiment:
     #: the two arms as measured over the experiment (stored at its end; the learning step reads them)
     observations: dict | None = field(default=None, metadata={"raw": True})
     learned: tuple[dict, ...] = field(default=(), metadata={"raw": True})
+    design: str = CROSS_POD
+    outcome: str | None = None
+    trial_started_at: float | None = _time(default=None)
+    warmup_seconds: float | None = None
+    baseline: dict | None = field(default=None, metadata={"raw": True})
+    trial_node: str | None = None
+    looks: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
+    schedule: dict | None = field(default=None, metadata={"raw": True})
+    block: int | None = None
+    block_started_at: float | None = _time(default=None)
+    block_values: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
 
 
 #: live changes kept in ``status.autotune.liveChanges`` (the newest)

@@ -315,13 +315,19 @@ def _read_mode(value: Any, path: str) -> str:
 class ExperimentsSpec:
     """``spec.autotune.experiments``: a change first runs on one replica (group) -- the trial arm --
     while the others keep the running settings (the control arm), on the same traffic; the arms'
-    objective decides (:mod:`moe_eplb.eplb.tuning.experiment`). Durations in seconds; ``confidence`` is the
-    two-sided level of the interval that promotes or discards the trial."""
+    objective decides (:mod:`moe_eplb.eplb.tuning.judge`). Durations in seconds; ``confidence`` is the
+    two-sided level of the interval that promotes or discards the trial (each side spends half of
+    ``1 - confidence`` over the looks). ``min_s``/``max_s`` count the time that is judged: after the
+    restarted trial's warm-up (``warmup_s``), or from the first block of an interleaved experiment;
+    ``baseline_s``: the pre-period of a cross-pod experiment (the pods' own differences on the
+    running settings, measured before the trial restarts; 0: none)."""
 
     enabled: bool = True
     min_s: float = field(default=900.0, metadata={"key": "minSeconds"})
     max_s: float = field(default=3600.0, metadata={"key": "maxSeconds"})
     confidence: float = 0.9
+    baseline_s: float = field(default=900.0, metadata={"key": "baselineSeconds"})
+    warmup_s: float = field(default=300.0, metadata={"key": "warmupSeconds"})
 
 
 @dataclass(frozen=True)

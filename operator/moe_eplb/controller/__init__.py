@@ -16,7 +16,9 @@
   ``rollout`` (the pure decisions), ``opmetrics`` (its metrics on the operator's ``/metrics``),
   ``scale_down`` (the pause after a fault-tolerance scale-down, read from the engine pods' logs),
   ``rebalance`` (the ``RebalanceFailed`` condition from vLLM's async EPLB worker failures),
-  ``experiment`` (the pure state machine of an experiment: a change on one replica first),
+  ``experiment`` (the pure state machine of an experiment: a change tried against the running
+  settings first, cross-pod or interleaved), ``interleaved`` (the interleaved design's schedule:
+  blocks on the same replicas, their settings applied live),
   ``outcome`` (what a step of those state machines returns: the new status, Events, conditions), and
   ``shift`` (a workload shift noticed between evaluations: evaluate on the load since, at once);
 - ``live``: window and interval applied live to running engines (one engine step on every EP rank,

@@ -47,6 +47,8 @@ from typing import Any, Protocol
 import kopf
 
 from moe_eplb.api.autotune_status import (
+    BASELINE,
+    INTERLEAVED,
     ROLLING,
     ROLLING_BACK,
     RUNNING,
@@ -66,6 +68,7 @@ from moe_eplb.contracts.k8s_names import API, API_GROUP, API_VERSION, KIND, PLUR
 from moe_eplb.controller import control, live, opmetrics
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import experiment as exm
+from moe_eplb.controller import interleaved as il
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.controller.k8s import ApiError, KubeClient
@@ -349,6 +352,7 @@ class AutotuneLoop:
         assert exp is not None
         view, pods = await self._view(client, inf, since=exp.started_at)
         arms = experiment_arms(inf, pods, view.crashlooping)
+        engine_pods = tuple(sorted(arms.trial_ready + arms.control_ready))
         superseded = None
         if not inf.eplb.enabled:
             superseded = "spec.eplb.enabled was set to false"
@@ -356,21 +360,28 @@ class AutotuneLoop:
             superseded = f"spec.eplb changed ({dec.describe(exp.spec_eplb)} -> {dec.describe(inf.spec_knobs)})"
         aview = exm.ArmsView(replicas=int(inf.replica_groups), trial_ready=len(arms.trial_ready),
                              control_ready=len(arms.control_ready), trial_crashlooping=arms.trial_crashlooping,
-                             settled=_arms_settled(inf, view, arms), superseded=superseded)
+                             settled=_arms_settled(inf, view, arms), superseded=superseded,
+                             trial_node=_node_of(pods, arms.trial_ready[0]) if arms.trial_ready else None,
+                             engine_pods=engine_pods)
         key = (inf.namespace or "default", inf.name)
         tracker = self.arm_trackers.get(key)
         if tracker is None or tracker.started_at != exp.started_at:
             tracker = self.arm_trackers[key] = arms_mod.ArmTracker(started_at=exp.started_at)
-        bucket = None
-        if exp.phase == RUNNING:
-            engine_pods = [p for p in pods if p["metadata"]["name"] in arms.trial_ready + arms.control_ready]
-            counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, engine_pods, self.settings.http_timeout)
-            bucket = tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
-                                    gpus_per_replica=_gpus_per_engine(inf))
+        bucket, baseline = await self._arm_buckets(inf, exp, pods, engine_pods, arms, tracker, now)
         observations = _observations(exp, tracker, now)
         learned = _learned(inf, exp, tracker, now, self.last_calibration.get(key))
         step = exm.advance(cfg, state, aview, now=now, bucket=bucket, observations=observations,
-                           learned=tuple(dataclasses.asdict(r) for r in learned))
+                           learned=tuple(dataclasses.asdict(r) for r in learned), baseline=baseline)
+        if step.live:  # an interleaved experiment's block, promotion or return: applied before it is recorded
+            done = [(req, await self._apply_block(client, inf, pods, req)) for req in step.live]
+            step = exm.applied(step, [(req, o.ok, o.reason) for req, o in done], now=now)
+            running = inf.running_knobs
+            for req, o in done:  # a promotion applied live: recorded as any live change (pods that restart keep it)
+                if req.block is None and o.ok and req.knobs != running:
+                    step.status = dec.record_live(step.status, now=now, current=running, target=req.knobs,
+                                                  config_hash=inf.effective.config_hash(), step=o.step,
+                                                  steps=o.steps, reason=req.why)
+                    step.changed = True
         if not step.changed:
             return None
         if step.verdict is not None and learned:  # the tick the verdict is reached
@@ -390,6 +401,68 @@ class AutotuneLoop:
         if step.verdict is not None:
             return f"experiment:{step.verdict}"
         return f"experiment:{new.phase}" if new.phase != exp.phase else "experiment:bucket"
+
+    async def _arm_buckets(self, inf: MoEInference, exp, pods: list[dict], engine_pods: tuple[str, ...], arms,
+                           tracker: arms_mod.ArmTracker, now: float):
+        """One round of the arms' pods: ``(the (trial, control) bucket, the pre-period's buckets by
+        node)``. Cross-pod: the trial's pods against the control's while Running; in the pre-period
+        every engine pod against the others, keyed by the node it runs on. Interleaved: the
+        replica groups by the block in force."""
+        if exp.phase not in (RUNNING, BASELINE):
+            return None, None
+        names = set(engine_pods)
+        targets = [p for p in pods if p["metadata"]["name"] in names]
+        counters = await asyncio.to_thread(arms_mod.scrape_arm_counters, targets, self.settings.http_timeout)
+        gpus = _gpus_per_engine(inf)
+        if exp.design == INTERLEAVED:
+            trial, control = il.arms_now(exp)
+            if not trial:
+                tracker.previous, tracker.previous_time = dict(counters), now
+                return None, None
+            return tracker.bucket(now, counters, list(trial), list(control), gpus_per_replica=gpus), None
+        if exp.phase == BASELINE:
+            each = tracker.each_against_rest(now, counters, list(engine_pods), gpus_per_replica=gpus)
+            return None, {_node_of(pods, pod) or pod: pair for pod, pair in each.items()}
+        return tracker.bucket(now, counters, list(arms.trial_ready), list(arms.control_ready),
+                              gpus_per_replica=gpus), None
+
+    async def _apply_block(self, client: KubeClient, inf: MoEInference, pods: list[dict],
+                           req: exm.LiveRequest) -> live.LiveOutcome:
+        """Apply ``req`` (window and interval on some engine pods: an interleaved experiment's block,
+        its promotion or its return) through the live apply (:func:`moe_eplb.controller.live.apply_live`),
+        from what those pods' ranks run now (the other arm's settings, or the same)."""
+        targets = live.live_pods(inf, _group_pods(pods, req.pods))
+        token = await control.read_token(client, inf.namespace or "default", inf.name)
+        if not token:
+            return live.LiveOutcome(False, None, "the control Secret is missing (the next reconcile makes it)")
+        try:
+            running = await live.running_now(targets)
+            if running is None:
+                return live.LiveOutcome(False, None, f"no EP rank of {', '.join(req.pods)} answered")
+            expect = Knobs(running[0], running[1], req.knobs.num_redundant_experts)
+            return await live.apply_live(targets, token, req.knobs, expect)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the experiment with the running settings
+            return live.LiveOutcome(False, None, f"{type(exc).__name__}: {exc}")
+
+    def _interleave_planner(self, inf: MoEInference, got: _Gathered):
+        """``(target, current) -> schedule or why not`` for :func:`.decisions.evaluate`: the
+        interleaved design where the engines take the change live (:func:`moe_eplb.controller.live.live_capable`)
+        and blocks of the slower arm fit in ``maxSeconds`` (:func:`.interleaved.plan`)."""
+        why = live.live_capable(inf)
+        w = got.data_window
+        span = (w.end - w.start) if w is not None and w.start is not None and w.end is not None else 0.0
+        rate = (w.steps or 0) / span if w is not None and span > 0 else 0.0
+        names = tuple(p["metadata"]["name"] for p in got.pods if _pod_ready(p) and (
+            (p["metadata"].get("labels") or {}).get(k8s_names.LWS_WORKER_INDEX_LABEL, "0") == "0"))
+        tick = self.settings.tick_seconds * self.settings.scale
+
+        def plan(target: Knobs, current: Knobs) -> dict | str:
+            if why is not None:
+                return why
+            return il.plan(target, current, pods=names, steps_per_second=rate, tick_s=tick,
+                           max_s=inf.autotune.experiments.max_s)
+
+        return plan
 
     # --- an evaluation ---------------------------------------------------------------------------
 
@@ -623,7 +696,8 @@ class AutotuneLoop:
                            scaling=scaling, replicas=int(inf.replica_groups),
                            objective_before=self._objective_before(inf, got.trace) if cfg.mode == "Apply" else None,
                            live_problem=live_problem or live.live_capable(inf),
-                           live_wait=live.live_wait(inf.status, now, got.trace))
+                           live_wait=live.live_wait(inf.status, now, got.trace),
+                           interleave=self._interleave_planner(inf, got))
         replica_costs: tuple = ()
         if answer is not None and got.result is not None and got.trace is not None and inf.autoscaling is not None:
             replica_costs = dec.replica_costs(got.result, kv_capacity(inf, got.trace, current),
@@ -703,6 +777,26 @@ def experiment_arms(inf: MoEInference, pods: list[dict], crashlooping: tuple[str
             control.append(meta["name"])
     crash = tuple(n for n in crashlooping if n in trial_all or (trial_hash != control_hash and n not in control))
     return _Arms(tuple(sorted(trial)), tuple(sorted(control)), crash)
+
+
+def _group_pods(pods: list[dict], engines: tuple[str, ...]) -> list[dict]:
+    """The pods of the engines named by their engine pod (a Deployment's pod, or a LeaderWorkerSet
+    group's leader): a group's settings change on all of its pods' ranks."""
+    names = set(engines)
+
+    def group(p: dict) -> str | None:
+        return ((p.get("metadata") or {}).get("labels") or {}).get(k8s_names.LWS_GROUP_KEY_LABEL)
+
+    keys = {group(p) for p in pods if p["metadata"]["name"] in names} - {None}
+    return [p for p in pods if p["metadata"]["name"] in names or (group(p) is not None and group(p) in keys)]
+
+
+def _node_of(pods: list[dict], name: str) -> str | None:
+    """The node pod ``name`` runs on (``spec.nodeName``; None: not scheduled or unknown)."""
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            return (p.get("spec") or {}).get("nodeName") or None
+    return None
 
 
 def _gpus_per_engine(inf: MoEInference) -> int:

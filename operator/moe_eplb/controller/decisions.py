@@ -29,6 +29,7 @@ Decisions (``status.autotune.lastEvaluation.decision`` and the ``decision`` labe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moe_eplb.api.autotune_status import (
@@ -351,6 +352,7 @@ def evaluate(
     objective_before: dict | None = None,
     live_problem: str | None = "not checked",
     live_wait: str | None = None,
+    interleave: Callable[[Knobs, Knobs], dict | str] | None = None,
 ) -> Evaluated:
     """Decide what to do with one tuning result.
 
@@ -379,6 +381,10 @@ def evaluate(
             (:func:`.live.live_capable`), else why not: such a change is then a restart as before.
         live_wait: why a live change must wait now (a live change whose first rearrangement has not
             come yet: live settings need no cooldown beyond that), or None.
+        interleave: ``(target, current) -> schedule or why not`` (:func:`.interleaved.plan` with what
+            the loop knows: the engine pods, their step rate, whether they take settings live): an
+            experiment runs interleaved on the same replicas where it returns a schedule, else
+            cross-pod (the reason says why). None: cross-pod.
 
     Returns:
         :class:`Evaluated`; its ``status`` is the complete new ``status.autotune``.
@@ -404,7 +410,7 @@ def evaluate(
         ev = _judge(cfg, state, out, ev, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                     answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
                     scaling=scaling, replicas=replicas, objective_before=objective_before,
-                    live_problem=live_problem, live_wait=live_wait)
+                    live_problem=live_problem, live_wait=live_wait, interleave=interleave)
     mode = LIVE if out.live is not None else (RESTART if out.decision in (APPLY, EXPERIMENT) else None)
     ev = Evaluation(**{**ev.__dict__, "decision": out.decision, "reason": out.reason, "apply_mode": mode})
     out.status = out.status.replace(last_evaluation=ev)
@@ -415,7 +421,7 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
            current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
            baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None = None,
            replicas: int = 1, objective_before: dict | None = None, live_problem: str | None = "not checked",
-           live_wait: str | None = None) -> Evaluation:
+           live_wait: str | None = None, interleave: Callable[[Knobs, Knobs], dict | str] | None = None) -> Evaluation:
     """Keep, Recommend, Defer or Apply a tuner answer; fills ``out``, returns the evaluation record."""
     target, gain = answer.recommendation, answer.gain
     out.predicted_gain = gain
@@ -434,12 +440,13 @@ def _judge(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, ev: Evaluat
         _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb,
                   answer=answer, workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash,
                   scaling=scaling, replicas=replicas, objective_before=objective_before, live_problem=live_problem,
-                  live_wait=live_wait)
+                  live_wait=live_wait, interleave=interleave)
         _recommend_off(cfg, state, out, answer, now)
         return ev
     _judge_on(cfg, state, out, now=now, generation=generation, current=current, spec_eplb=spec_eplb, answer=answer,
               workload_blocker=workload_blocker, baseline=baseline, from_hash=from_hash, scaling=scaling,
-              replicas=replicas, objective_before=objective_before, live_problem=live_problem, live_wait=live_wait)
+              replicas=replicas, objective_before=objective_before, live_problem=live_problem, live_wait=live_wait,
+              interleave=interleave)
     return ev
 
 
@@ -503,17 +510,18 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
               current: Knobs, spec_eplb: Knobs, answer: TunerAnswer, workload_blocker: str | None,
               baseline: Measurement | None, from_hash: str | None, scaling: ScalingState | None,
               replicas: int, objective_before: dict | None, live_problem: str | None = "not checked",
-              live_wait: str | None = None) -> None:
+              live_wait: str | None = None, interleave: Callable[[Knobs, Knobs], dict | str] | None = None) -> None:
     """Keep, Recommend, Defer, Experiment or Apply the best EPLB-on setting (``live_problem`` None: a
     change of window and interval alone is applied live, unless ``live_wait`` says why not yet)."""
     target, gain = answer.recommendation, answer.gain
     wants_change = target != current and (gain is None or gain >= cfg.min_gain) and answer.wants_change
     explore = not wants_change and answer.explore is not None and answer.explore != current \
         and cfg.mode == "Apply" and exp_mod.possible(cfg, replicas)
-    if explore and live_problem is None and answer.explore.num_redundant_experts == current.num_redundant_experts:
-        # window and interval alone on engines that change them live: not a trial that restarts a
-        # replica (its template could even be the running pods' own, the live values aside); settings
-        # changed live are compared on the same pods (experiments with live arms)
+    if explore and live_problem is None and answer.explore.num_redundant_experts == current.num_redundant_experts \
+            and not isinstance(interleave(answer.explore, current) if interleave is not None else None, dict):
+        # window and interval alone on engines that change them live: compared on the same pods (an
+        # interleaved experiment), never a trial that restarts a replica (its template could be the
+        # running pods' own, the live values aside); where no interleaved schedule fits, no exploration
         explore = False
     if explore:
         target = answer.explore
@@ -543,7 +551,9 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
     elif exp_mod.possible(cfg, replicas):
         _start_experiment(cfg, state, out, now=now, generation=generation, current=current, target=target,
                           spec_eplb=spec_eplb, answer=answer, from_hash=from_hash, replicas=replicas,
-                          explore=answer.explore_reason if explore else None)
+                          explore=answer.explore_reason if explore else None,
+                          schedule=interleave(target, current) if interleave is not None
+                          else "the engines do not take settings live")
     else:
         out.decision = APPLY
         how = "" if target.num_redundant_experts != current.num_redundant_experts or live_problem == "not checked" \
@@ -598,19 +608,30 @@ def record_live(state: AutotuneStatus, *, now: float, current: Knobs, target: Kn
 
 def _start_experiment(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
                       current: Knobs, target: Knobs, spec_eplb: Knobs, answer: TunerAnswer, from_hash: str | None,
-                      replicas: int, explore: str | None) -> None:
-    """The change runs on one replica first (:func:`.experiment.start`): decision ``Experiment``."""
+                      replicas: int, explore: str | None, schedule: dict | str) -> None:
+    """The change is tried against the running settings first (:func:`.experiment.start`): decision
+    ``Experiment``, interleaved on the same replicas where ``schedule`` is one, else cross-pod on one
+    restarted replica after the pre-period (``schedule``: why not interleaved)."""
     out.decision = EXPERIMENT
     why = f"exploring ({explore})" if explore else f"predicted {_pct(answer.gain)} better"
-    out.reason = (f"experiment: {describe(target)} on 1 of {replicas} replicas against {describe(current)} "
-                  f"on the others, same traffic: {why}; promoted when the {cfg.experiments.confidence:.0%} interval "
-                  f"beats the restart charge {answer.restart_charge:.2%}")
+    xp = cfg.experiments
+    if isinstance(schedule, dict):
+        out.reason = (f"experiment: {describe(target)} against {describe(current)} in turns on the same {replicas} "
+                      f"replicas (interleaved, applied live; blocks of {schedule['blockSeconds']:.0f}s): {why}; "
+                      "promoted when the sequential interval is above 0")
+    else:
+        pre = f"a {xp.baseline_s:.0f}s pre-period on the running settings, then " if xp.baseline_s > 0 else ""
+        out.reason = (f"experiment: {describe(target)} on 1 of {replicas} replicas against {describe(current)} "
+                      f"on the others, same traffic (cross-pod: {schedule}): {why}; {pre}a {xp.warmup_s:.0f}s "
+                      f"warm-up; promoted when the sequential interval beats the restart charge "
+                      f"{answer.restart_charge:.2%}")
     out.conditions["Tuned"] = ("True", "Experimenting", out.reason)
     out.events.append(("Normal", "ExperimentStarted", out.reason))
     out.started_rollout = True
     out.status = exp_mod.start(out.status, now=now, current=current, target=target, replicas=replicas,
                                generation=generation, spec_eplb=spec_eplb, from_hash=from_hash,
-                               restart_charge=answer.restart_charge, predicted_gain=answer.gain, explore=explore)
+                               restart_charge=answer.restart_charge, predicted_gain=answer.gain, explore=explore,
+                               baseline_s=xp.baseline_s, schedule=schedule if isinstance(schedule, dict) else None)
 
 
 # --- status helpers ----------------------------------------------------------------------------

@@ -231,6 +231,18 @@ def _not_taken(engine: str, pairs: Sequence[tuple[LivePod, lp.RankStatus]], cmd_
     return None
 
 
+async def running_now(pods: Sequence[LivePod], *, get: Get | None = None) -> tuple[int, int] | None:
+    """``(window, interval)`` the first EP rank of ``pods`` that answers runs now (None: no rank
+    answered); :func:`apply_live` then checks every rank against it."""
+    get = get or (lambda url: live_client.get_settings(url))
+    survey = await _each(pods, lambda p: get(p.url))
+    for p in pods:
+        for r in survey[p.name].ranks:
+            if r.window_size is not None and r.step_interval is not None:
+                return int(r.window_size), int(r.step_interval)
+    return None
+
+
 async def apply_live(pods: Sequence[LivePod], token: str, target: Knobs, expect: Knobs, *, at_step: int | None = None,
                      lead_seconds: float = LEAD_SECONDS, grace_seconds: float = GRACE_SECONDS,
                      answer_seconds: float = ANSWER_SECONDS, confirm_seconds: float = CONFIRM_SECONDS,

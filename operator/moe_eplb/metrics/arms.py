@@ -170,6 +170,22 @@ class ArmTracker:
         return t, c
 
 
+    def each_against_rest(self, now: float, cur: dict[str, Counters], pods: list[str], *,
+                          gpus_per_replica: int) -> dict[str, tuple[ArmBucket, ArmBucket]]:
+        """``{pod: (its bucket, the other pods' together)}`` between the previous round and ``cur``
+        (then ``cur`` is kept): a cross-pod experiment's pre-period, where every pod runs the same
+        settings and each one's own difference from the rest is measured. Empty on the first round."""
+        prev, self.previous, self.previous_time = self.previous, dict(cur), now
+        out = {}
+        for pod in pods:
+            rest = [p for p in pods if p != pod]
+            own = arm_bucket(prev, cur, [pod], gpus_per_replica=gpus_per_replica) if prev else None
+            others = arm_bucket(prev, cur, rest, gpus_per_replica=gpus_per_replica) if prev and rest else None
+            if own is not None and others is not None:
+                out[pod] = (own, others)
+        return out
+
+
 def _avg(values: list[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return sum(got) / len(got) if got else None

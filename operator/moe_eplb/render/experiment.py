@@ -1,5 +1,7 @@
 """The workloads of an experiment's two arms (pure): what :func:`moe_eplb.render.objects.render_children`
-renders while ``status.autotune.experiment`` is set (:mod:`moe_eplb.controller.experiment`).
+renders while a cross-pod experiment is set in ``status.autotune.experiment`` past its pre-period
+(:mod:`moe_eplb.controller.experiment`; :func:`renders_arms`: an interleaved experiment, or the
+pre-period, renders the workload as without one).
 
 Deployment (single-node replicas): the trial is a second Deployment, ``<name>-trial``, of ONE pod
 with the trial's EPLB settings, its pods labelled ``eplb.ai/arm: trial`` (its selector adds that
@@ -35,9 +37,16 @@ import copy
 import dataclasses
 from typing import Any
 
-from moe_eplb.api.autotune_status import PROMOTING, RESTORING, RUNNING, STARTING, Experiment
+from moe_eplb.api.autotune_status import BASELINE, INTERLEAVED, PROMOTING, RESTORING, RUNNING, STARTING, Experiment
 from moe_eplb.api.spec import EplbSettings, MoEInference
 from moe_eplb.contracts.k8s_names import ARM_LABEL, ARM_TRIAL, TRIAL_SUFFIX
+
+
+def renders_arms(exp: Experiment) -> bool:
+    """Whether the experiment has workloads of its own: a cross-pod one past its pre-period. An
+    interleaved experiment runs on the pods as they are (its settings change live, not in the
+    template); during the pre-period (``Baseline``) every pod still runs the running settings."""
+    return exp.design != INTERLEAVED and exp.phase != BASELINE
 
 
 def trial_name(name: str) -> str:

@@ -127,6 +127,8 @@ def workloads(inf: MoEInference, eplb: EplbSettings) -> list[dict[str, Any]]:
     exp = inf.status.experiment if inf.eplb.enabled else None
     if inf.elastic_enabled:  # one group: founders (LWS) and the pods that join them (render.elastic)
         return [leader_worker_set(inf, eplb), elastic.joiner_stateful_set(inf, eplb, pod_template)]
+    if exp is not None and not experiment.renders_arms(exp):
+        exp = None  # an interleaved experiment (live, the same pods) or a pre-period: the workload as it is
     if inf.parallelism.nodes == 1:
         return [deployment(inf, eplb)] if exp is None else experiment.deployment_arms(inf, exp, deployment)
     return [leader_worker_set(inf, eplb)] if exp is None else experiment.lws_arms(inf, exp, leader_worker_set)

@@ -8,7 +8,8 @@ own metrics of its pods. The **objective** of a bucket is
 * the token throughput per GPU where an engine is saturated (requests waiting, or the KV cache
   full): the arm that serves more per GPU wins;
 * the step (inter-token) time where neither is saturated, at comparable batch sizes (tokens per
-  step within :data:`BATCH_TOLERANCE` of each other; a bucket whose batches differ more is left out):
+  step within a factor ``1 +`` :data:`BATCH_TOLERANCE` of each other, either way; a bucket whose
+  batches differ more is left out):
   the arm whose steps are shorter wins;
 
 and TTFT is a guard: a trial whose mean TTFT is more than :data:`TTFT_GUARD` above the control's is
@@ -25,13 +26,13 @@ time, normalised by the offered load (a least-squares fit of the log objective o
 size and its square, with an indicator for "after the change": the indicator's coefficient, with its
 t interval). The periods' loads should overlap: far apart, the fit extrapolates.
 
-:func:`verdict` applies the rule: promote when the interval's lower end beats the restart charge
-(the throughput the restart of the other replicas costs), discard when its upper end is below zero,
-and at ``maxSeconds`` decide on the estimate, the uncertainty stated.
+The verdict of an experiment is not taken here: :mod:`moe_eplb.eplb.tuning.judge` holds the rule
+(autocorrelation-robust errors, the pre-period subtracted, a sequential rule over the repeated looks).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ BATCH_TOLERANCE = 0.2
 TTFT_GUARD = 0.25
 #: fewest usable buckets for an interval
 MIN_BUCKETS = 3
+#: the tolerance where the design takes the arms' batch difference out -- the interleaved arms swap
+#: replicas every block, so a replica that gets more traffic (bigger batches, longer steps) weighs
+#: on both arms alike; a cross-pod experiment subtracts its pre-period's difference and adjusts for
+#: the batch ratio (:func:`moe_eplb.eplb.tuning.judge.adjust`): only a batch ratio beyond a factor
+#: 1 + this is left out (an arm barely serving)
+SWAPPED_BATCH_TOLERANCE = 1.0
 
 THROUGHPUT = "throughput_per_gpu"
 STEP_TIME = "step_time"
@@ -107,6 +114,7 @@ def _t_cdf_upper_half(x: float, df: float) -> float:
     return float(c * simpson)
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile (0.5 <= p < 1) of Student's t with ``df`` (>= 1) degrees of freedom."""
     if not 0.5 <= p < 1 or df < 1:
@@ -129,11 +137,14 @@ def t_quantile(p: float, df: float) -> float:
 # --- two arms on the same traffic ---------------------------------------------------------------
 
 
-def bucket_difference(trial: ArmBucket, control: ArmBucket, *,
-                      batch_tolerance: float = BATCH_TOLERANCE) -> tuple[str, float] | None:
+def bucket_difference(trial: ArmBucket, control: ArmBucket, *, batch_tolerance: float = BATCH_TOLERANCE,
+                      step_time_only: bool = False) -> tuple[str, float] | None:
     """The log ratio of the trial's objective over the control's in one bucket, and which objective
-    it is; None when the bucket cannot compare them (an arm did not serve, batches not comparable)."""
-    if trial.saturated or control.saturated:
+    it is; None when the bucket cannot compare them (an arm did not serve, batches not comparable).
+    ``step_time_only``: the step time whether saturated or not (where the settings do not change
+    how big a batch fits -- window and interval -- the batch is the traffic's, and a design that
+    swaps the arms cancels the difference)."""
+    if (trial.saturated or control.saturated) and not step_time_only:
         t, c = trial.tokens_per_second_per_gpu, control.tokens_per_second_per_gpu
         if t is None or c is None or t <= 0 or c <= 0:
             return None
@@ -141,7 +152,7 @@ def bucket_difference(trial: ArmBucket, control: ArmBucket, *,
     ts, cs, tb, cb = trial.step_seconds, control.step_seconds, trial.tokens_per_step, control.tokens_per_step
     if ts is None or cs is None or ts <= 0 or cs <= 0 or tb is None or cb is None or tb <= 0 or cb <= 0:
         return None
-    if abs(tb / cb - 1.0) > batch_tolerance:
+    if abs(math.log(tb / cb)) > math.log1p(batch_tolerance):  # symmetric: the arms may swap (interleaved)
         return None
     return STEP_TIME, math.log(cs / ts)  # shorter trial steps: a positive gain
 
@@ -278,35 +289,3 @@ def buckets_from_record(rec: dict | None) -> list[ArmBucket]:
                           saturated=bool(d)) for a, b, c, d in zip(*cols)]
     except (TypeError, KeyError, ValueError):
         return []
-
-
-# --- the rule -------------------------------------------------------------------------------------
-
-
-def verdict(est: Estimate | None, *, elapsed_s: float, min_s: float, max_s: float,
-            restart_charge: float, ttft_guard: float = TTFT_GUARD) -> tuple[str | None, str]:
-    """``(verdict, reason)``: :data:`PROMOTED`, :data:`DISCARDED` or None (keep measuring).
-
-    Before ``min_s`` nothing is decided. Then: the TTFT guard discards; an interval whose lower end
-    is above ``restart_charge`` promotes; one whose upper end is below 0 discards; at ``max_s`` the
-    estimate decides (above the restart charge: promoted), the interval stated."""
-    if elapsed_s < min_s:
-        return None, f"measuring ({elapsed_s:.0f}s of at least {min_s:.0f}s)"
-    if est is None:
-        if elapsed_s >= max_s:
-            return DISCARDED, f"no comparable buckets after {elapsed_s:.0f}s (maxSeconds {max_s:.0f}s)"
-        return None, "too few comparable buckets yet"
-    if est.ttft_ratio is not None and est.ttft_ratio > 1.0 + ttft_guard:
-        return DISCARDED, (f"TTFT guard: the trial's mean TTFT is {est.ttft_ratio - 1:+.0%} of the control's "
-                           f"(more than {ttft_guard:.0%})")
-    if est.ci_low > restart_charge:
-        return PROMOTED, f"wins {est.describe()}: the interval is above the restart charge {restart_charge:.2%}"
-    if est.ci_high < 0:
-        return DISCARDED, f"loses {est.describe()}: the interval is below 0"
-    if elapsed_s >= max_s:
-        if est.estimate > restart_charge:
-            return PROMOTED, (f"undecided at maxSeconds: the estimate {est.describe()} is above the restart "
-                              f"charge {restart_charge:.2%}; the interval still spans it")
-        return DISCARDED, (f"undecided at maxSeconds: the estimate {est.describe()} does not beat the restart "
-                           f"charge {restart_charge:.2%}")
-    return None, f"interval spans the threshold: {est.describe()}"
