@@ -136,7 +136,7 @@ def test_render_a_grow_in_progress_creates_the_joiners_for_the_target() -> None:
     assert env[k8s_names.POD_NAME_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     args = c["args"]
     assert args[args.index("--data-parallel-size") + 1] == "32"
-    assert args[-2:] == ["--data-parallel-address", "deepseek-v3-elastic-0.deepseek-v3-elastic"]
+    assert args[-2:] == ["--data-parallel-address", "deepseek-v3-elastic-0.deepseek-v3-elastic-0"]
 
 
 def test_a_joiners_rank_comes_from_its_ordinal_through_the_shell() -> None:

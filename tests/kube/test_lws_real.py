@@ -134,7 +134,8 @@ async def test_real_controller_runs_rolls_and_rolls_back_groups(built, real_cont
             assert ann[k8s_names.LWS_SIZE_ANNOTATION] == "2"
             env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0].get("env") or []}
             assert env[k8s_names.LWS_GROUP_SIZE_ENV] == "2" and env[k8s_names.LWS_WORKER_INDEX_ENV] == str(worker)
-            assert env[k8s_names.LWS_LEADER_ADDRESS_ENV].startswith(f"tiny-{labels[k8s_names.LWS_GROUP_INDEX_LABEL]}.tiny.")
+            group = int(labels[k8s_names.LWS_GROUP_INDEX_LABEL])
+            assert env[k8s_names.LWS_LEADER_ADDRESS_ENV] == k8s_names.lws_leader_address("tiny", group, ns)
         # one engine per group spanning its two pods, each pod on its own IP
         engines = world.kubelet.engines("tiny")
         assert len(engines) == 2 and all(e.pods == 2 for e in engines)

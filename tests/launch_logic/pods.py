@@ -56,11 +56,15 @@ def pods_of(children: list[dict[str, Any]]) -> list[Pod]:
         return [Pod("pod", 0, c, dict(tmpl["metadata"].get("labels") or {}), container_env(c))]
     lwt = workload["spec"]["leaderWorkerTemplate"]
     size = int(lwt["size"])
+    # LWS's address of the leader: <leader>.<the pods' subdomain>.<ns>, the subdomain being the group's
+    # headless Service (UniquePerReplica) or the LWS's (Shared, LWS's default)
+    policy = (workload["spec"].get("networkConfig") or {}).get("subdomainPolicy") or "Shared"
+    address = f"{name}-0.{name + '-0' if policy == 'UniquePerReplica' else name}.{ns}"
     out = []
     for i in range(size):
         tmpl = lwt["leaderTemplate"] if i == 0 else lwt["workerTemplate"]
         c = _engine(tmpl)
-        lws = {k8s_names.LWS_LEADER_ADDRESS_ENV: f"{name}-0.{name}.{ns}", k8s_names.LWS_GROUP_SIZE_ENV: str(size),
+        lws = {k8s_names.LWS_LEADER_ADDRESS_ENV: address, k8s_names.LWS_GROUP_SIZE_ENV: str(size),
                k8s_names.LWS_WORKER_INDEX_ENV: str(i)}
         labels = {**(tmpl["metadata"].get("labels") or {}), k8s_names.LWS_WORKER_INDEX_LABEL: str(i)}
         out.append(Pod("leader" if i == 0 else "worker", i, c, labels, {**container_env(c), **lws}))

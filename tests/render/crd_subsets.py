@@ -32,6 +32,11 @@ LEADER_WORKER_SET = {
             "properties": {
                 "replicas": {"type": "integer", "minimum": 0},
                 "startupPolicy": {"type": "string", "enum": ["LeaderCreated", "LeaderReady"]},
+                "networkConfig": {
+                    "type": "object",
+                    "required": ["subdomainPolicy"],
+                    "properties": {"subdomainPolicy": {"type": "string", "enum": ["Shared", "UniquePerReplica"]}},
+                },
                 "rolloutStrategy": {
                     "type": "object",
                     "required": ["type"],

@@ -270,13 +270,28 @@ def test_deepseek_renders_a_leader_worker_set(deepseek) -> None:
     assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 2
 
 
+def test_each_group_gets_its_own_headless_service_not_the_client_services_name(deepseek) -> None:
+    """LWS's default subdomain policy (Shared) wants a headless Service named after the LWS, which is
+    the client Service's name: LWS skips it and LWS_LEADER_ADDRESS never resolves. UniquePerReplica
+    gives each group a headless Service ``<name>-<group>`` and the leader address under it
+    (tests/kube/test_lws_subdomain_real.py checks what the real LWS controller makes of it)."""
+    kids = by_kind(render_children_of(deepseek))
+    lws, svc = kids["LeaderWorkerSet"], kids["Service"]
+    assert lws["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+    name = lws["metadata"]["name"]
+    assert svc["metadata"]["name"] == name and svc["spec"]["type"] == "ClusterIP"
+    assert k8s_names.lws_group_service(name, 1) == "deepseek-v3-1" != svc["metadata"]["name"]
+    assert k8s_names.lws_leader_address(name, 0, "ns1") == "deepseek-v3-0.deepseek-v3-0.ns1"
+    assert k8s_names.lws_leader_address(name, 0) == "deepseek-v3-0.deepseek-v3-0"
+
+
 def test_worker_command_runs_in_a_real_shell(deepseek) -> None:
     """Run the worker's ``sh -c`` script with LWS's env and its ``args`` as ``$@``, after
     Kubernetes' ``$(VAR)`` expansion, with ``vllm`` replaced by a printer."""
     lws = by_kind(render_children_of(deepseek))["LeaderWorkerSet"]
     worker = container(lws["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert worker["command"][:2] == ["/bin/sh", "-c"]
-    env = {"LWS_LEADER_ADDRESS": "deepseek-v3-0.deepseek-v3.default", "LWS_WORKER_INDEX": "1"}
+    env = {"LWS_LEADER_ADDRESS": "deepseek-v3-0.deepseek-v3-0.default", "LWS_WORKER_INDEX": "1"}
     argv = container_argv(worker, env)
     assert argv[2].startswith(SHM_CLEAN + '; exec vllm serve "$@" ')
     argv[2] = argv[2].replace(SHM_CLEAN, ":", 1).replace("exec vllm serve", "printf '%s\\n'", 1)
@@ -287,7 +302,7 @@ def test_worker_command_runs_in_a_real_shell(deepseek) -> None:
     assert out[: len(common)] == common  # JSON in --eplb-config survives
     rest = out[len(common):]
     assert rest == ["--data-parallel-size-local", "8", "--data-parallel-rpc-port", "13345",
-                    "--data-parallel-address", "deepseek-v3-0.deepseek-v3.default",
+                    "--data-parallel-address", "deepseek-v3-0.deepseek-v3-0.default",
                     "--data-parallel-start-rank", "8", "--headless"]
 
 

@@ -123,7 +123,7 @@ def test_hostile_env_and_args_reach_leader_and_workers_as_the_same_argv(tmp_path
     assert not marker.exists(), "a hostile env value ran a command"
     assert [list((tmp_path / f"shm{i}").iterdir()) for i in (0, 1)] == [[], []]  # a previous run's leftovers are gone
     leader, worker = argvs[0], argvs[1]
-    address = "deepseek-v3-0.deepseek-v3.default"
+    address = "deepseek-v3-0.deepseek-v3-0.default"  # LWS_LEADER_ADDRESS under the group's headless Service
     expected_user = [
         "--open=" + HOSTILE_ENV["OPEN"].format(marker=marker), "--evil=" + HOSTILE_ENV["EVIL"].format(marker=marker),
         HOSTILE_ENV["SUBST"].format(marker=marker),

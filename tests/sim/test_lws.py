@@ -208,7 +208,7 @@ def test_group_pods_carry_what_lws_adds():
         assert ann[k8s_names.LWS_SIZE_ANNOTATION] == "2"
         assert ann[k8s_names.CONFIG_HASH_ANNOTATION]  # the template's own annotations are kept
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env[k8s_names.LWS_LEADER_ADDRESS_ENV] == "ds-1.ds.ns1" and env[k8s_names.LWS_WORKER_INDEX_ENV] == index
+        assert env[k8s_names.LWS_LEADER_ADDRESS_ENV] == "ds-1.ds-1.ns1" and env[k8s_names.LWS_WORKER_INDEX_ENV] == index
     assert worker["metadata"]["annotations"][k8s_names.LWS_LEADER_NAME_ANNOTATION] == "ds-1"
     assert "--headless" in worker["spec"]["containers"][0]["command"][2]  # the worker template
     assert L.template_revision({**lws["spec"], "replicas": 7}) == rev  # replicas is not the template

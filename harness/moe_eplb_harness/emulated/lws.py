@@ -11,6 +11,9 @@ a cluster with LWS installed shows it:
   name``, ``group-index``, ``worker-index`` (0 = leader), ``group-key`` (the same on every pod of the
   group) and ``template-revision-hash``, the annotation ``leaderworkerset.sigs.k8s.io/size`` (workers
   also ``leader-name``) and the env ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX``.
+  A pod's ``spec.subdomain`` is the headless Service's name: the LWS's (``networkConfig.subdomainPolicy:
+  Shared``, the default) or, with ``UniquePerReplica``, the group's (its leader's name);
+  ``LWS_LEADER_ADDRESS`` is ``<leader>.<subdomain>.<namespace>``.
   A group is ready when its leader and all its workers are.
 * **revisions**: a change of ``leaderWorkerTemplate`` makes a new template revision; a change of
   ``replicas`` does not (scaling adds or removes groups at the highest indexes, no pod restarts).
@@ -279,14 +282,17 @@ def group_pod(lws: dict, template_spec: dict, group: int, worker: int, revision:
     if worker:
         annotations[k8s_names.LWS_LEADER_NAME_ANNOTATION] = leader
     spec = copy.deepcopy(tmpl.get("spec") or {})
-    env = [{"name": k8s_names.LWS_LEADER_ADDRESS_ENV, "value": f"{leader}.{name}.{ns}"},
+    # the pods' subdomain: the LWS's headless Service (Shared, the default) or the group's (UniquePerReplica)
+    policy = (template_spec.get("networkConfig") or {}).get("subdomainPolicy") or "Shared"
+    subdomain = leader if policy == "UniquePerReplica" else name
+    env = [{"name": k8s_names.LWS_LEADER_ADDRESS_ENV, "value": f"{leader}.{subdomain}.{ns}"},
            {"name": k8s_names.LWS_GROUP_SIZE_ENV, "value": str(size)},
            {"name": k8s_names.LWS_WORKER_INDEX_ENV, "value": str(worker)}]
     for c in spec.get("containers") or []:
         have = {e.get("name") for e in c.get("env") or []}
         c["env"] = [e for e in env if e["name"] not in have] + list(c.get("env") or [])
     spec.setdefault("hostname", pod_name(name, group, worker))
-    spec.setdefault("subdomain", name)
+    spec["subdomain"] = subdomain
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(name, group, worker), "namespace": ns, "labels": labels,

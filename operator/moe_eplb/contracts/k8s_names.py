@@ -43,6 +43,13 @@ LWS_LEADER_NAME_ANNOTATION = "leaderworkerset.sigs.k8s.io/leader-name"  # on wor
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
 LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+#: ``spec.networkConfig.subdomainPolicy`` of the LeaderWorkerSet the operator renders. With LWS's
+#: default (``Shared``) the controller makes one headless Service named after the LWS -- ``<name>``,
+#: the name of the operator's own ClusterIP Service, so it skips it (sigs.k8s.io/lws v0.8.0
+#: ``CreateHeadlessServiceIfNotExists``) and the pods' subdomain, which LWS_LEADER_ADDRESS names, has
+#: no pod records: rank 0 never resolves. ``UniquePerReplica``: one headless Service per group, named
+#: after its leader pod (:func:`lws_group_service`), the subdomain of every pod of the group.
+LWS_SUBDOMAIN_POLICY = "UniquePerReplica"
 #: Event reason of the LWS pod controller when a pod of a group failed (a container restarted or a
 #: pod was deleted) and it deleted the leader to recreate the whole group (restartPolicy
 #: RecreateGroupOnPodRestart); the message names the failed pod: "Worker pod <pod> failed, ...".
@@ -67,6 +74,22 @@ POD_NAME_ENV = "MOE_EPLB_POD_NAME"
 #: ``/is_scaling_elastic_ep``, whether it serves, and the forwarded request's outcome
 ELASTIC_SCALE_PATH = "/control/elastic/scale"
 ELASTIC_STATUS_PATH = "/control/elastic/status"
+
+
+def lws_group_service(lws_name: str, group: int) -> str:
+    """The headless Service LeaderWorkerSet makes for group ``group`` under :data:`LWS_SUBDOMAIN_POLICY`:
+    named after the group's leader pod ``<lws>-<group>``; it selects the group's pods and is their
+    ``spec.subdomain``."""
+    return f"{lws_name}-{group}"
+
+
+def lws_leader_address(lws_name: str, group: int, namespace: str | None = None) -> str:
+    """The DNS name of group ``group``'s leader (rank 0 of its engine) under :data:`LWS_SUBDOMAIN_POLICY`:
+    ``<lws>-<group>.<lws>-<group>[.<namespace>]`` -- what LWS puts in ``LWS_LEADER_ADDRESS`` (with the
+    namespace); without one, the name relative to the pod's own namespace."""
+    leader = f"{lws_name}-{group}"
+    host = f"{leader}.{lws_group_service(lws_name, group)}"
+    return host if namespace is None else f"{host}.{namespace}"
 
 
 def elastic_name(resource_name: str) -> str:

@@ -8,9 +8,9 @@ killed, which is what an elastic resize exists to avoid. So the group is:
 
 * **founders**: the LeaderWorkerSet of :func:`moe_eplb.render.objects.leader_worker_set`, one group of
   ``spec.parallelism.nodes`` pods holding the launch size ``spec.parallelism.data`` (also for one pod:
-  LWS gives rank 0 the stable address ``<name>-0.<name>`` the joiners handshake with). A resize never
-  changes it; a tuner rollout or a restart recreates it as before, and the group launches again at
-  ``data`` ranks;
+  LWS gives rank 0 the stable address ``<name>-0.<name>-0``, under the group's headless Service, that
+  the joiners handshake with). A resize never changes it; a tuner rollout or a restart recreates it as
+  before, and the group launches again at ``data`` ranks;
 * **joiners**: a StatefulSet ``<name>-join`` (``podManagementPolicy: Parallel``, ``updateStrategy:
   OnDelete``) of the pods above the launch size. Pod ``<name>-join-j`` runs ranks ``data + j x
   dataLocal`` and up. Raising ``replicas`` adds the highest pods, lowering it removes the highest first
@@ -43,9 +43,10 @@ PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 
 def founder_address(inf: MoEInference) -> str:
-    """Rank 0's address for a joining pod: the LeaderWorkerSet's group 0 leader, ``<name>-0.<name>``
-    (what LWS_LEADER_ADDRESS names, relative to the namespace)."""
-    return f"{inf.name}-0.{inf.name}"
+    """Rank 0's address for a joining pod: the LeaderWorkerSet's group 0 leader under the group's
+    headless Service, ``<name>-0.<name>-0`` (what the founders' LWS_LEADER_ADDRESS names, relative to
+    the namespace: :func:`moe_eplb.contracts.k8s_names.lws_leader_address`)."""
+    return k8s_names.lws_leader_address(inf.name, 0)
 
 
 def joiner_launch(inf: MoEInference) -> PodLaunch:
@@ -97,6 +98,7 @@ def joiner_stateful_set(inf: MoEInference, eplb: EplbSettings, pod_template: Any
         "metadata": {"name": k8s_names.elastic_name(inf.name), "labels": labels(inf.name)},
         "spec": {
             "replicas": elastic.joiner_pods(st, par.data, par.data_local),
+            # the client Service: nothing dials a joiner by name (it dials rank 0: founder_address)
             "serviceName": inf.name,
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "OnDelete"},

@@ -414,7 +414,13 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
     With ``spec.faultTolerance`` every data-parallel rank serves its own API (vLLM refuses fault
     tolerance with its internal load balancing), so workers get the API's port, probes and drain, and
     a failed pod is not answered by recreating its group (``restartPolicy: None``): the surviving
-    ranks keep serving while vLLM re-hosts the lost rank's experts."""
+    ranks keep serving while vLLM re-hosts the lost rank's experts.
+
+    ``networkConfig.subdomainPolicy: UniquePerReplica`` (:data:`moe_eplb.contracts.k8s_names.LWS_SUBDOMAIN_POLICY`):
+    LWS makes a headless Service ``<name>-<group>`` per group, the subdomain of its pods, and
+    ``LWS_LEADER_ADDRESS`` is ``<name>-<group>.<name>-<group>.<ns>``. LWS's default (``Shared``) would
+    want a headless Service ``<name>``, the client Service's name (:func:`service`): LWS skips a
+    Service that exists, and the workers would never resolve their leader."""
     ft = inf.fault_tolerance.enabled
     lay = inf.layout
     common = engine_args(inf, eplb)
@@ -435,6 +441,9 @@ def leader_worker_set(inf: MoEInference, eplb: EplbSettings) -> dict[str, Any]:
         "spec": {
             "replicas": 1 if inf.elastic_enabled else inf.replicas,
             "startupPolicy": "LeaderCreated",
+            # a headless Service per group (<name>-<group>), the pods' subdomain: LWS's shared one would
+            # be named <name>, the client Service's name (service()), so LWS_LEADER_ADDRESS would never resolve
+            "networkConfig": {"subdomainPolicy": k8s_names.LWS_SUBDOMAIN_POLICY},
             "rolloutStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdateConfiguration": {
