@@ -4,8 +4,9 @@ as the kubelet sends it, with the rendered ``--shutdown-timeout`` (vLLM on CPU w
 The engine runs the args and env ``moe-eplb render`` gives the "full" MoEInference of
 :func:`moe_eplb_harness.vllm_engine.harness.manifest` (its adaptations listed there); the pod's hooks are
 played as the kubelet plays them: the ``preStop`` is the rendered ``exec`` (``python3 -m
-moe_eplb.exporter.drain``, run with the container's env, as the kubelet runs it inside the container:
-it posts the drain to the exporter on loopback), started while a long generation runs; SIGTERM goes
+moe_eplb.exporter.drain``, run with the container's env and interpreter, as the kubelet runs it inside
+the container: it posts the drain to the exporter on loopback), started while long generations run
+(traffic until the pod turns unready); SIGTERM goes
 to the engine's main process once the hook returned;
 the process gets ``terminationGracePeriodSeconds`` (minus what the hook took) to exit. Also checked:
 the pod turns unready while it drains (``readinessProbe``), stays live (``livenessProbe``), and a
@@ -48,7 +49,8 @@ def _get(url: str, timeout: float = 600.0) -> tuple[int, str]:
 def _run_hook(engine: harness.Engine, hook: dict) -> tuple[int, str]:
     """The rendered ``exec`` preStop, run with the engine container's env (what the kubelet does):
     (exit status, its output)."""
-    out = subprocess.run(hook["exec"]["command"], env=engine.env(), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(engine.hook_command(hook["exec"]["command"]), env=engine.env(), capture_output=True,
+                         text=True, timeout=600)
     return out.returncode, out.stdout + out.stderr
 
 
@@ -195,30 +197,41 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     assert _get(f"http://127.0.0.1:{engine.exporter_port}{k8s_names.EXPORTER_DRAIN_PATH}", 10)[0] == 405
     assert _get(ready_url)[0] == 200
 
-    long = Timed(engine.complete, "a long story about a mixture of experts", LONG)
-    _wait_running(engine, long)
+    # traffic while the pod is ready, as a Service sends it: two long requests in flight, staggered
+    # (one more whenever one ends), so that some request runs whenever the drain arrives. The hook is
+    # a process of its own (python3 -m moe_eplb.exporter.drain): it posts the drain only once it has
+    # started, which took seconds beside the busy engine here, longer than one request runs.
+    traffic = [Timed(engine.complete, "a long story about a mixture of experts", LONG)]
+    _wait_running(engine, traffic[0])
     hook_started = time.monotonic()
     hook = Timed(_run_hook, engine, hook_spec)  # the kubelet's preStop: exec, and wait for it
-    # the hook is a process of its own (python3 -m moe_eplb.exporter.drain): unready once it got through
     deadline = time.monotonic() + 60
     ready_during = _get(ready_url, 10)
-    while ready_during[0] == 200 and long.ended is None and time.monotonic() < deadline:
+    while ready_during[0] == 200 and hook.ended is None and time.monotonic() < deadline:
+        if sum(r.ended is None for r in traffic) < 2:
+            traffic.append(Timed(engine.complete, f"story number {len(traffic)} about experts", LONG))
         time.sleep(0.1)
         ready_during = _get(ready_url, 10)
+    unready_at = time.monotonic()
     live_during = _get(live_url, 10)
-    long.join(300)
+    for request in traffic:
+        request.join(300)
     hook.join(120)
     hook_seconds = hook.ended - hook_started
 
-    # the request completed with all its tokens, and the hook returned only after it had
-    assert long.error is None, long.error
-    assert long.result["usage"]["completion_tokens"] == LONG
+    assert ready_during == (503, "draining\n") and live_during[0] == 200, (ready_during, hook.result)
+    # every request completed with all its tokens; some were still running when the pod turned
+    # unready, and the hook returned only after the last of them had ended
+    assert all(r.error is None for r in traffic), [r.error for r in traffic]
+    assert all(r.result["usage"]["completion_tokens"] == LONG for r in traffic)
+    in_flight = [r for r in traffic if r.ended > unready_at]
+    assert in_flight, [r.ended - hook_started for r in traffic]
     assert hook.result[0] == 0 and "moe-eplb preStop: drained: no request in flight" in hook.result[1], hook.result
     # The hook returns once vLLM counts no request running; the client's thread marks its end only
     # after the response has crossed the socket and been parsed, which can come a little later (50 ms
     # in one CI run). An early hook would return seconds before: 440 tokens were still to come.
-    assert hook.ended >= long.ended - 0.5, (hook.ended - hook_started, long.ended - hook_started)
-    assert ready_during == (503, "draining\n") and live_during[0] == 200
+    last = max(r.ended for r in in_flight)
+    assert hook.ended >= last - 0.5, (hook.ended - hook_started, last - hook_started)
     record_time("drain engine: preStop hook (s)", hook_seconds)
 
     # a straggler (routed before the endpoints caught up), then SIGTERM as the kubelet sends it:

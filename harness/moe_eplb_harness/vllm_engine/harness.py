@@ -24,6 +24,12 @@ CPU adaptations of the rendered container (each also listed by :meth:`Engine.ada
    of the container port 9400 (the rendered ``eplb-metrics`` port).
 5. env ``PYTHONPATH`` gets the test bridge's plugin directory first, ``VLLM_PLUGINS`` gets
    ``cpu_eplb_bridge`` appended (the rendered ``moe_eplb_exporter`` stays); ``HF_HUB_OFFLINE=1``.
+6. (a stock-like engine only) the injected plugin's emptyDir mount on ``PYTHONPATH`` -> the directory
+   the init container's command wrote.
+7. an ``exec`` hook's ``python3`` (the preStop ``python3 -m moe_eplb.exporter.drain``) -> the
+   interpreter the engine runs on (:meth:`Engine.hook_command`): in the pod both are the image's
+   ``python3``; here the first ``python3`` on PATH can be another one (a pyenv shim took ~3.6 s to
+   start beside the busy engine, longer than the request the drain is meant to wait for).
 
 The CPU settings themselves are not adaptations: they are in the manifest and come out of the
 renderer (``spec.engine.extraArgs: [--enforce-eager, --max-num-seqs, 8]``, ``dtype: float32``,
@@ -251,6 +257,11 @@ class Engine:
         env.update(self.extra_env)
         return env
 
+    def hook_command(self, command: list[str]) -> list[str]:
+        """An ``exec`` hook's command as the kubelet runs it in this container (adaptation 7): the
+        image's ``python3`` is the interpreter the engine runs on, :attr:`python`."""
+        return [self.python if i == 0 and arg == "python3" else arg for i, arg in enumerate(command)]
+
     def adaptations(self) -> list[str]:
         return [
             "command `sh -c '<clean /dev/shm>; exec vllm serve'` -> "
@@ -259,6 +270,7 @@ class Engine:
             f"--port 8000 -> --port {self.api_port} --host 127.0.0.1 (MOE_EPLB_API_URL={self.url})",
             f"env MOE_EPLB_EXPORTER_PORT={self.exporter_port} MOE_EPLB_EXPORTER_ADDRESS=127.0.0.1 (container port 9400)",
             f"env PYTHONPATH+={self.bridge_dir}, VLLM_PLUGINS+={BRIDGE_NAME}, HF_HUB_OFFLINE=1",
+            f"exec hooks: python3 -> {self.python} (the engine's interpreter, the image's python3 in a pod)",
         ]
 
     # --- life cycle ---------------------------------------------------------------------------

@@ -13,7 +13,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from moe_eplb.api.elastic import ELASTIC_EXTERNAL_SINCE
+from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.problem import REMOVE, Problem
+from moe_eplb.api.versions import format_version
 
 Fix = tuple[tuple[tuple[Any, ...], Any], ...]
 OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
@@ -66,6 +69,94 @@ def _ft_backend(res: dict[str, Any]) -> Fix:
     return _set("spec", "parallelism", "all2allBackend", "deepep_low_latency")
 
 
+# --- elastic groups (spec.parallelism.elastic): keep the group elastic wherever one edit can ---------
+#: vLLM's own images, whose tags are its release numbers (a newer release is the same tag scheme)
+VLLM_IMAGES = ("vllm/vllm-openai", "vllm/vllm-openai-rocm")
+ELASTIC_OFF: Fix = _set("spec", "parallelism", "elastic", "enabled", False)
+
+
+def _group(res: dict[str, Any]) -> tuple[int, int, int, int | None]:
+    """(launch data, ranks a pod, minData, maxData or None) as the CRD's rules read them."""
+    par = _get(res, "spec", "parallelism") or {}
+    data, nodes = int(par.get("data") or 1), int(par.get("nodes") or 1)
+    el = par.get("elastic") or {}
+    return data, max(1, data // nodes), int(el.get("minData") or data), el.get("maxData")
+
+
+def _whole_pods(ranks: int, per_pod: int, up: bool) -> int:
+    return (-(-ranks // per_pod) if up else ranks // per_pod) * per_pod
+
+
+def _elastic_newer_vllm(res: dict[str, Any]) -> Fix:
+    """vLLM's own image at the first release with external elastic EP (same repository, tag scheme
+    kept, digest dropped); a custom image (or a version set by hand) is the user's to rebuild: elastic off."""
+    ref = parse_image(str(_get(res, "spec", "engine", "image") or ""))
+    if (_get(res, "spec", "engine", "version") or ref is None or ref.repository not in VLLM_IMAGES
+            or ref.registry not in (None, "docker.io") or ref.version is None):
+        return ELASTIC_OFF
+    tag = ("v" if str(ref.tag).startswith("v") else "") + format_version(ELASTIC_EXTERNAL_SINCE)
+    return _set("spec", "engine", "image", f"{ref.registry + '/' if ref.registry else ''}{ref.repository}:{tag}")
+
+
+def _elastic_data(res: dict[str, Any]) -> Fix:
+    """Launch with data parallel: 2 ranks a pod (``data`` = 2 x nodes) where maxData leaves the group
+    room to grow past that; where it does not, the group could never be resized and the extra GPUs
+    would buy nothing: elastic off (the launch size the user chose stays)."""
+    nodes = int(_get(res, "spec", "parallelism", "nodes") or 1)
+    data = 2 * nodes
+    _, _, _, most = _group(res)
+    return _set("spec", "parallelism", "data", data) if most is not None and most > data else ELASTIC_OFF
+
+
+def _elastic_max(res: dict[str, Any]) -> Fix:
+    """maxData from what the resource already asks for: the pods of ``spec.replicas``, the autoscaler's
+    ``maxReplicas``, else the launch size (vLLM's own default for --elastic-ep-max-dp-size: no growth
+    until the user raises it), in whole pods and at least minData."""
+    _, per_pod, least, _ = _group(res)
+    asked = [least, int(_get(res, "spec", "replicas") or 1) * per_pod]
+    if _get(res, "spec", "autoscaling", "enabled"):
+        asked.append(int(_get(res, "spec", "autoscaling", "maxReplicas") or 1) * per_pod)
+    return _set("spec", "parallelism", "elastic", "maxData", _whole_pods(max(asked), per_pod, up=True))
+
+
+def _elastic_max_whole_pods(res: dict[str, Any]) -> Fix:
+    """maxData down to whole pods (up where that would fall below minData)."""
+    _, per_pod, least, most = _group(res)
+    down = _whole_pods(int(most), per_pod, up=False)
+    return _set("spec", "parallelism", "elastic", "maxData",
+                down if down >= least else _whole_pods(int(most), per_pod, up=True))
+
+
+def _elastic_replicas(res: dict[str, Any]) -> Fix:
+    """spec.replicas to the nearest pod count within [minData, maxData]."""
+    _, per_pod, least, most = _group(res)
+    lo, hi = -(-least // per_pod), int(most) // per_pod
+    return _set("spec", "replicas", min(hi, max(lo, int(_get(res, "spec", "replicas") or 1))))
+
+
+#: the elastic rules' fixes (field, words, fix)
+ELASTIC_FIXERS: tuple[tuple[str, str, Callable[[dict[str, Any]], Fix]], ...] = (
+    # "needs EPLB": its fix needs the whole check of the edited resource (validation._elastic_eplb_fix)
+    ("spec.parallelism.elastic.enabled", "needs vLLM >= 0.33.0", _elastic_newer_vllm),
+    ("spec.parallelism.elastic.enabled", "needs data parallel > 1", _elastic_data),
+    ("spec.parallelism.elastic.maxData", "is required", _elastic_max),
+    ("spec.parallelism.elastic.minData", "at least spec.parallelism.data",
+     lambda r: _set("spec", "parallelism", "elastic", "minData", _group(r)[0])),
+    ("spec.parallelism.elastic.maxData", "at least minData",
+     lambda r: _set("spec", "parallelism", "elastic", "maxData", _group(r)[2])),
+    ("spec.parallelism.elastic.minData", "a pod at a time",
+     lambda r: _set("spec", "parallelism", "elastic", "minData", _whole_pods(_group(r)[2], _group(r)[1], up=True))),
+    ("spec.parallelism.elastic.maxData", "a pod at a time", _elastic_max_whole_pods),
+    ("spec.replicas", "pods of an elastic group", _elastic_replicas),
+    ("spec.autoscaling.maxReplicas", "set maxReplicas to maxData / dataLocal",
+     lambda r: _set("spec", "autoscaling", "maxReplicas", int(_group(r)[3]) // _group(r)[1])),
+    ("spec.autoscaling.minReplicas", "set minReplicas to minData / dataLocal",
+     lambda r: _set("spec", "autoscaling", "minReplicas", _group(r)[2] // _group(r)[1])),
+    # NIXL in the image cannot be told from here; sync EPLB runs on every image
+    ("spec.eplb.async", "needs NIXL", lambda r: _set("spec", "eplb", "async", False)),
+)
+
+
 #: (the field a rule names, words of its message, the fix)
 FIXERS: tuple[tuple[str, str, Callable[[dict[str, Any]], Fix]], ...] = (
     ("spec.workload.metadata.labels", "", _workload_labels),
@@ -91,6 +182,7 @@ FIXERS: tuple[tuple[str, str, Callable[[dict[str, Any]], Fix]], ...] = (
     ("spec.engine.resources.requests", "tensor x dataLocal",
      lambda r: _set("spec", "engine", "resources", "requests", _kept(
          _get(r, "spec", "engine", "resources", "requests") or {}, lambda k: k == _get(r, "spec", "engine", "gpuResourceName")))),
+    *ELASTIC_FIXERS,
 )
 
 

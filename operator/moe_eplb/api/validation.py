@@ -16,6 +16,7 @@ Every :class:`Problem` names the field and says how to fix it. An empty list mea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -24,14 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_eplb.api import catalog, elastic, fit, wide_ep
-from moe_eplb.api.cel_fixes import with_fixes
+from moe_eplb.api.cel_fixes import ELASTIC_OFF, with_fixes
 from moe_eplb.api.cel_rules import cel_problems
 from moe_eplb.api.crd import openapi_schema
 from moe_eplb.api.fit import all2all_backend, tokens_per_rank
 from moe_eplb.api.fit import arg_value as _arg_value
 from moe_eplb.api.imageref import parse_image
 from moe_eplb.api.podtemplate import overlay_problems
-from moe_eplb.api.problem import REMOVE, Problem
+from moe_eplb.api.problem import REMOVE, Problem, apply_fix
 from moe_eplb.api.quantity import quantity_bytes
 from moe_eplb.api.schema import (
     fill_schema_defaults,
@@ -138,7 +139,27 @@ def _apiserver_check(resource: dict[str, Any]) -> tuple[list[Problem], dict[str,
     rules = cel_problems(defaulted, schema)
     if structural:  # a rule over a mistyped value only adds noise
         rules = [p for p in rules if "(rule error:" not in p.message]
-    return problems + structural + with_fixes(rules, defaulted), None if structural else defaulted
+    rules = _elastic_eplb_fix(with_fixes(rules, defaulted), defaulted)
+    return problems + structural + rules, None if structural else defaulted
+
+
+#: refusals of enabling EPLB that only the user can answer (which model, format or version)
+_EPLB_ASKS = ("spec.eplb.enabled", "spec.model.moe", "spec.model.quantization", "spec.engine.version")
+
+
+def _elastic_eplb_fix(rules: list[Problem], resource: dict[str, Any]) -> list[Problem]:
+    """The fix of the CRD's "elastic needs EPLB": EPLB on (vLLM's elastic EP places the experts of each
+    size with it), unless vLLM runs no EPLB for this model, checkpoint or version -- enabling it then
+    leaves a refusal only the user can answer -- where the group runs without elastic instead."""
+    out = []
+    for p in rules:
+        if p.rule is not None and p.fix is None and p.field == "spec.parallelism.elastic.enabled" \
+                and "needs EPLB" in p.message:
+            on = _set("spec", "eplb", "enabled", True)
+            asks = [q for q in validate(apply_fix(resource, on)) if q.fix is None and q.field in _EPLB_ASKS]
+            p = dataclasses.replace(p, fix=ELASTIC_OFF if asks else on)
+        out.append(p)
+    return out
 
 
 @dataclass(frozen=True)
@@ -666,25 +687,28 @@ def _elastic_problems(inf: MoEInference) -> list[Problem]:
     pp = _arg_value(args, "--pipeline-parallel-size") or _arg_value(args, "-pp")
     if pp is not None and pp[1] != "1":
         problems.append(Problem(f"spec.engine.extraArgs[{pp[0]}]", "vLLM's elastic EP does not run with pipeline "
-                                "parallelism; remove the argument or set spec.parallelism.elastic.enabled: false"))
+                                "parallelism; remove the argument or set spec.parallelism.elastic.enabled: false",
+                                fix=_drop_args(inf, pp[0], _flag_width(inf, pp[0]))))
     for i, arg in enumerate(args):
         if arg.split("=", 1)[0] == "--data-parallel-hybrid-lb":
             problems.append(Problem(f"spec.engine.extraArgs[{i}]", "vLLM's elastic EP refuses hybrid load balancing; "
                                     "the operator runs one API server per rank (external load balancing): remove "
-                                    "the argument"))
+                                    "the argument", fix=_drop_args(inf, i, _flag_width(inf, i))))
     count = _arg_value(args, "--api-server-count")
     if count is not None and count[1] != "1" and not inf.fault_tolerance.enabled:  # fault tolerance says it already
         problems.append(Problem(f"spec.engine.extraArgs[{count[0]}]", "an elastic group runs one API server per "
-                                "rank (vLLM caps elastic EP at one); remove the argument"))
+                                "rank (vLLM caps elastic EP at one); remove the argument",
+                                fix=_drop_args(inf, count[0], _flag_width(inf, count[0]))))
     draft = _speculative_moe_draft(inf)
     if draft is not None and not inf.fault_tolerance.enabled:
         problems.append(Problem(f"spec.engine.extraArgs[{draft}]", "vLLM's elastic EP does not support a MoE draft "
                                 "model (MTP of a MoE model, or a MoE drafter); remove --speculative-config or set "
-                                "spec.parallelism.elastic.enabled: false"))
+                                "spec.parallelism.elastic.enabled: false", fix=_drop_args(inf, draft, _flag_width(inf, draft))))
     par, experts = inf.parallelism, inf.moe_shape.num_experts
     if not experts or not inf.eplb.enabled or par.max_data < par.min_data:
         return problems  # the CRD refuses the bounds already; nothing is known of the experts
     r = inf.eplb.num_redundant_experts
+    ok: list[int] = []  # the sizes vLLM runs, from the smallest up to the first it refuses
     for size in elastic.sizes(par.min_data, par.max_data, par.data_local):
         why = elastic.size_problem(experts, r, par.tensor, par.data, size)
         if why is None:
@@ -692,23 +716,40 @@ def _elastic_problems(inf: MoEInference) -> list[Problem]:
             why = vllm_facts.redundant_problem(experts, par.tensor * size, at)
             why = f"at {size} data-parallel ranks vLLM runs {at} redundant experts: {why}" if why else None
         if why is not None:
-            fld = "spec.parallelism.elastic.maxData" if size > par.data else "spec.parallelism.elastic.minData"
+            grow = size > par.data  # too large: maxData down to the last size that runs; too small: launch size
+            fld = "spec.parallelism.elastic.maxData" if grow else "spec.parallelism.elastic.minData"
+            fix = _set("spec", "parallelism", "elastic", "maxData", ok[-1]) if grow and ok else (
+                None if grow else _set("spec", "parallelism", "elastic", "minData", par.data))
             problems.append(Problem(fld, f"{why} (R' = (E + R) x DP' / DP - E with E {experts}, R {r}, DP "
-                                         f"{par.data}); keep the group's sizes within what vLLM can run"))
+                                         f"{par.data}); keep the group's sizes within what vLLM can run", fix=fix))
             break
-    backend = all2all_backend(inf)
-    entry = inf.catalog_model
-    if backend is not None and backend[0] == wide_ep.DEEPEP_LOW_LATENCY and entry is not None:
-        at = elastic.redundancy_at(experts, r, par.data, par.max_data)
-        tokens = tokens_per_rank(inf)
-        need = wide_ep.deepep_ll_buffer_bytes(tokens, entry.hidden_size, experts + at)
-        if need > wide_ep.DEEPEP_LL_BUFFER_LIMIT:
-            problems.append(Problem("spec.parallelism.elastic.maxData",
-                                    f"at {par.max_data} ranks vLLM runs {at} redundant experts, and DeepEP low "
-                                    f"latency's buffer for {experts + at} physical experts is {need / 2**30:.1f} GiB "
-                                    "per GPU, more than the 32 GiB it can register: lower maxData, "
-                                    "numRedundantExperts or --max-num-batched-tokens"))
-    return problems
+        ok.append(size)
+    return problems + _elastic_deepep_problems(inf)
+
+
+def _elastic_deepep_problems(inf: MoEInference) -> list[Problem]:
+    """DeepEP low latency's buffer at the group's largest size (its physical experts grow with it);
+    the fix lowers maxData to the largest size whose buffer fits."""
+    backend, entry, par = all2all_backend(inf), inf.catalog_model, inf.parallelism
+    experts, r = inf.moe_shape.num_experts or 0, inf.eplb.num_redundant_experts
+    if backend is None or backend[0] != wide_ep.DEEPEP_LOW_LATENCY or entry is None:
+        return []
+    tokens = tokens_per_rank(inf)
+
+    def need(size: int) -> int:
+        return wide_ep.deepep_ll_buffer_bytes(tokens, entry.hidden_size, experts + elastic.redundancy_at(
+            experts, r, par.data, size))
+
+    at = elastic.redundancy_at(experts, r, par.data, par.max_data)
+    if need(par.max_data) <= wide_ep.DEEPEP_LL_BUFFER_LIMIT:
+        return []
+    fits = [s for s in elastic.sizes(par.min_data, par.max_data, par.data_local) if need(s) <= wide_ep.DEEPEP_LL_BUFFER_LIMIT]
+    return [Problem("spec.parallelism.elastic.maxData",
+                    f"at {par.max_data} ranks vLLM runs {at} redundant experts, and DeepEP low latency's buffer for "
+                    f"{experts + at} physical experts is {need(par.max_data) / 2**30:.1f} GiB per GPU, more than the "
+                    f"32 GiB it can register: lower maxData{f' (to {fits[-1]})' if fits else ''}, numRedundantExperts "
+                    "or --max-num-batched-tokens",
+                    fix=_set("spec", "parallelism", "elastic", "maxData", fits[-1]) if fits else None)]
 
 
 def _all2all_problems(inf: MoEInference, version: Version | None) -> list[Problem]:
