@@ -22,10 +22,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from scripts.vllm_engine import harness
 
 from moe_eplb.api.problem import apply_fix
 from moe_eplb.api.validation import validate
+from moe_eplb_harness.vllm_engine import harness
 
 from .conftest import record_time
 
