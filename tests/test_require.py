@@ -191,3 +191,48 @@ def test_make_test_builds_every_real_part_requires_it_and_lists_each_skip():
         assert " -rs " in recipe and "$(REQUIRE)" in recipe, recipe
     for flag in flags:  # each 1 unless already set (MOE_EPLB_REQUIRE_KUBE=0 make test skips instead)
         assert f"{flag}=$${{{flag}-1}}" in text, flag
+
+
+#: modules that start Prometheus under another rule
+PROMETHEUS_EXEMPT = {
+    "tests/autotune/test_operator_autotune.py": "the operator reads Prometheus when there is one, else scrapes the pods",
+    "tests/kube/test_prometheus_operator_real.py": "the Prometheus 3 the operator configures, a kube-tier part (make kube)",
+}
+PROMETHEUS_NAMES = {"prometheus_binary", "promtool_binary", "find_prometheus", "start_prometheus", "backfilled_prometheus",
+                    "PROMETHEUS", "PROMTOOL"}
+
+
+def _uses_prometheus(tree: ast.Module) -> bool:
+    """Imports a way to find or start Prometheus or promtool, or takes the ``prometheus`` fixture."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name in PROMETHEUS_NAMES for a in node.names):
+            return True
+        if isinstance(node, ast.FunctionDef) and any(a.arg == "prometheus" for a in node.args.args):
+            return True
+    return False
+
+
+def _marks_prometheus(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "prometheus" and isinstance(n.value, ast.Attribute)
+               and n.value.attr == "mark" for n in ast.walk(tree))
+
+
+def unmarked_prometheus_users(root=ROOT) -> list[str]:
+    """Test modules that run Prometheus or promtool without the ``prometheus`` marker anywhere in them
+    (so a missing binary would be an ad-hoc skip, or an error, instead of the marker's rule)."""
+    bad = []
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(), filename=rel)
+        if rel not in PROMETHEUS_EXEMPT and _uses_prometheus(tree) and not _marks_prometheus(tree):
+            bad.append(rel)
+    return bad
+
+
+def test_every_test_module_that_runs_prometheus_carries_the_marker(tmp_path):
+    assert unmarked_prometheus_users() == []
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("from tests.metrics.backfill import PROMTOOL\ndef test_a():\n    pass\n")
+    (tmp_path / "tests" / "test_b.py").write_text("import pytest\n@pytest.mark.prometheus\ndef test_b(prometheus):\n    pass\n")
+    (tmp_path / "tests" / "test_c.py").write_text("def test_c(prometheus):\n    pass\n")
+    assert unmarked_prometheus_users(tmp_path) == ["tests/test_a.py", "tests/test_c.py"]

@@ -10,6 +10,9 @@
 # ../build.sh (`make kube`) and by `make prometheus`.
 set -euo pipefail
 cd "$(dirname "$0")"
+command -v go >/dev/null 2>&1 || {
+  echo "error: no Go toolchain on PATH: Prometheus and promtool are built from their Go module (Go >= 1.26), or apt-get install prometheus" >&2
+  exit 1; }
 PROM=github.com/prometheus/prometheus
 VERSION=$(awk -v m="$PROM" '$1==m{print $2; exit}' go.mod)
 minor=${VERSION#v0.}; minor=${minor%%.*}           # the library's v0.314.0 is Prometheus 3.14.0
