@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-vllm kube kube-main kube-slow demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
+.PHONY: help setup setup-vllm kube kube-main kube-slow prometheus demo demo-vllm-cpu lint test test-slow test-fast test-engine e2e-vllm bench clean
 
 # the product (operator/, with its operator and test extras) and, beside it, the harness (harness/:
 # the simulated cluster, the demo, the real-engine rig), both editable
@@ -53,18 +53,31 @@ kube-slow:  ## build KEDA, the Helm CLI, the Prometheus Operator and Prometheus 
 	bash tools/build-go-tool.sh tools/keda
 	bash tools/build.sh
 
+# the tests' Prometheus server and promtool (moe_eplb_harness.floor.prometheus.find_prometheus):
+# $MOE_EPLB_PROMETHEUS (a prometheus binary, promtool beside it), else the Debian package's, else one on
+# PATH, else Prometheus 3 and promtool built from their Go module into tools/prometheus/bin (a few
+# minutes cold on two cores, seconds when built)
+prometheus: setup  ## the tests' Prometheus and promtool: an installed pair, else build one from its Go module (tools/prometheus)
+	@$(PY) -m moe_eplb_harness.floor.prometheus; rc=$$?; [ $$rc -eq 0 ] || { [ $$rc -eq 1 ] && bash tools/prometheus/build.sh; }
+
 setup-vllm: $(VENV)/.vllm-done $(VENV)/.vllm-src-done  ## add vLLM's CPU wheel (the contract and real-engine tests) and the sources of 0.33.0 and 0.34.0
 
 demo: setup  ## run the closed tuning loop on a simulated cluster (moe-eplb demo; docs/demo.md)
 	$(VENV)/bin/moe-eplb demo
 
-# the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
-# `make test-slow` runs; CI runs both, one after the other (.ci/run)
-test: setup setup-vllm kube-main  ## run every test but the long scenarios (marker slow), then the 30 slowest
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not slow"
+# every real part the test targets build first is required there: a test that finds one missing fails
+# with one line naming the make target to run, instead of skipping (tests/require.py). Each stays as
+# set when set (e.g. MOE_EPLB_REQUIRE_KUBE=0 make test skips the kube tier without its tools).
+REQUIRE := MOE_EPLB_REQUIRE_KUBE=$${MOE_EPLB_REQUIRE_KUBE-1} MOE_EPLB_REQUIRE_VLLM=$${MOE_EPLB_REQUIRE_VLLM-1} \
+	MOE_EPLB_REQUIRE_VLLM_ENGINE=$${MOE_EPLB_REQUIRE_VLLM_ENGINE-1} MOE_EPLB_REQUIRE_PROMETHEUS=$${MOE_EPLB_REQUIRE_PROMETHEUS-1}
 
-test-slow: setup setup-vllm kube  ## run the long end-to-end scenarios (marker slow)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m slow
+# the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
+# `make test-slow` runs; CI runs both, one after the other (.ci/run). -rs: every skip and its reason.
+test: setup setup-vllm kube-main prometheus  ## run every test but the long scenarios (marker slow); lists each skip with its reason, then the 30 slowest
+	$(REQUIRE) $(PY) -m pytest -q -rs -p no:cacheprovider --durations=30 -m "not slow"
+
+test-slow: setup setup-vllm kube prometheus  ## run the long end-to-end scenarios (marker slow); lists each skip with its reason
+	$(REQUIRE) $(PY) -m pytest -q -rs -p no:cacheprovider --durations=30 -m slow
 
 # ruff (its rules: pyproject.toml) and the import contracts of both packages (.importlinter)
 lint: setup  ## ruff and the import contracts (lint-imports, .importlinter)

@@ -16,7 +16,7 @@ vllm_cpu_env() {
     make setup-vllm >&2
     PY=.venv/bin/python
   fi
-  command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || {
-    echo "[$tag] needs the prometheus binary: apt-get install --no-install-recommends prometheus" >&2; exit 2; }
   export PYTHONPATH="$PWD/operator:$PWD/harness${PYTHONPATH:+:$PYTHONPATH}"
+  # a Prometheus server and promtool: an installed pair, else the project's build (make prometheus)
+  "$PY" -m moe_eplb_harness.floor.prometheus >/dev/null || make prometheus >&2
 }

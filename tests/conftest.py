@@ -22,6 +22,8 @@
 
 - tests marked ``vllm`` are skipped (with the reason) where vLLM's CPU wheel or torch is not
   installed, and failed instead where ``MOE_EPLB_REQUIRE_VLLM=1`` (CI): tests/require.py.
+- tests marked ``prometheus`` likewise without a Prometheus server and promtool (``make prometheus``),
+  failed where ``MOE_EPLB_REQUIRE_PROMETHEUS=1`` (``make test`` sets every ``MOE_EPLB_REQUIRE_*``).
 
 Both cluster fixtures skip the test (with the reason) when kopf or kmock is not installed; nothing
 here imports them at collection time, so other areas' tests run without the operator extras.
@@ -38,7 +40,7 @@ from typing import Any
 import pytest
 
 from tests.polling import eventually
-from tests.require import missing, missing_vllm, vllm_missing_reason
+from tests.require import missing, missing_vllm, prometheus_tools, vllm_missing_reason
 
 #: fixtures that start a server: a test using one is ``integration`` (the fast tier skips it)
 SERVER_FIXTURES = frozenset({"emulated_cluster", "operator_runner", "started", "fake_prom", "prometheus", "cluster",
@@ -78,12 +80,15 @@ def pytest_collection_modifyitems(items: list) -> None:
 
 
 def pytest_runtest_setup(item: Any) -> None:
-    """A test marked ``vllm`` needs vLLM's CPU wheel: without it, skipped with the reason by that marker
-    (failed where ``MOE_EPLB_REQUIRE_VLLM=1``, as in CI): tests/require.py."""
+    """A test marked ``vllm`` needs vLLM's CPU wheel, one marked ``prometheus`` a Prometheus server and
+    promtool: without them, skipped with the reason by that marker (failed where
+    ``MOE_EPLB_REQUIRE_VLLM=1`` / ``MOE_EPLB_REQUIRE_PROMETHEUS=1``, as in ``make test``): tests/require.py."""
     if item.get_closest_marker("vllm") is not None:
         reason = vllm_missing_reason()
         if reason is not None:
             missing_vllm(reason)
+    if item.get_closest_marker("prometheus") is not None:
+        prometheus_tools()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,8 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from moe_eplb_harness.cluster.world import SimWorld, prometheus_binary
+from moe_eplb_harness.cluster.world import SimWorld
+from moe_eplb_harness.floor.prometheus import prometheus_binary
 
 from .conftest import (
     NAME,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from moe_eplb_harness.cluster.world import SimWorld, prometheus_binary
+from moe_eplb_harness.cluster.world import SimWorld
 from moe_eplb_harness.engines.physics import TrueCost
 
 from .conftest import NAME, NS, SCALE, autotune_status, resource, wait_for
@@ -42,10 +42,8 @@ def _measured_share(res: dict):
     return res if ok else None
 
 
-@pytest.mark.parametrize("source", ["prometheus", "pods"])
+@pytest.mark.parametrize("source", [pytest.param("prometheus", marks=pytest.mark.prometheus), "pods"])
 async def test_operator_calibrates_from_simulated_telemetry(workload, source):
-    if source == "prometheus" and prometheus_binary() is None:
-        pytest.skip("no Prometheus binary")
     # The operator's buckets match the workload's 15 simulated seconds (Prometheus: two scrapes of
     # 0.075 s wall), so the imbalance it measures is the one the engines' step times follow (a
     # coarser bucket averages imbalance away and measures a smaller effective share; docs/tuner.md),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from moe_eplb_harness.floor.prometheus import prometheus_binary
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import (
     CHART_DIR,
@@ -21,6 +20,7 @@ from tests.chart.chart_support import (
     render_chart,
     rule_groups,
 )
+from tests.require import prometheus_tools
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +37,7 @@ def render(chart):
 
 @pytest.fixture(scope="session")
 def prometheus(chart, tmp_path_factory):
-    if prometheus_binary() is None:
-        pytest.skip("no prometheus binary (apt-get install --no-install-recommends prometheus)")
+    prometheus_tools()
     work = tmp_path_factory.mktemp("prometheus")
     rules = work / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": rule_groups(render_chart(chart, FAST_ALERTS))}))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,18 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
+from moe_eplb_harness.floor.prometheus import promtool_binary
 from tests.chart.chart_support import CHART_DIR, ROOT, render_chart, rule_groups
 
 ALERT_TESTS = Path(__file__).with_name("alert_tests.yaml")
 RUNBOOK = ROOT / "docs" / "runbook.md"
-PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
-_skip = pytest.mark.skipif(PROMTOOL is None, reason="no promtool binary (apt-get install "
-                                                     "--no-install-recommends prometheus)")
-
-
-def needs_promtool(test):
-    """Marker ``prometheus`` (Prometheus' own tool runs) and a skip with the reason without it."""
-    return pytest.mark.prometheus(_skip(test))
+PROMTOOL = promtool_binary()
+#: marker ``prometheus``: Prometheus' own tool runs (tests/conftest.py skips, or fails, without it)
+needs_promtool = pytest.mark.prometheus
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ project or vLLM exports, and runs against a real Prometheus that scrapes those m
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from moe_eplb.contracts import metric_names as mn
+from moe_eplb_harness.floor.prometheus import promtool_binary
 from tests.chart import chart_queries as cq
 from tests.chart import chart_samples as samples
 from tests.chart.chart_support import FAST_ALERTS, render_chart, rule_groups
@@ -210,12 +210,12 @@ def test_dashboards_use_every_exporter_metric():
 
 
 @pytest.mark.integration  # runs promtool
-@pytest.mark.skipif(not shutil.which("promtool"), reason="no promtool binary (Debian package prometheus)")
+@pytest.mark.prometheus
 def test_promtool_accepts_the_rules(chart, tmp_path):
     for label, values in (("default", {}), ("fast", FAST_ALERTS)):
         path = tmp_path / f"rules-{label}.yml"
         path.write_text(yaml.safe_dump({"groups": rule_groups(render_chart(chart, values))}))
-        res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
+        res = subprocess.run([promtool_binary(), "check", "rules", str(path)], capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "SUCCESS: 11 rules found" in res.stdout, res.stdout
 

@@ -4,10 +4,12 @@ tick decides from a group's pods and its ranks' ``/v1/fault_tolerance/status`` r
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
 from moe_eplb.api import ft_protocol as ftp
+from moe_eplb.api.autotune_status import parse_iso
 from moe_eplb.api.recovery_status import (
     DEGRADED,
     FAILED,
@@ -36,7 +38,7 @@ def _view(readings: dict[int, str | rec.RankReading], *, data: int = 4, gone: tu
           unready: tuple[int, ...] = (), group: str = "0", created: float = 0.0) -> rec.GroupView:
     """A group of ``data`` pods of one rank each (LWS worker index = rank); ``gone``: pods absent."""
     pods = {i: rec.PodView(name=f"tiny-{group}" + (f"-{i}" if i else ""), ranks=(i,), ip=f"10.0.0.{i + 1}",
-                           ready=i not in unready, running=True, created_at=created)
+                           ready=i not in unready, running=True, created_by=created)
             for i in range(data) if i not in gone}
     rd = {r: (x if isinstance(x, rec.RankReading) else rec.RankReading(status=x)) for r, x in readings.items()}
     return rec.GroupView(group=group, data=data, tensor=1, pods=pods, readings=rd, leader=pods[0].name if 0 in pods else None)
@@ -261,6 +263,29 @@ def test_groups_come_from_the_lws_labels_with_every_ranks_api_server() -> None:
     assert rec.lost_ranks(groups["1"][0]) == ((2, 3), ("#1",))
     facts = __import__("moe_eplb.controller.recovery_loop", fromlist=["facts_of"]).facts_of(inf)
     assert facts.timeout_s == 90.0 and facts.version == V034 and facts.num_experts == 16 and facts.redundant == 16
+
+
+def test_a_restore_ends_although_creation_timestamps_count_whole_seconds_on_a_faster_clock() -> None:
+    """Kubernetes stamps ``creationTimestamp`` in whole seconds: a pod created 0.4 s after its group's
+    restart began carries a stamp from before it (by 0.5 s of wall, 5 s of a 10x clock). The
+    restore still ends once the group is whole, ready and healthy."""
+    inf = parse(FT_RESOURCE)
+    stamp = parse_iso("2026-01-01T00:00:00Z")
+    to_clock = lambda wall: stamp + (wall - stamp) * 10.0  # noqa: E731 -- the simulation's 10x clock
+    restoring_since = to_clock(stamp + 0.5)
+    pods = [_pod("tiny-0", "0", 0, "10.0.0.1"), _pod("tiny-0-1", "0", 1, "10.0.0.2")]  # created at +0.9 s
+    view, _ = group_pods(inf, pods, to_clock)["0"]
+    view = replace(view, readings=_all("healthy"))
+    assert all(p.created_by == to_clock(stamp + 1.0) for p in view.pods.values())
+    st = RecoveryStatus(lost_ranks=(LostRanks("0", (), (), restoring_since - 10.0, restoring_since=restoring_since),))
+    s = _tick(st, view, restoring_since + 20.0)
+    assert s.status.lost_ranks == () and s.events[0][1] == "RecoveryRestored", s.waiting
+    # a pod whose stamp's second ended before the restart began is an old one: still restoring
+    old = [_pod("tiny-0", "0", 0, "10.0.0.1"), {**_pod("tiny-0-1", "0", 1, "10.0.0.2"), "metadata": {
+        **_pod("tiny-0-1", "0", 1, "10.0.0.2")["metadata"], "creationTimestamp": "2025-12-31T23:59:59Z"}}]
+    view, _ = group_pods(inf, old, to_clock)["0"]
+    s = _tick(st, replace(view, readings=_all("healthy")), restoring_since + 20.0)
+    assert rec.group_phase(s.status, "0") == RESTORING and "1/2 new pods" in s.waiting
 
 
 def test_the_engines_get_the_recovery_timeout_and_the_token_joins_a_users_api_key_only() -> None:

@@ -108,7 +108,7 @@ def real(control_plane: ControlPlane) -> Callable[..., Any]:
 def hpa_adapter_parts() -> None:
     """The control plane, prometheus-adapter and Prometheus that the real HPA controller's tests
     need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
-    from moe_eplb_harness.cluster.world import prometheus_binary
+    from moe_eplb_harness.floor.prometheus import find_prometheus
     from moe_eplb_harness.real.controlplane import default_bin_dir, find_binaries
     from moe_eplb_harness.real.metricsadapter import default_adapter_binary, find_adapter
 
@@ -117,8 +117,8 @@ def hpa_adapter_parts() -> None:
         absent.append(f"no control plane built in {default_bin_dir()} (run `make kube`)")
     if find_adapter() is None:
         absent.append(f"no prometheus-adapter built at {default_adapter_binary()} (run `make kube`)")
-    if prometheus_binary() is None:
-        absent.append("no Prometheus binary (apt-get install prometheus)")
+    if find_prometheus().problem:
+        absent.append(find_prometheus().problem)
     if absent:
         missing("; ".join(absent))
 
@@ -127,7 +127,7 @@ def hpa_adapter_parts() -> None:
 def keda_parts() -> None:
     """The control plane, KEDA (operator and metrics server, ``tools/keda``) and Prometheus that the
     real KEDA's tests need; skipped with the reason otherwise, except in CI (``MOE_EPLB_REQUIRE_KUBE=1``)."""
-    from moe_eplb_harness.cluster.world import prometheus_binary
+    from moe_eplb_harness.floor.prometheus import find_prometheus
     from moe_eplb_harness.real.controlplane import ControlPlaneError, default_bin_dir, find_binaries
     from moe_eplb_harness.real.keda import crd_files, default_keda_bin_dir, find_keda
 
@@ -140,7 +140,7 @@ def keda_parts() -> None:
         crd_files()
     except ControlPlaneError as exc:
         absent.append(str(exc))
-    if prometheus_binary() is None:
-        absent.append("no Prometheus binary (apt-get install prometheus)")
+    if find_prometheus().problem:
+        absent.append(find_prometheus().problem)
     if absent:
         missing("; ".join(absent))

@@ -104,11 +104,16 @@ async def _status(world: SimWorld) -> dict:
 
 
 async def _phase(world: SimWorld, phase: str, timeout: float = 60.0, what: str = "") -> dict:
+    seen = {}
+
     async def check():
         st = await _status(world)
-        return st if (st.get("faultTolerance") or {}).get("phase", "Healthy") == phase else None
+        seen["phase"] = (st.get("faultTolerance") or {}).get("phase", "Healthy")
+        seen["condition"] = next((c.get("message") for c in st.get("conditions") or [] if c.get("type") == rec.CONDITION), None)
+        return st if seen["phase"] == phase else None
 
-    return await eventually(check, timeout=timeout, interval=0.1, what=what or f"phase {phase}")
+    return await eventually(check, timeout=timeout, interval=0.1,
+                            what=lambda: f"{what or f'phase {phase}'} (phase {phase} awaited; last seen: {seen})")
 
 
 async def _serving(world: SimWorld, pods: int) -> None:

@@ -25,7 +25,7 @@ from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import raw_samples, read_load_trace, trace_from_scraped_rounds, with_baselines
 from moe_eplb.metrics.scrape import PodScraper, Target
 from moe_eplb_harness.floor.procs import free_port
-from moe_eplb_harness.floor.prometheus import prometheus_binary, start_prometheus
+from moe_eplb_harness.floor.prometheus import start_prometheus
 from tests import ROOT
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.integration]
@@ -68,8 +68,6 @@ class Pod:
 
 @pytest.fixture()
 def cluster(tmp_path):
-    if prometheus_binary() is None:
-        pytest.skip("no Prometheus binary (apt-get install prometheus); CI installs it")
     pytest.importorskip("torch", reason="the exporter's worker side needs torch")
     ports = {n: free_port() for n in ("a", "b", "c")}
     pods = {n: Pod(n, ports[n], tmp_path) for n in ("a", "b")}

@@ -19,13 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from moe_eplb.contracts import metric_names
 from moe_eplb.metrics.reader import read_load_trace, trace_from_scraped_rounds
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus, openmetrics_text
+from tests.metrics.backfill import backfilled_prometheus, openmetrics_text
 from tests.metrics.test_reader_group_layout import PODS, simulate
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.prometheus,
-    pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus/promtool binary (apt-get install prometheus)"),
 ]
 
 BUCKET = 10

@@ -16,7 +16,7 @@ from moe_eplb.metrics.assemble import trace_from_raw_counters
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import pod_matcher, read_expert_tokens, read_load_trace, selector, with_baselines
 from moe_eplb.metrics.series import Series
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus, openmetrics_text
+from tests.metrics.backfill import backfilled_prometheus, openmetrics_text
 
 L, E, T = 3, 4, 8
 B = 15.0  # bucket seconds
@@ -283,7 +283,6 @@ def _openmetrics(pods: list[FakePod], shift: float) -> str:
 
 @pytest.mark.integration
 @pytest.mark.prometheus
-@pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus/promtool binary (apt-get install prometheus)")
 def test_a_real_prometheus_gives_the_same_trace_either_way(tmp_path, mixed):
     shift = (int(time.time()) - 3 * 3600) // int(B) * B - G0  # three hours ago, on the bucket grid
     late = make_pod("late-0", np.random.default_rng(3), moe="late", late_series_at=G0 + 50)

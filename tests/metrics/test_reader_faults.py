@@ -25,12 +25,11 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import read_load_trace
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus, openmetrics_text
+from tests.metrics.backfill import backfilled_prometheus, openmetrics_text
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.prometheus,
-    pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus/promtool binary (apt-get install prometheus)"),
 ]
 
 T, L, E, SCRAPE, BUCKET = 6, 2, 4, 5, 15

@@ -16,12 +16,11 @@ from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.metrics.errors import LoadReadError
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import layer_groups, read_load_trace, with_matcher
-from tests.metrics.backfill import PROMETHEUS, PROMTOOL, backfilled_prometheus
+from tests.metrics.backfill import backfilled_prometheus
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.prometheus,
-    pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus/promtool binary (apt-get install prometheus)"),
 ]
 
 T, L, E = 8, 3, 4

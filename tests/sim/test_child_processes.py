@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from moe_eplb_harness.cluster.world import prometheus_binary
 from moe_eplb_harness.real.controlplane import find_binaries
 
 pytestmark = [pytest.mark.integration,
@@ -51,7 +50,8 @@ asyncio.run(main())
 PROMETHEUS = r"""
 import asyncio, json, sys, time
 from moe_eplb_harness.floor import procs
-from moe_eplb_harness.cluster.world import LocalPrometheus, prometheus_binary
+from moe_eplb_harness.cluster.world import LocalPrometheus
+from moe_eplb_harness.floor.prometheus import prometheus_binary
 
 def start_time(pid):
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
@@ -105,7 +105,7 @@ def _kill(proc: subprocess.Popen[str], children: list[tuple[int, str]], sig: sig
     assert _wait_gone(children) == [], "children outlived the killed process"
 
 
-@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
+@pytest.mark.prometheus
 def test_a_world_killed_by_sigterm_leaves_no_child_process() -> None:
     api = "real" if find_binaries() is not None else "emulated"
     proc, children = _start(WORLD, api)
@@ -113,7 +113,7 @@ def test_a_world_killed_by_sigterm_leaves_no_child_process() -> None:
     _kill(proc, children, signal.SIGTERM)
 
 
-@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
+@pytest.mark.prometheus
 def test_a_process_killed_by_sigkill_leaves_no_child_process() -> None:
     """Nothing runs in the process any more: only the parent-death signal can end its children."""
     proc, children = _start(PROMETHEUS, "wait")
@@ -121,7 +121,7 @@ def test_a_process_killed_by_sigkill_leaves_no_child_process() -> None:
     _kill(proc, children, signal.SIGKILL)
 
 
-@pytest.mark.skipif(prometheus_binary() is None, reason="no Prometheus binary")
+@pytest.mark.prometheus
 def test_a_program_ending_on_an_exception_leaves_no_child_process() -> None:
     proc, children = _start(PROMETHEUS, "raise")
     assert len(children) == 1 and _alive(*children[0])

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from moe_eplb_harness.floor.prometheus import find_prometheus
 from moe_eplb_harness.vllm_engine import harness
 
 REQUIRE_ENV = "MOE_EPLB_REQUIRE_VLLM_ENGINE"
@@ -57,7 +58,7 @@ def cpu_wheel() -> None:
 @pytest.fixture(scope="session")
 def prometheus_binary(cpu_wheel) -> str:
     if not os.path.exists(harness.PROMETHEUS):
-        skip_or_fail(f"no Prometheus binary at {harness.PROMETHEUS} (apt-get install prometheus; .ci/run does)")
+        skip_or_fail(find_prometheus().problem or f"no Prometheus binary at {harness.PROMETHEUS}")
     return harness.PROMETHEUS
 
 

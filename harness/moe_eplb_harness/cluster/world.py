@@ -9,7 +9,7 @@ picks once (:mod:`moe_eplb_harness.cluster.backend`):
    (:mod:`moe_eplb_harness.real.nodeagent`) -- which runs a simulated engine
    (:mod:`moe_eplb_harness.engines.engine`) per pod of every moe-eplb Deployment, replaying one workload trace
    on an accelerated :class:`~moe_eplb_harness.engines.engine.SimClock`;
-3. optionally a real Prometheus (``/usr/bin/prometheus``) on loopback, scraping the engine pods
+3. optionally a real Prometheus (``find_prometheus``) on loopback, scraping the engine pods
    found by the kubelet (file-based service discovery, with the labels a PodMonitor would add:
    ``namespace``, ``pod``, ``moeinference``);
    With ``api="real"`` and ``metrics_adapter=True``, prometheus-adapter (built by ``make kube``)
@@ -41,7 +41,7 @@ from moe_eplb_harness.cluster.backend import APIS, ClusterBackend, backend_for, 
 from moe_eplb_harness.engines.engine import EngineFaults, EngineSettings, SimClock
 from moe_eplb_harness.floor import procs
 from moe_eplb_harness.floor.procs import free_port
-from moe_eplb_harness.floor.prometheus import RunningPrometheus, prometheus_binary, start_prometheus
+from moe_eplb_harness.floor.prometheus import RunningPrometheus, find_prometheus, start_prometheus
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +238,10 @@ class SimWorld:
             async with backend.cluster(self) as cluster:
                 self.cluster = cluster
                 if self.prometheus:
-                    binary = prometheus_binary()
-                    if binary is None:
-                        raise RuntimeError("no Prometheus binary (apt-get install prometheus), or run without it")
+                    found = find_prometheus()
+                    if found.server is None:
+                        raise RuntimeError(f"{found.problem}, or run without a Prometheus")
+                    binary = found.server
                     self.prom = LocalPrometheus(binary, scrape_interval=self.scrape_interval, drop=self.drop_metrics)
                     await self.prom.start()
                 if self.metrics_adapter:

@@ -24,7 +24,8 @@ import click
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/demo", show_default=True,
               help="Directory for the report (report.md, plots, decisions.json, summary.json).")
 @click.option("--prometheus/--no-prometheus", default=None,
-              help="Use a real Prometheus (default: when /usr/bin/prometheus exists) or have the operator "
+              help="Use a real Prometheus (default: when one is found, the Debian package's or make "
+                   "prometheus's) or have the operator "
                    "scrape the pods directly (--no-prometheus).")
 @click.option("--api", type=click.Choice(["auto", "real", "emulated"]), default="auto", show_default=True,
               help="Kubernetes API: a real control plane (kube-apiserver, controller manager, scheduler built "

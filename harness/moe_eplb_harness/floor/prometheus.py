@@ -18,6 +18,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -28,20 +29,69 @@ from moe_eplb_harness.floor.procs import free_port, poll_ready
 #: where the Debian ``prometheus`` package installs the server (``apt-get install prometheus``)
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 PROMTOOL_BIN = "/usr/bin/promtool"
+#: the override: the path of a ``prometheus`` binary, with its ``promtool`` beside it
+PROMETHEUS_ENV = "MOE_EPLB_PROMETHEUS"
+#: the project's own build (``make prometheus``: tools/prometheus, Prometheus 3 from its Go module)
+BUILT_DIR = pathlib.Path(__file__).resolve().parents[3] / "tools" / "prometheus" / "bin"
+#: the one step that provides a pair where none is installed
+BUILD_STEP = "make prometheus"
 
 
-def _binary(path: str, name: str) -> str | None:
-    return path if os.path.exists(path) else shutil.which(name)
+@dataclass(frozen=True)
+class PrometheusTools:
+    """The Prometheus server and ``promtool`` the tests, the demo and the scripts run (one pair, from
+    one place: ``source``), or ``problem``: one line naming what is missing and the step to run."""
+
+    server: str | None
+    promtool: str | None
+    source: str
+    problem: str | None = None
+
+
+def _executable(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_prometheus(environ: dict[str, str] | None = None, *, executable: Any = _executable, which: Any = shutil.which,
+                    debian: tuple[str, str] = (PROMETHEUS_BIN, PROMTOOL_BIN),
+                    built: pathlib.Path = BUILT_DIR) -> PrometheusTools:
+    """Where the Prometheus server and ``promtool`` are, first found of:
+
+    1. ``$MOE_EPLB_PROMETHEUS`` (a ``prometheus`` binary; ``promtool`` beside it): when set, only it;
+    2. the Debian package's (``/usr/bin/prometheus`` and ``/usr/bin/promtool``);
+    3. a ``prometheus`` on ``PATH`` with ``promtool`` beside it;
+    4. the project's build, ``tools/prometheus/bin`` (``make prometheus``).
+    """
+    env = (os.environ if environ is None else environ).get(PROMETHEUS_ENV, "").strip()
+    if env:
+        tool = str(pathlib.Path(env).with_name("promtool"))
+        if not executable(env):
+            return PrometheusTools(None, None, PROMETHEUS_ENV, f"{PROMETHEUS_ENV}={env}: no executable Prometheus "
+                                                              "server there (unset it to use the project's build)")
+        if not executable(tool):
+            return PrometheusTools(env, None, PROMETHEUS_ENV, f"{PROMETHEUS_ENV}={env}: no executable promtool "
+                                                              f"beside it ({tool})")
+        return PrometheusTools(env, tool, PROMETHEUS_ENV)
+    if all(executable(p) for p in debian):
+        return PrometheusTools(*debian, "debian")
+    on_path = which("prometheus")
+    if on_path and executable(pathlib.Path(on_path).with_name("promtool")):
+        return PrometheusTools(on_path, str(pathlib.Path(on_path).with_name("promtool")), "PATH")
+    server, tool = built / "prometheus", built / "promtool"
+    if executable(server) and executable(tool):
+        return PrometheusTools(str(server), str(tool), "built")
+    return PrometheusTools(None, None, "none", f"no Prometheus server and promtool: not the Debian package's, none "
+                                               f"on PATH, none built in {built} (run `{BUILD_STEP}`)")
 
 
 def prometheus_binary() -> str | None:
-    """Path of a Prometheus server binary (the Debian package's, else one on ``PATH``), or None."""
-    return _binary(PROMETHEUS_BIN, "prometheus")
+    """Path of the Prometheus server binary (:func:`find_prometheus`), or None."""
+    return find_prometheus().server
 
 
 def promtool_binary() -> str | None:
-    """Path of ``promtool`` (it comes with the server), or None."""
-    return _binary(PROMTOOL_BIN, "promtool")
+    """Path of the ``promtool`` that comes with that server (:func:`find_prometheus`), or None."""
+    return find_prometheus().promtool
 
 
 @dataclass
@@ -75,9 +125,10 @@ def start_prometheus(workdir: str | os.PathLike[str], config: dict[str, Any], *,
     ``workdir`` gets ``prometheus.yml``, ``prometheus.log`` and (unless ``storage`` names another
     folder) the TSDB in ``data/``. Raises RuntimeError naming the log when the server exits or is not
     ready within ``timeout`` s (it is stopped then)."""
-    binary = binary or prometheus_binary()
+    found = None if binary else find_prometheus()
+    binary = binary or found.server
     if binary is None:
-        raise RuntimeError("no Prometheus binary (apt-get install prometheus)")
+        raise RuntimeError(found.problem)
     work = pathlib.Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "prometheus.yml").write_text(json.dumps(config, indent=1))
@@ -105,3 +156,22 @@ def start_prometheus(workdir: str | os.PathLike[str], config: dict[str, Any], *,
         return prom
     prom.stop()
     raise RuntimeError(f"Prometheus did not start ({why}; log {prom.log_path}): {prom.log_tail()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moe_eplb_harness.floor.prometheus`` (``make prometheus``): exit 0 naming the pair
+    when one is installed (``$MOE_EPLB_PROMETHEUS``, the Debian package's, or on ``PATH``); 1 when the
+    project's build is the one to use (built or not: the build is then run, a no-op when current);
+    2 with the problem when ``$MOE_EPLB_PROMETHEUS`` names no usable pair."""
+    found = find_prometheus()
+    if found.source == PROMETHEUS_ENV and found.problem:
+        print(f"error: {found.problem}", file=sys.stderr)
+        return 2
+    if found.source in ("built", "none"):
+        return 1
+    print(f"prometheus: {found.server} and {found.promtool} ({found.source})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

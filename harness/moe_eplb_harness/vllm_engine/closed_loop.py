@@ -417,10 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"demo-vllm-cpu: {problem}", file=sys.stderr)
         return 2
-    from moe_eplb_harness.cluster.world import prometheus_binary
+    from moe_eplb_harness.floor.prometheus import find_prometheus
 
-    if prometheus_binary() is None:
-        print("demo-vllm-cpu: no Prometheus binary (apt-get install prometheus)", file=sys.stderr)
+    found = find_prometheus()
+    if found.server is None:
+        print(f"demo-vllm-cpu: {found.problem}", file=sys.stderr)
         return 2
     work = args.workdir or tempfile.mkdtemp(prefix="demo-vllm-cpu-")
     os.makedirs(work, exist_ok=True)

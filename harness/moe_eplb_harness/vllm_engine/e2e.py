@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from moe_eplb_harness.floor.prometheus import find_prometheus
+
 from . import harness
 
 BUCKET = 2.0
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e: {problem}", file=sys.stderr)
         return 2
     if not os.path.exists(harness.PROMETHEUS):
-        print(f"e2e: no Prometheus binary at {harness.PROMETHEUS} (apt-get install prometheus)", file=sys.stderr)
+        print(f"e2e: {find_prometheus().problem}", file=sys.stderr)
         return 2
     import numpy as np
     import vllm

@@ -109,7 +109,11 @@ class PodView:
     ready: bool = False
     running: bool = False
     deleting: bool = False
-    created_at: float | None = None
+    #: the latest moment the pod can have been created, in the clock's seconds: Kubernetes stamps
+    #: ``creationTimestamp`` in whole seconds, so the end of that second (a pod created 0.9 s after a
+    #: restart began carries a stamp from before it; on a clock faster than the wall, e.g. the
+    #: simulation's, one stamped second spans several clock seconds)
+    created_by: float | None = None
 
 
 @dataclass(frozen=True)
@@ -508,7 +512,7 @@ def _restoring(st: RecoveryStatus, view: GroupView, now: float) -> Step:
     """A restart in progress: done once every pod of the group is new, ready, and every rank healthy."""
     entry = st.lost_entry(view.group)
     assert entry is not None and entry.restoring_since is not None
-    fresh = [p for p in view.pods.values() if p.created_at is not None and p.created_at >= entry.restoring_since - 1.0]
+    fresh = [p for p in view.pods.values() if p.created_by is not None and p.created_by >= entry.restoring_since]
     whole = len(view.pods) >= _pods_needed(view) and len(fresh) == len(view.pods)
     healthy = all(view.readings.get(r, RankReading()).status == ftp.HEALTHY for r in view.all_ranks)
     if whole and all(p.ready for p in fresh) and healthy:

@@ -84,7 +84,7 @@ def group_pods(inf: MoEInference, pods: list[dict], to_clock: Callable[[float], 
             ip = st.get("podIP")
             views[index] = rec.PodView(name=meta.get("name", ""), ranks=launch.ranks, ip=ip, ready=ready,
                                        running=st.get("phase") == "Running", deleting=bool(meta.get("deletionTimestamp")),
-                                       created_at=to_clock(created) if created is not None else None)
+                                       created_by=to_clock(created + 1.0) if created is not None else None)
             if ip and not meta.get("deletionTimestamp"):
                 eps += [Endpoint(rank, ip, a.port) for a in launch.api_servers for rank in a.ranks]
         leader = views[0].name if 0 in views and not views[0].deleting else None
