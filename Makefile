@@ -72,12 +72,12 @@ REQUIRE := MOE_EPLB_REQUIRE_KUBE=$${MOE_EPLB_REQUIRE_KUBE-1} MOE_EPLB_REQUIRE_VL
 	MOE_EPLB_REQUIRE_VLLM_ENGINE=$${MOE_EPLB_REQUIRE_VLLM_ENGINE-1} MOE_EPLB_REQUIRE_PROMETHEUS=$${MOE_EPLB_REQUIRE_PROMETHEUS-1}
 
 # the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
-# `make test-slow` runs; CI runs both, one after the other (.ci/run). -rs: every skip and its reason.
+# `make test-slow` runs; CI runs both, one after the other (.ci/run). -rfEs: every failure, error and skip (with its reason) in the summary.
 test: setup setup-vllm kube-main prometheus  ## run every test but the long scenarios (marker slow); lists each skip with its reason, then the 30 slowest
-	$(REQUIRE) $(PY) -m pytest -q -rs -p no:cacheprovider --durations=30 -m "not slow"
+	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider --durations=30 -m "not slow"
 
 test-slow: setup setup-vllm kube prometheus  ## run the long end-to-end scenarios (marker slow); lists each skip with its reason
-	$(REQUIRE) $(PY) -m pytest -q -rs -p no:cacheprovider --durations=30 -m slow
+	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider --durations=30 -m slow
 
 # ruff (its rules: pyproject.toml) and the import contracts of both packages (.importlinter)
 lint: setup  ## ruff and the import contracts (lint-imports, .importlinter)

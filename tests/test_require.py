@@ -188,7 +188,7 @@ def test_make_test_builds_every_real_part_requires_it_and_lists_each_skip():
                           ("test-slow", {"setup", "setup-vllm", "kube", "prometheus"})):
         deps, recipe = _recipe(target)
         assert parts <= set(deps), (target, deps)
-        assert " -rs " in recipe and "$(REQUIRE)" in recipe, recipe
+        assert " -rfEs " in recipe and "$(REQUIRE)" in recipe, recipe
     for flag in flags:  # each 1 unless already set (MOE_EPLB_REQUIRE_KUBE=0 make test skips instead)
         assert f"{flag}=$${{{flag}-1}}" in text, flag
 

@@ -219,7 +219,15 @@ class SampleCollector:
         fails.add_metric([MODEL], 0.0 if rearranging else dt / 5)
         async_dur = f(metric_names.ASYNC_REARRANGEMENT_SECONDS, "async rearrangement duration")
         _hist(async_dur, [MODEL], dt / 2 if rearranging else 3.0, 0.8)
-        return [tok, rep, rank, bal, rea, steps, dur, step_s, step_tok, kv, info, start, ranks, fails, async_dur]
+        # the settings in force on each rank (live apply): window 1000, the interval, since step 0
+        window, interval = f(metric_names.SETTINGS_WINDOW_SIZE, "window"), f(metric_names.SETTINGS_STEP_INTERVAL, "interval")
+        since = f(metric_names.SETTINGS_SINCE_STEP, "since step")
+        for r in range(RANKS):
+            window.add_metric([MODEL, str(r)], 1000.0)
+            interval.add_metric([MODEL, str(r)], float(step_interval))
+            since.add_metric([MODEL, str(r)], 0.0)
+        return [tok, rep, rank, bal, rea, steps, dur, step_s, step_tok, kv, info, start, ranks, fails, async_dur,
+                window, interval, since]
 
     def _vllm(self, dt: float) -> list[Any]:
         out: list[Any] = []

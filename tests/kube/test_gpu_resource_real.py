@@ -30,8 +30,10 @@ async def test_pods_request_the_named_gpu_resource_and_the_scheduler_honours_it(
             res["metadata"]["name"] = name
             res["spec"]["replicas"] = 1
             res["spec"]["autotune"]["mode"] = "Off"
-            if gpu:
+            if gpu:  # ROCm nodes run vLLM's ROCm image (the CUDA one is refused with amd.com/gpu)
                 res["spec"]["engine"]["gpuResourceName"] = gpu
+                image = res["spec"]["engine"].get("image", "vllm/vllm-openai:v0.32.0")
+                res["spec"]["engine"]["image"] = image.replace("vllm/vllm-openai:", "vllm/vllm-openai-rocm:")
             await world.apply(res)
 
         async def pod(name: str, check) -> dict | None:

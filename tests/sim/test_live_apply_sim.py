@@ -13,7 +13,7 @@ from moe_eplb.api.knobs import Knobs
 from moe_eplb.contracts import live_protocol as lp
 from moe_eplb.controller.live import LivePod, apply_live
 from moe_eplb.eplb.workload import synth
-from moe_eplb_harness.engines.engine import EngineSettings, SimClock, SimulatedEngine, SimulatedEplb
+from moe_eplb_harness.engines.engine import EngineRun, EngineSettings, SimClock, SimulatedEngine, SimulatedEplb
 
 TOKEN = "sim-token"
 
@@ -46,7 +46,7 @@ def test_replay_follows_vllms_counter_from_the_agreed_step(trace):
 async def test_operator_applies_live_to_a_simulated_pod(trace):
     clock = SimClock.started_now(scale=100.0)
     eng = SimulatedEngine(trace, EngineSettings("example/tiny-moe", ep_size=4, knobs=Knobs(200, 600, 0)), clock,
-                          startup_seconds=0.0, tick=0.02)
+                          EngineRun(startup_seconds=0.0, tick=0.02))
     port = await eng.start()
     pod = LivePod("tiny-0", f"http://127.0.0.1:{port}", "tiny-0", 4)
     try:
