@@ -48,19 +48,37 @@ def ask(root: Path | None) -> dict:
     return lines[1]
 
 
+def _name(kind: str, version: tuple[int, ...]) -> str:
+    return f"_{kind.upper()}_{'_'.join(map(str, version))}"
+
+
 def block(answers: list[dict]) -> str:
-    """The generated block's text (between the markers)."""
-    lines = ["RELEASES: dict[Version, dict[str, tuple[str, ...] | int]] = {"]
-    for a in sorted(answers, key=lambda a: tuple(int(p) for p in a["version"].split(".")[:3])):
-        version = tuple(int(p) for p in a["version"].split("+")[0].split(".")[:3])
-        lines.append(f"    {version}: {{")
-        for kind in KINDS:
-            lines.append(f'        "{kind}": (')
-            lines += textwrap.wrap(" ".join(f'"{v}",' for v in sorted(a[kind])), 100, initial_indent=" " * 12,
-                                   subsequent_indent=" " * 12, break_on_hyphens=False, break_long_words=False)
-            lines.append("        ),")
-        lines.append(f'        "supervisor_port": {int(a["supervisor_port"])},')
-        lines.append("    },")
+    """The generated block's text (between the markers): each distinct set of choices once, as a tuple
+    named after the first release that offers it, and per release the sets it offers (releases that
+    offer the same set share its tuple)."""
+    def version_of(a: dict) -> tuple[int, ...]:
+        return tuple(int(p) for p in a["version"].split("+")[0].split(".")[:3])
+
+    answers = sorted(answers, key=version_of)
+    lines: list[str] = []
+    names: dict[tuple[str, tuple[str, ...]], str] = {}
+    for kind in KINDS:
+        for a in answers:
+            values = tuple(sorted(a[kind]))
+            if (kind, values) in names:
+                continue
+            names[(kind, values)] = _name(kind, version_of(a))
+            lines.append(f"{names[(kind, values)]} = (")
+            lines += textwrap.wrap(" ".join(f'"{v}",' for v in values), 100, initial_indent=" " * 4,
+                                   subsequent_indent=" " * 4, break_on_hyphens=False, break_long_words=False)
+            lines.append(")")
+    lines += ["", "RELEASES: dict[Version, dict[str, tuple[str, ...] | int]] = {"]
+    for a in answers:
+        head = f"    {version_of(a)}: {{"
+        sets = [f'"{kind}": {names[(kind, tuple(sorted(a[kind])))]},' for kind in KINDS]
+        sets.append(f'"supervisor_port": {int(a["supervisor_port"])}}},')
+        lines += textwrap.wrap(" ".join(sets), 110, initial_indent=head, subsequent_indent=" " * len(head),
+                               break_on_hyphens=False, break_long_words=False)
     lines.append("}")
     return "\n".join(lines) + "\n"
 

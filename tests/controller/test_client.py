@@ -55,3 +55,27 @@ def test_unknown_kind_names_the_fix():
 
     with pytest.raises(KeyError, match="RBAC_RULES"):
         kind_of("v1", "PersistentVolumeClaim")  # (a ConfigMap is known: the live-settings child)
+
+
+async def test_patch_status_is_conditional_and_events_are_best_effort(emulated_cluster):
+    """``patch_status``: True when written, False when the object changed meanwhile (409) or is gone
+    (404); ``try_post_event`` never raises (the loops' Events are best effort)."""
+    async with KubeClient(Connection(server=emulated_cluster.url, token="t")) as client:
+        created = await client.create(svc("s"))
+        rv = created["metadata"]["resourceVersion"]
+        assert await client.patch_status("v1", "Service", "default", "s", {"loadBalancer": {}},
+                                         resource_version="1") is False
+        assert await client.patch_status("v1", "Service", "default", "s", {"loadBalancer": {}},
+                                         resource_version=rv) is True
+        assert await client.try_post_event(created, type="Normal", reason="Test", message="hello") is True
+        assert await client.delete("v1", "Service", "default", "s") is True
+        assert await client.patch_status("v1", "Service", "default", "s", {"loadBalancer": {}},
+                                         resource_version=rv) is False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with KubeClient(Connection(server=f"http://127.0.0.1:{port}")) as client:
+        assert await client.try_post_event(created, type="Normal", reason="Test", message="hello") is False
+        with pytest.raises(ApiError) as exc:  # not a conflict: the caller sees it
+            await client.patch_status("v1", "Service", "default", "s", {}, resource_version=rv)
+    assert exc.value.status == 503

@@ -5,6 +5,7 @@ operation's id, and a status that says whether the ranks serve."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -15,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from moe_eplb.contracts import k8s_names
-from moe_eplb.exporter.elastic_relay import ElasticRelay, detail
+from moe_eplb.exporter.elastic_relay import ElasticRelay, detail, post_json
 from moe_eplb.exporter.server import serve
 
 
@@ -155,3 +156,14 @@ def test_the_exporter_takes_a_resize_only_with_the_operators_token(apis, tmp_pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_forward_nothing_answers_records_why() -> None:
+    """The relay's POST to an API server that does not answer: status 0 and what went wrong, which the
+    operation's rank record shows (as ``detail``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, text = post_json(f"http://127.0.0.1:{port}/scale_elastic_ep", {"new_data_parallel_size": 2}, 5)
+    assert code == 0 and "Connection refused" in text and text.startswith("URLError: ")
+    assert detail(text) == text

@@ -45,7 +45,8 @@ def parse_iso(s: str | None) -> float | None:
     return _dt.datetime.fromisoformat(s.strip().replace("Z", "+00:00")).timestamp()
 
 
-def _read_time(value: Any, path: str) -> float:
+def read_time(value: Any, path: str) -> float:
+    """A status time (RFC 3339) -> POSIX seconds; :class:`ConvertError` naming ``path`` otherwise."""
     if not isinstance(value, str):
         raise ConvertError(f"{path}: expected an RFC 3339 time, got {value!r}")
     try:
@@ -56,14 +57,15 @@ def _read_time(value: Any, path: str) -> float:
     return t
 
 
-def _time(**kw: Any) -> Any:
-    return field(metadata={"read": _read_time, "write": iso, **kw.pop("metadata", {})}, **kw)
+def time_field(**kw: Any) -> Any:
+    """A dataclass field holding POSIX seconds, stored in the CRD as RFC 3339 (:func:`read_time`, :func:`iso`)."""
+    return field(metadata={"read": read_time, "write": iso, **kw.pop("metadata", {})}, **kw)
 
 
 def _read_times(value: Any, path: str) -> tuple[float, ...]:
     if not isinstance(value, list):
         raise ConvertError(f"{path}: expected a list of times")
-    return tuple(_read_time(v, f"{path}[{i}]") for i, v in enumerate(value))
+    return tuple(read_time(v, f"{path}[{i}]") for i, v in enumerate(value))
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ class Measurement:
 class DataWindow:
     """What load one evaluation read: its span, buckets, engine steps and source."""
 
-    start: float | None = _time(default=None)
-    end: float | None = _time(default=None)
+    start: float | None = time_field(default=None)
+    end: float | None = time_field(default=None)
     buckets: int | None = None
     steps: int | None = None
     source: str | None = None
@@ -131,10 +133,10 @@ class Rollout:
 
     kind: str
     phase: str
-    started_at: float | None = _time(default=None)
-    ready_at: float | None = _time(default=None)
-    judged_at: float | None = _time(default=None)
-    rollback_started_at: float | None = _time(default=None)
+    started_at: float | None = time_field(default=None)
+    ready_at: float | None = time_field(default=None)
+    judged_at: float | None = time_field(default=None)
+    rollback_started_at: float | None = time_field(default=None)
     from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
     to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
     previous_override: Override | None = None
@@ -160,7 +162,7 @@ class Rollout:
 class HistoryEntry:
     """One finished rollout (kept, rolled back, superseded, ...) in ``status.autotune.history``."""
 
-    time: float = _time()
+    time: float = time_field()
     action: str = ""
     from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
     to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
@@ -168,7 +170,7 @@ class HistoryEntry:
     predicted_gain: float | None = None
     baseline: Measurement | None = None
     measured: Measurement | None = None
-    started_at: float | None = _time(default=None)
+    started_at: float | None = time_field(default=None)
     to_enabled: bool | None = None  # False: the change turned EPLB off
 
 
@@ -209,7 +211,7 @@ class ReplicaCost:
 class Evaluation:
     """``status.autotune.lastEvaluation``: what the last evaluation saw and decided."""
 
-    time: float = _time()
+    time: float = time_field()
     current: Knobs | None = None
     data_window: DataWindow | None = None
     recommended: Knobs | None = None
@@ -243,7 +245,7 @@ class Recommendation:
     step_interval: int
     num_redundant_experts: int
     predicted_gain: float | None = None
-    time: float | None = _time(default=None)
+    time: float | None = time_field(default=None)
     enabled: bool | None = None  # False: the tuner recommends EPLB off (the knobs: the best EPLB-on setting)
 
     @property
@@ -255,7 +257,7 @@ class Recommendation:
 class Degraded:
     """``status.autotune.degraded``: a tuner change crash-looped (keeps ``Degraded`` true)."""
 
-    time: float = _time()
+    time: float = time_field()
     reason: str = ""
     message: str = ""
 
@@ -324,9 +326,9 @@ class Experiment:
     phase: str
     trial: Arm
     control: Arm
-    started_at: float = _time()
-    ready_at: float | None = _time(default=None)
-    ended_at: float | None = _time(default=None)
+    started_at: float = time_field()
+    ready_at: float | None = time_field(default=None)
+    ended_at: float | None = time_field(default=None)
     elapsed_seconds: float | None = None
     restart_charge: float = 0.0
     predicted_gain: float | None = None
@@ -354,14 +356,14 @@ class Experiment:
     learned: tuple[dict, ...] = field(default=(), metadata={"raw": True})
     design: str = CROSS_POD
     outcome: str | None = None
-    trial_started_at: float | None = _time(default=None)
+    trial_started_at: float | None = time_field(default=None)
     warmup_seconds: float | None = None
     baseline: dict | None = field(default=None, metadata={"raw": True})
     trial_node: str | None = None
     looks: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
     schedule: dict | None = field(default=None, metadata={"raw": True})
     block: int | None = None
-    block_started_at: float | None = _time(default=None)
+    block_started_at: float | None = time_field(default=None)
     block_values: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
 
 
@@ -381,7 +383,7 @@ class LiveSettings:
     config_hash: str
     step: int | None = None  # the engine step they took effect (the first engine's; see steps)
     steps: dict | None = field(default=None, metadata={"raw": True})  # engine -> agreed step
-    applied_at: float | None = _time(default=None)
+    applied_at: float | None = time_field(default=None)
 
     def over(self, knobs: Knobs) -> Knobs:
         """``knobs`` (the template's) with this window and interval."""
@@ -393,7 +395,7 @@ class LiveChange:
     """One ``status.autotune.liveChanges[]`` entry: a change of window and interval applied live,
     from which engine step, and why."""
 
-    at: float = _time()
+    at: float = time_field()
     from_knobs: Knobs | None = field(default=None, metadata={"key": "from"})
     to_knobs: Knobs | None = field(default=None, metadata={"key": "to"})
     step: int | None = None
@@ -412,7 +414,7 @@ class AutotuneStatus:
     history: tuple[HistoryEntry, ...] = field(default=(), metadata={"omit_empty": True})
     restarts: tuple[float, ...] = field(default=(), metadata={"read": _read_times, "write": lambda ts: [iso(t) for t in ts],
                                                               "omit_empty": True})
-    last_change_time: float | None = _time(default=None)
+    last_change_time: float | None = time_field(default=None)
     degraded: Degraded | None = None
     #: ranges experiments narrowed, kept across decisions (one entry per parameter, the latest wins)
     learned: tuple[LearnedParameter, ...] = field(default=(), metadata={"omit_empty": True})

@@ -27,7 +27,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from moe_eplb.api.autotune_status import iso, parse_iso
+from moe_eplb.api.autotune_status import time_field
 from moe_eplb.api.convert import ConvertError, from_crd, to_crd
 
 HEALTHY, RECOVERING, DEGRADED, RESTORING, FAILED = "Healthy", "Recovering", "Degraded", "Restoring", "Failed"
@@ -42,21 +42,6 @@ RESULTS = (SUCCEEDED, ROUND_FAILED, TIMED_OUT, SUPERSEDED)
 ROUNDS_LIMIT = 10
 
 
-def _read_time(value: Any, path: str) -> float:
-    if not isinstance(value, str):
-        raise ConvertError(f"{path}: expected an RFC 3339 time, got {value!r}")
-    try:
-        t = parse_iso(value)
-    except ValueError:
-        raise ConvertError(f"{path}: {value!r} is not an RFC 3339 time") from None
-    assert t is not None
-    return t
-
-
-def _time(**kw: Any) -> Any:
-    return field(metadata={"read": _read_time, "write": iso}, **kw)
-
-
 @dataclass(frozen=True)
 class LostRanks:
     """The data-parallel ranks replica group ``group`` runs without since ``since`` (a committed
@@ -66,9 +51,9 @@ class LostRanks:
     group: str
     ranks: tuple[int, ...] = ()
     pods: tuple[str, ...] = ()
-    since: float | None = _time(default=None)
+    since: float | None = time_field(default=None)
     #: the planned restart of the group began (its pods are being replaced); None: not yet
-    restoring_since: float | None = _time(default=None)
+    restoring_since: float | None = time_field(default=None)
 
 
 @dataclass(frozen=True)
@@ -86,9 +71,9 @@ class Round:
     group: str
     instruction: str
     ranks: tuple[int, ...]
-    started_at: float = _time()
-    fault_at: float = _time()
-    deadline: float = _time()
+    started_at: float = time_field()
+    fault_at: float = time_field()
+    deadline: float = time_field()
     state: str = PREPARING
     sent_to: tuple[int, ...] = ()
     #: the ``request_id`` each accepting engine answered with (0.34: the round's own; before 0.34 each
@@ -97,7 +82,7 @@ class Round:
     removed_ranks: tuple[int, ...] = ()
     store_master: str | None = None
     attempt: int = 1
-    finished_at: float | None = _time(default=None)
+    finished_at: float | None = time_field(default=None)
     result: str | None = None
     reason: str | None = None
 

@@ -530,6 +530,13 @@ class MoEInference:
         return self.spec.autoscaling
 
     @property
+    def object_ref(self) -> dict[str, Any]:
+        """The resource as an object an Event is about (``involvedObject``: apiVersion, kind, name,
+        namespace, uid)."""
+        return {"apiVersion": k8s_names.API, "kind": k8s_names.KIND,
+                "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
+
+    @property
     def served_model_name(self) -> str:
         """The name clients (and vLLM's ``model_name`` label) use: ``servedName``, else ``name``."""
         return self.model.served_name or self.model.name

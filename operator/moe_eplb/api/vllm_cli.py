@@ -16,56 +16,34 @@ from __future__ import annotations
 from moe_eplb.api.versions import Version
 
 # BEGIN generated (scripts/vllm_cli_choices.py)
+_ALL2ALL_BACKENDS_0_32_0 = (
+    "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+    "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "moonep",
+    "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep", "pplx",
+)
+_ALL2ALL_BACKENDS_0_34_0 = (
+    "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+    "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "moonep",
+    "mori", "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep", "pplx",
+)
+_EPLB_CONFIG_KEYS_0_32_0 = (
+    "communicator", "enable_migration_batching", "log_balancedness", "log_balancedness_interval",
+    "num_redundant_experts", "policy", "step_interval", "use_async", "window_size",
+)
+_COMMUNICATORS_0_32_0 = (
+    "nixl", "pynccl", "torch_gloo", "torch_nccl", "torch_xccl",
+)
+_COMMUNICATORS_0_34_0 = (
+    "nixl", "pynccl", "symm_mem", "torch_gloo", "torch_nccl", "torch_xccl",
+)
+
 RELEASES: dict[Version, dict[str, tuple[str, ...] | int]] = {
-    (0, 32, 0): {
-        "all2all_backends": (
-            "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-            "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided",
-            "moonep", "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep", "pplx",
-        ),
-        "eplb_config_keys": (
-            "communicator", "enable_migration_batching", "log_balancedness",
-            "log_balancedness_interval", "num_redundant_experts", "policy", "step_interval",
-            "use_async", "window_size",
-        ),
-        "communicators": (
-            "nixl", "pynccl", "torch_gloo", "torch_nccl", "torch_xccl",
-        ),
-        "supervisor_port": 9256,
-    },
-    (0, 33, 0): {
-        "all2all_backends": (
-            "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-            "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided",
-            "moonep", "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep", "pplx",
-        ),
-        "eplb_config_keys": (
-            "communicator", "enable_migration_batching", "log_balancedness",
-            "log_balancedness_interval", "num_redundant_experts", "policy", "step_interval",
-            "use_async", "window_size",
-        ),
-        "communicators": (
-            "nixl", "pynccl", "torch_gloo", "torch_nccl", "torch_xccl",
-        ),
-        "supervisor_port": 9256,
-    },
-    (0, 34, 0): {
-        "all2all_backends": (
-            "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-            "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided",
-            "moonep", "mori", "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep",
-            "pplx",
-        ),
-        "eplb_config_keys": (
-            "communicator", "enable_migration_batching", "log_balancedness",
-            "log_balancedness_interval", "num_redundant_experts", "policy", "step_interval",
-            "use_async", "window_size",
-        ),
-        "communicators": (
-            "nixl", "pynccl", "symm_mem", "torch_gloo", "torch_nccl", "torch_xccl",
-        ),
-        "supervisor_port": 9256,
-    },
+    (0, 32, 0): {"all2all_backends": _ALL2ALL_BACKENDS_0_32_0, "eplb_config_keys": _EPLB_CONFIG_KEYS_0_32_0,
+                 "communicators": _COMMUNICATORS_0_32_0, "supervisor_port": 9256},
+    (0, 33, 0): {"all2all_backends": _ALL2ALL_BACKENDS_0_32_0, "eplb_config_keys": _EPLB_CONFIG_KEYS_0_32_0,
+                 "communicators": _COMMUNICATORS_0_32_0, "supervisor_port": 9256},
+    (0, 34, 0): {"all2all_backends": _ALL2ALL_BACKENDS_0_34_0, "eplb_config_keys": _EPLB_CONFIG_KEYS_0_32_0,
+                 "communicators": _COMMUNICATORS_0_34_0, "supervisor_port": 9256},
 }
 # END generated
 

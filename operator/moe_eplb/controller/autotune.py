@@ -71,7 +71,7 @@ from moe_eplb.controller import experiment as exm
 from moe_eplb.controller import interleaved as il
 from moe_eplb.controller import rollout as ro
 from moe_eplb.controller.autotune_settings import AutotuneSettings
-from moe_eplb.controller.k8s import ApiError, KubeClient
+from moe_eplb.controller.k8s import KubeClient
 from moe_eplb.controller.observe import LoadObserver, LoadUnavailable
 from moe_eplb.controller.rebalance import CONDITION as REBALANCE_CONDITION
 from moe_eplb.controller.rebalance import RebalanceWatch
@@ -718,28 +718,17 @@ class AutotuneLoop:
     async def _write(self, client: KubeClient, inf: MoEInference, status: AutotuneStatus,
                      conditions: dec.Conditions, now: float) -> bool:
         """One conditional status patch; False on a 409 (the resource changed: redo on fresh data)."""
-        body: dict[str, Any] = {"metadata": {"resourceVersion": inf.resource_version},
-                                "status": {"autotune": autotune_status_patch(inf.status, status)}}
+        patch: dict[str, Any] = {"autotune": autotune_status_patch(inf.status, status)}
         if conditions:
-            body["status"]["conditions"] = dec.set_conditions(list(inf.conditions), conditions, now=now,
-                                                              generation=inf.generation)
-        try:
-            await client.patch(API, KIND, inf.namespace, inf.name, body, subresource="status")
-        except ApiError as exc:
-            if exc.status in (409, 404):
-                log.info("autotune: %s/%s changed meanwhile (%s); retrying next tick", inf.namespace, inf.name,
-                         exc.status)
-                return False
-            raise
+            patch["conditions"] = dec.set_conditions(list(inf.conditions), conditions, now=now, generation=inf.generation)
+        if not await client.patch_status(API, KIND, inf.namespace, inf.name, patch,
+                                         resource_version=inf.resource_version):
+            log.info("autotune: %s/%s changed meanwhile (or is gone); retrying next tick", inf.namespace, inf.name)
+            return False
         return True
 
     async def _event(self, client: KubeClient, inf: MoEInference, etype: str, reason: str, message: str) -> None:
-        ref = {"apiVersion": API, "kind": KIND, "metadata": {"name": inf.name, "namespace": inf.namespace,
-                                                             "uid": inf.uid}}
-        try:
-            await client.post_event(ref, type=etype, reason=reason, message=message)
-        except Exception as exc:  # an Event is best effort
-            log.warning("autotune: could not post event %s: %s", reason, exc)
+        await client.try_post_event(inf.object_ref, type=etype, reason=reason, message=message)
 
 
 # --- pure helpers and the tuner call -------------------------------------------------------------

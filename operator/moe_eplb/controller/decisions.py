@@ -317,6 +317,19 @@ class Evaluated:
     #: then records it with :func:`record_live`); None: nothing to apply live
     live: Knobs | None = None
 
+    def decide(self, decision: str, reason: str, tuned: str) -> None:
+        """The decision, why, and the ``Tuned`` condition (True, reason ``tuned``, message why)."""
+        self.decision, self.reason = decision, reason
+        self.conditions["Tuned"] = ("True", tuned, reason)
+
+    def start_rollout(self, state: AutotuneStatus, rollout: Rollout, override: Override, now: float) -> None:
+        """A restarting rollout of ``override`` (an ``ApplyingTunedSettings`` Event with the reason); a
+        restart counted against the budget and the cooldown."""
+        self.events.append(("Normal", "ApplyingTunedSettings", self.reason))
+        self.started_rollout = True
+        self.status = self.status.replace(override=override, rollout=rollout, last_change_time=now,
+                                          restarts=state.recent_restarts(now) + (now,))
+
 
 def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100.0 * x:+.1f}%"
@@ -486,24 +499,16 @@ def _judge_off(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now:
     blocker = scaling_blocker(scaling, now, cfg.observe_s) or change_blocker(cfg, state, now,
                                                                              workload_blocker=workload_blocker)
     if blocker is not None:
-        out.decision = DEFER
-        out.reason = f"EPLB off predicted {_pct(gain)} better, deferred: {blocker}"
-        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        out.decide(DEFER, f"EPLB off predicted {_pct(gain)} better, deferred: {blocker}", "Deferred")
         return
-    out.decision = APPLY
-    out.reason = (f"turning EPLB off (was {describe(current)}): predicted {_pct(gain)} better "
-                  f"({answer.disable_reason})")
-    out.conditions["Tuned"] = ("True", "Applying", out.reason)
-    out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
-    out.started_rollout = True
+    out.decide(APPLY, f"turning EPLB off (was {describe(current)}): predicted {_pct(gain)} better "
+                      f"({answer.disable_reason})", "Applying")
     rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=spec_eplb,
                       previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
                       from_hash=from_hash, baseline=baseline, predicted_gain=gain,
                       replicas=scaling.desired if scaling is not None else None,
                       objective_before=objective_before, to_enabled=False)
-    out.status = out.status.replace(
-        override=Override.disabled(spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
-        last_change_time=now, restarts=state.recent_restarts(now) + (now,))
+    out.start_rollout(state, rollout, Override.disabled(spec_generation=generation, spec_eplb=spec_eplb), now)
 
 
 def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, generation: int,
@@ -531,9 +536,8 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
         out.decision, out.reason = KEEP, why
         out.conditions["Tuned"] = ("True", "Kept", f"keeping {describe(current)}: {why}")
     elif cfg.mode == "Recommend":
-        out.decision = RECOMMEND
-        out.reason = f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied"
-        out.conditions["Tuned"] = ("True", "Recommended", out.reason)
+        out.decide(RECOMMEND, f"{describe(target)} predicted {_pct(gain)} better; mode Recommend, not applied",
+                   "Recommended")
         out.events.append(("Normal", "Recommended", out.reason))
     elif target.num_redundant_experts == current.num_redundant_experts and live_problem is None and not explore:
         # (an exploration is a trial on one replica, never applied to every one: the experiment below)
@@ -541,10 +545,9 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
                     workload_blocker=workload_blocker, live_wait=live_wait)
     elif (blocker := scaling_blocker(scaling, now, cfg.observe_s)  # first: a scale-out also leaves pods unready
           or change_blocker(cfg, state, now, workload_blocker=workload_blocker)) is not None:
-        out.decision = DEFER
-        out.reason = f"{describe(target)} predicted {_pct(gain)} better, deferred: {blocker}"
         autoscaler = blocker == scaling_blocker(scaling, now, cfg.observe_s)
-        out.conditions["Tuned"] = ("True", "WaitingForAutoscaler" if autoscaler else "Deferred", out.reason)
+        out.decide(DEFER, f"{describe(target)} predicted {_pct(gain)} better, deferred: {blocker}",
+                   "WaitingForAutoscaler" if autoscaler else "Deferred")
         previous = (state.last_evaluation.reason if state.last_evaluation is not None else None) or ""
         if autoscaler and next(c for c in SCALING_WAITS if blocker.startswith(c)) not in previous:  # once per wait
             out.events.append(("Normal", "WaitingForAutoscaler", f"tuner rollout of {describe(target)} waits: {blocker}"))
@@ -555,21 +558,16 @@ def _judge_on(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: 
                           schedule=interleave(target, current) if interleave is not None
                           else "the engines do not take settings live")
     else:
-        out.decision = APPLY
         how = "" if target.num_redundant_experts != current.num_redundant_experts or live_problem == "not checked" \
             else f" (restart: {live_problem})"
-        out.reason = f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better{how}"
-        out.conditions["Tuned"] = ("True", "Applying", out.reason)
-        out.events.append(("Normal", "ApplyingTunedSettings", out.reason))
-        out.started_rollout = True
+        out.decide(APPLY, f"applying {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better{how}",
+                   "Applying")
         rollout = Rollout(kind="apply", phase=ROLLING, started_at=now, from_knobs=current, to_knobs=target,
                           previous_override=state.override, spec_generation=generation, spec_eplb=spec_eplb,
                           from_hash=from_hash, baseline=baseline, predicted_gain=gain,
                           replicas=scaling.desired if scaling is not None else None,
                           objective_before=objective_before)
-        out.status = out.status.replace(
-            override=Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), rollout=rollout,
-            last_change_time=now, restarts=state.recent_restarts(now) + (now,))
+        out.start_rollout(state, rollout, Override.of(target, spec_generation=generation, spec_eplb=spec_eplb), now)
 
 
 def _apply_live(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now: float, current: Knobs,
@@ -584,14 +582,10 @@ def _apply_live(cfg: AutotuneSpec, state: AutotuneStatus, out: Evaluated, *, now
                    if state.experiment is not None else None)
                or workload_blocker or live_wait)
     if blocker is not None:
-        out.decision = DEFER
-        out.reason = f"{describe(target)} predicted {_pct(gain)} better (live), deferred: {blocker}"
-        out.conditions["Tuned"] = ("True", "Deferred", out.reason)
+        out.decide(DEFER, f"{describe(target)} predicted {_pct(gain)} better (live), deferred: {blocker}", "Deferred")
         return
-    out.decision = APPLY
-    out.reason = (f"applying live {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better; window "
-                  "and interval change on the running engines at one engine step, no restart")
-    out.conditions["Tuned"] = ("True", "ApplyingLive", out.reason)
+    out.decide(APPLY, f"applying live {describe(target)} (was {describe(current)}): predicted {_pct(gain)} better; "
+                      "window and interval change on the running engines at one engine step, no restart", "ApplyingLive")
     out.live = target
 
 

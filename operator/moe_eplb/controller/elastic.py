@@ -230,14 +230,9 @@ class ElasticLoop:
         step = plan.advance(st, view)
         wrote = False
         if step.status != st or not _same_condition(inf, step):
-            try:
-                await client.patch(API, KIND, inf.namespace, inf.name,
-                                   {"metadata": {"resourceVersion": inf.resource_version},
-                                    "status": record_patch(inf, step, now_rfc3339())}, subresource="status")
-            except ApiError as exc:
-                if exc.status in (404, 409):
-                    return "conflict"
-                raise
+            if not await client.patch_status(API, KIND, inf.namespace, inf.name, record_patch(inf, step, now_rfc3339()),
+                                             resource_version=inf.resource_version):
+                return "conflict"
             wrote = True
         fresh = await client.get(API, KIND, inf.namespace, inf.name) if wrote and step.status != st else None
         if fresh is not None:  # the joiners' StatefulSet, and the status's size, follow the record
@@ -310,12 +305,7 @@ class ElasticLoop:
             log.warning("elastic: %s: resize request failed: %s", pod["metadata"]["name"], exc)
 
     async def _event(self, client: KubeClient, inf: MoEInference, etype: str, reason: str, message: str) -> None:
-        body = {"apiVersion": API, "kind": KIND, "metadata": {"name": inf.name, "namespace": inf.namespace,
-                                                              "uid": inf.uid}}
-        try:
-            await client.post_event(body, type=etype, reason=reason, message=message)
-        except ApiError as exc:
-            log.warning("could not post event %s: %s", reason, exc)
+        await client.try_post_event(inf.object_ref, type=etype, reason=reason, message=message)
 
 
 def _same_condition(inf: MoEInference, step: plan.Step) -> bool:

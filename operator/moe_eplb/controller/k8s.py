@@ -19,6 +19,7 @@ import asyncio
 import base64
 import datetime
 import json
+import logging
 import os
 import ssl
 import tempfile
@@ -33,6 +34,7 @@ from moe_eplb import __version__
 from moe_eplb.contracts.k8s_names import API_GROUP, API_VERSION, KIND, PLURAL
 
 USER_AGENT = f"moe-eplb/{__version__}"
+log = logging.getLogger("moe_eplb.k8s")
 
 
 @dataclass(frozen=True)
@@ -281,6 +283,20 @@ class KubeClient:
                                 body=dict(patch), content_type="application/merge-patch+json",
                                 params=self._params(dry_run))
 
+    async def patch_status(self, api_version: str, kind: str, namespace: str | None, name: str,
+                           status: Mapping[str, Any], *, resource_version: str | None) -> bool:
+        """Merge-patch ``status`` into the object's status subresource, conditional on
+        ``resource_version``: False when the object changed meanwhile (409) or is gone (404), so the
+        caller redoes its work on fresh data; other errors raise."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            await self.patch(api_version, kind, namespace, name, body, subresource="status")
+        except ApiError as exc:
+            if exc.status in (409, 404):
+                return False
+            raise
+        return True
+
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
                      *, propagation: str = "Background") -> bool:
         """Delete (dependents by ``propagation``); ``False`` if it was already gone."""
@@ -312,3 +328,13 @@ class KubeClient:
             "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1, "action": reason,
         }
         await self.create(event)
+
+    async def try_post_event(self, involved: Mapping[str, Any], *, type: str, reason: str, message: str) -> bool:
+        """:meth:`post_event`, best effort: an Event that cannot be posted is logged, never raised (False)."""
+        try:
+            await self.post_event(involved, type=type, reason=reason, message=message)
+        except Exception as exc:  # an Event is best effort
+            meta = involved.get("metadata", {})
+            log.warning("could not post event %s about %s/%s: %s", reason, meta.get("namespace"), meta.get("name"), exc)
+            return False
+        return True

@@ -403,6 +403,18 @@ def _prepare(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now:
     return Step(st.with_round(sent), send=sent, params=d.params(), events=[event])
 
 
+def _retry(done: Step, rnd: Round, view: GroupView, facts: Facts, now: float, resource: str) -> Step:
+    """After ``done`` (round ``rnd`` finished without success), the group's next attempt: a new round
+    within the same deadline, prepared at once; the step keeps ``done``'s events and finished rounds."""
+    nxt = Round(request_id=new_request_id(resource, view.group, rnd.attempt + 1), group=view.group,
+                instruction="", ranks=(), started_at=now, fault_at=rnd.fault_at, deadline=rnd.deadline,
+                attempt=rnd.attempt + 1)
+    more = _prepare(done.status.with_round(nxt), nxt, view, facts, now, resource)
+    more.events[:0] = done.events
+    more.finished[:0] = done.finished
+    return more
+
+
 def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: float, resource: str) -> Step:
     """A round in flight: done, failed, superseded by a second fault, or past the deadline."""
     committed = st.lost(view.group)
@@ -410,14 +422,8 @@ def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: fl
     second = sorted(set(lost_now) & set(rnd.ranks))
     readings = [view.readings.get(r, RankReading()) for r in rnd.ranks]
     if second:
-        done = _finish(st, rnd, now, SUPERSEDED, f"rank(s) {second} were lost during the round (a second fault)")
-        nxt = Round(request_id=new_request_id(resource, view.group, rnd.attempt + 1), group=view.group,
-                    instruction="", ranks=(), started_at=now, fault_at=rnd.fault_at, deadline=rnd.deadline,
-                    attempt=rnd.attempt + 1)
-        more = _prepare(done.status.with_round(nxt), nxt, view, facts, now, resource)
-        more.events[:0] = done.events
-        more.finished[:0] = done.finished
-        return more
+        return _retry(_finish(st, rnd, now, SUPERSEDED, f"rank(s) {second} were lost during the round (a second fault)"),
+                      rnd, view, facts, now, resource)
     if all(x.status == ftp.HEALTHY for x in readings):
         return _succeeded(st, rnd, view, now, committed)
     dead = [r for r, x in zip(rnd.ranks, readings) if x.status == ftp.DEAD]
@@ -435,14 +441,7 @@ def _poll(st: RecoveryStatus, rnd: Round, view: GroupView, facts: Facts, now: fl
                   and x.last_request_id in rnd.accepted_ids]
     if failed:
         why = failed[0][1].error or "no reason given"
-        done = _finish(st, rnd, now, ROUND_FAILED, f"rank {failed[0][0]}: {why}")
-        nxt = Round(request_id=new_request_id(resource, view.group, rnd.attempt + 1), group=view.group,
-                    instruction="", ranks=(), started_at=now, fault_at=rnd.fault_at, deadline=rnd.deadline,
-                    attempt=rnd.attempt + 1)
-        more = _prepare(done.status.with_round(nxt), nxt, view, facts, now, resource)
-        more.events[:0] = done.events
-        more.finished[:0] = done.finished
-        return more
+        return _retry(_finish(st, rnd, now, ROUND_FAILED, f"rank {failed[0][0]}: {why}"), rnd, view, facts, now, resource)
     if now >= rnd.deadline:
         return _finish(st, rnd, now, TIMED_OUT, "the round did not complete within the engines' recovery timeout",
                        fail_group=True)

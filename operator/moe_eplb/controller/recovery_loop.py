@@ -41,7 +41,7 @@ from moe_eplb.controller import control, recovery_metrics
 from moe_eplb.controller import decisions as dec
 from moe_eplb.controller import recovery as rec
 from moe_eplb.controller.autotune_settings import AutotuneSettings
-from moe_eplb.controller.k8s import ApiError, KubeClient
+from moe_eplb.controller.k8s import KubeClient
 from moe_eplb.controller.recovery_client import Endpoint, RecoveryClient, accepted_id
 from moe_eplb.controller.workload import read_scaling, workload_view
 
@@ -290,24 +290,13 @@ class RecoveryLoop:
                                            generation=inf.generation)
         if new == {k: inf.fault_recovery.stored.get(k) for k in new} and conds is None:
             return True
-        body: dict[str, Any] = {"metadata": {"resourceVersion": inf.resource_version}, "status": {"faultTolerance": new}}
+        patch: dict[str, Any] = {"faultTolerance": new}
         if conds is not None:
-            body["status"]["conditions"] = conds
-        try:
-            await client.patch(API, KIND, inf.namespace, inf.name, body, subresource="status")
-        except ApiError as exc:
-            if exc.status in (409, 404):
-                return False
-            raise
-        return True
+            patch["conditions"] = conds
+        return await client.patch_status(API, KIND, inf.namespace, inf.name, patch, resource_version=inf.resource_version)
 
     async def _event(self, client: KubeClient, inf: MoEInference, etype: str, reason: str, message: str) -> None:
-        ref = {"apiVersion": API, "kind": KIND, "metadata": {"name": inf.name, "namespace": inf.namespace,
-                                                             "uid": inf.uid}}
-        try:
-            await client.post_event(ref, type=etype, reason=reason, message=message)
-        except Exception as exc:  # an Event is best effort
-            log.warning("recovery: could not post event %s: %s", reason, exc)
+        await client.try_post_event(inf.object_ref, type=etype, reason=reason, message=message)
 
 
 async def request_grow_back(client: KubeClient, inf: MoEInference, target_data: int) -> bool:
@@ -315,12 +304,6 @@ async def request_grow_back(client: KubeClient, inf: MoEInference, target_data: 
     (``status.elastic.targetDataParallel``, the field the autoscaler's resize request sets too; the
     resize itself is :mod:`moe_eplb.controller.elastic`'s). Conditional on the resource version;
     False on a conflict (the caller retries next tick)."""
-    body = {"metadata": {"resourceVersion": inf.resource_version},
-            "status": {"elastic": {"targetDataParallel": int(target_data)}}}
-    try:
-        await client.patch(API, KIND, inf.namespace, inf.name, body, subresource="status")
-    except ApiError as exc:
-        if exc.status in (409, 404):
-            return False
-        raise
-    return True
+    return await client.patch_status(API, KIND, inf.namespace, inf.name,
+                                     {"elastic": {"targetDataParallel": int(target_data)}},
+                                     resource_version=inf.resource_version)

@@ -7,18 +7,18 @@ the pod unready and answers once vLLM has no request in flight, or the drain tim
 (:mod:`moe_eplb.exporter.health`). The exporter accepts the drain from loopback only, so no other
 pod, scraper or node process can take this pod out of service. Exits 0 when drained, 1 when the
 exporter could not be reached or refused (the kubelet then goes on with SIGTERM, and vLLM's own
-``--shutdown-timeout`` still lets running requests finish). Standard library only (it runs in a
-stock vLLM image from the injected plugin directory).
+``--shutdown-timeout`` still lets running requests finish). Standard library only, besides the
+exporter's own :mod:`~moe_eplb.exporter.health` (it runs in a stock vLLM image from the injected plugin
+directory).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import urllib.error
-import urllib.request
 
 from moe_eplb.contracts import k8s_names
+from moe_eplb.exporter.health import http_post
 
 ENV_PORT = "MOE_EPLB_EXPORTER_PORT"
 #: beyond the drain time: what the exporter may take to notice vLLM is idle or gone
@@ -33,14 +33,7 @@ def drain_url(env: dict[str, str] | os._Environ) -> str:
 
 def request_drain(url: str, timeout: float) -> tuple[int, str]:
     """(status, body) of ``POST url``; status 0 when nothing answers."""
-    req = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-    except (OSError, ValueError) as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
+    return http_post(url, b"", timeout)
 
 
 def main(env: dict[str, str] | None = None) -> int:

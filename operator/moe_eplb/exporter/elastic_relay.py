@@ -24,13 +24,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from moe_eplb.exporter.health import http_get
+from moe_eplb.exporter.health import http_get, http_post
 from moe_eplb.exporter.health import requests_in_flight as in_flight
 
 #: vLLM's own bounds of one operation (prepare 300 s, commit 600 s) and a margin: how long a forwarded
@@ -44,17 +42,9 @@ Post = Callable[[str, dict[str, Any] | None, float], tuple[int, str]]
 Get = Callable[[str, float], tuple[int, str]]
 
 
-def http_post(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, str]:
+def post_json(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, str]:
     """(status, body) of a JSON POST; status 0 when nothing answers."""
-    data = json.dumps(body or {}).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-    except (OSError, ValueError) as exc:
-        return 0, str(exc)
+    return http_post(url, json.dumps(body or {}).encode(), timeout, {"Content-Type": "application/json"})
 
 
 def detail(text: str) -> str:
@@ -77,7 +67,7 @@ class ElasticRelay:
     """The relay of one pod (see the module doc). ``api_urls``: its API servers (``http://127.0.0.1:8000``,
     ...); ``post``/``get``: the HTTP calls (replaced in tests); ``clock``: for the records' times."""
 
-    def __init__(self, api_urls: tuple[str, ...], post: Post = http_post, get: Get = http_get,
+    def __init__(self, api_urls: tuple[str, ...], post: Post = post_json, get: Get = http_get,
                  clock: Callable[[], float] = time.time) -> None:
         self.api_urls = tuple(u.rstrip("/") for u in api_urls)
         self.post, self.get, self.clock = post, get, clock

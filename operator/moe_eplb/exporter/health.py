@@ -246,6 +246,18 @@ def http_get(url: str, timeout: float) -> tuple[int, str]:
         return 0, ""
 
 
+def http_post(url: str, data: bytes, timeout: float, headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(status, body) of a POST of ``data``; status 0 and what went wrong when nothing answers."""
+    req = urllib.request.Request(url, data=data, method="POST", headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
 class PodHealth:
     """The three endpoints' logic (the HTTP handler of :mod:`moe_eplb.exporter.server` calls it)."""
 

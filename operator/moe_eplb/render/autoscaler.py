@@ -120,6 +120,13 @@ def scale_target(inf: MoEInference) -> dict[str, Any]:
     return {"apiVersion": API, "kind": KIND, "name": inf.name}
 
 
+def _autoscaler_object(inf: MoEInference, api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """An autoscaler of ``inf`` (KEDA's or the HPA): named after it, with its labels, scaling it
+    (``scaleTargetRef``), then the kind's own ``spec``."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": inf.name, "labels": labels(inf.name)},
+            "spec": {"scaleTargetRef": scale_target(inf), **spec}}
+
+
 def scaled_object(inf: MoEInference) -> dict[str, Any]:
     """KEDA ScaledObject (keda.sh/v1alpha1) with one Prometheus trigger on the resource's Prometheus."""
     a = _spec(inf)
@@ -129,28 +136,22 @@ def scaled_object(inf: MoEInference) -> dict[str, Any]:
                     "threshold": f"{a.metric.target:g}"}
     if a.min_replicas == 0:
         trigger_meta["activationThreshold"] = "0"
-    return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": KEDA_KIND,
-        "metadata": {"name": inf.name, "labels": labels(inf.name)},
-        "spec": {
-            "scaleTargetRef": scale_target(inf),
-            "minReplicaCount": rollout_min_replicas(inf),
-            "maxReplicaCount": a.max_replicas,
-            "pollingInterval": a.keda.polling_interval_seconds,
-            # only used when scaling to zero: the last active trigger must be this old -- and, as
-            # KEDA ignores cooldownPeriod until a trigger was first active, the ScaledObject too
-            # (KEDA's default initialCooldownPeriod, 0, took a resource just created to zero at its
-            # first poll, while its engines still loaded)
-            "cooldownPeriod": a.scale_down.stabilization_window_seconds,
-            "initialCooldownPeriod": a.scale_down.stabilization_window_seconds,
-            "advanced": {"horizontalPodAutoscalerConfig": {"name": KEDA_HPA_PREFIX + inf.name,
-                                                           "behavior": behavior(a)}},
-            "triggers": [{"type": "prometheus", "name": a.metric.type.lower(),
-                          "metricType": TARGET_TYPES[a.metric.type], "metadata": trigger_meta}]
-                        + _activation_trigger(inf, a),
-        },
-    }
+    return _autoscaler_object(inf, KEDA_API_VERSION, KEDA_KIND, {
+        "minReplicaCount": rollout_min_replicas(inf),
+        "maxReplicaCount": a.max_replicas,
+        "pollingInterval": a.keda.polling_interval_seconds,
+        # only used when scaling to zero: the last active trigger must be this old -- and, as
+        # KEDA ignores cooldownPeriod until a trigger was first active, the ScaledObject too
+        # (KEDA's default initialCooldownPeriod, 0, took a resource just created to zero at its
+        # first poll, while its engines still loaded)
+        "cooldownPeriod": a.scale_down.stabilization_window_seconds,
+        "initialCooldownPeriod": a.scale_down.stabilization_window_seconds,
+        "advanced": {"horizontalPodAutoscalerConfig": {"name": KEDA_HPA_PREFIX + inf.name,
+                                                       "behavior": behavior(a)}},
+        "triggers": [{"type": "prometheus", "name": a.metric.type.lower(),
+                      "metricType": TARGET_TYPES[a.metric.type], "metadata": trigger_meta}]
+                    + _activation_trigger(inf, a),
+    })
 
 
 #: the activation trigger's per-replica target: so high that it asks for one replica group at most
@@ -182,18 +183,12 @@ def horizontal_pod_autoscaler(inf: MoEInference) -> dict[str, Any]:
     else:
         selector = {"matchLabels": {metric_names.MOEINFERENCE_LABEL: inf.name}}
         metric = {"type": "External", "external": {"metric": {"name": name, "selector": selector}, "target": target}}
-    return {
-        "apiVersion": HPA_API_VERSION,
-        "kind": HPA_KIND,
-        "metadata": {"name": inf.name, "labels": labels(inf.name)},
-        "spec": {
-            "scaleTargetRef": scale_target(inf),
-            "minReplicas": rollout_min_replicas(inf),
-            "maxReplicas": a.max_replicas,
-            "metrics": [metric],
-            "behavior": behavior(a),
-        },
-    }
+    return _autoscaler_object(inf, HPA_API_VERSION, HPA_KIND, {
+        "minReplicas": rollout_min_replicas(inf),
+        "maxReplicas": a.max_replicas,
+        "metrics": [metric],
+        "behavior": behavior(a),
+    })
 
 
 def autoscaler(inf: MoEInference) -> dict[str, Any] | None:
