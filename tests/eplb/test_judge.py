@@ -180,3 +180,13 @@ def test_undecided_at_the_last_look_keeps_the_running_settings() -> None:
     sure = judge.decide(judge.Robust(mean=math.log1p(0.04), se=0.006, dof=11, n=240), [0.5, 0.9], alpha=0.05,
                         threshold=0.0139, last=True)
     assert sure.outcome == judge.WINS
+
+
+def test_an_early_look_with_a_huge_boundary_reports_an_open_interval_not_an_overflow() -> None:
+    """The first look of a long experiment, with few degrees of freedom: the spending rule's
+    boundary is so wide that ``exp`` of the interval's end would overflow a float (the operator's
+    timer once failed on it every tick). The interval is open at the top, nothing is decided."""
+    est = judge.Robust(mean=0.02, se=200.0, dof=11, n=120)
+    dec = judge.decide(est, [0.2], alpha=0.05, threshold=0.0139, last=False)
+    assert dec.outcome is None and dec.ci_high == math.inf and dec.ci_low == -1.0
+    assert dec.estimate == pytest.approx(math.expm1(0.02))

@@ -162,6 +162,8 @@ class AutotuneLoop:
         #: per resource, the workload-shift watch between evaluations (:mod:`.shift`; in memory: a
         #: restarted operator starts watching again, the regular evaluations go on meanwhile)
         self.shift_watches: dict[tuple[str, str], ShiftWatch] = {}
+        #: resource -> when to try a pending shift's evaluation again (its load was too short)
+        self.shift_retry: dict[tuple[str, str], float] = {}
         self.actor = actor or f"{os.environ.get('HOSTNAME', 'operator')}/{id(self):x}"
 
     def now(self) -> float:
@@ -495,6 +497,16 @@ class AutotuneLoop:
                 return "conflict"
         got = await self._gather(client, inf, now, since=shift.at if shift is not None else None)
         got.shift = shift
+        if shift is not None and got.load_error is not None and got.load_error[0] == "TooLittleData":
+            # the load since the shift is still too short to tune on (the step rate the wait assumed
+            # was higher): no evaluation yet; the shift stays pending and is tried again once the
+            # steps at the rate seen since it should be there (the regular evaluation comes anyway)
+            have = got.trace.total_steps if got.trace is not None else 0
+            rate = have / max(now - shift.at, 1e-9)
+            again = (self.settings.min_steps - have) / rate if rate > 0 else inf.autotune.evaluation_interval_s / 3.0
+            retry_at = now + max(again, self.settings.tick_seconds * self.settings.scale)
+            self.shift_retry[(inf.namespace or "default", inf.name)] = retry_at
+            return None
         # the decision's time: reading and tuning took a while, and a rollout it starts is timed from here
         now = self.now()
         out, ev = await self._decide(client, inf, got, now)
@@ -576,7 +588,8 @@ class AutotuneLoop:
             last.data_window.start else None
         rate = steps / span if steps and span else None
         wait = self.settings.min_steps / rate if rate else inf.autotune.evaluation_interval_s / 3.0
-        return shift if now - shift.at >= wait else None
+        retry = self.shift_retry.get((inf.namespace or "default", inf.name), 0.0)
+        return shift if now - shift.at >= wait and now >= retry else None
 
     async def _apply_live(self, client: KubeClient, inf: MoEInference, got: _Gathered, out: dec.Evaluated,
                           ev: Evaluation) -> tuple[dec.Evaluated, Evaluation]:
@@ -624,7 +637,7 @@ class AutotuneLoop:
             got.trace, got.data_window = await self.load_observer.read_load(inf, start, now, pods)
             if got.trace.total_steps < rt.min_steps:
                 raise LoadUnavailable("TooLittleData", f"{got.trace.total_steps} engine steps in the last "
-                                      f"{rt.lookback_seconds:.0f}s; need at least {rt.min_steps}")
+                                      f"{now - start:.0f}s; need at least {rt.min_steps}")
         except LoadUnavailable as exc:
             got.load_error = (exc.reason, exc.message)
         if got.load_error is None and got.trace is not None:

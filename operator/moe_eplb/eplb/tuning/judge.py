@@ -363,7 +363,15 @@ def decide(est: Robust, looks: Sequence[float], *, alpha: float, threshold: floa
         outcome = LOSES
     elif last:
         outcome = UNDECIDED
-    return Decision(outcome=outcome, estimate=math.expm1(est.mean),
-                    ci_low=math.expm1(lo) if math.isfinite(lo) else -1.0,
-                    ci_high=math.expm1(hi) if math.isfinite(hi) else math.inf, tau=taus[-1] if taus else 0.0,
-                    dof=est.dof)
+    return Decision(outcome=outcome, estimate=_relative(est.mean), ci_low=_relative(lo), ci_high=_relative(hi),
+                    tau=taus[-1] if taus else 0.0, dof=est.dof)
+
+
+def _relative(log_ratio: float) -> float:
+    """A log ratio as a relative difference (``exp(x) - 1``): -1 and +inf at the ends, and for an
+    early look's boundary so wide that ``exp`` would overflow a float."""
+    if math.isnan(log_ratio):
+        return log_ratio
+    if log_ratio > 700.0:
+        return math.inf
+    return math.expm1(log_ratio) if log_ratio > -700.0 else -1.0
