@@ -63,5 +63,10 @@ async def test_operator_applies_live_to_a_simulated_pod(trace):
         assert eng.settings.knobs == Knobs(100, 300, 0) and eng.replay.since_step == done.step
         assert all(s == lp.APPLIED for rep in done.engines for s in rep.states.values())
         assert b'window_size="100",step_interval="300"' in eng.exposition()
+        # without an expectation (an interleaved block: the pods run either arm) the change goes
+        # from what the ranks report running
+        back = await apply_live([pod], TOKEN, Knobs(200, 600, 0), None)
+        assert back.ok, back
+        assert eng.settings.knobs == Knobs(200, 600, 0)
     finally:
         await eng.stop()

@@ -231,26 +231,16 @@ def _not_taken(engine: str, pairs: Sequence[tuple[LivePod, lp.RankStatus]], cmd_
     return None
 
 
-async def running_now(pods: Sequence[LivePod], *, get: Get | None = None) -> tuple[int, int] | None:
-    """``(window, interval)`` the first EP rank of ``pods`` that answers runs now (None: no rank
-    answered); :func:`apply_live` then checks every rank against it."""
-    get = get or (lambda url: live_client.get_settings(url))
-    survey = await _each(pods, lambda p: get(p.url))
-    for p in pods:
-        for r in survey[p.name].ranks:
-            if r.window_size is not None and r.step_interval is not None:
-                return int(r.window_size), int(r.step_interval)
-    return None
-
-
-async def apply_live(pods: Sequence[LivePod], token: str, target: Knobs, expect: Knobs, *, at_step: int | None = None,
+async def apply_live(pods: Sequence[LivePod], token: str, target: Knobs, expect: Knobs | None, *, at_step: int | None = None,
                      lead_seconds: float = LEAD_SECONDS, grace_seconds: float = GRACE_SECONDS,
                      answer_seconds: float = ANSWER_SECONDS, confirm_seconds: float = CONFIRM_SECONDS,
                      restore: bool = True, get: Get | None = None, send: Send | None = None,
                      clock: Callable[[], float] = time.time) -> LiveOutcome:
     """Change window and interval from ``expect`` to ``target`` on every EP rank of every engine of
     ``pods``, each engine at one agreed step (``at_step``: the caller's, for every engine; default:
-    planned per engine). Never raises for what a pod does; see the module docstring."""
+    planned per engine). ``expect`` None: what the first rank surveyed runs (an interleaved
+    experiment's pods run either arm); every rank is still checked against it. Never raises for
+    what a pod does; see the module docstring."""
     get = get or (lambda url: live_client.get_settings(url))
     send = send or (lambda url, cmd, wait: live_client.send_command(url, token, cmd, answer_seconds=wait))
     if not pods:
@@ -262,6 +252,12 @@ async def apply_live(pods: Sequence[LivePod], token: str, target: Knobs, expect:
             return LiveOutcome(False, None, f"nothing changed: {problem}",
                                unsupported=survey[p.name].status not in (0, 200))
     engines = _ranks_by_engine(pods, survey)
+    if expect is None:
+        first = next((r for pairs in engines.values() for _, r in pairs
+                      if r.window_size is not None and r.step_interval is not None), None)
+        if first is None:
+            return LiveOutcome(False, None, "nothing changed: no EP rank reports the window and interval it runs")
+        expect = Knobs(int(first.window_size), int(first.step_interval), target.num_redundant_experts)
     plans: dict[str, tuple[int, int]] = {}
     for engine, pairs in engines.items():
         ranks = [r for _, r in pairs]
