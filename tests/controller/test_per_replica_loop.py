@@ -17,22 +17,10 @@ from moe_eplb.api.spec import parse
 from moe_eplb.controller.autotune import AutotuneLoop, run_tuner
 from moe_eplb.controller.autotune_settings import AutotuneSettings
 from moe_eplb.eplb.workload.trace import LoadTrace
-from moe_eplb.metrics.scrape import PodSample, Round
 from tests.example_manifests import EXAMPLES
+from tests.metrics.rounds import scrape_rounds
 
 T, STEPS, B = 40, 250, 15.0
-
-
-def _rounds(loads: dict[str, np.ndarray], t0: float) -> list[Round]:
-    rounds = []
-    for t in range(T + 1):
-        pods = {}
-        for name, load in loads.items():
-            done = load[:t].sum(axis=0)
-            tokens = {(layer, e): float(done[layer, e]) for layer in range(load.shape[1]) for e in range(load.shape[2])}
-            pods[name] = PodSample(start_time={"m": 0.0}, steps={"m": float(STEPS * t)}, tokens={"m": tokens})
-        rounds.append(Round(time=t0 + B * t, pods=pods))
-    return rounds
 
 
 def test_per_replica_reads_each_replicas_load_and_tunes_it_on_its_own():
@@ -50,7 +38,7 @@ def test_per_replica_reads_each_replicas_load_and_tunes_it_on_its_own():
              "p1": rng.poisson(even[None] * tokens, (T, L, E)).astype(float)}
     loop = AutotuneLoop(host=None, settings=AutotuneSettings())
     t0 = 1_800_000_000.0
-    loop.load_observer.direct(inf).scraper.rounds = _rounds(loads, t0)
+    loop.load_observer.direct(inf).scraper.rounds = scrape_rounds(loads, T, steps=STEPS, t0=t0, bucket_seconds=B)
     pods = [{"metadata": {"name": n}} for n in loads]
     end = t0 + B * T
     pooled = LoadTrace(load=(loads["p0"] + loads["p1"]) / 2, bucket_steps=np.full(T, STEPS), bucket_seconds=B, top_k=8)
@@ -61,6 +49,6 @@ def test_per_replica_reads_each_replicas_load_and_tunes_it_on_its_own():
     labels = {"namespace": "per-replica", "name": inf.name}
     assert REGISTRY.get_sample_value("moe_eplb_replica_load_divergence_bits", labels) == per.divergence
     # one replica only: no divergence, and the gauge is removed
-    loop.load_observer.direct(inf).scraper.rounds = _rounds({"p0": loads["p0"]}, t0)
+    loop.load_observer.direct(inf).scraper.rounds = scrape_rounds({"p0": loads["p0"]}, T, steps=STEPS, t0=t0, bucket_seconds=B)
     assert asyncio.run(loop.per_replica(inf, end - B * T, end, pods[:1], shared)) is None
     assert REGISTRY.get_sample_value("moe_eplb_replica_load_divergence_bits", labels) is None

@@ -21,8 +21,9 @@ from moe_eplb.eplb.workload.profiles import BUILTIN_PROFILES
 from moe_eplb.eplb.workload.trace import LoadTrace
 from moe_eplb.metrics.grid import grid_for
 from moe_eplb.metrics.reader import read_load_trace
-from moe_eplb.metrics.scrape import PodSample, PodScraper, Round
+from moe_eplb.metrics.scrape import PodScraper
 from moe_eplb_harness.demo.tuning import hot_experts
+from tests.metrics.rounds import scrape_rounds
 
 SHAPE = (8, 64, 4, 6)
 TOPO = dict(ep_size=16, num_nodes=1, num_groups=4)
@@ -96,24 +97,12 @@ def test_replicas_with_the_same_traffic_are_tuned_together(cache_affine):
                                       "thresholdBits": DIVERGENCE_THRESHOLD, "tuned": False}
 
 
-def _rounds(loads: dict[str, np.ndarray], T: int, steps: int = 250, t0: float = 990.0, b: float = 15.0) -> list[Round]:
-    rounds = []
-    for t in range(T + 1):
-        pods = {}
-        for name, load in loads.items():
-            done = load[:t].sum(axis=0)
-            tokens = {(layer, e): float(done[layer, e]) for layer in range(load.shape[1]) for e in range(load.shape[2])}
-            pods[name] = PodSample(start_time={"m": 0.0}, steps={"m": float(steps * t)}, tokens={"m": tokens})
-        rounds.append(Round(time=t0 + b * t, pods=pods))
-    return rounds
-
-
 def test_the_reader_reads_one_replicas_load_from_the_rounds_already_scraped():
     rng = np.random.default_rng(0)
     T, L, E = 12, 2, 8
     loads = {"p0": rng.poisson(50, (T, L, E)).astype(float), "p1": rng.poisson(5, (T, L, E)).astype(float)}
     scraper = PodScraper()
-    scraper.rounds = _rounds(loads, T)
+    scraper.rounds = scrape_rounds(loads, T)
     grid = grid_for(scraper.rounds[-1].time, T * 15.0, 15.0)
     assert grid[0] == scraper.rounds[0].time
     kw = dict(namespace="ns", name="m", window_seconds=T * 15.0, bucket_seconds=15.0, scraper=scraper,
