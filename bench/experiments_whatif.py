@@ -1,0 +1,106 @@
+"""What limits the cross-pod judge's power on the realistic case: the same runs as
+``bench/bench_experiments.py`` (its engines, workload and state machine), cross-pod design only, with
+two what-ifs the operator does not do today.
+
+    python bench/experiments_whatif.py [--case realistic] [--seeds 40] [--baseline-seconds 900]
+                                       [--elasticity E] [--jobs 2]
+
+* ``--baseline-seconds``: the pre-period (``spec.autotune.experiments.baselineSeconds``; default 900);
+* ``--elasticity E``: the step time's elasticity to the batch (d log step time / d log tokens per
+  step) taken as known instead of fitted from the experiment's own buckets: the per-bucket
+  difference is adjusted by ``E`` times the log batch ratio (a WHAT-IF: this script replaces
+  :func:`moe_eplb.eplb.tuning.judge.adjust` in its own process; the operator fits the slope). The
+  simulated engines' true value is about 0.5 (``TrueCost``: half of a loaded step's time is per
+  token).
+
+Printed: the verdicts out of N (A/A promoted, A/A "loses", +3 % promoted, +3 % "loses"), and the
+final estimate's z score against the truth (its spread is 1 where the interval is honest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_experiments as bx  # noqa: E402
+
+from moe_eplb.api.spec import AutotuneSpec, ExperimentsSpec  # noqa: E402
+from moe_eplb.controller import experiment as exm  # noqa: E402
+from moe_eplb.eplb.tuning import experiment as stats  # noqa: E402
+from moe_eplb.eplb.tuning import judge  # noqa: E402
+
+_LAST: dict = {}
+_judged = exm.judged
+
+
+def _recording_judged(exp, seconds=None):
+    out = _judged(exp, seconds)
+    _LAST["estimate"] = out
+    return out
+
+
+def _known_elasticity(e: float):
+    """``judge.adjust`` with the step-time slope fixed at ``-e`` (the difference is log(control / trial))."""
+
+    def adjust(periods, *, kinds=(stats.STEP_TIME,)):
+        out = []
+        for d, x, k in periods:
+            step = np.asarray([kind in kinds for kind in k], dtype=bool)
+            out.append(judge.clip_outliers(d) + np.where(step, e * np.asarray(x, dtype=float), 0.0))
+        return out
+
+    return adjust
+
+
+def _setup(baseline_s: float, elasticity: float | None) -> None:
+    bx.CFG = AutotuneSpec(mode="Apply", experiments=dataclasses.replace(ExperimentsSpec(), baseline_s=baseline_s))
+    exm.judged = _recording_judged
+    if elasticity is not None:
+        judge.adjust = _known_elasticity(elasticity)
+
+
+def one(args: tuple[str, int, float, float, float | None]) -> dict:
+    case, seed, plant, baseline_s, elasticity = args
+    _setup(baseline_s, elasticity)
+    trace = bx.workload(seed)
+    out = {}
+    for kind, trial, gain in (("aa", bx.CONTROL, 0.0), ("gain", bx.TRIAL, plant)):
+        _LAST.clear()
+        verdict = bx.run_cross_pod(trace, bx.CASES[case], seed, trial, gain)["after"]
+        est = _LAST.get("estimate")
+        out[kind] = (verdict, None if est is None else est.mean, None if est is None else est.se)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=sorted(bx.CASES), default="realistic")
+    ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--baseline-seconds", type=float, default=900.0)
+    ap.add_argument("--elasticity", type=float, default=None)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    plant, _ = bx.planted(bx.workload(0))
+    work = [(args.case, s, plant, args.baseline_seconds, args.elasticity) for s in range(args.seeds)]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, work, chunksize=1))
+    slope = "fitted per experiment" if args.elasticity is None else f"known, {args.elasticity:g}"
+    print(f"case {args.case}, {args.seeds} seeds, cross-pod, pre-period {args.baseline_seconds:.0f}s, batch elasticity {slope}")
+    print(f"{'run':<6} {'promoted':>9} {'loses':>7} {'undecided':>10} {'z spread':>9}")
+    for kind, truth in (("aa", 0.0), ("gain", math.log1p(bx.GAIN))):
+        verdicts = [r[kind][0] for r in rows]
+        z = [(m - truth) / se for _, m, se in (r[kind] for r in rows) if m is not None and se]
+        print(f"{'A/A' if kind == 'aa' else '+3%':<6} {verdicts.count('wins'):>9} {verdicts.count('loses'):>7} "
+              f"{verdicts.count('undecided'):>10} {float(np.std(z)):>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
