@@ -39,12 +39,15 @@ log = logging.getLogger("moe_eplb.k8s")
 
 @dataclass(frozen=True)
 class Kind:
-    """Where a kind lives in the API: ``group`` ('' for core), ``version``, ``plural``."""
+    """Where a kind lives in the API: ``group`` ('' for core), ``version``, ``plural``; ``kind`` its
+    name in objects; ``child``: the renderer may produce it (pruned when no longer rendered)."""
 
     group: str
     version: str
     plural: str
+    kind: str
     namespaced: bool = True
+    child: bool = False
 
     @property
     def api_version(self) -> str:
@@ -62,44 +65,36 @@ class Kind:
         return base
 
 
-#: Every kind the controller reads or writes, by (apiVersion, kind).
-KINDS: dict[tuple[str, str], Kind] = {
-    (f"{API_GROUP}/{API_VERSION}", KIND): Kind(API_GROUP, API_VERSION, PLURAL),
-    ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-    ("v1", "Service"): Kind("", "v1", "services"),
-    ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets"),
-    ("monitoring.coreos.com/v1", "PodMonitor"): Kind("monitoring.coreos.com", "v1", "podmonitors"),
-    ("keda.sh/v1alpha1", "ScaledObject"): Kind("keda.sh", "v1alpha1", "scaledobjects"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): Kind("autoscaling", "v2", "horizontalpodautoscalers"),
-    # an elastic group's joining pods and the NetworkPolicy of its ports (render.elastic)
-    ("apps/v1", "StatefulSet"): Kind("apps", "v1", "statefulsets"),
-    ("networking.k8s.io/v1", "NetworkPolicy"): Kind("networking.k8s.io", "v1", "networkpolicies"),
-    ("v1", "Event"): Kind("", "v1", "events"),
-    # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
-    ("v1", "Pod"): Kind("", "v1", "pods"),
-    # the control token's Secret (controller.control): created once, read by the pod clients
-    ("v1", "Secret"): Kind("", "v1", "secrets"),
+#: Every kind the controller reads or writes (the children first, in the order they are pruned).
+_ALL: tuple[Kind, ...] = (
     # the live-settings ConfigMap (render.objects.live_configmap): a child like the others
-    ("v1", "ConfigMap"): Kind("", "v1", "configmaps"),
+    Kind("", "v1", "configmaps", "ConfigMap", child=True),
+    Kind("apps", "v1", "deployments", "Deployment", child=True),
+    Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", child=True),
+    Kind("", "v1", "services", "Service", child=True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", child=True),
+    Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", child=True),
+    Kind("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject", child=True),
+    Kind("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", child=True),
+    # an elastic group's joining pods and the NetworkPolicy of its ports (render.elastic)
+    Kind("apps", "v1", "statefulsets", "StatefulSet", child=True),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", child=True),
+    Kind(API_GROUP, API_VERSION, PLURAL, KIND),
+    Kind("", "v1", "events", "Event"),
+    # read (list) by the autotune loop: readiness, crash loops, exporter ports of the engine pods
+    Kind("", "v1", "pods", "Pod"),
+    # the control token's Secret (controller.control): created once, read by the pod clients
+    Kind("", "v1", "secrets", "Secret"),
     # kopf's peering objects (controller.peering announces a replica before it acts)
-    ("kopf.dev/v1", "ClusterKopfPeering"): Kind("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False),
-    ("kopf.dev/v1", "KopfPeering"): Kind("kopf.dev", "v1", "kopfpeerings"),
-}
+    Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", namespaced=False),
+    Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering"),
+)
+
+#: Every kind the controller reads or writes, by (apiVersion, kind).
+KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in _ALL}
 
 #: The child kinds the renderer may produce (listed when pruning children no longer rendered).
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "ConfigMap"),
-    ("apps/v1", "Deployment"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
-    ("v1", "Service"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("monitoring.coreos.com/v1", "PodMonitor"),
-    ("keda.sh/v1alpha1", "ScaledObject"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-    ("apps/v1", "StatefulSet"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-)
+CHILD_KINDS: tuple[tuple[str, str], ...] = tuple((k.api_version, k.kind) for k in _ALL if k.child)
 
 
 def kind_of(api_version: str, kind: str) -> Kind:
