@@ -71,13 +71,20 @@ demo: setup  ## run the closed tuning loop on a simulated cluster (moe-eplb demo
 REQUIRE := MOE_EPLB_REQUIRE_KUBE=$${MOE_EPLB_REQUIRE_KUBE-1} MOE_EPLB_REQUIRE_VLLM=$${MOE_EPLB_REQUIRE_VLLM-1} \
 	MOE_EPLB_REQUIRE_VLLM_ENGINE=$${MOE_EPLB_REQUIRE_VLLM_ENGINE-1} MOE_EPLB_REQUIRE_PROMETHEUS=$${MOE_EPLB_REQUIRE_PROMETHEUS-1}
 
+# pytest-xdist: WORKERS test processes (default 2), each test file in one of them (--dist loadfile: a
+# module's engine or control plane starts once, in one process). Much of the suite waits on engines,
+# controllers and servers, so two processes on two cores take about 60 % of the time of one.
+# WORKERS=0 runs everything in one process (a debugger, or output in order).
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile
+
 # the suite without the long end-to-end scenarios (marker slow, tests/conftest.py SLOW), which
 # `make test-slow` runs; CI runs both, one after the other (.ci/run). -rfEs: every failure, error and skip (with its reason) in the summary.
 test: setup setup-vllm kube-main prometheus  ## run every test but the long scenarios (marker slow); lists each skip with its reason, then the 30 slowest
-	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider --durations=30 -m "not slow"
+	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider $(XDIST) --durations=30 -m "not slow"
 
 test-slow: setup setup-vllm kube prometheus  ## run the long end-to-end scenarios (marker slow); lists each skip with its reason
-	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider --durations=30 -m slow
+	$(REQUIRE) $(PY) -m pytest -q -rfEs -p no:cacheprovider $(XDIST) --durations=30 -m slow
 
 # ruff (its rules: pyproject.toml) and the import contracts of both packages (.importlinter)
 lint: setup  ## ruff and the import contracts (lint-imports, .importlinter)
@@ -85,7 +92,7 @@ lint: setup  ## ruff and the import contracts (lint-imports, .importlinter)
 	$(VENV)/bin/lint-imports --no-cache
 
 test-fast: setup  ## run the tests that start no process or server (marker not integration)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
 
 # only the real-engine tier (vLLM's CPU wheel + the test bridge; ~2 min on two cores)
 test-engine: setup setup-vllm  ## run only the real-engine tier (vLLM on CPU with the test bridge)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import source_ast
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -119,7 +121,7 @@ def _dotted(package) -> str:
 
 @pytest.mark.parametrize("package", [*PACKAGES, HARNESS, *HARNESS_PACKAGES], ids=_dotted)
 def test_package_docstring_names_every_module(package):
-    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    doc = ast.get_docstring(source_ast.parse((package / "__init__.py").read_text())) or ""
     missing = [m.stem for m in sorted(package.glob("*.py"))
                if m.stem != "__init__" and not re.search(rf"\b{re.escape(m.stem)}\b", doc)]
     assert not missing, f"{_dotted(package)}'s docstring does not say what it holds: {', '.join(missing)}"

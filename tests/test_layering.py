@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import source_ast
+
 PACKAGE = Path(__file__).resolve().parent.parent / "operator" / "moe_eplb"
 CONTRACTS_DIR = PACKAGE / "contracts"
 #: the contract modules: every module of ``moe_eplb/contracts/`` (the folder is the one list that the
@@ -51,7 +53,7 @@ def _here(path: Path, src: Path) -> tuple[Path, list[str]]:
 def _imports(path: Path, src: Path = PACKAGE.parent) -> list[tuple[int, str]]:
     """(line, imported module) of every import in ``path`` (a module under the source root ``src``),
     relative ones resolved."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = source_ast.parse(path.read_text(), filename=str(path))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -81,7 +83,7 @@ def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         targets = [target for _line, target in _imports(path, src)]
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(source_ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom):
                 base = _from_base(node, path, src)
                 targets += [f"{base}.{alias.name}" for alias in node.names]
@@ -170,7 +172,7 @@ def imports_from_tests() -> list[str]:
     for top in OUTSIDE_TESTS:
         for path in sorted((ROOT / top).rglob("*")):
             if path.suffix == ".py":
-                for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                for node in ast.walk(source_ast.parse(path.read_text(), filename=str(path))):
                     names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                              [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
                     bad += [f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}" for n in names
@@ -218,7 +220,7 @@ def contracts_outside_the_package(package: Path = PACKAGE) -> list[str]:
     for path in sorted(package.rglob("*.py")):
         if path.parent == package / "contracts":
             continue
-        doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+        doc = ast.get_docstring(source_ast.parse(path.read_text(), filename=str(path))) or ""
         if _CLAIMS_CONTRACT.search(doc.split("\n", 1)[0]) or path.stem in CONTRACTS:
             bad.append(str(path.relative_to(package.parent)))
     return bad
@@ -262,7 +264,7 @@ def stale_contract_names(root: Path = ROOT) -> list[str]:
 
 def test_docs_and_code_name_the_contracts_where_they_live():
     assert stale_contract_names() == []
-    doc = ast.get_docstring(ast.parse((CONTRACTS_DIR / "__init__.py").read_text())) or ""
+    doc = ast.get_docstring(source_ast.parse((CONTRACTS_DIR / "__init__.py").read_text())) or ""
     assert all(f"``{name}``" in doc for name in CONTRACTS), "contracts/__init__.py: list every module it holds"
 
 

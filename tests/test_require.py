@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from moe_eplb_harness.floor import prometheus as fp
-from tests import ROOT
+from tests import ROOT, source_ast
 from tests.require import (
     REQUIRE_KUBE,
     REQUIRE_PROMETHEUS,
@@ -88,7 +88,7 @@ def unmarked_vllm_users(root=ROOT) -> list[str]:
     bad = []
     for path in sorted((root / "tests").rglob("test_*.py")):
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(), filename=rel)
+        tree = source_ast.parse(path.read_text(), filename=rel)
         if rel not in OPTIONAL_USERS and _needs_vllm(tree) and not _markers(tree) & {"vllm", "vllm_engine"}:
             bad.append(rel)
     return bad
@@ -223,7 +223,7 @@ def unmarked_prometheus_users(root=ROOT) -> list[str]:
     bad = []
     for path in sorted((root / "tests").rglob("test_*.py")):
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(), filename=rel)
+        tree = source_ast.parse(path.read_text(), filename=rel)
         if rel not in PROMETHEUS_EXEMPT and _uses_prometheus(tree) and not _marks_prometheus(tree):
             bad.append(rel)
     return bad

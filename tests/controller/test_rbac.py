@@ -63,10 +63,12 @@ def examples():
 
 @pytest.fixture
 def fast_autotune():
-    """The autotune timer ticks every 0.2 s (instead of 15 s) so the lifecycle sees it work."""
+    """The autotune timer ticks every 0.2 s (instead of 15 s) so the lifecycle sees it work; it gives
+    the unreachable Prometheus of the lifecycle 3 s of retries (instead of 30 s), so the deletion at
+    the end does not wait half a minute for a tick in flight."""
     from moe_eplb.controller.autotune_settings import AutotuneSettings
 
-    return AutotuneSettings(tick_seconds=0.2, http_timeout=1.0)
+    return AutotuneSettings(tick_seconds=0.2, http_timeout=1.0, prometheus_budget_seconds=3.0)
 
 
 async def _evaluated(emulated_cluster, name):
@@ -130,7 +132,7 @@ async def lifecycle(emulated_cluster, eventually, res):
     await eventually(lambda: _all_owned(emulated_cluster, name))
     await emulated_cluster.delete(emulated_cluster.moeinference_path(NS, name))
     # the finalizer's cleanup waits for an autotune tick in flight (here retrying an unreachable
-    # Prometheus, up to its budget): give the deletion that long on a loaded machine
+    # Prometheus, up to its 3 s budget): time for that and a loaded machine
     await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)), timeout=40)
 
 

@@ -210,7 +210,11 @@ def test_two_operators_with_peering_never_both_act(control_plane, chart_release,
             create(cp, ns, doc)
             dep_path = GROUP_PATHS["Deployment"].format(ns=ns, name=doc["metadata"]["name"])
             wait_for(lambda: cp.get_or_none(dep_path), timeout=60, what="Deployment")
-            time.sleep(3)
+            # the Deployment is there: one operator's create handler ran; its log line may come a
+            # little later on a loaded machine (after the status patch)
+            wait_for(lambda: any(f"/{ns}/" in o for o in handled(a) + handled(b)), timeout=30,
+                     what="a handler's log line for the resource")
+            time.sleep(3)  # what the newer one would run by now
             logs = {"a": a.output(), "b": b.output()}
             acted = {k: handled(op) for k, op in (("a", a), ("b", b))}
     assert all("(required)" in text.splitlines()[0] for text in logs.values()), logs
