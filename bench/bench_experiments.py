@@ -22,10 +22,12 @@ confidence 0.9) and the restart charge the issue measured (1.39 %):
   :func:`before_verdict`): the trial restarted on one replica beside the others, every 15 s bucket
   from the moment it is ready counted, a Student-t interval on the per-bucket differences
   re-checked at every tick after minSeconds, at maxSeconds the point estimate decides;
-* **after, cross-pod** -- the same restart, judged by the new state machine: a 900 s pre-period on
-  the running settings (each node's difference from the others, subtracted from the trial's: its
-  GPUs are the same), a 300 s warm-up not counted, batch-means errors, the O'Brien-Fleming-type
-  spending rule at every completed batch, undecided at maxSeconds keeps the running settings;
+* **after, cross-pod** -- the same restart, judged by the new state machine: an 1800 s pre-period
+  on the running settings (each node's difference from the others, subtracted from the trial's: its
+  GPUs are the same), every difference adjusted for the arms' batch ratio by the elasticity of the
+  control pods' own step-time model, a 300 s warm-up not counted, batch-means errors, the
+  O'Brien-Fleming-type spending rule at every completed batch, undecided at maxSeconds keeps the
+  running settings;
 * **after, interleaved** -- the same replicas take turns (the design for window and interval, applied
   live; promotion threshold 0: no restart to pay for), blocks of one discarded and one counted
   rearrangement of the slower arm, the block pairs' contrasts under the same spending rule.
@@ -86,7 +88,7 @@ CHARGE = 0.0139  # the restart charge the issue measured (the defaults: restart_
 CONTROL = Knobs(1000, 3000, 0)
 TRIAL = Knobs(2000, 3000, 0)
 GAIN = 0.03
-CFG = AutotuneSpec(mode="Apply", experiments=ExperimentsSpec())  # 900 / 3600 / 0.9, pre-period 900, warm-up 300
+CFG = AutotuneSpec(mode="Apply", experiments=ExperimentsSpec())  # 900 / 3600 / 0.9, pre-period 1800, warm-up 300
 
 REAL = dict(pod_speed_sd=0.02, cold_start_penalty=0.10, cold_start_tau_s=100.0, noise_autocorr=0.33,
             router_skew_sd=0.05, router_drift_sd=0.03, router_drift_tau_s=900.0)

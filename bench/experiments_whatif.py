@@ -2,16 +2,20 @@
 ``bench/bench_experiments.py`` (its engines, workload and state machine), cross-pod design only, with
 two what-ifs the operator does not do today.
 
-    python bench/experiments_whatif.py [--case realistic] [--seeds 40] [--baseline-seconds 900]
-                                       [--elasticity E] [--jobs 2]
+    python bench/experiments_whatif.py [--case realistic] [--seeds 40] [--baseline-seconds S]
+                                       [--elasticity E | --fitted-slope] [--jobs 2]
 
-* ``--baseline-seconds``: the pre-period (``spec.autotune.experiments.baselineSeconds``; default 900);
+* ``--baseline-seconds``: the pre-period (default: ``spec.autotune.experiments.baselineSeconds``'s,
+  1800; it was 900 before the judge took the control pods' step-time model);
 * ``--elasticity E``: the step time's elasticity to the batch (d log step time / d log tokens per
-  step) taken as known instead of fitted from the experiment's own buckets: the per-bucket
-  difference is adjusted by ``E`` times the log batch ratio (a WHAT-IF: this script replaces
-  :func:`moe_eplb.eplb.tuning.judge.adjust` in its own process; the operator fits the slope). The
-  simulated engines' true value is about 0.5 (``TrueCost``: half of a loaded step's time is per
-  token).
+  step) fixed at ``E``: the per-bucket difference is adjusted by ``E`` times the log batch ratio
+  (a WHAT-IF: this script replaces :func:`moe_eplb.eplb.tuning.judge.adjust` in its own process).
+  The simulated engines' true value is about 0.5 (``TrueCost``: half of a loaded step's time is
+  per token);
+* ``--fitted-slope``: the batch slope fitted over the experiment's own differences, as the judge
+  did before it took the control pods' step-time model (and still does where the pods export no
+  tokens per rank);
+* neither: the operator's judge as built (the elasticity from the control pods' step-time model).
 
 Printed: the verdicts out of N (A/A promoted, A/A "loses", +3 % promoted, +3 % "loses"), and the
 final estimate's z score against the truth (its spread is 1 where the interval is honest).
@@ -59,16 +63,18 @@ def _known_elasticity(e: float):
     return adjust
 
 
-def _setup(baseline_s: float, elasticity: float | None) -> None:
+def _setup(baseline_s: float, elasticity: float | None, fitted: bool) -> None:
     bx.CFG = AutotuneSpec(mode="Apply", experiments=dataclasses.replace(ExperimentsSpec(), baseline_s=baseline_s))
     exm.judged = _recording_judged
     if elasticity is not None:
         judge.adjust = _known_elasticity(elasticity)
+    elif fitted:
+        exm.control_elasticity = lambda exp: None  # no step-time model: the slope is fitted
 
 
-def one(args: tuple[str, int, float, float, float | None]) -> dict:
-    case, seed, plant, baseline_s, elasticity = args
-    _setup(baseline_s, elasticity)
+def one(args: tuple[str, int, float, float, float | None, bool]) -> dict:
+    case, seed, plant, baseline_s, elasticity, fitted = args
+    _setup(baseline_s, elasticity, fitted)
     trace = bx.workload(seed)
     out = {}
     for kind, trial, gain in (("aa", bx.CONTROL, 0.0), ("gain", bx.TRIAL, plant)):
@@ -83,16 +89,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", choices=sorted(bx.CASES), default="realistic")
     ap.add_argument("--seeds", type=int, default=40)
-    ap.add_argument("--baseline-seconds", type=float, default=900.0)
+    ap.add_argument("--baseline-seconds", type=float, default=ExperimentsSpec().baseline_s)
     ap.add_argument("--elasticity", type=float, default=None)
+    ap.add_argument("--fitted-slope", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     plant, _ = bx.planted(bx.workload(0))
-    work = [(args.case, s, plant, args.baseline_seconds, args.elasticity) for s in range(args.seeds)]
+    work = [(args.case, s, plant, args.baseline_seconds, args.elasticity, args.fitted_slope) for s in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(one, work, chunksize=1))
-    slope = "fitted per experiment" if args.elasticity is None else f"known, {args.elasticity:g}"
-    print(f"case {args.case}, {args.seeds} seeds, cross-pod, pre-period {args.baseline_seconds:.0f}s, batch elasticity {slope}")
+    slope = (f"elasticity fixed at {args.elasticity:g}" if args.elasticity is not None
+             else "slope fitted per experiment" if args.fitted_slope else "the control pods' step-time model (as built)")
+    print(f"case {args.case}, {args.seeds} seeds, cross-pod, pre-period {args.baseline_seconds:.0f}s, batch adjustment: {slope}")
     print(f"{'run':<6} {'promoted':>9} {'loses':>7} {'undecided':>10} {'z spread':>9}")
     for kind, truth in (("aa", 0.0), ("gain", math.log1p(bx.GAIN))):
         verdicts = [r[kind][0] for r in rows]

@@ -49,7 +49,7 @@ PINNED_DEFAULTS = {
     "autotune.minGain": 0.02, "autotune.rollbackTolerance": 0.02, "autotune.observeSeconds": 600,
     "autotune.experiments.enabled": True, "autotune.experiments.minSeconds": 900,
     "autotune.experiments.maxSeconds": 3600, "autotune.experiments.confidence": 0.9,
-    "autotune.experiments.baselineSeconds": 900, "autotune.experiments.warmupSeconds": 300,
+    "autotune.experiments.baselineSeconds": 1800, "autotune.experiments.warmupSeconds": 300,
     "rollout.maxSurge": 0, "rollout.maxUnavailable": 1, "autotune.mode": "Off",
 }
 

@@ -61,7 +61,7 @@ def test_a_change_with_two_replicas_starts_an_experiment():
     assert out.decision == d.EXPERIMENT and out.started_rollout
     exp = out.status.experiment
     assert exp.phase == BASELINE and exp.design == CROSS_POD and exp.trial.knobs == NEW and exp.control.knobs == CUR
-    assert "cross-pod: the engines do not take settings live" in out.reason and "900s pre-period" in out.reason
+    assert "cross-pod: the engines do not take settings live" in out.reason and "1800s pre-period" in out.reason
     assert _evaluate(_cfg(baseline_s=0)).status.experiment.phase == STARTING
     assert (exp.trial.replicas, exp.control.replicas) == (1, 1) and exp.restart_charge == 0.01
     assert out.status.override is None and out.status.rollout is None  # the control keeps running
@@ -363,3 +363,32 @@ def test_an_inconclusive_interval_observes_on_then_the_estimate_decides(est, act
     late = r.advance(cfg, state, view, now=ready + 660, measured=dataclasses.replace(sure, dof=2))
     reason = late.status.history[-1].reason if action == "Kept" else late.status.rollout.reason
     assert "inconclusive after 660s (2 degrees of freedom): decided on the estimate" in reason
+
+
+def test_the_control_sides_own_buckets_give_the_batch_elasticity():
+    """A cross-pod experiment keeps the control side's step time, batch and served balancedness --
+    the trial node's pre-period "others" and the control arm since: the same pods on the same
+    settings -- and the judge's batch adjustment takes its elasticity from their step-time model
+    (the truth here: 8e-6 * 1800 / (0.012 + 8e-6 * 1800) = 0.545); none without balancedness, and
+    an interleaved experiment keeps none (its arms swap replicas)."""
+    rng = np.random.default_rng(3)
+    tok = 1800.0 + 800.0 * np.sin(np.linspace(0.0, 6.0, 200))
+    imbalance = 1.35 - 0.12 * (tok - 1000.0) / 1600.0
+    step = (0.012 + 8e-6 * tok) * (0.65 + 0.35 * imbalance) * np.exp(rng.normal(0.0, 0.02, 200))
+    buckets = [ArmBucket(step_seconds=float(s), tokens_per_step=float(t), balancedness=float(1 / i))
+               for s, t, i in zip(step, tok, imbalance)]
+    exp = _running().experiment
+    pre = {"d": [0.0] * 80, "x": [0.0] * 80, "k": "s" * 80}
+    for b in buckets[:80]:
+        pre = {**pre, **x._with_levels({k: pre.get(k, []) for k in "stb"}, b, x.BASELINE_LIMIT)}
+    exp = dataclasses.replace(exp, design="cross-pod", baseline={"node-a": pre}, trial_node="node-a")
+    for b in buckets[80:]:
+        exp = x.with_bucket(exp, (ArmBucket(step_seconds=0.02, tokens_per_step=64), b), counted=True)
+    assert len(exp.control_levels["s"]) == 120 and exp.control_levels["t"][0] == pytest.approx(tok[80], abs=1e-3)
+    assert x.control_elasticity(exp) == pytest.approx(8e-6 * 1800 / (0.012 + 8e-6 * 1800), abs=0.03)
+    blind = dataclasses.replace(exp, control_levels={"s": exp.control_levels["s"], "t": exp.control_levels["t"],
+                                                     "b": [0.0] * 120}, baseline=None)
+    assert x.control_elasticity(blind) is None
+    inter = x.with_bucket(dataclasses.replace(exp, design="interleaved", control_levels=None),
+                          (buckets[0], buckets[1]), counted=True)
+    assert inter.control_levels is None

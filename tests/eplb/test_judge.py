@@ -128,6 +128,44 @@ def test_adjust_takes_out_what_the_batch_sizes_explain() -> None:
     assert np.allclose(even[0], judge.clip_outliers(d_pre))
 
 
+def _engine_buckets(rng, n: int = 240, *, c0: float = 0.012, per_token: float = 8e-6, share: float = 0.35):
+    """Buckets of one engine over a day's load: tokens per step from 1000 to 2600, the served
+    imbalance falling as the load grows (bigger batches spread more evenly over the experts), the
+    step time ``(c0 + per_token tok) ((1 - share) + share imbalance)`` with 2 % noise."""
+    tok = 1800.0 + 800.0 * np.sin(np.linspace(0.0, 6.0, n)) + rng.normal(0.0, 40.0, n)
+    imbalance = 1.35 - 0.12 * (tok - 1000.0) / 1600.0 + rng.normal(0.0, 0.03, n)
+    step = (c0 + per_token * tok) * (1.0 - share + share * imbalance) * np.exp(rng.normal(0.0, 0.02, n))
+    return step, tok, 1.0 / imbalance
+
+
+def test_batch_elasticity_is_the_step_models_not_a_log_log_slope() -> None:
+    """The step time's elasticity to the batch at the mean batch (per-token part of the balanced
+    step: 8e-6 * 1800 / (0.012 + 8e-6 * 1800) = 0.545), from the step-time model with the served
+    imbalance in it; a log-log slope of step time on batch over the same buckets reads the imbalance
+    that moves with the load (and the model's curvature) and misses it by more than the 0.05 the
+    judge can afford (docs/tuner.md)."""
+    step, tok, bal = _engine_buckets(np.random.default_rng(11))
+    want = 8e-6 * tok.mean() / (0.012 + 8e-6 * tok.mean())
+    got = judge.batch_elasticity(step, tok, bal)
+    assert got == pytest.approx(want, abs=0.03)
+    plain = float(np.polyfit(np.log(tok), np.log(step), 1)[0])
+    assert abs(plain - want) > 0.05
+    # no served balancedness (the exporter's tokens per rank not scraped), or too few buckets: none
+    assert judge.batch_elasticity(step, tok, np.zeros_like(bal)) is None
+    assert judge.batch_elasticity(step[:judge.MIN_ELASTICITY_BUCKETS - 1], tok[:39], bal[:39]) is None
+
+
+def test_adjust_with_a_known_elasticity_fits_no_slope() -> None:
+    """With the elasticity known, each step-time difference is raised by elasticity x log batch
+    ratio (the trial's bigger batch explains its longer steps); throughput buckets are kept as they
+    are; the periods' own means are not touched (no fit across them)."""
+    x = np.array([0.1, -0.05, 0.2, 0.0])
+    d = np.array([-0.05, 0.025, -0.1, 0.01])
+    kinds = ["step_time", "step_time", "throughput_per_gpu", "step_time"]
+    (out,) = judge.adjust([(d, x, kinds)], elasticity=0.5)
+    assert out == pytest.approx([0.0, 0.0, -0.1, 0.01])
+
+
 def test_crossover_cancels_a_replicas_own_speed() -> None:
     """Group A is 5 % faster by itself; the trial alternates between the groups, so the blocks read
     effect +- 5 %, and the pairs' averages the effect."""

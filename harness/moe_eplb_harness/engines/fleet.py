@@ -8,8 +8,9 @@ seconds, deterministically from its seed.
 
 * :meth:`Fleet.counters` -- what the operator's arm tracker reads from each pod's ``/metrics``
   (:func:`moe_eplb.metrics.arms.counters_from_exposition`), the same sums taken from the engine's
-  state without the text round trip (``tests/sim/test_fleet.py`` checks they agree), all but the
-  tokens per EP rank (the served balancedness the learning step reads; the judge does not);
+  state without the text round trip (``tests/sim/test_fleet.py`` checks they agree), the tokens per
+  EP rank and layer among them (the served balancedness: the cross-pod judge's step-time model and
+  the learning step read it);
 * :meth:`Fleet.restart` -- a new pod on a slot: it stops serving at once and serves again
   ``startup_s`` later with a fresh EPLB state (vLLM's initial placement until its first
   rearrangement), a cold prefix cache, a new seed; the slot's ``pod_key`` stays (the same GPUs keep
@@ -24,9 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from moe_eplb.api.knobs import Knobs
 from moe_eplb.contracts import metric_names, vllm_facts
 from moe_eplb.eplb.workload.trace import LoadTrace
+from moe_eplb.metrics.arms import RANK_KEY
 from moe_eplb_harness.engines.engine import EngineRun, EngineSettings, SimClock, SimulatedEngine
 from moe_eplb_harness.engines.physics import TrueCost
 
@@ -108,6 +112,9 @@ class Fleet:
                 vllm_facts.REQUESTS_WAITING: float(e.requests_waiting),
                 vllm_facts.KV_CACHE_USAGE: float(e.kv_usage),
             }
+            tokens = e.pod_rank_tokens.sum(axis=0)  # [layer, rank], what the pod's exporter counts
+            for (layer, rank), value in np.ndenumerate(tokens):
+                out[name][f"{RANK_KEY}/{layer}/{rank}"] = float(value)
         return out
 
     def restart(self, slot: int, knobs: Knobs, t: float, *, same_gpus: bool = True) -> str:

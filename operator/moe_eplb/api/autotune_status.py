@@ -314,8 +314,9 @@ class Experiment:
     after the warm-up; interleaved: the current block's, after its discarded start) and
     ``sample_objectives`` which objective each used, ``covariates`` its log batch ratio;
     ``baseline``: cross-pod, the pre-period's per-bucket differences of each engine pod from the
-    others on the same settings, by the node it runs on (``{node: {d: [...], x: [...], k: "sst.."}}``:
-    differences, log batch ratios, objective kinds ``s`` step time / ``t`` throughput;
+    others on the same settings, by the node it runs on (``{node: {d: [...], x: [...], k: "sst..", s, t, b}}``:
+    differences, log batch ratios, objective kinds ``s`` step time / ``t`` throughput, and the others'
+    step seconds, tokens per step and served balancedness, as ``controlLevels`` holds them after);
     ``trialNode``: where the trial's engine runs); ``looks``: the information fractions of
     the looks taken (the sequential rule's state); ``estimate``/``ci_low``/``ci_high``: the relative
     gain and the last look's interval (the boundaries the rule compares); ``verdict``: promoted or
@@ -346,6 +347,10 @@ class Experiment:
     #: per sample, the log ratio of the trial's batch (tokens per step) over the control's
     covariates: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})
     ttft_seconds: tuple[float, ...] = field(default=(), metadata={"omit_empty": True})  # (trial, control) sums
+    #: cross-pod: the control arm's own buckets since the trial started (``{s: step seconds, t: tokens
+    #: per step, b: served balancedness (0: unknown)}``), for the step-time model behind the batch
+    #: adjustment (:func:`moe_eplb.eplb.tuning.judge.batch_elasticity`)
+    control_levels: dict | None = field(default=None, metadata={"raw": True})
     previous_override: Override | None = None
     spec_eplb: Knobs | None = None
     spec_generation: int | None = None

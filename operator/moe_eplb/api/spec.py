@@ -326,7 +326,7 @@ class ExperimentsSpec:
     min_s: float = field(default=900.0, metadata={"key": "minSeconds"})
     max_s: float = field(default=3600.0, metadata={"key": "maxSeconds"})
     confidence: float = 0.9
-    baseline_s: float = field(default=900.0, metadata={"key": "baselineSeconds"})
+    baseline_s: float = field(default=1800.0, metadata={"key": "baselineSeconds"})
     warmup_s: float = field(default=300.0, metadata={"key": "warmupSeconds"})
 
 

@@ -186,7 +186,7 @@ def judged(exp: Experiment, seconds: float | None = None) -> judge.Robust | None
             (list(exp.sample_objectives) + [stats.STEP_TIME] * n)[:n])
     base = exp.baseline or {}
     pre = _base_period(base[exp.trial_node]) if exp.trial_node in base else None
-    adjusted = judge.adjust([post, pre] if pre is not None else [post])
+    adjusted = judge.adjust([post, pre] if pre is not None else [post], elasticity=control_elasticity(exp))
     post_r = judge.batch_means(adjusted[0], min_batch=post_batch)
     if post_r is None:
         return None
@@ -200,6 +200,35 @@ def judged(exp: Experiment, seconds: float | None = None) -> judge.Robust | None
     spread = float(math.sqrt(sum((m - sum(means) / len(means)) ** 2 for m in means) / (len(means) - 1))) \
         if len(means) > 1 else 0.0
     return judge.did(post_r, None, unknown_sd=spread)
+
+
+#: the three level series of a bucket's control side: step seconds, tokens per step, balancedness
+_LEVELS = ("s", "t", "b")
+
+
+def levels_of(bucket: stats.ArmBucket) -> tuple[float, float, float]:
+    """``(step seconds, tokens per step, served balancedness)`` of one arm's bucket as stored (0: unknown)."""
+    return (round(bucket.step_seconds or 0.0, 7), round(bucket.tokens_per_step or 0.0, 3),
+            round(bucket.balancedness or 0.0, 5))
+
+
+def _with_levels(store: dict | None, bucket: stats.ArmBucket, limit: int) -> dict:
+    out = dict(store or {})
+    for key, value in zip(_LEVELS, levels_of(bucket)):
+        out[key] = (list(out.get(key, [])) + [value])[-limit:]
+    return out
+
+
+def control_elasticity(exp: Experiment) -> float | None:
+    """The step time's elasticity to the batch from the control side's own buckets: the trial node's
+    pre-period "others" and the control arm since (the same pods on the same settings throughout),
+    by the calibration's step-time model (:func:`moe_eplb.eplb.tuning.judge.batch_elasticity`);
+    None where too few carry a served balancedness (then the batch slope is fitted)."""
+    pre = (exp.baseline or {}).get(exp.trial_node or "", {})
+    post = exp.control_levels or {}
+    s, t, b = ([float(v) for v in pre.get(k, [])] + [float(v) for v in post.get(k, [])] for k in _LEVELS)
+    n = min(len(s), len(t), len(b))
+    return judge.batch_elasticity(s[:n], t[:n], b[:n])
 
 
 def estimate_of(exp: Experiment, confidence: float) -> stats.Estimate | None:
@@ -226,6 +255,8 @@ def with_bucket(exp: Experiment, pair: tuple[stats.ArmBucket, stats.ArmBucket] |
     ttft = exp.ttft_seconds or (0.0, 0.0)
     if trial.ttft_seconds is not None and control.ttft_seconds is not None:
         ttft = (ttft[0] + trial.ttft_seconds, ttft[1] + control.ttft_seconds)
+    if exp.design != INTERLEAVED:  # the control pods' own buckets, warm-up included: their settings never change
+        exp = dataclasses.replace(exp, control_levels=_with_levels(exp.control_levels, control, SAMPLES_LIMIT))
     diff = stats.bucket_difference(trial, control, step_time_only=exp.design == INTERLEAVED,
                                    batch_tolerance=_tolerance(exp)) if counted else None
     if diff is None:
@@ -309,7 +340,7 @@ def finish(step: ExperimentStep, exp: Experiment, observations: dict | None = No
     """Move the experiment to ``status.autotune.experiments`` (its per-bucket state dropped)."""
     done = dataclasses.replace(exp, observations=observations or exp.observations, learned=learned or exp.learned,
                                samples=(), sample_objectives=(), covariates=(), ttft_seconds=(), baseline=None,
-                               block_values=())
+                               control_levels=None, block_values=())
     step.status = step.status.with_experiment_done(done)
     if exp.verdict == stats.PROMOTED and exp.phase == PROMOTING:  # a change applied to every replica
         step.status = step.status.with_history(HistoryEntry(
@@ -398,10 +429,11 @@ def _baseline(step: ExperimentStep, cfg: AutotuneSpec, exp: Experiment, now: flo
         diff = stats.bucket_difference(own, others, batch_tolerance=_tolerance(exp))
         if diff is not None:
             d, x, k = _base_period(base.get(node, {}))
+            levels = _with_levels({key: base.get(node, {}).get(key, []) for key in _LEVELS}, others, BASELINE_LIMIT)
             base[node] = {"d": (d + [round(diff[1], 6)])[-BASELINE_LIMIT:],
                           "x": (x + [round(batch_ratio(own, others), 6)])[-BASELINE_LIMIT:],
                           "k": ("".join("t" if kind == stats.THROUGHPUT else "s" for kind in k)
-                                + ("t" if diff[0] == stats.THROUGHPUT else "s"))[-BASELINE_LIMIT:]}
+                                + ("t" if diff[0] == stats.THROUGHPUT else "s"))[-BASELINE_LIMIT:], **levels}
     changed = base != (exp.baseline or {})
     exp = dataclasses.replace(exp, baseline=base or None)
     if now - exp.started_at >= cfg.experiments.baseline_s:

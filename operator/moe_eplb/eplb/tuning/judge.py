@@ -42,10 +42,12 @@ from statistics import NormalDist
 
 import numpy as np
 
+from moe_eplb.eplb.tuning.calibrate.step_time import fit_step_model
 from moe_eplb.eplb.tuning.experiment import t_quantile
 
-__all__ = ["Robust", "clip_outliers", "batch_means", "adjust", "did", "crossover", "spent", "boundaries", "t_boundary",
-           "Decision", "decide", "WINS", "LOSES", "UNDECIDED", "MIN_BATCH", "MAX_BATCHES", "MIN_PAIRS"]
+__all__ = ["Robust", "clip_outliers", "batch_means", "adjust", "batch_elasticity", "MIN_ELASTICITY_BUCKETS", "did",
+           "crossover", "spent", "boundaries", "t_boundary", "Decision", "decide", "WINS", "LOSES", "UNDECIDED",
+           "MIN_BATCH", "MAX_BATCHES", "MIN_PAIRS"]
 
 #: fewest buckets in a batch of :func:`batch_means` at the operator's 15 s tick (:data:`BATCH_SECONDS`)
 MIN_BATCH = 8
@@ -124,18 +126,30 @@ UNMEASURED_POD_SD = 0.03
 
 
 def adjust(periods: Sequence[tuple[Sequence[float], Sequence[float], Sequence[str]]], *,
-           kinds: Sequence[str] = ("step_time",)) -> list[np.ndarray]:
+           kinds: Sequence[str] = ("step_time",), elasticity: float | None = None) -> list[np.ndarray]:
     """The per-bucket differences of each period less what their batch sizes explain: each period
-    is ``(differences, log batch ratios, objective kinds)``; for each objective kind in ``kinds``
-    one slope of the difference on the log batch ratio, fitted by least squares over every period
-    at once with one mean per period, outliers clipped first. Only the step time is adjusted by
+    is ``(differences, log batch ratios, objective kinds)``. Only the step time is adjusted by
     default: an engine's batch is the traffic's where it is not saturated, while a saturated
     engine's batch is what its KV cache holds -- which a change of redundancy changes, so there the
-    batch is part of the effect, not noise. A kind whose ratios hardly vary (an even router) keeps
-    its differences as they are."""
+    batch is part of the effect, not noise. Outliers are clipped first.
+
+    ``elasticity``: the step time's elasticity to the batch (d log step / d log tokens per step,
+    from the step-time model fitted on the control pods' own buckets, :func:`batch_elasticity`):
+    a step-time difference (log control / trial) is adjusted by ``elasticity`` times its log batch
+    ratio. Without it, one slope per objective kind in ``kinds`` is fitted by least squares over
+    every period at once with one mean per period -- from the few percent the router's split
+    varies within an experiment, so within about +-0.25 (docs/tuner.md), an error the batch-means
+    interval does not see where the split moved between the periods. A kind whose ratios hardly
+    vary (an even router) keeps its differences as they are."""
     ds = [clip_outliers(d) for d, _, _ in periods]
     if not ds or not sum(len(d) for d in ds):
         return [np.asarray(d, dtype=float) for d in ds]
+    if elasticity is not None:
+        out = []
+        for d, (_, x, kk) in zip(ds, periods):
+            adjusted = np.asarray([k in kinds for k in kk], dtype=bool)
+            out.append(d + np.where(adjusted, float(elasticity) * np.asarray(x, dtype=float), 0.0))
+        return out
     xs = [np.asarray(x, dtype=float) for _, x, _ in periods]
     ks = [list(k) for _, _, k in periods]
     kinds = sorted({k for kk in ks for k in kk} & set(kinds))
@@ -172,6 +186,30 @@ def did(post: Robust, pre: Robust | None, *, unknown_sd: float = 0.0) -> Robust:
     a, b = post.se ** 2, pre.se ** 2
     dof = (a + b) ** 2 / (a * a / max(post.dof, 1.0) + b * b / max(pre.dof, 1.0)) if a + b > 0 else post.dof
     return Robust(mean=post.mean - pre.mean, se=math.sqrt(a + b), dof=float(dof), n=post.n)
+
+
+#: fewest buckets of the control pods with a step time, a batch and a served balancedness for the
+#: step-time model behind :func:`batch_elasticity`
+MIN_ELASTICITY_BUCKETS = 40
+
+
+def batch_elasticity(step_seconds: Sequence[float], tokens_per_step: Sequence[float],
+                     balancedness: Sequence[float]) -> float | None:
+    """The step time's elasticity to the batch from the control pods' own buckets (the pre-period's
+    and the trial's control side: the same pods, the same settings throughout), by the calibration's
+    step-time model (:func:`moe_eplb.eplb.tuning.calibrate.step_time.fit_step_model`: the balanced
+    step time affine in the tokens per step, times the served imbalance's share): the load's ups and
+    downs over the experiment span a far wider range of batches than the router's split between two
+    pods does, and the imbalance, which moves with the load, is in the model rather than in the
+    slope. None with fewer than :data:`MIN_ELASTICITY_BUCKETS` usable buckets (no balancedness: the
+    exporter's tokens per rank are not scraped) or no fit."""
+    rows = [(s, t, 1.0 / b) for s, t, b in zip(step_seconds, tokens_per_step, balancedness)
+            if s and t and b and s > 0 and t > 0 and 0 < b <= 1]
+    if len(rows) < MIN_ELASTICITY_BUCKETS:
+        return None
+    y, tok, imb = (np.asarray(c, dtype=float) for c in zip(*rows))
+    e = fit_step_model(y, np.ones_like(y), tok, imb).batch_elasticity
+    return None if e is None or not math.isfinite(e) else min(1.0, max(0.0, e))
 
 
 def crossover(block_values: Sequence[float]) -> Robust | None:

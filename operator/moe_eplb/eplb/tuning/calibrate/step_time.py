@@ -34,6 +34,16 @@ class StepFit:
     coefficients: tuple[float, float, float, float] | None = None  # (c0, c1, tok_mean, f used)
     refused_share: tuple[float, float] | None = None  # (f, se) of a fit refused as too uncertain
 
+    @property
+    def batch_elasticity(self) -> float | None:
+        """d log(step time) / d log(tokens per step) at the mean batch: the per-token part of the
+        balanced step time, ``c1 / (c0 + c1)`` (0: a fixed cost per step, 1: all per token); None
+        without a fit."""
+        if self.coefficients is None:
+            return None
+        c0, c1, _, _ = self.coefficients
+        return float(c1 / (c0 + c1)) if c0 + c1 > 0 else None
+
     def predict(self, tokens_per_step: np.ndarray, imbalance: np.ndarray) -> np.ndarray:
         """Step time (s) the fitted model predicts without rearrangements."""
         c0, c1, tok_mean, f = self.coefficients
