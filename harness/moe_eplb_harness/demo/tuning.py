@@ -66,8 +66,10 @@ _AUTOTUNE = {
     "minGain": 0.001,
     "rollbackTolerance": 0.02,
     "observeSeconds": 600,
-    # a change runs on one of the two replicas first, judged on the same traffic
-    "experiments": {"enabled": True, "minSeconds": 600, "maxSeconds": 1800, "confidence": 0.9},
+    # a change runs on one of the two replicas first, judged on the same traffic; a cross-pod one's
+    # pre-period half of maxSeconds, as the defaults have it (1800 of 3600)
+    "experiments": {"enabled": True, "minSeconds": 600, "maxSeconds": 1800, "confidence": 0.9,
+                    "baselineSeconds": 900},
 }
 
 #: Qwen3-VL-30B-A3B on one node: a Deployment (times in simulated seconds).
