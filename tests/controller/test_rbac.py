@@ -131,9 +131,10 @@ async def lifecycle(emulated_cluster, eventually, res):
         await emulated_cluster.patch(child_path(child), {"metadata": {"ownerReferences": []}})
     await eventually(lambda: _all_owned(emulated_cluster, name))
     await emulated_cluster.delete(emulated_cluster.moeinference_path(NS, name))
-    # the finalizer's cleanup waits for an autotune tick in flight (here retrying an unreachable
-    # Prometheus, up to its 3 s budget): time for that and a loaded machine
-    await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)), timeout=40)
+    # kopf holds the deletion until an autotune tick in flight ends (here retrying an unreachable
+    # Prometheus, up to its 3 s budget) and checks every second (controller.main CANCELLATION_POLLING_S;
+    # kopf's default, 60 s, made this take a minute): time for that on a loaded machine
+    await eventually(lambda: _gone(emulated_cluster, emulated_cluster.moeinference_path(NS, name)), timeout=20)
 
 
 def _pod(name: str, labels: dict, *, ready: bool) -> dict:

@@ -20,6 +20,9 @@ from moe_eplb.controller.handlers import Controller, register
 from moe_eplb.controller.opmetrics import no_created_series
 from moe_eplb.controller.settings import PEERING_NAME
 
+#: how often kopf checks whether a timer call in flight ended, once its resource is being deleted
+CANCELLATION_POLLING_S = 1.0
+
 
 def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
                    standalone: bool = False, clusterwide: bool = True,
@@ -42,6 +45,10 @@ def build_settings(*, peering_name: str = PEERING_NAME, priority: int = 0,
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+    # a resource's deletion waits for its timers' calls in flight (the autotune tick, the recovery and
+    # elastic loops): kopf checks whether they ended every ``cancellation_polling`` seconds, 60 by
+    # default -- a deletion that caught a tick in flight took a minute however short the tick
+    settings.background.cancellation_polling = CANCELLATION_POLLING_S
     return settings
 
 
