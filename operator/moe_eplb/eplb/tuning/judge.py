@@ -24,7 +24,9 @@ experiment state machine (:mod:`moe_eplb.controller.experiment`) decides which v
   settings before the trial (the pre-period), subtracted (difference in differences), after
   :func:`adjust` took out what the two sides' different batch sizes explain (a cache-affine router
   sends one replica more requests than another, and a bigger batch takes longer steps: the
-  per-bucket log batch ratio is a covariate, its slope fitted over both periods);
+  per-bucket log batch ratio times the step time's elasticity to the batch, which the control pods'
+  own step-time model gives, :func:`batch_elasticity`; a slope fitted over both periods where no
+  served balancedness is scraped);
   :func:`crossover`: the interleaved design's block contrasts (each pair of consecutive blocks swaps
   which replicas run the trial, so a replica's own speed cancels in the pair);
 * **the rule** -- :func:`decide`: at a look, promote when the estimate's lower boundary is above the
