@@ -9,7 +9,8 @@ two what-ifs the operator does not do today.
   1800; it was 900 before the judge took the control pods' step-time model);
 * ``--elasticity E``: the step time's elasticity to the batch (d log step time / d log tokens per
   step) fixed at ``E``: the per-bucket difference is adjusted by ``E`` times the log batch ratio
-  (a WHAT-IF: this script replaces :func:`moe_eplb.eplb.tuning.judge.adjust` in its own process).
+  (a WHAT-IF: this script replaces :func:`moe_eplb.controller.experiment.control_elasticity` in its
+  own process).
   The simulated engines' true value is about 0.5 (``TrueCost``: half of a loaded step's time is
   per token);
 * ``--fitted-slope``: the batch slope fitted over the experiment's own differences, as the judge
@@ -37,8 +38,6 @@ import bench_experiments as bx  # noqa: E402
 
 from moe_eplb.api.spec import AutotuneSpec, ExperimentsSpec  # noqa: E402
 from moe_eplb.controller import experiment as exm  # noqa: E402
-from moe_eplb.eplb.tuning import experiment as stats  # noqa: E402
-from moe_eplb.eplb.tuning import judge  # noqa: E402
 
 _LAST: dict = {}
 _judged = exm.judged
@@ -50,24 +49,11 @@ def _recording_judged(exp, seconds=None):
     return out
 
 
-def _known_elasticity(e: float):
-    """``judge.adjust`` with the step-time slope fixed at ``-e`` (the difference is log(control / trial))."""
-
-    def adjust(periods, *, kinds=(stats.STEP_TIME,)):
-        out = []
-        for d, x, k in periods:
-            step = np.asarray([kind in kinds for kind in k], dtype=bool)
-            out.append(judge.clip_outliers(d) + np.where(step, e * np.asarray(x, dtype=float), 0.0))
-        return out
-
-    return adjust
-
-
 def _setup(baseline_s: float, elasticity: float | None, fitted: bool) -> None:
     bx.CFG = AutotuneSpec(mode="Apply", experiments=dataclasses.replace(ExperimentsSpec(), baseline_s=baseline_s))
     exm.judged = _recording_judged
-    if elasticity is not None:
-        judge.adjust = _known_elasticity(elasticity)
+    if elasticity is not None:  # the judge's own adjustment, with this elasticity instead of the model's
+        exm.control_elasticity = lambda exp: elasticity
     elif fitted:
         exm.control_elasticity = lambda exp: None  # no step-time model: the slope is fitted
 
