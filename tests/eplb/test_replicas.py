@@ -111,4 +111,9 @@ def test_the_reader_reads_one_replicas_load_from_the_rounds_already_scraped():
         own = read_load_trace(**kw, only_pods=frozenset({pod}))
         np.testing.assert_allclose(own.load, load)
         assert own.total_steps == 250 * T
+        # a replica is tuned with the shared cost model: its read can leave the telemetry out
+        bare = read_load_trace(**kw, only_pods=frozenset({pod}), telemetry=False)
+        np.testing.assert_array_equal(bare.load, own.load)
+        np.testing.assert_array_equal(bare.bucket_steps, own.bucket_steps)
+        assert bare.telemetry is None
     assert len(scraper.rounds) == T + 1  # no new scrape for a replica's read

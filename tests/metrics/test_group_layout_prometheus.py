@@ -66,6 +66,7 @@ def test_real_prometheus_reads_the_same_trace_from_both_layouts(tmp_path):
                                    prometheus_url=url, now=t0 + 100 + 1, pods_per_engine=PODS, **kw)
 
         a, b = read("old"), read("new")
+        bare = read("new", telemetry=False)  # the per-replica reads' way: load and steps, no telemetry
         raw = read("new", at_edges=False)
         # after the group's restart every pod is regular: summed at the bucket edges by Prometheus
         late_old, late_new = read("old", 30), read("new", 30)
@@ -75,6 +76,9 @@ def test_real_prometheus_reads_the_same_trace_from_both_layouts(tmp_path):
     np.testing.assert_array_equal(late_old.bucket_steps, late_new.bucket_steps)
     np.testing.assert_array_equal(late_new.load, b.load[-3:])
     np.testing.assert_array_equal(a.load, b.load)
+    np.testing.assert_array_equal(bare.load, b.load)
+    np.testing.assert_array_equal(bare.bucket_steps, b.bucket_steps)
+    assert bare.telemetry is None and b.telemetry is not None and bare.meta["read"] == b.meta["read"]
     np.testing.assert_array_equal(a.bucket_steps, b.bucket_steps)
     np.testing.assert_array_equal(raw.load, b.load)
     assert a.load.sum() > 0 and a.load.shape[0] == 9

@@ -22,6 +22,14 @@ no two samples further apart than the gap rule's ``max_gap`` (nothing to spread)
 lookback; a value that never drops and an exporter start time that never changes (no restart).
 All counters of a pod are scraped together, so its expert counters share this.
 
+Prometheus answers an instant vector with nothing for a series whose newest sample is a staleness
+marker, and it writes one for every series of a target whose scrape failed: one failed scrape of
+one pod just before an edge would drop that pod from the sum there. So the range queries ask for
+``last_over_time(<series>[reach])`` -- the last real sample within ``reach`` of each edge (range
+selectors skip staleness markers) -- where ``reach`` (:func:`edge_reach`) is, over every edge and
+regular pod, how far back that pod's last sample at or before the edge lies: exactly the sample the
+raw rule takes, whatever a failed scrape wrote after it.
+
 Nothing is taken on trust: :func:`check_edges` compares the same range query of the *step* counter
 of those pods with their raw step increments (exact, whole numbers) and checks that every pod and
 layer has a constant number of expert series at every edge (no series appeared, vanished or went
@@ -58,11 +66,14 @@ class EdgeLoad:
         counts: one series per (pod, layer, model): how many expert series the pod has at each edge
             (its labels are a pod's labels plus ``layer``, as the raw series' pod key reads them).
         pods: the regular pods' names.
+        reach: the range of the queries' ``last_over_time`` (:func:`edge_reach`), for the other
+            families read the same way.
     """
 
     sums: list[Series]
     counts: list[Series]
     pods: frozenset[str]
+    reach: float = LOOKBACK_SECONDS  # the queries' last_over_time range (:func:`edge_reach`)
 
 
 def regular_pods(engine_steps: Sequence[Series], start_times: Iterable[Series], grid: np.ndarray,
@@ -106,6 +117,25 @@ def _why_irregular(s: Series, start: Series | None, grid: np.ndarray, bucket: fl
     if np.any(np.diff(vs) < 0) or np.ptp(start.vs) > 1e-6:
         return "restarted"
     return None
+
+
+def edge_reach(engine_steps: Sequence[Series], pods: Iterable[str], grid: np.ndarray,
+               lookback: float = LOOKBACK_SECONDS) -> float:
+    """Seconds back from a bucket edge that reach every regular pod's last sample at or before it
+    (its raw step samples with the baseline; all its counters are scraped together), over all edges
+    of ``grid``: the range of the edge queries' ``last_over_time`` (see the module docstring). At
+    most ``lookback``, Prometheus' own reach for an instant vector; at least a millisecond."""
+    grid = np.asarray(grid, np.float64)
+    wanted = set(pods)
+    lag = 0.0
+    for s in engine_steps:
+        if s.labels.get(POD) not in wanted or not s.ts.size:
+            continue
+        idx = np.searchsorted(s.ts, grid, side="right") - 1
+        if np.any(idx < 0):  # an edge before the pod's first sample: the instant vector's own reach
+            return lookback
+        lag = max(lag, float((grid - s.ts[idx]).max()))
+    return float(min(lookback, max(lag, 0.0) + 1e-3))
 
 
 def edge_values(s: Series, grid: np.ndarray) -> np.ndarray:

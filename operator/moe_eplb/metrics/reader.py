@@ -180,11 +180,13 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
     if not pods:
         name, why = next(iter(sorted(verdict.items())), ("", "no step counter"))
         return everything(f"no pod is regular over the window (pod {name}: {why})")
+    reach = edges.edge_reach(engine_steps, pods, grid)
     try:
-        step_sums = ranged(client, f"sum({with_matcher(f'{metric_names.ENGINE_STEPS}{selector_expr}', pod_matcher(pods))})",
-                           grid, max_points)
+        steps = with_matcher(f'{metric_names.ENGINE_STEPS}{selector_expr}', pod_matcher(pods))
+        step_sums = ranged(client, f"sum({last_within(steps, reach)})", grid, max_points)
         why = edges.check_steps(pods, engine_steps, start_times, step_sums, grid)
-        got = why or edge_family(client, metric, metric_names.LABEL_EXPERT, pods, grid, max_samples, max_points)
+        got = why or edge_family(client, metric, metric_names.LABEL_EXPERT, pods, grid, max_samples, max_points,
+                                 reach=reach)
     except LoadReadError as exc:
         if exc.reason != PROMETHEUS_QUERY_FAILED:  # unreachable: the raw read would fail alike
             raise
@@ -192,17 +194,19 @@ def read_expert_tokens(client: PrometheusClient, selector_expr: str, grid: np.nd
     if isinstance(got, str):
         return everything(got)
     rest = with_baselines(client, with_matcher(metric, pod_matcher(pods, negate=True)), g0, g1, max_samples=max_samples)
-    return rest, edges.EdgeLoad(*got, pods), "edges"
+    return rest, edges.EdgeLoad(*got, pods, reach), "edges"
 
 
 def read_rank_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndarray, pods: frozenset[str],
-                     max_samples: int = MAX_SAMPLES_PER_ANSWER) -> tuple[list[Series], list[Series], str]:
+                     max_samples: int = MAX_SAMPLES_PER_ANSWER, reach: float = edges.LOOKBACK_SECONDS,
+                     ) -> tuple[list[Series], list[Series], str]:
     """``moe_eplb_rank_tokens_total`` of ``selector_expr`` over ``grid``: the regular ``pods``
-    (already checked on the expert family) summed at the edges, the others raw; or all raw when the
-    sums cannot stand for them. Returns the raw series, the sums and how it was read."""
+    (already checked on the expert family) summed at the edges (``reach``: the expert family's
+    :attr:`~moe_eplb.metrics.edges.EdgeLoad.reach`), the others raw; or all raw when the sums cannot
+    stand for them. Returns the raw series, the sums and how it was read."""
     metric = f"{metric_names.RANK_TOKENS}{selector_expr}"
     try:
-        got = edge_family(client, metric, metric_names.LABEL_RANK, pods, grid, max_samples)
+        got = edge_family(client, metric, metric_names.LABEL_RANK, pods, grid, max_samples, reach=reach)
     except LoadReadError as exc:
         got = f"a range query failed ({exc.message})"
     if isinstance(got, str):
@@ -214,21 +218,29 @@ def read_rank_tokens(client: PrometheusClient, selector_expr: str, grid: np.ndar
 
 def edge_family(client: PrometheusClient, metric: str, per_series: str, pods: frozenset[str], grid: np.ndarray,
                 max_samples: int = MAX_SAMPLES_PER_ANSWER, max_points: int = MAX_POINTS_PER_SERIES,
-                ) -> tuple[list[Series], list[Series]] | str:
+                reach: float = edges.LOOKBACK_SECONDS) -> tuple[list[Series], list[Series]] | str:
     """A counter family (``metric{...}``) of the regular ``pods`` (whose step counters passed
     :func:`~moe_eplb.metrics.edges.check_steps`) summed at the bucket edges by
-    ``(model_name, layer, <per_series>)``, and its series counts per pod and layer; or why not
+    ``(model_name, layer, <per_series>)``, each series' last sample within ``reach`` of the edge
+    (:func:`~moe_eplb.metrics.edges.edge_reach`), and its series counts per pod and layer; or why not
     (:func:`~moe_eplb.metrics.edges.check_counts`, :func:`~moe_eplb.metrics.edges.check_sums`)."""
     regular = with_matcher(metric, pod_matcher(pods))
-    counts = ranged(client, f"count without ({per_series}) ({regular})", grid, max_points)
+    counts = ranged(client, f"count without ({per_series}) ({last_within(regular, reach)})", grid, max_points)
     why = edges.check_counts(pods, counts, grid, family=per_series)
     if why:
         return why
     by = ", ".join((metric_names.LABEL_MODEL, metric_names.LABEL_LAYER, per_series))
     groups = _layer_matchers(edges.points_per_layer(counts, grid.shape[0]), max_samples) or [None]
-    sums = [s for g in groups
-            for s in ranged(client, f"sum by ({by}) ({with_matcher(regular, g) if g else regular})", grid, max_points)]
+    sums = [s for g in groups for s in ranged(
+        client, f"sum by ({by}) ({last_within(with_matcher(regular, g) if g else regular, reach)})", grid, max_points)]
     return edges.check_sums(sums, grid) or (sums, counts)
+
+
+def last_within(selector_expr: str, reach: float) -> str:
+    """``last_over_time(<selector_expr>[<reach>ms])``: at each evaluation time, every series' last
+    real sample within ``reach`` seconds (a range selector skips the staleness markers a failed
+    scrape writes, which hide the series from an instant vector)."""
+    return f"last_over_time({selector_expr}[{max(1, int(math.ceil(reach * 1000)))}ms])"
 
 
 def with_matcher(selector_expr: str, matcher: str) -> str:
@@ -332,12 +344,15 @@ def read_load_trace(
     max_samples_per_answer: int = MAX_SAMPLES_PER_ANSWER,
     at_edges: bool = True,
     only_pods: frozenset[str] | None = None,
+    telemetry: bool = True,
 ) -> LoadTrace:
     """The load of MoEInference ``namespace/name`` over the last ``window_seconds``.
 
     ``only_pods``: the load of these pods alone (one replica, or one LeaderWorkerSet group: the
     per-replica reads of :meth:`moe_eplb.controller.observe.LoadObserver.read_replica_traces`); from the
-    pods directly, the rounds already scraped are read (no new scrape).
+    pods directly, the rounds already scraped are read (no new scrape). ``telemetry=False``: the load
+    and steps only (no telemetry series read; the trace's ``telemetry`` is None) -- for a caller that
+    tunes with a cost model calibrated already, as the per-replica reads do.
 
     T = ``window_seconds // bucket_seconds`` buckets ending at the last multiple of
     ``bucket_seconds`` before ``now``, from Prometheus with ``prometheus_url`` (or ``client``).
@@ -391,11 +406,13 @@ def read_load_trace(
                                         num_experts=num_experts, model=model, what=what,
                                         max_interpolated_fraction=max_interpolated_fraction)
         trace.meta["read"] = how
+        if not telemetry:
+            return trace
         src = read_telemetry_series(read, skip=("rank_tokens",) if edge else (), read_any_model=read_any_model)
         if edge:  # the rank tokens of the same regular pods, summed at the edges too
             try:
                 src.rank_tokens, src.rank_edge_sums, trace.meta["read_rank_tokens"] = read_rank_tokens(
-                    client, sel, grid, edge.pods, max_samples_per_answer)
+                    client, sel, grid, edge.pods, max_samples_per_answer, reach=edge.reach)
             except LoadReadError:
                 pass  # as for any telemetry source: its key is left out
         return with_telemetry(trace, src, grid, pods_per_engine, starts)
@@ -413,13 +430,14 @@ def read_load_trace(
                         {p: v for p, v in r.labels.items() if p in only_pods}) for r in rounds]
     return trace_from_scraped_rounds(rounds, grid, pods_per_engine=pods_per_engine,
                                      num_layers=num_layers, num_experts=num_experts, model=model, what=what,
-                                     max_interpolated_fraction=max_interpolated_fraction)
+                                     max_interpolated_fraction=max_interpolated_fraction, telemetry=telemetry)
 
 
 def trace_from_scraped_rounds(rounds: list[Round], grid: np.ndarray, *, pods_per_engine: int = 1,
                               num_layers: int | None = None, num_experts: int | None = None,
                               model: str | None = None, what: str = "",
-                              max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION) -> LoadTrace:
+                              max_interpolated_fraction: float = DEFAULT_MAX_INTERPOLATED_FRACTION,
+                              telemetry: bool = True) -> LoadTrace:
     """The direct read's pure part (what :func:`read_load_trace` does with its scraper's rounds):
     ``rounds`` (time order; the last one at or before ``grid[0]`` is the baseline) read as the raw
     samples Prometheus would hold (:func:`~moe_eplb.metrics.assemble.counters_from_rounds`) on the
@@ -434,6 +452,8 @@ def trace_from_scraped_rounds(rounds: list[Round], grid: np.ndarray, *, pods_per
     spacing = np.diff([r.time for r in rounds])
     trace.meta["read"] = (f"scraped the pods directly: {len(rounds)} round(s)"
                           + (f", at most {spacing.max():.1f}s apart" if spacing.size else ""))
+    if not telemetry:
+        return trace
     src, tel_starts = series_from_rounds(rounds)
     return with_telemetry(trace, src, grid, pods_per_engine, tel_starts)
 
