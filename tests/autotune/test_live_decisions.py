@@ -165,6 +165,43 @@ def test_shift_watch_fires_on_a_sustained_move_beyond_the_recent_spread():
     assert w.pending is None and not w.samples and w.due(950.0) is None and w.due(960.0) == 900.0
 
 
+def test_shift_watch_reads_each_window_over_two_scrapes_and_never_across_a_change():
+    """A 90 s window on a clock sped up 80 times is a wall second, under two 2 s scrapes: each read
+    spans at least ``min_read_seconds`` (overlapping the windows before it), but none reaches back
+    past the last change, and the first window waits until a whole read fits after it."""
+    w = ShiftWatch(ShiftSettings(sample_seconds=90, min_read_seconds=320))
+    assert w.due(1000.0) == 910.0 and w.read_window(910.0, 1000.0) == (680.0, 1000.0)  # no change seen yet
+    w.reset(1000.0)
+    assert w.due(1090.0) is None and w.due(1319.0) is None  # a window's due, but a read would cross the change
+    assert w.due(1320.0) == 1000.0 and w.read_window(1000.0, 1320.0) == (1000.0, 1320.0)
+    w.add(1000.0, 1320.0, 0.80)
+    assert w.due(1409.0) is None and w.due(1410.0) == 1320.0
+    assert w.read_window(1320.0, 1410.0) == (1090.0, 1410.0)  # overlaps the window before
+    # windows stay 90 s apart; overlapping reads share their load, so the newest windows judged
+    # reach from one read to the next disjoint one: 1 + ceil(320 / 90) = 5 (2 without a floor)
+    assert w.recent == 5 and ShiftWatch(ShiftSettings(sample_seconds=90)).recent == 2
+    t, bal = 1410.0, [0.80, 0.81, 0.80, 0.79, 0.80, 0.81, 0.80]
+    for v in bal:
+        assert w.add(t - 90.0, t, v) is None
+        t += 90.0
+    at = t - 90.0
+    # a burst moves the reads that hold it (here 3), then passes: not a shift
+    for v in (0.70, 0.68, 0.72, 0.80, 0.80):
+        assert w.add(t - 90.0, t, v) is None
+        t += 90.0
+    w.reset(t)
+    t += 320.0
+    for v in [0.80, 0.81, 0.80, 0.79, 0.80, 0.81, 0.70, 0.64, 0.62, 0.62]:
+        assert w.add(t - 90.0, t, v) is None
+        t += 90.0
+    shift = w.add(t - 90.0, t, 0.62)
+    t += 90.0
+    # a step: five windows beyond the spread, dated from the first read that reached past it
+    assert shift is not None and shift.at == t - 6 * 90.0 and shift.after == pytest.approx(0.64)
+    assert at < shift.at
+    assert ShiftWatch(ShiftSettings(sample_seconds=90)).read_window(0.0, 90.0) == (0.0, 90.0)  # no floor
+
+
 def test_an_exploration_of_window_and_interval_is_not_a_restart_trial_where_they_change_live():
     """A trial replica restarted with window and interval only would run the template of the pods it
     is compared with (the live values aside): on engines that change them live, no such trial."""

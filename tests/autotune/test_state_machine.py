@@ -142,6 +142,12 @@ def test_due():
     state = _evaluate(cfg, now=T0 - 100).status
     assert not d.due(cfg, state, T0)
     assert d.due(cfg, state, T0 + 200)
+    # the interval runs from when the evaluation began (its load was read up to dataWindow.end), not
+    # from when its tuner finished: a 120 s read-and-tune does not push every later evaluation back
+    slow = dataclasses.replace(state, last_evaluation=dataclasses.replace(
+        state.last_evaluation, data_window=DataWindow(start=T0 - 1920, end=T0 - 220, buckets=20, steps=4000)))
+    assert d.due(cfg, slow, T0 + 80) and not d.due(cfg, slow, T0 + 79)
+    assert not d.due(cfg, state, T0 + 80)
 
 
 def _rolling_state(spec_eplb=SPEC):

@@ -125,6 +125,8 @@ def api_port_name(index: int) -> str:
 EXPORTER_PORT = 9400  # the exporter plugin's /metrics
 EXPORTER_PORT_NAME = "eplb-metrics"
 EXPORTER_PATH = "/metrics"
+#: how often the rendered PodMonitor/ServiceMonitor has Prometheus scrape the pods (seconds)
+SCRAPE_INTERVAL_SECONDS = 15
 #: the exporter's health endpoints on the same port (moe_eplb.exporter.health): liveness (the
 #: engine's processes alive, no worker stuck in a forward), readiness (not draining, vLLM's /health
 #: answers), and the drain the preStop hook starts (POST from loopback only; blocks until no request

@@ -87,7 +87,7 @@ from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.tuning import experiment as stats
 from moe_eplb.eplb.tuning.calibrate import Calibration, calibrate
 from moe_eplb.eplb.tuning.exploration import LearnedRange
-from moe_eplb.eplb.tuning.options import TuneOptions
+from moe_eplb.eplb.tuning.options import MIN_TUNE_BUCKETS, TuneOptions
 from moe_eplb.eplb.tuning.overlap import OverlapContext, context_for
 from moe_eplb.eplb.tuning.replicas import PerReplica, replay_score, tune_per_replica
 from moe_eplb.eplb.tuning.tuner import TuneResult, tune
@@ -237,8 +237,16 @@ class AutotuneLoop:
         elif inf.autotune.mode == "Off":
             return None
         else:
+            # a shift ready to evaluate on goes first, also when the regular evaluation is due: its
+            # load is the post-shift part of the lookback only
             due = dec.due(inf.autotune, state, now)
-            shift = None if due else await self._watch_shift(inf, now)
+            shift = await self._watch_shift(inf, now)
+            pending = self._shift_watch(inf).pending
+            if shift is None and pending is not None and now - pending.at < inf.autotune.evaluation_interval_s:
+                # a shift was seen and its evaluation comes once the load since it suffices: the
+                # regular one would tune on a lookback of two workloads, mostly the old (held at most
+                # an interval from the shift, should the load since it stay short)
+                due = False
             if not due and shift is None:
                 return None
             result = await self.evaluate(client, inf, now, shift=shift)
@@ -498,8 +506,10 @@ class AutotuneLoop:
             # was higher): no evaluation yet; the shift stays pending and is tried again once the
             # steps at the rate seen since it should be there (the regular evaluation comes anyway)
             have = got.trace.total_steps if got.trace is not None else 0
+            buckets = got.trace.num_buckets if got.trace is not None else 0
             rate = have / max(now - shift.at, 1e-9)
             again = (self.settings.min_steps - have) / rate if rate > 0 else inf.autotune.evaluation_interval_s / 3.0
+            again = max(again, (MIN_TUNE_BUCKETS - buckets) * self.load_observer.bucket_seconds())
             retry_at = now + max(again, self.settings.tick_seconds * self.settings.scale)
             self.shift_retry[(inf.namespace or "default", inf.name)] = retry_at
             return None
@@ -560,18 +570,19 @@ class AutotuneLoop:
         watch = self.shift_watches.get(key)
         if watch is None:
             sample = max(self.settings.tick_seconds, inf.autotune.evaluation_interval_s / 10.0)
-            watch = self.shift_watches[key] = ShiftWatch(ShiftSettings(sample_seconds=sample))
+            watch = self.shift_watches[key] = ShiftWatch(ShiftSettings(
+                sample_seconds=sample, min_read_seconds=self.load_observer.min_read_seconds()))
         return watch
 
     async def _watch_shift(self, inf: MoEInference, now: float) -> Shift | None:
         """Between evaluations: one more balancedness window when due (:mod:`.shift`); the shift to
         evaluate on once one showed and the load since it holds enough engine steps for the tuner
-        (``min_steps`` at the rate measured before it), else None."""
+        (``min_steps`` at the rate measured before it) in the tuner's least buckets, else None."""
         watch = self._shift_watch(inf)
         start = watch.due(now)
         if start is not None and watch.pending is None:
             _, pods = await self._view(self.host.client, inf)
-            measured = await self.load_observer.measure(inf, pods, start, now)
+            measured = await self.load_observer.measure(inf, pods, *watch.read_window(start, now))
             shift = watch.add(start, now, measured.balancedness if measured is not None else None)
             if shift is not None:
                 log.info("autotune %s/%s: %s", inf.namespace, inf.name, shift.describe())
@@ -584,6 +595,8 @@ class AutotuneLoop:
             last.data_window.start else None
         rate = steps / span if steps and span else None
         wait = self.settings.min_steps / rate if rate else inf.autotune.evaluation_interval_s / 3.0
+        # and the tuner's least buckets, one more for the read's edges
+        wait = max(wait, (MIN_TUNE_BUCKETS + 1) * self.load_observer.bucket_seconds())
         retry = self.shift_retry.get((inf.namespace or "default", inf.name), 0.0)
         return shift if now - shift.at >= wait and now >= retry else None
 
@@ -631,9 +644,10 @@ class AutotuneLoop:
         start = now - rt.lookback_seconds if since is None else max(since, now - rt.lookback_seconds)
         try:
             got.trace, got.data_window = await self.load_observer.read_load(inf, start, now, pods)
-            if got.trace.total_steps < rt.min_steps:
-                raise LoadUnavailable("TooLittleData", f"{got.trace.total_steps} engine steps in the last "
-                                      f"{now - start:.0f}s; need at least {rt.min_steps}")
+            if got.trace.total_steps < rt.min_steps or got.trace.num_buckets < MIN_TUNE_BUCKETS:
+                raise LoadUnavailable("TooLittleData", f"{got.trace.total_steps} engine steps in "
+                                      f"{got.trace.num_buckets} bucket(s) of the last {now - start:.0f}s; need at "
+                                      f"least {rt.min_steps} in {MIN_TUNE_BUCKETS}")
         except LoadUnavailable as exc:
             got.load_error = (exc.reason, exc.message)
         if got.load_error is None and got.trace is not None:
@@ -646,7 +660,9 @@ class AutotuneLoop:
             except Exception as exc:  # TuneError or a bug in the search: no change, say why
                 got.tune_error = f"{type(exc).__name__}: {exc}"
             got.tuner_seconds = time.process_time() - t0
-        if got.result is not None and int(inf.replicas or 1) >= 2:
+        if got.result is not None and int(inf.replicas or 1) >= 2 and since is None:
+            # (not on a shift: that evaluation answers the shift on the short load since it, where
+            # the replicas' divergence is noise; the regular evaluations check it)
             got.replicas = await self.per_replica(inf, start, now, pods, got.result)
         if got.answer is not None and cfg.mode == "Apply" and got.blocker is None:
             since = max(start, now - cfg.evaluation_interval_s)

@@ -170,9 +170,15 @@ def scaling_blocker(scaling: ScalingState | None, now: float, settle_s: float) -
 
 
 def due(cfg: AutotuneSpec, state: AutotuneStatus, now: float) -> bool:
-    """True when ``evaluationIntervalSeconds`` have passed since the last evaluation."""
-    last = state.last_evaluation.time if state.last_evaluation is not None else None
-    return last is None or now - last >= cfg.evaluation_interval_s - 1e-6
+    """True when ``evaluationIntervalSeconds`` have passed since the last evaluation began: its load
+    was read up to ``dataWindow.end`` (else its ``time``, when it was decided), so evaluations begin
+    every interval however long the reading and tuning took."""
+    last = state.last_evaluation
+    if last is None:
+        return True
+    window = last.data_window
+    began = min(window.end, last.time) if window is not None and window.end is not None else last.time
+    return now - began >= cfg.evaluation_interval_s - 1e-6
 
 
 # --- the tuner's answer --------------------------------------------------------------------------

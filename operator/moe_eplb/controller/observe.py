@@ -82,8 +82,9 @@ class LoadObserver:
                                   pods: list[dict]) -> dict[str, LoadTrace]:
         """Each replica's own load (a pod, or a LeaderWorkerSet group: :func:`moe_eplb.metrics.measure.
         engine_of_pod`) over the same window as :meth:`read_load`: one read per replica, restricted to its
-        pods (from the pods directly: the rounds :meth:`read_load` just scraped). A replica whose read
-        fails (a pod just joined) is left out."""
+        pods (from the pods directly: the rounds :meth:`read_load` just scraped), of the load and steps
+        only (they are tuned with the shared evaluation's calibrated cost model: no telemetry is read).
+        A replica whose read fails (a pod just joined) is left out."""
         groups: dict[str, set[str]] = {}
         for p in pods:
             meta = p.get("metadata") or {}
@@ -92,13 +93,15 @@ class LoadObserver:
         out = {}
         for replica, names in sorted(groups.items()):
             try:
-                out[replica], _ = await self.read_load(inf, start, end, pods, only_pods=frozenset(names))
+                out[replica], _ = await self.read_load(inf, start, end, pods, only_pods=frozenset(names),
+                                                       telemetry=False)
             except LoadUnavailable as exc:
                 log.info("autotune %s/%s: the load of replica %s: %s", inf.namespace, inf.name, replica, exc)
         return out
 
     async def read_load(self, inf: MoEInference, start: float, end: float,
-                        pods: list[dict], *, only_pods: frozenset[str] | None = None) -> tuple[LoadTrace, DataWindow]:
+                        pods: list[dict], *, only_pods: frozenset[str] | None = None,
+                        telemetry: bool = True) -> tuple[LoadTrace, DataWindow]:
         """The load of the last ``end - start`` clock seconds (:func:`moe_eplb.metrics.reader.read_load_trace`):
         from Prometheus when a URL is known, in buckets of ``settings.bucket_seconds`` clock seconds; else from
         the rounds :meth:`collect` scraped on earlier ticks plus one now. The trace's
@@ -106,10 +109,10 @@ class LoadObserver:
         rt, url, shape = self.settings, inf.prometheus_url, inf.moe_shape
         scale = rt.scale
         kwargs = dict(namespace=inf.namespace or "default", name=inf.name, window_seconds=(end - start) / scale,
-                      bucket_seconds=max(rt.bucket_seconds / scale, rt.min_wall_bucket_seconds),
+                      bucket_seconds=self.bucket_seconds() / scale,
                       num_layers=shape.num_moe_layers, num_experts=shape.num_experts,
                       pods_per_engine=max(1, int(inf.parallelism.nodes or 1)), timeout=rt.http_timeout,
-                      budget=rt.prometheus_budget_seconds, only_pods=only_pods)
+                      budget=rt.prometheus_budget_seconds, only_pods=only_pods, telemetry=telemetry)
         try:
             if url:
                 trace = await asyncio.to_thread(reader.read_load_trace, prometheus_url=url, now=rt.clock.to_wall(end),
@@ -140,8 +143,22 @@ class LoadObserver:
         """Clock seconds between two direct scrapes of a resource's pods: half the load read's bucket
         (the bucket is at least ``settings.min_wall_bucket_seconds`` of wall time), so that every bucket holds a
         scrape as it holds >= 2 of Prometheus'."""
+        return self.bucket_seconds() / 2
+
+    def bucket_seconds(self) -> float:
+        """The load read's bucket in clock seconds: ``settings.bucket_seconds``, at least
+        ``settings.min_wall_bucket_seconds`` of wall time."""
         rt = self.settings
-        return max(rt.bucket_seconds, rt.min_wall_bucket_seconds * rt.scale) / 2
+        return max(rt.bucket_seconds, rt.min_wall_bucket_seconds * rt.scale)
+
+    def min_read_seconds(self) -> float:
+        """The shortest span (clock seconds) :meth:`measure` reads reliably, at least a bucket of the
+        load read: two scrapes, ``settings.min_wall_bucket_seconds`` of wall time where set, else two of
+        the rendered monitor's (``k8s_names.SCRAPE_INTERVAL_SECONDS``; :meth:`collect`'s loop
+        scrapes at least as often)."""
+        rt = self.settings
+        two_scrapes = rt.min_wall_bucket_seconds or 2.0 * k8s_names.SCRAPE_INTERVAL_SECONDS
+        return max(self.bucket_seconds(), two_scrapes * rt.scale)
 
     async def collect(self, client: Any, inf: MoEInference, now: float) -> None:
         """Without Prometheus, keep the resource's pods scraped, like Prometheus would, by a loop of its

@@ -62,7 +62,7 @@ PROBE_PERIOD_SECONDS = 10
 #: the engine container's command where it serves the API: a fixed script that cleans /dev/shm and
 #: execs ``vllm serve`` with the container ``args`` ("vllm" is the script's $0)
 API_COMMAND = ["/bin/sh", "-c", engine_script(), "vllm"]
-SCRAPE_INTERVAL = "15s"
+SCRAPE_INTERVAL = f"{k8s_names.SCRAPE_INTERVAL_SECONDS}s"
 
 
 def render_children(inf: MoEInference) -> list[dict[str, Any]]:
