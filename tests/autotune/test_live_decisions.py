@@ -202,6 +202,19 @@ def test_shift_watch_reads_each_window_over_two_scrapes_and_never_across_a_chang
     assert ShiftWatch(ShiftSettings(sample_seconds=90)).read_window(0.0, 90.0) == (0.0, 90.0)  # no floor
 
 
+def test_shift_watch_measures_the_windows_missed_while_the_loop_was_busy():
+    """An evaluation that took 8 minutes of the clock: the windows it held up are measured after it,
+    still 90 s apart (the last one up to now), none read across the last change."""
+    w = ShiftWatch(ShiftSettings(sample_seconds=90, min_read_seconds=200, max_history=4))
+    w.reset(1000.0)
+    assert w.due(1250.0) == 1000.0
+    assert w.window_ends(1000.0, 1250.0) == [1250.0]  # 1090 and 1180: a read would cross the change
+    assert w.window_ends(1250.0, 1300.0) == [1300.0]  # less than a window late: one window
+    assert w.window_ends(1250.0, 1730.0) == [1340.0, 1430.0, 1520.0, 1610.0, 1730.0]
+    # never more than the history keeps (max_history 4 + the 4 newest judged with 200 s reads)
+    assert w.recent == 4 and len(w.window_ends(1250.0, 5000.0)) == 8 and w.window_ends(1250.0, 5000.0)[-1] == 5000.0
+
+
 def test_an_exploration_of_window_and_interval_is_not_a_restart_trial_where_they_change_live():
     """A trial replica restarted with window and interval only would run the template of the pods it
     is compared with (the live values aside): on engines that change them live, no such trial."""

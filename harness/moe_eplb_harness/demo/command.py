@@ -20,7 +20,7 @@ import click
               help="Simulated hours of workload [default: 3 (tuning: the domain shift comes half-way), "
                    "2 (autoscale)].")
 @click.option("--speed", type=click.FloatRange(min=1.0), default=None,
-              help="Simulated seconds per wall second [default: 80 (tuning), 40 (autoscale)].")
+              help="Simulated seconds per wall second [default: 50 (tuning), 40 (autoscale)].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/demo", show_default=True,
               help="Directory for the report (report.md, plots, decisions.json, summary.json).")
 @click.option("--prometheus/--no-prometheus", default=None,
@@ -69,7 +69,7 @@ def demo(scenario: str, hours: float | None, speed: float | None, out_dir: str, 
                 out_dir=out_dir, prometheus=prometheus, seed=seed, summary_path=summary_path,
                 echo=lambda s: click.echo(s), api=api))
         else:
-            asyncio.run(run_demo(hours=3.0 if hours is None else hours, speed=80.0 if speed is None else speed,
+            asyncio.run(run_demo(hours=3.0 if hours is None else hours, speed=50.0 if speed is None else speed,
                                  out_dir=out_dir, prometheus=prometheus, seed=seed, summary_path=summary_path,
                                  echo=lambda s: click.echo(s), api=api))
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any failure: its reason as the last line

@@ -309,7 +309,7 @@ def prepare_run(out_dir: str, prometheus: bool | None) -> bool:
     return prometheus_binary() is not None if prometheus is None else prometheus
 
 
-async def run_demo(*, hours: float = 3.0, speed: float = 80.0, out_dir: str = "out/demo",
+async def run_demo(*, hours: float = 3.0, speed: float = 50.0, out_dir: str = "out/demo",
                    prometheus: bool | None = None, seed: int = 0, summary_path: str | None = None,
                    echo: Callable[[str], None] = print, api: str = "auto") -> dict:
     """Run the demo; returns :func:`summary_record` (also written to ``summary_path`` when given)."""

@@ -242,10 +242,10 @@ class AutotuneLoop:
             due = dec.due(inf.autotune, state, now)
             shift = await self._watch_shift(inf, now)
             pending = self._shift_watch(inf).pending
-            if shift is None and pending is not None and now - pending.at < inf.autotune.evaluation_interval_s:
+            if shift is None and pending is not None and now - pending.at < 2 * inf.autotune.evaluation_interval_s:
                 # a shift was seen and its evaluation comes once the load since it suffices: the
                 # regular one would tune on a lookback of two workloads, mostly the old (held at most
-                # an interval from the shift, should the load since it stay short)
+                # two intervals from the shift, should the load since it stay short)
                 due = False
             if not due and shift is None:
                 return None
@@ -582,10 +582,16 @@ class AutotuneLoop:
         start = watch.due(now)
         if start is not None and watch.pending is None:
             _, pods = await self._view(self.host.client, inf)
-            measured = await self.load_observer.measure(inf, pods, *watch.read_window(start, now))
-            shift = watch.add(start, now, measured.balancedness if measured is not None else None)
-            if shift is not None:
-                log.info("autotune %s/%s: %s", inf.namespace, inf.name, shift.describe())
+            # from Prometheus, windows the loop missed while busy are measured after the fact (the
+            # grid stays sample_seconds wide); scraping the pods, only the window up to now can be
+            ends = watch.window_ends(start, now) if inf.prometheus_url else [now]
+            for end in ends:
+                measured = await self.load_observer.measure(inf, pods, *watch.read_window(start, end))
+                shift = watch.add(start, end, measured.balancedness if measured is not None else None)
+                start = end
+                if shift is not None:
+                    log.info("autotune %s/%s: %s", inf.namespace, inf.name, shift.describe())
+                    break
         shift = watch.pending
         if shift is None:
             return None

@@ -87,6 +87,17 @@ class ShiftWatch:
             return None
         return start
 
+    def window_ends(self, start: float, now: float) -> list[float]:
+        """The ends of the windows due from ``start`` (:meth:`due`) to ``now``, ``sample_seconds``
+        apart, the last one ending at ``now``; those missed while the loop was busy (an evaluation
+        that took minutes of an accelerated clock) included, the newest ``max_history + recent`` at
+        most, and none whose read could not reach two scrapes without crossing the last change."""
+        s = self.settings
+        n = max(1, int((now - start) // s.sample_seconds))
+        ends = [start + k * s.sample_seconds for k in range(1, n)] + [now]
+        ends = ends[-(s.max_history + self.recent):]
+        return [e for e in ends if self.since is None or e - self.since >= s.min_read_seconds] or [now]
+
     def read_window(self, start: float, end: float) -> tuple[float, float]:
         """What to read for the window ``[start, end]``: at least ``min_read_seconds`` back from its
         end, never before the last change."""
