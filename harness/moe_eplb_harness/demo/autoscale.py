@@ -267,11 +267,20 @@ async def _drive(world: Any, rec: AutoscaleRecord, t0: float, end_s: float, echo
         got = await world.get(NAME)
         now = int((got.get("spec") or {}).get("replicas", 1))
         if now != replicas:
-            hpa = await world.cluster.get_or_none(hpa_path(world.namespace))
-            status = (hpa or {}).get("status") or {}
-            # when the autoscaler scaled, as the operator reads it (the HPA's lastScaleTime), else when seen
-            wall = parse_iso(status.get("lastScaleTime")) if status.get("lastScaleTime") else None
-            at = world.clock.workload_seconds(world.clock.to_sim(wall)) if wall is not None else t
+            # when the autoscaler scaled, as the operator reads it (the HPA's lastScaleTime), else when
+            # seen; the HPA writes its status after /scale: a lastScaleTime not past the previous scale
+            # is the previous one's (read again for up to 2 s, then the time seen)
+            before = rec.scale_events[-1]["at_s"] if rec.scale_events else None
+            for _ in range(20):
+                hpa = await world.cluster.get_or_none(hpa_path(world.namespace))
+                status = (hpa or {}).get("status") or {}
+                wall = parse_iso(status.get("lastScaleTime")) if status.get("lastScaleTime") else None
+                at = world.clock.workload_seconds(world.clock.to_sim(wall)) if wall is not None else t
+                if wall is not None and (before is None or at > before + 1.0):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                at = t
             rec.scale_events.append({"at_s": round(at, 1), "from": replicas, "to": now})
             echo(f"[sim {_fmt_t(at)}] autoscaler scaled {NAME} {replicas} -> {now} replicas through /scale "
                  f"({_hpa_metric(status)})")
