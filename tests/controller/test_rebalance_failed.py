@@ -4,9 +4,7 @@ writes the condition through the real client to the emulated API server."""
 
 from __future__ import annotations
 
-import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ from moe_eplb.exporter.collector import PodCollector
 from moe_eplb.exporter.server import make_registry
 from moe_eplb.metrics import health
 from tests.example_manifests import EXAMPLES, load_moeinferences
+from tests.exposition_server import serve_exposition
 
 
 def _write_worker(directory, failures: int | None, rank: int = 0) -> None:
@@ -32,21 +31,8 @@ class _Exporter:
 
     def __init__(self, directory):
         registry = make_registry(PodCollector(str(directory)))
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_exposition(lambda: generate_latest(registry))
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
         self.server.shutdown()

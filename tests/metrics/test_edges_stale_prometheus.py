@@ -14,7 +14,6 @@ import asyncio
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from moe_eplb.contracts import metric_names
 from moe_eplb.metrics.promclient import PrometheusClient
 from moe_eplb.metrics.reader import read_load_trace, selector
 from moe_eplb_harness.cluster.world import LocalPrometheus
+from tests.exposition_server import serve_exposition
 from tests.require import prometheus_tools
 
 pytestmark = [pytest.mark.integration, pytest.mark.prometheus]
@@ -49,30 +49,19 @@ class Pod:
         Gauge(metric_names.EXPORTER_START_TIME, "start", [label], registry=self.registry).labels("m").set(time.time())
         self.rng = np.random.default_rng(seed)
         self.refused = self.served = 0
-        pod = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
-                t = time.time()
-                edge = math.ceil(t / BUCKET) * BUCKET
-                if edge in pod.refuse_before and edge - t <= REFUSE:
-                    pod.refused += 1
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                pod.served += 1
-                body = generate_latest(pod.registry)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_exposition(self.body)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def body(self) -> bytes | None:
+        """The exposition, or None (a failed scrape) in the last ``REFUSE`` seconds before an edge of
+        ``refuse_before``."""
+        t = time.time()
+        edge = math.ceil(t / BUCKET) * BUCKET
+        if edge in self.refuse_before and edge - t <= REFUSE:
+            self.refused += 1
+            return None
+        self.served += 1
+        return generate_latest(self.registry)
 
     def step(self) -> None:
         self.steps.labels("m").inc(5)
