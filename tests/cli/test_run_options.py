@@ -88,6 +88,33 @@ def test_default_priority_differs_per_process(monkeypatch):
     assert s.build(priority=0, draw_priority=lambda: 42).priority == 0
 
 
+#: prints the default peering priority after sleeping argv[1] seconds (a slow start-up: imports on a
+#: busy node)
+DRAW_LATE = "import sys, time; time.sleep(float(sys.argv[1])); " \
+            "from moe_eplb.controller.settings import seniority_priority; print(seniority_priority())"
+
+
+@pytest.mark.integration
+def test_the_process_started_first_has_the_higher_priority_however_slow_its_start_up():
+    """Seniority is the process's start, not the moment it draws its priority: two replicas started
+    50 ms apart reach the draw in either order on a loaded node (the older once drew the lower
+    priority, and the newer acted: tests/kube/test_operator_real.py's peering test)."""
+    import subprocess
+    import sys
+    import time
+
+    older = subprocess.Popen([sys.executable, "-c", DRAW_LATE, "1.5"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.1)
+    newer = subprocess.Popen([sys.executable, "-c", DRAW_LATE, "0"], stdout=subprocess.PIPE, text=True)
+    out_newer, _ = newer.communicate(timeout=60)
+    out_older, _ = older.communicate(timeout=60)
+    assert older.returncode == 0 and newer.returncode == 0
+    # the newer drew first (about 1.4 s earlier), yet its priority is the lower one, by about 100 ms
+    # of start time (x 1024, less the tie-break's spread)
+    gap = int(out_older) - int(out_newer)
+    assert 1024 * 50 < gap < 1024 * 1000, gap
+
+
 @pytest.mark.parametrize("env, value", [
     ("MOE_EPLB_PROMETHEUS_URL", "prometheus:9090"),
     ("MOE_EPLB_NAMESPACES", "team-a,Team_B"),

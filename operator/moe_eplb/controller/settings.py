@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -128,14 +127,24 @@ class OperatorSettings:
                                 exporter_image=self.exporter_image)
 
 
+def process_start_time() -> float:
+    """When this process started, POSIX seconds, as the kernel records it (psutil): not when it got
+    as far as drawing its priority, which two replicas started 50 ms apart can reach in either order
+    (their imports take seconds on a busy node; seen on a loaded 2-core machine)."""
+    import psutil  # the operator extra; imported here so that the base CLI does not need it
+
+    return float(psutil.Process().create_time())
+
+
 def seniority_priority(now: float | None = None) -> int:
-    """The default peering priority: the earlier a process started, the higher (millisecond start
-    time, plus a random tie-break of 10 bits from OS entropy, so processes started in the same
-    millisecond still differ). The replica that already acts keeps acting while a newer one waits:
-    a newer replica never takes over (and never acts for a moment before it sees the older one,
-    which a random priority allowed when the newer drew the higher number; seen on a real apiserver).
-    Within :data:`PRIORITY_RANGE` until the year 2248."""
-    ms = int((time.time() if now is None else now) * 1000)
+    """The default peering priority: the earlier a process started (``now``, default
+    :func:`process_start_time`), the higher (millisecond start time, plus a random tie-break of 10
+    bits from OS entropy, so processes started in the same millisecond still differ). The replica
+    that already acts keeps acting while a newer one waits: a newer replica never takes over (and
+    never acts for a moment before it sees the older one, which a random priority allowed when the
+    newer drew the higher number; seen on a real apiserver). Within :data:`PRIORITY_RANGE` until the
+    year 2248."""
+    ms = int((process_start_time() if now is None else now) * 1000)
     return max(PRIORITY_RANGE[0], PRIORITY_RANGE[1] - (ms * 1024 + random.SystemRandom().randrange(1024)))
 
 
