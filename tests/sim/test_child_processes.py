@@ -45,8 +45,8 @@ async def main():
 asyncio.run(main())
 """
 
-#: a Prometheus started and never stopped; the program then ends on an exception (``raise``) or
-#: waits to be killed (``wait``)
+#: a Prometheus started and never stopped; the program then ends on an exception (``raise``, once the
+#: test has seen its child alive and closed its stdin) or waits to be killed (``wait``)
 PROMETHEUS = r"""
 import asyncio, json, sys, time
 from moe_eplb_harness.floor import procs
@@ -60,6 +60,7 @@ prom = LocalPrometheus(prometheus_binary())
 asyncio.run(prom.start())
 print(json.dumps([[p.pid, start_time(p.pid)] for p in procs.running()]), flush=True)
 if sys.argv[1] == "raise":
+    sys.stdin.read()
     raise RuntimeError("the demo failed")
 time.sleep(600)
 """
@@ -76,8 +77,8 @@ def _alive(pid: int, started: str) -> bool:
 
 def _start(script: str, *args: str) -> tuple[subprocess.Popen[str], list[tuple[int, str]]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), str(ROOT)]))
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line:
         proc.kill()
@@ -124,7 +125,11 @@ def test_a_process_killed_by_sigkill_leaves_no_child_process() -> None:
 @pytest.mark.prometheus
 def test_a_program_ending_on_an_exception_leaves_no_child_process() -> None:
     proc, children = _start(PROMETHEUS, "raise")
+    # the program raises only once its stdin is closed: it did not wait for this check once on a
+    # loaded machine, and its Prometheus was (rightly) gone before it
     assert len(children) == 1 and _alive(*children[0])
+    assert proc.stdin is not None
+    proc.stdin.close()
     code = proc.wait(30)
     err = proc.stderr.read() if proc.stderr else ""
     assert code == 1 and "RuntimeError: the demo failed" in err, (code, err[-2000:])
