@@ -28,7 +28,7 @@ import urllib.request
 import pytest
 
 from moe_eplb.contracts import k8s_names
-from moe_eplb.exporter.health import pid_alive, read_beats, requests_in_flight
+from moe_eplb.exporter.health import pid_alive, read_beats
 from moe_eplb_harness.vllm_engine import harness
 
 from .conftest import record_time
@@ -95,6 +95,23 @@ class Streamed:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    @property
+    def result(self) -> dict | None:
+        """The completion's final usage, shaped as a non-streamed response's (``{"usage": ...}``)."""
+        return None if self.usage is None else {"usage": self.usage}
+
+    def join(self, timeout: float) -> Streamed:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "still running"
+        return self
+
+    def in_flight(self, timeout: float = 60.0) -> Streamed:
+        """Until its first token came (it is in flight for sure); fails if it never came or the
+        request already ended (too short a generation for this machine's speed)."""
+        assert self.first.wait(timeout), "the first token never came"
+        assert self.ended is None, f"the request ended before the test could act on it: {self.error or self.usage}"
+        return self
+
     def _run(self) -> None:
         try:
             with urllib.request.urlopen(self._req, timeout=300) as resp:
@@ -111,19 +128,6 @@ class Streamed:
             self.error = exc
         self.ended = time.monotonic()
         self.first.set()
-
-
-def _wait_running(engine: harness.Engine, request: Timed, timeout: float = 60.0) -> None:
-    """Until vLLM's own gauge counts ``request`` as running; fails at once, with what it returned, if
-    the request ended before it was seen (too short a generation for this machine's speed)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if requests_in_flight(engine.vllm_metrics_text()) >= 1:
-            return
-        assert request.ended is None, (
-            f"the request ended before vLLM counted it as running: {request.error or request.result}")
-        time.sleep(0.05)
-    raise AssertionError(f"the request never showed up as running; log tail:\n{engine.tail()}")
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +169,9 @@ def test_a_stuck_worker_fails_liveness_and_recovers(pod):
     beats = read_beats(pod.exporter_dir)
     assert len(beats) == 2 and all(b.last_step > 0 and pid_alive(b.pid) for b in beats), beats  # TP 2: two workers
     assert _get(live_url, 10) == (200, "live\n")
-    long = Timed(pod.complete, "a story that is interrupted", LONG)
-    _wait_running(pod, long)
+    # streamed: its first token proves it is in flight (vLLM's running gauge missed a whole 440-token
+    # request twice on a loaded 2-core machine, polled every 50 ms)
+    long = Streamed(pod, "a story that is interrupted", LONG).in_flight()
     frozen = max(b.pid for b in beats)
     os.kill(frozen, signal.SIGSTOP)
     try:
@@ -201,8 +206,7 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     # (one more whenever one ends), so that some request runs whenever the drain arrives. The hook is
     # a process of its own (python3 -m moe_eplb.exporter.drain): it posts the drain only once it has
     # started, which took seconds beside the busy engine here, longer than one request runs.
-    traffic = [Timed(engine.complete, "a long story about a mixture of experts", LONG)]
-    _wait_running(engine, traffic[0])
+    traffic: list[Timed | Streamed] = [Streamed(engine, "a long story about a mixture of experts", LONG).in_flight()]
     hook_started = time.monotonic()
     hook = Timed(_run_hook, engine, hook_spec)  # the kubelet's preStop: exec, and wait for it
     deadline = time.monotonic() + 60
@@ -239,9 +243,7 @@ def test_a_request_in_flight_when_the_pod_stops_completes(pod):
     # that it is still running when SIGTERM comes (64 tokens ended before the first poll in CI)
     # (streamed: its first token proves it is in flight; vLLM's running gauge once missed a 440-token
     # request entirely on a loaded CI machine)
-    straggler = Streamed(engine, "one more", LONG)
-    assert straggler.first.wait(60), "the straggler's first token never came"
-    assert straggler.ended is None, f"the straggler ended before SIGTERM: {straggler.error or straggler.usage}"
+    straggler = Streamed(engine, "one more", LONG).in_flight()
     proc = engine.proc
     assert proc is not None
     term_at = time.monotonic()
