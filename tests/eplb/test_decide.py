@@ -146,6 +146,29 @@ def test_learn_narrows_the_moe_share_around_the_truth():
     assert (r.prior_low, r.prior_high, r.source) == (0.03, 0.6, "trial")
 
 
+def test_learn_weighs_step_times_by_the_cost_models_imbalance_not_vllms_balancedness():
+    """Each MoE layer waits for its busiest rank, so a step's MoE time grows with sum_l max / sum_l mean
+    (the cost model's and the calibration's x); vLLM's balancedness averages the layers' mean/max, and
+    its inverse understates x where the layers differ. Arms whose layers spread 1.0-2.0 (control) and
+    1.0-1.15 (trial): from the imbalance the true share 0.35 is inside the range; from 1/balancedness
+    alone (what the learning step used) the range misses it, too high -- the direction of the demo's
+    DeepSeek-V3 experiments, which learned 0.45-0.60."""
+    f, s0 = 0.35, 0.05
+    control_layers, trial_layers = np.linspace(1.0, 2.0, 58), np.linspace(1.0, 1.15, 58)
+
+    def arm(knobs, layers, *, with_imbalance: bool) -> ArmObservation:
+        x = float(layers.mean())  # equal mean load per layer: sum max / sum mean
+        return ArmObservation(knobs, 4, 1800.0, step_seconds=s0 * ((1 - f) + f * x), tokens_per_step=4096.0,
+                              balancedness=float(np.mean(1.0 / layers)), imbalance=x if with_imbalance else None)
+
+    lo, hi = share_range(arm(SEARCHED, trial_layers, with_imbalance=True),
+                         arm(RUNNING, control_layers, with_imbalance=True))
+    assert lo < f < hi and hi - lo < 0.06
+    lo_b, hi_b = share_range(arm(SEARCHED, trial_layers, with_imbalance=False),
+                             arm(RUNNING, control_layers, with_imbalance=False))
+    assert f < lo_b  # the old reading: biased high
+
+
 def test_learn_gives_nothing_when_the_arms_cannot_tell():
     cal = _cal(moe_time_share=(0.35, 0.03, 0.6))
     same = learn(cal, CostModel(), _arm(SEARCHED, 1, bal=0.80), _arm(RUNNING, 3, bal=0.80), source="t")

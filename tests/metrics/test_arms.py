@@ -80,12 +80,17 @@ def test_served_balancedness_is_vllms_mean_over_max_per_layer_over_the_bucket():
     assert before["rank_tokens/0/1"] == 100
     # layer 0: deltas 40, 20 -> 30/40 = 0.75; layer 1: 30, 30 -> 1.0
     assert A.served_balancedness(before, after) == pytest.approx((0.75 + 1.0) / 2)
+    # the cost model's served imbalance: busiest ranks over mean ranks, summed over the layers
+    # ((40 + 30) / (30 + 30)), more than 1 / balancedness (1 / 0.875)
+    assert A.served_imbalance(before, after) == pytest.approx(70 / 60)
+    assert A.served_imbalance(before, after) > 1 / A.served_balancedness(before, after)
     restarted = A.counters_from_exposition(_ranks({(0, 0): 10, (0, 1): 10, (1, 0): 5, (1, 1): 5}))
     assert A.served_balancedness(after, restarted) is None
+    assert A.served_imbalance(after, restarted) is None and A.served_imbalance({}, after) is None
     assert A.served_balancedness({}, after) is None
     prev = {"p": A.counters_from_exposition(_body(step_sum=1.0, steps=100, tokens=6400) + _ranks({(0, 0): 0, (0, 1): 0}))}
     cur = {"p": A.counters_from_exposition(_body(step_sum=2.0, steps=200, tokens=12800) + _ranks({(0, 0): 60, (0, 1): 20}))}
     b = A.arm_bucket(prev, cur, ["p"], gpus_per_replica=2)
-    assert b is not None and b.balancedness == pytest.approx(40 / 60)
+    assert b is not None and b.balancedness == pytest.approx(40 / 60) and b.imbalance == pytest.approx(60 / 40)
     obs = A.observation(Knobs(100, 1000, 0), [b, b], pods=1, seconds=60.0)
-    assert obs.balancedness == pytest.approx(40 / 60)
+    assert obs.balancedness == pytest.approx(40 / 60) and obs.imbalance == pytest.approx(60 / 40)

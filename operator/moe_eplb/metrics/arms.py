@@ -15,8 +15,10 @@ an arm's pods, is that arm's :class:`moe_eplb.eplb.tuning.experiment.ArmBucket` 
 * TTFT: vLLM's ``vllm:time_to_first_token_seconds`` mean (the guard);
 * served balancedness: from the exporter's tokens per EP rank and layer
   (``moe_eplb_rank_tokens_total``): per layer the mean over the ranks over the max, averaged over the
-  layers and the arm's pods (vLLM's own definition, over the bucket): what the learning step
-  (:func:`moe_eplb.eplb.tuning.learn.learn`) weighs the arms' step times by.
+  layers and the arm's pods (vLLM's own definition, over the bucket), reported; and the served
+  imbalance as the cost model has it (the sum over layers of the busiest rank's tokens over the mean
+  rank's): what the learning step (:func:`moe_eplb.eplb.tuning.learn.learn`) weighs the arms' step
+  times by.
 
 Blocking HTTP in :func:`scrape_arm_counters` (call it with ``asyncio.to_thread``); the rest is pure.
 """
@@ -61,9 +63,9 @@ def counters_from_exposition(text: str) -> Counters:
     return out
 
 
-def served_balancedness(prev: Counters, cur: Counters) -> float | None:
-    """Mean over layers of (mean tokens over the EP ranks / max) between two rounds of one pod;
-    None without rank counters, on a reset, or a bucket with no tokens."""
+def _layer_deltas(prev: Counters, cur: Counters) -> list[list[float]] | None:
+    """Per MoE layer, the tokens each EP rank took between two rounds of one pod (layers with at
+    least two ranks and some tokens); None on a reset (a counter went back: a restart)."""
     layers: dict[str, list[float]] = {}
     for key, value in cur.items():
         if not key.startswith(RANK_KEY + "/") or key not in prev:
@@ -71,8 +73,26 @@ def served_balancedness(prev: Counters, cur: Counters) -> float | None:
         if value < prev[key]:
             return None  # a counter went back: a restart, no bucket from this pod
         layers.setdefault(key.split("/")[1], []).append(value - prev[key])
-    ratios = [sum(v) / len(v) / max(v) for v in layers.values() if len(v) > 1 and max(v) > 0]
+    return [v for v in layers.values() if len(v) > 1 and max(v) > 0]
+
+
+def served_balancedness(prev: Counters, cur: Counters) -> float | None:
+    """Mean over layers of (mean tokens over the EP ranks / max) between two rounds of one pod;
+    None without rank counters, on a reset, or a bucket with no tokens."""
+    layers = _layer_deltas(prev, cur)
+    ratios = [sum(v) / len(v) / max(v) for v in layers or ()]
     return sum(ratios) / len(ratios) if ratios else None
+
+
+def served_imbalance(prev: Counters, cur: Counters) -> float | None:
+    """The cost model's served imbalance between two rounds of one pod: the sum over layers of the
+    busiest rank's tokens over the sum of the mean rank's (each layer waits for its busiest rank;
+    :func:`moe_eplb.eplb.workload.trace.served_imbalance`). Not 1 / :func:`served_balancedness`, which
+    understates it where layers differ. None as for :func:`served_balancedness`."""
+    layers = _layer_deltas(prev, cur)
+    if not layers:
+        return None
+    return sum(max(v) for v in layers) / sum(sum(v) / len(v) for v in layers)
 
 
 def scrape_arm_counters(pods: Iterable[Mapping], timeout: float) -> dict[str, Counters]:
@@ -98,6 +118,7 @@ class _Sums:
     batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # tokens, steps
     ttft: list[float] = field(default_factory=lambda: [0.0, 0.0])
     balance: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sum of pods' balancedness, pods
+    imbalance: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sum of pods' served imbalance, pods
     served: float = 0.0
     saturated: bool = False
     pods: int = 0
@@ -122,6 +143,9 @@ class _Sums:
         if (bal := served_balancedness(prev, cur)) is not None:
             self.balance[0] += bal
             self.balance[1] += 1
+        if (imb := served_imbalance(prev, cur)) is not None:
+            self.imbalance[0] += imb
+            self.imbalance[1] += 1
         waiting = cur.get(vllm_facts.REQUESTS_WAITING, 0.0)
         kv = max(cur.get(vllm_facts.KV_CACHE_USAGE, 0.0), cur.get(vllm_facts.KV_CACHE_USAGE_OLD, 0.0))
         self.saturated = self.saturated or waiting > 0 or kv >= KV_FULL
@@ -141,7 +165,8 @@ def arm_bucket(prev: Mapping[str, Counters], cur: Mapping[str, Counters], pods: 
     return ArmBucket(step_seconds=sums.step[0] / sums.step[1], tokens_per_step=sums.batch[0] / sums.batch[1],
                      tokens_per_second_per_gpu=tput, saturated=sums.saturated,
                      ttft_seconds=sums.ttft[0] / sums.ttft[1] if sums.ttft[1] else None,
-                     balancedness=sums.balance[0] / sums.balance[1] if sums.balance[1] else None)
+                     balancedness=sums.balance[0] / sums.balance[1] if sums.balance[1] else None,
+                     imbalance=sums.imbalance[0] / sums.imbalance[1] if sums.imbalance[1] else None)
 
 
 @dataclass
@@ -198,4 +223,5 @@ def observation(knobs: Knobs, buckets: list[ArmBucket], *, pods: int, seconds: f
                           step_seconds=_avg([b.step_seconds for b in buckets]),
                           tokens_per_step=_avg([b.tokens_per_step for b in buckets]),
                           tokens_per_second_per_gpu=_avg([b.tokens_per_second_per_gpu for b in buckets]),
-                          balancedness=_avg([b.balancedness for b in buckets]))
+                          balancedness=_avg([b.balancedness for b in buckets]),
+                          imbalance=_avg([b.imbalance for b in buckets]))

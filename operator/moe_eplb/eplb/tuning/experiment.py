@@ -64,7 +64,8 @@ VERDICTS = (PROMOTED, DISCARDED)
 class ArmBucket:
     """One arm in one bucket (None where the metric is not exported or the arm did not serve):
     mean step time, mean tokens per step, tokens per second per GPU, whether the engine was
-    saturated, mean TTFT, the balancedness it served (what the learning step weighs step times by)."""
+    saturated, mean TTFT, the balancedness it served (vLLM's definition, reported) and its served
+    imbalance (the cost model's, what the learning step weighs step times by)."""
 
     step_seconds: float | None = None
     tokens_per_step: float | None = None
@@ -72,6 +73,9 @@ class ArmBucket:
     saturated: bool = False
     ttft_seconds: float | None = None
     balancedness: float | None = None  # served: mean over layers of mean/max tokens over the EP ranks
+    #: served imbalance, the cost model's ``x``: sum over layers of the busiest rank's tokens over the
+    #: sum of the mean rank's (:func:`moe_eplb.eplb.workload.trace.served_imbalance`), >= 1/balancedness
+    imbalance: float | None = None
 
 
 @dataclass(frozen=True)

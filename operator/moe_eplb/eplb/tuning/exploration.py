@@ -40,6 +40,9 @@ class ArmObservation:
     tokens_per_step: float | None = None  # mean batch size in tokens
     tokens_per_second_per_gpu: float | None = None
     balancedness: float | None = None  # served balancedness (mean over EP ranks / max)
+    #: served imbalance as the cost model has it (sum over layers of max / sum of mean tokens per EP
+    #: rank); None: not measured (then 1 / balancedness stands in, which understates it)
+    imbalance: float | None = None
     prefix_hit_rate: float | None = None
     kv_cache_usage: float | None = None
     eplb: bool = True  # False: the arm (or period) ran with EPLB off (no expert load counted: balancedness None)
