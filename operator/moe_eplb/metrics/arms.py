@@ -76,12 +76,19 @@ def _layer_deltas(prev: Counters, cur: Counters) -> list[list[float]] | None:
     return [v for v in layers.values() if len(v) > 1 and max(v) > 0]
 
 
+def _balancedness(layers: list[list[float]] | None) -> float | None:
+    ratios = [sum(v) / len(v) / max(v) for v in layers or ()]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def _imbalance(layers: list[list[float]] | None) -> float | None:
+    return sum(max(v) for v in layers) / sum(sum(v) / len(v) for v in layers) if layers else None
+
+
 def served_balancedness(prev: Counters, cur: Counters) -> float | None:
     """Mean over layers of (mean tokens over the EP ranks / max) between two rounds of one pod;
     None without rank counters, on a reset, or a bucket with no tokens."""
-    layers = _layer_deltas(prev, cur)
-    ratios = [sum(v) / len(v) / max(v) for v in layers or ()]
-    return sum(ratios) / len(ratios) if ratios else None
+    return _balancedness(_layer_deltas(prev, cur))
 
 
 def served_imbalance(prev: Counters, cur: Counters) -> float | None:
@@ -89,10 +96,7 @@ def served_imbalance(prev: Counters, cur: Counters) -> float | None:
     busiest rank's tokens over the sum of the mean rank's (each layer waits for its busiest rank;
     :func:`moe_eplb.eplb.workload.trace.served_imbalance`). Not 1 / :func:`served_balancedness`, which
     understates it where layers differ. None as for :func:`served_balancedness`."""
-    layers = _layer_deltas(prev, cur)
-    if not layers:
-        return None
-    return sum(max(v) for v in layers) / sum(sum(v) / len(v) for v in layers)
+    return _imbalance(_layer_deltas(prev, cur))
 
 
 def scrape_arm_counters(pods: Iterable[Mapping], timeout: float) -> dict[str, Counters]:
@@ -140,10 +144,11 @@ class _Sums:
         if (ttft := _mean(prev, cur, vllm_facts.TTFT_SECONDS)) is not None:
             self.ttft[0] += ttft[0] / ttft[1]
             self.ttft[1] += 1
-        if (bal := served_balancedness(prev, cur)) is not None:
+        layers = _layer_deltas(prev, cur)  # once for both
+        if (bal := _balancedness(layers)) is not None:
             self.balance[0] += bal
             self.balance[1] += 1
-        if (imb := served_imbalance(prev, cur)) is not None:
+        if (imb := _imbalance(layers)) is not None:
             self.imbalance[0] += imb
             self.imbalance[1] += 1
         waiting = cur.get(vllm_facts.REQUESTS_WAITING, 0.0)

@@ -11,6 +11,7 @@ autotune loop's experiments share (no behaviour here).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from moe_eplb.api.knobs import Knobs
@@ -46,6 +47,16 @@ class ArmObservation:
     prefix_hit_rate: float | None = None
     kv_cache_usage: float | None = None
     eplb: bool = True  # False: the arm (or period) ran with EPLB off (no expert load counted: balancedness None)
+
+    def cost_imbalance(self) -> float:
+        """The served imbalance the cost model's ``x`` is (each layer waits for its busiest rank):
+        :attr:`imbalance` where measured, else 1 / :attr:`balancedness` (vLLM's mean over layers of
+        mean/max), which understates it where the layers differ and so overstates a MoE share solved
+        against it (layers spread 1.0-2.0 against 1.0-1.15: 0.38-0.44 for a true 0.35,
+        tests/eplb/test_decide.py). The learning steps weigh step times by it."""
+        if self.imbalance is not None and math.isfinite(self.imbalance) and self.imbalance >= 1.0:
+            return float(self.imbalance)
+        return 1.0 / min(1.0, float(self.balancedness))
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from moe_eplb.eplb.replay.costmodel import CostModel
 from moe_eplb.eplb.tuning.calibrate import Calibration
 from moe_eplb.eplb.tuning.exploration import ArmObservation, LearnedRange
 
-__all__ = ["learn", "share_range", "imbalance_of", "working_set_range", "BUCKET_SECONDS", "STEP_CV", "HIT_CV", "INFORMATIVE",
+__all__ = ["learn", "share_range", "working_set_range", "BUCKET_SECONDS", "STEP_CV", "HIT_CV", "INFORMATIVE",
            "TOKENS_TOLERANCE"]
 
 #: Seconds of one pod's measurement bucket (the step-time and hit-rate means are over such buckets).
@@ -76,17 +76,6 @@ def _rel_se(arm: ArmObservation, cv: float) -> float:
     return cv / math.sqrt(n)
 
 
-def imbalance_of(arm: ArmObservation) -> float:
-    """The arm's served imbalance as the cost model has it (sum over layers of max / sum of mean
-    tokens per EP rank: each layer waits for its busiest rank) where measured, else 1 / its
-    balancedness (vLLM's mean over layers of mean/max), which understates it where layers differ
-    and so overstates the share (a worked example: a true 0.35 read as 0.43 with per-layer spreads
-    like the DeepSeek-V3 demo's)."""
-    if arm.imbalance is not None and math.isfinite(arm.imbalance) and arm.imbalance >= 1.0:
-        return float(arm.imbalance)
-    return 1.0 / min(1.0, float(arm.balancedness))
-
-
 def share_range(trial: ArmObservation, control: ArmObservation, *, step_cv: float = STEP_CV) -> tuple[float, float] | None:
     """The MoE share's range ``(low, high)`` within [0, 1] from the arms' step times against their
     served balancedness (see the module docstring), or None when the arms cannot tell."""
@@ -96,7 +85,7 @@ def share_range(trial: ArmObservation, control: ArmObservation, *, step_cv: floa
     if trial.tokens_per_step is not None and control.tokens_per_step is not None:
         if control.tokens_per_step <= 0 or abs(trial.tokens_per_step / control.tokens_per_step - 1) > TOKENS_TOLERANCE:
             return None
-    x_t, x_c = imbalance_of(trial), imbalance_of(control)
+    x_t, x_c = trial.cost_imbalance(), control.cost_imbalance()
     r = trial.step_seconds / control.step_seconds
     se = r * math.hypot(_rel_se(trial, step_cv), _rel_se(control, step_cv))
     ends = []

@@ -148,12 +148,9 @@ def hidden_range(on, off, share: tuple[float, float], ratio: float, *, off_balan
 
     r = on.step_seconds / off.step_seconds
     se = r * math.hypot(rel_se(on), rel_se(off))
-    # the on side's served imbalance as the cost model has it where measured (the replayed off side's
-    # is that already), else 1 / its balancedness
-    imb_on = getattr(on, "imbalance", None)
-    x_on = float(imb_on) if imb_on is not None and math.isfinite(imb_on) and imb_on >= 1.0 \
-        else 1.0 / min(1.0, on.balancedness)
-    return hidden_range_from_ratio(r - 2 * se, r + 2 * se, share, ratio, x_on, 1.0 / min(1.0, bal_off))
+    # the on side's served imbalance as the cost model has it (the replayed off side's is that already)
+    return hidden_range_from_ratio(r - 2 * se, r + 2 * se, share, ratio, on.cost_imbalance(),
+                                   1.0 / min(1.0, bal_off))
 
 
 def _score(result, cost: CostModel, bucket_steps, edges, shape) -> float:
